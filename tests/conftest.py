@@ -1,0 +1,401 @@
+"""Shared fixtures of the yrdask acceptance suite: real multi-process clusters and leak checks.
+
+yr is process-global, so one ``ClusterManager`` (the session fixture ``cluster``) keeps at most
+one yr runtime active and re-initialises only when the requested cluster kind or parameters
+change::
+
+    cluster()                                        # embedded, Config(num_cpus=2)
+    cluster(kind="embedded", num_cpus=1)
+    cluster(kind="cli", workers=[{"resources": "gpu_node=1"}, {}])
+
+The "cli" kind starts real ``dask scheduler`` / ``dask worker`` subprocesses with
+``--preload yrdask`` and joins them with ``yr.init(yr.Config(server_address=...))``.  The
+processes of the last requested cli cluster stay up while the runtime switches to another kind,
+so switching back only re-runs ``yr.init``.  ``cluster.cli_processes(workers)`` gives the
+processes with no runtime attached, for tests that call ``yr.init`` themselves.
+
+Fixtures that pick a cluster:
+
+* ``yr_cluster`` -- the core kinds, parametrised per module over ``["embedded", "cli"]``
+  (``cluster_kind`` is module scoped, so pytest groups a module's tests by kind);
+* ``cli_cluster`` -- the standard cli cluster: one worker tagged ``gpu_node=1``, one plain.
+
+At session end ``_leak_check`` asserts that no child process of the test process and no
+non-daemon thread other than the main one is left once everything is finalised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import psutil
+import pytest
+
+TESTS_DIR = pathlib.Path(__file__).resolve().parent
+ROOT = TESTS_DIR.parent
+
+# Worker processes import the test modules by name when they unpickle the functions and
+# exception classes defined there, and import yrdask for --preload: put both on their path.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(TESTS_DIR), str(ROOT)]
+    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+# The suite decides which cluster each test talks to.
+os.environ.pop("YR_SERVER_ADDRESS", None)
+
+import yrdask as yr  # noqa: E402
+
+#: The standard cli cluster: a worker offering the custom tag ``gpu_node`` and a plain one.
+CLI_WORKERS: list[dict[str, Any]] = [{"resources": "gpu_node=1"}, {}]
+
+#: Parameters of the core cluster kinds that ``yr_cluster`` runs the acceptance programs on.
+CORE_KINDS: dict[str, dict[str, Any]] = {
+    "embedded": {"kind": "embedded", "num_cpus": 2},
+    "cli": {"kind": "cli", "workers": CLI_WORKERS},
+}
+
+STARTUP_TIMEOUT = 60  # seconds for a scheduler / worker to come up
+STOP_TIMEOUT = 20  # seconds for a process to exit after SIGTERM
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05):
+    """Poll ``predicate`` until it is truthy; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def _tail(path: pathlib.Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "<no log>"
+
+
+def _process_tree(pid: int) -> set[int]:
+    """``pid`` and every live process below it (a ``dask worker`` CLI is a nanny with a child)."""
+    try:
+        proc = psutil.Process(pid)
+        return {pid} | {c.pid for c in proc.children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def _stop_process(proc: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM the process we started, wait, then SIGKILL; then reap anything it left below it."""
+    if proc.poll() is not None:
+        return
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    _, alive = psutil.wait_procs(below, timeout=10)
+    for p in alive:  # orphans of the process we started
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+@dataclasses.dataclass
+class WorkerProc:
+    """One ``dask worker`` subprocess started by the suite."""
+
+    name: str
+    resources: str
+    proc: subprocess.Popen
+    log: pathlib.Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def pids(self) -> set[int]:
+        """The CLI process and the processes under it (nanny -> worker process)."""
+        return _process_tree(self.pid)
+
+
+@dataclasses.dataclass
+class CliCluster:
+    """A scheduler and workers started with ``--preload yrdask`` as subprocesses."""
+
+    spec: tuple
+    address: str
+    scheduler: subprocess.Popen
+    workers: list[WorkerProc]
+    workdir: pathlib.Path
+    _counter: int = 0
+
+    def alive(self) -> bool:
+        return self.scheduler.poll() is None and all(w.proc.poll() is None for w in self.workers)
+
+    def worker_with(self, tag: str) -> WorkerProc:
+        matches = [w for w in self.workers if tag in w.resources]
+        assert len(matches) == 1, f"expected one worker tagged {tag!r}, got {matches}"
+        return matches[0]
+
+    def worker_pids(self) -> set[int]:
+        return set().union(*(w.pids() for w in self.workers))
+
+    def _launch_worker(self, resources: str = "", nthreads: int = 1, name: str | None = None):
+        self._counter += 1
+        name = name or f"w{self._counter}"
+        log = self.workdir / f"worker-{name}.log"
+        cmd = [
+            sys.executable, "-m", "distributed.cli.dask_worker", self.address,
+            "--preload", "yrdask", "--nthreads", str(nthreads), "--name", name,
+        ]
+        if resources:
+            cmd += ["--resources", resources]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir
+            )
+        worker = WorkerProc(name=name, resources=resources, proc=proc, log=log)
+        self.workers.append(worker)
+        return worker
+
+    def _wait_for_workers(self, n: int) -> None:
+        from distributed import Client
+
+        try:
+            with Client(self.address, timeout=STARTUP_TIMEOUT, set_as_default=False) as client:
+                client.wait_for_workers(n, timeout=STARTUP_TIMEOUT)
+        except Exception as exc:
+            logs = "\n".join(f"--- {w.name} (rc={w.proc.poll()})\n{_tail(w.log)}" for w in self.workers)
+            raise RuntimeError(f"cli workers did not join {self.address}: {exc!r}\n{logs}") from exc
+
+    def add_worker(self, resources: str = "", nthreads: int = 1, name: str | None = None) -> WorkerProc:
+        """Start one more worker and wait until the scheduler lists it."""
+        worker = self._launch_worker(resources, nthreads, name)
+        self._wait_for_workers(len(self.workers))
+        return worker
+
+    def remove_worker(self, worker: WorkerProc) -> None:
+        _stop_process(worker.proc)
+        self.workers.remove(worker)
+
+    @classmethod
+    def start(cls, workers: list[dict[str, Any]], workdir: pathlib.Path) -> "CliCluster":
+        workdir.mkdir(parents=True, exist_ok=True)
+        sched_file = workdir / "sched.json"
+        log = workdir / "scheduler.log"
+        cmd = [
+            sys.executable, "-m", "distributed.cli.dask_scheduler", "--preload", "yrdask",
+            "--port", "0", "--dashboard-address", ":0", "--scheduler-file", str(sched_file),
+        ]
+        with open(log, "wb") as out:
+            sched = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=workdir
+            )
+        cluster = cls(spec=_freeze(workers), address="", scheduler=sched, workers=[], workdir=workdir)
+        try:
+            deadline = time.monotonic() + STARTUP_TIMEOUT
+            while True:
+                if sched.poll() is not None:
+                    raise RuntimeError(f"dask scheduler exited with {sched.returncode}:\n{_tail(log)}")
+                try:
+                    cluster.address = json.loads(sched_file.read_text())["address"]
+                    break
+                except (OSError, ValueError, KeyError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"dask scheduler wrote no {sched_file}:\n{_tail(log)}")
+                time.sleep(0.1)
+            for spec in workers:
+                cluster._launch_worker(spec.get("resources", ""), spec.get("nthreads", 1), spec.get("name"))
+            cluster._wait_for_workers(len(workers))
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def stop(self) -> None:
+        for w in list(self.workers):
+            _stop_process(w.proc)
+        self.workers.clear()
+        _stop_process(self.scheduler)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+@dataclasses.dataclass
+class Cluster:
+    """The cluster the active yr runtime is attached to."""
+
+    kind: str
+    key: tuple
+    cli: CliCluster | None = None
+
+    @property
+    def address(self) -> str | None:
+        return self.cli.address if self.cli else None
+
+    def worker_pids(self) -> set[int] | None:
+        """Pids of the cli worker processes (None for an embedded cluster)."""
+        return self.cli.worker_pids() if self.cli else None
+
+
+class ClusterManager:
+    """Keeps at most one yr runtime (and one set of cli processes) alive for the session."""
+
+    def __init__(self, workdir: pathlib.Path) -> None:
+        self.workdir = workdir
+        self.active: Cluster | None = None
+        self.cli: CliCluster | None = None
+        self._n = 0
+
+    def __call__(self, kind: str = "embedded", **params: Any) -> Cluster:
+        defaults = {"embedded": {"num_cpus": 2}, "cli": {"workers": CLI_WORKERS}}
+        params = {**defaults.get(kind, {}), **params}
+        key = (kind, _freeze(params))
+        if self.active is not None and self.active.key == key and yr.is_initialized():
+            return self.active
+        self.finalize()
+        if kind == "embedded":
+            yr.init(yr.Config(num_cpus=params["num_cpus"]))
+            self.active = Cluster(kind, key)
+        elif kind == "cli":
+            cli = self.cli_processes(params["workers"])
+            yr.init(yr.Config(server_address=cli.address))
+            self.active = Cluster(kind, key, cli)
+        else:
+            raise ValueError(f"unknown cluster kind {kind!r}")
+        return self.active
+
+    def cli_processes(self, workers: list[dict[str, Any]] = CLI_WORKERS) -> CliCluster:
+        """Running cli processes for ``workers``; any runtime attached to other processes ends."""
+        spec = _freeze(workers)
+        if self.cli is not None and self.cli.spec == spec and self.cli.alive():
+            if self.active is not None and self.active.cli is self.cli:
+                self.finalize()
+            return self.cli
+        self.finalize()
+        self.stop_cli()
+        self._n += 1
+        self.cli = CliCluster.start(workers, self.workdir / f"cli{self._n}")
+        return self.cli
+
+    def finalize(self) -> None:
+        """End the yr runtime, whoever started it."""
+        if yr.is_initialized():
+            yr.finalize()
+        self.active = None
+
+    def stop_cli(self) -> None:
+        if self.cli is not None:
+            cli, self.cli = self.cli, None
+            cli.stop()
+
+    def close(self) -> None:
+        try:
+            self.finalize()
+        finally:
+            self.stop_cli()
+
+
+def _is_multiprocessing_helper(proc: psutil.Process) -> bool:
+    """Python's own per-process helpers (resource tracker, forkserver) live until exit."""
+    try:
+        cmd = " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return True
+    return "multiprocessing.resource_tracker" in cmd or "multiprocessing.forkserver" in cmd
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid}: {' '.join(proc.cmdline())[:200]}"
+    except psutil.Error:
+        return f"{proc.pid}: <gone>"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _leak_check():
+    """After everything is finalised, no child processes and no stray non-daemon threads."""
+    yield
+    if yr.is_initialized():  # a test that initialised on its own and did not finalise
+        yr.finalize()
+    me = psutil.Process()
+    children = [p for p in me.children(recursive=True) if not _is_multiprocessing_helper(p)]
+    _, alive = psutil.wait_procs(children, timeout=10)
+    leaked = [_describe(p) for p in alive]
+    for p in alive:  # do not leave them running on the machine
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+    def stray_threads():
+        return [
+            t for t in threading.enumerate()
+            if t is not threading.main_thread() and not t.daemon and t.is_alive()
+        ]
+
+    deadline = time.monotonic() + 5
+    while stray_threads() and time.monotonic() < deadline:
+        stray_threads()[0].join(0.1)
+    threads = [t.name for t in stray_threads()]
+    assert not leaked, f"child processes left after finalize: {leaked}"
+    assert not threads, f"non-daemon threads left after finalize: {threads}"
+
+
+@pytest.fixture(scope="session")
+def cluster(_leak_check, tmp_path_factory) -> ClusterManager:
+    """The session's ``ClusterManager``; call it to get a runtime on a given kind of cluster."""
+    manager = ClusterManager(tmp_path_factory.mktemp("clusters"))
+    yield manager
+    manager.close()
+
+
+@pytest.fixture(scope="module", params=list(CORE_KINDS))
+def cluster_kind(request) -> str:
+    """The core cluster kind a module's tests run on (module scoped: tests group by kind)."""
+    return request.param
+
+
+@pytest.fixture
+def yr_cluster(cluster: ClusterManager, cluster_kind: str) -> Cluster:
+    """An initialised yr runtime on the module's current core kind."""
+    return cluster(**CORE_KINDS[cluster_kind])
+
+
+@pytest.fixture
+def cli_cluster(cluster: ClusterManager) -> Cluster:
+    """An initialised yr runtime on the standard cli cluster (``CLI_WORKERS``)."""
+    return cluster(**CORE_KINDS["cli"])
+
+
+@pytest.fixture(name="wait_until")
+def _wait_until_fixture():
+    """``wait_until(predicate, timeout, what)``: poll a condition (files written by tasks)."""
+    return wait_until

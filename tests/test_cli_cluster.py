@@ -1,0 +1,139 @@
+"""Clusters the Dask way (SPEC §1.2; yr_api §1.1): `dask scheduler/worker --preload yrdask`."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import yrdask as yr
+
+pytestmark = pytest.mark.timeout(240)
+
+T = 60  # seconds: explicit yr.get bound, well under the test time-out
+
+
+@yr.invoke  # defined at import, before any yr.init of the session
+def ident(x):
+    return x
+
+
+@yr.invoke
+def add(n):
+    return n + 1
+
+
+@yr.invoke
+def pid():
+    return os.getpid()
+
+
+def test_p1_basics_on_cli_cluster(cli_cluster):
+    assert yr.get(add.invoke(1), T) == 2
+    assert yr.get(add.invoke(add.invoke(1)), T) == 3
+    with pytest.raises(RuntimeError):
+        add(1)
+    with pytest.raises(TypeError):
+        add.invoke(1, 2)
+
+
+def test_p5_basics_on_cli_cluster(cli_cluster):
+    assert yr.get(yr.put(123), T) == 123
+    assert yr.get([yr.put(i) for i in range(3)], T) == [0, 1, 2]
+    assert yr.get([]) == []
+    value = yr.get(yr.put(b"ab"), T)
+    assert isinstance(value, memoryview) and value == b"ab"
+    with pytest.raises(ValueError):
+        yr.put(None)
+
+
+def test_tasks_run_in_the_cli_worker_processes(cli_cluster):
+    pids = yr.get([pid.invoke() for _ in range(10)], T)
+    assert set(pids) <= cli_cluster.worker_pids()
+
+
+def test_worker_joining_after_init_gets_the_plugin(cli_cluster):
+    assert yr.is_initialized()
+    waits = pid.options(
+        yr.InvokeOptions(custom_resources={"late_tag": 1}, schedule_timeout_ms=60000)
+    )
+    early = waits.invoke()  # nothing offers late_tag yet
+    late = cli_cluster.cli.add_worker(resources="late_tag=1", name="late")
+    try:
+        late_pids = late.pids()
+        got = yr.get(waits.invoke(), T)
+        assert got in late_pids, f"late_tag task ran in pid {got}, not the late worker {late_pids}"
+        got_early = yr.get(early, T)
+        assert got_early in late_pids, "a request waiting for late_tag did not run on the new worker"
+    finally:
+        cli_cluster.cli.remove_worker(late)
+
+
+def test_config_server_address(cluster):
+    cli = cluster.cli_processes()
+    assert not yr.is_initialized()
+    yr.init(yr.Config(server_address=cli.address))
+    try:
+        assert yr.is_initialized()
+        assert yr.get(pid.invoke(), T) in cli.worker_pids()
+    finally:
+        yr.finalize()
+    assert not yr.is_initialized()
+
+
+def test_env_server_address(cluster, monkeypatch):
+    cli = cluster.cli_processes()
+    monkeypatch.setenv("YR_SERVER_ADDRESS", cli.address)
+    yr.init()
+    try:
+        got = yr.get(pid.invoke(), T)
+        assert got in cli.worker_pids(), "yr.init() did not join the cluster in YR_SERVER_ADDRESS"
+    finally:
+        yr.finalize()
+    assert not yr.is_initialized()
+
+
+def test_init_twice_raises(cli_cluster):
+    with pytest.raises(RuntimeError):
+        yr.init(yr.Config(server_address=cli_cluster.address))
+    with pytest.raises(RuntimeError):
+        yr.init()
+    assert yr.is_initialized()
+    assert yr.get(add.invoke(1), T) == 2
+
+
+def test_calls_before_init_raise(cluster):
+    cluster(kind="cli")
+    old = add.invoke(1)
+    assert yr.get(old, T) == 2
+    cluster.finalize()
+    assert not yr.is_initialized()
+    yr.finalize()  # a no-op when not initialised
+    with pytest.raises(RuntimeError):
+        add.invoke(1)
+    with pytest.raises(RuntimeError):
+        yr.put(1)
+    with pytest.raises(RuntimeError):
+        yr.get(old, 5)
+    with pytest.raises(RuntimeError):
+        yr.wait([old], 1, 5)
+    with pytest.raises(RuntimeError):
+        yr.cancel(old)
+    with pytest.raises(RuntimeError):
+        add(1)
+
+
+@pytest.mark.parametrize("kind", ["cli", "embedded"])
+def test_init_finalize_loop(cluster, kind):
+    if kind == "cli":
+        conf = lambda: yr.Config(server_address=cluster.cli_processes().address)  # noqa: E731
+    else:
+        cluster.finalize()
+        conf = lambda: yr.Config(num_cpus=1)  # noqa: E731
+    for i in range(3):
+        yr.init(conf())
+        try:
+            assert yr.get(ident.invoke(i), T) == i
+        finally:
+            yr.finalize()
+        assert not yr.is_initialized()

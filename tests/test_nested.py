@@ -1,0 +1,101 @@
+"""Nested work on a 1-CPU embedded cluster (SPEC §2: a blocked task gives its CPU back)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import yrdask as yr
+
+pytestmark = pytest.mark.timeout(180)
+
+T = 120  # seconds: explicit yr.get bound, well under the test time-out
+
+
+@pytest.fixture
+def one_cpu(cluster):
+    return cluster(kind="embedded", num_cpus=1)
+
+
+@yr.invoke
+def rsum(lo, hi):
+    if hi - lo <= 10:
+        return sum(range(lo, hi))
+    mid = (lo + hi) // 2
+    left, right = rsum.invoke(lo, mid), rsum.invoke(mid, hi)
+    return yr.get(left) + yr.get(right)
+
+
+@yr.invoke
+def level3(x):
+    return x * 2
+
+
+@yr.invoke
+def level2(x):
+    return yr.get(level3.invoke(x)) + 1
+
+
+@yr.invoke
+def level1(x):
+    return yr.get(level2.invoke(x)) + 1
+
+
+@yr.invoke
+def level1_returns_ref(x):
+    return level2.invoke(x)
+
+
+@yr.invoke
+def fan_in(n):
+    return sum(yr.get([level3.invoke(i) for i in range(n)]))
+
+
+@yr.invoke(invoke_options=yr.InvokeOptions(cpu=1000))
+def whole_cpu_inner(x):
+    return x + 1
+
+
+@yr.invoke(invoke_options=yr.InvokeOptions(cpu=1000))
+def whole_cpu_outer(x):
+    return yr.get(whole_cpu_inner.invoke(x)) + 1
+
+
+@yr.invoke
+def work(i):
+    time.sleep(0.01)
+    return i * i
+
+
+def test_recursive_divide_and_conquer_sum(one_cpu):
+    assert yr.get(rsum.invoke(0, 100), T) == 4950
+
+
+def test_three_levels_deep(one_cpu):
+    assert yr.get(level1.invoke(5), T) == 12
+    inner = yr.get(level1_returns_ref.invoke(5), T)
+    assert yr.get(inner, T) == 11
+
+
+def test_nested_fan_in(one_cpu):
+    assert yr.get(fan_in.invoke(10), T) == sum(2 * i for i in range(10))
+
+
+def test_blocked_task_gives_back_its_whole_cpu(one_cpu):
+    # Both tasks ask for the only CPU: the inner one can run only if the outer one,
+    # blocked in yr.get, gives its CPU back.
+    assert yr.get(whole_cpu_outer.invoke(1), T) == 3
+
+
+def test_wait_based_back_pressure(one_cpu):
+    results, pending = [], []
+    for i in range(100):
+        if len(pending) >= 20:
+            ready, pending = yr.wait(pending, wait_num=1, timeout=10)
+            assert ready, "no task finished within 10 s"
+            results.extend(yr.get(ready, T))
+        pending.append(work.invoke(i))
+        assert len(pending) <= 20
+    results.extend(yr.get(pending, T))
+    assert sorted(results) == [i * i for i in range(100)]

@@ -1,0 +1,67 @@
+"""yrdask: the openYuanrong ``yr`` API (remote functions, objects, stateful instances) on Dask.
+
+``import yrdask as yr`` (or ``import yr``) gives the ``yr`` names below.  The same module is
+a Dask preload: ``dask scheduler --preload yrdask`` installs yr's scheduler extension, and
+``dask worker ADDR --preload yrdask`` installs yr's worker agent (the scheduler also installs
+it on every worker that joins).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from yrdask.api.functions import FunctionProxy, invoke
+from yrdask.api.objects import ObjectRef
+from yrdask.api.objects_api import cancel, get, put, wait
+from yrdask.api.runtime import ClientInfo, finalize, init, is_initialized
+from yrdask.errors import (CancelledError, GetTimeoutError, InstanceDiedError, ScheduleError,
+                           YRError, YRInvokeError, YRRuntimeError, YRTimeoutError, YRTypeError,
+                           YRValueError, YRequestError)
+from yrdask.options import Config, InvokeOptions
+
+__version__ = "0.1.0"
+
+StatelessFunction = FunctionProxy
+
+__all__ = sorted([
+    "CancelledError",
+    "ClientInfo",
+    "Config",
+    "FunctionProxy",
+    "GetTimeoutError",
+    "InstanceDiedError",
+    "InvokeOptions",
+    "ObjectRef",
+    "ScheduleError",
+    "StatelessFunction",
+    "YRError",
+    "YRInvokeError",
+    "YRRuntimeError",
+    "YRTimeoutError",
+    "YRTypeError",
+    "YRValueError",
+    "YRequestError",
+    "cancel",
+    "finalize",
+    "get",
+    "init",
+    "invoke",
+    "is_initialized",
+    "put",
+    "wait",
+])
+
+
+async def dask_setup(server: Any) -> None:
+    """Dask preload hook: install yr on a scheduler or a worker (nannies need nothing)."""
+    from distributed import Scheduler, Worker
+
+    if isinstance(server, Scheduler):
+        from yrdask.scheduler.extension import EXTENSION_NAME, YrSchedulerExtension
+
+        if EXTENSION_NAME not in server.extensions:
+            YrSchedulerExtension(server)
+    elif isinstance(server, Worker):
+        from yrdask.worker.plugin import YrWorkerPlugin
+
+        await server.plugin_add(YrWorkerPlugin(), name=YrWorkerPlugin.name)

@@ -1,0 +1,113 @@
+"""``@yr.invoke``: stateless remote functions and their proxies."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from typing import Any, Callable
+
+from yrdask.api.runtime import current_runtime, function_id
+from yrdask.errors import YRRuntimeError
+from yrdask.options import InvokeOptions, check_invoke_options, check_return_nums
+from yrdask.serialization import dumps
+
+
+class FunctionProxy:
+    """A remote function: ``f.invoke(*args, **kwargs)`` runs it on the cluster.
+
+    ``f.options(InvokeOptions(...))`` returns a new proxy with those options; the original
+    keeps its own (unlike openYuanrong, where ``options`` changes the proxy in place).
+    """
+
+    def __init__(self, func: Callable, options: InvokeOptions, return_nums: int,
+                 initializer: Callable | None = None) -> None:
+        self._func = func
+        self._options = options
+        self._return_nums = return_nums
+        self._initializer = initializer
+        self._signature = inspect.signature(func)
+        self._name = getattr(func, "__qualname__", getattr(func, "__name__", "function"))
+        self._payload: bytes | None = None
+        self._fn_id = ""
+        self._shape = options.resource_shape()
+        self._shape_key = (tuple(sorted(self._shape.items())), options.schedule_timeout_ms)
+        functools.update_wrapper(self, func)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise YRRuntimeError(
+            f"invoke function cannot be called directly: instead of {self._name}(...), "
+            f"use {self._name}.invoke(...) and yr.get() the result")
+
+    def __reduce__(self):
+        return (FunctionProxy, (self._func, self._options, self._return_nums, self._initializer))
+
+    def options(self, invoke_options: InvokeOptions) -> "FunctionProxy":
+        """A new proxy of the same function with ``invoke_options``."""
+        opts = check_invoke_options(invoke_options).copy()
+        return FunctionProxy(self._func, opts, self._return_nums, self._initializer)
+
+    def get_original_func(self) -> Callable:
+        return self._func
+
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        """Submit one call; returns an ObjectRef (a list of them for return_nums > 1, or None)."""
+        rt = current_runtime()
+        try:
+            self._signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self._name}.invoke(): {e}") from None
+        if self._payload is None:
+            target = self._func if self._initializer is None else _with_initializer(
+                self._func, self._initializer)
+            self._payload = dumps(target)
+            self._fn_id = function_id(self._payload, self._name)
+        opts = self._options
+        refs = rt.submit_task(self._fn_id, self._payload, self._name, args, kwargs,
+                              self._return_nums, self._shape, self._shape_key,
+                              opts.schedule_timeout_ms, opts.retry_times)
+        if self._return_nums == 0:
+            return None
+        if self._return_nums == 1:
+            return refs[0]
+        return refs
+
+
+class _with_initializer:
+    """Runs the user's initializer once per worker process before the function."""
+
+    def __init__(self, func: Callable, initializer: Callable) -> None:
+        self.func, self.initializer, self.done = func, initializer, False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.done:
+            self.initializer()
+            self.done = True
+        return self.func(*args, **kwargs)
+
+
+def invoke(*args: Any, invoke_options: InvokeOptions | None = None,
+           return_nums: int | None = None, initializer: Callable | None = None,
+           **ignored: Any) -> Any:
+    """Decorate a function as a yr remote function: ``@yr.invoke`` or ``@yr.invoke(...)``."""
+
+    def make(func: Any) -> FunctionProxy:
+        if not isinstance(func, types.FunctionType):
+            raise YRRuntimeError("@yr.invoke decorator must be applied to a function, "
+                                 f"got {type(func).__name__}")
+        if inspect.iscoroutinefunction(func):
+            raise YRRuntimeError(
+                f"'async def' cannot be a yr task ({func.__qualname__}); make it a plain def "
+                "that calls asyncio.run(...), or an async method of a @yr.instance class")
+        opts = check_invoke_options(invoke_options).copy() if invoke_options is not None \
+            else InvokeOptions()
+        nret = 1 if return_nums is None else check_return_nums(return_nums)
+        return FunctionProxy(func, opts, nret, initializer)
+
+    if len(args) == 1 and callable(args[0]) and invoke_options is None and return_nums is None \
+            and initializer is None:
+        return make(args[0])
+    if args:
+        raise YRRuntimeError("@yr.invoke takes only keyword arguments: "
+                             "invoke_options=, return_nums=, initializer=")
+    return make

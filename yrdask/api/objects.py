@@ -1,0 +1,288 @@
+"""ObjectRef and the per-process object table that backs it (the owner's memory store).
+
+Every ``ObjectRef`` names an *entry* in the object table of the process that created it (its
+owner): pending, a value, the address of the worker keeping a large value, or an error.
+Entries are reference counted by the live ``ObjectRef`` objects of this process; an entry
+whose ref was pickled to another process is *escaped* and stays until the runtime ends, so
+borrowers can always fetch it from its owner (``FETCH_OBJECT``).
+
+Entries change state on the runtime's event loop thread only; user threads wait on a
+``threading.Event``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from typing import Any, Callable
+
+from yrdask import protocol as P
+from yrdask.errors import RemoteError, YRRuntimeError
+from yrdask.serialization import dumps, loads
+
+PENDING = "pending"
+
+
+class Entry:
+    """One object as its process knows it (see module docstring for the states)."""
+
+    __slots__ = ("state", "value", "has_value", "payload", "location", "error", "event",
+                 "callbacks", "refs", "escaped", "owner", "fetching", "on_free")
+
+    def __init__(self, owner: str | None = None) -> None:
+        self.state = PENDING
+        self.value: Any = None
+        self.has_value = False
+        self.payload: bytes | None = None  # pickled value
+        self.location: str | None = None  # worker address keeping a large value
+        self.error: BaseException | RemoteError | None = None
+        self.event: threading.Event | None = None
+        self.callbacks: list[Callable[[], None]] | None = None
+        self.refs = 0
+        self.escaped = False
+        self.owner = owner  # None when this process owns the object
+        self.fetching = False
+        self.on_free: Callable[[], None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state is not PENDING
+
+    def wait(self, timeout: float | None) -> bool:
+        if self.state is not PENDING:
+            return True
+        ev = self.event
+        if ev is None:
+            ev = self.event = threading.Event()
+            if self.state is not PENDING:  # set between the check and the event creation
+                return True
+        return ev.wait(timeout)
+
+    def settle(self, state: str) -> None:
+        self.state = state
+        if self.event is not None:
+            self.event.set()
+        cbs, self.callbacks = self.callbacks, None
+        for cb in cbs or ():
+            cb()
+
+    def add_callback(self, cb: Callable[[], None]) -> None:
+        """Run ``cb`` (on the loop thread) once the entry is ready, or now if it is."""
+        if self.state is not PENDING:
+            cb()
+        else:
+            if self.callbacks is None:
+                self.callbacks = []
+            self.callbacks.append(cb)
+
+    # -- results ---------------------------------------------------------------------------
+
+    def set_value(self, value: Any) -> None:
+        self.value, self.has_value = value, True
+        self.settle(P.VALUE)
+
+    def set_result(self, kind: str, payload: Any) -> None:
+        """Record ``[kind, payload]`` as carried by TASK_DONE / FETCH_OBJECT replies."""
+        if self.state is not PENDING:
+            return
+        if kind == P.VALUE:
+            self.payload = payload
+        elif kind == P.LOCATION:
+            self.location = payload
+        else:
+            self.error = loads(payload) if isinstance(payload, bytes) else payload
+        self.settle(kind)
+
+    def set_error(self, error: BaseException | RemoteError) -> None:
+        if self.state is PENDING:
+            self.error = error
+            self.settle(P.ERROR)
+
+    def exception(self) -> BaseException | None:
+        err = self.error
+        if err is None:
+            return None
+        return err.to_exception() if isinstance(err, RemoteError) else err
+
+    def get_payload(self) -> bytes:
+        if self.payload is None:
+            self.payload = dumps(self.value)
+        return self.payload
+
+    def get_value(self) -> Any:
+        """The value of a ready entry holding it locally (deserialized once, then cached)."""
+        if not self.has_value:
+            self.value, self.has_value = loads(self.payload), True
+            if not self.escaped:
+                self.payload = None
+        return self.value
+
+    def snapshot(self, inline_limit: int) -> list | None:
+        """``[kind, payload]`` for a pickled ref to carry, or None if the reader must fetch."""
+        if self.state == P.ERROR:
+            err = self.error
+            if not isinstance(err, RemoteError):
+                err = RemoteError.from_exception(err, "")
+            return [P.ERROR, dumps(err)]
+        if self.state == P.LOCATION:
+            return [P.LOCATION, self.location]
+        if self.state == P.VALUE:
+            if self.payload is not None and len(self.payload) <= inline_limit:
+                return [P.VALUE, self.payload]
+        return None
+
+
+class ObjectRef:
+    """A reference to a value that a task, a method call or ``yr.put`` produces.
+
+    Hashable and comparable by id, picklable (it can be passed inside arguments and values),
+    awaitable, and convertible to a ``concurrent.futures.Future``.  Not built by users.
+    """
+
+    __slots__ = ("_id", "_runtime", "_entry", "__weakref__")
+
+    def __init__(self, object_id: str, runtime: Any, entry: Entry) -> None:
+        self._id = object_id
+        self._runtime = runtime
+        self._entry = entry
+        entry.refs += 1
+
+    def __del__(self) -> None:
+        try:
+            entry = self._entry
+            entry.refs -= 1
+            if entry.refs <= 0:
+                self._runtime.objects.release(self._id, entry)
+        except Exception:
+            pass
+
+    # -- identity --------------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def task_id(self) -> str:
+        return self._id.split(".", 1)[0]
+
+    def __repr__(self) -> str:
+        return f"ObjectRef({self._id})"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectRef) and other._id == self._id
+
+    def __hash__(self) -> int:
+        return hash(self._id)
+
+    def __copy__(self) -> "ObjectRef":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "ObjectRef":
+        return self
+
+    def __reduce__(self):
+        return self._runtime.objects.reduce_ref(self)
+
+    # -- completion ------------------------------------------------------------------------
+
+    def done(self) -> bool:
+        return self._entry.ready
+
+    def is_exception(self) -> bool:
+        return self._entry.state == P.ERROR
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the object is ready; raises its error if it failed."""
+        self._runtime.get([self], -1 if timeout is None else timeout)
+
+    def get(self, timeout: int = 300) -> Any:
+        """Same as ``yr.get(ref, timeout)``."""
+        return self._runtime.get([self], timeout)[0]
+
+    def on_complete(self, callback: Callable[["ObjectRef"], Any]) -> None:
+        """Call ``callback(ref)`` once, from a runtime thread, when the object is ready."""
+        rt = self._runtime
+
+        def fire() -> None:
+            rt.call_user_callback(callback, self)
+
+        rt.on_loop(self._entry.add_callback, fire)
+
+    def get_future(self) -> concurrent.futures.Future:
+        """A new ``concurrent.futures.Future`` resolved with the value (or the error)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        rt = self._runtime
+
+        def resolve(_ref: ObjectRef) -> None:
+            try:
+                fut.set_result(rt.get([self], -1)[0])
+            except BaseException as e:  # noqa: BLE001 - handed to the future
+                fut.set_exception(e)
+
+        self.on_complete(resolve)
+        return fut
+
+    def as_future(self) -> asyncio.Future:
+        """An ``asyncio.Future`` on the running event loop."""
+        return asyncio.wrap_future(self.get_future())
+
+    def __await__(self):
+        return self.as_future().__await__()
+
+
+def not_initialized() -> YRRuntimeError:
+    return YRRuntimeError("system not initialized: call yr.init() first")
+
+
+class ObjectTable:
+    """This process's entries by object id: owned ones and borrowed copies of others'."""
+
+    def __init__(self, runtime: Any, inline_limit: int) -> None:
+        self.runtime = runtime
+        self.inline_limit = inline_limit
+        self.entries: dict[str, Entry] = {}
+
+    def new_ref(self, object_id: str) -> ObjectRef:
+        entry = Entry()
+        self.entries[object_id] = entry
+        return ObjectRef(object_id, self.runtime, entry)
+
+    def release(self, object_id: str, entry: Entry) -> None:
+        """The last local ref died: drop the entry unless another process may still read it."""
+        if entry.escaped:
+            return
+        if self.entries.get(object_id) is entry:
+            del self.entries[object_id]
+        if entry.on_free is not None:
+            entry.on_free()
+
+    def reduce_ref(self, ref: ObjectRef):
+        entry = ref._entry
+        owner = entry.owner or self.runtime.address
+        snap = entry.snapshot(self.inline_limit)
+        if snap is None and entry.state == P.VALUE:
+            payload = entry.get_payload()
+            if len(payload) <= self.inline_limit:
+                snap = [P.VALUE, payload]
+        if entry.owner is None and (snap is None or snap[0] == P.LOCATION):
+            entry.escaped = True  # a reader may come back to us for it
+        return (_rebuild_ref, (ref._id, owner, snap))
+
+    def borrow(self, object_id: str, owner: str, snap: list | None) -> ObjectRef:
+        entry = self.entries.get(object_id)
+        if entry is None:
+            entry = Entry(owner=None if owner == self.runtime.address else owner)
+            self.entries[object_id] = entry
+            if snap is not None:
+                entry.set_result(*snap)
+        return ObjectRef(object_id, self.runtime, entry)
+
+
+def _rebuild_ref(object_id: str, owner: str, snap: list | None) -> ObjectRef:
+    from yrdask.api.runtime import current_runtime
+
+    return current_runtime().objects.borrow(object_id, owner, snap)

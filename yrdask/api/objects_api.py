@@ -1,0 +1,96 @@
+"""``yr.get``, ``yr.wait``, ``yr.put`` and ``yr.cancel``: argument checks, then the runtime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from yrdask.api.objects import ObjectRef
+from yrdask.api.runtime import current_runtime
+from yrdask.errors import YRTypeError, YRValueError
+
+MAX_TIMEOUT = 0x7FFFFFFF
+
+
+def put(obj: Any, create_param: Any = None) -> ObjectRef:
+    """Store ``obj`` in the cluster's object store; returns its ObjectRef."""
+    return current_runtime().put(obj)
+
+
+def get(obj_refs: ObjectRef | list[ObjectRef], timeout: int = 300, allow_partial: bool = False) -> Any:
+    """Value of one ref, or the list of values of a list of refs, waiting up to ``timeout`` s.
+
+    ``timeout=-1`` waits forever; on time-out raises ``YRTimeoutError`` unless
+    ``allow_partial`` (then values not ready are ``None``).  A failed task re-raises its error.
+    """
+    rt = current_runtime()
+    _check_timeout(timeout)
+    if isinstance(obj_refs, ObjectRef):
+        return rt.get([obj_refs], timeout, allow_partial)[0]
+    if isinstance(obj_refs, tuple) and not obj_refs:
+        return []
+    if not isinstance(obj_refs, list):
+        raise YRTypeError(
+            f"yr.get takes an ObjectRef or a list of ObjectRefs, got {type(obj_refs).__name__}")
+    _check_refs(obj_refs, "yr.get")
+    return rt.get(obj_refs, timeout, allow_partial)
+
+
+def wait(obj_refs: ObjectRef | list[ObjectRef], wait_num: int | None = None,
+         timeout: int | None = None) -> tuple[list[ObjectRef], list[ObjectRef]]:
+    """Wait until ``wait_num`` refs (default: all) are ready or ``timeout`` s pass.
+
+    Returns ``(ready, not_ready)``, both in input order; failed refs count as ready.
+    """
+    rt = current_runtime()
+    refs = [obj_refs] if isinstance(obj_refs, ObjectRef) else obj_refs
+    if not isinstance(refs, list):
+        raise YRTypeError(f"obj_refs type error, actual: {type(refs)}, expect: list of ObjectRef")
+    _check_refs(refs, "yr.wait")
+    if len(set(refs)) != len(refs):
+        raise YRValueError("yr.wait: duplicate obj_ref exists in the list")
+    if wait_num is None:
+        wait_num = len(refs)
+    if isinstance(wait_num, bool) or not isinstance(wait_num, int):
+        raise YRTypeError(f"yr.wait: wait_num must be an int, got {type(wait_num).__name__}")
+    if not 0 <= wait_num <= len(refs):
+        raise YRValueError(f"yr.wait: wait_num must be in [0, {len(refs)}], got {wait_num}")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int):
+            raise YRTypeError(
+                f"yr.wait: timeout must be an int (seconds) or None, got {type(timeout).__name__}")
+        if timeout < -1 or timeout > MAX_TIMEOUT:
+            raise YRValueError(
+                f"yr.wait: timeout must be -1 (forever) or in [0, {MAX_TIMEOUT}], got {timeout}")
+        if timeout == -1:
+            timeout = None
+    if wait_num == 0 or timeout == 0:
+        return [], list(refs)
+    return rt.wait(refs, wait_num, timeout)
+
+
+def cancel(obj_refs: ObjectRef | list[ObjectRef], allow_force: bool = True,
+           allow_recursive: bool = False) -> None:
+    """Cancel stateless tasks; ``yr.get`` of a cancelled ref raises a ``CancelledError``."""
+    rt = current_runtime()
+    refs = [obj_refs] if isinstance(obj_refs, ObjectRef) else obj_refs
+    if not isinstance(refs, list):
+        raise YRTypeError(f"obj_refs type error, actual: [{type(obj_refs)}], "
+                          f"element expect: {ObjectRef}")
+    _check_refs(refs, "yr.cancel")
+    rt.cancel(refs)
+
+
+def _check_refs(refs: list, what: str) -> None:
+    bad = [type(r) for r in refs if not isinstance(r, ObjectRef)]
+    if bad:
+        raise YRTypeError(f"obj_refs type error, actual: {bad}, element expect: {ObjectRef} "
+                          f"({what} takes ObjectRefs)")
+
+
+def _check_timeout(timeout: Any) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise YRTypeError(f"yr.get: timeout must be a number of seconds, got {type(timeout).__name__}")
+    if timeout != -1 and timeout <= 0:
+        raise YRValueError(
+            "Parameter 'timeout' should be greater than 0 or equal to -1 (no timeout), "
+            f"got {timeout}")

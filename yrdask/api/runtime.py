@@ -1,0 +1,495 @@
+"""The per-process yr runtime: ``init``/``finalize`` and the object operations behind the API.
+
+There is one :class:`Runtime` per process.  In a driver ``yr.init`` creates it, with its own
+event loop thread; in a worker process the worker agent creates it on the worker's event loop,
+so code inside tasks and instances uses the same API.  User threads never touch runtime
+state directly: they hand work to the loop (``on_loop``) and wait on entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import hashlib
+import itertools
+import logging
+import os
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from yrdask import protocol as P
+from yrdask.api.objects import Entry, ObjectRef, ObjectTable, not_initialized
+from yrdask.api.submitter import Submitter, Task
+from yrdask.api.transport import Channel, DriverConnector, LocalChannel, WorkerConnector
+from yrdask.errors import (RemoteError, YRRuntimeError, YRTimeoutError, YRTypeError,
+                           YRValueError)
+from yrdask.options import Config, check_config
+from yrdask.serialization import dumps, loads, pack_args
+
+logger = logging.getLogger("yrdask")
+
+INLINE_LIMIT = 512 * 1024  # results larger than this stay on the worker that made them
+
+_runtime: "Runtime | None" = None
+_init_lock = threading.Lock()
+_ctx = threading.local()  # .lease_id / .owner while a thread runs a task or method
+
+
+def current_runtime() -> "Runtime":
+    """The runtime of this process; ``YRRuntimeError`` if ``yr.init`` has not run."""
+    rt = _runtime
+    if rt is None:
+        raise not_initialized()
+    return rt
+
+
+def current_owner() -> str | None:
+    """The lifetime owner that work created by this thread belongs to."""
+    return getattr(_ctx, "owner", None)
+
+
+class task_context:
+    """Marks the current thread as running a task (for blocking notices and ownership)."""
+
+    __slots__ = ("lease_id", "owner", "saved")
+
+    def __init__(self, lease_id: str | None, owner: str | None) -> None:
+        self.lease_id, self.owner = lease_id, owner
+
+    def __enter__(self) -> None:
+        self.saved = (getattr(_ctx, "lease_id", None), getattr(_ctx, "owner", None))
+        _ctx.lease_id, _ctx.owner = self.lease_id, self.owner
+
+    def __exit__(self, *exc: Any) -> None:
+        _ctx.lease_id, _ctx.owner = self.saved
+
+
+@dataclass
+class ClientInfo:
+    """What ``yr.init`` returns: the job id and where to watch it."""
+
+    job_id: str
+    dashboard_link: str | None = None
+    scheduler_address: str = ""
+
+    def __repr__(self) -> str:
+        return (f"ClientInfo(job_id={self.job_id!r}, scheduler={self.scheduler_address!r}, "
+                f"dashboard={self.dashboard_link!r})")
+
+    def _repr_html_(self) -> str:
+        link = (f'<a href="{self.dashboard_link}" target="_blank">{self.dashboard_link}</a>'
+                if self.dashboard_link else "none")
+        return (f"<div><strong>yrdask job</strong> <code>{self.job_id}</code><br>"
+                f"scheduler: <code>{self.scheduler_address}</code><br>dashboard: {link}</div>")
+
+
+class Runtime:
+    """Object table, submitter and channels of one process (see module docstring)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, job_id: str) -> None:
+        self.loop = loop
+        self.loop_thread: int | None = None
+        self.job_id = job_id
+        self.address = ""
+        self.connector: Any = None
+        self.agent: Any = None  # the worker agent, when this runtime lives in a worker
+        self.objects = ObjectTable(self, INLINE_LIMIT)
+        self.submitter = Submitter(self)
+        self.channels: dict[str, Any] = {}
+        self._prefix = uuid.uuid4().hex[:10]
+        self._counter = itertools.count()
+        self.closed = False
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def new_id(self) -> str:
+        return f"{self._prefix}{next(self._counter):x}"
+
+    def on_loop(self, fn: Callable, *args: Any) -> None:
+        if threading.get_ident() == self.loop_thread:
+            fn(*args)
+        else:
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def run_sync(self, coro: Any, timeout: float | None = None) -> Any:
+        """Run a coroutine on the loop from a user thread and wait for it."""
+        if threading.get_ident() == self.loop_thread:
+            raise YRRuntimeError("blocking yr call made on the yr event loop; use 'await ref'")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call_user_callback(self, callback: Callable, ref: ObjectRef) -> None:
+        """User callbacks may block: run them off the loop thread."""
+        self.loop.run_in_executor(None, _safe_call, callback, ref)
+
+    def channel(self, address: str) -> Any:
+        chan = self.channels.get(address)
+        if chan is None:
+            if self.agent is not None and address == self.address:
+                chan = LocalChannel(self.agent, address, self.on_channel_message)
+            else:
+                chan = Channel(address, self.address, self.connection_args,
+                               self.on_channel_message, self.on_channel_lost)
+            self.channels[address] = chan
+        return chan
+
+    def on_channel_message(self, msg: dict) -> None:
+        if msg["op"] == P.TASK_DONE:
+            self.submitter.on_task_done(msg)
+
+    def on_channel_lost(self, address: str) -> None:
+        self.channels.pop(address, None)
+        self.submitter.on_channel_lost(address)
+
+    def free_remote(self, worker: str, object_ids: list[str]) -> None:
+        async def free() -> None:
+            try:
+                await self.connector.rpc(worker).yr_free_objects(object_ids=object_ids)
+            except Exception:
+                pass
+
+        self.on_loop(lambda: self.loop.create_task(free()))
+
+    @property
+    def connection_args(self) -> dict:
+        return self.connector.connection_args
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    def submit_task(self, fn_id: str, fn_payload: bytes, name: str, args: tuple, kwargs: dict,
+                    nret: int, shape: dict, shape_key: tuple, timeout_ms: int,
+                    retries: int) -> list[ObjectRef]:
+        blob, dep_refs = pack_args(args, kwargs, _is_ref)
+        task_id = self.new_id()
+        if nret <= 1:
+            ids = [task_id]
+        else:
+            ids = [f"{task_id}.{i}" for i in range(nret)]
+        refs = [self.objects.new_ref(i) for i in ids]
+        for oid, ref in zip(ids, refs):
+            ref._entry.on_free = self._free_callback(oid, ref._entry)
+        task = Task(task_id, fn_id, fn_payload, name, blob, dep_refs, [r._entry for r in refs],
+                    ids, nret, shape, shape_key, timeout_ms, retries,
+                    current_owner() or self.job_id)
+        self.on_loop(self.submitter.submit, task)
+        return refs
+
+    def _free_callback(self, oid: str, entry: Entry) -> Callable[[], None]:
+        def on_free() -> None:
+            if entry.state == P.LOCATION:
+                self.free_remote(entry.location, [oid])
+        return on_free
+
+    # -- objects ---------------------------------------------------------------------------
+
+    def put(self, obj: Any) -> ObjectRef:
+        if obj is None or (isinstance(obj, (bytes, bytearray, memoryview)) and len(obj) == 0):
+            raise YRValueError("yr.put: value is None or has zero length")
+        if isinstance(obj, ObjectRef):
+            raise YRTypeError(
+                "Calling 'put' on an ObjectRef is not allowed; to store a reference, "
+                "put it inside a list: yr.put([ref])")
+        ref = self.objects.new_ref(self.new_id())
+        entry = ref._entry
+        if isinstance(obj, (bytes, bytearray, memoryview)):
+            obj = bytes(obj)
+        entry.value, entry.has_value = obj, True
+        entry.state = P.VALUE
+        return ref
+
+    def get(self, refs: Sequence[ObjectRef], timeout: float, allow_partial: bool = False) -> list:
+        deadline = None if timeout == -1 else _monotonic() + timeout
+        lease_id = getattr(_ctx, "lease_id", None)
+        blocked = False
+        try:
+            for ref in refs:
+                entry = ref._entry
+                if entry.ready:
+                    continue
+                if threading.get_ident() == self.loop_thread:
+                    raise YRRuntimeError(
+                        "yr.get would block the yr event loop; use 'await ref' in async code")
+                if entry.owner is not None and not entry.fetching:
+                    entry.fetching = True
+                    self.on_loop(self._start_fetch, ref._id, entry)
+                if lease_id is not None and not blocked:
+                    blocked = True
+                    self.connector.notify_blocked(lease_id, True)
+                remaining = None if deadline is None else max(0.0, deadline - _monotonic())
+                if not entry.wait(remaining) and not allow_partial:
+                    raise YRTimeoutError(
+                        f"failed to get object {ref._id} within {timeout} s: it is not ready "
+                        "(raise the timeout, or use timeout=-1 to wait forever)")
+        finally:
+            if blocked:
+                self.connector.notify_blocked(lease_id, False)
+        return [self._value_of(ref) for ref in refs]
+
+    def _value_of(self, ref: ObjectRef) -> Any:
+        entry = ref._entry
+        state = entry.state
+        if state == P.VALUE:
+            value = entry.get_value()
+        elif state == P.LOCATION:
+            value = self._fetch_value(ref._id, entry)
+        elif state == P.ERROR:
+            raise entry.exception()
+        else:  # allow_partial and not ready
+            return None
+        if isinstance(value, (bytes, bytearray)):
+            return memoryview(value)
+        return value
+
+    def _fetch_value(self, object_id: str, entry: Entry) -> Any:
+        if not entry.has_value:
+            if self.agent is not None and entry.location == self.address:
+                payload = self.agent.store_get(object_id)
+            else:
+                kind, payload = self.run_sync(self._fetch(entry.location, object_id, None))
+                if kind == P.ERROR:
+                    raise loads(payload).to_exception()
+            entry.value, entry.has_value = loads(payload), True
+        return entry.value
+
+    async def _fetch(self, address: str, object_id: str, timeout: float | None) -> list:
+        try:
+            return await self.connector.rpc(address).yr_fetch_object(
+                object_id=object_id, timeout=timeout)
+        except Exception as e:
+            err = RemoteError.from_exception(
+                YRRuntimeError(f"cannot fetch object {object_id} from {address}: {e}"), "")
+            return [P.ERROR, dumps(err)]
+
+    def _start_fetch(self, object_id: str, entry: Entry) -> None:
+        async def fetch() -> None:
+            kind, payload = await self._fetch(entry.owner, object_id, None)
+            entry.set_result(kind, payload)
+
+        self.loop.create_task(fetch())
+
+    async def handle_fetch(self, object_id: str, timeout: float | None = None) -> list:
+        """``FETCH_OBJECT`` for an object this process owns: wait for it, then send it."""
+        entry = self.objects.entries.get(object_id)
+        if entry is None:
+            raise YRRuntimeError(f"object {object_id} is unknown to its owner {self.address}"
+                                 " (it was freed, or its owner restarted)")
+        if not entry.ready:
+            fut = self.loop.create_future()
+            entry.add_callback(lambda: fut.done() or fut.set_result(None))
+            await asyncio.wait_for(fut, timeout)
+        if entry.state == P.VALUE:
+            return [P.VALUE, entry.get_payload()]
+        return entry.snapshot(1 << 62) or [P.VALUE, entry.get_payload()]
+
+    def wait(self, refs: list[ObjectRef], wait_num: int, timeout: float | None) -> tuple[list, list]:
+        deadline = None if timeout is None else _monotonic() + timeout
+        done = threading.Event()
+        count = [0]
+        lock = threading.Lock()
+
+        def one() -> None:
+            with lock:
+                count[0] += 1
+                if count[0] >= wait_num:
+                    done.set()
+
+        for ref in refs:
+            entry = ref._entry
+            if entry.owner is not None and not entry.ready and not entry.fetching:
+                entry.fetching = True
+                self.on_loop(self._start_fetch, ref._id, entry)
+            self.on_loop(entry.add_callback, one)
+        lease_id = getattr(_ctx, "lease_id", None)
+        if lease_id is not None:
+            self.connector.notify_blocked(lease_id, True)
+        try:
+            done.wait(None if deadline is None else max(0.0, deadline - _monotonic()))
+        finally:
+            if lease_id is not None:
+                self.connector.notify_blocked(lease_id, False)
+        ready, not_ready = [], []
+        for ref in refs:
+            (ready if ref._entry.ready and len(ready) < wait_num else not_ready).append(ref)
+        return ready, not_ready
+
+    def cancel(self, refs: list[ObjectRef]) -> None:
+        for ref in refs:
+            self.on_loop(self.submitter.cancel, ref._id)
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        self.closed = True
+        self.submitter.close()
+        for chan in list(self.channels.values()):
+            await chan.close()
+        self.channels.clear()
+        await self.connector.close()
+
+
+def _safe_call(callback: Callable, ref: ObjectRef) -> None:
+    try:
+        callback(ref)
+    except Exception:
+        logger.exception("on_complete callback %r failed", callback)
+
+
+def _is_ref(value: Any) -> bool:
+    return type(value) is ObjectRef
+
+
+def _monotonic() -> float:
+    import time
+
+    return time.monotonic()
+
+
+def function_id(payload: bytes, name: str) -> str:
+    return f"{name}-{hashlib.blake2b(payload, digest_size=8).hexdigest()}"
+
+
+# --- driver lifecycle -----------------------------------------------------------------------
+
+
+class _LoopThread:
+    """An asyncio loop in a daemon thread: the driver's yr event loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="yrdask-loop", daemon=True)
+        self.thread.start()
+        self.ready.wait()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self.ready.set)
+        self.loop.run_forever()
+        self.loop.close()
+
+    def run(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+class DriverRuntime(Runtime):
+    """A driver's runtime: owns the loop thread, and the embedded cluster if it started one."""
+
+    def __init__(self, conf: Config) -> None:
+        self.loop_runner = _LoopThread()
+        super().__init__(self.loop_runner.loop, conf.job_id)
+        self.loop_thread = self.loop_runner.thread.ident
+        self.conf = conf
+        self.cluster: Any = None
+        self.info: ClientInfo | None = None
+
+    async def start(self) -> ClientInfo:
+        from distributed.security import Security
+        from distributed.utils import get_ip
+
+        conf = self.conf
+        security = conf.security or Security()
+        address = conf.server_address
+        if address:
+            if "://" not in address:
+                address = f"{'tls' if security.require_encryption else 'tcp'}://{address}"
+            host = address.split("://", 1)[1].rsplit(":", 1)[0].strip("[]")
+            listen_host = "127.0.0.1" if host in ("127.0.0.1", "localhost") else get_ip(host)
+        else:
+            from yrdask.api.cluster import EmbeddedCluster
+
+            self.cluster = EmbeddedCluster(conf.num_cpus)
+            address = await self.cluster.start()
+            listen_host = "127.0.0.1"
+        self.connector = DriverConnector(
+            self, address, security.get_connection_args("client"),
+            security.get_listen_args("client"))
+        self.address = await self.connector.start(self.job_id, listen_host)
+        return ClientInfo(self.job_id, self.connector.dashboard, address)
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:
+            if self.cluster is not None:
+                await self.cluster.close()
+
+
+def init(conf: Config | None = None) -> ClientInfo:
+    """Connect to a cluster (``server_address``) or start an embedded one; returns ClientInfo."""
+    global _runtime
+    with _init_lock:
+        if _runtime is not None:
+            raise YRRuntimeError("yr.init cannot be called twice; call yr.finalize() first")
+        conf = check_config(conf)
+        _apply_log_level(conf.log_level)
+        rt = DriverRuntime(conf)
+        try:
+            rt.info = rt.loop_runner.run(rt.start())
+        except BaseException:
+            try:
+                rt.loop_runner.run(rt.close(), 30)
+            except Exception:
+                pass
+            rt.loop_runner.stop()
+            raise
+        _runtime = rt
+        if not getattr(init, "_atexit", False):
+            atexit.register(finalize)
+            init._atexit = True  # type: ignore[attr-defined]
+        if rt.info.dashboard_link:
+            logger.info("yrdask dashboard: %s", rt.info.dashboard_link)
+        return rt.info
+
+
+def finalize() -> None:
+    """End the job: its leases return, its channels close, an embedded cluster stops."""
+    global _runtime
+    with _init_lock:
+        rt = _runtime
+        if not isinstance(rt, DriverRuntime):
+            return
+        _runtime = None
+        try:
+            rt.loop_runner.run(rt.close(), 60)
+        except Exception:
+            logger.exception("yr.finalize did not close cleanly")
+        finally:
+            rt.loop_runner.stop()
+
+
+def is_initialized() -> bool:
+    """True between ``yr.init`` and ``yr.finalize`` (always True inside tasks)."""
+    return _runtime is not None
+
+
+def install_worker_runtime(agent: Any) -> Runtime:
+    """Create the runtime of a worker process (called by the worker agent on its loop)."""
+    global _runtime
+    rt = Runtime(asyncio.get_running_loop(), job_id="worker")
+    rt.loop_thread = threading.get_ident()
+    rt.agent = agent
+    rt.address = agent.worker.address
+    rt.connector = WorkerConnector(rt, agent.worker)
+    rt.connector.connection_args = agent.worker.connection_args
+    _runtime = rt
+    return rt
+
+
+def uninstall_worker_runtime(rt: Runtime) -> None:
+    global _runtime
+    if _runtime is rt:
+        _runtime = None
+
+
+def _apply_log_level(level: Any) -> None:
+    if isinstance(level, str) and level:
+        level = level.upper()
+    try:
+        logging.getLogger("yrdask").setLevel(level or "WARNING")
+    except (ValueError, TypeError):
+        raise YRValueError(f"Config.log_level {level!r} is not a logging level") from None

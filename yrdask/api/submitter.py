@@ -1,0 +1,303 @@
+"""Task submission: queues by resource shape, worker leases, pushes, retries and cancels.
+
+How a task travels (all on the runtime's event loop thread):
+
+1. ``submit`` waits for the task's top-level ref arguments (the owner resolves them, as in
+   Ray), then queues the task under its *shape key* (resources + schedule timeout).
+2. A queue with work and no idle lease asks the scheduler for a lease (``REQUEST_LEASE``),
+   at most ``max_pending_requests`` at a time per shape.  A lease is the right to run tasks
+   of that shape, one at a time, on one worker, with the resources already accounted.
+3. An idle lease takes the next task and pushes it (``RUN_TASK``) over the call channel to
+   its worker; ``TASK_DONE`` comes back on the same channel, and the lease takes the next.
+4. Leases idle for ``lease_idle_s`` go back to the scheduler, and at once when the scheduler
+   revokes them because someone else waits.
+5. A lost channel (worker died) puts its in-flight tasks back in their queues, not counted
+   against ``retry_times``; a user exception reruns the task while ``retry_times`` lasts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from yrdask import protocol as P
+from yrdask.api.objects import Entry
+from yrdask.errors import CancelledError, ScheduleError
+
+logger = logging.getLogger("yrdask.submitter")
+
+
+@dataclass(eq=False)
+class Task:
+    """One stateless call on its way to a worker."""
+
+    task_id: str
+    fn_id: str
+    fn_payload: bytes
+    name: str
+    args: bytes
+    dep_refs: list  # ObjectRefs of top-level ref arguments (kept alive until pushed)
+    entries: list[Entry]  # one per return value
+    ref_ids: list[str]
+    nret: int
+    shape: dict[str, float]
+    shape_key: tuple
+    timeout_ms: int
+    retries_left: int
+    owner: str  # lifetime owner (job or instance id) for work created by the task
+    deps: list | None = None
+    lease: "Lease | None" = None
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
+class Lease:
+    """The right to run tasks of one shape on one worker, granted by the scheduler."""
+
+    lease_id: str
+    worker: str
+    shape_key: tuple
+    task: Task | None = None
+    idle_since: float = field(default_factory=time.monotonic)
+    revoked: bool = False
+
+
+@dataclass(eq=False)
+class ShapeQueue:
+    shape: dict[str, float]
+    timeout_ms: int
+    queue: deque = field(default_factory=deque)
+    leases: list[Lease] = field(default_factory=list)
+    requesting: int = 0
+
+
+class Submitter:
+    """Per-process task submission engine (see module docstring)."""
+
+    max_pending_requests = 4
+
+    def __init__(self, runtime: Any, lease_idle_s: float = 1.0) -> None:
+        self.rt = runtime
+        self.lease_idle_s = lease_idle_s
+        self.shapes: dict[tuple, ShapeQueue] = {}
+        self.leases: dict[str, Lease] = {}
+        self.running: dict[str, Task] = {}
+        self.queued: dict[str, Task] = {}
+        self._reaper: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    # -- entry points (loop thread) --------------------------------------------------------
+
+    def submit(self, task: Task) -> None:
+        self.queued[task.task_id] = task
+        pending = [r._entry for r in task.dep_refs if not r._entry.ready]
+        if not pending:
+            self._deps_ready(task)
+            return
+        remaining = [len(pending)]
+
+        def one_ready() -> None:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                self._deps_ready(task)
+
+        for entry in pending:
+            entry.add_callback(one_ready)
+
+    def _deps_ready(self, task: Task) -> None:
+        if task.cancelled:
+            return
+        deps = []
+        for ref in task.dep_refs:
+            entry = ref._entry
+            if entry.state == P.ERROR:
+                self._fail(task, entry.error)
+                return
+            if entry.state == P.LOCATION:
+                deps.append([ref._id, P.LOCATION, entry.location])
+            elif entry.owner is not None and not entry.has_value and entry.payload is None:
+                deps.append([ref._id, P.LOCATION, entry.owner])
+            else:
+                deps.append([ref._id, P.VALUE, entry.get_payload()])
+        task.deps = deps
+        task.dep_refs = []
+        sq = self.shapes.get(task.shape_key)
+        if sq is None:
+            sq = self.shapes[task.shape_key] = ShapeQueue(task.shape, task.timeout_ms)
+        sq.queue.append(task)
+        self._dispatch(sq)
+
+    def on_task_done(self, msg: dict) -> None:
+        task = self.running.pop(msg["task_id"], None)
+        if task is None:
+            return
+        lease = task.lease
+        task.lease = None
+        error = msg.get("error")
+        if error is not None and msg.get("retryable") and task.retries_left > 0 and not task.cancelled:
+            task.retries_left -= 1
+            self._requeue(task)
+        elif error is not None:
+            self._fail(task, _remote(error))
+        else:
+            for oid, entry, (kind, payload) in zip(task.ref_ids, task.entries, msg["results"]):
+                entry.set_result(kind, payload)
+                if kind == P.LOCATION and entry.refs <= 0:
+                    self.rt.free_remote(payload, [oid])
+        if lease is not None:
+            self._lease_free(lease)
+
+    def cancel(self, object_id: str) -> None:
+        task_id = object_id.split(".", 1)[0]
+        task = self.queued.pop(task_id, None) or self.running.get(task_id)
+        if task is None or task.cancelled:
+            return
+        task.cancelled = True
+        if task.lease is not None:
+            self.rt.channel(task.lease.worker).send({"op": P.CANCEL_TASK, "task_id": task_id})
+        else:
+            sq = self.shapes.get(task.shape_key)
+            if sq is not None and task in sq.queue:
+                sq.queue.remove(task)
+        for entry in task.entries:
+            entry.set_error(CancelledError(f"task {task_id} ({task.name}) has been cancelled"))
+
+    def revoke(self, lease_ids: list[str]) -> None:
+        """The scheduler wants these leases back: return the idle ones now."""
+        for lease_id in lease_ids:
+            lease = self.leases.get(lease_id)
+            if lease is None:
+                continue
+            lease.revoked = True
+            if lease.task is None:
+                self._return([lease])
+
+    def on_channel_lost(self, worker: str) -> None:
+        """The worker is gone: its leases are void and their tasks run again elsewhere."""
+        lost = [l for l in self.leases.values() if l.worker == worker]
+        for lease in lost:
+            self._drop(lease)
+            task = lease.task
+            if task is not None:
+                self.running.pop(task.task_id, None)
+                task.lease = None
+                if not task.cancelled:
+                    self._requeue(task)
+        for sq in self.shapes.values():
+            self._dispatch(sq)
+
+    def close(self) -> None:
+        self.closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+        leases = list(self.leases.values())
+        for lease in leases:
+            self._drop(lease)
+        if leases:
+            self.rt.connector.return_leases([l.lease_id for l in leases])
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _requeue(self, task: Task) -> None:
+        self.queued[task.task_id] = task
+        sq = self.shapes[task.shape_key]
+        sq.queue.appendleft(task)
+        self._dispatch(sq)
+
+    def _fail(self, task: Task, error: Any) -> None:
+        self.queued.pop(task.task_id, None)
+        for entry in task.entries:
+            entry.set_error(error)
+
+    def _dispatch(self, sq: ShapeQueue) -> None:
+        for lease in sq.leases:
+            if not sq.queue:
+                break
+            if lease.task is None and not lease.revoked:
+                self._push(lease, sq.queue.popleft())
+        want = min(len(sq.queue), self.max_pending_requests) - sq.requesting
+        for _ in range(max(0, want)):
+            sq.requesting += 1
+            self.rt.loop.create_task(self._request_lease(sq))
+
+    def _push(self, lease: Lease, task: Task) -> None:
+        self.queued.pop(task.task_id, None)
+        lease.task = task
+        task.lease = lease
+        self.running[task.task_id] = task
+        chan = self.rt.channel(lease.worker)
+        fn = None if task.fn_id in chan.sent_functions else task.fn_payload
+        chan.sent_functions.add(task.fn_id)
+        chan.send({
+            "op": P.RUN_TASK, "task_id": task.task_id, "lease_id": lease.lease_id,
+            "fn_id": task.fn_id, "fn": fn, "args": task.args, "deps": task.deps,
+            "nret": task.nret, "owner": task.owner, "name": task.name,
+        })
+
+    async def _request_lease(self, sq: ShapeQueue) -> None:
+        try:
+            lease_id, where = await self.rt.connector.request_lease(sq.shape, sq.timeout_ms)
+        except Exception as e:  # scheduler unreachable
+            lease_id, where = None, f"lease request failed: {e!r}"
+        finally:
+            sq.requesting -= 1
+        if self.closed:
+            if lease_id is not None:
+                self.rt.connector.return_leases([lease_id])
+            return
+        if lease_id is None:
+            if not sq.leases and sq.requesting == 0:
+                err = ScheduleError(where)
+                while sq.queue:
+                    self._fail(sq.queue.popleft(), err)
+            return
+        key = next(k for k, v in self.shapes.items() if v is sq)
+        lease = Lease(lease_id, where, key)
+        self.leases[lease_id] = lease
+        sq.leases.append(lease)
+        self.rt.channel(where)  # open the channel early
+        self._lease_free(lease)
+        self._arm_reaper()
+
+    def _lease_free(self, lease: Lease) -> None:
+        lease.task = None
+        lease.idle_since = time.monotonic()
+        sq = self.shapes.get(lease.shape_key)
+        if lease.revoked or sq is None:
+            self._return([lease])
+        elif sq.queue:
+            self._push(lease, sq.queue.popleft())
+
+    def _return(self, leases: list[Lease]) -> None:
+        for lease in leases:
+            self._drop(lease)
+        self.rt.connector.return_leases([l.lease_id for l in leases])
+
+    def _drop(self, lease: Lease) -> None:
+        self.leases.pop(lease.lease_id, None)
+        sq = self.shapes.get(lease.shape_key)
+        if sq is not None and lease in sq.leases:
+            sq.leases.remove(lease)
+
+    def _arm_reaper(self) -> None:
+        if self._reaper is None and not self.closed:
+            self._reaper = self.rt.loop.call_later(self.lease_idle_s / 2, self._reap)
+
+    def _reap(self) -> None:
+        self._reaper = None
+        cutoff = time.monotonic() - self.lease_idle_s
+        idle = [l for l in self.leases.values() if l.task is None and l.idle_since < cutoff]
+        if idle:
+            self._return(idle)
+        if self.leases:
+            self._arm_reaper()
+
+
+def _remote(error: Any) -> Any:
+    from yrdask.serialization import loads
+
+    return loads(error) if isinstance(error, bytes) else error

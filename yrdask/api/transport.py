@@ -1,0 +1,224 @@
+"""The only place the API sends protocol messages: call channels and the scheduler connectors.
+
+* :class:`Channel` - a call channel to one worker (``OPEN_CHANNEL``): Dask ``connect`` plus a
+  ``BatchedSend`` with no batching delay going out, and a reader feeding replies back.
+* :class:`LocalChannel` - the same contract when the worker is this very process: messages
+  go straight to the local agent, with no socket.
+* :class:`DriverConnector` - a driver's link to the scheduler: the job stream
+  (``CONNECT_JOB``) and scheduler RPCs, plus the driver's small owner server answering
+  ``FETCH_OBJECT`` for objects it owns.
+* :class:`WorkerConnector` - the same contract for code running inside a worker, over that
+  worker's own scheduler connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from distributed.batched import BatchedSend
+from distributed.comm import connect
+from distributed.comm.core import CommClosedError
+from distributed.core import ConnectionPool, Server
+
+from yrdask import protocol as P
+from yrdask.errors import YRRuntimeError
+
+logger = logging.getLogger("yrdask.transport")
+
+
+class Channel:
+    """A call channel from this process to one worker (see module docstring)."""
+
+    def __init__(self, address: str, caller: str, connection_args: dict,
+                 on_message: Callable[[dict], None], on_lost: Callable[[str], None]) -> None:
+        self.address = address
+        self.caller = caller
+        self.connection_args = connection_args
+        self.on_message = on_message
+        self.on_lost = on_lost
+        self.sent_functions: set[str] = set()
+        self.backlog: list[dict] | None = []
+        self.stream: BatchedSend | None = None
+        self.comm: Any = None
+        self.closed = False
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def send(self, msg: dict) -> None:
+        if self.backlog is not None:
+            self.backlog.append(msg)
+            return
+        try:
+            self.stream.send(msg)
+        except CommClosedError:
+            pass  # the reader notices and reports the loss
+
+    async def _run(self) -> None:
+        try:
+            self.comm = comm = await connect(self.address, **self.connection_args)
+            await comm.write({"op": P.OPEN_CHANNEL, "caller": self.caller, "reply": False})
+            self.stream = BatchedSend(interval=0)
+            self.stream.start(comm)
+            backlog, self.backlog = self.backlog, None
+            if backlog:
+                self.stream.send(*backlog)
+            while True:
+                msgs = await comm.read()
+                for msg in msgs if isinstance(msgs, (list, tuple)) else (msgs,):
+                    self.on_message(msg)
+        except (CommClosedError, OSError, asyncio.CancelledError):
+            pass
+        except Exception:
+            logger.exception("call channel to %s failed", self.address)
+        finally:
+            self.backlog = None
+            if not self.closed:
+                self.closed = True
+                self.on_lost(self.address)
+            if self.comm is not None and not self.comm.closed():
+                self.comm.abort()
+
+    async def close(self) -> None:
+        self.closed = True
+        if self.stream is not None:
+            try:
+                await asyncio.wait_for(self.stream.close(), 2)
+            except Exception:
+                pass
+        self.task.cancel()
+        try:
+            await self.task
+        except BaseException:
+            pass
+
+
+class LocalChannel:
+    """A call channel to the agent of the worker this code runs in: no socket involved."""
+
+    def __init__(self, agent: Any, address: str, on_message: Callable[[dict], None]) -> None:
+        self.address = address
+        self.sent_functions: set[str] = set()
+        self.closed = False
+        self.peer = agent.local_peer(on_message)
+
+    def send(self, msg: dict) -> None:
+        self.peer.deliver(msg)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class DriverConnector:
+    """A driver's link to the scheduler (job stream + RPCs) and its owner server."""
+
+    def __init__(self, runtime: Any, scheduler_address: str, connection_args: dict,
+                 listen_args: dict) -> None:
+        self.rt = runtime
+        self.scheduler_address = scheduler_address
+        self.connection_args = connection_args
+        self.listen_args = listen_args
+        self.pool = ConnectionPool(limit=64, connection_args=connection_args)
+        self.server = Server({P.FETCH_OBJECT: runtime.handle_fetch})
+        self.stream: BatchedSend | None = None
+        self.comm: Any = None
+        self.reader: asyncio.Task | None = None
+        self.dashboard: str | None = None
+
+    async def start(self, job_id: str, listen_host: str) -> str:
+        """Open the owner server and the job stream; returns the owner address."""
+        await self.pool.start()
+        scheme = self.scheduler_address.split("://")[0] if "://" in self.scheduler_address else "tcp"
+        await self.server.listen(f"{scheme}://{listen_host}:0", **self.listen_args)
+        address = self.server.listen_address
+        self.comm = comm = await connect(self.scheduler_address, **self.connection_args)
+        await comm.write({"op": P.CONNECT_JOB, "job_id": job_id, "owner_address": address,
+                          "protocol_version": P.PROTOCOL_VERSION, "reply": False})
+        welcome = await comm.read()
+        welcome = welcome[0] if isinstance(welcome, (list, tuple)) else welcome
+        if welcome.get("error"):
+            raise YRRuntimeError(welcome["error"])
+        self.dashboard = welcome.get("dashboard")
+        self.stream = BatchedSend(interval=0)
+        self.stream.start(comm)
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+        return address
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                msgs = await self.comm.read()
+                for msg in msgs if isinstance(msgs, (list, tuple)) else (msgs,):
+                    if msg.get("op") == P.REVOKE_LEASES:
+                        self.rt.submitter.revoke(msg["lease_ids"])
+        except (CommClosedError, OSError, asyncio.CancelledError):
+            pass
+
+    async def request_lease(self, shape: dict, timeout_ms: int) -> list:
+        return await self.pool(self.scheduler_address).yr_request_lease(
+            owner=self.rt.address, shape=shape, timeout_ms=timeout_ms, local=None)
+
+    async def scheduler_rpc(self, op: str, **kwargs: Any) -> Any:
+        return await getattr(self.pool(self.scheduler_address), op)(**kwargs)
+
+    def return_leases(self, lease_ids: list[str]) -> None:
+        try:
+            self.stream.send({"op": P.RETURN_LEASES, "lease_ids": lease_ids})
+        except CommClosedError:
+            pass
+
+    def notify_blocked(self, lease_id: str, blocked: bool) -> None:
+        """Drivers run no leased tasks, so there is nothing to lend."""
+
+    def rpc(self, address: str) -> Any:
+        return self.pool(address)
+
+    async def close(self) -> None:
+        if self.stream is not None:
+            try:
+                self.stream.send({"op": "close-stream"})
+                await asyncio.wait_for(self.stream.close(), 2)
+            except Exception:
+                pass
+        if self.reader is not None:
+            self.reader.cancel()
+        if self.comm is not None and not self.comm.closed():
+            self.comm.abort()
+        await self.pool.close()
+        await self.server.close()
+
+
+class WorkerConnector:
+    """The connector contract for code running in a worker, over the worker's own links."""
+
+    def __init__(self, runtime: Any, worker: Any) -> None:
+        self.rt = runtime
+        self.worker = worker
+        self.dashboard = None
+
+    async def request_lease(self, shape: dict, timeout_ms: int) -> list:
+        return await self.worker.scheduler.yr_request_lease(
+            owner=self.worker.address, shape=shape, timeout_ms=timeout_ms,
+            local=self.worker.address)
+
+    async def scheduler_rpc(self, op: str, **kwargs: Any) -> Any:
+        return await getattr(self.worker.scheduler, op)(**kwargs)
+
+    def _stream(self, msg: dict) -> None:
+        try:
+            self.worker.batched_stream.send(msg)
+        except CommClosedError:
+            pass
+
+    def return_leases(self, lease_ids: list[str]) -> None:
+        self._stream({"op": P.RETURN_LEASES, "lease_ids": lease_ids})
+
+    def notify_blocked(self, lease_id: str, blocked: bool) -> None:
+        op = P.LEASE_BLOCKED if blocked else P.LEASE_UNBLOCKED
+        self.rt.on_loop(self._stream, {"op": op, "lease_id": lease_id})
+
+    def rpc(self, address: str) -> Any:
+        return self.worker.rpc(address)
+
+    async def close(self) -> None:
+        pass

@@ -1,0 +1,173 @@
+"""The yrdask exception tree, and the re-raise of remote user errors with their own type.
+
+::
+
+    Exception
+    └── YRError                      base of every error yrdask raises itself
+        ├── YRRuntimeError           (also RuntimeError) system and runtime failures
+        │   ├── YRTimeoutError       (also TimeoutError) yr.get / lookups that ran out of time
+        │   │   └── GetTimeoutError
+        │   ├── YRInvokeError        user code raised; str() is the remote traceback
+        │   │   └── YRInvokeError(E) built on the fly: also an instance of the user's E
+        │   ├── YRequestError        a request to the cluster failed
+        │   ├── CancelledError       the task was cancelled with yr.cancel
+        │   ├── InstanceDiedError    the instance ended (terminated, lost, out of restarts)
+        │   └── ScheduleError        resources could not be found before schedule_timeout_ms
+        ├── YRValueError             (also ValueError) bad argument value
+        └── YRTypeError              (also TypeError) bad argument type
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+__all__ = [
+    "YRError",
+    "YRRuntimeError",
+    "YRTimeoutError",
+    "GetTimeoutError",
+    "YRValueError",
+    "YRTypeError",
+    "YRInvokeError",
+    "YRequestError",
+    "CancelledError",
+    "InstanceDiedError",
+    "ScheduleError",
+    "RemoteError",
+]
+
+
+class YRError(Exception):
+    """Base class of every error raised by yrdask itself."""
+
+
+class YRRuntimeError(YRError, RuntimeError):
+    """A system or runtime failure (not initialized, cluster unreachable, ...)."""
+
+
+class YRTimeoutError(YRRuntimeError, TimeoutError):
+    """An operation ran out of time (``yr.get``, ``yr.get_instance``)."""
+
+
+class GetTimeoutError(YRTimeoutError):
+    """Ray-compatible name for a ``get`` time-out."""
+
+
+class YRValueError(YRError, ValueError):
+    """An argument had a bad value; the message names it."""
+
+
+class YRTypeError(YRError, TypeError):
+    """An argument had a bad type; the message names it."""
+
+
+class YRequestError(YRRuntimeError):
+    """A request to the cluster failed."""
+
+
+class CancelledError(YRRuntimeError):
+    """The task was cancelled by ``yr.cancel``; ``yr.get`` raises this."""
+
+
+class InstanceDiedError(YRRuntimeError):
+    """The instance a call was made on has ended; the message says which and why."""
+
+
+class ScheduleError(YRRuntimeError):
+    """No worker could give the requested resources within ``schedule_timeout_ms``."""
+
+
+class YRInvokeError(YRRuntimeError):
+    """User code raised in a task or instance method.
+
+    ``str()`` is the remote traceback; ``cause`` is the original exception.  ``yr.get``
+    raises a dynamic subclass ``YRInvokeError(E)`` that is also an ``E``, so ``except E``,
+    ``except RuntimeError`` and ``except yr.YRInvokeError`` all catch it.
+    """
+
+    def __init__(self, cause: BaseException | None = None, traceback_str: str = "") -> None:
+        super().__init__(traceback_str or repr(cause))
+        self.cause = cause
+        self.traceback_str = traceback_str
+
+    def __str__(self) -> str:
+        return self.traceback_str or repr(self.cause)
+
+    def origin_error(self) -> BaseException:
+        """The error to raise at ``yr.get``: dual-typed when the cause is a user exception."""
+        cause = self.cause
+        if cause is None or isinstance(cause, YRError):
+            return self
+        return _dual_typed(cause, self.traceback_str)
+
+    def __reduce__(self):
+        return (YRInvokeError, (self.cause, self.traceback_str))
+
+
+_dual_classes: dict[type, type] = {}
+
+
+def _dual_typed(cause: BaseException, traceback_str: str) -> BaseException:
+    cls = type(cause)
+    dual = _dual_classes.get(cls)
+    if dual is None:
+
+        def __init__(self, cause=cause, traceback_str=traceback_str):  # noqa: N807
+            YRInvokeError.__init__(self, cause, traceback_str)
+
+        def __getattr__(self, name):  # noqa: N807
+            return getattr(self.__dict__["cause"], name)
+
+        try:
+            dual = type(
+                f"YRInvokeError({cls.__name__})",
+                (YRInvokeError, cls),
+                {"__init__": __init__, "__getattr__": __getattr__, "__module__": cls.__module__,
+                 "__str__": YRInvokeError.__str__, "__reduce__": YRInvokeError.__reduce__},
+            )
+        except TypeError:  # the user's class cannot be subclassed together with ours
+            return YRInvokeError(cause, traceback_str)
+        _dual_classes[cls] = dual
+    err = dual.__new__(dual)
+    YRInvokeError.__init__(err, cause, traceback_str)
+    try:
+        err.args = cause.args
+    except Exception:
+        pass
+    return err
+
+
+class RemoteError:
+    """A failure as it travels back from a worker: the pickled cause plus its traceback text.
+
+    ``to_exception()`` rebuilds what ``yr.get`` raises.  If the user's exception cannot be
+    pickled it travels as a ``YRInvokeError`` carrying only the traceback text.
+    """
+
+    __slots__ = ("payload", "traceback_str")
+
+    def __init__(self, payload: bytes, traceback_str: str) -> None:
+        self.payload = payload
+        self.traceback_str = traceback_str
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, traceback_str: str) -> "RemoteError":
+        import cloudpickle
+
+        if isinstance(exc, YRInvokeError) and not traceback_str:
+            traceback_str = exc.traceback_str
+        try:
+            payload = cloudpickle.dumps(exc)
+            pickle.loads(payload)
+        except Exception:
+            payload = cloudpickle.dumps(YRInvokeError(None, traceback_str))
+        return cls(payload, traceback_str)
+
+    def to_exception(self) -> BaseException:
+        exc: Any = pickle.loads(self.payload)
+        if isinstance(exc, YRInvokeError):
+            return exc.origin_error()
+        if isinstance(exc, YRError):
+            return exc
+        return YRInvokeError(exc, self.traceback_str).origin_error()

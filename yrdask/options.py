@@ -1,0 +1,391 @@
+"""The ``yr.InvokeOptions`` and ``yr.Config`` dataclasses and the checks that validate them."""
+
+from __future__ import annotations
+
+import copy as _copy
+import dataclasses
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from yrdask.errors import YRTypeError, YRValueError
+
+__all__ = ["InvokeOptions", "Config", "check_invoke_options", "check_return_nums", "check_config"]
+
+_INT32_MAX = 0x7FFFFFFF
+_SPEC_KEY = "yrdask.spec"
+_NoneType = type(None)
+
+# A value check gets the (already type-checked) value and returns None when it is fine, or
+# the phrase that completes "<Owner>.<field> must ..." when it is not.
+_Check = Callable[[Any], "str | None"]
+
+
+# --------------------------------------------------------------------------- field specs
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """How one dataclass field is checked: allowed types, element types and a value check."""
+
+    types: tuple[type, ...] | None  # None: any type is accepted
+    expect: str  # what is expected, for messages: "an int (millicores)"
+    keys: tuple[type, ...] | None = None  # dict key types
+    items: tuple[type, ...] | None = None  # dict value / list element types
+    check: _Check | None = None
+
+
+def _opt(
+    spec: _Spec, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, repr: bool = True
+) -> Any:
+    """A dataclass field carrying its validation spec in its metadata."""
+    return field(default=default, default_factory=factory, repr=repr, metadata={_SPEC_KEY: spec})
+
+
+def _range(lo: int | None, hi: int | None) -> _Check:
+    """A check that an int (or None, which passes) lies in [lo, hi]."""
+
+    def check(v: Any) -> str | None:
+        if v is None or ((lo is None or v >= lo) and (hi is None or v <= hi)):
+            return None
+        if hi is None:
+            return f"be >= {lo}"
+        if lo is None:
+            return f"be <= {hi}"
+        return f"be in [{lo}, {hi}]"
+
+    return check
+
+
+def _int(lo: int | None = None, hi: int | None = None, note: str = "", none_ok: bool = False) -> _Spec:
+    note = f" ({note})" if note else ""
+    expect = f"None or an int{note}" if none_ok else f"an int{note}"
+    types: tuple[type, ...] = (int, _NoneType) if none_ok else (int,)
+    return _Spec(types, expect, check=_range(lo, hi))
+
+
+def _bool(none_ok: bool = False) -> _Spec:
+    return _Spec((bool, _NoneType), "None or a bool") if none_ok else _Spec((bool,), "a bool")
+
+
+_STR = _Spec((str,), "a str")
+_ANY = _Spec(None, "any value")
+_STR_LIST = _Spec((list,), "a list[str]", items=(str,))
+_LIST = _Spec((list,), "a list")
+_STR_DICT = _Spec((dict,), "a dict[str, str]", keys=(str,), items=(str,))
+_DICT = _Spec((dict,), "a dict")
+
+
+def _check_custom_resources(v: dict) -> str | None:
+    for reserved, fld in (("CPU", "cpu (millicores)"), ("Memory", "memory (MB)")):
+        if reserved in v:
+            return f"not contain {reserved!r}; set InvokeOptions.{fld} instead"
+    negative = [k for k, amount in v.items() if amount < 0]
+    if negative:
+        return f"hold amounts >= 0 (key {negative[0]!r} is negative)"
+    return None
+
+
+def _check_recycle_time(v: int) -> str | None:
+    return None if 0 < v <= 300 else "be in (0, 300] seconds"
+
+
+def _check_security(v: Any) -> str | None:
+    if v is None:
+        return None
+    from distributed.security import Security
+
+    return None if isinstance(v, Security) else "be None or a distributed.security.Security"
+
+
+def _check_logger(v: Any) -> str | None:
+    return None if v is None or isinstance(v, logging.Logger) else "be None or a logging.Logger"
+
+
+# --------------------------------------------------------------------------- shared machinery
+
+
+def _is_instance(value: Any, types: tuple[type, ...]) -> bool:
+    """isinstance, except that a bool does not count as an int or float unless bool is listed."""
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+def _show(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _type_error(owner: str, name: str, spec: _Spec, value: Any, detail: str = "") -> YRTypeError:
+    return YRTypeError(
+        f"{owner}.{name} must be {spec.expect}, got {_show(value)} ({type(value).__name__}){detail}"
+    )
+
+
+def _check_value(owner: str, name: str, spec: _Spec, value: Any) -> None:
+    """Raise YRTypeError / YRValueError when ``value`` does not satisfy ``spec``."""
+    if spec.types is not None and not _is_instance(value, spec.types):
+        raise _type_error(owner, name, spec, value)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if spec.keys is not None and not _is_instance(k, spec.keys):
+                raise _type_error(owner, name, spec, value, f": key {k!r} is a {type(k).__name__}")
+            if spec.items is not None and not _is_instance(v, spec.items):
+                raise _type_error(owner, name, spec, value, f": value of {k!r} is a {type(v).__name__}")
+    elif isinstance(value, list) and spec.items is not None:
+        for i, v in enumerate(value):
+            if not _is_instance(v, spec.items):
+                raise _type_error(owner, name, spec, value, f": item {i} is a {type(v).__name__}")
+    if spec.check is not None:
+        problem = spec.check(value)
+        if problem is not None:
+            raise YRValueError(f"{owner}.{name} must {problem}, got {_show(value)}")
+
+
+def _validate_fields(obj: Any) -> None:
+    """Check every dataclass field of ``obj`` against the spec stored in its metadata."""
+    owner = type(obj).__name__
+    for f in dataclasses.fields(obj):
+        spec = f.metadata.get(_SPEC_KEY)
+        if spec is not None:
+            _check_value(owner, f.name, spec, getattr(obj, f.name))
+
+
+def _copy_containers(obj: Any) -> Any:
+    """A shallow copy of ``obj`` whose dict/list/set fields are deep-copied (shallow if that fails)."""
+    new = _copy.copy(obj)
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, (dict, list, set)):
+            try:
+                value = _copy.deepcopy(value)
+            except Exception:
+                value = _copy.copy(value)
+            setattr(new, f.name, value)
+    return new
+
+
+# --------------------------------------------------------------------------- InvokeOptions
+
+
+def _limit_rule(limit: str, base: str) -> Callable[["InvokeOptions"], str | None]:
+    def rule(o: "InvokeOptions") -> str | None:
+        lim, val = getattr(o, limit), getattr(o, base)
+        return None if lim == 0 or lim >= val else f"be 0 or >= {base} ({val})"
+
+    return rule
+
+
+def _need_order_rule(o: "InvokeOptions") -> str | None:
+    if o.need_order is True and o.concurrency is not None and o.concurrency > 1:
+        return f"not be True with concurrency={o.concurrency} (ordered calls run one at a time)"
+    return None
+
+
+def _get_if_exists_rule(o: "InvokeOptions") -> str | None:
+    if o.get_if_exists and not o.name:
+        return "be False when name is empty (get_if_exists looks an instance up by name)"
+    return None
+
+
+# Rules spanning several fields: (field the message names, rule).
+_CROSS_RULES: tuple[tuple[str, Callable[["InvokeOptions"], "str | None"]], ...] = (
+    ("cpu_limit", _limit_rule("cpu_limit", "cpu")),
+    ("mem_limit", _limit_rule("mem_limit", "memory")),
+    ("need_order", _need_order_rule),
+    ("get_if_exists", _get_if_exists_rule),
+)
+
+# Class attributes (not constructor arguments, as in yr) that are still checked when set.
+_CLASS_FLAGS = ("preferred_priority", "required_priority", "preferred_anti_other_labels")
+
+
+@dataclass
+class InvokeOptions:
+    """Per-call scheduling and lifecycle options of a task or instance, as in ``yr.InvokeOptions``."""
+
+    cpu: int = _opt(_int(0, note="millicores"), 500)
+    memory: int = _opt(_int(0, note="MB"), 500)
+    cpu_limit: int = _opt(_int(0, note="millicores"), 0)
+    mem_limit: int = _opt(_int(0, note="MB"), 0)
+    concurrency: int | None = _opt(_int(1, 1000, none_ok=True), None)
+    custom_resources: dict[str, float] = _opt(
+        _Spec((dict,), "a dict[str, int | float]", keys=(str,), items=(int, float),
+              check=_check_custom_resources),
+        factory=dict,
+    )
+    custom_extensions: dict[str, str] = _opt(
+        _Spec((dict,), "a dict[str, str | int]", keys=(str,), items=(str, int)), factory=dict
+    )
+    pod_labels: dict[str, str] = _opt(_STR_DICT, factory=dict)
+    labels: list[str] = _opt(_STR_LIST, factory=list)
+    affinity: dict[str, str] = _opt(_DICT, factory=dict)
+    device: Any = _opt(_ANY, None)
+    max_invoke_latency: int = _opt(_int(-1, _INT32_MAX, note="ms"), 5000)
+    min_instances: int = _opt(_int(0, _INT32_MAX), 0)
+    max_instances: int = _opt(_int(-1, _INT32_MAX), 0)
+    recover_retry_times: int = _opt(_int(-1, _INT32_MAX, note="restarts, -1 = unlimited"), 0)
+    need_order: bool | None = _opt(_bool(none_ok=True), None)
+    name: str = _opt(_STR, "")
+    namespace: str = _opt(_STR, "")
+    schedule_affinities: list = _opt(_LIST, factory=list)
+    is_data_affinity: bool = _opt(_bool(), False)
+    resource_group_options: Any = _opt(_ANY, None)
+    function_group_options: Any = _opt(_ANY, None)
+    env_vars: dict[str, str] = _opt(_STR_DICT, factory=dict)
+    retry_times: int = _opt(_int(0, _INT32_MAX), 0)
+    trace_id: str = _opt(_STR, "")
+    alias_params: dict[str, str] = _opt(_DICT, factory=dict)
+    runtime_env: dict = _opt(_DICT, factory=dict)
+    debug: Any = _opt(_ANY, None)
+    preempted_allowed: bool = _opt(_bool(), False)
+    instance_priority: int = _opt(_int(), 0)
+    schedule_timeout_ms: int = _opt(_int(-1, note="ms, -1 = forever"), 30000)
+    group_name: str = _opt(_STR, "")
+    idle_timeout: int = _opt(_int(0, note="seconds"), 300)
+    is_delete_remote_tensor: bool = _opt(_bool(), False)
+    bypass_datasystem: bool = _opt(_bool(), False)
+    skip_serialize: bool = _opt(_bool(), False)
+    port_forwardings: list = _opt(_LIST, factory=list)
+    get_if_exists: bool = _opt(_bool(), False)
+
+    # Plain class attributes, not dataclass fields: passing them to the constructor is a
+    # TypeError, exactly as in yr.  They may still be set on an instance.
+    preferred_priority = True
+    required_priority = False
+    preferred_anti_other_labels = False
+
+    def validate(self) -> "InvokeOptions":
+        """Check every option's type and range; raise YRTypeError / YRValueError naming the field."""
+        _validate_fields(self)
+        for name in _CLASS_FLAGS:
+            _check_value("InvokeOptions", name, _bool(), getattr(self, name))
+        for name, rule in _CROSS_RULES:
+            problem = rule(self)
+            if problem is not None:
+                raise YRValueError(f"InvokeOptions.{name} must {problem}, got {_show(getattr(self, name))}")
+        return self
+
+    def resource_shape(self) -> dict[str, float]:
+        """The resources one call needs, keyed like Dask worker resources (zero entries dropped)."""
+        shape = {"CPU": float(self.cpu), "Memory": float(self.memory)}
+        shape.update({k: float(v) for k, v in self.custom_resources.items() if v})
+        return shape
+
+    @property
+    def is_detached(self) -> bool:
+        """True when the instance outlives its job and creator (``lifecycle: detached``)."""
+        return self.custom_extensions.get("lifecycle") == "detached"
+
+    def copy(self) -> "InvokeOptions":
+        """An independent copy: its dict and list fields can be mutated without touching self."""
+        return _copy_containers(self)
+
+
+def check_invoke_options(opts: Any) -> InvokeOptions:
+    """Check that ``opts`` is a valid InvokeOptions and return it."""
+    if not isinstance(opts, InvokeOptions):
+        raise YRTypeError(f"expected yr.InvokeOptions, got {type(opts).__name__}")
+    return opts.validate()
+
+
+def check_return_nums(n: Any, what: str = "return_nums") -> int:
+    """Check a declared number of return values: an int in [0, 100]."""
+    if not _is_instance(n, (int,)):
+        raise YRTypeError(f"{what} must be an int, got {_show(n)} ({type(n).__name__})")
+    if not 0 <= n <= 100:
+        raise YRValueError(f"{what} must be in [0, 100], got {n!r}")
+    return n
+
+
+# --------------------------------------------------------------------------- Config
+
+
+@dataclass
+class Config:
+    """Settings for ``yr.init``: where the cluster is, logging, timeouts and defaults for the job."""
+
+    function_id: str = _opt(_STR, "")
+    cpp_function_id: str = _opt(_STR, "")
+    cpp_auto_function_name: str = _opt(_STR, "")
+    function_name: str = _opt(_STR, "")
+    server_address: str = _opt(_STR, "")
+    ds_address: str = _opt(_STR, "")
+    is_driver: bool = _opt(_bool(), True)
+    log_level: str | int = _opt(_Spec((str, int), "a str or an int (log level)"), "")
+    invoke_timeout: int = _opt(_int(1, note="seconds"), 900)
+    local_mode: bool = _opt(_bool(), False)
+    code_dir: str = _opt(_STR, "")
+    connection_nums: int = _opt(_int(1), 100)
+    recycle_time: int = _opt(_Spec((int,), "an int (seconds)", check=_check_recycle_time), 2)
+    in_cluster: bool | None = _opt(_bool(none_ok=True), None)
+    job_id: str = _opt(_STR, "")
+    tls_config: Any = _opt(_ANY, None)
+    auto: bool = _opt(_bool(), False)
+    deployment_config: Any = _opt(_ANY, None)
+    rt_server_address: str = _opt(_STR, "")
+    log_dir: str = _opt(_STR, "./")
+    env_file: str = _opt(_STR, "")
+    log_file_size_max: int = _opt(_int(0), 0)
+    log_file_num_max: int = _opt(_int(0), 0)
+    log_flush_interval: int = _opt(_int(0, note="seconds"), 5)
+    logger: logging.Logger | None = _opt(_Spec(None, "None or a logging.Logger", check=_check_logger), None)
+    runtime_id: str = _opt(_STR, "driver")
+    max_task_instance_num: int = _opt(_int(-1, note="-1 = unlimited"), -1)
+    load_paths: list = _opt(_LIST, factory=list)
+    rpc_timeout: int = _opt(_int(1, note="seconds"), 1800)
+    enable_mtls: bool | None = _opt(_bool(none_ok=True), None)
+    enable_tls: bool | None = _opt(_bool(none_ok=True), None)
+    private_key_path: str = _opt(_STR, "")
+    certificate_file_path: str = _opt(_STR, "")
+    verify_file_path: str = _opt(_STR, "")
+    private_key_paaswd: str = _opt(_STR, "", repr=False)  # secret: kept out of repr
+    server_name: str = _opt(_STR, "")
+    http_ioc_threads_num: int = _opt(_int(1), 400)
+    ns: str = _opt(_STR, "")
+    tenant_id: str = _opt(_STR, "")
+    auth_token: str = _opt(_STR, "", repr=False)  # secret: kept out of repr
+    enable_metrics: bool = _opt(_bool(), True)
+    bypass_datasystem: bool | None = _opt(_bool(none_ok=True), None)
+    custom_envs: dict[str, str] = _opt(_STR_DICT, factory=dict)
+    master_addr_list: list = _opt(_LIST, factory=list)
+    working_dir: str = _opt(_STR, "")
+    enable_ds_encrypt: bool = _opt(_bool(), False)
+    ds_public_key_path: str = _opt(_STR, "")
+    runtime_public_key_path: str = _opt(_STR, "")
+    runtime_private_key_path: str = _opt(_STR, "")
+    num_cpus: int | None = _opt(_int(1, none_ok=True), None)
+    runtime_env: dict | None = _opt(_Spec((dict, _NoneType), "None or a dict"), None)
+    log_to_driver: bool = _opt(_bool(), False)
+    dedup_logs: bool = _opt(_bool(), True)
+    # yrdask extension: the Dask TLS settings (a distributed.security.Security) used to
+    # join a secure cluster; None for a plain-TCP cluster.
+    security: object = _opt(_Spec(None, "None or a distributed.security.Security", check=_check_security), None)
+
+    def validate(self) -> "Config":
+        """Check every setting's type and range; raise YRTypeError / YRValueError naming the field."""
+        _validate_fields(self)
+        return self
+
+    def resolved(self) -> "Config":
+        """A validated copy with unset fields filled from the environment and a fresh job id."""
+        conf: Config = _copy_containers(self)
+        if not conf.server_address:
+            conf.server_address = os.environ.get("YR_SERVER_ADDRESS", "")
+        if conf.log_level == "":
+            conf.log_level = os.environ.get("YR_LOG_LEVEL") or "WARNING"
+        if not conf.job_id:
+            conf.job_id = "job-" + uuid.uuid4().hex[:8]
+        return conf.validate()
+
+
+def check_config(conf: Any) -> Config:
+    """Turn the argument of ``yr.init`` into a resolved, validated Config (None means defaults)."""
+    if conf is None:
+        conf = Config()
+    if not isinstance(conf, Config):
+        raise YRTypeError(f"expected yr.Config, got {type(conf).__name__}")
+    return conf.resolved()

@@ -1,0 +1,274 @@
+"""The scheduler extension: yr's global scheduler, the Dask-facing adapter of the ledger.
+
+Installed by ``dask scheduler --preload yrdask`` (or by the embedded cluster).  It owns the
+resource :class:`~yrdask.scheduler.resources.Ledger`, grants *leases* (a submitter may push
+tasks of one resource shape straight to one worker while it holds the lease), and keeps the
+job streams of connected drivers.  Its ops are listed in :mod:`yrdask.protocol`
+(``SCHEDULER_RPC``, ``SCHEDULER_STREAM``); the worker agent is installed on every worker
+from :meth:`YrSchedulerExtension.start`, so one scheduler preload sets up both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from distributed.batched import BatchedSend
+from distributed.comm.core import CommClosedError
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.protocol.pickle import dumps as pickle_dumps
+
+from yrdask import protocol as P
+from yrdask.scheduler.resources import Holding, Ledger, Shape, format_shape
+
+logger = logging.getLogger("yrdask.scheduler")
+
+EXTENSION_NAME = "yr"
+
+
+@dataclass
+class LeaseRequest:
+    """A lease request waiting for resources."""
+
+    owner: str
+    shape: Shape
+    local: str | None
+    future: asyncio.Future
+    deadline: float | None
+    revoked: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Job:
+    """A connected driver: its job stream and owner address."""
+
+    job_id: str
+    owner: str
+    stream: BatchedSend
+
+
+class YrSchedulerExtension:
+    """Global scheduler + registries of yr on the Dask scheduler (see module docstring)."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.ledger = Ledger()
+        self.jobs: dict[str, Job] = {}  # owner address -> job
+        self.pending: list[LeaseRequest] = []
+        self.pending_workers: dict[str, Shape] = {}  # registered with yr before Dask knew them
+        self._ids = itertools.count(1)
+        self.counters = {"leases_granted": 0, "leases_local": 0, "lease_timeouts": 0}
+        scheduler.extensions[EXTENSION_NAME] = self
+        scheduler.handlers.update(
+            {
+                P.CONNECT_JOB: self.connect_job,
+                P.REGISTER_WORKER: self.register_worker,
+                P.REQUEST_LEASE: self.request_lease,
+                P.CLUSTER_INFO: self.cluster_info,
+            }
+        )
+        scheduler.stream_handlers.update(
+            {
+                P.RETURN_LEASES: self.return_leases,
+                P.LEASE_BLOCKED: self.lease_blocked,
+                P.LEASE_UNBLOCKED: self.lease_unblocked,
+            }
+        )
+        scheduler.add_plugin(_Hooks(self), name="yrdask-hooks")
+
+    async def start(self) -> None:
+        """Install the worker agent on every current and future worker."""
+        from yrdask.worker.plugin import YrWorkerPlugin
+
+        await self.scheduler.register_worker_plugin(
+            None, pickle_dumps(YrWorkerPlugin()), name=YrWorkerPlugin.name, idempotent=True
+        )
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def register_worker(self, address: str, capacity: Shape, protocol_version: int) -> None:
+        if protocol_version != P.PROTOCOL_VERSION:
+            raise RuntimeError(
+                f"yrdask protocol mismatch: worker {address} speaks {protocol_version}, "
+                f"scheduler speaks {P.PROTOCOL_VERSION}; install the same yrdask everywhere"
+            )
+        if address in self.scheduler.workers:
+            self._add_worker(address, capacity)
+        else:
+            self.pending_workers[address] = capacity
+
+    def _add_worker(self, address: str, capacity: Shape) -> None:
+        logger.info("yr worker %s offers %s", address, format_shape(capacity))
+        self.ledger.add_worker(address, capacity)
+        self._grant_pending()
+
+    def on_add_worker(self, address: str) -> None:
+        capacity = self.pending_workers.pop(address, None)
+        if capacity is not None:
+            self._add_worker(address, capacity)
+
+    def on_remove_worker(self, address: str) -> None:
+        self.pending_workers.pop(address, None)
+        self.ledger.remove_worker(address)
+        # Leases a submitter on that worker held elsewhere die with it.
+        self._release_owned_by(address)
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    async def connect_job(self, comm: Any, job_id: str, owner_address: str, protocol_version: int) -> None:
+        """Serve one driver's job stream until it closes; then end the job."""
+        stream = BatchedSend(interval=0, loop=self.scheduler.loop)
+        stream.start(comm)
+        if protocol_version != P.PROTOCOL_VERSION:
+            stream.send({"op": P.JOB_WELCOME, "error": (
+                f"yrdask protocol mismatch: driver speaks {protocol_version}, scheduler "
+                f"speaks {P.PROTOCOL_VERSION}; install the same yrdask version everywhere")})
+            await stream.close()
+            return
+        self.jobs[owner_address] = Job(job_id, owner_address, stream)
+        stream.send({"op": P.JOB_WELCOME, "protocol_version": P.PROTOCOL_VERSION,
+                     "dashboard": self.dashboard_link()})
+        handlers = {P.RETURN_LEASES: self.return_leases}
+        try:
+            while True:
+                try:
+                    msgs = await comm.read()
+                except (CommClosedError, OSError):
+                    break
+                for msg in msgs if isinstance(msgs, (list, tuple)) else (msgs,):
+                    op = msg.pop("op")
+                    if op == "close-stream":
+                        return
+                    handlers[op](**msg)
+        finally:
+            self.jobs.pop(owner_address, None)
+            self._release_owned_by(owner_address)
+            if not comm.closed():
+                await comm.close()
+
+    def dashboard_link(self) -> str | None:
+        try:
+            from distributed.utils import format_dashboard_link
+
+            port = self.scheduler.http_server.port
+            host = self.scheduler.address.split("://")[-1].rsplit(":", 1)[0]
+            return format_dashboard_link(host, port)
+        except Exception:
+            return None
+
+    def cluster_info(self) -> dict:
+        return {"workers": self.ledger.snapshot(), "dashboard": self.dashboard_link(),
+                "counters": dict(self.counters)}
+
+    # -- leases ----------------------------------------------------------------------------
+
+    async def request_lease(self, owner: str, shape: Shape, timeout_ms: int, local: str | None = None) -> list:
+        """Grant a lease now, or queue the request until resources free up or time runs out.
+
+        Reply: ``[lease_id, worker]``, or ``[None, reason]`` when it cannot be met in time.
+        """
+        shape = {r: float(a) for r, a in shape.items()}
+        granted = self._grant(owner, shape, local)
+        if granted is not None:
+            return granted
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_ms < 0 else loop.time() + timeout_ms / 1000
+        req = LeaseRequest(owner, shape, local, loop.create_future(), deadline)
+        self.pending.append(req)
+        self._revoke_for(req)
+        try:
+            while True:
+                wait = None if req.deadline is None else max(0.0, req.deadline - loop.time())
+                try:
+                    return await asyncio.wait_for(asyncio.shield(req.future), wait)
+                except asyncio.TimeoutError:
+                    if self._could_free(req.shape):
+                        # Running tasks hold what it needs: they will end, keep waiting.
+                        req.deadline = loop.time() + max(timeout_ms, 1000) / 1000
+                        self._revoke_for(req)
+                        continue
+                    self.counters["lease_timeouts"] += 1
+                    return [None, self.ledger.explain_unfit(req.shape)]
+        finally:
+            if req in self.pending:
+                self.pending.remove(req)
+
+    def _grant(self, owner: str, shape: Shape, local: str | None) -> list | None:
+        worker = self.ledger.choose(shape, prefer=local)
+        if worker is None:
+            return None
+        lease_id = f"L{next(self._ids)}"
+        self.ledger.hold(Holding(lease_id, "lease", worker, shape, owner))
+        self.counters["leases_granted"] += 1
+        if worker == local:
+            self.counters["leases_local"] += 1
+        return [lease_id, worker]
+
+    def _grant_pending(self) -> None:
+        for req in list(self.pending):
+            if req.future.done():
+                continue
+            granted = self._grant(req.owner, req.shape, req.local)
+            if granted is not None:
+                req.future.set_result(granted)
+                self.pending.remove(req)
+
+    def _could_free(self, shape: Shape) -> bool:
+        """True if leases (tasks) hold resources on a worker that could run ``shape``."""
+        return bool(self.ledger.lease_holders_on_fitting_workers(shape))
+
+    def _revoke_for(self, req: LeaseRequest) -> None:
+        """Ask the owners of leases that stand in the way to return the idle ones."""
+        by_owner: dict[str, list[str]] = {}
+        for h in self.ledger.lease_holders_on_fitting_workers(req.shape):
+            if h.owner != req.owner and h.holding_id not in req.revoked:
+                req.revoked.add(h.holding_id)
+                by_owner.setdefault(h.owner, []).append(h.holding_id)
+        for owner, lease_ids in by_owner.items():
+            self._send_to_owner(owner, {"op": P.REVOKE_LEASES, "lease_ids": lease_ids})
+
+    def _send_to_owner(self, owner: str, msg: dict) -> None:
+        job = self.jobs.get(owner)
+        stream = job.stream if job is not None else self.scheduler.stream_comms.get(owner)
+        if stream is None:
+            return
+        try:
+            stream.send(msg)
+        except CommClosedError:
+            pass
+
+    def return_leases(self, lease_ids: list[str], worker: str | None = None) -> None:
+        for lease_id in lease_ids:
+            self.ledger.release(lease_id)
+        self._grant_pending()
+
+    def _release_owned_by(self, owner: str) -> None:
+        for h in [h for h in self.ledger.holdings.values() if h.owner == owner and h.kind == "lease"]:
+            self.ledger.release(h.holding_id)
+        self._grant_pending()
+
+    def lease_blocked(self, lease_id: str, worker: str | None = None) -> None:
+        if self.ledger.lend_cpu(lease_id, True):
+            self._grant_pending()
+
+    def lease_unblocked(self, lease_id: str, worker: str | None = None) -> None:
+        self.ledger.lend_cpu(lease_id, False)
+
+
+class _Hooks(SchedulerPlugin):
+    """Forwards the Dask scheduler events yr cares about to the extension."""
+
+    def __init__(self, ext: YrSchedulerExtension) -> None:
+        self.ext = ext
+
+    async def start(self, scheduler: Any) -> None:
+        await self.ext.start()
+
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        self.ext.on_add_worker(worker)
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        self.ext.on_remove_worker(worker)

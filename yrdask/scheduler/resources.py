@@ -1,0 +1,181 @@
+"""Resource accounting by worker and tag: capacities, what is held and by whom, and fit checks.
+
+Pure logic (no Dask, no I/O), so it is unit-tested without a cluster.  Amounts are floats:
+``CPU`` in millicores, ``Memory`` in MB, custom tags in the units the worker declared.
+
+A *holding* is anything that keeps resources of one worker: a task lease or an instance.
+Holdings of kind ``"lease"`` can be lent back while their task is blocked in ``yr.get``
+(:meth:`Ledger.lend_cpu`); that is what lets nested work finish on a one-CPU cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EPS = 1e-9
+
+Shape = dict[str, float]
+
+
+@dataclass
+class Holding:
+    """Resources one lease or instance holds on one worker."""
+
+    holding_id: str
+    kind: str  # "lease" | "instance"
+    worker: str
+    shape: Shape
+    owner: str
+    lent_cpu: bool = False
+
+
+@dataclass
+class WorkerResources:
+    """Capacity and current use of one worker process."""
+
+    address: str
+    capacity: Shape
+    held: Shape = field(default_factory=dict)
+    holdings: set[str] = field(default_factory=set)
+
+    def free(self, resource: str) -> float:
+        return self.capacity.get(resource, 0.0) - self.held.get(resource, 0.0)
+
+    def could_ever_fit(self, shape: Shape) -> bool:
+        return all(self.capacity.get(r, 0.0) + EPS >= amount for r, amount in shape.items())
+
+    def fits_now(self, shape: Shape) -> bool:
+        return all(self.free(r) + EPS >= amount for r, amount in shape.items())
+
+
+class Ledger:
+    """Every worker's capacity and every holding, with the placement choice among fits."""
+
+    def __init__(self) -> None:
+        self.workers: dict[str, WorkerResources] = {}
+        self.holdings: dict[str, Holding] = {}
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def add_worker(self, address: str, capacity: Shape) -> None:
+        self.workers[address] = WorkerResources(address, dict(capacity))
+
+    def remove_worker(self, address: str) -> list[Holding]:
+        """Forget a worker; returns the holdings that lived on it (now gone)."""
+        ws = self.workers.pop(address, None)
+        if ws is None:
+            return []
+        return [self.holdings.pop(h) for h in ws.holdings if h in self.holdings]
+
+    # -- holdings --------------------------------------------------------------------------
+
+    def hold(self, holding: Holding) -> None:
+        ws = self.workers[holding.worker]
+        for r, amount in holding.shape.items():
+            ws.held[r] = ws.held.get(r, 0.0) + amount
+        ws.holdings.add(holding.holding_id)
+        self.holdings[holding.holding_id] = holding
+
+    def release(self, holding_id: str) -> Holding | None:
+        holding = self.holdings.pop(holding_id, None)
+        if holding is None:
+            return None
+        ws = self.workers.get(holding.worker)
+        if ws is not None:
+            shape = dict(holding.shape)
+            if holding.lent_cpu:
+                shape.pop("CPU", None)
+            for r, amount in shape.items():
+                ws.held[r] = ws.held.get(r, 0.0) - amount
+            ws.holdings.discard(holding_id)
+        return holding
+
+    def lend_cpu(self, holding_id: str, lent: bool) -> bool:
+        """Lend a blocked lease's CPU back (``lent=True``) or take it again; True if changed."""
+        holding = self.holdings.get(holding_id)
+        if holding is None or holding.lent_cpu == lent:
+            return False
+        ws = self.workers.get(holding.worker)
+        cpu = holding.shape.get("CPU", 0.0)
+        if ws is not None:
+            ws.held["CPU"] = ws.held.get("CPU", 0.0) + (-cpu if lent else cpu)
+        holding.lent_cpu = lent
+        return True
+
+    # -- placement -------------------------------------------------------------------------
+
+    def choose(self, shape: Shape, prefer: str | None = None) -> str | None:
+        """The worker to place ``shape`` on now, or None if nothing fits at the moment.
+
+        ``prefer`` (the submitter's own worker) wins when it fits: nested work stays local.
+        Otherwise the worker with the largest free CPU fraction, which spreads load.
+        """
+        if prefer is not None:
+            ws = self.workers.get(prefer)
+            if ws is not None and ws.fits_now(shape):
+                return prefer
+        best, best_key = None, None
+        for ws in self.workers.values():
+            if not ws.fits_now(shape):
+                continue
+            cap = ws.capacity.get("CPU", 0.0) or 1.0
+            key = (ws.free("CPU") / cap, -len(ws.holdings))
+            if best_key is None or key > best_key:
+                best, best_key = ws.address, key
+        return best
+
+    def could_ever_fit(self, shape: Shape) -> bool:
+        return any(ws.could_ever_fit(shape) for ws in self.workers.values())
+
+    def lease_holders_on_fitting_workers(self, shape: Shape) -> list[Holding]:
+        """Leases on workers that could run ``shape``: returning them may make room."""
+        return [
+            self.holdings[h]
+            for ws in self.workers.values()
+            if ws.could_ever_fit(shape)
+            for h in ws.holdings
+            if self.holdings[h].kind == "lease"
+        ]
+
+    def explain_unfit(self, shape: Shape) -> str:
+        """Why ``shape`` cannot be placed: what it needs, what the cluster offers and holds."""
+        need = format_shape(shape)
+        if not self.workers:
+            return f"request {need} cannot be scheduled: the cluster has no yr workers"
+        if not self.could_ever_fit(shape):
+            missing = sorted(
+                r for r, a in shape.items()
+                if not any(ws.capacity.get(r, 0.0) + EPS >= a for ws in self.workers.values())
+            )
+            offers = "; ".join(
+                f"{ws.address}: {format_shape(ws.capacity)}" for ws in self.workers.values()
+            )
+            what = ", ".join(
+                f"{r}={shape[r]:g} (largest offer: "
+                f"{max(ws.capacity.get(r, 0.0) for ws in self.workers.values()):g})"
+                for r in missing
+            ) or need
+            return (
+                f"request {need} can never be scheduled: no worker offers {what}; "
+                f"a request must fit on one worker process. Workers offer: {offers}"
+            )
+        holders = "; ".join(
+            f"{ws.address}: capacity {format_shape(ws.capacity)}, held by "
+            + (", ".join(
+                f"{self.holdings[h].kind} {h} {format_shape(self.holdings[h].shape)}"
+                for h in sorted(ws.holdings)
+            ) or "nothing")
+            for ws in self.workers.values()
+            if ws.could_ever_fit(shape)
+        )
+        return f"request {need} did not fit in time: the workers that could run it are busy ({holders})"
+
+    def snapshot(self) -> dict[str, dict[str, Shape]]:
+        return {
+            a: {"capacity": dict(ws.capacity), "held": dict(ws.held)}
+            for a, ws in self.workers.items()
+        }
+
+
+def format_shape(shape: Shape) -> str:
+    return "{" + ", ".join(f"{r}: {a:g}" for r, a in sorted(shape.items())) + "}"

@@ -1,0 +1,268 @@
+"""The worker agent: runs pushed tasks, serves call channels, keeps large results.
+
+One agent per worker process, installed by :class:`yrdask.worker.plugin.YrWorkerPlugin`.
+It registers the worker ops of :mod:`yrdask.protocol` (``WORKER_RPC``) on the Dask worker,
+tells the scheduler extension what the worker offers (``REGISTER_WORKER``), and creates the
+process's yr runtime so code inside tasks can use the whole API (nested calls).
+
+Tasks run on the agent's own thread pool, not Dask's executor: resources are accounted by
+the scheduler's leases, so the pool only has to have a thread for every leased task, plus
+the ones blocked in ``yr.get`` (which lend their CPU back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import dask
+import psutil
+from distributed.batched import BatchedSend
+from distributed.comm.core import CommClosedError
+
+from yrdask import protocol as P
+from yrdask.errors import CancelledError, RemoteError, YRRuntimeError
+from yrdask.serialization import dumps, loads, unpack_args
+
+logger = logging.getLogger("yrdask.worker")
+
+MAX_THREADS = 4096
+
+
+class Peer:
+    """A caller connected by a call channel; replies go back on the same comm."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stream: BatchedSend) -> None:
+        self.loop = loop
+        self.stream = stream
+
+    def reply(self, msg: dict) -> None:
+        self.loop.call_soon_threadsafe(self._send, msg)
+
+    def _send(self, msg: dict) -> None:
+        try:
+            self.stream.send(msg)
+        except CommClosedError:
+            pass
+
+
+class LocalPeer:
+    """A caller in this very process (a task submitting work to its own worker)."""
+
+    def __init__(self, agent: "WorkerAgent", on_message: Callable[[dict], None]) -> None:
+        self.agent = agent
+        self.on_message = on_message
+
+    def deliver(self, msg: dict) -> None:
+        self.agent.dispatch(self, msg)
+
+    def reply(self, msg: dict) -> None:
+        self.agent.loop.call_soon_threadsafe(self.on_message, msg)
+
+
+class WorkerAgent:
+    """yr's per-worker agent (see module docstring)."""
+
+    def __init__(self, worker: Any) -> None:
+        from yrdask.api.runtime import install_worker_runtime
+
+        self.worker = worker
+        self.loop = asyncio.get_running_loop()
+        self.store: dict[str, bytes] = {}
+        self.fn_payloads: dict[str, bytes] = {}
+        self.functions: dict[str, Callable] = {}
+        self.running: dict[str, int] = {}  # task id -> thread ident
+        self.cancelled: set[str] = set()
+        self.executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="yr-task")
+        self.inline_limit = 512 * 1024
+        worker.handlers.update({
+            P.OPEN_CHANNEL: self.open_channel,
+            P.FETCH_OBJECT: self.fetch_object,
+            P.FREE_OBJECTS: self.free_objects,
+        })
+        worker.stream_handlers[P.REVOKE_LEASES] = self.revoke_leases
+        self.runtime = install_worker_runtime(self)
+
+    def capacity(self) -> dict[str, float]:
+        """What this worker offers: CPU millicores, Memory MB and its --resources tags."""
+        cpu = dask.config.get("yrdask.worker.cpu", None)
+        cpu = float(cpu) if cpu is not None else self.worker.state.nthreads * 1000.0
+        limit = self.worker.memory_manager.memory_limit or psutil.virtual_memory().total
+        cap = {"CPU": cpu, "Memory": float(limit // 2**20)}
+        cap.update({k: float(v) for k, v in self.worker.state.total_resources.items()})
+        return cap
+
+    async def register(self) -> None:
+        await self.worker.scheduler.yr_register_worker(
+            address=self.worker.address, capacity=self.capacity(),
+            protocol_version=P.PROTOCOL_VERSION)
+
+    async def close(self) -> None:
+        from yrdask.api.runtime import uninstall_worker_runtime
+
+        await self.runtime.close()
+        uninstall_worker_runtime(self.runtime)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- call channels ---------------------------------------------------------------------
+
+    async def open_channel(self, comm: Any, caller: str) -> None:
+        stream = BatchedSend(interval=0)
+        stream.start(comm)
+        peer = Peer(self.loop, stream)
+        try:
+            while True:
+                msgs = await comm.read()
+                for msg in msgs if isinstance(msgs, (list, tuple)) else (msgs,):
+                    self.dispatch(peer, msg)
+        except (CommClosedError, OSError):
+            pass
+        finally:
+            if not comm.closed():
+                comm.abort()
+
+    def local_peer(self, on_message: Callable[[dict], None]) -> LocalPeer:
+        return LocalPeer(self, on_message)
+
+    def dispatch(self, peer: Any, msg: dict) -> None:
+        op = msg["op"]
+        if op == P.RUN_TASK:
+            self.run_task(peer, msg)
+        elif op == P.CANCEL_TASK:
+            self.cancel_task(msg["task_id"])
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    def run_task(self, peer: Any, msg: dict) -> None:
+        if msg["fn"] is not None:
+            self.fn_payloads[msg["fn_id"]] = msg["fn"]
+        deps = msg["deps"]
+        if any(kind != P.VALUE and payload != self.worker.address for _, kind, payload in deps):
+            self.loop.create_task(self._fetch_then_run(peer, msg))
+        else:
+            self.executor.submit(self._execute, peer, msg, self._local_payloads(deps))
+
+    def _local_payloads(self, deps: list) -> list[bytes]:
+        return [payload if kind == P.VALUE else self.store[oid] for oid, kind, payload in deps]
+
+    async def _fetch_then_run(self, peer: Any, msg: dict) -> None:
+        payloads = []
+        for oid, kind, payload in msg["deps"]:
+            if kind == P.VALUE:
+                payloads.append(payload)
+            elif payload == self.worker.address:
+                payloads.append(self.store[oid])
+            else:
+                k, p = await self.runtime._fetch(payload, oid, None)
+                if k == P.ERROR:
+                    peer.reply({"op": P.TASK_DONE, "task_id": msg["task_id"], "error": p})
+                    return
+                payloads.append(p)
+        self.executor.submit(self._execute, peer, msg, payloads)
+
+    def _function(self, fn_id: str) -> Callable:
+        fn = self.functions.get(fn_id)
+        if fn is None:
+            fn = self.functions[fn_id] = loads(self.fn_payloads[fn_id])
+        return fn
+
+    def _execute(self, peer: Any, msg: dict, payloads: list[bytes]) -> None:
+        from yrdask.api.runtime import task_context
+
+        task_id = msg["task_id"]
+        if task_id in self.cancelled:
+            self.cancelled.discard(task_id)
+            return self._reply_error(peer, task_id, CancelledError(f"task {task_id} cancelled"), "", False)
+        try:
+            fn = self._function(msg["fn_id"])
+            args, kwargs = unpack_args(msg["args"], [loads(p) for p in payloads])
+        except BaseException as e:  # noqa: BLE001
+            return self._reply_error(peer, task_id, e, traceback.format_exc(), False)
+        self.running[task_id] = threading.get_ident()
+        try:
+            with task_context(msg["lease_id"], msg["owner"]):
+                result = fn(*args, **kwargs)
+            results = self._pack_results(task_id, result, msg["nret"])
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            self.running.pop(task_id, None)
+            return self._reply_error(peer, task_id, e, _user_traceback(), True)
+        self.running.pop(task_id, None)
+        peer.reply({"op": P.TASK_DONE, "task_id": task_id, "results": results})
+
+    def _reply_error(self, peer: Any, task_id: str, exc: BaseException, tb: str, retryable: bool) -> None:
+        err = RemoteError.from_exception(exc, tb)
+        peer.reply({"op": P.TASK_DONE, "task_id": task_id, "error": dumps(err),
+                    "retryable": retryable})
+
+    def _pack_results(self, task_id: str, result: Any, nret: int) -> list:
+        if nret <= 1:
+            values, ids = [result], [task_id]
+        else:
+            values = _split_returns(result, nret)
+            ids = [f"{task_id}.{i}" for i in range(nret)]
+        out = []
+        for oid, value in zip(ids, values):
+            payload = dumps(value)
+            if len(payload) > self.inline_limit:
+                self.store[oid] = payload
+                out.append([P.LOCATION, self.worker.address])
+            else:
+                out.append([P.VALUE, payload])
+        return out
+
+    def cancel_task(self, task_id: str) -> None:
+        ident = self.running.get(task_id)
+        if ident is None:
+            self.cancelled.add(task_id)
+            return
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(ident), ctypes.py_object(CancelledError))
+
+    # -- objects ---------------------------------------------------------------------------
+
+    def store_get(self, object_id: str) -> bytes:
+        try:
+            return self.store[object_id]
+        except KeyError:
+            raise YRRuntimeError(f"object {object_id} is no longer on worker "
+                                 f"{self.worker.address}") from None
+
+    async def fetch_object(self, object_id: str, timeout: float | None = None) -> list:
+        payload = self.store.get(object_id)
+        if payload is not None:
+            return [P.VALUE, payload]
+        return await self.runtime.handle_fetch(object_id, timeout)
+
+    def free_objects(self, object_ids: list[str]) -> None:
+        for oid in object_ids:
+            self.store.pop(oid, None)
+
+    def revoke_leases(self, lease_ids: list[str]) -> None:
+        self.runtime.submitter.revoke(lease_ids)
+
+
+def _split_returns(result: Any, nret: int) -> list:
+    try:
+        values = list(result)
+    except TypeError:
+        raise TypeError(f"cannot unpack non-iterable {type(result)} object") from None
+    if len(values) < nret:
+        raise ValueError(f"not enough values to unpack (expected {nret}, got {len(values)})")
+    if len(values) > nret:
+        raise ValueError(f"too many values to unpack (expected {nret}, got {len(values)})")
+    return values
+
+
+def _user_traceback() -> str:
+    """The traceback of the exception being handled, without the agent's own frame."""
+    import sys
+
+    etype, exc, tb = sys.exc_info()
+    if tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(etype, exc, tb))
