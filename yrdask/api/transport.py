@@ -1,7 +1,7 @@
 """The only place the API sends protocol messages: call channels and the scheduler connectors.
 
 * :class:`Channel` - a call channel to one worker (``OPEN_CHANNEL``): Dask ``connect`` plus a
-  ``BatchedSend`` with no batching delay going out, and a reader feeding replies back.
+  ``StreamSender`` with no batching delay going out, and a reader feeding replies back.
 * :class:`LocalChannel` - the same contract when the worker is this very process: messages
   go straight to the local agent, with no socket.
 * :class:`DriverConnector` - a driver's link to the scheduler: the job stream
@@ -17,12 +17,12 @@ import asyncio
 import logging
 from typing import Any, Callable
 
-from distributed.batched import BatchedSend
 from distributed.comm import connect
 from distributed.comm.core import CommClosedError
 from distributed.core import ConnectionPool, Server
 
 from yrdask import protocol as P
+from yrdask.stream import StreamSender
 from yrdask.errors import YRRuntimeError
 
 logger = logging.getLogger("yrdask.transport")
@@ -40,7 +40,7 @@ class Channel:
         self.on_lost = on_lost
         self.sent_functions: set[str] = set()
         self.backlog: list[dict] | None = []
-        self.stream: BatchedSend | None = None
+        self.stream: StreamSender | None = None
         self.comm: Any = None
         self.closed = False
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -58,8 +58,7 @@ class Channel:
         try:
             self.comm = comm = await connect(self.address, **self.connection_args)
             await comm.write({"op": P.OPEN_CHANNEL, "caller": self.caller, "reply": False})
-            self.stream = BatchedSend(interval=0)
-            self.stream.start(comm)
+            self.stream = StreamSender(comm)
             backlog, self.backlog = self.backlog, None
             if backlog:
                 self.stream.send(*backlog)
@@ -120,7 +119,7 @@ class DriverConnector:
         self.listen_args = listen_args
         self.pool = ConnectionPool(limit=64, connection_args=connection_args)
         self.server = Server({P.FETCH_OBJECT: runtime.handle_fetch})
-        self.stream: BatchedSend | None = None
+        self.stream: StreamSender | None = None
         self.comm: Any = None
         self.reader: asyncio.Task | None = None
         self.dashboard: str | None = None
@@ -139,8 +138,7 @@ class DriverConnector:
         if welcome.get("error"):
             raise YRRuntimeError(welcome["error"])
         self.dashboard = welcome.get("dashboard")
-        self.stream = BatchedSend(interval=0)
-        self.stream.start(comm)
+        self.stream = StreamSender(comm)
         self.reader = asyncio.get_running_loop().create_task(self._read())
         return address
 

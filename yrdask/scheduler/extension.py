@@ -16,12 +16,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from distributed.batched import BatchedSend
 from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps as pickle_dumps
 
 from yrdask import protocol as P
+from yrdask.stream import StreamSender
 from yrdask.scheduler.resources import Holding, Ledger, Shape, format_shape
 
 logger = logging.getLogger("yrdask.scheduler")
@@ -47,7 +47,7 @@ class Job:
 
     job_id: str
     owner: str
-    stream: BatchedSend
+    stream: StreamSender
 
 
 class YrSchedulerExtension:
@@ -120,8 +120,7 @@ class YrSchedulerExtension:
 
     async def connect_job(self, comm: Any, job_id: str, owner_address: str, protocol_version: int) -> None:
         """Serve one driver's job stream until it closes; then end the job."""
-        stream = BatchedSend(interval=0, loop=self.scheduler.loop)
-        stream.start(comm)
+        stream = StreamSender(comm)
         if protocol_version != P.PROTOCOL_VERSION:
             stream.send({"op": P.JOB_WELCOME, "error": (
                 f"yrdask protocol mismatch: driver speaks {protocol_version}, scheduler "

@@ -22,10 +22,10 @@ from typing import Any, Callable
 
 import dask
 import psutil
-from distributed.batched import BatchedSend
 from distributed.comm.core import CommClosedError
 
 from yrdask import protocol as P
+from yrdask.stream import StreamSender
 from yrdask.errors import CancelledError, RemoteError, YRRuntimeError
 from yrdask.serialization import dumps, loads, unpack_args
 
@@ -37,7 +37,7 @@ MAX_THREADS = 4096
 class Peer:
     """A caller connected by a call channel; replies go back on the same comm."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, stream: BatchedSend) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, stream: StreamSender) -> None:
         self.loop = loop
         self.stream = stream
 
@@ -112,8 +112,7 @@ class WorkerAgent:
     # -- call channels ---------------------------------------------------------------------
 
     async def open_channel(self, comm: Any, caller: str) -> None:
-        stream = BatchedSend(interval=0)
-        stream.start(comm)
+        stream = StreamSender(comm)
         peer = Peer(self.loop, stream)
         try:
             while True:
