@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from yrdask.api.functions import FunctionProxy, invoke
+from yrdask.api.instances import (InstanceCreator, InstanceProxy, MethodProxy, get_instance,
+                                  instance, kill_instance, list_named_instances, method)
 from yrdask.api.objects import ObjectRef
 from yrdask.api.objects_api import cancel, get, put, wait
 from yrdask.api.runtime import ClientInfo, finalize, init, is_initialized
@@ -22,6 +24,8 @@ from yrdask.options import Config, InvokeOptions
 __version__ = "0.1.0"
 
 StatelessFunction = FunctionProxy
+StatefulInstance = InstanceProxy
+StatefulInstanceCreator = InstanceCreator
 
 __all__ = sorted([
     "CancelledError",
@@ -29,7 +33,17 @@ __all__ = sorted([
     "Config",
     "FunctionProxy",
     "GetTimeoutError",
+    "InstanceCreator",
     "InstanceDiedError",
+    "InstanceProxy",
+    "MethodProxy",
+    "StatefulInstance",
+    "StatefulInstanceCreator",
+    "get_instance",
+    "instance",
+    "kill_instance",
+    "list_named_instances",
+    "method",
     "InvokeOptions",
     "ObjectRef",
     "ScheduleError",

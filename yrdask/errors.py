@@ -138,6 +138,17 @@ def _dual_typed(cause: BaseException, traceback_str: str) -> BaseException:
     return err
 
 
+def user_traceback() -> str:
+    """The traceback of the exception being handled, without the frame of the runner."""
+    import sys
+    import traceback
+
+    etype, exc, tb = sys.exc_info()
+    if tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(etype, exc, tb))
+
+
 class RemoteError:
     """A failure as it travels back from a worker: the pickled cause plus its traceback text.
 

@@ -48,7 +48,33 @@ CLUSTER_INFO = "yr_cluster_info"
 """any -> scheduler rpc.  Reply: ``{"workers": {address: {"capacity": .., "held": ..}},
 "dashboard": url-or-None}``.  Used by ``yr.resources()`` and the status command."""
 
-SCHEDULER_RPC = (CONNECT_JOB, REGISTER_WORKER, REQUEST_LEASE, CLUSTER_INFO)
+CREATE_INSTANCE = "yr_create_instance"
+"""creator -> scheduler rpc.  Fields: ``spec`` (dict: ``instance_id``, ``cls`` pickled class,
+``cls_name``, ``args``, ``deps``, ``shape``, ``timeout_ms``, ``owner`` (job or instance id),
+``holder`` (creator's address, first handle holder), ``name``, ``namespace``, ``detached``,
+``concurrency``, ``is_async``, ``meta`` (method metadata for handles)).  Reply:
+``[instance_id, worker, meta]`` once placed (a named instance that exists already answers
+with the existing one), or ``[None, reason, None]`` when it cannot be placed in time."""
+
+LOCATE_INSTANCE = "yr_locate_instance"
+"""any -> scheduler rpc.  Fields: ``instance_id``.  Reply: ``[state, worker, reason,
+instance_id]`` (the last is the id a named creation's alias stands for); waits while the
+instance is still being placed."""
+
+GET_NAMED = "yr_get_named"
+"""any -> scheduler rpc.  Fields: ``name``, ``namespace``, ``timeout``.  Reply:
+``[instance_id, worker, meta]`` once the named instance is alive, ``[None, reason, None]``
+if there is none; waits up to ``timeout`` s for one still being created."""
+
+LIST_NAMED = "yr_list_named"
+"""any -> scheduler rpc.  Fields: ``all_namespaces``.  Reply: list of ``[namespace, name]``."""
+
+KILL_INSTANCE = "yr_kill_instance"
+"""any -> scheduler rpc.  Fields: ``instance_id``, ``reason``.  Reply once the instance (and
+its non-detached descendants) are stopped."""
+
+SCHEDULER_RPC = (CONNECT_JOB, REGISTER_WORKER, REQUEST_LEASE, CLUSTER_INFO, CREATE_INSTANCE,
+                 LOCATE_INSTANCE, GET_NAMED, LIST_NAMED, KILL_INSTANCE)
 
 # --- job stream, driver -> scheduler ------------------------------------------------------
 
@@ -66,7 +92,19 @@ LEASE_UNBLOCKED = "yr_lease_unblocked"
 """worker -> scheduler.  Fields: ``lease_id``.  The task runs again and takes its CPU back
 (briefly over capacity if it was lent out meanwhile)."""
 
-SCHEDULER_STREAM = (RETURN_LEASES, LEASE_BLOCKED, LEASE_UNBLOCKED)
+HANDLE_REFS = "yr_handle_refs"
+"""holder -> scheduler (job stream or worker stream).  Fields: ``deltas`` ({instance_id:
++1 | -1}, sent when this process's handle count for an instance goes 0 -> 1 or 1 -> 0),
+``transit`` (tokens of pickled handles being registered, ``[[instance_id, token], ...]``)
+and ``arrived`` (tokens whose handles this process has just unpickled).  An unnamed,
+non-detached instance no process holds, with no handle in transit, ends."""
+
+INSTANCE_STATE = "yr_instance_state"
+"""worker -> scheduler.  Fields: ``instance_id``, ``state`` (``"ALIVE"`` after ``__init__``,
+``"FAILED"`` if ``__init__`` raised, ``"EXITED"`` after it stopped), ``error`` (pickled
+RemoteError or None)."""
+
+SCHEDULER_STREAM = (RETURN_LEASES, LEASE_BLOCKED, LEASE_UNBLOCKED, HANDLE_REFS, INSTANCE_STATE)
 
 # --- scheduler -> submitter (job stream, or worker rpc for worker submitters) -------------
 
@@ -92,7 +130,17 @@ FETCH_OBJECT = "yr_fetch_object"
 FREE_OBJECTS = "yr_free_objects"
 """owner -> worker holding large values (rpc, fire and forget).  Fields: ``object_ids``."""
 
-WORKER_RPC = (OPEN_CHANNEL, FETCH_OBJECT, FREE_OBJECTS, REVOKE_LEASES)
+START_INSTANCE = "yr_start_instance"
+"""scheduler -> worker (worker stream).  Fields: the creation ``spec`` (see
+:data:`CREATE_INSTANCE`).  The worker builds the instance; calls may arrive before
+``__init__`` ends and wait behind it."""
+
+STOP_INSTANCE = "yr_stop_instance"
+"""scheduler -> worker rpc.  Fields: ``instance_id``, ``reason``.  Pending calls fail with
+that reason; the reply comes once the instance is gone."""
+
+WORKER_RPC = (OPEN_CHANNEL, FETCH_OBJECT, FREE_OBJECTS, STOP_INSTANCE)
+WORKER_STREAM = (REVOKE_LEASES, START_INSTANCE)
 OWNER_RPC = (FETCH_OBJECT, REVOKE_LEASES)
 
 # --- call channel -------------------------------------------------------------------------
@@ -112,8 +160,20 @@ TASK_DONE = "yr_task_done"
 return value, kinds as in :data:`FETCH_OBJECT`) or ``error`` (pickled RemoteError),
 ``retryable`` (``True`` when the error is a user exception that ``retry_times`` may rerun)."""
 
-CHANNEL_TO_WORKER = (RUN_TASK, CANCEL_TASK)
+CALL_METHOD = "yr_call_method"
+"""caller -> worker.  Fields: ``task_id`` (the call id), ``instance_id``, ``method``,
+``args``, ``deps``, ``nret``.  Answered by :data:`TASK_DONE`; calls from one channel to one
+instance run in the order sent (concurrency 1)."""
+
+CHANNEL_TO_WORKER = (RUN_TASK, CANCEL_TASK, CALL_METHOD)
 CHANNEL_TO_CALLER = (TASK_DONE,)
+
+# --- instance states ----------------------------------------------------------------------
+
+PENDING = "PENDING"  # waiting for resources
+ALIVE = "ALIVE"
+RESTARTING = "RESTARTING"
+DEAD = "DEAD"
 
 # --- object kinds -------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 from yrdask import protocol as P
 from yrdask.api.objects import Entry, ObjectRef, ObjectTable, not_initialized
+from yrdask.api.instance_router import Call, InstanceRouter
 from yrdask.api.submitter import Submitter, Task
 from yrdask.api.transport import Channel, DriverConnector, LocalChannel, WorkerConnector
 from yrdask.errors import (RemoteError, YRRuntimeError, YRTimeoutError, YRTypeError,
@@ -97,6 +98,7 @@ class Runtime:
         self.agent: Any = None  # the worker agent, when this runtime lives in a worker
         self.objects = ObjectTable(self, INLINE_LIMIT)
         self.submitter = Submitter(self)
+        self.router = InstanceRouter(self)
         self.channels: dict[str, Any] = {}
         self._prefix = uuid.uuid4().hex[:10]
         self._counter = itertools.count()
@@ -135,12 +137,22 @@ class Runtime:
         return chan
 
     def on_channel_message(self, msg: dict) -> None:
-        if msg["op"] == P.TASK_DONE:
+        if msg["op"] == P.TASK_DONE and not self.router.on_done(msg):
             self.submitter.on_task_done(msg)
 
     def on_channel_lost(self, address: str) -> None:
         self.channels.pop(address, None)
         self.submitter.on_channel_lost(address)
+        self.router.on_channel_lost(address)
+
+    def dep_of(self, ref: ObjectRef) -> list:
+        """``[id, kind, payload]`` telling a worker where a ready ref argument's value is."""
+        entry = ref._entry
+        if entry.state == P.LOCATION:
+            return [ref._id, P.LOCATION, entry.location]
+        if entry.owner is not None and not entry.has_value and entry.payload is None:
+            return [ref._id, P.LOCATION, entry.owner]
+        return [ref._id, P.VALUE, entry.get_payload()]
 
     def free_remote(self, worker: str, object_ids: list[str]) -> None:
         async def free() -> None:
@@ -180,6 +192,30 @@ class Runtime:
             if entry.state == P.LOCATION:
                 self.free_remote(entry.location, [oid])
         return on_free
+
+    # -- instances -------------------------------------------------------------------------
+
+    def create_instance(self, spec: dict, args: tuple, kwargs: dict) -> str:
+        """Send an instance creation (asynchronous); returns the new instance id."""
+        blob, dep_refs = pack_args(args, kwargs, _is_ref)
+        spec.update(instance_id=spec.get("instance_id") or f"i-{self.new_id()}", args=blob,
+                    owner=current_owner() or self.job_id, holder=self.address)
+        self.on_loop(self.router.create, spec, dep_refs)
+        return spec["instance_id"]
+
+    def call_method(self, instance_id: str, method: str, args: tuple, kwargs: dict,
+                    nret: int) -> list[ObjectRef]:
+        blob, dep_refs = pack_args(args, kwargs, _is_ref)
+        call_id = self.new_id()
+        ids = [call_id] if nret <= 1 else [f"{call_id}.{i}" for i in range(nret)]
+        refs = [self.objects.new_ref(i) for i in ids]
+        call = Call(call_id, instance_id, method, blob, dep_refs, [r._entry for r in refs], nret)
+        self.on_loop(self.router.call, call)
+        return refs
+
+    def scheduler_call(self, op: str, timeout: float | None = None, **kwargs: Any) -> Any:
+        """A scheduler RPC from a user thread."""
+        return self.run_sync(self.connector.scheduler_rpc(op, **kwargs), timeout)
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -475,7 +511,6 @@ def install_worker_runtime(agent: Any) -> Runtime:
     rt.agent = agent
     rt.address = agent.worker.address
     rt.connector = WorkerConnector(rt, agent.worker)
-    rt.connector.connection_args = agent.worker.connection_args
     _runtime = rt
     return rt
 

@@ -111,19 +111,11 @@ class Submitter:
     def _deps_ready(self, task: Task) -> None:
         if task.cancelled:
             return
-        deps = []
         for ref in task.dep_refs:
-            entry = ref._entry
-            if entry.state == P.ERROR:
-                self._fail(task, entry.error)
+            if ref._entry.state == P.ERROR:
+                self._fail(task, ref._entry.error)
                 return
-            if entry.state == P.LOCATION:
-                deps.append([ref._id, P.LOCATION, entry.location])
-            elif entry.owner is not None and not entry.has_value and entry.payload is None:
-                deps.append([ref._id, P.LOCATION, entry.owner])
-            else:
-                deps.append([ref._id, P.VALUE, entry.get_payload()])
-        task.deps = deps
+        task.deps = [self.rt.dep_of(ref) for ref in task.dep_refs]
         task.dep_refs = []
         sq = self.shapes.get(task.shape_key)
         if sq is None:

@@ -159,11 +159,15 @@ class DriverConnector:
     async def scheduler_rpc(self, op: str, **kwargs: Any) -> Any:
         return await getattr(self.pool(self.scheduler_address), op)(**kwargs)
 
-    def return_leases(self, lease_ids: list[str]) -> None:
+    def stream_send(self, msg: dict) -> None:
+        """One-way message to the scheduler on the job stream (loop thread)."""
         try:
-            self.stream.send({"op": P.RETURN_LEASES, "lease_ids": lease_ids})
+            self.stream.send(msg)
         except CommClosedError:
             pass
+
+    def return_leases(self, lease_ids: list[str]) -> None:
+        self.stream_send({"op": P.RETURN_LEASES, "lease_ids": lease_ids})
 
     def notify_blocked(self, lease_id: str, blocked: bool) -> None:
         """Drivers run no leased tasks, so there is nothing to lend."""
@@ -193,6 +197,8 @@ class WorkerConnector:
         self.rt = runtime
         self.worker = worker
         self.dashboard = None
+        self.connection_args = worker.connection_args
+        self.blocked: dict[str, int] = {}
 
     async def request_lease(self, shape: dict, timeout_ms: int) -> list:
         return await self.worker.scheduler.yr_request_lease(
@@ -202,18 +208,29 @@ class WorkerConnector:
     async def scheduler_rpc(self, op: str, **kwargs: Any) -> Any:
         return await getattr(self.worker.scheduler, op)(**kwargs)
 
-    def _stream(self, msg: dict) -> None:
+    def stream_send(self, msg: dict) -> None:
+        """One-way message to the scheduler on the worker's own stream (loop thread)."""
         try:
             self.worker.batched_stream.send(msg)
         except CommClosedError:
             pass
 
     def return_leases(self, lease_ids: list[str]) -> None:
-        self._stream({"op": P.RETURN_LEASES, "lease_ids": lease_ids})
+        self.stream_send({"op": P.RETURN_LEASES, "lease_ids": lease_ids})
 
-    def notify_blocked(self, lease_id: str, blocked: bool) -> None:
-        op = P.LEASE_BLOCKED if blocked else P.LEASE_UNBLOCKED
-        self.rt.on_loop(self._stream, {"op": op, "lease_id": lease_id})
+    def notify_blocked(self, holding_id: str, blocked: bool) -> None:
+        """Lend the CPU of a lease or instance while its threads wait in ``yr.get``."""
+        self.rt.on_loop(self._blocked, holding_id, blocked)
+
+    def _blocked(self, holding_id: str, blocked: bool) -> None:
+        n = self.blocked.get(holding_id, 0) + (1 if blocked else -1)
+        if n > 0:
+            self.blocked[holding_id] = n
+        else:
+            self.blocked.pop(holding_id, None)
+        if (blocked and n == 1) or (not blocked and n == 0):
+            op = P.LEASE_BLOCKED if blocked else P.LEASE_UNBLOCKED
+            self.stream_send({"op": op, "lease_id": holding_id})
 
     def rpc(self, address: str) -> Any:
         return self.worker.rpc(address)

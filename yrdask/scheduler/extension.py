@@ -11,6 +11,7 @@ from :meth:`YrSchedulerExtension.start`, so one scheduler preload sets up both s
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from distributed.protocol.pickle import dumps as pickle_dumps
 
 from yrdask import protocol as P
 from yrdask.stream import StreamSender
+from yrdask.scheduler.instance_manager import InstanceManager
 from yrdask.scheduler.resources import Holding, Ledger, Shape, format_shape
 
 logger = logging.getLogger("yrdask.scheduler")
@@ -38,6 +40,8 @@ class LeaseRequest:
     local: str | None
     future: asyncio.Future
     deadline: float | None
+    kind: str = "lease"
+    holding_id: str | None = None
     revoked: set[str] = field(default_factory=set)
 
 
@@ -77,6 +81,7 @@ class YrSchedulerExtension:
                 P.LEASE_UNBLOCKED: self.lease_unblocked,
             }
         )
+        self.instances = InstanceManager(self)
         scheduler.add_plugin(_Hooks(self), name="yrdask-hooks")
 
     async def start(self) -> None:
@@ -115,6 +120,7 @@ class YrSchedulerExtension:
         self.ledger.remove_worker(address)
         # Leases a submitter on that worker held elsewhere die with it.
         self._release_owned_by(address)
+        self.instances.on_worker_lost(address)
 
     # -- jobs ------------------------------------------------------------------------------
 
@@ -130,7 +136,8 @@ class YrSchedulerExtension:
         self.jobs[owner_address] = Job(job_id, owner_address, stream)
         stream.send({"op": P.JOB_WELCOME, "protocol_version": P.PROTOCOL_VERSION,
                      "dashboard": self.dashboard_link()})
-        handlers = {P.RETURN_LEASES: self.return_leases}
+        handlers = {P.RETURN_LEASES: self.return_leases,
+                    P.HANDLE_REFS: functools.partial(self.instances.handle_refs, holder=owner_address)}
         try:
             while True:
                 try:
@@ -145,6 +152,7 @@ class YrSchedulerExtension:
         finally:
             self.jobs.pop(owner_address, None)
             self._release_owned_by(owner_address)
+            self.instances.on_owner_gone(job_id, owner_address)
             if not comm.closed():
                 await comm.close()
 
@@ -160,7 +168,7 @@ class YrSchedulerExtension:
 
     def cluster_info(self) -> dict:
         return {"workers": self.ledger.snapshot(), "dashboard": self.dashboard_link(),
-                "counters": dict(self.counters)}
+                "counters": dict(self.counters), "instances": self.instances.lifecycle.snapshot()}
 
     # -- leases ----------------------------------------------------------------------------
 
@@ -169,13 +177,17 @@ class YrSchedulerExtension:
 
         Reply: ``[lease_id, worker]``, or ``[None, reason]`` when it cannot be met in time.
         """
+        return await self._acquire(owner, shape, timeout_ms, local, "lease", None)
+
+    async def _acquire(self, owner: str, shape: Shape, timeout_ms: int, local: str | None,
+                       kind: str, holding_id: str | None) -> list:
         shape = {r: float(a) for r, a in shape.items()}
-        granted = self._grant(owner, shape, local)
+        granted = self._grant(owner, shape, local, kind, holding_id)
         if granted is not None:
             return granted
         loop = asyncio.get_running_loop()
         deadline = None if timeout_ms < 0 else loop.time() + timeout_ms / 1000
-        req = LeaseRequest(owner, shape, local, loop.create_future(), deadline)
+        req = LeaseRequest(owner, shape, local, loop.create_future(), deadline, kind, holding_id)
         self.pending.append(req)
         self._revoke_for(req)
         try:
@@ -195,22 +207,24 @@ class YrSchedulerExtension:
             if req in self.pending:
                 self.pending.remove(req)
 
-    def _grant(self, owner: str, shape: Shape, local: str | None) -> list | None:
+    def _grant(self, owner: str, shape: Shape, local: str | None, kind: str = "lease",
+               holding_id: str | None = None) -> list | None:
         worker = self.ledger.choose(shape, prefer=local)
         if worker is None:
             return None
-        lease_id = f"L{next(self._ids)}"
-        self.ledger.hold(Holding(lease_id, "lease", worker, shape, owner))
-        self.counters["leases_granted"] += 1
-        if worker == local:
-            self.counters["leases_local"] += 1
-        return [lease_id, worker]
+        holding_id = holding_id or f"L{next(self._ids)}"
+        self.ledger.hold(Holding(holding_id, kind, worker, shape, owner))
+        if kind == "lease":
+            self.counters["leases_granted"] += 1
+            if worker == local:
+                self.counters["leases_local"] += 1
+        return [holding_id, worker]
 
     def _grant_pending(self) -> None:
         for req in list(self.pending):
             if req.future.done():
                 continue
-            granted = self._grant(req.owner, req.shape, req.local)
+            granted = self._grant(req.owner, req.shape, req.local, req.kind, req.holding_id)
             if granted is not None:
                 req.future.set_result(granted)
                 self.pending.remove(req)

@@ -26,7 +26,9 @@ from distributed.comm.core import CommClosedError
 
 from yrdask import protocol as P
 from yrdask.stream import StreamSender
-from yrdask.errors import CancelledError, RemoteError, YRRuntimeError
+from yrdask.worker.hosting import HostedInstance
+from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, YRRuntimeError,
+                           user_traceback)
 from yrdask.serialization import dumps, loads, unpack_args
 
 logger = logging.getLogger("yrdask.worker")
@@ -80,12 +82,19 @@ class WorkerAgent:
         self.cancelled: set[str] = set()
         self.executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="yr-task")
         self.inline_limit = 512 * 1024
+        self.instances: dict[str, HostedInstance] = {}
+        self.early_calls: dict[str, list] = {}  # calls that beat their START_INSTANCE here
+        self.ended: dict[str, str] = {}  # recently stopped instance -> reason
         worker.handlers.update({
             P.OPEN_CHANNEL: self.open_channel,
             P.FETCH_OBJECT: self.fetch_object,
             P.FREE_OBJECTS: self.free_objects,
+            P.STOP_INSTANCE: self.stop_instance,
         })
-        worker.stream_handlers[P.REVOKE_LEASES] = self.revoke_leases
+        worker.stream_handlers.update({
+            P.REVOKE_LEASES: self.revoke_leases,
+            P.START_INSTANCE: self.start_instance,
+        })
         self.runtime = install_worker_runtime(self)
 
     def capacity(self) -> dict[str, float]:
@@ -132,6 +141,8 @@ class WorkerAgent:
         op = msg["op"]
         if op == P.RUN_TASK:
             self.run_task(peer, msg)
+        elif op == P.CALL_METHOD:
+            self.call_method(peer, msg)
         elif op == P.CANCEL_TASK:
             self.cancel_task(msg["task_id"])
 
@@ -140,29 +151,22 @@ class WorkerAgent:
     def run_task(self, peer: Any, msg: dict) -> None:
         if msg["fn"] is not None:
             self.fn_payloads[msg["fn_id"]] = msg["fn"]
-        deps = msg["deps"]
-        if any(kind != P.VALUE and payload != self.worker.address for _, kind, payload in deps):
-            self.loop.create_task(self._fetch_then_run(peer, msg))
-        else:
-            self.executor.submit(self._execute, peer, msg, self._local_payloads(deps))
+        self.executor.submit(self._execute, peer, msg)
 
-    def _local_payloads(self, deps: list) -> list[bytes]:
-        return [payload if kind == P.VALUE else self.store[oid] for oid, kind, payload in deps]
-
-    async def _fetch_then_run(self, peer: Any, msg: dict) -> None:
-        payloads = []
-        for oid, kind, payload in msg["deps"]:
+    def payloads(self, deps: list) -> list[bytes]:
+        """Pickled values of a call's ref arguments; fetches remote ones (not on the loop)."""
+        out = []
+        for oid, kind, payload in deps:
             if kind == P.VALUE:
-                payloads.append(payload)
+                out.append(payload)
             elif payload == self.worker.address:
-                payloads.append(self.store[oid])
+                out.append(self.store_get(oid))
             else:
-                k, p = await self.runtime._fetch(payload, oid, None)
+                k, p = self.runtime.run_sync(self.runtime._fetch(payload, oid, None))
                 if k == P.ERROR:
-                    peer.reply({"op": P.TASK_DONE, "task_id": msg["task_id"], "error": p})
-                    return
-                payloads.append(p)
-        self.executor.submit(self._execute, peer, msg, payloads)
+                    raise loads(p).to_exception()
+                out.append(p)
+        return out
 
     def _function(self, fn_id: str) -> Callable:
         fn = self.functions.get(fn_id)
@@ -170,7 +174,7 @@ class WorkerAgent:
             fn = self.functions[fn_id] = loads(self.fn_payloads[fn_id])
         return fn
 
-    def _execute(self, peer: Any, msg: dict, payloads: list[bytes]) -> None:
+    def _execute(self, peer: Any, msg: dict) -> None:
         from yrdask.api.runtime import task_context
 
         task_id = msg["task_id"]
@@ -179,17 +183,17 @@ class WorkerAgent:
             return self._reply_error(peer, task_id, CancelledError(f"task {task_id} cancelled"), "", False)
         try:
             fn = self._function(msg["fn_id"])
-            args, kwargs = unpack_args(msg["args"], [loads(p) for p in payloads])
+            args, kwargs = unpack_args(msg["args"], [loads(p) for p in self.payloads(msg["deps"])])
         except BaseException as e:  # noqa: BLE001
             return self._reply_error(peer, task_id, e, traceback.format_exc(), False)
         self.running[task_id] = threading.get_ident()
         try:
             with task_context(msg["lease_id"], msg["owner"]):
                 result = fn(*args, **kwargs)
-            results = self._pack_results(task_id, result, msg["nret"])
+            results = self.pack_results(task_id, result, msg["nret"])
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             self.running.pop(task_id, None)
-            return self._reply_error(peer, task_id, e, _user_traceback(), True)
+            return self._reply_error(peer, task_id, e, user_traceback(), True)
         self.running.pop(task_id, None)
         peer.reply({"op": P.TASK_DONE, "task_id": task_id, "results": results})
 
@@ -198,7 +202,8 @@ class WorkerAgent:
         peer.reply({"op": P.TASK_DONE, "task_id": task_id, "error": dumps(err),
                     "retryable": retryable})
 
-    def _pack_results(self, task_id: str, result: Any, nret: int) -> list:
+    def pack_results(self, task_id: str, result: Any, nret: int) -> list:
+        """``[kind, payload]`` per return value; large ones stay in this worker's store."""
         if nret <= 1:
             values, ids = [result], [task_id]
         else:
@@ -244,6 +249,42 @@ class WorkerAgent:
     def revoke_leases(self, lease_ids: list[str]) -> None:
         self.runtime.submitter.revoke(lease_ids)
 
+    # -- instances -------------------------------------------------------------------------
+
+    def start_instance(self, spec: dict) -> None:
+        iid = spec["instance_id"]
+        inst = HostedInstance(self, spec, spec["deps"])
+        self.instances[iid] = inst
+        for peer, msg in self.early_calls.pop(iid, ()):
+            inst.call(peer, msg)
+
+    def call_method(self, peer: Any, msg: dict) -> None:
+        iid = msg["instance_id"]
+        inst = self.instances.get(iid)
+        if inst is not None:
+            inst.call(peer, msg)
+        elif iid in self.ended:
+            err = InstanceDiedError(f"instance {iid} has ended: {self.ended[iid]}")
+            self._reply_error(peer, msg["task_id"], err, "", False)
+        else:
+            self.early_calls.setdefault(iid, []).append((peer, msg))
+
+    async def stop_instance(self, instance_id: str, reason: str) -> None:
+        inst = self.instances.pop(instance_id, None)
+        self.ended[instance_id] = reason
+        if len(self.ended) > 10_000:
+            for key in list(self.ended)[:5_000]:
+                del self.ended[key]
+        if inst is not None:
+            inst.stop(reason)
+        for peer, msg in self.early_calls.pop(instance_id, ()):
+            self.call_method(peer, msg)
+
+    def report_state(self, instance_id: str, state: str, error: bytes | None) -> None:
+        msg = {"op": P.INSTANCE_STATE, "instance_id": instance_id, "state": state,
+               "error": error}
+        self.loop.call_soon_threadsafe(self.runtime.connector.stream_send, msg)
+
 
 def _split_returns(result: Any, nret: int) -> list:
     try:
@@ -257,11 +298,3 @@ def _split_returns(result: Any, nret: int) -> list:
     return values
 
 
-def _user_traceback() -> str:
-    """The traceback of the exception being handled, without the agent's own frame."""
-    import sys
-
-    etype, exc, tb = sys.exc_info()
-    if tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(etype, exc, tb))

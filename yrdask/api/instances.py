@@ -1,0 +1,313 @@
+"""``@yr.instance`` classes, their handles, method proxies, named lookups and termination."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import threading
+from typing import Any, Callable
+
+from yrdask import protocol as P
+from yrdask.api.objects import ObjectRef
+from yrdask.api.runtime import current_runtime
+from yrdask.errors import (YRRuntimeError, YRTimeoutError, YRTypeError, YRValueError)
+from yrdask.options import InvokeOptions, check_invoke_options, check_return_nums
+from yrdask.serialization import dumps
+
+_RETURN_NUMS = "__yr_return_nums__"
+
+
+def method(*args: Any, return_nums: int = 1, **ignored: Any) -> Any:
+    """Mark a method's number of return values: ``@yr.method(return_nums=2)``."""
+    nret = check_return_nums(return_nums)
+
+    def mark(fn: Callable) -> Callable:
+        target = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+        setattr(target, _RETURN_NUMS, nret)
+        return fn
+
+    if len(args) == 1 and callable(args[0]):
+        return mark(args[0])
+    return mark
+
+
+class _ClassInfo:
+    """What handles need to know of a class: methods, their return counts and signatures."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.name = cls.__name__
+        self.payload = dumps(cls)
+        self.class_id = hashlib.blake2b(self.payload, digest_size=8).hexdigest()
+        self.methods: dict[str, tuple[int, inspect.Signature | None]] = {}
+        self.is_async = False
+        for name, member in inspect.getmembers(cls):
+            raw = inspect.getattr_static(cls, name, None)
+            func = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else member
+            if not callable(member) or (name.startswith("__") and name != "__call__"):
+                continue
+            if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+                self.is_async = True
+            try:
+                sig = inspect.signature(member if isinstance(raw, (staticmethod, classmethod))
+                                        else func)
+                if not isinstance(raw, (staticmethod, classmethod)):
+                    params = list(sig.parameters.values())[1:]
+                    sig = sig.replace(parameters=params)
+            except (TypeError, ValueError):
+                sig = None
+            self.methods[name] = (getattr(func, _RETURN_NUMS, 1), sig)
+        try:
+            init_sig = inspect.signature(cls.__init__)
+            self.init_sig: inspect.Signature | None = init_sig.replace(
+                parameters=list(init_sig.parameters.values())[1:])
+        except (TypeError, ValueError):
+            self.init_sig = None
+        self.meta = dumps({"name": self.name, "methods": self.methods})
+
+
+class InstanceCreator:
+    """A ``@yr.instance`` class: ``C.invoke(*args)`` creates an instance and returns its handle."""
+
+    def __init__(self, cls: type, options: InvokeOptions) -> None:
+        self._cls = cls
+        self._options = options
+        self._info: _ClassInfo | None = None
+        self._lock = threading.Lock()
+        self.__name__ = cls.__name__
+        self.__qualname__ = cls.__qualname__
+        self.__doc__ = cls.__doc__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise YRRuntimeError(
+            f"instance class cannot be instantiated directly: instead of "
+            f"{self._cls.__name__}(...), use {self._cls.__name__}.invoke(...)")
+
+    def _class_info(self) -> _ClassInfo:
+        if self._info is None:
+            self._info = _ClassInfo(self._cls)
+        return self._info
+
+    def get_original_cls(self) -> type:
+        return self._cls
+
+    def options(self, invoke_options: InvokeOptions | None = None, **kwargs: Any) -> "InstanceCreator":
+        """A creator with these options for the next creations (the original keeps its own).
+
+        Takes an ``InvokeOptions``, or Ray-style keywords ``name``, ``namespace``,
+        ``lifetime="detached"``, ``get_if_exists``, ``resources``, ``concurrency``.
+        """
+        opts = check_invoke_options(invoke_options).copy() if invoke_options is not None \
+            else self._options.copy()
+        for key, value in kwargs.items():
+            if key == "lifetime":
+                if value != "detached":
+                    raise YRValueError(f"lifetime must be 'detached', got {value!r}")
+                opts.custom_extensions["lifecycle"] = "detached"
+            elif key == "resources":
+                opts.custom_resources.update(value)
+            elif hasattr(InvokeOptions, key) or key in InvokeOptions.__dataclass_fields__:
+                setattr(opts, key, value)
+            else:
+                raise YRTypeError(f"unknown option {key!r} for {self._cls.__name__}.options()")
+        creator = InstanceCreator(self._cls, opts.validate())
+        creator._info = self._info
+        return creator
+
+    def invoke(self, *args: Any, **kwargs: Any) -> "InstanceProxy":
+        """Create an instance (asynchronously); returns its handle at once."""
+        rt = current_runtime()
+        info = self._class_info()
+        if info.init_sig is not None:
+            try:
+                info.init_sig.bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f"{info.name}.invoke(): {e}") from None
+        opts = self._options
+        if opts.get_if_exists:
+            with self._lock:
+                return self._get_or_create(rt, info, args, kwargs)
+        return self._create(rt, info, args, kwargs)
+
+    def _get_or_create(self, rt: Any, info: _ClassInfo, args: tuple, kwargs: dict) -> "InstanceProxy":
+        iid, where, meta = rt.scheduler_call(P.GET_NAMED, name=self._options.name,
+                                             namespace=self._options.namespace, timeout=60)
+        if iid is not None:
+            return InstanceProxy(iid, info.meta, rt)
+        return self._create(rt, info, args, kwargs)
+
+    def _create(self, rt: Any, info: _ClassInfo, args: tuple, kwargs: dict) -> "InstanceProxy":
+        opts = self._options
+        spec = {
+            "cls": info.payload, "cls_name": info.name, "meta": info.meta,
+            "shape": opts.resource_shape(), "timeout_ms": opts.schedule_timeout_ms,
+            "name": opts.name, "namespace": opts.namespace, "detached": opts.is_detached,
+            "concurrency": opts.concurrency, "is_async": info.is_async,
+            "recover_retry_times": opts.recover_retry_times,
+        }
+        iid = rt.create_instance(spec, args, kwargs)
+        return InstanceProxy(iid, info.meta, rt, registered=True)
+
+    def get_instance(self, name: str, namespace: str = "", timeout: int = 60) -> "InstanceProxy":
+        return get_instance(name, namespace, timeout)
+
+
+class InstanceProxy:
+    """A handle to an instance: ``h.method.invoke(...)``; picklable, usable anywhere."""
+
+    def __init__(self, instance_id: str, meta: bytes, runtime: Any, registered: bool = False) -> None:
+        from yrdask.serialization import loads
+
+        self.instance_id = instance_id
+        self._meta = meta
+        info = loads(meta)
+        self._cls_name: str = info["name"]
+        self._methods: dict = info["methods"]
+        self._rt = runtime
+        self._terminated = False
+        runtime.on_loop(runtime.router.incref, instance_id)
+
+    def __del__(self) -> None:
+        rt = self._rt
+        if rt is not None and not rt.closed:
+            try:
+                rt.on_loop(rt.router.decref, self.instance_id)
+            except Exception:
+                pass
+
+    def __getattr__(self, name: str) -> "MethodProxy":
+        methods = self.__dict__.get("_methods")
+        if methods is None or name not in methods:
+            cls_name = self.__dict__.get("_cls_name", "instance")
+            raise AttributeError(f"'{cls_name}' object has no attribute '{name}'")
+        nret, sig = methods[name]
+        return MethodProxy(self, name, nret, sig)
+
+    def __reduce__(self):
+        rt = self._rt
+        token = rt.new_id()
+        rt.on_loop(rt.router.transit, self.instance_id, token)
+        return (_rebuild_handle, (self.instance_id, self._meta, token))
+
+    def __repr__(self) -> str:
+        return f"InstanceProxy({self._cls_name}, id={self.instance_id!r})"
+
+    def _repr_html_(self) -> str:
+        state = "terminated" if self._terminated else "active"
+        return (f"<div><strong>yr instance</strong> {self._cls_name} "
+                f"<code>{self.instance_id}</code> ({state})</div>")
+
+    def is_activate(self) -> bool:
+        """False once this handle terminated the instance."""
+        return not self._terminated
+
+    def terminate(self, is_sync: bool = False) -> None:
+        """End the instance (and its non-detached children); later calls raise RuntimeError."""
+        if self._terminated:
+            return
+        self._terminated = True
+        _kill(self._rt, self.instance_id, is_sync)
+
+
+class MethodProxy:
+    """One method of an instance handle: ``.invoke(*args)`` and ``.options(opts)``."""
+
+    def __init__(self, handle: InstanceProxy, name: str, nret: int, sig: Any) -> None:
+        self._handle, self._name, self._nret, self._sig = handle, name, nret, sig
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise YRRuntimeError(f"instance methods cannot be called directly: use "
+                             f"handle.{self._name}.invoke(...)")
+
+    def options(self, invoke_options: InvokeOptions) -> "MethodProxy":
+        check_invoke_options(invoke_options)
+        return self
+
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        h = self._handle
+        if h._terminated:
+            raise YRRuntimeError(f"this instance is terminated ({h._cls_name} {h.instance_id})")
+        if self._sig is not None:
+            try:
+                self._sig.bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f"{h._cls_name}.{self._name}.invoke(): {e}") from None
+        refs = h._rt.call_method(h.instance_id, self._name, args, kwargs, self._nret)
+        if self._nret == 0:
+            return None
+        return refs[0] if self._nret == 1 else refs
+
+
+def _rebuild_handle(instance_id: str, meta: bytes, token: str) -> InstanceProxy:
+    rt = current_runtime()
+    handle = InstanceProxy(instance_id, meta, rt)
+    rt.on_loop(rt.router.arrived, instance_id, token)
+    return handle
+
+
+def _kill(rt: Any, instance_id: str, is_sync: bool) -> None:
+    if is_sync:
+        rt.scheduler_call(P.KILL_INSTANCE, instance_id=instance_id, reason="terminated")
+    else:
+        async def kill() -> None:
+            try:
+                await rt.connector.scheduler_rpc(P.KILL_INSTANCE, instance_id=instance_id,
+                                                 reason="terminated")
+            except Exception:
+                pass
+
+        rt.on_loop(lambda: rt.loop.create_task(kill()))
+
+
+def instance(*args: Any, invoke_options: InvokeOptions | None = None, **ignored: Any) -> Any:
+    """Decorate a class as a yr stateful instance class: ``@yr.instance`` or ``(invoke_options=)``."""
+
+    def make(cls: Any) -> InstanceCreator:
+        if not inspect.isclass(cls):
+            raise YRRuntimeError("@yr.instance decorator must be applied to a class, "
+                                 f"got {type(cls).__name__}")
+        opts = check_invoke_options(invoke_options).copy() if invoke_options is not None \
+            else InvokeOptions()
+        return InstanceCreator(cls, opts)
+
+    if len(args) == 1 and inspect.isclass(args[0]) and invoke_options is None:
+        return make(args[0])
+    if args:
+        raise YRRuntimeError("@yr.instance takes only the keyword argument invoke_options=")
+    return make
+
+
+def get_instance(name: str, namespace: str = "", timeout: int = 60) -> InstanceProxy:
+    """A handle to the named instance; waits up to ``timeout`` s while it is being created."""
+    if not isinstance(name, str) or not isinstance(namespace, str):
+        raise YRTypeError("yr.get_instance: name and namespace must be str")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise YRTypeError(f"yr.get_instance: timeout must be a number >= 0, got {timeout!r}")
+    rt = current_runtime()
+    iid, where, meta = rt.scheduler_call(P.GET_NAMED, name=name, namespace=namespace,
+                                         timeout=timeout)
+    if iid is None:
+        if meta == "timeout":
+            raise YRTimeoutError(where)
+        raise YRRuntimeError(where)
+    return InstanceProxy(iid, meta, rt)
+
+
+def list_named_instances(all_namespaces: bool = False) -> list:
+    """Names of the named instances (in the default namespace, or all as dicts)."""
+    rt = current_runtime()
+    pairs = rt.scheduler_call(P.LIST_NAMED, all_namespaces=all_namespaces)
+    if all_namespaces:
+        return [{"name": n, "namespace": ns} for ns, n in pairs]
+    return [n for _ns, n in pairs]
+
+
+def kill_instance(instance_id: str) -> None:
+    """Terminate an instance by id, waiting until it has stopped."""
+    if not isinstance(instance_id, str):
+        raise YRTypeError(f"yr.kill_instance: instance_id must be str, got {type(instance_id).__name__}")
+    _kill(current_runtime(), instance_id, True)
+
+
+__all__ = ["method", "instance", "get_instance", "list_named_instances", "kill_instance",
+           "InstanceCreator", "InstanceProxy", "MethodProxy", "ObjectRef"]

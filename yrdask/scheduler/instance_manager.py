@@ -1,0 +1,185 @@
+"""The instance lifecycle manager's Dask adapter: carries out what :mod:`lifecycle` decides.
+
+Handles ``CREATE_INSTANCE``, ``LOCATE_INSTANCE``, ``GET_NAMED``, ``LIST_NAMED``,
+``KILL_INSTANCE`` (scheduler rpc) and ``HANDLE_REFS``, ``INSTANCE_STATE`` (streams), places
+instances through the extension's resource ledger (an instance holds its resources for its
+whole life), starts them on workers (``START_INSTANCE``) and stops them (``STOP_INSTANCE``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from yrdask import protocol as P
+from yrdask.scheduler.lifecycle import InstanceRecord, Lifecycle
+
+logger = logging.getLogger("yrdask.instances")
+
+RELEASE_GRACE_S = 0.5  # absorbs reordering between the holders' separate streams
+
+
+class InstanceManager:
+    """See module docstring; owned by :class:`~yrdask.scheduler.extension.YrSchedulerExtension`."""
+
+    def __init__(self, ext: Any) -> None:
+        self.ext = ext
+        self.scheduler = ext.scheduler
+        self.lifecycle = Lifecycle()
+        self.placed: dict[str, asyncio.Event] = {}
+        self.alive: dict[str, asyncio.Event] = {}
+        self.scheduler.handlers.update({
+            P.CREATE_INSTANCE: self.create_instance,
+            P.LOCATE_INSTANCE: self.locate_instance,
+            P.GET_NAMED: self.get_named,
+            P.LIST_NAMED: self.list_named,
+            P.KILL_INSTANCE: self.kill_instance,
+        })
+        self.scheduler.stream_handlers.update({
+            P.HANDLE_REFS: self.handle_refs,
+            P.INSTANCE_STATE: self.instance_state,
+        })
+
+    # -- creation and lookup ---------------------------------------------------------------
+
+    async def create_instance(self, spec: dict) -> list:
+        name = spec.get("name")
+        if name:
+            existing = self.lifecycle.named(spec.get("namespace") or "", name)
+            if existing is not None:
+                self.lifecycle.aliases[spec["instance_id"]] = existing.instance_id
+                return await self._where(existing)
+        rec = self.lifecycle.add(spec)
+        iid = rec.instance_id
+        self.placed[iid] = asyncio.Event()
+        self.alive[iid] = asyncio.Event()
+        got, where = await self.ext._acquire(iid, spec["shape"], spec["timeout_ms"], None,
+                                            "instance", iid)
+        if rec.state == P.DEAD:  # ended while it waited (owner gone, terminated)
+            if got is not None:
+                self.ext.ledger.release(iid)
+                self.ext._grant_pending()
+            self._settle(iid)
+            return [None, f"instance {iid} ended before it started: {rec.reason}", None]
+        if got is None:
+            self.lifecycle.end(iid, where)
+            self._settle(iid)
+            return [None, where, None]
+        self.lifecycle.placed(iid, where)
+        self.placed[iid].set()
+        self._send_worker(where, {"op": P.START_INSTANCE, "spec": spec})
+        return [iid, where, spec["meta"]]
+
+    async def _where(self, rec: InstanceRecord) -> list:
+        ev = self.placed.get(rec.instance_id)
+        if ev is not None:
+            await ev.wait()
+        if rec.state == P.DEAD:
+            return [None, f"instance {rec.instance_id} ended: {rec.reason}", None]
+        return [rec.instance_id, rec.worker, rec.spec["meta"]]
+
+    async def locate_instance(self, instance_id: str) -> list:
+        """Reply ``[state, worker, reason, instance_id]`` (the id an alias stands for)."""
+        instance_id = self.lifecycle.aliases.get(instance_id, instance_id)
+        rec = self.lifecycle.instances.get(instance_id)
+        if rec is None:
+            return [P.DEAD, None, f"instance {instance_id} does not exist (it has ended)",
+                    instance_id]
+        await self._where(rec)
+        return [rec.state, rec.worker, rec.reason, instance_id]
+
+    async def get_named(self, name: str, namespace: str, timeout: float) -> list:
+        rec = self.lifecycle.named(namespace, name)
+        if rec is None:
+            return [None, f"failed to get instance: {namespace}-{name} by name, it does not "
+                          "exist", "missing"]
+        try:
+            await asyncio.wait_for(self.alive[rec.instance_id].wait(), timeout)
+        except asyncio.TimeoutError:
+            return [None, f"failed to get instance: {namespace}-{name} by name within "
+                          f"{timeout} s: it is still being created", "timeout"]
+        return await self._where(rec)
+
+    def list_named(self, all_namespaces: bool = False, namespace: str = "") -> list:
+        return [[ns, n] for (ns, n) in self.lifecycle.names
+                if all_namespaces or ns == namespace]
+
+    # -- ending ----------------------------------------------------------------------------
+
+    async def kill_instance(self, instance_id: str, reason: str = "terminated") -> None:
+        instance_id = self.lifecycle.aliases.get(instance_id, instance_id)
+        await self.end(self.lifecycle.end(instance_id, reason))
+
+    async def end(self, ended: list[InstanceRecord]) -> None:
+        """Release and stop instances the lifecycle has just ended."""
+        stops = []
+        for rec in ended:
+            self.ext.ledger.release(rec.instance_id)
+            self._settle(rec.instance_id)
+            if rec.worker is not None and rec.worker in self.scheduler.workers:
+                stops.append(self._stop(rec))
+            else:
+                self.lifecycle.forget(rec.instance_id)
+        self.ext._grant_pending()
+        if stops:
+            await asyncio.gather(*stops)
+
+    async def _stop(self, rec: InstanceRecord) -> None:
+        try:
+            await self.scheduler.rpc(rec.worker).yr_stop_instance(
+                instance_id=rec.instance_id, reason=rec.reason)
+        except Exception as e:  # the worker died meanwhile
+            logger.debug("stopping %s on %s: %r", rec.instance_id, rec.worker, e)
+        self.lifecycle.forget(rec.instance_id)
+
+    def end_soon(self, ended: list[InstanceRecord]) -> None:
+        if ended:
+            self.scheduler.loop.add_callback(self.end, ended)
+
+    def _settle(self, iid: str) -> None:
+        for events in (self.placed, self.alive):
+            ev = events.pop(iid, None)
+            if ev is not None:
+                ev.set()
+
+    # -- events from owners, holders and workers ------------------------------------------
+
+    def on_owner_gone(self, owner: str, holder: str | None) -> None:
+        self.end_soon(self.lifecycle.end_owner(owner, f"its job {owner} ended"))
+        if holder is not None:
+            self._check(self.lifecycle.holder_lost(holder))
+
+    def on_worker_lost(self, worker: str) -> None:
+        self.end_soon(self.lifecycle.on_worker_lost(worker))
+        self._check(self.lifecycle.holder_lost(worker))
+
+    def handle_refs(self, deltas: dict, transit: list = (), arrived: list = (),
+                    worker: str | None = None, holder: str | None = None) -> None:
+        self._check(self.lifecycle.handle_refs(worker or holder, deltas, transit, arrived))
+
+    def instance_state(self, instance_id: str, state: str, error: Any = None,
+                       worker: str | None = None) -> None:
+        if state == "EXITED":
+            self.end_soon(self.lifecycle.end(instance_id, "it exited"))
+            return
+        rec = self.lifecycle.set_state(instance_id, P.ALIVE,
+                                       "" if error is None else "__init__ raised")
+        if rec is not None:
+            ev = self.alive.pop(instance_id, None)
+            if ev is not None:
+                ev.set()
+
+    def _check(self, iids: list[str]) -> None:
+        for iid in iids:
+            if self.lifecycle.releasable(iid):
+                self.scheduler.loop.call_later(RELEASE_GRACE_S, self._release_if_unheld, iid)
+
+    def _release_if_unheld(self, iid: str) -> None:
+        if self.lifecycle.releasable(iid):
+            self.end_soon(self.lifecycle.end(iid, "no handle to it is left"))
+
+    def _send_worker(self, worker: str, msg: dict) -> None:
+        stream = self.scheduler.stream_comms.get(worker)
+        if stream is not None:
+            stream.send(msg)

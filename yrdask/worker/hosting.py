@@ -1,0 +1,188 @@
+"""One live instance on a worker: the object, its mailbox and what runs its calls.
+
+* Sync class, concurrency 1: one thread takes calls from a FIFO mailbox, so calls from one
+  caller run in the order they were sent (they arrive in order on the call channel).
+* Sync class, concurrency n > 1: a pool of n threads, no ordering.
+* Async class (any ``async def`` method): an event loop in its own thread runs up to
+  ``concurrency`` (default 1000) calls at once.
+
+``__init__`` runs first in the same executor, so calls that arrive early wait behind it; if
+it raises, every call answers with that error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from yrdask import protocol as P
+from yrdask.errors import InstanceDiedError, RemoteError, user_traceback
+from yrdask.serialization import dumps, loads, unpack_args
+
+_STOP = object()
+
+
+class HostedInstance:
+    """See module docstring."""
+
+    def __init__(self, agent: Any, spec: dict, deps: list) -> None:
+        self.agent = agent
+        self.spec = spec
+        self.instance_id: str = spec["instance_id"]
+        self.cls_name: str = spec["cls_name"]
+        self.obj: Any = None
+        self.init_error: bytes | None = None
+        self.stopped: str | None = None
+        self.pending: dict[str, Any] = {}  # call id -> peer, for calls not answered yet
+        self.calls_done = 0
+        is_async = bool(spec.get("is_async"))
+        self.concurrency = spec.get("concurrency") or (1000 if is_async else 1)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.mailbox: queue.SimpleQueue | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        if is_async:
+            self._start_loop()
+        elif self.concurrency == 1:
+            self.mailbox = queue.SimpleQueue()
+            threading.Thread(target=self._serve_mailbox, daemon=True,
+                             name=f"yr-instance-{self.instance_id}").start()
+        else:
+            self.pool = ThreadPoolExecutor(self.concurrency,
+                                           thread_name_prefix=f"yr-instance-{self.instance_id}")
+        self._submit(lambda: self._construct(deps))
+
+    # -- executors -------------------------------------------------------------------------
+
+    def _start_loop(self) -> None:
+        ready = threading.Event()
+
+        def run() -> None:
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            self.semaphore = asyncio.Semaphore(self.concurrency)
+            self.loop.call_soon(ready.set)
+            self.loop.run_forever()
+            self.loop.close()
+
+        threading.Thread(target=run, daemon=True, name=f"yr-instance-{self.instance_id}").start()
+        ready.wait()
+
+    def _serve_mailbox(self) -> None:
+        while True:
+            job = self.mailbox.get()
+            if job is _STOP:
+                return
+            job()
+
+    def _submit(self, job: Callable[[], Any]) -> None:
+        if self.mailbox is not None:
+            self.mailbox.put(job)
+        elif self.pool is not None:
+            self.pool.submit(job)
+        else:
+            self.loop.call_soon_threadsafe(self._run_async_job, job)
+
+    def _run_async_job(self, job: Callable[[], Any]) -> None:
+        async def guarded() -> None:
+            async with self.semaphore:
+                result = job()
+                if inspect.isawaitable(result):
+                    await result
+
+        self.loop.create_task(guarded())
+
+    # -- construction and calls ------------------------------------------------------------
+
+    def _context(self) -> Any:
+        from yrdask.api.runtime import task_context
+
+        return task_context(self.instance_id, self.instance_id)
+
+    def _construct(self, deps: list) -> Any:
+        try:
+            cls = loads(self.spec["cls"])
+            args, kwargs = unpack_args(self.spec["args"],
+                                       [loads(p) for p in self.agent.payloads(deps)])
+            with self._context():
+                self.obj = cls(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - every call will report it
+            self.init_error = dumps(RemoteError.from_exception(e, user_traceback()))
+        self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
+
+    def call(self, peer: Any, msg: dict) -> None:
+        call_id = msg["task_id"]
+        if self.stopped is not None:
+            return self._answer_died(peer, call_id)
+        self.pending[call_id] = peer
+        self._submit(lambda: self._run_call(peer, msg))
+
+    def _run_call(self, peer: Any, msg: dict) -> Any:
+        call_id = msg["task_id"]
+        if self.stopped is not None:
+            return None
+        if self.init_error is not None:
+            return self._answer(call_id, {"error": self.init_error})
+        try:
+            args, kwargs = unpack_args(msg["args"],
+                                       [loads(p) for p in self.agent.payloads(msg["deps"])])
+            fn = getattr(self.obj, msg["method"])
+            with self._context():
+                result = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            return self._answer_error(call_id, e)
+        if inspect.isawaitable(result):
+            return self._finish_async(call_id, result, msg["nret"])
+        self._answer_result(call_id, result, msg["nret"])
+        return None
+
+    async def _finish_async(self, call_id: str, awaitable: Any, nret: int) -> None:
+        try:
+            with self._context():
+                result = await awaitable
+        except BaseException as e:  # noqa: BLE001
+            return self._answer_error(call_id, e)
+        self._answer_result(call_id, result, nret)
+
+    def _answer_result(self, call_id: str, result: Any, nret: int) -> None:
+        try:
+            results = self.agent.pack_results(call_id, result, nret)
+        except BaseException as e:  # noqa: BLE001
+            return self._answer_error(call_id, e)
+        self._answer(call_id, {"results": results})
+
+    def _answer_error(self, call_id: str, exc: BaseException) -> None:
+        self._answer(call_id, {"error": dumps(RemoteError.from_exception(exc, user_traceback()))})
+
+    def _answer(self, call_id: str, body: dict) -> None:
+        peer = self.pending.pop(call_id, None)
+        if peer is not None:
+            self.calls_done += 1
+            peer.reply({"op": P.TASK_DONE, "task_id": call_id, **body})
+
+    def _answer_died(self, peer: Any, call_id: str) -> None:
+        err = InstanceDiedError(
+            f"instance {self.instance_id} ({self.cls_name}) has ended: {self.stopped}")
+        peer.reply({"op": P.TASK_DONE, "task_id": call_id,
+                    "error": dumps(RemoteError.from_exception(err, ""))})
+
+    # -- stopping --------------------------------------------------------------------------
+
+    def stop(self, reason: str) -> None:
+        """Fail the calls not answered yet and let the executor go."""
+        if self.stopped is not None:
+            return
+        self.stopped = reason
+        pending, self.pending = self.pending, {}
+        for call_id, peer in pending.items():
+            self._answer_died(peer, call_id)
+        if self.mailbox is not None:
+            self.mailbox.put(_STOP)
+        elif self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        elif self.loop is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.obj = None
