@@ -365,8 +365,9 @@ def _leak_check():
     while stray_threads() and time.monotonic() < deadline:
         stray_threads()[0].join(0.1)
     threads = [t.name for t in stray_threads()]
-    assert not leaked, f"child processes left after finalize: {leaked}"
-    assert not threads, f"non-daemon threads left after finalize: {threads}"
+    assert not leaked and not threads, (
+        f"left after finalize: child processes {leaked}, non-daemon threads {threads}"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,6 @@ a Dask preload: ``dask scheduler --preload yrdask`` installs yr's scheduler exte
 it on every worker that joins).
 """
 
-from __future__ import annotations
-
-from typing import Any
-
 from yrdask.api.functions import FunctionProxy, invoke
 from yrdask.api.instances import (InstanceCreator, InstanceProxy, MethodProxy, get_instance,
                                   instance, kill_instance, list_named_instances, method)
@@ -66,7 +62,7 @@ __all__ = sorted([
 ])
 
 
-async def dask_setup(server: Any) -> None:
+async def dask_setup(server: object) -> None:
     """Dask preload hook: install yr on a scheduler or a worker (nannies need nothing)."""
     from distributed import Scheduler, Worker
 

@@ -1,0 +1,74 @@
+"""Helpers shared by the system modules: timing, medians, memory and payloads."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import psutil
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def timed_calls(call: Callable[[int], object], warmup: int, calls: int) -> list[float]:
+    """Run ``call(i)`` ``warmup`` times untimed, then ``calls`` times; seconds per call."""
+    for i in range(warmup):
+        call(i)
+    out = []
+    pc = time.perf_counter
+    for i in range(calls):
+        t = pc()
+        call(i)
+        out.append(pc() - t)
+    return out
+
+
+def latency_result(secs: list[float]) -> tuple[float, dict]:
+    ms = sorted(s * 1000.0 for s in secs)
+    n = len(ms)
+    return median(ms), {"calls": n, "p10_ms": ms[n // 10], "p90_ms": ms[(9 * n) // 10],
+                        "mean_ms": sum(ms) / n}
+
+
+def tree_pss_mb() -> tuple[float, dict]:
+    """PSS of this process and all its descendants (RSS for any whose PSS is unreadable)."""
+    me = psutil.Process()
+    procs = [me] + me.children(recursive=True)
+    total = 0
+    fallback = 0
+    counted = 0
+    for p in procs:
+        try:
+            try:
+                total += p.memory_full_info().pss
+            except (psutil.AccessDenied, AttributeError):
+                total += p.memory_info().rss
+                fallback += 1
+            counted += 1
+        except psutil.NoSuchProcess:
+            pass
+    return total / 1e6, {"processes": counted, "rss_fallbacks": fallback}
+
+
+def payload(size_mb: int):
+    """A ``size_mb`` MB (10**6 bytes) numpy uint8 array, or bytes without numpy."""
+    n = size_mb * 10**6
+    try:
+        import numpy as np
+    except ImportError:
+        return b"\x01" * n, "bytes"
+    return np.ones(n, dtype=np.uint8), "numpy"
+
+
+def same_size(a, b) -> bool:
+    return getattr(a, "nbytes", None) == getattr(b, "nbytes", None) if hasattr(a, "nbytes") \
+        else len(a) == len(memoryview(b).cast("B"))
+
+
+def put_get_result(secs: list[float], size_mb: int, kind: str) -> tuple[float, dict]:
+    med = median(secs)
+    return 2 * size_mb / med, {"repeats": len(secs), "median_s": med, "payload": kind,
+                               "runs_mb_per_s": [2 * size_mb / s for s in secs]}

@@ -1,0 +1,285 @@
+"""``python -m benchmarks`` / ``python benchmarks/run.py``: yrdask vs Dask vs Ray.
+
+Each (system, figure) measurement runs in a fresh subprocess (``python -m benchmarks._one``)
+that starts its own 2-worker-process cluster and prints one JSON line; this parent repeats each
+``--runs`` times (interleaving systems, so slow drift of the machine hits all alike), takes the
+median, prints a table and writes the raw runs, medians and machine info as JSON.
+
+Conventions: every cluster has 2 worker processes (1 thread each); latencies are medians per
+call; ``put_get_100mb_mb_per_s`` counts both directions (200 MB / seconds of put + get, Ray's
+benchmark convention); ratios are yrdask / other, so for ``*_per_s`` figures above 1 is better
+for yrdask and for ``*_ms``, ``*_s`` and ``*_mb`` figures below 1 is better.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python benchmarks/run.py`
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.figures import FIGURES, select  # noqa: E402
+from benchmarks.registry import SYSTEMS, load  # noqa: E402
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "latest.json"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="yrdask vs plain Dask vs Ray, each figure in fresh processes "
+                    "(2 worker processes per cluster).")
+    ap.add_argument("--runs", type=int, default=3,
+                    help="fresh-process runs per figure and system; the median is reported "
+                         "(default 3)")
+    ap.add_argument("--only", metavar="NAME[,NAME]",
+                    help="figures or groups to run; known: " + ", ".join(FIGURES))
+    ap.add_argument("--systems", default=",".join(SYSTEMS),
+                    help=f"systems to measure (default {','.join(SYSTEMS)})")
+    ap.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT,
+                    help="JSON results file (default benchmarks/results/latest.json)")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer iterations (a smoke run, not for quoting)")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds one measurement may take (default: per figure)")
+    args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        ap.error(f"unknown system(s) {bad}; known: {SYSTEMS}")
+    args.system_list = systems
+    return args
+
+
+def machine_info() -> dict:
+    info: dict = {
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    try:
+        import psutil
+
+        info["memory_total_gb"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except Exception:
+        pass
+    from importlib import metadata
+
+    for pkg in ("yrdask", "dask", "distributed", "ray", "numpy", "cloudpickle", "tornado"):
+        try:
+            info[f"{pkg}_version"] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            info[f"{pkg}_version"] = None
+    return info
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    # Worker processes import the figure modules when they unpickle module-level functions.
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "")
+                                                       .split(os.pathsep) if p])
+    env.pop("YR_SERVER_ADDRESS", None)  # yrdask figures use the embedded cluster
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    return env
+
+
+def run_one(system: str, figure: str, params: dict, timeout: float) -> dict:
+    """One fresh-process measurement; returns the child's JSON (or an error record)."""
+    cmd = [sys.executable, "-m", "benchmarks._one", system, figure, json.dumps(params)]
+    t = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        out, err = proc.communicate()
+    record = None
+    for line in reversed(out.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                cand = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(cand, dict) and cand.get("figure") == figure:
+                record = cand
+                break
+    if record is None:
+        why = f"timed out after {timeout:.0f} s" if timed_out else \
+            f"exited with code {proc.returncode} without a result"
+        record = {"system": system, "figure": figure, "value": None, "extra": {},
+                  "error": f"{why}\n--- stderr (tail) ---\n{_tail(err)}"}
+    else:
+        _reap_group(proc)
+    record["wall_s"] = round(time.monotonic() - t, 3)
+    record["returncode"] = proc.returncode
+    return record
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _reap_group(proc: subprocess.Popen) -> None:
+    """Leftovers of the measurement (the child already exited) must not load the next one."""
+    try:
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return
+    time.sleep(1.0)
+    _kill_group(proc)
+
+
+def _tail(text: str, n: int = 40) -> str:
+    return "\n".join((text or "").splitlines()[-n:])
+
+
+def fmt(v: float | None) -> str:
+    if v is None:
+        return "null"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def table(results: dict, systems: list[str]) -> str:
+    head = ["figure"] + systems + [f"ratio yrdask/{s}" for s in systems if s != "yrdask"]
+    rows = [head]
+    for name, fig in results["figures"].items():
+        med = fig["median"]
+        row = [f"{name} ({fig['unit']})"] + [fmt(med.get(s)) for s in systems]
+        for s in systems:
+            if s != "yrdask":
+                r = fig["ratio"].get(f"yrdask/{s}")
+                row.append("null" if r is None else f"{r:.2f}")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = []
+    for k, r in enumerate(rows):
+        lines.append("| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                       for i, (c, w) in enumerate(zip(r, widths))) + " |")
+        if k == 0:
+            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    figures = select(args.only)
+    systems = args.system_list
+    entry = ["-m", "benchmarks"] if sys.argv[0].endswith("__main__.py") or argv is not None \
+        else [sys.argv[0]]
+    command = " ".join([os.path.basename(sys.executable)] + entry
+                       + (sys.argv[1:] if argv is None else list(argv)))
+    info = machine_info()
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+    unavailable = {}
+    for s in systems:
+        why = load(s).available()
+        if why:
+            unavailable[s] = why
+            print(why, flush=True)
+    active = [s for s in systems if s not in unavailable]
+
+    results: dict = {
+        "command": command,
+        "started_utc": started,
+        "runs": args.runs,
+        "quick": args.quick,
+        "machine": info,
+        "systems": systems,
+        "unavailable": unavailable,
+        "figures": {},
+    }
+    for fig in figures:
+        results["figures"][fig.name] = {
+            "group": fig.group, "unit": fig.unit, "higher_is_better": fig.higher_is_better,
+            "description": fig.description, "params": fig.parameters(args.quick),
+            "runs": {s: [] for s in systems}, "errors": {s: [] for s in systems},
+            "median": {s: None for s in systems}, "ratio": {},
+        }
+
+    total = args.runs * len(figures) * len(active)
+    k = 0
+    t_all = time.monotonic()
+    failures = 0
+    for run in range(args.runs):
+        for fig in figures:
+            entry = results["figures"][fig.name]
+            for s in active:
+                k += 1
+                rec = run_one(s, fig.name, entry["params"], args.timeout or fig.timeout_s)
+                entry["runs"][s].append(rec)
+                status = fmt(rec["value"]) if rec["value"] is not None else "FAILED"
+                print(f"[{k}/{total}] run {run + 1} {fig.name:<24} {s:<7} {status:>10} "
+                      f"{fig.unit:<8} ({rec['wall_s']:.1f} s)", flush=True)
+                if rec.get("error"):
+                    failures += 1
+                    entry["errors"][s].append(rec["error"])
+                    print(f"    {s} {fig.name} failed:\n" + _indent(rec["error"]), flush=True)
+
+    import statistics
+
+    for name, entry in results["figures"].items():
+        for s in systems:
+            vals = [r["value"] for r in entry["runs"][s] if r.get("value") is not None]
+            entry["median"][s] = statistics.median(vals) if vals else None
+        for s in systems:
+            if s != "yrdask":
+                entry["ratio"][f"yrdask/{s}"] = ratio(entry["median"].get("yrdask"),
+                                                      entry["median"].get(s))
+    results["elapsed_s"] = round(time.monotonic() - t_all, 1)
+    results["load_average_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+    print()
+    print(f"{command}  (median of {args.runs} fresh-process run(s); "
+          f"{info['cpu_count']} CPUs, Python {info['python']}, dask {info['dask_version']}, "
+          f"load {', '.join(f'{x:.2f}' for x in info['load_average_at_start'] or [])})")
+    print(table(results, systems))
+    for s, why in unavailable.items():
+        print(f"{s}: {why}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out} in {results['elapsed_s']:.0f} s")
+    return 1 if failures else 0
+
+
+def _indent(text: str) -> str:
+    return "\n".join("      " + ln for ln in text.rstrip().splitlines())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
