@@ -83,6 +83,9 @@ class InstanceCreator:
             f"instance class cannot be instantiated directly: instead of "
             f"{self._cls.__name__}(...), use {self._cls.__name__}.invoke(...)")
 
+    def __reduce__(self):
+        return (InstanceCreator, (self._cls, self._options))
+
     def _class_info(self) -> _ClassInfo:
         if self._info is None:
             self._info = _ClassInfo(self._cls)
