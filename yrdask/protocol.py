@@ -41,7 +41,8 @@ REGISTER_WORKER = "yr_register_worker"
 REQUEST_LEASE = "yr_request_lease"
 """submitter -> scheduler rpc.  Fields: ``owner`` (the submitter's owner address), ``shape``
 ({resource: amount}), ``timeout_ms`` (-1 = wait forever), ``local`` (worker address of the
-submitter, or ``None``).  Reply: ``[lease_id, worker_address]``; raises
+submitter, or ``None``), ``queue`` (which of the submitter's task queues it is for: the
+scheduler never revokes an owner's lease to serve the same queue).  Reply: ``[lease_id, worker_address]``; raises
 :class:`yrdask.errors.ScheduleError` when no worker could meet the shape in time."""
 
 CLUSTER_INFO = "yr_cluster_info"

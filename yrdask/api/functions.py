@@ -31,7 +31,9 @@ class FunctionProxy:
         self._payload: bytes | None = None
         self._fn_id = ""
         self._shape = options.resource_shape()
-        self._shape_key = (tuple(sorted(self._shape.items())), options.schedule_timeout_ms)
+        # Tasks of one key share leases; a lease runs `concurrency` of them at once.
+        self._shape_key = (tuple(sorted(self._shape.items())), options.schedule_timeout_ms,
+                           options.concurrency or 1)
         functools.update_wrapper(self, func)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -6,7 +6,8 @@ How a task travels (all on the runtime's event loop thread):
    Ray), then queues the task under its *shape key* (resources + schedule timeout).
 2. A queue with work and no idle lease asks the scheduler for a lease (``REQUEST_LEASE``),
    at most ``max_pending_requests`` at a time per shape.  A lease is the right to run tasks
-   of that shape, one at a time, on one worker, with the resources already accounted.
+   of that shape on one worker (up to the shape's ``concurrency`` at once, default 1),
+   with the resources already accounted.
 3. An idle lease takes the next task and pushes it (``RUN_TASK``) over the call channel to
    its worker; ``TASK_DONE`` comes back on the same channel, and the lease takes the next.
 4. Leases idle for ``lease_idle_s`` go back to the scheduler, and at once when the scheduler
@@ -61,7 +62,8 @@ class Lease:
     lease_id: str
     worker: str
     shape_key: tuple
-    task: Task | None = None
+    slots: int = 1  # the shape's concurrency: tasks this lease runs at once
+    tasks: set = field(default_factory=set)
     idle_since: float = field(default_factory=time.monotonic)
     revoked: bool = False
 
@@ -70,6 +72,8 @@ class Lease:
 class ShapeQueue:
     shape: dict[str, float]
     timeout_ms: int
+    slots: int = 1
+    name: str = ""
     queue: deque = field(default_factory=deque)
     leases: list[Lease] = field(default_factory=list)
     requesting: int = 0
@@ -119,7 +123,8 @@ class Submitter:
         task.dep_refs = []
         sq = self.shapes.get(task.shape_key)
         if sq is None:
-            sq = self.shapes[task.shape_key] = ShapeQueue(task.shape, task.timeout_ms)
+            sq = self.shapes[task.shape_key] = ShapeQueue(task.shape, task.timeout_ms,
+                                                          task.shape_key[2], f"q{len(self.shapes)}")
         sq.queue.append(task)
         self._dispatch(sq)
 
@@ -141,7 +146,7 @@ class Submitter:
                 if kind == P.LOCATION and entry.refs <= 0:
                     self.rt.free_remote(payload, [oid])
         if lease is not None:
-            self._lease_free(lease)
+            self._lease_free(lease, task)
 
     def cancel(self, object_id: str) -> None:
         task_id = object_id.split(".", 1)[0]
@@ -165,7 +170,7 @@ class Submitter:
             if lease is None:
                 continue
             lease.revoked = True
-            if lease.task is None:
+            if not lease.tasks:
                 self._return([lease])
 
     def on_channel_lost(self, worker: str) -> None:
@@ -173,8 +178,7 @@ class Submitter:
         lost = [l for l in self.leases.values() if l.worker == worker]
         for lease in lost:
             self._drop(lease)
-            task = lease.task
-            if task is not None:
+            for task in list(lease.tasks):
                 self.running.pop(task.task_id, None)
                 task.lease = None
                 if not task.cancelled:
@@ -207,18 +211,17 @@ class Submitter:
 
     def _dispatch(self, sq: ShapeQueue) -> None:
         for lease in sq.leases:
-            if not sq.queue:
-                break
-            if lease.task is None and not lease.revoked:
+            while sq.queue and len(lease.tasks) < lease.slots and not lease.revoked:
                 self._push(lease, sq.queue.popleft())
-        want = min(len(sq.queue), self.max_pending_requests) - sq.requesting
+        needed = -(-len(sq.queue) // sq.slots)  # leases to run the backlog at once
+        want = min(needed, self.max_pending_requests) - sq.requesting
         for _ in range(max(0, want)):
             sq.requesting += 1
             self.rt.loop.create_task(self._request_lease(sq))
 
     def _push(self, lease: Lease, task: Task) -> None:
         self.queued.pop(task.task_id, None)
-        lease.task = task
+        lease.tasks.add(task)
         task.lease = lease
         self.running[task.task_id] = task
         chan = self.rt.channel(lease.worker)
@@ -232,7 +235,8 @@ class Submitter:
 
     async def _request_lease(self, sq: ShapeQueue) -> None:
         try:
-            lease_id, where = await self.rt.connector.request_lease(sq.shape, sq.timeout_ms)
+            lease_id, where = await self.rt.connector.request_lease(
+                sq.shape, sq.timeout_ms, sq.name)
         except Exception as e:  # scheduler unreachable
             lease_id, where = None, f"lease request failed: {e!r}"
         finally:
@@ -247,22 +251,26 @@ class Submitter:
                 while sq.queue:
                     self._fail(sq.queue.popleft(), err)
             return
+        if not sq.queue:  # the backlog went elsewhere meanwhile: don't sit on resources
+            self.rt.connector.return_leases([lease_id])
+            return
         key = next(k for k, v in self.shapes.items() if v is sq)
-        lease = Lease(lease_id, where, key)
+        lease = Lease(lease_id, where, key, sq.slots)
         self.leases[lease_id] = lease
         sq.leases.append(lease)
         self.rt.channel(where)  # open the channel early
         self._lease_free(lease)
         self._arm_reaper()
 
-    def _lease_free(self, lease: Lease) -> None:
-        lease.task = None
+    def _lease_free(self, lease: Lease, task: Task | None = None) -> None:
+        lease.tasks.discard(task)
         lease.idle_since = time.monotonic()
         sq = self.shapes.get(lease.shape_key)
-        if lease.revoked or sq is None:
+        if sq is None or (lease.revoked and not lease.tasks):
             self._return([lease])
-        elif sq.queue:
-            self._push(lease, sq.queue.popleft())
+        elif not lease.revoked:
+            while sq.queue and len(lease.tasks) < lease.slots:
+                self._push(lease, sq.queue.popleft())
 
     def _return(self, leases: list[Lease]) -> None:
         for lease in leases:
@@ -282,7 +290,7 @@ class Submitter:
     def _reap(self) -> None:
         self._reaper = None
         cutoff = time.monotonic() - self.lease_idle_s
-        idle = [l for l in self.leases.values() if l.task is None and l.idle_since < cutoff]
+        idle = [l for l in self.leases.values() if not l.tasks and l.idle_since < cutoff]
         if idle:
             self._return(idle)
         if self.leases:

@@ -152,9 +152,9 @@ class DriverConnector:
         except (CommClosedError, OSError, asyncio.CancelledError):
             pass
 
-    async def request_lease(self, shape: dict, timeout_ms: int) -> list:
+    async def request_lease(self, shape: dict, timeout_ms: int, queue: str) -> list:
         return await self.pool(self.scheduler_address).yr_request_lease(
-            owner=self.rt.address, shape=shape, timeout_ms=timeout_ms, local=None)
+            owner=self.rt.address, shape=shape, timeout_ms=timeout_ms, local=None, queue=queue)
 
     async def scheduler_rpc(self, op: str, **kwargs: Any) -> Any:
         return await getattr(self.pool(self.scheduler_address), op)(**kwargs)
@@ -200,10 +200,10 @@ class WorkerConnector:
         self.connection_args = worker.connection_args
         self.blocked: dict[str, int] = {}
 
-    async def request_lease(self, shape: dict, timeout_ms: int) -> list:
+    async def request_lease(self, shape: dict, timeout_ms: int, queue: str) -> list:
         return await self.worker.scheduler.yr_request_lease(
             owner=self.worker.address, shape=shape, timeout_ms=timeout_ms,
-            local=self.worker.address)
+            local=self.worker.address, queue=queue)
 
     async def scheduler_rpc(self, op: str, **kwargs: Any) -> Any:
         return await getattr(self.worker.scheduler, op)(**kwargs)

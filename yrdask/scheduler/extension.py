@@ -42,6 +42,7 @@ class LeaseRequest:
     deadline: float | None
     kind: str = "lease"
     holding_id: str | None = None
+    queue: str = ""  # the submitter's queue the lease is for
     revoked: set[str] = field(default_factory=set)
 
 
@@ -172,22 +173,24 @@ class YrSchedulerExtension:
 
     # -- leases ----------------------------------------------------------------------------
 
-    async def request_lease(self, owner: str, shape: Shape, timeout_ms: int, local: str | None = None) -> list:
+    async def request_lease(self, owner: str, shape: Shape, timeout_ms: int,
+                            local: str | None = None, queue: str = "") -> list:
         """Grant a lease now, or queue the request until resources free up or time runs out.
 
         Reply: ``[lease_id, worker]``, or ``[None, reason]`` when it cannot be met in time.
         """
-        return await self._acquire(owner, shape, timeout_ms, local, "lease", None)
+        return await self._acquire(owner, shape, timeout_ms, local, "lease", None, queue)
 
     async def _acquire(self, owner: str, shape: Shape, timeout_ms: int, local: str | None,
-                       kind: str, holding_id: str | None) -> list:
+                       kind: str, holding_id: str | None, queue: str = "") -> list:
         shape = {r: float(a) for r, a in shape.items()}
-        granted = self._grant(owner, shape, local, kind, holding_id)
+        granted = self._grant(owner, shape, local, kind, holding_id, queue)
         if granted is not None:
             return granted
         loop = asyncio.get_running_loop()
         deadline = None if timeout_ms < 0 else loop.time() + timeout_ms / 1000
-        req = LeaseRequest(owner, shape, local, loop.create_future(), deadline, kind, holding_id)
+        req = LeaseRequest(owner, shape, local, loop.create_future(), deadline, kind, holding_id,
+                           queue)
         self.pending.append(req)
         self._revoke_for(req)
         try:
@@ -208,12 +211,12 @@ class YrSchedulerExtension:
                 self.pending.remove(req)
 
     def _grant(self, owner: str, shape: Shape, local: str | None, kind: str = "lease",
-               holding_id: str | None = None) -> list | None:
+               holding_id: str | None = None, queue: str = "") -> list | None:
         worker = self.ledger.choose(shape, prefer=local)
         if worker is None:
             return None
         holding_id = holding_id or f"L{next(self._ids)}"
-        self.ledger.hold(Holding(holding_id, kind, worker, shape, owner))
+        self.ledger.hold(Holding(holding_id, kind, worker, shape, owner, queue=queue))
         if kind == "lease":
             self.counters["leases_granted"] += 1
             if worker == local:
@@ -224,7 +227,8 @@ class YrSchedulerExtension:
         for req in list(self.pending):
             if req.future.done():
                 continue
-            granted = self._grant(req.owner, req.shape, req.local, req.kind, req.holding_id)
+            granted = self._grant(req.owner, req.shape, req.local, req.kind, req.holding_id,
+                                  req.queue)
             if granted is not None:
                 req.future.set_result(granted)
                 self.pending.remove(req)
@@ -237,7 +241,8 @@ class YrSchedulerExtension:
         """Ask the owners of leases that stand in the way to return the idle ones."""
         by_owner: dict[str, list[str]] = {}
         for h in self.ledger.lease_holders_on_fitting_workers(req.shape):
-            if h.owner != req.owner and h.holding_id not in req.revoked:
+            mine = h.owner == req.owner and h.queue == req.queue  # it serves this very queue
+            if not mine and h.holding_id not in req.revoked:
                 req.revoked.add(h.holding_id)
                 by_owner.setdefault(h.owner, []).append(h.holding_id)
         for owner, lease_ids in by_owner.items():

@@ -27,6 +27,7 @@ class Holding:
     shape: Shape
     owner: str
     lent_cpu: bool = False
+    queue: str = ""  # for leases: which of the owner's task queues it serves
 
 
 @dataclass
