@@ -255,10 +255,11 @@ class Cluster:
     kind: str
     key: tuple
     cli: CliCluster | None = None
+    scheduler_address: str | None = None  # what yr.init reported (embedded or cli)
 
     @property
     def address(self) -> str | None:
-        return self.cli.address if self.cli else None
+        return self.cli.address if self.cli else self.scheduler_address
 
     def worker_pids(self) -> set[int] | None:
         """Pids of the cli worker processes (None for an embedded cluster)."""
@@ -282,24 +283,22 @@ class ClusterManager:
             return self.active
         self.finalize()
         if kind == "embedded":
-            yr.init(yr.Config(num_cpus=params["num_cpus"]))
-            self.active = Cluster(kind, key)
+            info = yr.init(yr.Config(num_cpus=params["num_cpus"]))
+            self.active = Cluster(kind, key, scheduler_address=info.scheduler_address)
         elif kind == "cli":
             cli = self.cli_processes(params["workers"])
-            yr.init(yr.Config(server_address=cli.address))
-            self.active = Cluster(kind, key, cli)
+            info = yr.init(yr.Config(server_address=cli.address))
+            self.active = Cluster(kind, key, cli, scheduler_address=info.scheduler_address)
         else:
             raise ValueError(f"unknown cluster kind {kind!r}")
         return self.active
 
     def cli_processes(self, workers: list[dict[str, Any]] = CLI_WORKERS) -> CliCluster:
-        """Running cli processes for ``workers``; any runtime attached to other processes ends."""
+        """Running cli processes for ``workers``, with no yr runtime active (it is finalised)."""
+        self.finalize()
         spec = _freeze(workers)
         if self.cli is not None and self.cli.spec == spec and self.cli.alive():
-            if self.active is not None and self.active.cli is self.cli:
-                self.finalize()
             return self.cli
-        self.finalize()
         self.stop_cli()
         self._n += 1
         self.cli = CliCluster.start(workers, self.workdir / f"cli{self._n}")
