@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import threading
 from typing import Any, Callable
 
@@ -100,10 +101,15 @@ class Entry:
             self.settle(P.ERROR)
 
     def exception(self) -> BaseException | None:
+        """A fresh exception to raise: a shared one would keep each raiser's frames alive."""
         err = self.error
         if err is None:
             return None
-        return err.to_exception() if isinstance(err, RemoteError) else err
+        if isinstance(err, RemoteError):
+            return err.to_exception()
+        fresh = copy.copy(err)
+        fresh.__traceback__ = None
+        return fresh
 
     def get_payload(self) -> bytes:
         if self.payload is None:

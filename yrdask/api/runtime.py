@@ -213,9 +213,9 @@ class Runtime:
         self.on_loop(self.router.call, call)
         return refs
 
-    def scheduler_call(self, op: str, timeout: float | None = None, **kwargs: Any) -> Any:
-        """A scheduler RPC from a user thread."""
-        return self.run_sync(self.connector.scheduler_rpc(op, **kwargs), timeout)
+    def scheduler_call(self, op: str, **kwargs: Any) -> Any:
+        """A scheduler RPC from a user thread (its fields are the op's, ``timeout`` included)."""
+        return self.run_sync(self.connector.scheduler_rpc(op, **kwargs))
 
     # -- objects ---------------------------------------------------------------------------
 

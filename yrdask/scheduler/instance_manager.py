@@ -64,6 +64,7 @@ class InstanceManager:
             return [None, f"instance {iid} ended before it started: {rec.reason}", None]
         if got is None:
             self.lifecycle.end(iid, where)
+            self.lifecycle.forget(iid)
             self._settle(iid)
             return [None, where, None]
         self.lifecycle.placed(iid, where)
@@ -94,8 +95,10 @@ class InstanceManager:
         if rec is None:
             return [None, f"failed to get instance: {namespace}-{name} by name, it does not "
                           "exist", "missing"]
+        ev = self.alive.get(rec.instance_id)  # gone once the instance is running
         try:
-            await asyncio.wait_for(self.alive[rec.instance_id].wait(), timeout)
+            if ev is not None:
+                await asyncio.wait_for(ev.wait(), timeout)
         except asyncio.TimeoutError:
             return [None, f"failed to get instance: {namespace}-{name} by name within "
                           f"{timeout} s: it is still being created", "timeout"]

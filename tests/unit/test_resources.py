@@ -1,0 +1,251 @@
+"""Unit tests of yrdask.scheduler.resources.Ledger: holdings, placement choice and fit checks.
+
+SPEC §6: a request must fit on one worker process; an instance holds its request for its
+whole life, a task lease while it runs (and lends its CPU back while blocked); a request
+that cannot be met fails with a message naming what it needs and what holds the cluster.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from yrdask.scheduler.resources import Holding, Ledger, format_shape
+
+pytestmark = pytest.mark.timeout(30)
+
+A, B, C = "tcp://a:1", "tcp://b:1", "tcp://c:1"
+
+
+def shape(cpu=500, mem=500, **tags):
+    return {"CPU": float(cpu), "Memory": float(mem), **{k: float(v) for k, v in tags.items()}}
+
+
+def ledger(**workers):
+    led = Ledger()
+    for addr, cap in workers.items():
+        led.add_worker(addr, cap)
+    return led
+
+
+@pytest.fixture
+def two():
+    """Two 1-CPU workers with 4 GB each."""
+    return ledger(**{A: shape(1000, 4096), B: shape(1000, 4096)})
+
+
+def inst(hid, worker, s, owner="job-1"):
+    return Holding(hid, "instance", worker, s, owner)
+
+
+def lease(hid, worker, s, owner="tcp://driver:1"):
+    return Holding(hid, "lease", worker, s, owner)
+
+
+# --------------------------------------------------------------------------- hold and release
+
+
+def test_hold_and_release_restore_free_resources(two):
+    two.hold(inst("i1", A, shape(300, 100)))
+    two.hold(lease("L1", A, shape(500, 200, gpu=1)))
+    ws = two.workers[A]
+    assert ws.held["CPU"] == pytest.approx(800)
+    assert ws.held["Memory"] == pytest.approx(300)
+    assert ws.free("CPU") == pytest.approx(200)
+    assert ws.holdings == {"i1", "L1"}
+    assert two.release("i1").holding_id == "i1"
+    assert two.release("L1").kind == "lease"
+    assert ws.held["CPU"] == pytest.approx(0)
+    assert ws.held["Memory"] == pytest.approx(0)
+    assert ws.held.get("gpu", 0) == pytest.approx(0)
+    assert ws.holdings == set()
+    assert two.holdings == {}
+
+
+def test_release_unknown_or_twice_is_none(two):
+    assert two.release("nope") is None
+    two.hold(inst("i1", A, shape()))
+    assert two.release("i1") is not None
+    assert two.release("i1") is None
+    assert two.workers[A].held["CPU"] == pytest.approx(0)
+
+
+def test_release_after_the_worker_is_gone(two):
+    two.hold(inst("i1", A, shape()))
+    gone = two.remove_worker(A)
+    assert [h.holding_id for h in gone] == ["i1"]
+    assert A not in two.workers
+    assert two.release("i1") is None
+    assert two.remove_worker(A) == []
+
+
+def test_snapshot_shows_capacity_and_held(two):
+    two.hold(inst("i1", B, shape(1000, 500)))
+    snap = two.snapshot()
+    assert snap[A] == {"capacity": shape(1000, 4096), "held": {}}
+    assert snap[B]["held"] == shape(1000, 500)
+    assert snap[B]["capacity"] == shape(1000, 4096)
+
+
+# --------------------------------------------------------------------------- placement choice
+
+
+def test_choose_prefers_the_local_worker_when_it_fits(two):
+    two.hold(inst("i1", A, shape(500)))  # A is the busier one
+    assert two.choose(shape(500), prefer=A) == A
+    assert two.choose(shape(500)) == B
+
+
+def test_choose_ignores_a_local_worker_that_does_not_fit(two):
+    two.hold(inst("i1", A, shape(800)))
+    assert two.choose(shape(500), prefer=A) == B
+    assert two.choose(shape(500), prefer="tcp://unknown:1") == B
+
+
+def test_choose_takes_the_largest_free_cpu_fraction():
+    led = ledger(**{A: shape(4000, 4096), B: shape(1000, 4096), C: shape(2000, 4096)})
+    led.hold(inst("a", A, shape(3000)))  # A: 1000/4000 free = 25%
+    led.hold(inst("c", C, shape(500)))  # C: 1500/2000 free = 75%
+    led.hold(inst("b", B, shape(500)))  # B: 500/1000 free = 50%
+    assert led.choose(shape(300)) == C
+    # a fraction, not an absolute amount: A has as much free CPU as B in millicores
+    led.release("c")
+    led.hold(inst("c2", C, shape(1800)))  # C: 10%
+    assert led.choose(shape(300)) == B
+
+
+def test_choose_breaks_ties_by_fewer_holdings(two):
+    two.hold(inst("a1", A, shape(0, 10)))
+    two.hold(inst("a2", A, shape(0, 10)))
+    two.hold(inst("b1", B, shape(0, 10)))
+    assert two.choose(shape(500)) == B
+
+
+def test_choose_spreads_equal_requests(two):
+    first = two.choose(shape(1000))
+    two.hold(inst("x", first, shape(1000)))
+    second = two.choose(shape(1000))
+    assert {first, second} == {A, B}
+    two.hold(inst("y", second, shape(1000)))
+    assert two.choose(shape(1000)) is None
+    assert two.choose(shape(1)) is None
+
+
+def test_choose_respects_memory_and_custom_tags():
+    led = ledger(**{A: shape(1000, 1000), B: {**shape(1000, 8000), "gpu_node": 1.0}})
+    assert led.choose(shape(100, 4000)) == B
+    assert led.choose(shape(100, 100, gpu_node=1)) == B
+    led.hold(inst("g", B, shape(0, 0, gpu_node=1)))
+    assert led.choose(shape(100, 100, gpu_node=1)) is None
+    assert led.choose(shape(100, 100, ssd=1)) is None
+
+
+def test_choose_with_no_workers():
+    assert Ledger().choose(shape()) is None
+
+
+# --------------------------------------------------------------------------- lending a blocked lease's CPU
+
+
+def test_lend_cpu_gives_the_cpu_back_and_takes_it_again(two):
+    two.hold(lease("L1", A, shape(1000, 100)))
+    assert two.choose(shape(1000), prefer=A) == B
+    assert two.lend_cpu("L1", True) is True
+    assert two.workers[A].held["CPU"] == pytest.approx(0)
+    assert two.workers[A].held["Memory"] == pytest.approx(100)  # only CPU is lent
+    assert two.lend_cpu("L1", True) is False  # already lent
+    assert two.choose(shape(1000), prefer=A) == A
+    assert two.lend_cpu("L1", False) is True
+    assert two.workers[A].held["CPU"] == pytest.approx(1000)
+    assert two.lend_cpu("L1", False) is False
+    assert two.lend_cpu("unknown", True) is False
+
+
+def test_release_of_a_lent_lease_does_not_give_the_cpu_back_twice(two):
+    two.hold(lease("L1", A, shape(1000, 100)))
+    two.lend_cpu("L1", True)
+    two.hold(lease("L2", A, shape(1000, 100)))  # took the lent CPU
+    two.release("L1")
+    ws = two.workers[A]
+    assert ws.held["CPU"] == pytest.approx(1000)  # L2 still holds its CPU
+    assert ws.held["Memory"] == pytest.approx(100)
+    two.release("L2")
+    assert ws.held["CPU"] == pytest.approx(0)
+    assert ws.held["Memory"] == pytest.approx(0)
+
+
+# --------------------------------------------------------------------------- fit checks and explanations
+
+
+def test_could_ever_fit_needs_one_worker_for_the_whole_request(two):
+    assert two.could_ever_fit(shape(1000, 4096))
+    assert not two.could_ever_fit(shape(1500))  # 2000 in total, but not on one worker
+    assert not two.could_ever_fit(shape(100, 5000))
+    assert not two.could_ever_fit(shape(100, 100, gpu=1))
+    two.hold(inst("i", A, shape(1000)))
+    assert two.could_ever_fit(shape(1000))  # held is not capacity
+    assert not Ledger().could_ever_fit(shape())
+
+
+def test_lease_holders_on_fitting_workers():
+    led = ledger(**{A: shape(1000, 4096), B: shape(4000, 4096)})
+    led.hold(lease("La", A, shape(500)))
+    led.hold(lease("Lb", B, shape(500)))
+    led.hold(inst("ib", B, shape(500)))
+    assert {h.holding_id for h in led.lease_holders_on_fitting_workers(shape(500))} == {"La", "Lb"}
+    assert {h.holding_id for h in led.lease_holders_on_fitting_workers(shape(2000))} == {"Lb"}
+    assert led.lease_holders_on_fitting_workers(shape(9000)) == []
+
+
+def test_explain_with_no_workers():
+    msg = Ledger().explain_unfit(shape())
+    assert "no yr workers" in msg
+
+
+def test_explain_never_fits_names_the_missing_cpu_and_the_offers(two):
+    msg = two.explain_unfit(shape(64000))
+    assert "never" in msg
+    assert "CPU=64000" in msg
+    assert "largest offer: 1000" in msg
+    assert "Memory=" not in msg  # memory is not what is missing
+    assert A in msg and B in msg  # what the workers offer
+    assert "one worker" in msg
+
+
+def test_explain_never_fits_names_a_missing_custom_tag(two):
+    msg = two.explain_unfit(shape(100, 100, gpu_node=1))
+    assert "gpu_node=1" in msg
+    assert "largest offer: 0" in msg
+    assert "CPU=" not in msg
+
+
+def test_explain_never_fits_names_memory(two):
+    msg = two.explain_unfit(shape(100, 10000))
+    assert "Memory=10000" in msg and "largest offer: 4096" in msg
+
+
+def test_explain_busy_names_the_holders(two):
+    two.hold(inst("inst-1", A, shape(1000)))
+    two.hold(inst("inst-2", B, shape(600)))
+    two.hold(lease("L7", B, shape(400)))
+    msg = two.explain_unfit(shape(1000))
+    assert "never" not in msg
+    assert "did not fit in time" in msg
+    assert format_shape(shape(1000)) in msg  # what it needs
+    for hid in ("inst-1", "inst-2", "L7"):
+        assert hid in msg
+    assert "instance inst-1" in msg and "lease L7" in msg
+    assert A in msg and B in msg
+
+
+def test_explain_busy_lists_only_workers_that_could_run_it():
+    led = ledger(**{A: shape(1000, 4096), B: shape(4000, 4096)})
+    led.hold(inst("small", A, shape(1000)))
+    led.hold(inst("big", B, shape(4000)))
+    msg = led.explain_unfit(shape(2000))
+    assert "big" in msg and B in msg
+    assert "small" not in msg and A not in msg
+
+
+def test_format_shape_is_sorted_and_compact():
+    assert format_shape({"Memory": 500.0, "CPU": 1000.0}) == "{CPU: 1000, Memory: 500}"
+    assert format_shape({}) == "{}"
