@@ -126,7 +126,8 @@ def test_calls_before_init_raise(cluster):
 @pytest.mark.parametrize("kind", ["cli", "embedded"])
 def test_init_finalize_loop(cluster, kind):
     if kind == "cli":
-        conf = lambda: yr.Config(server_address=cluster.cli_processes().address)  # noqa: E731
+        address = cluster.cli_processes().address
+        conf = lambda: yr.Config(server_address=address)  # noqa: E731
     else:
         cluster.finalize()
         conf = lambda: yr.Config(num_cpus=1)  # noqa: E731
