@@ -13,16 +13,24 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def timed_calls(call: Callable[[int], object], warmup: int, calls: int) -> list[float]:
-    """Run ``call(i)`` ``warmup`` times untimed, then ``calls`` times; seconds per call."""
+def timed_calls(call: Callable[[int], object], warmup: int, calls: int,
+                max_seconds: float | None = None, min_calls: int = 200) -> list[float]:
+    """Run ``call(i)`` ``warmup`` times untimed, then ``calls`` times; seconds per call.
+
+    With ``max_seconds``, stop early once that much time went into timed calls and at least
+    ``min_calls`` were made (keeps slow systems from dominating the run time).
+    """
     for i in range(warmup):
         call(i)
     out = []
     pc = time.perf_counter
+    start = pc()
     for i in range(calls):
         t = pc()
         call(i)
         out.append(pc() - t)
+        if max_seconds is not None and len(out) >= min_calls and pc() - start > max_seconds:
+            break
     return out
 
 

@@ -54,7 +54,7 @@ class Dask(System):
     def task_rtt(self, p: dict):
         c = self.client
         return latency_result(timed_calls(lambda i: c.submit(inc, i, pure=False).result(),
-                                          p["warmup"], p["calls"]))
+                                          p["warmup"], p["calls"], p.get("max_seconds")))
 
     @measures("tasks_10k_per_s")
     def tasks(self, p: dict):

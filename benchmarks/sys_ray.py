@@ -51,7 +51,7 @@ class Ray(System):
     def task_rtt(self, p: dict):
         ray, inc = self.ray, self.inc
         return latency_result(timed_calls(lambda i: ray.get(inc.remote(i)),
-                                          p["warmup"], p["calls"]))
+                                          p["warmup"], p["calls"], p.get("max_seconds")))
 
     @measures("tasks_10k_per_s")
     def tasks(self, p: dict):

@@ -52,7 +52,7 @@ class Yrdask(System):
 
         yr, inc = self.yr, self.inc
         return latency_result(timed_calls(lambda i: yr.get(inc.invoke(i)),
-                                          p["warmup"], p["calls"]))
+                                          p["warmup"], p["calls"], p.get("max_seconds")))
 
     @measures("tasks_10k_per_s")
     def tasks(self, p: dict):
