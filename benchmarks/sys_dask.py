@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import time
-
-from benchmarks.common import latency_result, payload, put_get_result, same_size, timed_calls
-from benchmarks.registry import N_WORKERS, System, measures
+from benchmarks.registry import N_WORKERS, System
 
 
 def inc(i):
@@ -43,56 +40,25 @@ class Dask(System):
         self.client = Client(self.cluster)
         self.client.wait_for_workers(N_WORKERS)
 
-    def trivial_call(self):
-        return self.client.submit(inc, 0, pure=False).result()
-
     def stop(self) -> None:
         self.client.close()
         self.cluster.close()
 
-    @measures("task_rtt_ms")
-    def task_rtt(self, p: dict):
-        c = self.client
-        return latency_result(timed_calls(lambda i: c.submit(inc, i, pure=False).result(),
-                                          p["warmup"], p["calls"], p.get("max_seconds")))
+    def submit(self, i: int):
+        return self.client.submit(inc, i, pure=False)
 
-    @measures("tasks_10k_per_s")
-    def tasks(self, p: dict):
-        c = self.client
-        c.gather([c.submit(inc, i, pure=False) for i in range(p["warmup"])])
-        n = p["tasks"]
-        t = time.perf_counter()
-        futs = [c.submit(inc, i, pure=False) for i in range(n)]
-        submitted = time.perf_counter() - t
-        out = c.gather(futs)
-        dt = time.perf_counter() - t
-        assert out[-1] == n
-        return n / dt, {"tasks": n, "seconds": dt, "submit_seconds": submitted}
+    def gather(self, handles: list) -> list:
+        return self.client.gather(handles)
 
-    @measures("put_get_100mb_mb_per_s")
-    def put_get(self, p: dict):
-        # Dask's put/get: scatter to a worker (hash=False: no tokenising), then fetch it back.
-        c = self.client
-        arr, kind = payload(p["size_mb"])
-        secs = []
-        for k in range(p["warmup"] + p["repeats"]):
-            t = time.perf_counter()
-            fut = c.scatter(arr, hash=False)
-            out = fut.result()
-            dt = time.perf_counter() - t
-            assert same_size(arr, out)
-            same = out is arr
-            del fut, out
-            if k >= p["warmup"]:
-                secs.append(dt)
-        value, extra = put_get_result(secs, p["size_mb"], kind)
-        extra["get_returned_same_object"] = same  # True: no copy was made at all
-        return value, extra
+    def put(self, obj):
+        # Dask's put: scatter to a worker (hash=False: no tokenising); fetch brings it back.
+        return self.client.scatter(obj, hash=False)
 
-    @measures("nested_task_ms")
-    def nested_calls(self, p: dict):
-        ms = self.client.submit(nested, p["warmup"], p["calls"], pure=False).result()
-        return ms, {"calls": p["calls"]}
+    def fetch(self, handle):
+        return handle.result()
+
+    def nested(self, warmup: int, calls: int) -> float:
+        return self.client.submit(nested, warmup, calls, pure=False).result()
 
 
 SYSTEM = Dask()

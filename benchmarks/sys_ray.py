@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import time
-
-from benchmarks.common import latency_result, payload, put_get_result, same_size, timed_calls
-from benchmarks.registry import N_WORKERS, System, measures
+from benchmarks.registry import N_WORKERS, System
 
 
 def _define():
@@ -38,57 +35,26 @@ class Ray(System):
     install_hint = "pip install -e .[bench]"
 
     def start(self) -> None:
-        self.ray, self.inc, self.nested = _define()
+        self.ray, self.inc, self.nested_fn = _define()
         self.ray.init(num_cpus=N_WORKERS)
-
-    def trivial_call(self):
-        return self.ray.get(self.inc.remote(0))
 
     def stop(self) -> None:
         self.ray.shutdown()
 
-    @measures("task_rtt_ms")
-    def task_rtt(self, p: dict):
-        ray, inc = self.ray, self.inc
-        return latency_result(timed_calls(lambda i: ray.get(inc.remote(i)),
-                                          p["warmup"], p["calls"], p.get("max_seconds")))
+    def submit(self, i: int):
+        return self.inc.remote(i)
 
-    @measures("tasks_10k_per_s")
-    def tasks(self, p: dict):
-        ray, inc = self.ray, self.inc
-        ray.get([inc.remote(i) for i in range(p["warmup"])])
-        n = p["tasks"]
-        t = time.perf_counter()
-        refs = [inc.remote(i) for i in range(n)]
-        submitted = time.perf_counter() - t
-        out = ray.get(refs)
-        dt = time.perf_counter() - t
-        assert out[-1] == n
-        return n / dt, {"tasks": n, "seconds": dt, "submit_seconds": submitted}
+    def gather(self, handles: list) -> list:
+        return self.ray.get(handles)
 
-    @measures("put_get_100mb_mb_per_s")
-    def put_get(self, p: dict):
-        ray = self.ray
-        arr, kind = payload(p["size_mb"])
-        secs = []
-        for k in range(p["warmup"] + p["repeats"]):
-            t = time.perf_counter()
-            ref = ray.put(arr)
-            out = ray.get(ref)
-            dt = time.perf_counter() - t
-            assert same_size(arr, out)
-            same = out is arr
-            del ref, out
-            if k >= p["warmup"]:
-                secs.append(dt)
-        value, extra = put_get_result(secs, p["size_mb"], kind)
-        extra["get_returned_same_object"] = same  # True: no copy was made at all
-        return value, extra
+    def put(self, obj):
+        return self.ray.put(obj)
 
-    @measures("nested_task_ms")
-    def nested_calls(self, p: dict):
-        ms = self.ray.get(self.nested.remote(p["warmup"], p["calls"]))
-        return ms, {"calls": p["calls"]}
+    def fetch(self, handle):
+        return self.ray.get(handle)
+
+    def nested(self, warmup: int, calls: int) -> float:
+        return self.ray.get(self.nested_fn.remote(warmup, calls))
 
 
 SYSTEM = Ray()

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import time
-
-from benchmarks.common import latency_result, payload, put_get_result, same_size
-from benchmarks.registry import N_WORKERS, System, measures
+from benchmarks.registry import N_WORKERS, System
 
 
 def _define():
@@ -37,59 +34,26 @@ class Yrdask(System):
     name = "yrdask"
 
     def start(self) -> None:
-        self.yr, self.inc, self.nested = _define()
+        self.yr, self.inc, self.nested_fn = _define()
         self.yr.init(self.yr.Config(num_cpus=N_WORKERS))
-
-    def trivial_call(self):
-        return self.yr.get(self.inc.invoke(0))
 
     def stop(self) -> None:
         self.yr.finalize()
 
-    @measures("task_rtt_ms")
-    def task_rtt(self, p: dict):
-        from benchmarks.common import timed_calls
+    def submit(self, i: int):
+        return self.inc.invoke(i)
 
-        yr, inc = self.yr, self.inc
-        return latency_result(timed_calls(lambda i: yr.get(inc.invoke(i)),
-                                          p["warmup"], p["calls"], p.get("max_seconds")))
+    def gather(self, handles: list) -> list:
+        return self.yr.get(handles)
 
-    @measures("tasks_10k_per_s")
-    def tasks(self, p: dict):
-        yr, inc = self.yr, self.inc
-        yr.get([inc.invoke(i) for i in range(p["warmup"])])
-        n = p["tasks"]
-        t = time.perf_counter()
-        refs = [inc.invoke(i) for i in range(n)]
-        submitted = time.perf_counter() - t
-        out = yr.get(refs)
-        dt = time.perf_counter() - t
-        assert out[-1] == n
-        return n / dt, {"tasks": n, "seconds": dt, "submit_seconds": submitted}
+    def put(self, obj):
+        return self.yr.put(obj)
 
-    @measures("put_get_100mb_mb_per_s")
-    def put_get(self, p: dict):
-        yr = self.yr
-        arr, kind = payload(p["size_mb"])
-        secs = []
-        for k in range(p["warmup"] + p["repeats"]):
-            t = time.perf_counter()
-            ref = yr.put(arr)
-            out = yr.get(ref)
-            dt = time.perf_counter() - t
-            assert same_size(arr, out)
-            same = out is arr
-            del ref, out
-            if k >= p["warmup"]:
-                secs.append(dt)
-        value, extra = put_get_result(secs, p["size_mb"], kind)
-        extra["get_returned_same_object"] = same  # True: no copy was made at all
-        return value, extra
+    def fetch(self, handle):
+        return self.yr.get(handle)
 
-    @measures("nested_task_ms")
-    def nested_calls(self, p: dict):
-        ms = self.yr.get(self.nested.invoke(p["warmup"], p["calls"]))
-        return ms, {"calls": p["calls"]}
+    def nested(self, warmup: int, calls: int) -> float:
+        return self.yr.get(self.nested_fn.invoke(warmup, calls))
 
 
 SYSTEM = Yrdask()

@@ -69,15 +69,22 @@ STARTUP_TIMEOUT = 60  # seconds for a scheduler / worker to come up
 STOP_TIMEOUT = 20  # seconds for a process to exit after SIGTERM
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05):
-    """Poll ``predicate`` until it is truthy; fail naming ``what`` after ``timeout`` seconds."""
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str],
+               interval: float = 0.05):
+    """Poll ``predicate`` until it is truthy; fail naming ``what`` after ``timeout`` seconds.
+
+    For eventual state kept by another process (a file a task writes, the scheduler's view of
+    an instance), never to order events.  ``what`` may be a callable, so a failure message can
+    describe the state at the time of failure.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            desc = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout} s waiting for {desc}")
         time.sleep(interval)
 
 

@@ -22,6 +22,7 @@ import distributed
 import pytest
 
 import yrdask as yr
+from conftest import wait_until
 from yrdask.api.runtime import current_runtime
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,18 +51,6 @@ def live_instances(info: dict) -> list[dict]:
 
 def uniq(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:8]}"
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
-    """Poll the scheduler's eventual state with a deadline (never used to order events)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture
@@ -530,7 +519,7 @@ def test_cpu_bound_instances_run_in_parallel(embedded):
 
 
 def test_instance_holds_its_resources_for_its_life(embedded):
-    wait_for(lambda: all(w["held"].get("CPU", 0) == 0 for w in cluster_info()["workers"].values()),
+    wait_until(lambda: all(w["held"].get("CPU", 0) == 0 for w in cluster_info()["workers"].values()),
              T, "an idle cluster")
     c = Counter.options(yr.InvokeOptions(cpu=700, memory=300)).invoke()
     assert yr.get(c.add.invoke(), T) == 1
@@ -541,7 +530,7 @@ def test_instance_holds_its_resources_for_its_life(embedded):
     assert held["CPU"] == 700 and held["Memory"] == 300
     iid = c.instance_id
     c.terminate()
-    wait_for(lambda: all(w["held"].get("CPU", 0) == 0 for w in cluster_info()["workers"].values()),
+    wait_until(lambda: all(w["held"].get("CPU", 0) == 0 for w in cluster_info()["workers"].values()),
              T, "the terminated instance's CPU to come back")
     assert not any(i["instance_id"] == iid for i in live_instances(cluster_info()))
 
@@ -697,7 +686,7 @@ def test_p13_named_instances_and_namespaces(yr_cluster):
     finally:
         first.terminate()
         ns_first.terminate()
-    wait_for(lambda: name not in yr.list_named_instances(), T, f"the name {name} to be freed")
+    wait_until(lambda: name not in yr.list_named_instances(), T, f"the name {name} to be freed")
 
 
 def test_p13_get_instance_missing(yr_cluster):
@@ -717,7 +706,7 @@ def test_p13_get_instance_timeout_while_init_runs(yr_cluster):
     t_created = time.monotonic()
     try:
         # the scheduler knows the name (creation is asynchronous)
-        wait_for(lambda: any(i["name"] == name for i in cluster_info()["instances"]), T,
+        wait_until(lambda: any(i["name"] == name for i in cluster_info()["instances"]), T,
                  f"the named instance {name} to be registered")
         t0 = time.monotonic()
         with pytest.raises(TimeoutError, match="failed to get instance") as info:

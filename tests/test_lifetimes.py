@@ -19,6 +19,7 @@ import distributed
 import pytest
 
 import yrdask as yr
+from conftest import wait_until
 from yrdask.api.runtime import current_runtime
 
 pytestmark = pytest.mark.timeout(120)
@@ -56,17 +57,10 @@ class SchedulerView:
         return sum(w["held"].get("CPU", 0.0) for w in self.info()["workers"].values())
 
     def wait(self, predicate, what: str, timeout: float = RELEASE_S):
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"timed out after {timeout} s waiting for {what}; scheduler state: "
-                    f"held={ {a: w['held'] for a, w in self.info()['workers'].items()} } "
-                    f"instances={self.live()}")
-            time.sleep(0.05)
+        return wait_until(predicate, timeout, lambda: (
+            f"{what}; scheduler state: "
+            f"held={ {a: w['held'] for a, w in self.info()['workers'].items()} } "
+            f"instances={self.live()}"))
 
     def wait_gone(self, *iids: str, timeout: float = RELEASE_S) -> None:
         self.wait(lambda: not set(iids) & set(self.live()), f"instances {iids} to end", timeout)
@@ -332,33 +326,24 @@ def test_handles_of_a_failed_creation_do_not_pin_other_instances(embedded):
     embedded.wait_gone(iid)
 
 
-def test_named_instances_are_not_reference_counted(embedded):
+@pytest.mark.parametrize("kind", ["named", "detached"])
+def test_named_and_detached_instances_are_not_reference_counted(embedded, kind):
     name = uniq("named-")
-    h = Leaf.options(yr.InvokeOptions(name=name)).invoke()
+    opts = (yr.InvokeOptions(name=name) if kind == "named"
+            else yr.InvokeOptions(custom_extensions=dict(DETACHED)))
+    h = Leaf.options(opts).invoke()
     assert yr.get(h.ping.invoke(), T) == "pong"
     iid = h.instance_id
     del h
     gc.collect()
     try:
         embedded.watch_alive(iid)
-        again = yr.get_instance(name)
-        assert yr.get(again.ping.invoke(), T) == "pong"
-        del again
-        gc.collect()
-        embedded.watch_alive(iid)
-    finally:
-        yr.kill_instance(iid)
-    embedded.wait_gone(iid)
-
-
-def test_detached_instances_are_not_reference_counted(embedded):
-    h = Leaf.options(yr.InvokeOptions(custom_extensions=dict(DETACHED))).invoke()
-    assert yr.get(h.ping.invoke(), T) == "pong"
-    iid = h.instance_id
-    del h
-    gc.collect()
-    try:
-        embedded.watch_alive(iid)
+        if kind == "named":  # still reachable by name, and dropping that handle too is fine
+            again = yr.get_instance(name)
+            assert yr.get(again.ping.invoke(), T) == "pong"
+            del again
+            gc.collect()
+            embedded.watch_alive(iid)
     finally:
         yr.kill_instance(iid)
     embedded.wait_gone(iid)

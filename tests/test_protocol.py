@@ -3,7 +3,6 @@
 import pytest
 from distributed import Client
 
-import yrdask as yr
 from yrdask import protocol as P
 
 pytestmark = pytest.mark.timeout(120)

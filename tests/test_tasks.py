@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 
@@ -316,3 +317,42 @@ def test_large_numpy_round_trip(yr_cluster):
     np.testing.assert_array_equal(out, arr * 2)
     out2 = yr.get(double.invoke(yr.put(arr)), T)
     np.testing.assert_array_equal(out2, arr * 2)
+
+
+@yr.invoke
+def _slow_value(x):
+    time.sleep(0.3)
+    return x
+
+
+@yr.invoke
+def _double(x):
+    return 2 * x
+
+
+@yr.invoke
+def _length(b):
+    return len(b)
+
+
+@yr.invoke
+def _make_big(n):
+    return b"y" * n
+
+
+@yr.invoke
+def _relay_first(refs, fn):
+    """Receives refs nested in a list (borrowed, maybe still pending) and passes the first on
+    as a top-level argument: its owner elsewhere must serve it, nobody here fetched it."""
+    return yr.get(fn.invoke(refs[0]), 60)
+
+
+def test_borrowed_pending_ref_passed_on_as_argument(yr_cluster):
+    assert yr.get(_relay_first.invoke([_slow_value.invoke(21)], _double), 60) == 42
+
+
+def test_borrowed_large_refs_passed_on_as_argument(yr_cluster):
+    n = 2 << 20  # above the inline limit: the value stays where it was made or put
+    put_ref = yr.put(b"x" * n)
+    assert yr.get(_relay_first.invoke([put_ref], _length), 60) == n
+    assert yr.get(_relay_first.invoke([_make_big.invoke(n)], _length), 60) == n

@@ -76,7 +76,11 @@ class EmbeddedCluster:
                 raise YRRuntimeError(
                     f"the embedded cluster did not start {nprocs} workers in "
                     f"{STARTUP_TIMEOUT_S} s")
-            await asyncio.sleep(0.02)
+            ext.worker_added.clear()
+            try:  # woken by each registration; the bound only re-checks the subprocess
+                await asyncio.wait_for(ext.worker_added.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
         return address
 
     async def close(self) -> None:

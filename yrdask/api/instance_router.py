@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from yrdask import protocol as P
+from yrdask.api.objects import dep_of, failed_dep, pending_owned, when_ready
 from yrdask.errors import InstanceDiedError, ScheduleError
 
 
@@ -34,7 +35,7 @@ class Route:
     instance_id: str
     worker: str | None = None
     real_id: str | None = None  # a named creation that bound an existing instance
-    dead: BaseException | None = None
+    dead: Any = None  # the error (exception or RemoteError) every call fails with
     queue: deque = field(default_factory=deque)
     locating: bool = False
 
@@ -59,14 +60,14 @@ class InstanceRouter:
         iid = spec["instance_id"]
         route = self.routes.setdefault(iid, Route(iid, locating=True))
         self.registered.add(iid)  # the spec names us as the first holder
-        self._when_ready(dep_refs, lambda: self._send_create(spec, dep_refs, route))
+        when_ready(dep_refs, lambda: self._send_create(spec, dep_refs, route))
 
     def _send_create(self, spec: dict, dep_refs: list, route: Route) -> None:
-        for ref in dep_refs:
-            if ref._entry.state == P.ERROR:
-                self._kill_route(route, ref._entry.exception())
-                return
-        spec["deps"] = [self.rt.dep_of(ref) for ref in dep_refs]
+        error = failed_dep(dep_refs)
+        if error is not None:
+            self._kill_route(route, error)
+            return
+        spec["deps"] = [dep_of(ref) for ref in dep_refs]
 
         async def create() -> None:
             try:
@@ -128,21 +129,21 @@ class InstanceRouter:
             return
         while route.queue:
             call = route.queue[0]
-            pending = [r for r in call.dep_refs if not r._entry.ready]
-            if pending:
-                pending[0]._entry.add_callback(lambda: self._pump(route))
+            if pending_owned(call.dep_refs):
+                # Later calls wait behind this one: calls leave in submission order.
+                when_ready(call.dep_refs, lambda: self._pump(route))
                 return
             route.queue.popleft()
-            failed = next((r for r in call.dep_refs if r._entry.state == P.ERROR), None)
-            if failed is not None:
-                self._fail(call, failed._entry.exception())
+            error = failed_dep(call.dep_refs)
+            if error is not None:
+                self._fail(call, error)
                 continue
             self.inflight[call.call_id] = (call, route)
             self.rt.channel(route.worker).send({
                 "op": P.CALL_METHOD, "task_id": call.call_id,
                 "instance_id": route.real_id or call.instance_id, "method": call.method,
                 "args": call.args,
-                "deps": [self.rt.dep_of(r) for r in call.dep_refs], "nret": call.nret,
+                "deps": [dep_of(r) for r in call.dep_refs], "nret": call.nret,
             })
             call.dep_refs = []
 
@@ -183,24 +184,6 @@ class InstanceRouter:
         route.locating = False
         self._pump(route)
 
-    def _when_ready(self, refs: list, then: Any) -> None:
-        pending = [r._entry for r in refs if not r._entry.ready]
-        if not pending:
-            then()
-            return
-        left = [len(pending)]
-
-        def one() -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                then()
-
-        for entry in pending:
-            entry.add_callback(one)
-
-    def forget_dead(self, instance_id: str, error: BaseException) -> None:
-        route = self.routes.setdefault(instance_id, Route(instance_id))
-        self._kill_route(route, error)
 
     # -- handle counting -------------------------------------------------------------------
 

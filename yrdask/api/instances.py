@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import threading
 from typing import Any, Callable
@@ -38,7 +37,6 @@ class _ClassInfo:
         self.cls = cls
         self.name = cls.__name__
         self.payload = dumps(cls)
-        self.class_id = hashlib.blake2b(self.payload, digest_size=8).hexdigest()
         self.methods: dict[str, tuple[int, inspect.Signature | None]] = {}
         self.is_async = False
         for name, member in inspect.getmembers(cls):
@@ -149,7 +147,7 @@ class InstanceCreator:
             "recover_retry_times": opts.recover_retry_times,
         }
         iid = rt.create_instance(spec, args, kwargs)
-        return InstanceProxy(iid, info.meta, rt, registered=True)
+        return InstanceProxy(iid, info.meta, rt)
 
     def get_instance(self, name: str, namespace: str = "", timeout: int = 60) -> "InstanceProxy":
         return get_instance(name, namespace, timeout)
@@ -158,7 +156,7 @@ class InstanceCreator:
 class InstanceProxy:
     """A handle to an instance: ``h.method.invoke(...)``; picklable, usable anywhere."""
 
-    def __init__(self, instance_id: str, meta: bytes, runtime: Any, registered: bool = False) -> None:
+    def __init__(self, instance_id: str, meta: bytes, runtime: Any) -> None:
         from yrdask.serialization import loads
 
         self.instance_id = instance_id

@@ -29,7 +29,7 @@ class Entry:
     """One object as its process knows it (see module docstring for the states)."""
 
     __slots__ = ("state", "value", "has_value", "payload", "location", "error", "event",
-                 "callbacks", "refs", "escaped", "owner", "fetching", "on_free")
+                 "callbacks", "refs", "escaped", "owner", "fetching")
 
     def __init__(self, owner: str | None = None) -> None:
         self.state = PENDING
@@ -44,7 +44,6 @@ class Entry:
         self.escaped = False
         self.owner = owner  # None when this process owns the object
         self.fetching = False
-        self.on_free: Callable[[], None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -124,8 +123,11 @@ class Entry:
                 self.payload = None
         return self.value
 
-    def snapshot(self, inline_limit: int) -> list | None:
-        """``[kind, payload]`` for a pickled ref to carry, or None if the reader must fetch."""
+    def snapshot(self, inline_limit: float) -> list | None:
+        """``[kind, payload]`` of a ready entry (values up to ``inline_limit`` bytes), or None.
+
+        None means the reader must fetch it from the owner: still pending, or too large.
+        """
         if self.state == P.ERROR:
             err = self.error
             if not isinstance(err, RemoteError):
@@ -134,9 +136,54 @@ class Entry:
         if self.state == P.LOCATION:
             return [P.LOCATION, self.location]
         if self.state == P.VALUE:
-            if self.payload is not None and len(self.payload) <= inline_limit:
-                return [P.VALUE, self.payload]
+            payload = self.get_payload()
+            if len(payload) <= inline_limit:
+                return [P.VALUE, payload]
         return None
+
+
+def when_ready(refs: list, then: Callable[[], None]) -> None:
+    """Call ``then`` (on the loop) once every ref this process owns in ``refs`` is ready.
+
+    Borrowed refs are not waited for: a worker reads them from their owner, who answers when
+    the value exists.  (Nothing here would ever fetch them, so waiting could hang.)
+    """
+    pending = pending_owned(refs)
+    if not pending:
+        then()
+        return
+    left = [len(pending)]
+
+    def one() -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            then()
+
+    for entry in pending:
+        entry.add_callback(one)
+
+
+def pending_owned(refs: list) -> list[Entry]:
+    """Entries of ``refs`` this process owns that are not ready yet."""
+    return [r._entry for r in refs if not r._entry.ready and r._entry.owner is None]
+
+
+def failed_dep(refs: list) -> BaseException | RemoteError | None:
+    """The stored error of the first failed ref among ``refs`` (to store as is), if any."""
+    for ref in refs:
+        if ref._entry.state == P.ERROR:
+            return ref._entry.error
+    return None
+
+
+def dep_of(ref: "ObjectRef") -> list:
+    """``[id, kind, payload]`` telling a worker where a ref argument's value is."""
+    entry = ref._entry
+    if entry.state == P.LOCATION:
+        return [ref._id, P.LOCATION, entry.location]
+    if entry.state == P.VALUE:
+        return [ref._id, P.VALUE, entry.get_payload()]
+    return [ref._id, P.LOCATION, entry.owner]  # borrowed, not read here yet: ask its owner
 
 
 class ObjectRef:
@@ -263,17 +310,13 @@ class ObjectTable:
             return
         if self.entries.get(object_id) is entry:
             del self.entries[object_id]
-        if entry.on_free is not None:
-            entry.on_free()
+        if entry.owner is None and entry.state == P.LOCATION:
+            self.runtime.free_remote(entry.location, [object_id])
 
     def reduce_ref(self, ref: ObjectRef):
         entry = ref._entry
         owner = entry.owner or self.runtime.address
         snap = entry.snapshot(self.inline_limit)
-        if snap is None and entry.state == P.VALUE:
-            payload = entry.get_payload()
-            if len(payload) <= self.inline_limit:
-                snap = [P.VALUE, payload]
         if entry.owner is None and (snap is None or snap[0] == P.LOCATION):
             entry.escaped = True  # a reader may come back to us for it
         return (_rebuild_ref, (ref._id, owner, snap))

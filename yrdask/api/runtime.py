@@ -13,8 +13,8 @@ import atexit
 import hashlib
 import itertools
 import logging
-import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -145,14 +145,6 @@ class Runtime:
         self.submitter.on_channel_lost(address)
         self.router.on_channel_lost(address)
 
-    def dep_of(self, ref: ObjectRef) -> list:
-        """``[id, kind, payload]`` telling a worker where a ready ref argument's value is."""
-        entry = ref._entry
-        if entry.state == P.LOCATION:
-            return [ref._id, P.LOCATION, entry.location]
-        if entry.owner is not None and not entry.has_value and entry.payload is None:
-            return [ref._id, P.LOCATION, entry.owner]
-        return [ref._id, P.VALUE, entry.get_payload()]
 
     def free_remote(self, worker: str, object_ids: list[str]) -> None:
         async def free() -> None:
@@ -179,19 +171,11 @@ class Runtime:
         else:
             ids = [f"{task_id}.{i}" for i in range(nret)]
         refs = [self.objects.new_ref(i) for i in ids]
-        for oid, ref in zip(ids, refs):
-            ref._entry.on_free = self._free_callback(oid, ref._entry)
         task = Task(task_id, fn_id, fn_payload, name, blob, dep_refs, [r._entry for r in refs],
                     ids, nret, shape, shape_key, timeout_ms, retries,
                     current_owner() or self.job_id)
         self.on_loop(self.submitter.submit, task)
         return refs
-
-    def _free_callback(self, oid: str, entry: Entry) -> Callable[[], None]:
-        def on_free() -> None:
-            if entry.state == P.LOCATION:
-                self.free_remote(entry.location, [oid])
-        return on_free
 
     # -- instances -------------------------------------------------------------------------
 
@@ -227,15 +211,13 @@ class Runtime:
                 "Calling 'put' on an ObjectRef is not allowed; to store a reference, "
                 "put it inside a list: yr.put([ref])")
         ref = self.objects.new_ref(self.new_id())
-        entry = ref._entry
         if isinstance(obj, (bytes, bytearray, memoryview)):
             obj = bytes(obj)
-        entry.value, entry.has_value = obj, True
-        entry.state = P.VALUE
+        ref._entry.set_value(obj)
         return ref
 
     def get(self, refs: Sequence[ObjectRef], timeout: float, allow_partial: bool = False) -> list:
-        deadline = None if timeout == -1 else _monotonic() + timeout
+        deadline = None if timeout == -1 else time.monotonic() + timeout
         lease_id = getattr(_ctx, "lease_id", None)
         blocked = False
         try:
@@ -246,13 +228,11 @@ class Runtime:
                 if threading.get_ident() == self.loop_thread:
                     raise YRRuntimeError(
                         "yr.get would block the yr event loop; use 'await ref' in async code")
-                if entry.owner is not None and not entry.fetching:
-                    entry.fetching = True
-                    self.on_loop(self._start_fetch, ref._id, entry)
+                self._ensure_fetch(ref)
                 if lease_id is not None and not blocked:
                     blocked = True
                     self.connector.notify_blocked(lease_id, True)
-                remaining = None if deadline is None else max(0.0, deadline - _monotonic())
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if not entry.wait(remaining) and not allow_partial:
                     raise YRTimeoutError(
                         f"failed to get object {ref._id} within {timeout} s: it is not ready "
@@ -279,14 +259,22 @@ class Runtime:
 
     def _fetch_value(self, object_id: str, entry: Entry) -> Any:
         if not entry.has_value:
-            if self.agent is not None and entry.location == self.address:
-                payload = self.agent.store_get(object_id)
-            else:
-                kind, payload = self.run_sync(self._fetch(entry.location, object_id, None))
-                if kind == P.ERROR:
-                    raise loads(payload).to_exception()
-            entry.value, entry.has_value = loads(payload), True
+            entry.value = loads(self.fetch_payload(object_id, entry.location))
+            entry.has_value = True
         return entry.value
+
+    def fetch_payload(self, object_id: str, address: str) -> bytes:
+        """Pickled value of an object, asking ``address`` (its owner, or the worker keeping it)
+        and following the owner's answer to the worker that keeps it.  Not on the loop."""
+        while True:
+            if self.agent is not None and address == self.address:
+                return self.agent.store_get(object_id)
+            kind, payload = self.run_sync(self._fetch(address, object_id, None))
+            if kind == P.VALUE:
+                return payload
+            if kind == P.ERROR:
+                raise loads(payload).to_exception()
+            address = payload  # the owner says: a worker keeps it there
 
     async def _fetch(self, address: str, object_id: str, timeout: float | None) -> list:
         try:
@@ -297,12 +285,18 @@ class Runtime:
                 YRRuntimeError(f"cannot fetch object {object_id} from {address}: {e}"), "")
             return [P.ERROR, dumps(err)]
 
-    def _start_fetch(self, object_id: str, entry: Entry) -> None:
+    def _ensure_fetch(self, ref: ObjectRef) -> None:
+        """A borrowed ref nobody asked its owner for yet: ask (the owner answers when ready)."""
+        entry = ref._entry
+        if entry.owner is None or entry.ready or entry.fetching:
+            return
+        entry.fetching = True
+
         async def fetch() -> None:
-            kind, payload = await self._fetch(entry.owner, object_id, None)
+            kind, payload = await self._fetch(entry.owner, ref._id, None)
             entry.set_result(kind, payload)
 
-        self.loop.create_task(fetch())
+        self.on_loop(lambda: self.loop.create_task(fetch()))
 
     async def handle_fetch(self, object_id: str, timeout: float | None = None) -> list:
         """``FETCH_OBJECT`` for an object this process owns: wait for it, then send it."""
@@ -314,12 +308,10 @@ class Runtime:
             fut = self.loop.create_future()
             entry.add_callback(lambda: fut.done() or fut.set_result(None))
             await asyncio.wait_for(fut, timeout)
-        if entry.state == P.VALUE:
-            return [P.VALUE, entry.get_payload()]
-        return entry.snapshot(1 << 62) or [P.VALUE, entry.get_payload()]
+        return entry.snapshot(float("inf"))
 
     def wait(self, refs: list[ObjectRef], wait_num: int, timeout: float | None) -> tuple[list, list]:
-        deadline = None if timeout is None else _monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         done = threading.Event()
         count = [0]
         lock = threading.Lock()
@@ -331,16 +323,13 @@ class Runtime:
                     done.set()
 
         for ref in refs:
-            entry = ref._entry
-            if entry.owner is not None and not entry.ready and not entry.fetching:
-                entry.fetching = True
-                self.on_loop(self._start_fetch, ref._id, entry)
-            self.on_loop(entry.add_callback, one)
+            self._ensure_fetch(ref)
+            self.on_loop(ref._entry.add_callback, one)
         lease_id = getattr(_ctx, "lease_id", None)
         if lease_id is not None:
             self.connector.notify_blocked(lease_id, True)
         try:
-            done.wait(None if deadline is None else max(0.0, deadline - _monotonic()))
+            done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         finally:
             if lease_id is not None:
                 self.connector.notify_blocked(lease_id, False)
@@ -373,12 +362,6 @@ def _safe_call(callback: Callable, ref: ObjectRef) -> None:
 
 def _is_ref(value: Any) -> bool:
     return type(value) is ObjectRef
-
-
-def _monotonic() -> float:
-    import time
-
-    return time.monotonic()
 
 
 def function_id(payload: bytes, name: str) -> str:

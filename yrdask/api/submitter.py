@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from yrdask import protocol as P
-from yrdask.api.objects import Entry
+from yrdask.api.objects import Entry, dep_of, failed_dep, when_ready
 from yrdask.errors import CancelledError, ScheduleError
+from yrdask.serialization import loads
 
 logger = logging.getLogger("yrdask.submitter")
 
@@ -98,28 +99,16 @@ class Submitter:
 
     def submit(self, task: Task) -> None:
         self.queued[task.task_id] = task
-        pending = [r._entry for r in task.dep_refs if not r._entry.ready]
-        if not pending:
-            self._deps_ready(task)
-            return
-        remaining = [len(pending)]
-
-        def one_ready() -> None:
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                self._deps_ready(task)
-
-        for entry in pending:
-            entry.add_callback(one_ready)
+        when_ready(task.dep_refs, lambda: self._deps_ready(task))
 
     def _deps_ready(self, task: Task) -> None:
         if task.cancelled:
             return
-        for ref in task.dep_refs:
-            if ref._entry.state == P.ERROR:
-                self._fail(task, ref._entry.error)
-                return
-        task.deps = [self.rt.dep_of(ref) for ref in task.dep_refs]
+        error = failed_dep(task.dep_refs)
+        if error is not None:
+            self._fail(task, error)
+            return
+        task.deps = [dep_of(ref) for ref in task.dep_refs]
         task.dep_refs = []
         sq = self.shapes.get(task.shape_key)
         if sq is None:
@@ -139,7 +128,7 @@ class Submitter:
             task.retries_left -= 1
             self._requeue(task)
         elif error is not None:
-            self._fail(task, _remote(error))
+            self._fail(task, loads(error))
         else:
             for oid, entry, (kind, payload) in zip(task.ref_ids, task.entries, msg["results"]):
                 entry.set_result(kind, payload)
@@ -295,9 +284,3 @@ class Submitter:
             self._return(idle)
         if self.leases:
             self._arm_reaper()
-
-
-def _remote(error: Any) -> Any:
-    from yrdask.serialization import loads
-
-    return loads(error) if isinstance(error, bytes) else error

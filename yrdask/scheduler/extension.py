@@ -64,6 +64,7 @@ class YrSchedulerExtension:
         self.jobs: dict[str, Job] = {}  # owner address -> job
         self.pending: list[LeaseRequest] = []
         self.pending_workers: dict[str, Shape] = {}  # registered with yr before Dask knew them
+        self.worker_added = asyncio.Event()  # set on each yr worker registration
         self._ids = itertools.count(1)
         self.counters = {"leases_granted": 0, "leases_local": 0, "lease_timeouts": 0}
         scheduler.extensions[EXTENSION_NAME] = self
@@ -109,6 +110,7 @@ class YrSchedulerExtension:
     def _add_worker(self, address: str, capacity: Shape) -> None:
         logger.info("yr worker %s offers %s", address, format_shape(capacity))
         self.ledger.add_worker(address, capacity)
+        self.worker_added.set()
         self._grant_pending()
 
     def on_add_worker(self, address: str) -> None:

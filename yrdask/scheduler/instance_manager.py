@@ -60,6 +60,7 @@ class InstanceManager:
             if got is not None:
                 self.ext.ledger.release(iid)
                 self.ext._grant_pending()
+            self.lifecycle.forget(iid)
             self._settle(iid)
             return [None, f"instance {iid} ended before it started: {rec.reason}", None]
         if got is None:

@@ -125,6 +125,9 @@ class Lifecycle:
         rec = self.instances.get(iid)
         if rec is not None and rec.state == P.DEAD:
             del self.instances[iid]
+            if self.aliases:
+                for alias in [a for a, real in self.aliases.items() if real == iid]:
+                    del self.aliases[alias]
 
     def end_owner(self, owner: str, reason: str) -> list[InstanceRecord]:
         """An owner (job) is gone: end its non-detached instances and their trees."""

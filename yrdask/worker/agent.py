@@ -25,6 +25,7 @@ import psutil
 from distributed.comm.core import CommClosedError
 
 from yrdask import protocol as P
+from yrdask.api.runtime import install_worker_runtime, task_context, uninstall_worker_runtime
 from yrdask.stream import StreamSender
 from yrdask.worker.hosting import HostedInstance
 from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, YRRuntimeError,
@@ -71,8 +72,6 @@ class WorkerAgent:
     """yr's per-worker agent (see module docstring)."""
 
     def __init__(self, worker: Any) -> None:
-        from yrdask.api.runtime import install_worker_runtime
-
         self.worker = worker
         self.loop = asyncio.get_running_loop()
         self.store: dict[str, bytes] = {}
@@ -112,8 +111,6 @@ class WorkerAgent:
             protocol_version=P.PROTOCOL_VERSION)
 
     async def close(self) -> None:
-        from yrdask.api.runtime import uninstall_worker_runtime
-
         await self.runtime.close()
         uninstall_worker_runtime(self.runtime)
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -155,18 +152,8 @@ class WorkerAgent:
 
     def payloads(self, deps: list) -> list[bytes]:
         """Pickled values of a call's ref arguments; fetches remote ones (not on the loop)."""
-        out = []
-        for oid, kind, payload in deps:
-            if kind == P.VALUE:
-                out.append(payload)
-            elif payload == self.worker.address:
-                out.append(self.store_get(oid))
-            else:
-                k, p = self.runtime.run_sync(self.runtime._fetch(payload, oid, None))
-                if k == P.ERROR:
-                    raise loads(p).to_exception()
-                out.append(p)
-        return out
+        return [payload if kind == P.VALUE else self.runtime.fetch_payload(oid, payload)
+                for oid, kind, payload in deps]
 
     def _function(self, fn_id: str) -> Callable:
         fn = self.functions.get(fn_id)
@@ -175,8 +162,6 @@ class WorkerAgent:
         return fn
 
     def _execute(self, peer: Any, msg: dict) -> None:
-        from yrdask.api.runtime import task_context
-
         task_id = msg["task_id"]
         if task_id in self.cancelled:
             self.cancelled.discard(task_id)

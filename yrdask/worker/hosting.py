@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from yrdask import protocol as P
+from yrdask.api.runtime import task_context
 from yrdask.errors import InstanceDiedError, RemoteError, user_traceback
 from yrdask.serialization import dumps, loads, unpack_args
 
@@ -97,9 +98,7 @@ class HostedInstance:
 
     # -- construction and calls ------------------------------------------------------------
 
-    def _context(self) -> Any:
-        from yrdask.api.runtime import task_context
-
+    def _context(self) -> task_context:
         return task_context(self.instance_id, self.instance_id)
 
     def _construct(self, deps: list) -> Any:
