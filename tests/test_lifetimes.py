@@ -392,3 +392,48 @@ def test_finalize_ends_the_jobs_instances_but_not_detached_ones(cluster):
         if yr.is_initialized():
             yr.finalize()
         view.close()
+
+
+_CRASHING_DRIVER = """
+import sys, time
+import yrdask as yr
+yr.init(yr.Config(server_address=sys.argv[1]))
+
+@yr.instance(invoke_options=yr.InvokeOptions(cpu=300))
+class Held:
+    def ping(self):
+        return "pong"
+
+handles = [Held.invoke() for _ in range(2)]
+assert yr.get([h.ping.invoke() for h in handles], 30) == ["pong", "pong"]
+print(" ".join(h.instance_id for h in handles), flush=True)
+time.sleep(600)  # killed by the test long before
+"""
+
+
+def test_driver_disconnect_ends_its_instances(cluster, tmp_path):
+    """A driver killed without finalize: its job stream closes and its instances end."""
+    import signal
+    import subprocess
+    import sys
+
+    cli = cluster.cli_processes()  # no runtime attached in this process
+    view = SchedulerView(cli.address)
+    script = tmp_path / "driver.py"
+    script.write_text(_CRASHING_DRIVER)
+    proc = subprocess.Popen([sys.executable, str(script), cli.address], stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+    try:
+        iids = set(proc.stdout.readline().split())  # blocks until the instances answered
+        assert len(iids) == 2, "the driver did not start its instances"
+        assert iids <= set(view.live())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        view.wait(lambda: not iids & set(view.live()), "the dead driver's instances to end")
+        view.wait(lambda: view.held_cpu() == 0, "their CPU to come back")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        proc.stdout.close()
+        view.close()
