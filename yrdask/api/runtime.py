@@ -106,6 +106,11 @@ class Runtime:
 
     # -- plumbing --------------------------------------------------------------------------
 
+    @property
+    def local_worker(self) -> str | None:
+        """The address of the worker this runtime lives in (None in a driver)."""
+        return self.address if self.agent is not None else None
+
     def new_id(self) -> str:
         return f"{self._prefix}{next(self._counter):x}"
 

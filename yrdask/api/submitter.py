@@ -94,6 +94,7 @@ class Submitter:
         self.queued: dict[str, Task] = {}
         self._reaper: asyncio.TimerHandle | None = None
         self.closed = False
+        self.counts = {"local": 0, "forwarded": 0, "lease_requests": 0}
 
     # -- entry points (loop thread) --------------------------------------------------------
 
@@ -185,6 +186,11 @@ class Submitter:
         if leases:
             self.rt.connector.return_leases([l.lease_id for l in leases])
 
+    def figures(self) -> dict:
+        """Scheduling figures of this process: tasks run on its own worker vs elsewhere."""
+        return {**self.counts, "queued": len(self.queued), "running": len(self.running),
+                "leases": len(self.leases)}
+
     # -- internals -------------------------------------------------------------------------
 
     def _requeue(self, task: Task) -> None:
@@ -213,6 +219,7 @@ class Submitter:
         lease.tasks.add(task)
         task.lease = lease
         self.running[task.task_id] = task
+        self.counts["local" if lease.worker == self.rt.local_worker else "forwarded"] += 1
         chan = self.rt.channel(lease.worker)
         fn = None if task.fn_id in chan.sent_functions else task.fn_payload
         chan.sent_functions.add(task.fn_id)
@@ -223,6 +230,7 @@ class Submitter:
         })
 
     async def _request_lease(self, sq: ShapeQueue) -> None:
+        self.counts["lease_requests"] += 1
         try:
             lease_id, where = await self.rt.connector.request_lease(
                 sq.shape, sq.timeout_ms, sq.name)

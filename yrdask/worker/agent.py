@@ -95,6 +95,8 @@ class WorkerAgent:
             P.START_INSTANCE: self.start_instance,
         })
         self.runtime = install_worker_runtime(self)
+        self.tasks_done = 0
+        worker.metrics["yr"] = lambda _worker: self.metrics()
 
     def capacity(self) -> dict[str, float]:
         """What this worker offers: CPU millicores, Memory MB and its --resources tags."""
@@ -104,6 +106,21 @@ class WorkerAgent:
         cap = {"CPU": cpu, "Memory": float(limit // 2**20)}
         cap.update({k: float(v) for k, v in self.worker.state.total_resources.items()})
         return cap
+
+    def metrics(self) -> dict[str, Any]:
+        """Load report sent with every Dask heartbeat (``ws.metrics["yr"]`` on the scheduler).
+
+        ``instances`` maps each hosted instance id to ``[calls_done, calls_pending]``;
+        ``scheduling`` holds this process's submitter counters (local vs forwarded work).
+        """
+        return {
+            "tasks_running": len(self.running),
+            "tasks_queued": self.executor._work_queue.qsize(),
+            "tasks_done": self.tasks_done,
+            "instances": {iid: [inst.calls_done, len(inst.pending)]
+                          for iid, inst in self.instances.items()},
+            "scheduling": self.runtime.submitter.figures(),
+        }
 
     async def register(self) -> None:
         await self.worker.scheduler.yr_register_worker(
@@ -180,6 +197,7 @@ class WorkerAgent:
             self.running.pop(task_id, None)
             return self._reply_error(peer, task_id, e, user_traceback(), True)
         self.running.pop(task_id, None)
+        self.tasks_done += 1
         peer.reply({"op": P.TASK_DONE, "task_id": task_id, "results": results})
 
     def _reply_error(self, peer: Any, task_id: str, exc: BaseException, tb: str, retryable: bool) -> None:
