@@ -20,8 +20,9 @@ Fixtures that pick a cluster:
   (``cluster_kind`` is module scoped, so pytest groups a module's tests by kind);
 * ``cli_cluster`` -- the standard cli cluster: one worker tagged ``gpu_node=1``, one plain.
 
-At session end ``_leak_check`` asserts that no child process of the test process and no
-non-daemon thread other than the main one is left once everything is finalised.
+At session end ``_leak_check`` asserts that no child process of the test process, no
+non-daemon thread other than the main one and no open socket (comm or listener) is left once
+everything is finalised.
 """
 
 from __future__ import annotations
@@ -371,8 +372,18 @@ def _leak_check():
     while stray_threads() and time.monotonic() < deadline:
         stray_threads()[0].join(0.1)
     threads = [t.name for t in stray_threads()]
-    assert not leaked and not threads, (
-        f"left after finalize: child processes {leaked}, non-daemon threads {threads}"
+
+    def open_sockets():
+        return [f"{c.status} {c.laddr} -> {c.raddr}" for c in me.net_connections(kind="inet")
+                if c.status in (psutil.CONN_ESTABLISHED, psutil.CONN_LISTEN)]
+
+    deadline = time.monotonic() + 5  # comms closed by finalize may take a moment to go
+    while open_sockets() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    sockets = open_sockets()
+    assert not leaked and not threads and not sockets, (
+        f"left after finalize: child processes {leaked}, non-daemon threads {threads}, "
+        f"open sockets (comms, servers) {sockets}"
     )
 
 

@@ -6,12 +6,16 @@ a Dask preload: ``dask scheduler --preload yrdask`` installs yr's scheduler exte
 it on every worker that joins).
 """
 
+from yrdask.affinity import (Affinity, AffinityKind, AffinityScope, AffinityType, LabelOperator,
+                             OperatorType)
 from yrdask.api.functions import FunctionProxy, invoke
+from yrdask.api.nodes import get_node_id, get_node_ip_address, resources
 from yrdask.api.instances import (InstanceCreator, InstanceProxy, MethodProxy, get_instance,
                                   instance, kill_instance, list_named_instances, method)
 from yrdask.api.objects import ObjectRef
 from yrdask.api.objects_api import cancel, get, put, wait
 from yrdask.api.runtime import ClientInfo, finalize, init, is_initialized
+from yrdask.api.state import load_state, save_state
 from yrdask.errors import (CancelledError, GetTimeoutError, InstanceDiedError, ScheduleError,
                            YRError, YRInvokeError, YRRuntimeError, YRTimeoutError, YRTypeError,
                            YRValueError, YRequestError)
@@ -24,6 +28,12 @@ StatefulInstance = InstanceProxy
 StatefulInstanceCreator = InstanceCreator
 
 __all__ = sorted([
+    "Affinity",
+    "AffinityKind",
+    "AffinityScope",
+    "AffinityType",
+    "LabelOperator",
+    "OperatorType",
     "CancelledError",
     "ClientInfo",
     "Config",
@@ -36,9 +46,12 @@ __all__ = sorted([
     "StatefulInstance",
     "StatefulInstanceCreator",
     "get_instance",
+    "get_node_id",
+    "get_node_ip_address",
     "instance",
     "kill_instance",
     "list_named_instances",
+    "load_state",
     "method",
     "InvokeOptions",
     "ObjectRef",
@@ -58,6 +71,8 @@ __all__ = sorted([
     "invoke",
     "is_initialized",
     "put",
+    "resources",
+    "save_state",
     "wait",
 ])
 

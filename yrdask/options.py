@@ -10,9 +10,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from yrdask.affinity import Affinity
 from yrdask.errors import YRTypeError, YRValueError
 
-__all__ = ["InvokeOptions", "Config", "check_invoke_options", "check_return_nums", "check_config"]
+__all__ = ["InvokeOptions", "Config", "check_invoke_options", "check_return_nums", "check_config",
+           "check_no_unknown", "resolve_security"]
 
 _INT32_MAX = 0x7FFFFFFF
 _SPEC_KEY = "yrdask.spec"
@@ -142,7 +144,9 @@ def _check_value(owner: str, name: str, spec: _Spec, value: Any) -> None:
     if spec.check is not None:
         problem = spec.check(value)
         if problem is not None:
-            raise YRValueError(f"{owner}.{name} must {problem}, got {_show(value)}")
+            # A spec without types checks the type itself (a class imported lazily).
+            error = YRTypeError if spec.types is None else YRValueError
+            raise error(f"{owner}.{name} must {problem}, got {_show(value)}")
 
 
 def _validate_fields(obj: Any) -> None:
@@ -231,7 +235,8 @@ class InvokeOptions:
     need_order: bool | None = _opt(_bool(none_ok=True), None)
     name: str = _opt(_STR, "")
     namespace: str = _opt(_STR, "")
-    schedule_affinities: list = _opt(_LIST, factory=list)
+    schedule_affinities: list = _opt(
+        _Spec((list,), "a list[yr.Affinity]", items=(Affinity,)), factory=list)
     is_data_affinity: bool = _opt(_bool(), False)
     resource_group_options: Any = _opt(_ANY, None)
     function_group_options: Any = _opt(_ANY, None)
@@ -257,6 +262,12 @@ class InvokeOptions:
     preferred_priority = True
     required_priority = False
     preferred_anti_other_labels = False
+
+    def __post_init__(self) -> None:
+        # Each field's type and range is checked where the options are written, so a bad
+        # value fails at that line.  Rules spanning fields wait for validate() (at
+        # ``.options()`` and the decorators): yr code often sets fields one by one.
+        _validate_fields(self)
 
     def validate(self) -> "InvokeOptions":
         """Check every option's type and range; raise YRTypeError / YRValueError naming the field."""
@@ -290,6 +301,20 @@ def check_invoke_options(opts: Any) -> InvokeOptions:
     if not isinstance(opts, InvokeOptions):
         raise YRTypeError(f"expected yr.InvokeOptions, got {type(opts).__name__}")
     return opts.validate()
+
+
+def check_no_unknown(what: str, kwargs: dict, tolerated: tuple[str, ...] = ()) -> None:
+    """``YRTypeError`` naming the keywords of ``kwargs`` a decorator does not know.
+
+    openYuanrong silently ignores them, so a ``num_cpus=`` there quietly did nothing;
+    ``tolerated`` are the ones yr documents as accepted and ignored.
+    """
+    unknown = [k for k in kwargs if k not in tolerated]
+    if unknown:
+        raise YRTypeError(
+            f"{what} got unknown keyword argument(s) {', '.join(map(repr, unknown))}; "
+            "resources and other options go in yr.InvokeOptions "
+            "(e.g. invoke_options=yr.InvokeOptions(cpu=1000))")
 
 
 def check_return_nums(n: Any, what: str = "return_nums") -> int:
@@ -365,6 +390,9 @@ class Config:
     # join a secure cluster; None for a plain-TCP cluster.
     security: object = _opt(_Spec(None, "None or a distributed.security.Security", check=_check_security), None)
 
+    def __post_init__(self) -> None:
+        _validate_fields(self)  # a bad setting fails where it is written, not at yr.init
+
     def validate(self) -> "Config":
         """Check every setting's type and range; raise YRTypeError / YRValueError naming the field."""
         _validate_fields(self)
@@ -389,3 +417,54 @@ def check_config(conf: Any) -> Config:
     if not isinstance(conf, Config):
         raise YRTypeError(f"expected yr.Config, got {type(conf).__name__}")
     return conf.resolved()
+
+
+
+# The client-side TLS files: openYuanrong's Config field, the Security attribute it fills and
+# the Dask configuration key Security() reads when neither is given.
+_TLS_FILES = (("verify_file_path", "tls_ca_file", "distributed.comm.tls.ca-file"),
+              ("certificate_file_path", "tls_client_cert", "distributed.comm.tls.client.cert"),
+              ("private_key_path", "tls_client_key", "distributed.comm.tls.client.key"))
+
+
+def resolve_security(conf: Config) -> Any:
+    """The ``distributed.security.Security`` a driver uses, its certificate files checked.
+
+    From ``Config.security`` if set; else from openYuanrong's fields (``enable_tls`` or
+    ``enable_mtls`` with ``verify_file_path``, ``certificate_file_path``, ``private_key_path``);
+    else from Dask's configuration (``distributed.comm.tls.*``), which ``Security()`` reads.
+    A file that does not exist or does not load raises ``YRValueError`` naming it.
+    """
+    from distributed.security import Security
+
+    if conf.security is not None:
+        sec, names = conf.security, {attr: f"Config.security.{attr}" for _, attr, _ in _TLS_FILES}
+    elif conf.enable_tls or conf.enable_mtls:
+        if conf.private_key_paaswd:
+            raise YRValueError("Config.private_key_paaswd is not supported: Dask loads TLS keys "
+                               "without a password; give an unencrypted private_key_path")
+        for field_name, _, _ in _TLS_FILES:
+            if not getattr(conf, field_name):
+                raise YRValueError(f"Config.{field_name} must be set when enable_tls or "
+                                   "enable_mtls is True (yrdask always uses mutual TLS)")
+        sec = Security(require_encryption=True,
+                       **{attr: getattr(conf, f) for f, attr, _ in _TLS_FILES})
+        names = {attr: f"Config.{f}" for f, attr, _ in _TLS_FILES}
+    else:
+        sec, names = Security(), {attr: key for _, attr, key in _TLS_FILES}
+    for _, attr, _ in _TLS_FILES:
+        path = getattr(sec, attr, None)
+        if isinstance(path, str) and path and "\n" not in path and not os.path.isfile(path):
+            raise YRValueError(f"{names[attr]}: no such file {path!r}")
+    try:  # the driver both connects and listens (its owner server) with the client's files
+        sec.get_connection_args("client")
+        sec.get_listen_args("client")
+    except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+        files = ", ".join(f"{names[attr]}={_show(getattr(sec, attr, None), 60)}"
+                          for _, attr, _ in _TLS_FILES)
+        raise YRValueError(f"the TLS files do not load ({files}): {e}") from None
+    except (AttributeError, TypeError) as e:  # a subclass that can only connect
+        raise YRValueError(f"{type(sec).__name__} cannot make the TLS contexts a driver needs to "
+                           f"connect and to listen ({e}); give a distributed.security.Security "
+                           "built from the same CA, certificate and key") from None
+    return sec

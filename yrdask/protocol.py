@@ -40,14 +40,21 @@ REGISTER_WORKER = "yr_register_worker"
 
 REQUEST_LEASE = "yr_request_lease"
 """submitter -> scheduler rpc.  Fields: ``owner`` (the submitter's owner address), ``shape``
-({resource: amount}), ``timeout_ms`` (-1 = wait forever), ``local`` (worker address of the
-submitter, or ``None``), ``queue`` (which of the submitter's task queues it is for: the
-scheduler never revokes an owner's lease to serve the same queue).  Reply: ``[lease_id, worker_address]``; raises
-:class:`yrdask.errors.ScheduleError` when no worker could meet the shape in time."""
+({resource: amount}), ``timeout_ms`` (-1 = wait forever), ``local`` (the worker to prefer:
+where the next task's large arguments live, else the submitter's own worker under local
+first, else ``None``), ``affinity`` (:func:`yrdask.affinity.to_wire` form), ``queue``
+(which of the submitter's task queues it is for: the scheduler never revokes an owner's
+lease to serve the same queue), ``avoid`` (workers the submitter just lost its channel to:
+never granted while it waits).  Reply: ``[lease_id, worker_address]``, or ``[None,
+reason]`` when no worker could meet the request in time (the API raises
+:class:`yrdask.errors.ScheduleError`)."""
 
 CLUSTER_INFO = "yr_cluster_info"
 """any -> scheduler rpc.  Reply: ``{"workers": {address: {"capacity": .., "held": ..}},
-"dashboard": url-or-None}``.  Used by ``yr.resources()`` and the status command."""
+"dashboard": url-or-None, "counters": lease counters (granted, local, forwarded, timeouts),
+"instances": [instance records], "placement": {kind: latency figures}, "scheduling":
+{address: the worker's last heartbeat load report}}``.  Used by ``yr.resources()``, the
+status command and the dashboard."""
 
 CREATE_INSTANCE = "yr_create_instance"
 """creator -> scheduler rpc.  Fields: ``spec`` (dict: ``instance_id``, ``cls`` pickled class,
@@ -58,9 +65,22 @@ CREATE_INSTANCE = "yr_create_instance"
 with the existing one), or ``[None, reason, None]`` when it cannot be placed in time."""
 
 LOCATE_INSTANCE = "yr_locate_instance"
-"""any -> scheduler rpc.  Fields: ``instance_id``.  Reply: ``[state, worker, reason,
-instance_id]`` (the last is the id a named creation's alias stands for); waits while the
-instance is still being placed."""
+"""any -> scheduler rpc.  Fields: ``instance_id``, ``lost`` (optional: the worker the caller
+just lost its channel to).  Reply: ``[state, worker, reason, instance_id]`` (the last is the
+id a named creation's alias stands for); waits while the instance is being placed or
+restarted, and, with ``lost``, until Dask has confirmed that worker gone (bounded)."""
+
+INSTANCE_STATUS = "yr_instance_status"
+"""any -> scheduler rpc.  Fields: ``instance_id``.  Reply: ``{"state", "worker", "restarts",
+"reason"}`` at once (``handle.state``)."""
+
+SAVE_STATE = "yr_save_state"
+"""instance -> scheduler rpc (``yr.save_state()``).  Fields: ``instance_id``, ``state``
+(the pickled instance object).  Reply ``None`` once kept; a restart resumes from it."""
+
+LOAD_STATE = "yr_load_state"
+"""instance -> scheduler rpc (``yr.load_state()``).  Fields: ``instance_id``.  Reply: the
+last saved state (bytes) or ``None``."""
 
 GET_NAMED = "yr_get_named"
 """any -> scheduler rpc.  Fields: ``name``, ``namespace``, ``timeout``.  Reply:
@@ -75,7 +95,8 @@ KILL_INSTANCE = "yr_kill_instance"
 its non-detached descendants) are stopped."""
 
 SCHEDULER_RPC = (CONNECT_JOB, REGISTER_WORKER, REQUEST_LEASE, CLUSTER_INFO, CREATE_INSTANCE,
-                 LOCATE_INSTANCE, GET_NAMED, LIST_NAMED, KILL_INSTANCE)
+                 LOCATE_INSTANCE, GET_NAMED, LIST_NAMED, KILL_INSTANCE, INSTANCE_STATUS,
+                 SAVE_STATE, LOAD_STATE)
 
 # --- job stream, driver -> scheduler ------------------------------------------------------
 
@@ -133,15 +154,23 @@ FREE_OBJECTS = "yr_free_objects"
 
 START_INSTANCE = "yr_start_instance"
 """scheduler -> worker (worker stream).  Fields: the creation ``spec`` (see
-:data:`CREATE_INSTANCE`).  The worker builds the instance; calls may arrive before
-``__init__`` ends and wait behind it."""
+:data:`CREATE_INSTANCE`; on a restart also ``incarnation`` (the restart count) and
+``checkpoint`` (the last saved state, or ``None``)).  The worker builds the instance from
+the checkpoint if there is one, else with ``__init__``; calls may arrive before it is
+ready and wait behind it."""
 
 STOP_INSTANCE = "yr_stop_instance"
 """scheduler -> worker rpc.  Fields: ``instance_id``, ``reason``.  Pending calls fail with
 that reason; the reply comes once the instance is gone."""
 
+WORKER_LOST = "yr_worker_lost"
+"""scheduler -> every driver (job stream) and worker (worker stream).  Fields: ``worker``.
+Dask removed that worker (its stream closed, or it missed heartbeats for
+``distributed.scheduler.worker-ttl``): channels to it are dead even if their socket is not,
+so their unanswered calls are sent again or fail, and their tasks run elsewhere."""
+
 WORKER_RPC = (OPEN_CHANNEL, FETCH_OBJECT, FREE_OBJECTS, STOP_INSTANCE)
-WORKER_STREAM = (REVOKE_LEASES, START_INSTANCE)
+WORKER_STREAM = (REVOKE_LEASES, START_INSTANCE, WORKER_LOST)
 OWNER_RPC = (FETCH_OBJECT, REVOKE_LEASES)
 
 # --- call channel -------------------------------------------------------------------------
@@ -151,7 +180,8 @@ RUN_TASK = "yr_run_task"
 sent once per channel, else ``None``), ``args`` (pickled args/kwargs with top-level refs
 replaced by placeholders), ``deps`` (list of ``[ref_id, kind, payload]`` as in
 :data:`FETCH_OBJECT`), ``nret``, ``owner`` (the lifetime owner: a job id or an instance id),
-``name`` (function name, for errors and the dashboard)."""
+``name`` (function name, for errors and the dashboard), ``slots`` (how many tasks of the
+lease may run at once: more may be pushed, and wait in the worker's lease gate)."""
 
 CANCEL_TASK = "yr_cancel_task"
 """caller -> worker.  Fields: ``task_id``.  Interrupts the task if it is still running."""
@@ -159,7 +189,10 @@ CANCEL_TASK = "yr_cancel_task"
 TASK_DONE = "yr_task_done"
 """worker -> caller.  Fields: ``task_id``, ``results`` (a list of ``[kind, payload]``, one per
 return value, kinds as in :data:`FETCH_OBJECT`) or ``error`` (pickled RemoteError),
-``retryable`` (``True`` when the error is a user exception that ``retry_times`` may rerun)."""
+``retryable`` (``True`` when the error is a user exception that ``retry_times`` may rerun),
+``took`` (seconds the task ran, for the submitter's pipelining rule); or ``requeue``
+(``True``: a pipelined task that waited too long in the worker's lease gate is handed back
+unrun, for the submitter to queue again)."""
 
 CALL_METHOD = "yr_call_method"
 """caller -> worker.  Fields: ``task_id`` (the call id), ``instance_id``, ``method``,

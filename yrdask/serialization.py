@@ -11,12 +11,35 @@ from typing import Any, Callable
 
 import cloudpickle
 
-__all__ = ["dumps", "loads", "pack_args", "unpack_args", "ArgSlot"]
+from yrdask.errors import YRRuntimeError, YRTypeError
+
+__all__ = ["dumps", "dumps_definition", "loads", "pack_args", "unpack_args", "ArgSlot"]
 
 
 def dumps(obj: Any) -> bytes:
     """Pickle a user object (cloudpickle, so lambdas and ``__main__`` code travel by value)."""
     return cloudpickle.dumps(obj, protocol=5)
+
+
+def dumps_definition(obj: Any, what: str) -> bytes:
+    """Pickle a decorated function or class; ``YRTypeError`` naming ``what`` if it cannot be."""
+    try:
+        return dumps(obj)
+    except Exception as e:
+        raise YRTypeError(f"{what} cannot be pickled to send it to the workers: {e} "
+                          "(a global or closure variable it uses cannot be pickled)") from e
+
+
+def unpicklable(value: Any, what: str, error: BaseException | None = None) -> YRTypeError | None:
+    """The ``YRTypeError`` naming ``what`` if ``value`` cannot be pickled (None if it can)."""
+    if error is None:
+        try:
+            dumps(value)
+            return None
+        except Exception as e:
+            error = e
+    return YRTypeError(f"{what} ({type(value).__name__}) cannot be pickled to send it to "
+                       f"the cluster: {error}")
 
 
 loads: Callable[[bytes], Any] = pickle.loads
@@ -40,6 +63,9 @@ def pack_args(args: tuple, kwargs: dict, is_ref: Callable[[Any], bool]) -> tuple
 
     def slot(value: Any) -> Any:
         if is_ref(value):
+            if getattr(value._runtime, "closed", False):  # its task or put died with it
+                raise YRRuntimeError(f"{value} belongs to a yr runtime that was finalized; "
+                                     "ObjectRefs do not outlive yr.finalize()")
             refs.append(value)
             return ArgSlot(len(refs) - 1)
         return value
@@ -49,14 +75,27 @@ def pack_args(args: tuple, kwargs: dict, is_ref: Callable[[Any], bool]) -> tuple
         kwargs = {k: slot(v) for k, v in kwargs.items()}
     if not args and not kwargs:
         return b"", refs
-    return dumps((args, kwargs)), refs
+    try:
+        return dumps((args, kwargs)), refs
+    except Exception as e:
+        named = [(f"argument {i}", a) for i, a in enumerate(args)]
+        named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+        for what, value in named:
+            err = unpicklable(value, what)
+            if err is not None:
+                raise err from e
+        raise unpicklable((args, kwargs), "the arguments", e) from e
 
 
 def unpack_args(blob: bytes, values: list) -> tuple[tuple, dict]:
     """Inverse of :func:`pack_args`, with ``values[i]`` put in slot ``i``."""
     if not blob:
         return (), {}
-    args, kwargs = loads(blob)
+    try:
+        args, kwargs = loads(blob)
+    except BaseException as e:
+        e.add_note("yrdask: the call's arguments could not be unpickled in the worker process")
+        raise
     if values:
         args = tuple(values[a.index] if type(a) is ArgSlot else a for a in args)
         kwargs = {k: values[v.index] if type(v) is ArgSlot else v for k, v in kwargs.items()}

@@ -2,8 +2,8 @@
 
 Dask's ``BatchedSend`` wakes a tornado coroutine with timed waits even at ``interval=0``,
 which costs ~150 µs per message on a small machine.  ``StreamSender`` writes at once when
-idle and coalesces whatever arrives while a write is in flight into the next batch, so a
-single call pays one ``comm.write`` and a burst of calls shares them.  It speaks Dask's
+idle (at the end of the current loop pass) and coalesces whatever arrives meanwhile into
+one batch, so a single call pays one ``comm.write`` and a burst of calls shares them.  It speaks Dask's
 stream format (a list of message dicts per write), so either end may use Dask's reader.
 """
 
@@ -24,6 +24,9 @@ class StreamSender:
     __slots__ = ("comm", "buffer", "writing", "closed", "loop", "_task")
 
     def __init__(self, comm: Any) -> None:
+        # yr messages carry user objects as pickled bytes: msgpack copies them quickly, so
+        # skip Dask's per-write sizeof walk that decides whether to serialize off the loop.
+        comm.allow_offload = False
         self.comm = comm
         self.buffer: list = []
         self.writing = False
@@ -37,7 +40,22 @@ class StreamSender:
         self.buffer.extend(msgs)
         if not self.writing:
             self.writing = True
-            self._task = self.loop.create_task(self._flush())
+            self.loop.call_soon(self._kick)  # what else is sent this loop pass joins in
+
+    def _kick(self) -> None:
+        self._start(self._flush())
+
+    def _start(self, coro: Any) -> None:
+        """Run ``coro`` now, on this stack; only if it suspends does it become a task.
+
+        A Dask TCP write with offloading off serializes and queues the bytes on the tornado
+        stream without suspending, so the usual case costs no task object.
+        """
+        try:
+            waiting = coro.send(None)
+        except StopIteration:
+            return
+        self._task = self.loop.create_task(_resume(coro, waiting))
 
     async def _flush(self) -> None:
         try:
@@ -63,3 +81,22 @@ class StreamSender:
         self.closed = True
         if not self.comm.closed():
             await self.comm.close()
+
+
+async def _resume(coro: Any, waiting: Any) -> None:
+    """Finish a coroutine that was started by hand and suspended on ``waiting``."""
+    while True:
+        try:
+            if waiting is None:  # a bare yield: give the loop one pass
+                await asyncio.sleep(0)
+                result = None
+            else:
+                result = await waiting
+        except BaseException as e:  # noqa: BLE001 - handed to the coroutine
+            step = coro.throw, e
+        else:
+            step = coro.send, result
+        try:
+            waiting = step[0](step[1])
+        except StopIteration:
+            return

@@ -19,10 +19,10 @@ DRIVER = "tcp://driver:1"  # the holder address of the job's driver
 W1, W2 = "tcp://w1:1", "tcp://w2:1"
 
 
-def spec(iid, owner=JOB, name="", namespace="", detached=False, holder=DRIVER):
+def spec(iid, owner=JOB, name="", namespace="", detached=False, holder=DRIVER, recover=0):
     return {"instance_id": iid, "owner": owner, "name": name, "namespace": namespace,
             "detached": detached, "holder": holder, "cls_name": "C",
-            "shape": {"CPU": 500.0, "Memory": 500.0}}
+            "shape": {"CPU": 500.0, "Memory": 500.0}, "recover_retry_times": recover}
 
 
 def ids(records):
@@ -306,15 +306,77 @@ def test_on_worker_lost_ends_its_instances_and_their_descendants(lc):
     lc.placed("b", W2)
     lc.placed("a-child", W2)  # a descendant elsewhere ends too
     lc.placed("a-det", W2)
-    ended = ids(lc.on_worker_lost(W1))
-    assert sorted(ended) == ["a", "a-child"]
+    restarting, ended = lc.on_worker_lost(W1)
+    assert restarting == []
+    assert sorted(ids(ended)) == ["a", "a-child"]
     assert W1 in lc.instances["a"].reason
     assert lc.instances["b"].state != P.DEAD
     assert lc.instances["a-det"].state != P.DEAD
-    assert lc.on_worker_lost(W1) == []  # already dead
+    assert lc.on_worker_lost(W1) == ([], [])  # already dead
 
 
 def test_pending_instance_without_worker_is_not_lost_with_a_worker(lc):
     lc.add(spec("a"))  # not placed yet
-    assert lc.on_worker_lost(W1) == []
+    assert lc.on_worker_lost(W1) == ([], [])
     assert lc.instances["a"].state == P.PENDING
+
+
+# --------------------------------------------------------------------------- restarts
+
+
+def test_lost_instance_with_restarts_left_restarts_and_its_children_end(lc):
+    lc.add(spec("a", recover=2))
+    lc.add(spec("a-child", owner="a", recover=5))  # elsewhere: ends, never restarts
+    lc.add(spec("a-det", owner="a", detached=True))
+    lc.placed("a", W1)
+    lc.placed("a-child", W2)
+    lc.placed("a-det", W2)
+    restarting, ended = lc.on_worker_lost(W1)
+    assert ids(restarting) == ["a"]
+    rec = lc.instances["a"]
+    assert (rec.state, rec.worker, rec.restarts) == (P.RESTARTING, None, 1)
+    assert W1 in rec.reason
+    assert ids(ended) == ["a-child"]
+    assert "restarted" in lc.instances["a-child"].reason
+    assert lc.instances["a-det"].state != P.DEAD
+    # placed again and lost again: the second restart is the last one
+    lc.placed("a", W2)
+    assert ids(lc.on_worker_lost(W2)[0]) == ["a"] and rec.restarts == 2
+    lc.placed("a", W1)
+    restarting, ended = lc.on_worker_lost(W1)
+    assert restarting == [] and ids(ended) == ["a"]
+    assert rec.state == P.DEAD and "all its 2 restarts" in rec.reason
+
+
+def test_unlimited_restarts_never_run_out(lc):
+    rec = lc.add(spec("a", recover=-1))
+    for i in range(1, 50):
+        lc.placed("a", W1)
+        assert ids(lc.on_worker_lost(W1)[0]) == ["a"]
+        assert rec.restarts == i
+
+
+def test_no_restarts_configured_means_the_instance_ends(lc):
+    lc.add(spec("a", recover=0))
+    lc.placed("a", W1)
+    restarting, ended = lc.on_worker_lost(W1)
+    assert restarting == [] and ids(ended) == ["a"]
+    assert "restarts" not in lc.instances["a"].reason
+
+
+def test_child_on_the_same_worker_is_not_restarted_when_its_owner_restarts(lc):
+    lc.add(spec("a", recover=1))
+    lc.add(spec("c", owner="a", recover=1))
+    lc.placed("c", W1)  # processed first or second, it must end either way
+    lc.placed("a", W1)
+    restarting, ended = lc.on_worker_lost(W1)
+    assert ids(restarting) == ["a"]
+    assert lc.instances["c"].state == P.DEAD
+
+
+def test_terminate_of_a_restarting_instance_ends_it(lc):
+    lc.add(spec("a", recover=-1))
+    lc.placed("a", W1)
+    lc.on_worker_lost(W1)
+    assert ids(lc.end("a", "terminated")) == ["a"]
+    assert lc.instances["a"].state == P.DEAD

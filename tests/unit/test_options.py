@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+import yrdask as yr
 from yrdask.errors import YRTypeError, YRValueError
 from yrdask.options import (
     Config,
@@ -114,7 +115,7 @@ BAD_TYPES = [
     ("is_data_affinity", 1), ("preempted_allowed", "no"), ("is_delete_remote_tensor", 0),
     ("bypass_datasystem", None), ("skip_serialize", 1), ("get_if_exists", "yes"),
     ("need_order", 1), ("need_order", "true"),
-    ("schedule_affinities", {}), ("runtime_env", []), ("port_forwardings", ()),
+    ("schedule_affinities", {}), ("schedule_affinities", [object()]), ("runtime_env", []), ("port_forwardings", ()),
     ("pod_labels", {"a": 1}),
 ]
 
@@ -158,7 +159,9 @@ GOOD_VALUES = [
     ("custom_extensions", {"lifecycle": "detached", "GRACEFUL_SHUTDOWN_TIME": 10}),
     ("env_vars", {"A": "1"}), ("labels", ["k", "k:v"]), ("need_order", True),
     ("need_order", False), ("runtime_env", {"env_vars": {"A": "1"}}),
-    ("schedule_affinities", [object()]),
+    ("schedule_affinities", [yr.Affinity(yr.AffinityKind.RESOURCE, yr.AffinityType.REQUIRED,
+                                         [yr.LabelOperator(yr.OperatorType.LABEL_IN, "NODE_ID",
+                                                           ["tcp://h:1"])])]),
 ]
 
 

@@ -7,10 +7,12 @@ import inspect
 import types
 from typing import Any, Callable
 
+from yrdask.affinity import to_wire
 from yrdask.api.runtime import current_runtime, function_id
-from yrdask.errors import YRRuntimeError
-from yrdask.options import InvokeOptions, check_invoke_options, check_return_nums
-from yrdask.serialization import dumps
+from yrdask.errors import YRRuntimeError, YRTypeError
+from yrdask.options import (InvokeOptions, check_invoke_options, check_no_unknown,
+                             check_return_nums)
+from yrdask.serialization import dumps_definition
 
 
 class FunctionProxy:
@@ -33,7 +35,7 @@ class FunctionProxy:
         self._shape = options.resource_shape()
         # Tasks of one key share leases; a lease runs `concurrency` of them at once.
         self._shape_key = (tuple(sorted(self._shape.items())), options.schedule_timeout_ms,
-                           options.concurrency or 1)
+                           options.concurrency or 1, to_wire(options.schedule_affinities))
         functools.update_wrapper(self, func)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -62,7 +64,7 @@ class FunctionProxy:
         if self._payload is None:
             target = self._func if self._initializer is None else _with_initializer(
                 self._func, self._initializer)
-            self._payload = dumps(target)
+            self._payload = dumps_definition(target, f"the function {self._name}")
             self._fn_id = function_id(self._payload, self._name)
         opts = self._options
         refs = rt.submit_task(self._fn_id, self._payload, self._name, args, kwargs,
@@ -90,8 +92,15 @@ class _with_initializer:
 
 def invoke(*args: Any, invoke_options: InvokeOptions | None = None,
            return_nums: int | None = None, initializer: Callable | None = None,
-           **ignored: Any) -> Any:
+           **unknown: Any) -> Any:
     """Decorate a function as a yr remote function: ``@yr.invoke`` or ``@yr.invoke(...)``."""
+    check_no_unknown("@yr.invoke", unknown)  # it takes invoke_options=, return_nums=, initializer=
+    if initializer is not None and not callable(initializer):
+        raise YRTypeError(f"@yr.invoke: initializer must be callable, got {initializer!r}")
+    if invoke_options is not None:  # checked here too, so @yr.invoke(...) itself fails
+        check_invoke_options(invoke_options)
+    if return_nums is not None:
+        check_return_nums(return_nums)
 
     def make(func: Any) -> FunctionProxy:
         if not isinstance(func, types.FunctionType):

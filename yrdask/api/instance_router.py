@@ -6,6 +6,11 @@ before it has left and its own ref arguments are ready, so calls from one caller
 instance in order over the (ordered) call channel.  Handle counts are reported to the
 scheduler only when this process's count for an instance goes 0 -> 1 or 1 -> 0 (pending
 calls count as handles), batched per loop iteration.
+
+When the channel to an instance's worker is lost, the calls sent there and not answered go
+back to the front of their route, in the order they were sent, and the route asks the
+scheduler where the instance is now: a restarted instance gets them again (at least once),
+an ended one fails them with the cause.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class Call:
     dep_refs: list
     entries: list
     nret: int
+    deps: list | None = None  # as sent, kept for a redelivery
 
 
 @dataclass(eq=False)
@@ -38,6 +44,7 @@ class Route:
     dead: Any = None  # the error (exception or RemoteError) every call fails with
     queue: deque = field(default_factory=deque)
     locating: bool = False
+    lost: str | None = None  # the worker it was lost with, until located again
 
 
 class InstanceRouter:
@@ -92,11 +99,12 @@ class InstanceRouter:
         async def locate() -> None:
             try:
                 state, where, reason, real_id = await self.rt.connector.scheduler_rpc(
-                    P.LOCATE_INSTANCE, instance_id=route.instance_id)
+                    P.LOCATE_INSTANCE, instance_id=route.instance_id, lost=route.lost)
             except Exception as e:
                 state, where, reason = P.DEAD, None, f"cannot reach the scheduler: {e!r}"
                 real_id = route.instance_id
             route.locating = False
+            route.lost = None
             if real_id != route.instance_id:
                 route.real_id = real_id
             if state == P.DEAD or where is None:
@@ -134,18 +142,19 @@ class InstanceRouter:
                 when_ready(call.dep_refs, lambda: self._pump(route))
                 return
             route.queue.popleft()
-            error = failed_dep(call.dep_refs)
-            if error is not None:
-                self._fail(call, error)
-                continue
+            if call.deps is None:
+                error = failed_dep(call.dep_refs)
+                if error is not None:
+                    self._fail(call, error)
+                    continue
+                call.deps = [dep_of(r) for r in call.dep_refs]
+                call.dep_refs = []
             self.inflight[call.call_id] = (call, route)
             self.rt.channel(route.worker).send({
                 "op": P.CALL_METHOD, "task_id": call.call_id,
                 "instance_id": route.real_id or call.instance_id, "method": call.method,
-                "args": call.args,
-                "deps": [dep_of(r) for r in call.dep_refs], "nret": call.nret,
+                "args": call.args, "deps": call.deps, "nret": call.nret,
             })
-            call.dep_refs = []
 
     def on_done(self, msg: dict) -> bool:
         """Settle a method call's refs; False if ``msg`` is not for a method call."""
@@ -165,14 +174,18 @@ class InstanceRouter:
         return True
 
     def on_channel_lost(self, worker: str) -> None:
+        """Calls not answered go back to their routes, which locate their instance again."""
+        resend: dict[str, list[Call]] = {}
         for call_id, (call, route) in list(self.inflight.items()):
             if route.worker == worker:
                 del self.inflight[call_id]
-                self._fail(call, InstanceDiedError(
-                    f"instance {call.instance_id} was lost with its worker {worker}"))
-        for route in self.routes.values():
-            if route.worker == worker:
-                route.worker = None
+                resend.setdefault(route.instance_id, []).append(call)
+        for route in list(self.routes.values()):
+            if route.worker != worker:
+                continue
+            route.worker, route.lost = None, worker
+            route.queue.extendleft(reversed(resend.get(route.instance_id, ())))
+            self._pump(route)
 
     def _fail(self, call: Call, error: Any) -> None:
         for entry in call.entries:

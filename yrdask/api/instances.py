@@ -7,17 +7,21 @@ import threading
 from typing import Any, Callable
 
 from yrdask import protocol as P
+from yrdask.affinity import to_wire
 from yrdask.api.objects import ObjectRef
 from yrdask.api.runtime import current_runtime
 from yrdask.errors import (YRRuntimeError, YRTimeoutError, YRTypeError, YRValueError)
 from yrdask.options import InvokeOptions, check_invoke_options, check_return_nums
-from yrdask.serialization import dumps
+from yrdask.options import check_no_unknown as _no_unknown
+from yrdask.serialization import dumps, dumps_definition
 
 _RETURN_NUMS = "__yr_return_nums__"
 
 
 def method(*args: Any, return_nums: int = 1, **ignored: Any) -> Any:
     """Mark a method's number of return values: ``@yr.method(return_nums=2)``."""
+    _no_unknown("@yr.method", ignored, ("concurrency_group", "tensor_transport_target",
+                                        "enable_tensor_transport"))  # yr accepts, ignores
     nret = check_return_nums(return_nums)
 
     def mark(fn: Callable) -> Callable:
@@ -36,7 +40,7 @@ class _ClassInfo:
     def __init__(self, cls: type) -> None:
         self.cls = cls
         self.name = cls.__name__
-        self.payload = dumps(cls)
+        self.payload = dumps_definition(cls, f"the class {self.name}")
         self.methods: dict[str, tuple[int, inspect.Signature | None]] = {}
         self.is_async = False
         for name, member in inspect.getmembers(cls):
@@ -106,8 +110,11 @@ class InstanceCreator:
                     raise YRValueError(f"lifetime must be 'detached', got {value!r}")
                 opts.custom_extensions["lifecycle"] = "detached"
             elif key == "resources":
+                if not isinstance(value, dict):
+                    raise YRTypeError(f"resources must be a dict of tag -> amount, got {value!r}")
                 opts.custom_resources.update(value)
-            elif hasattr(InvokeOptions, key) or key in InvokeOptions.__dataclass_fields__:
+            elif isinstance(getattr(InvokeOptions, key, None), bool) \
+                    or key in InvokeOptions.__dataclass_fields__:  # a field or a class flag
                 setattr(opts, key, value)
             else:
                 raise YRTypeError(f"unknown option {key!r} for {self._cls.__name__}.options()")
@@ -145,9 +152,12 @@ class InstanceCreator:
             "name": opts.name, "namespace": opts.namespace, "detached": opts.is_detached,
             "concurrency": opts.concurrency, "is_async": info.is_async,
             "recover_retry_times": opts.recover_retry_times,
+            "affinity": to_wire(opts.schedule_affinities), "labels": list(opts.labels),
         }
         iid = rt.create_instance(spec, args, kwargs)
-        return InstanceProxy(iid, info.meta, rt)
+        handle = InstanceProxy(iid, info.meta, rt)
+        handle._name = opts.name or ""  # for _repr_html_
+        return handle
 
     def get_instance(self, name: str, namespace: str = "", timeout: int = 60) -> "InstanceProxy":
         return get_instance(name, namespace, timeout)
@@ -169,7 +179,7 @@ class InstanceProxy:
         runtime.on_loop(runtime.router.incref, instance_id)
 
     def __del__(self) -> None:
-        rt = self._rt
+        rt = self.__dict__.get("_rt")  # absent if __init__ failed
         if rt is not None and not rt.closed:
             try:
                 rt.on_loop(rt.router.decref, self.instance_id)
@@ -178,6 +188,12 @@ class InstanceProxy:
 
     def __getattr__(self, name: str) -> "MethodProxy":
         methods = self.__dict__.get("_methods")
+        if methods is not None and name not in methods:
+            # h.state / h.status() unless the class has methods of those names.
+            if name == "state":
+                return self._status()["state"]
+            if name == "status":
+                return self._status
         if methods is None or name not in methods:
             cls_name = self.__dict__.get("_cls_name", "instance")
             raise AttributeError(f"'{cls_name}' object has no attribute '{name}'")
@@ -185,6 +201,10 @@ class InstanceProxy:
         return MethodProxy(self, name, nret, sig)
 
     def __reduce__(self):
+        from yrdask.api.state import is_checkpointing
+
+        if is_checkpointing():
+            return (_rebuild_handle, (self.instance_id, self._meta, None))
         rt = self._rt
         token = rt.new_id()
         rt.on_loop(rt.router.transit, self.instance_id, token)
@@ -194,9 +214,24 @@ class InstanceProxy:
         return f"InstanceProxy({self._cls_name}, id={self.instance_id!r})"
 
     def _repr_html_(self) -> str:
-        state = "terminated" if self._terminated else "active"
-        return (f"<div><strong>yr instance</strong> {self._cls_name} "
-                f"<code>{self.instance_id}</code> ({state})</div>")
+        """Jupyter: class, id, name (if this handle was made with one), and a dashboard link."""
+        from html import escape
+
+        rows = [("class", self._cls_name), ("id", self.instance_id),
+                ("name", self.__dict__.get("_name") or ""),
+                ("handle", "terminated" if self._terminated else "active")]
+        cells = "".join(f"<tr><th style='text-align:left'>{k}</th><td><code>{escape(v)}</code>"
+                        f"</td></tr>" for k, v in rows if v)
+        dashboard = getattr(getattr(self._rt, "connector", None), "dashboard", None)
+        if dashboard:  # "http://host:port/status" -> the instances page filtered to this one
+            url = escape(f"{dashboard.rsplit('/', 1)[0]}/yr-instances?name={self.instance_id}")
+            cells += (f"<tr><th style='text-align:left'>dashboard</th><td><a href='{url}' "
+                      f"target='_blank'>{url}</a></td></tr>")
+        return f"<div><strong>yr instance</strong><table>{cells}</table></div>"
+
+    def _status(self) -> dict:
+        """``{"state", "worker", "restarts", "reason"}`` of the instance, from the scheduler."""
+        return self._rt.scheduler_call(P.INSTANCE_STATUS, instance_id=self.instance_id)
 
     def is_activate(self) -> bool:
         """False once this handle terminated the instance."""
@@ -204,10 +239,13 @@ class InstanceProxy:
 
     def terminate(self, is_sync: bool = False) -> None:
         """End the instance (and its non-detached children); later calls raise RuntimeError."""
+        if not isinstance(is_sync, bool):
+            raise YRTypeError(f"terminate: is_sync must be a bool, got {is_sync!r}")
         if self._terminated:
             return
         self._terminated = True
-        _kill(self._rt, self.instance_id, is_sync)
+        if not self._rt.closed:  # else yr.finalize() already ended it
+            _kill(self._rt, self.instance_id, is_sync)
 
 
 class MethodProxy:
@@ -226,8 +264,9 @@ class MethodProxy:
 
     def invoke(self, *args: Any, **kwargs: Any) -> Any:
         h = self._handle
-        if h._terminated:
-            raise YRRuntimeError(f"this instance is terminated ({h._cls_name} {h.instance_id})")
+        if h._terminated or h._rt.closed:
+            raise YRRuntimeError(f"this instance is terminated ({h._cls_name} {h.instance_id})"
+                                 + (": its yr runtime was finalized" if h._rt.closed else ""))
         if self._sig is not None:
             try:
                 self._sig.bind(*args, **kwargs)
@@ -239,10 +278,11 @@ class MethodProxy:
         return refs[0] if self._nret == 1 else refs
 
 
-def _rebuild_handle(instance_id: str, meta: bytes, token: str) -> InstanceProxy:
+def _rebuild_handle(instance_id: str, meta: bytes, token: str | None) -> InstanceProxy:
     rt = current_runtime()
     handle = InstanceProxy(instance_id, meta, rt)
-    rt.on_loop(rt.router.arrived, instance_id, token)
+    if token is not None:  # None: restored from a checkpoint, nothing was in transit
+        rt.on_loop(rt.router.arrived, instance_id, token)
     return handle
 
 
@@ -271,6 +311,9 @@ def instance(*args: Any, invoke_options: InvokeOptions | None = None, **ignored:
             else InvokeOptions()
         return InstanceCreator(cls, opts)
 
+    _no_unknown("@yr.instance", ignored, ())
+    if invoke_options is not None:  # checked here too, so @yr.instance(...) itself fails
+        check_invoke_options(invoke_options)
     if len(args) == 1 and inspect.isclass(args[0]) and invoke_options is None:
         return make(args[0])
     if args:
@@ -282,6 +325,8 @@ def get_instance(name: str, namespace: str = "", timeout: int = 60) -> InstanceP
     """A handle to the named instance; waits up to ``timeout`` s while it is being created."""
     if not isinstance(name, str) or not isinstance(namespace, str):
         raise YRTypeError("yr.get_instance: name and namespace must be str")
+    if not name:
+        raise YRValueError("yr.get_instance: name must not be empty")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
         raise YRTypeError(f"yr.get_instance: timeout must be a number >= 0, got {timeout!r}")
     rt = current_runtime()
@@ -291,11 +336,16 @@ def get_instance(name: str, namespace: str = "", timeout: int = 60) -> InstanceP
         if meta == "timeout":
             raise YRTimeoutError(where)
         raise YRRuntimeError(where)
-    return InstanceProxy(iid, meta, rt)
+    handle = InstanceProxy(iid, meta, rt)
+    handle._name = name  # for _repr_html_
+    return handle
 
 
 def list_named_instances(all_namespaces: bool = False) -> list:
     """Names of the named instances (in the default namespace, or all as dicts)."""
+    if not isinstance(all_namespaces, bool):
+        raise YRTypeError("yr.list_named_instances: all_namespaces must be a bool, "
+                          f"got {all_namespaces!r}")
     rt = current_runtime()
     pairs = rt.scheduler_call(P.LIST_NAMED, all_namespaces=all_namespaces)
     if all_namespaces:

@@ -19,7 +19,7 @@ import threading
 from typing import Any, Callable
 
 from yrdask import protocol as P
-from yrdask.errors import RemoteError, YRRuntimeError
+from yrdask.errors import RemoteError, YRRuntimeError, YRTypeError
 from yrdask.serialization import dumps, loads
 
 PENDING = "pending"
@@ -250,14 +250,20 @@ class ObjectRef:
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the object is ready; raises its error if it failed."""
-        self._runtime.get([self], -1 if timeout is None else timeout)
+        from yrdask.api.objects_api import get  # its argument checks
+
+        get(self, -1 if timeout is None else timeout)
 
     def get(self, timeout: int = 300) -> Any:
         """Same as ``yr.get(ref, timeout)``."""
-        return self._runtime.get([self], timeout)[0]
+        from yrdask.api.objects_api import get  # its argument checks
+
+        return get(self, timeout)
 
     def on_complete(self, callback: Callable[["ObjectRef"], Any]) -> None:
         """Call ``callback(ref)`` once, from a runtime thread, when the object is ready."""
+        if not callable(callback):
+            raise YRTypeError(f"on_complete: callback must be callable, got {callback!r}")
         rt = self._runtime
 
         def fire() -> None:

@@ -6,14 +6,25 @@ from typing import Any
 
 from yrdask.api.objects import ObjectRef
 from yrdask.api.runtime import current_runtime
-from yrdask.errors import YRTypeError, YRValueError
+from yrdask.errors import YRRuntimeError, YRTypeError, YRValueError
+from yrdask.serialization import dumps, unpicklable
 
 MAX_TIMEOUT = 0x7FFFFFFF
 
 
 def put(obj: Any, create_param: Any = None) -> ObjectRef:
-    """Store ``obj`` in the cluster's object store; returns its ObjectRef."""
-    return current_runtime().put(obj)
+    """Store ``obj`` in the cluster's object store; returns its ObjectRef.
+
+    The value is pickled here, so a value that cannot travel fails at this call (``TypeError``)
+    rather than in a task that receives it; the pickle is kept for the tasks that do.
+    """
+    ref = current_runtime().put(obj)
+    entry = ref._entry
+    try:
+        entry.payload = dumps(entry.value)
+    except Exception as e:
+        raise unpicklable(entry.value, "yr.put: the value", e) from e
+    return ref
 
 
 def get(obj_refs: ObjectRef | list[ObjectRef], timeout: int = 300, allow_partial: bool = False) -> Any:
@@ -24,7 +35,10 @@ def get(obj_refs: ObjectRef | list[ObjectRef], timeout: int = 300, allow_partial
     """
     rt = current_runtime()
     _check_timeout(timeout)
+    if not isinstance(allow_partial, bool):
+        raise YRTypeError(f"yr.get: allow_partial must be a bool, got {allow_partial!r}")
     if isinstance(obj_refs, ObjectRef):
+        _check_live([obj_refs], "yr.get")
         return rt.get([obj_refs], timeout, allow_partial)[0]
     if isinstance(obj_refs, tuple) and not obj_refs:
         return []
@@ -32,6 +46,7 @@ def get(obj_refs: ObjectRef | list[ObjectRef], timeout: int = 300, allow_partial
         raise YRTypeError(
             f"yr.get takes an ObjectRef or a list of ObjectRefs, got {type(obj_refs).__name__}")
     _check_refs(obj_refs, "yr.get")
+    _check_live(obj_refs, "yr.get")
     return rt.get(obj_refs, timeout, allow_partial)
 
 
@@ -46,6 +61,7 @@ def wait(obj_refs: ObjectRef | list[ObjectRef], wait_num: int | None = None,
     if not isinstance(refs, list):
         raise YRTypeError(f"obj_refs type error, actual: {type(refs)}, expect: list of ObjectRef")
     _check_refs(refs, "yr.wait")
+    _check_live(refs, "yr.wait")
     if len(set(refs)) != len(refs):
         raise YRValueError("yr.wait: duplicate obj_ref exists in the list")
     if wait_num is None:
@@ -87,10 +103,18 @@ def _check_refs(refs: list, what: str) -> None:
                           f"({what} takes ObjectRefs)")
 
 
+def _check_live(refs: list, what: str) -> None:
+    """Refs of a finalized runtime would never become ready: say so instead of waiting."""
+    for ref in refs:
+        if ref._runtime.closed:
+            raise YRRuntimeError(f"{what}: {ref} belongs to a yr runtime that was finalized; "
+                                 "ObjectRefs do not outlive yr.finalize()")
+
+
 def _check_timeout(timeout: Any) -> None:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise YRTypeError(f"yr.get: timeout must be a number of seconds, got {type(timeout).__name__}")
-    if timeout != -1 and timeout <= 0:
+    if timeout != -1 and not 0 < timeout <= MAX_TIMEOUT:  # also rejects nan and inf
         raise YRValueError(
             "Parameter 'timeout' should be greater than 0 or equal to -1 (no timeout), "
-            f"got {timeout}")
+            f"and at most {MAX_TIMEOUT}, got {timeout}")

@@ -9,6 +9,7 @@ state directly: they hand work to the loop (``on_loop``) and wait on entries.
 from __future__ import annotations
 
 import asyncio
+import collections
 import atexit
 import hashlib
 import itertools
@@ -23,10 +24,9 @@ from yrdask import protocol as P
 from yrdask.api.objects import Entry, ObjectRef, ObjectTable, not_initialized
 from yrdask.api.instance_router import Call, InstanceRouter
 from yrdask.api.submitter import Submitter, Task
-from yrdask.api.transport import Channel, DriverConnector, LocalChannel, WorkerConnector
 from yrdask.errors import (RemoteError, YRRuntimeError, YRTimeoutError, YRTypeError,
                            YRValueError)
-from yrdask.options import Config, check_config
+from yrdask.options import Config, check_config, resolve_security
 from yrdask.serialization import dumps, loads, pack_args
 
 logger = logging.getLogger("yrdask")
@@ -102,6 +102,8 @@ class Runtime:
         self.channels: dict[str, Any] = {}
         self._prefix = uuid.uuid4().hex[:10]
         self._counter = itertools.count()
+        self._inbox: collections.deque = collections.deque()  # (fn, args) from user threads
+        self._inbox_armed = False
         self.closed = False
 
     # -- plumbing --------------------------------------------------------------------------
@@ -115,10 +117,28 @@ class Runtime:
         return f"{self._prefix}{next(self._counter):x}"
 
     def on_loop(self, fn: Callable, *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop thread, in order.
+
+        Calls from user threads go through one inbox and one wake-up per batch: a burst of
+        submissions is handled in one loop pass, so the streams send it in one write.
+        """
         if threading.get_ident() == self.loop_thread:
             fn(*args)
-        else:
-            self.loop.call_soon_threadsafe(fn, *args)
+            return
+        self._inbox.append((fn, args))
+        if not self._inbox_armed:
+            self._inbox_armed = True
+            self.loop.call_soon_threadsafe(self._drain_inbox)
+
+    def _drain_inbox(self) -> None:
+        self._inbox_armed = False  # before draining: a later append arms a new pass
+        inbox = self._inbox
+        while inbox:
+            fn, args = inbox.popleft()
+            try:
+                fn(*args)
+            except Exception:
+                logger.exception("yr loop callback %r failed", fn)
 
     def run_sync(self, coro: Any, timeout: float | None = None) -> Any:
         """Run a coroutine on the loop from a user thread and wait for it."""
@@ -133,6 +153,8 @@ class Runtime:
     def channel(self, address: str) -> Any:
         chan = self.channels.get(address)
         if chan is None:
+            from yrdask.api.transport import Channel, LocalChannel
+
             if self.agent is not None and address == self.address:
                 chan = LocalChannel(self.agent, address, self.on_channel_message)
             else:
@@ -144,6 +166,12 @@ class Runtime:
     def on_channel_message(self, msg: dict) -> None:
         if msg["op"] == P.TASK_DONE and not self.router.on_done(msg):
             self.submitter.on_task_done(msg)
+
+    def worker_lost(self, address: str) -> None:
+        """The scheduler removed a worker: treat a channel to it as lost, socket or not."""
+        chan = self.channels.get(address)
+        if chan is not None and hasattr(chan, "abort"):
+            chan.abort()
 
     def on_channel_lost(self, address: str) -> None:
         self.channels.pop(address, None)
@@ -412,27 +440,36 @@ class DriverRuntime(Runtime):
         self.info: ClientInfo | None = None
 
     async def start(self) -> ClientInfo:
-        from distributed.security import Security
-        from distributed.utils import get_ip
-
         conf = self.conf
-        security = conf.security or Security()
-        address = conf.server_address
-        if address:
-            if "://" not in address:
-                address = f"{'tls' if security.require_encryption else 'tcp'}://{address}"
-            host = address.split("://", 1)[1].rsplit(":", 1)[0].strip("[]")
-            listen_host = "127.0.0.1" if host in ("127.0.0.1", "localhost") else get_ip(host)
-        else:
+        if not conf.server_address:
             from yrdask.api.cluster import EmbeddedCluster
 
             self.cluster = EmbeddedCluster(conf.num_cpus)
+            self.cluster.launch()  # its launcher imports distributed while this process does
+        from distributed.utils import get_ip
+
+        security = resolve_security(conf)  # Config.security, yr's TLS fields or Dask's config
+        connection_args = security.get_connection_args("client")
+        tls = connection_args["ssl_context"] is not None
+        address = conf.server_address
+        if address:
+            if "://" not in address:
+                address = f"{'tls' if tls or security.require_encryption else 'tcp'}://{address}"
+            _check_scheme(address, tls, security.require_encryption)
+            host = address.split("://", 1)[1].rsplit(":", 1)[0].strip("[]")
+            listen_host = "127.0.0.1" if host in ("127.0.0.1", "localhost") else get_ip(host)
+        else:
+            self.cluster.security = security if tls else None
             address = await self.cluster.start()
             listen_host = "127.0.0.1"
+        from yrdask.api.transport import DriverConnector
+
         self.connector = DriverConnector(
-            self, address, security.get_connection_args("client"),
-            security.get_listen_args("client"))
-        self.address = await self.connector.start(self.job_id, listen_host)
+            self, address, connection_args, security.get_listen_args("client"))
+        try:
+            self.address = await self.connector.start(self.job_id, listen_host)
+        except OSError as e:  # unreachable, or refused by TLS (CommClosedError is an OSError)
+            raise YRRuntimeError(f"cannot join the cluster at {address}: {e}") from e
         return ClientInfo(self.job_id, self.connector.dashboard, address)
 
     async def close(self) -> None:
@@ -441,6 +478,18 @@ class DriverRuntime(Runtime):
         finally:
             if self.cluster is not None:
                 await self.cluster.close()
+
+
+def _check_scheme(address: str, tls: bool, required: bool) -> None:
+    """A ``tls://`` address needs certificates; required encryption needs a ``tls://`` address."""
+    if address.startswith("tls://") and not tls:
+        raise YRValueError(
+            f"server_address {address!r} is a TLS address but no TLS certificates are set: give "
+            "Config(security=distributed.security.Security(tls_ca_file=..., tls_client_cert=..., "
+            "tls_client_key=...)) or set distributed.comm.tls.* in the Dask config")
+    if required and address.startswith("tcp://"):
+        raise YRValueError(f"server_address {address!r} is a tcp:// address, but the TLS "
+                           "settings require encryption: use tls://")
 
 
 def init(conf: Config | None = None) -> ClientInfo:
@@ -498,6 +547,8 @@ def install_worker_runtime(agent: Any) -> Runtime:
     rt.loop_thread = threading.get_ident()
     rt.agent = agent
     rt.address = agent.worker.address
+    from yrdask.api.transport import WorkerConnector
+
     rt.connector = WorkerConnector(rt, agent.worker)
     _runtime = rt
     return rt

@@ -10,10 +10,17 @@ How a task travels (all on the runtime's event loop thread):
    with the resources already accounted.
 3. An idle lease takes the next task and pushes it (``RUN_TASK``) over the call channel to
    its worker; ``TASK_DONE`` comes back on the same channel, and the lease takes the next.
+   Short tasks (their queue's average run time on the worker under ``pipeline_below_s``) are
+   *pipelined* when there is a backlog: a lease gets up to ``pipeline_depth`` tasks per
+   slot pushed at once, and the worker's lease gate starts each as the previous ends, so
+   the round trip is hidden.  Long tasks are not: they would wait behind each other on one
+   lease while another worker could run them.
 4. Leases idle for ``lease_idle_s`` go back to the scheduler, and at once when the scheduler
    revokes them because someone else waits.
 5. A lost channel (worker died) puts its in-flight tasks back in their queues, not counted
-   against ``retry_times``; a user exception reruns the task while ``retry_times`` lasts.
+   against ``retry_times``, and lease requests avoid that worker for ``avoid_lost_s`` (the
+   scheduler may not have noticed its death yet); a user exception reruns the task while
+   ``retry_times`` lasts.
 """
 
 from __future__ import annotations
@@ -75,15 +82,30 @@ class ShapeQueue:
     timeout_ms: int
     slots: int = 1
     name: str = ""
+    affinity: tuple = ()
     queue: deque = field(default_factory=deque)
     leases: list[Lease] = field(default_factory=list)
     requesting: int = 0
+    avg_s: float | None = None  # moving average of its tasks' run time on the worker
+
+
+def _data_home(sq: ShapeQueue) -> str | None:
+    """The worker keeping the large arguments of the queue's next task, if any: leasing
+    there saves moving them."""
+    if sq.queue:
+        for _oid, kind, payload in sq.queue[0].deps or ():
+            if kind == P.LOCATION:
+                return payload
+    return None
 
 
 class Submitter:
     """Per-process task submission engine (see module docstring)."""
 
     max_pending_requests = 4
+    pipeline_depth = 4
+    pipeline_below_s = 0.005
+    avoid_lost_s = 30.0
 
     def __init__(self, runtime: Any, lease_idle_s: float = 1.0) -> None:
         self.rt = runtime
@@ -95,6 +117,7 @@ class Submitter:
         self._reaper: asyncio.TimerHandle | None = None
         self.closed = False
         self.counts = {"local": 0, "forwarded": 0, "lease_requests": 0}
+        self.lost: dict[str, float] = {}  # worker -> until when lease requests avoid it
 
     # -- entry points (loop thread) --------------------------------------------------------
 
@@ -113,8 +136,9 @@ class Submitter:
         task.dep_refs = []
         sq = self.shapes.get(task.shape_key)
         if sq is None:
-            sq = self.shapes[task.shape_key] = ShapeQueue(task.shape, task.timeout_ms,
-                                                          task.shape_key[2], f"q{len(self.shapes)}")
+            sq = self.shapes[task.shape_key] = ShapeQueue(
+                task.shape, task.timeout_ms, task.shape_key[2], f"q{len(self.shapes)}",
+                task.shape_key[3])
         sq.queue.append(task)
         self._dispatch(sq)
 
@@ -124,6 +148,18 @@ class Submitter:
             return
         lease = task.lease
         task.lease = None
+        sq = self.shapes.get(task.shape_key)
+        if msg.get("requeue"):  # pipelined behind a long task: run it elsewhere, unpipelined
+            if sq is not None:
+                sq.avg_s = max(sq.avg_s or 0.0, 1.0)
+            if not task.cancelled:
+                self._requeue(task)
+            if lease is not None:
+                self._lease_free(lease, task)
+            return
+        took = msg.get("took")
+        if sq is not None and took is not None:
+            sq.avg_s = took if sq.avg_s is None else 0.8 * sq.avg_s + 0.2 * took
         error = msg.get("error")
         if error is not None and msg.get("retryable") and task.retries_left > 0 and not task.cancelled:
             task.retries_left -= 1
@@ -165,6 +201,7 @@ class Submitter:
 
     def on_channel_lost(self, worker: str) -> None:
         """The worker is gone: its leases are void and their tasks run again elsewhere."""
+        self.lost[worker] = time.monotonic() + self.avoid_lost_s
         lost = [l for l in self.leases.values() if l.worker == worker]
         for lease in lost:
             self._drop(lease)
@@ -205,14 +242,27 @@ class Submitter:
             entry.set_error(error)
 
     def _dispatch(self, sq: ShapeQueue) -> None:
-        for lease in sq.leases:
-            while sq.queue and len(lease.tasks) < lease.slots and not lease.revoked:
-                self._push(lease, sq.queue.popleft())
+        self._fill(sq, sq.leases)
         needed = -(-len(sq.queue) // sq.slots)  # leases to run the backlog at once
         want = min(needed, self.max_pending_requests) - sq.requesting
         for _ in range(max(0, want)):
             sq.requesting += 1
             self.rt.loop.create_task(self._request_lease(sq))
+
+    def _fill(self, sq: ShapeQueue, leases: list[Lease]) -> None:
+        """Give leases tasks to run, then, for short tasks with a backlog, to pipeline."""
+        leases = [lease for lease in leases if not lease.revoked]
+        for lease in leases:
+            while sq.queue and len(lease.tasks) < lease.slots:
+                self._push(lease, sq.queue.popleft())
+        if not sq.queue or sq.avg_s is None or sq.avg_s > self.pipeline_below_s:
+            return
+        for depth in range(2, self.pipeline_depth + 1):  # round robin over the leases
+            for lease in leases:
+                if not sq.queue:
+                    return
+                while sq.queue and len(lease.tasks) < lease.slots * depth:
+                    self._push(lease, sq.queue.popleft())
 
     def _push(self, lease: Lease, task: Task) -> None:
         self.queued.pop(task.task_id, None)
@@ -226,14 +276,17 @@ class Submitter:
         chan.send({
             "op": P.RUN_TASK, "task_id": task.task_id, "lease_id": lease.lease_id,
             "fn_id": task.fn_id, "fn": fn, "args": task.args, "deps": task.deps,
-            "nret": task.nret, "owner": task.owner, "name": task.name,
+            "nret": task.nret, "owner": task.owner, "name": task.name, "slots": lease.slots,
         })
 
     async def _request_lease(self, sq: ShapeQueue) -> None:
         self.counts["lease_requests"] += 1
+        now = time.monotonic()
+        self.lost = {w: t for w, t in self.lost.items() if t > now}
         try:
             lease_id, where = await self.rt.connector.request_lease(
-                sq.shape, sq.timeout_ms, sq.name)
+                sq.shape, sq.timeout_ms, sq.name, list(self.lost), sq.affinity,
+                _data_home(sq))
         except Exception as e:  # scheduler unreachable
             lease_id, where = None, f"lease request failed: {e!r}"
         finally:
@@ -266,8 +319,7 @@ class Submitter:
         if sq is None or (lease.revoked and not lease.tasks):
             self._return([lease])
         elif not lease.revoked:
-            while sq.queue and len(lease.tasks) < lease.slots:
-                self._push(lease, sq.queue.popleft())
+            self._fill(sq, [lease])
 
     def _return(self, leases: list[Lease]) -> None:
         for lease in leases:

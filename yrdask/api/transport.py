@@ -17,6 +17,8 @@ import asyncio
 import logging
 from typing import Any, Callable
 
+import dask
+from dask.utils import parse_timedelta
 from distributed.comm import connect
 from distributed.comm.core import CommClosedError
 from distributed.core import ConnectionPool, Server
@@ -26,6 +28,8 @@ from yrdask.stream import StreamSender
 from yrdask.errors import YRRuntimeError
 
 logger = logging.getLogger("yrdask.transport")
+
+CONNECT_TIMEOUT_S = 10.0  # a channel to a dead worker fails fast (Dask's default retries 30 s)
 
 
 class Channel:
@@ -56,7 +60,8 @@ class Channel:
 
     async def _run(self) -> None:
         try:
-            self.comm = comm = await connect(self.address, **self.connection_args)
+            self.comm = comm = await connect(self.address, timeout=CONNECT_TIMEOUT_S,
+                                             **self.connection_args)
             await comm.write({"op": P.OPEN_CHANNEL, "caller": self.caller, "reply": False})
             self.stream = StreamSender(comm)
             backlog, self.backlog = self.backlog, None
@@ -77,6 +82,13 @@ class Channel:
                 self.on_lost(self.address)
             if self.comm is not None and not self.comm.closed():
                 self.comm.abort()
+
+    def abort(self) -> None:
+        """Drop a channel to a worker Dask has removed: the reader then reports the loss."""
+        if self.comm is not None and not self.comm.closed():
+            self.comm.abort()
+        else:
+            self.task.cancel()
 
     async def close(self) -> None:
         self.closed = True
@@ -128,8 +140,11 @@ class DriverConnector:
         """Open the owner server and the job stream; returns the owner address."""
         await self.pool.start()
         scheme = self.scheduler_address.split("://")[0] if "://" in self.scheduler_address else "tcp"
+        if scheme not in ("tcp", "tls"):  # a proxy's scheme (gateway://) has no listener
+            scheme = "tls" if self.listen_args.get("ssl_context") is not None else "tcp"
         await self.server.listen(f"{scheme}://{listen_host}:0", **self.listen_args)
         address = self.server.listen_address
+        await self._wait_for_extension()
         self.comm = comm = await connect(self.scheduler_address, **self.connection_args)
         await comm.write({"op": P.CONNECT_JOB, "job_id": job_id, "owner_address": address,
                           "protocol_version": P.PROTOCOL_VERSION, "reply": False})
@@ -142,6 +157,23 @@ class DriverConnector:
         self.reader = asyncio.get_running_loop().create_task(self._read())
         return address
 
+    async def _wait_for_extension(self) -> None:
+        """Wait until the scheduler has yr's handlers (unknown ops get ``None`` back).
+
+        A scheduler writes its address file and listens before its preloads run, so a driver
+        can arrive first; a scheduler started without ``--preload yrdask`` never gets them.
+        """
+        loop = asyncio.get_running_loop()
+        timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
+        deadline = loop.time() + timeout
+        while await self.scheduler_rpc(P.CLUSTER_INFO) is None:
+            if loop.time() > deadline:
+                raise YRRuntimeError(
+                    f"the scheduler at {self.scheduler_address} has no yrdask extension: start it "
+                    "with `dask scheduler --preload yrdask` (or the Dask config in "
+                    "plugins/yrdask.yaml)")
+            await asyncio.sleep(0.05)
+
     async def _read(self) -> None:
         try:
             while True:
@@ -149,12 +181,16 @@ class DriverConnector:
                 for msg in msgs if isinstance(msgs, (list, tuple)) else (msgs,):
                     if msg.get("op") == P.REVOKE_LEASES:
                         self.rt.submitter.revoke(msg["lease_ids"])
+                    elif msg.get("op") == P.WORKER_LOST:
+                        self.rt.worker_lost(msg["worker"])
         except (CommClosedError, OSError, asyncio.CancelledError):
             pass
 
-    async def request_lease(self, shape: dict, timeout_ms: int, queue: str) -> list:
+    async def request_lease(self, shape: dict, timeout_ms: int, queue: str,
+                            avoid: list[str], affinity: tuple, near: str | None) -> list:
         return await self.pool(self.scheduler_address).yr_request_lease(
-            owner=self.rt.address, shape=shape, timeout_ms=timeout_ms, local=None, queue=queue)
+            owner=self.rt.address, shape=shape, timeout_ms=timeout_ms, local=near, queue=queue,
+            avoid=avoid, affinity=affinity)
 
     async def scheduler_rpc(self, op: str, **kwargs: Any) -> Any:
         return await getattr(self.pool(self.scheduler_address), op)(**kwargs)
@@ -200,10 +236,15 @@ class WorkerConnector:
         self.connection_args = worker.connection_args
         self.blocked: dict[str, int] = {}
 
-    async def request_lease(self, shape: dict, timeout_ms: int, queue: str) -> list:
+    async def request_lease(self, shape: dict, timeout_ms: int, queue: str,
+                            avoid: list[str], affinity: tuple, near: str | None) -> list:
+        """Local first: the scheduler places the lease on this worker when it fits and the
+        worker's queue is short (``yrdask.scheduling.*``), else where the cluster has room.
+        Where large arguments live (``near``) comes before local."""
+        local = near or (self.worker.address if self.rt.agent.prefers_local() else None)
         return await self.worker.scheduler.yr_request_lease(
             owner=self.worker.address, shape=shape, timeout_ms=timeout_ms,
-            local=self.worker.address, queue=queue)
+            local=local, queue=queue, avoid=avoid, affinity=affinity)
 
     async def scheduler_rpc(self, op: str, **kwargs: Any) -> Any:
         return await getattr(self.worker.scheduler, op)(**kwargs)
@@ -220,6 +261,7 @@ class WorkerConnector:
 
     def notify_blocked(self, holding_id: str, blocked: bool) -> None:
         """Lend the CPU of a lease or instance while its threads wait in ``yr.get``."""
+        self.rt.agent.gate.blocked(holding_id, blocked)  # at once, from the task's thread
         self.rt.on_loop(self._blocked, holding_id, blocked)
 
     def _blocked(self, holding_id: str, blocked: bool) -> None:

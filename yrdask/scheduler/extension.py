@@ -14,6 +14,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,29 +22,18 @@ from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps as pickle_dumps
 
+from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
 from yrdask.stream import StreamSender
 from yrdask.scheduler.instance_manager import InstanceManager
+from yrdask.scheduler.figures import SchedulingFigures
+from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
 from yrdask.scheduler.resources import Holding, Ledger, Shape, format_shape
 
 logger = logging.getLogger("yrdask.scheduler")
 
 EXTENSION_NAME = "yr"
-
-
-@dataclass
-class LeaseRequest:
-    """A lease request waiting for resources."""
-
-    owner: str
-    shape: Shape
-    local: str | None
-    future: asyncio.Future
-    deadline: float | None
-    kind: str = "lease"
-    holding_id: str | None = None
-    queue: str = ""  # the submitter's queue the lease is for
-    revoked: set[str] = field(default_factory=set)
+LOAD_REFRESH_MS = 1000  # how often worker load reports (heartbeats) reach the ledger
 
 
 @dataclass
@@ -65,8 +55,11 @@ class YrSchedulerExtension:
         self.pending: list[LeaseRequest] = []
         self.pending_workers: dict[str, Shape] = {}  # registered with yr before Dask knew them
         self.worker_added = asyncio.Event()  # set on each yr worker registration
+        self._gone: dict[str, asyncio.Event] = {}  # worker address -> set once removed
         self._ids = itertools.count(1)
-        self.counters = {"leases_granted": 0, "leases_local": 0, "lease_timeouts": 0}
+        self.counters = {"leases_granted": 0, "leases_local": 0, "leases_forwarded": 0,
+                         "lease_timeouts": 0}
+        self.figures = SchedulingFigures()
         scheduler.extensions[EXTENSION_NAME] = self
         scheduler.handlers.update(
             {
@@ -87,12 +80,24 @@ class YrSchedulerExtension:
         scheduler.add_plugin(_Hooks(self), name="yrdask-hooks")
 
     async def start(self) -> None:
-        """Install the worker agent on every current and future worker."""
+        """Install the worker agent on every current and future worker, and the dashboard."""
         from yrdask.worker.plugin import YrWorkerPlugin
 
         await self.scheduler.register_worker_plugin(
             None, pickle_dumps(YrWorkerPlugin()), name=YrWorkerPlugin.name, idempotent=True
         )
+        from tornado.ioloop import PeriodicCallback
+
+        pc = PeriodicCallback(self.refresh_loads, LOAD_REFRESH_MS)
+        self.scheduler.periodic_callbacks["yr-loads"] = pc
+        pc.start()
+        try:  # monitoring (docs/monitoring.md) must never keep the scheduler from serving yr
+            from yrdask.dashboard import install as install_dashboard
+
+            install_dashboard(self.scheduler)
+        except Exception:
+            logger.warning("yr dashboard pages, JSON API and metrics not installed",
+                           exc_info=True)
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -124,6 +129,29 @@ class YrSchedulerExtension:
         # Leases a submitter on that worker held elsewhere die with it.
         self._release_owned_by(address)
         self.instances.on_worker_lost(address)
+        gone = self._gone.pop(address, None)
+        if gone is not None:
+            gone.set()
+        msg = {"op": P.WORKER_LOST, "worker": address}
+        for job in list(self.jobs.values()):
+            self._send_to_owner(job.owner, msg)
+        for worker in self.scheduler.workers:
+            if worker != address:
+                self._send_to_owner(worker, dict(msg))
+
+    async def worker_gone(self, address: str, timeout: float) -> bool:
+        """Wait until Dask has removed ``address`` (a caller lost its channel to it).
+
+        True once it is gone; False after ``timeout`` s (the worker may be alive after all).
+        """
+        if address not in self.scheduler.workers:
+            return True
+        gone = self._gone.setdefault(address, asyncio.Event())
+        try:
+            await asyncio.wait_for(gone.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
 
     # -- jobs ------------------------------------------------------------------------------
 
@@ -171,28 +199,54 @@ class YrSchedulerExtension:
 
     def cluster_info(self) -> dict:
         return {"workers": self.ledger.snapshot(), "dashboard": self.dashboard_link(),
-                "counters": dict(self.counters), "instances": self.instances.lifecycle.snapshot()}
+                "counters": dict(self.counters), "instances": self.instances.lifecycle.snapshot(),
+                "placement": self.figures.snapshot(), "scheduling": self.worker_scheduling()}
+
+    def worker_scheduling(self) -> dict[str, dict]:
+        """Each worker's last heartbeat report of its yr load and local/forwarded counts."""
+        out = {}
+        for address, ws in self.scheduler.workers.items():
+            report = (ws.metrics or {}).get("yr")
+            if report:
+                out[address] = {k: v for k, v in report.items() if k != "instances"}
+        return out
+
+    def refresh_loads(self) -> None:
+        """Copy the queue lengths workers report with their heartbeats into the ledger."""
+        for address, wr in self.ledger.workers.items():
+            ws = self.scheduler.workers.get(address)
+            report = (ws.metrics or {}).get("yr") if ws is not None else None
+            if report:
+                wr.load = float(report.get("tasks_queued", 0))
 
     # -- leases ----------------------------------------------------------------------------
 
     async def request_lease(self, owner: str, shape: Shape, timeout_ms: int,
-                            local: str | None = None, queue: str = "") -> list:
+                            local: str | None = None, queue: str = "",
+                            avoid: list[str] | None = None, affinity: list | None = None) -> list:
         """Grant a lease now, or queue the request until resources free up or time runs out.
 
         Reply: ``[lease_id, worker]``, or ``[None, reason]`` when it cannot be met in time.
         """
-        return await self._acquire(owner, shape, timeout_ms, local, "lease", None, queue)
+        return await self.acquire(LeaseRequest(
+            owner, shape_of(shape), local=local, queue=queue, avoid=tuple(avoid or ()),
+            affinity=freeze(affinity)), timeout_ms)
 
-    async def _acquire(self, owner: str, shape: Shape, timeout_ms: int, local: str | None,
-                       kind: str, holding_id: str | None, queue: str = "") -> list:
-        shape = {r: float(a) for r, a in shape.items()}
-        granted = self._grant(owner, shape, local, kind, holding_id, queue)
-        if granted is not None:
-            return granted
+    async def acquire(self, req: LeaseRequest, timeout_ms: int) -> list:
+        """Hold ``req``'s resources on a worker: ``[holding_id, worker]`` or ``[None, why]``."""
+        t0 = time.perf_counter()
+        try:
+            granted = self._grant(req)
+            if granted is not None:
+                return granted
+            return await self._wait(req, timeout_ms)
+        finally:
+            self.figures.placed(req.kind, time.perf_counter() - t0)
+
+    async def _wait(self, req: LeaseRequest, timeout_ms: int) -> list:
         loop = asyncio.get_running_loop()
-        deadline = None if timeout_ms < 0 else loop.time() + timeout_ms / 1000
-        req = LeaseRequest(owner, shape, local, loop.create_future(), deadline, kind, holding_id,
-                           queue)
+        req.future = loop.create_future()
+        req.deadline = None if timeout_ms < 0 else loop.time() + timeout_ms / 1000
         self.pending.append(req)
         self._revoke_for(req)
         try:
@@ -201,48 +255,47 @@ class YrSchedulerExtension:
                 try:
                     return await asyncio.wait_for(asyncio.shield(req.future), wait)
                 except asyncio.TimeoutError:
-                    if self._could_free(req.shape):
+                    if self._could_free(req):
                         # Running tasks hold what it needs: they will end, keep waiting.
                         req.deadline = loop.time() + max(timeout_ms, 1000) / 1000
                         self._revoke_for(req)
                         continue
                     self.counters["lease_timeouts"] += 1
-                    return [None, self.ledger.explain_unfit(req.shape)]
+                    return [None, self.ledger.explain_unfit(req.shape, req.affinity)]
         finally:
             if req in self.pending:
                 self.pending.remove(req)
 
-    def _grant(self, owner: str, shape: Shape, local: str | None, kind: str = "lease",
-               holding_id: str | None = None, queue: str = "") -> list | None:
-        worker = self.ledger.choose(shape, prefer=local)
+    def _grant(self, req: LeaseRequest) -> list | None:
+        worker = self.ledger.choose(req.shape, prefer=req.local, avoid=req.avoid,
+                                    affinity=req.affinity)
         if worker is None:
             return None
-        holding_id = holding_id or f"L{next(self._ids)}"
-        self.ledger.hold(Holding(holding_id, kind, worker, shape, owner, queue=queue))
-        if kind == "lease":
+        holding_id = req.holding_id or f"L{next(self._ids)}"
+        self.ledger.hold(Holding(holding_id, req.kind, worker, req.shape, req.owner,
+                                 queue=req.queue, labels=req.labels))
+        if req.kind == "lease":
             self.counters["leases_granted"] += 1
-            if worker == local:
-                self.counters["leases_local"] += 1
+            self.counters["leases_local" if worker == req.local else "leases_forwarded"] += 1
         return [holding_id, worker]
 
     def _grant_pending(self) -> None:
         for req in list(self.pending):
             if req.future.done():
                 continue
-            granted = self._grant(req.owner, req.shape, req.local, req.kind, req.holding_id,
-                                  req.queue)
+            granted = self._grant(req)
             if granted is not None:
                 req.future.set_result(granted)
                 self.pending.remove(req)
 
-    def _could_free(self, shape: Shape) -> bool:
-        """True if leases (tasks) hold resources on a worker that could run ``shape``."""
-        return bool(self.ledger.lease_holders_on_fitting_workers(shape))
+    def _could_free(self, req: LeaseRequest) -> bool:
+        """True if leases (tasks) hold resources on a worker that could run the request."""
+        return bool(self.ledger.lease_holders_on_fitting_workers(req.shape, req.affinity))
 
     def _revoke_for(self, req: LeaseRequest) -> None:
         """Ask the owners of leases that stand in the way to return the idle ones."""
         by_owner: dict[str, list[str]] = {}
-        for h in self.ledger.lease_holders_on_fitting_workers(req.shape):
+        for h in self.ledger.lease_holders_on_fitting_workers(req.shape, req.affinity):
             mine = h.owner == req.owner and h.queue == req.queue  # it serves this very queue
             if not mine and h.holding_id not in req.revoked:
                 req.revoked.add(h.holding_id)

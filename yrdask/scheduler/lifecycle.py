@@ -10,6 +10,10 @@ returns (stop these instances on their workers, release their resources).  The r
 * Unnamed, non-detached instances end when no process holds a handle and no handle is in
   transit (pickled but not yet unpickled).  Callers count pending calls as handles.
 * Named instances live until terminated or their owner ends; detached ones until terminated.
+* When the process hosting an instance dies, the instance restarts (``RESTARTING``, then
+  ``ALIVE`` again on another worker) while it has ``recover_retry_times`` left (-1: no
+  limit); otherwise it ends.  Its non-detached children end either way: the process that
+  owned them is gone.  Terminate, reference release and an owner's end never restart.
 """
 
 from __future__ import annotations
@@ -37,6 +41,12 @@ class InstanceRecord:
     transit: set[str] = field(default_factory=set)
     created_at: float = field(default_factory=time.time)
     restarts: int = 0
+    checkpoint: bytes | None = None  # the last yr.save_state() of the instance
+
+    @property
+    def can_restart(self) -> bool:
+        limit = self.spec.get("recover_retry_times") or 0
+        return limit == -1 or self.restarts < limit
 
     @property
     def refcounted(self) -> bool:
@@ -57,6 +67,7 @@ class Lifecycle:
         self.released_tokens: set[str] = set()  # arrived before their registration
         self.aliases: dict[str, str] = {}  # id of a named creation that bound an existing one
         self.story: list[tuple] = []  # (time, instance_id, event, detail) for debugging
+        self.graveyard: dict[str, str] = {}  # forgotten instance -> why it ended (bounded)
 
     def _log(self, iid: str, event: str, detail: str = "") -> None:
         self.story.append((time.time(), iid, event, detail))
@@ -125,6 +136,10 @@ class Lifecycle:
         rec = self.instances.get(iid)
         if rec is not None and rec.state == P.DEAD:
             del self.instances[iid]
+            self.graveyard[iid] = rec.reason
+            if len(self.graveyard) > 10_000:
+                for old in list(self.graveyard)[:5_000]:
+                    del self.graveyard[old]
             if self.aliases:
                 for alias in [a for a, real in self.aliases.items() if real == iid]:
                     del self.aliases[alias]
@@ -140,11 +155,29 @@ class Lifecycle:
             self.children.pop(owner, None)
         return ended
 
-    def on_worker_lost(self, worker: str) -> list[InstanceRecord]:
+    def on_worker_lost(self, worker: str) -> tuple[list[InstanceRecord], list[InstanceRecord]]:
+        """The instances of a dead worker: ``(restarting, ended)``."""
+        restarting: list[InstanceRecord] = []
         ended: list[InstanceRecord] = []
-        for rec in [r for r in self.instances.values() if r.worker == worker and r.state != P.DEAD]:
-            ended += self.end(rec.instance_id, f"its worker {worker} was lost")
-        return ended
+        for rec in [r for r in self.instances.values() if r.worker == worker]:
+            if rec.state == P.DEAD:  # ended above, as a child of another one
+                continue
+            cause = f"its worker {worker} was lost"
+            if not rec.can_restart:
+                limit = rec.spec.get("recover_retry_times") or 0
+                if limit:
+                    cause += f" and it had used all its {limit} restarts"
+                ended += self.end(rec.instance_id, cause)
+                continue
+            rec.restarts += 1
+            rec.state, rec.worker, rec.reason = P.RESTARTING, None, cause
+            self._log(rec.instance_id, P.RESTARTING, f"{cause} (restart {rec.restarts})")
+            for child in list(self.children.get(rec.instance_id, ())):
+                crec = self.instances.get(child)
+                if crec is not None and not crec.detached:
+                    ended += self.end(child, f"its owner {rec.instance_id} was restarted ({cause})")
+            restarting.append(rec)
+        return [r for r in restarting if r.state != P.DEAD], ended
 
     # -- handle reference counting ---------------------------------------------------------
 

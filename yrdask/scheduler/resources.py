@@ -10,7 +10,10 @@ Holdings of kind ``"lease"`` can be lent back while their task is blocked in ``y
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
+
+from yrdask.affinity import AffinityKind, Wire, describe, evaluate, parse_labels
 
 EPS = 1e-9
 
@@ -28,6 +31,7 @@ class Holding:
     owner: str
     lent_cpu: bool = False
     queue: str = ""  # for leases: which of the owner's task queues it serves
+    labels: tuple[str, ...] = ()  # for instances: their InvokeOptions.labels
 
 
 @dataclass
@@ -38,6 +42,7 @@ class WorkerResources:
     capacity: Shape
     held: Shape = field(default_factory=dict)
     holdings: set[str] = field(default_factory=set)
+    load: float = 0.0  # queued yr work the worker last reported (heartbeat)
 
     def free(self, resource: str) -> float:
         return self.capacity.get(resource, 0.0) - self.held.get(resource, 0.0)
@@ -105,44 +110,63 @@ class Ledger:
 
     # -- placement -------------------------------------------------------------------------
 
-    def choose(self, shape: Shape, prefer: str | None = None) -> str | None:
+    def labels(self, ws: WorkerResources) -> dict[int, dict[str, set[str]]]:
+        """A worker's labels by affinity kind (see :mod:`yrdask.affinity`)."""
+        own = {"NODE_ID": {ws.address}, "NODE_IP": {_host(ws.address)}}
+        own.update({r: {f"{a:g}"} for r, a in ws.capacity.items()})
+        inst = parse_labels(label for h in ws.holdings if h in self.holdings
+                            for label in self.holdings[h].labels)
+        return {AffinityKind.RESOURCE: own, AffinityKind.INSTANCE: inst}
+
+    def _allowed(self, ws: WorkerResources, affinity: Wire) -> tuple[bool, int]:
+        return evaluate(affinity, self.labels(ws)) if affinity else (True, 0)
+
+    def choose(self, shape: Shape, prefer: str | None = None, avoid: Collection[str] = (),
+               affinity: Wire = ()) -> str | None:
         """The worker to place ``shape`` on now, or None if nothing fits at the moment.
 
-        ``prefer`` (the submitter's own worker) wins when it fits: nested work stays local.
-        Otherwise the worker with the largest free CPU fraction, which spreads load.
+        Hard affinities filter; then soft affinities rank.  Among the best, ``prefer`` (the
+        submitter's own worker, or where its large arguments are) wins when it fits: nested
+        work stays local.  Otherwise the worker with the largest free CPU fraction and the
+        shortest reported queue, which spreads load.  ``avoid`` lists workers the requester
+        just lost its channel to (dying, not yet gone).
         """
-        if prefer is not None:
-            ws = self.workers.get(prefer)
-            if ws is not None and ws.fits_now(shape):
-                return prefer
         best, best_key = None, None
         for ws in self.workers.values():
-            if not ws.fits_now(shape):
+            if ws.address in avoid or not ws.fits_now(shape):
+                continue
+            allowed, preference = self._allowed(ws, affinity)
+            if not allowed:
                 continue
             cap = ws.capacity.get("CPU", 0.0) or 1.0
-            key = (ws.free("CPU") / cap, -len(ws.holdings))
+            key = (preference, ws.address == prefer, ws.free("CPU") / cap, -ws.load,
+                   -len(ws.holdings))
             if best_key is None or key > best_key:
                 best, best_key = ws.address, key
         return best
 
-    def could_ever_fit(self, shape: Shape) -> bool:
-        return any(ws.could_ever_fit(shape) for ws in self.workers.values())
+    def could_ever_fit(self, shape: Shape, affinity: Wire = ()) -> bool:
+        return any(ws.could_ever_fit(shape) and self._allowed(ws, affinity)[0]
+                   for ws in self.workers.values())
 
-    def lease_holders_on_fitting_workers(self, shape: Shape) -> list[Holding]:
+    def lease_holders_on_fitting_workers(self, shape: Shape, affinity: Wire = ()) -> list[Holding]:
         """Leases on workers that could run ``shape``: returning them may make room."""
         return [
             self.holdings[h]
             for ws in self.workers.values()
-            if ws.could_ever_fit(shape)
+            if ws.could_ever_fit(shape) and self._allowed(ws, affinity)[0]
             for h in ws.holdings
             if self.holdings[h].kind == "lease"
         ]
 
-    def explain_unfit(self, shape: Shape) -> str:
+    def explain_unfit(self, shape: Shape, affinity: Wire = ()) -> str:
         """Why ``shape`` cannot be placed: what it needs, what the cluster offers and holds."""
         need = format_shape(shape)
         if not self.workers:
             return f"request {need} cannot be scheduled: the cluster has no yr workers"
+        if affinity and not any(self._allowed(ws, affinity)[0] for ws in self.workers.values()):
+            return (f"request {need} cannot be scheduled: no worker satisfies its affinity "
+                    f"{describe(affinity)}; workers: {', '.join(sorted(self.workers))}")
         if not self.could_ever_fit(shape):
             missing = sorted(
                 r for r, a in shape.items()
@@ -176,6 +200,11 @@ class Ledger:
             a: {"capacity": dict(ws.capacity), "held": dict(ws.held)}
             for a, ws in self.workers.items()
         }
+
+
+def _host(address: str) -> str:
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
+    return host.strip("[]")
 
 
 def format_shape(shape: Shape) -> str:

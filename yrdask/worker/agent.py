@@ -16,6 +16,7 @@ import asyncio
 import ctypes
 import logging
 import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -24,10 +25,12 @@ import dask
 import psutil
 from distributed.comm.core import CommClosedError
 
+from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
 from yrdask.api.runtime import install_worker_runtime, task_context, uninstall_worker_runtime
 from yrdask.stream import StreamSender
 from yrdask.worker.hosting import HostedInstance
+from yrdask.worker.lease_gate import LeaseGate
 from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, YRRuntimeError,
                            user_traceback)
 from yrdask.serialization import dumps, loads, unpack_args
@@ -80,6 +83,7 @@ class WorkerAgent:
         self.running: dict[str, int] = {}  # task id -> thread ident
         self.cancelled: set[str] = set()
         self.executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="yr-task")
+        self.gate = LeaseGate(self._start_task, self._bounce_task, self.loop)
         self.inline_limit = 512 * 1024
         self.instances: dict[str, HostedInstance] = {}
         self.early_calls: dict[str, list] = {}  # calls that beat their START_INSTANCE here
@@ -92,6 +96,7 @@ class WorkerAgent:
         })
         worker.stream_handlers.update({
             P.REVOKE_LEASES: self.revoke_leases,
+            P.WORKER_LOST: self.worker_lost,
             P.START_INSTANCE: self.start_instance,
         })
         self.runtime = install_worker_runtime(self)
@@ -107,6 +112,13 @@ class WorkerAgent:
         cap.update({k: float(v) for k, v in self.worker.state.total_resources.items()})
         return cap
 
+    def prefers_local(self) -> bool:
+        """Local first: ask for leases on this worker while its yr queue is short."""
+        if not dask.config.get("yrdask.scheduling.local-first"):
+            return False
+        load = len(self.running) + self.gate.queued()
+        return load <= dask.config.get("yrdask.scheduling.local-queue-limit")
+
     def metrics(self) -> dict[str, Any]:
         """Load report sent with every Dask heartbeat (``ws.metrics["yr"]`` on the scheduler).
 
@@ -115,7 +127,7 @@ class WorkerAgent:
         """
         return {
             "tasks_running": len(self.running),
-            "tasks_queued": self.executor._work_queue.qsize(),
+            "tasks_queued": self.gate.queued(),
             "tasks_done": self.tasks_done,
             "instances": {iid: [inst.calls_done, len(inst.pending)]
                           for iid, inst in self.instances.items()},
@@ -165,7 +177,21 @@ class WorkerAgent:
     def run_task(self, peer: Any, msg: dict) -> None:
         if msg["fn"] is not None:
             self.fn_payloads[msg["fn_id"]] = msg["fn"]
-        self.executor.submit(self._execute, peer, msg)
+        self.gate.push(msg["lease_id"], msg.get("slots", 1), (peer, msg))
+
+    def _start_task(self, item: tuple) -> None:
+        self.executor.submit(self._execute_gated, *item)
+
+    def _bounce_task(self, item: tuple) -> None:
+        """A pipelined task waited too long behind its lease's running ones: hand it back."""
+        peer, msg = item
+        peer.reply({"op": P.TASK_DONE, "task_id": msg["task_id"], "requeue": True})
+
+    def _execute_gated(self, peer: Any, msg: dict) -> None:
+        try:
+            self._execute(peer, msg)
+        finally:
+            self.gate.done(msg["lease_id"])
 
     def payloads(self, deps: list) -> list[bytes]:
         """Pickled values of a call's ref arguments; fetches remote ones (not on the loop)."""
@@ -189,6 +215,7 @@ class WorkerAgent:
         except BaseException as e:  # noqa: BLE001
             return self._reply_error(peer, task_id, e, traceback.format_exc(), False)
         self.running[task_id] = threading.get_ident()
+        t0 = time.perf_counter()
         try:
             with task_context(msg["lease_id"], msg["owner"]):
                 result = fn(*args, **kwargs)
@@ -198,7 +225,8 @@ class WorkerAgent:
             return self._reply_error(peer, task_id, e, user_traceback(), True)
         self.running.pop(task_id, None)
         self.tasks_done += 1
-        peer.reply({"op": P.TASK_DONE, "task_id": task_id, "results": results})
+        peer.reply({"op": P.TASK_DONE, "task_id": task_id, "results": results,
+                    "took": time.perf_counter() - t0})
 
     def _reply_error(self, peer: Any, task_id: str, exc: BaseException, tb: str, retryable: bool) -> None:
         err = RemoteError.from_exception(exc, tb)
@@ -248,6 +276,9 @@ class WorkerAgent:
     def free_objects(self, object_ids: list[str]) -> None:
         for oid in object_ids:
             self.store.pop(oid, None)
+
+    def worker_lost(self, worker: str) -> None:
+        self.runtime.worker_lost(worker)
 
     def revoke_leases(self, lease_ids: list[str]) -> None:
         self.runtime.submitter.revoke(lease_ids)

@@ -102,12 +102,17 @@ class HostedInstance:
         return task_context(self.instance_id, self.instance_id)
 
     def _construct(self, deps: list) -> Any:
+        """``__init__`` with the creation arguments, or the last checkpoint on a restart."""
         try:
             cls = loads(self.spec["cls"])
-            args, kwargs = unpack_args(self.spec["args"],
-                                       [loads(p) for p in self.agent.payloads(deps)])
+            checkpoint = self.spec.get("checkpoint")
             with self._context():
-                self.obj = cls(*args, **kwargs)
+                if checkpoint is not None:
+                    self.obj = loads(checkpoint)
+                else:
+                    args, kwargs = unpack_args(self.spec["args"],
+                                               [loads(p) for p in self.agent.payloads(deps)])
+                    self.obj = cls(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - every call will report it
             self.init_error = dumps(RemoteError.from_exception(e, user_traceback()))
         self.agent.report_state(self.instance_id, "ALIVE", self.init_error)

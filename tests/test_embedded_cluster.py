@@ -1,0 +1,276 @@
+"""The embedded cluster of ``yr.init()`` (``yrdask/api/cluster.py``): how it starts and stops.
+
+Its workers are forked by Dask nannies inside one launcher subprocess (``python -c`` running
+``serve_workers``).  These tests hold what that design promises: the user's script runs once
+(no ``__main__`` guard needed), also when a nanny restarts a killed worker; a worker killed
+with SIGKILL or SIGTERM is forked again and rejoins with the yr agent and runs work;
+``yr.finalize()`` is quick even with a task that never returns and leaves no process behind,
+nor does a killed driver or launcher; the Dask dashboard is mounted at its first request;
+``import yrdask`` does not import distributed (the launcher's imports overlap the driver's).
+
+Every test that kills something starts its own cluster.  Order comes from files a task
+writes or waits for and from ``wait_until`` on state, never from sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+import yrdask as yr
+from conftest import wait_until
+from yrdask.api.cluster import TOKEN_ENV
+
+pytestmark = pytest.mark.timeout(180)
+
+T = 60  # seconds: explicit yr.get bound, well under the test time-out
+ONE_CPU = yr.InvokeOptions(cpu=1000)  # one per worker process of a num_cpus=2 cluster
+# Its own resource shape for ``meet``: the submitter pipelines a backlog of a shape whose
+# earlier tasks were short onto one worker, and meeting tasks must run side by side.
+MEET = yr.InvokeOptions(cpu=1000, memory=100)
+
+
+def wait_for_file(path: str, timeout: float = 60) -> None:
+    """Block (inside a task) until ``path`` exists."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+
+
+@yr.invoke
+def where() -> tuple[int, str]:
+    return os.getpid(), yr.get_node_id()
+
+
+@yr.invoke
+def meet(folder: str, n: int) -> tuple[int, str]:
+    """Check in, then wait until ``n`` tasks checked in: they ran at the same time."""
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {os.listdir(folder)} checked in")
+        time.sleep(0.01)
+    return os.getpid(), yr.get_node_id()
+
+
+@yr.invoke
+def stuck(started: str) -> None:
+    """Signal that it runs, then never return (waits for a file nobody creates)."""
+    open(started, "w").close()
+    wait_for_file(started + ".never", timeout=3600)
+
+
+def launcher() -> psutil.Process:
+    """The embedded cluster's launcher: the child of this process that runs the nannies."""
+    def ours(p: psutil.Process) -> bool:
+        try:
+            return TOKEN_ENV in p.environ()
+        except psutil.Error:
+            return False
+
+    found = [p for p in psutil.Process().children() if ours(p)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def node_ids() -> set[str]:
+    return {n["id"] for n in yr.resources()}
+
+
+def replaced(node: str) -> set[str] | None:
+    """The node ids once two workers are up again and ``node`` is not one of them."""
+    ids = node_ids()
+    return ids if len(ids) == 2 and node not in ids else None
+
+
+@pytest.fixture
+def own_cluster(cluster):
+    """A fresh embedded cluster (num_cpus=2) for a test that kills parts of it."""
+    cluster.finalize()
+    yr.init(yr.Config(num_cpus=2))
+    try:
+        yield
+    finally:
+        yr.finalize()
+
+
+def run_driver(tmp_path, body: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``body`` as a user's script (``python script.py``, no ``__main__`` guard)."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body))
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_script_without_main_guard_runs_once(tmp_path):
+    """Workers never import the user's script: not at startup, not after a nanny restart."""
+    runs = tmp_path / "runs"
+    result = run_driver(tmp_path, f"""
+        import os, signal, time
+        import yrdask as yr
+
+        with open({str(runs)!r}, "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
+
+        @yr.invoke
+        def where():
+            return os.getpid(), yr.get_node_id()
+
+        def nodes():
+            return {{n["id"] for n in yr.resources()}}
+
+        yr.init(yr.Config(num_cpus=2))
+        pid, node = yr.get(where.invoke(), timeout=60)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while len(now := nodes()) < 2 or node in now:
+            assert time.monotonic() < deadline, "the killed worker did not come back"
+        one_cpu = yr.InvokeOptions(cpu=1000)
+        yr.get([where.options(one_cpu).invoke() for _ in range(4)], timeout=60)
+        yr.finalize()
+        print("DRIVER", os.getpid())
+    """)
+    assert result.returncode == 0 and "DRIVER" in result.stdout, result.stderr[-3000:]
+    driver = result.stdout.split("DRIVER", 1)[1].split()[0]
+    assert runs.read_text().split() == [driver], runs.read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_killed_worker_is_forked_again_and_rejoins_with_the_agent(own_cluster, tmp_path, sig):
+    """SIGTERM too: Dask stops workers with it (memory limit) and expects them to die at once,
+    although the process they are forked from handles it (``dask worker`` closes on it)."""
+    nanny_process = launcher()
+    pid, node = yr.get(where.options(ONE_CPU).invoke(), timeout=T)
+    assert psutil.Process(pid).ppid() == nanny_process.pid  # forked by a nanny in the launcher
+    before = node_ids()
+    assert node in before and len(before) == 2
+
+    os.kill(pid, sig)
+    # A node is listed once its worker's yr agent registered with the scheduler extension.
+    now = wait_until(lambda: replaced(node), 60,
+                     lambda: f"the nanny to bring the worker back with its agent: {node_ids()}")
+    (new_node,) = now - before
+
+    # Two one-CPU tasks at once: one on each worker, so one on the restarted worker.
+    ran = yr.get([meet.options(MEET).invoke(str(tmp_path), 2) for _ in range(2)], timeout=T)
+    on_new = [p for p, n in ran if n == new_node]
+    assert len(on_new) == 1, (ran, new_node)
+    assert on_new[0] != pid and psutil.Process(on_new[0]).ppid() == nanny_process.pid
+
+
+@pytest.mark.parametrize("cancelled", [True, False], ids=["cancelled", "running"])
+def test_finalize_is_quick_with_a_task_that_never_returns(cluster, tmp_path, cancelled):
+    """A task thread that never returns keeps its worker's interpreter from exiting (Dask's
+    nanny would wait 8 s for it); finalize kills such a worker once it has unregistered."""
+    cluster.finalize()
+    yr.init(yr.Config(num_cpus=2))
+    procs = [launcher()] + launcher().children(recursive=True)
+    started = tmp_path / "started"
+    ref = stuck.invoke(str(started))
+    wait_until(started.exists, 60, "the stuck task to start")
+    if cancelled:
+        yr.cancel(ref)
+        with pytest.raises(yr.CancelledError):
+            yr.get(ref, timeout=T)
+    t0 = time.monotonic()
+    yr.finalize()
+    took = time.monotonic() - t0
+    assert not alive(procs), [p.pid for p in alive(procs)]
+    assert took < 6, f"yr.finalize took {took:.1f} s"
+
+
+def test_killed_driver_takes_its_cluster_down(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys
+        import yrdask as yr
+        yr.init(yr.Config(num_cpus=2))
+        print("READY", flush=True)
+        sys.stdin.read()  # until the test kills us
+    """)], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert len(tree) == 3, tree  # the launcher and its two workers
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        wait_until(lambda: not alive(tree), 60,
+                   lambda: f"the cluster of a killed driver to exit: {alive(tree)}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_killed_launcher_takes_its_workers_down(own_cluster):
+    """Forked workers hold copies of each other's pipes; all still exit with the launcher,
+    also a worker forked later (a nanny restart), and finalize still cleans up."""
+    nanny_process = launcher()
+    pid, node = yr.get(where.options(ONE_CPU).invoke(), timeout=T)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: replaced(node), 60, "the nanny to bring the worker back")
+    workers = nanny_process.children()
+    assert len(workers) == 2, workers
+    os.kill(nanny_process.pid, signal.SIGKILL)
+    wait_until(lambda: not alive(workers), 60,
+               lambda: f"the workers of a killed launcher to exit: {alive(workers)}")
+    t0 = time.monotonic()
+    yr.finalize()
+    assert time.monotonic() - t0 < 6
+    assert not alive([nanny_process] + workers)
+
+
+def test_dashboard_is_mounted_at_its_first_request(tmp_path):
+    """Bokeh is imported when the dashboard is first asked for, not at ``yr.init``."""
+    result = run_driver(tmp_path, """
+        import sys, urllib.request
+        import yrdask as yr
+
+        @yr.invoke
+        def one():
+            return 1
+
+        info = yr.init(yr.Config(num_cpus=1))
+        assert yr.get(one.invoke(), timeout=60) == 1
+        print("bokeh at init:", "bokeh" in sys.modules)
+        with urllib.request.urlopen(info.dashboard_link, timeout=60) as r:
+            print("status page:", r.status, r.geturl().endswith("/status"), b"bokeh" in r.read())
+        base = info.dashboard_link.rsplit("/", 1)[0]
+        with urllib.request.urlopen(base + "/individual-plots.json", timeout=60) as r:
+            print("plots:", "Individual Task Stream" in r.read().decode())
+        yr.finalize()
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bokeh at init: False" in result.stdout, result.stdout
+    assert "status page: 200 True True" in result.stdout, result.stdout
+    assert "plots: True" in result.stdout, result.stdout
+
+
+def test_import_yrdask_does_not_import_distributed():
+    """``yr.init`` starts the workers' launcher before this process imports distributed, so
+    the two imports overlap: keep ``distributed`` out of yrdask's import-time imports."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, yrdask; print(sorted(m for m in sys.modules "
+                               "if m.split('.')[0] in ('distributed', 'bokeh')))"],
+        capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -1,0 +1,327 @@
+"""Faults (SPEC §5): instance restarts with redelivery, checkpoints, task reruns, nanny rejoin.
+
+Real embedded clusters whose worker processes run under Dask nannies; processes are killed
+with real SIGKILLs, by the pid the code running in them reports.  Calls that must be in
+flight when the kill lands block on a file the test creates only after the kill, so the
+order of events never depends on timing.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import time
+
+import pytest
+
+import yrdask as yr
+from conftest import wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+NUM_CPUS = 3  # three worker processes: a restarted instance always has somewhere to go
+
+
+@pytest.fixture
+def faults_cluster(cluster):
+    return cluster(kind="embedded", num_cpus=NUM_CPUS)
+
+
+def small(**kw) -> yr.InvokeOptions:
+    return yr.InvokeOptions(cpu=100, memory=10, **kw)
+
+
+def wait_for_file(path: str, timeout: float = 60) -> None:
+    """Block (inside a task or method) until the test creates ``path``."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+
+
+@yr.instance
+class Counter:
+    def __init__(self, start: int = 0) -> None:
+        self.n = start
+
+    def incr(self) -> int:
+        self.n += 1
+        return self.n
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def block(self, path: str) -> str:
+        wait_for_file(path)
+        return "unblocked"
+
+    def add_and_save(self, x: int) -> int:
+        self.n += x
+        yr.save_state()
+        return self.n
+
+    def add(self, x: int) -> int:
+        self.n += x
+        return self.n
+
+    def reload(self) -> int:
+        yr.load_state()
+        return self.n
+
+
+def kill(pid: int) -> None:
+    assert pid != os.getpid(), "refusing to kill the driver"
+    os.kill(pid, signal.SIGKILL)
+
+
+def alive_workers() -> int:
+    from yrdask.api.runtime import current_runtime
+
+    info = current_runtime().scheduler_call("yr_cluster_info")
+    return len(info["workers"])
+
+
+def test_restart_redelivers_in_flight_and_queued_calls(faults_cluster, tmp_path):
+    h = Counter.options(small(recover_retry_times=1)).invoke()
+    assert yr.get([h.incr.invoke() for _ in range(5)], timeout=60) == [1, 2, 3, 4, 5]
+    old_pid = yr.get(h.pid.invoke(), timeout=30)
+    gate = str(tmp_path / "gate")
+    blocked = h.block.invoke(gate)  # in flight: its worker is killed while it runs
+    queued = [h.incr.invoke() for _ in range(20)]  # sent, waiting behind it
+    kill(old_pid)
+    wait_until(lambda: h.state in ("RESTARTING", "ALIVE") and h.status()["restarts"] == 1,
+               60, lambda: f"a restart, status {h.status()}")
+    pathlib.Path(gate).touch()
+    assert yr.get(blocked, timeout=60) == "unblocked"
+    # fresh __init__ on the new process: the sequence starts again at 1, no call lost
+    assert yr.get(queued, timeout=60) == list(range(1, 21))
+    assert yr.get(h.pid.invoke(), timeout=30) != old_pid
+    status = h.status()
+    assert status["state"] == "ALIVE" and status["restarts"] == 1
+    h.terminate(is_sync=True)
+
+
+def test_out_of_restarts_fails_pending_and_later_calls_with_the_cause(faults_cluster, tmp_path):
+    h = Counter.options(small(recover_retry_times=1)).invoke()
+    kill(yr.get(h.pid.invoke(), timeout=30))
+    second_pid = yr.get(h.pid.invoke(), timeout=60)  # redelivered to the restarted instance
+    pending = h.block.invoke(str(tmp_path / "never"))
+    kill(second_pid)
+    with pytest.raises(yr.InstanceDiedError) as err:
+        yr.get(pending, timeout=60)
+    assert isinstance(err.value, yr.YRRuntimeError)
+    assert h.instance_id in str(err.value) and "1 restarts" in str(err.value)
+    with pytest.raises(yr.InstanceDiedError, match=h.instance_id):
+        yr.get(h.incr.invoke(), timeout=60)
+    assert h.state == "DEAD"
+
+
+def test_no_restarts_fails_fast(faults_cluster, tmp_path):
+    h = Counter.options(small()).invoke()  # recover_retry_times=0
+    pid = yr.get(h.pid.invoke(), timeout=30)
+    pending = h.block.invoke(str(tmp_path / "never"))
+    kill(pid)
+    with pytest.raises(yr.InstanceDiedError) as err:
+        yr.get(pending, timeout=30)
+    assert h.instance_id in str(err.value) and "was lost" in str(err.value)
+    assert h.status()["restarts"] in (0, None)
+
+
+def test_checkpointed_restart_resumes_from_the_last_save(faults_cluster):
+    h = Counter.options(small(recover_retry_times=2)).invoke(100)
+    assert yr.get([h.add_and_save.invoke(x) for x in (1, 2, 3)], timeout=60) == [101, 103, 106]
+    assert yr.get(h.add.invoke(1000), timeout=30) == 1106  # not saved: lost with the process
+    kill(yr.get(h.pid.invoke(), timeout=30))
+    assert yr.get(h.incr.invoke(), timeout=60) == 107
+    assert h.status()["restarts"] == 1
+
+
+def test_load_state_restores_the_last_checkpoint_in_place(faults_cluster):
+    h = Counter.options(small()).invoke()
+    assert yr.get(h.add_and_save.invoke(5), timeout=60) == 5
+    assert yr.get(h.add.invoke(10), timeout=30) == 15
+    assert yr.get(h.reload.invoke(), timeout=30) == 5
+    assert yr.get(h.incr.invoke(), timeout=30) == 6
+    h.terminate()
+
+
+def test_save_state_outside_an_instance_is_an_error(faults_cluster):
+    with pytest.raises(yr.YRRuntimeError, match="inside a method of an instance"):
+        yr.save_state()
+
+    @yr.invoke
+    def in_task():
+        yr.load_state()
+
+    with pytest.raises(yr.YRRuntimeError, match="inside a method of an instance"):
+        yr.get(in_task.invoke(), timeout=30)
+
+
+def test_terminate_never_restarts(faults_cluster):
+    h = Counter.options(small(recover_retry_times=-1)).invoke()
+    pid = yr.get(h.pid.invoke(), timeout=30)
+    h.terminate(is_sync=True)
+    assert h.state == "DEAD"
+    probe = Counter.options(small()).invoke()  # the worker process itself was not touched
+    assert os.path.exists(f"/proc/{pid}")
+    assert yr.get(probe.incr.invoke(), timeout=30) == 1
+    with pytest.raises(RuntimeError, match="terminated"):
+        h.incr.invoke()
+    probe.terminate()
+
+
+def test_named_instance_found_by_name_after_a_restart(faults_cluster):
+    h = Counter.options(small(recover_retry_times=1, name="restartable-named")).invoke()
+    kill(yr.get(h.pid.invoke(), timeout=30))
+    assert yr.get(h.incr.invoke(), timeout=60) == 1
+    again = yr.get_instance("restartable-named")
+    assert yr.get(again.incr.invoke(), timeout=30) == 2
+    h.terminate(is_sync=True)
+
+
+@yr.instance
+class Parent:
+    def __init__(self) -> None:
+        self.child = Counter.options(small()).invoke()
+
+    def child_pid(self) -> int:
+        return yr.get(self.child.pid.invoke())
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def child_incr(self) -> int:
+        return yr.get(self.child.incr.invoke())
+
+
+def test_restarted_owner_gets_new_children_and_the_old_ones_end(faults_cluster):
+    p = Parent.options(small(recover_retry_times=1)).invoke()
+    assert yr.get(p.child_incr.invoke(), timeout=60) == 1
+    old_child = yr.get(p.child_pid.invoke(), timeout=30)
+    parent_pid = yr.get(p.pid.invoke(), timeout=30)
+    kill(parent_pid)
+    # fresh __init__ made a fresh child: its counter starts again
+    assert yr.get(p.child_incr.invoke(), timeout=60) == 1
+    assert isinstance(old_child, int)
+    p.terminate(is_sync=True)
+
+
+@yr.invoke
+def die_once(marker: str) -> str:
+    if not os.path.exists(marker):
+        pathlib.Path(marker).touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return f"ran on {os.getpid()}"
+
+
+def test_task_whose_worker_dies_is_rerun_without_using_retries(faults_cluster, tmp_path):
+    marker = str(tmp_path / "died")
+    ref = die_once.options(yr.InvokeOptions(retry_times=0)).invoke(marker)
+    assert yr.get(ref, timeout=90).startswith("ran on")
+    assert os.path.exists(marker)
+
+
+def test_killed_worker_comes_back_and_runs_work(faults_cluster):
+    before = alive_workers()
+    h = Counter.options(small()).invoke()
+    pid = yr.get(h.pid.invoke(), timeout=30)
+    kill(pid)
+    wait_until(lambda: alive_workers() == before, 90, "the nanny to bring the worker back")
+
+    @yr.invoke
+    def where() -> int:
+        return os.getpid()
+
+    pids = set(yr.get([where.options(yr.InvokeOptions(cpu=1000)).invoke()
+                       for _ in range(3 * NUM_CPUS)], timeout=60))
+    assert pid not in pids
+
+
+@yr.instance
+class Worker:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def work(self, i: int) -> int:
+        self.calls += 1
+        time.sleep(0.04)
+        return i
+
+
+def test_chaos_every_call_returns_while_workers_are_killed(faults_cluster):
+    """16 instances with unlimited restarts get 300 calls each while a killer SIGKILLs a
+    random worker process every 2 s (once all workers are back); every call returns.
+    Each call takes 40 ms, so the 300 calls of an instance span several kills."""
+    import random
+    import threading
+
+    from distributed import Client
+
+    instances = [Worker.options(small(recover_retry_times=-1)).invoke() for _ in range(16)]
+    yr.get([h.work.invoke(-1) for h in instances], timeout=60)
+    done = threading.Event()
+    kills: list[float] = []
+    n_workers = alive_workers()
+
+    def killer() -> None:
+        with Client(faults_cluster.address, set_as_default=False, timeout=30) as client:
+            while not done.wait(2.0):
+                try:
+                    pids = list(client.run(os.getpid, on_error="ignore").values())
+                except Exception:  # a worker died under the call: try again later
+                    continue
+                if len(pids) < n_workers:
+                    continue  # wait for the nannies to bring everyone back
+                pid = random.choice(pids)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    kills.append(time.monotonic())
+                except ProcessLookupError:
+                    pass
+
+    thread = threading.Thread(target=killer, name="chaos-killer", daemon=True)
+    start = time.monotonic()
+    thread.start()
+    try:
+        refs = {h.instance_id: [h.work.invoke(i) for i in range(300)] for h in instances}
+        results = {iid: yr.get(r, timeout=300) for iid, r in refs.items()}
+    finally:
+        done.set()
+        thread.join(30)
+    elapsed = time.monotonic() - start
+    assert all(results[iid] == list(range(300)) for iid in results)
+    assert len(kills) >= 2, f"only {len(kills)} kills landed in {elapsed:.1f} s"
+    restarts = sum(h.status()["restarts"] for h in instances)
+    assert restarts >= 1
+    print(f"\nchaos: 16 x 300 calls in {elapsed:.1f} s, {len(kills)} worker kills, "
+          f"{restarts} instance restarts, all {16 * 300} calls returned")
+    for h in instances:
+        h.terminate()
+
+
+def test_hung_worker_is_removed_after_the_ttl_and_its_instance_restarts(cluster, tmp_path):
+    """A SIGSTOPped worker keeps its sockets open: only Dask's heartbeat TTL notices it.
+    The scheduler then tells every caller, which sends its unanswered calls again."""
+    import dask
+
+    cluster.finalize()
+    with dask.config.set({"distributed.scheduler.worker-ttl": "3s"}):
+        yr.init(yr.Config(num_cpus=2))
+    stopped = None
+    try:
+        h = Counter.options(small(recover_retry_times=1)).invoke()
+        assert yr.get(h.incr.invoke(), timeout=60) == 1
+        stopped = yr.get(h.pid.invoke(), timeout=30)
+        os.kill(stopped, signal.SIGSTOP)
+        ref = h.incr.invoke()  # sent to the hung process, answered by its replacement
+        assert yr.get(ref, timeout=60) == 1
+        assert h.status()["restarts"] == 1
+    finally:
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGCONT)
+            except ProcessLookupError:  # its nanny already replaced it
+                pass
+        yr.finalize()

@@ -1,0 +1,348 @@
+"""The yr pages of the Dask dashboard (Bokeh), live through periodic callbacks.
+
+=============================  ==================================================================
+``/yr-instances``              instances: filter by state, class, name/id; pages of 50-500 rows
+``/yr-resources``              capacity vs held per worker and per resource tag
+``/yr-scheduling``             local vs forwarded work and queue lengths over time
+``/individual-yr-*``           the same panels without the navigation bar (JupyterLab panels
+                               "Yr Instances", "Yr Resources", "Yr Scheduling")
+=============================  ==================================================================
+
+Every panel reads :mod:`yrdask.dashboard.data` once a second and sends only what changed;
+the instance table holds one page, so 10 000 instances cost one filter pass per update.
+The instances page takes its filters from the URL too (``/yr-instances?state=ALIVE&name=x``),
+which is what instance handles link to.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from bokeh.layouts import column, row
+from bokeh.models import (Button, ColumnDataSource, DataTable, Div, FactorRange, HoverTool,
+                          NumberFormatter, Select, TableColumn, TextInput)
+from bokeh.plotting import figure
+from distributed.dashboard.components import add_periodic_callback
+from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+from distributed.dashboard.core import BokehApplication
+from distributed.dashboard.scheduler import template_variables
+from distributed.utils import log_errors
+from tornado.ioloop import IOLoop
+
+from yrdask.dashboard import PAGES, YrDashboard, dashboard_of, data
+
+UPDATE_MS = 1000
+PAGE_SIZES = ("50", "100", "200", "500")
+SCHEDULING_WINDOW = 300  # samples on the scheduling plots: 5 minutes
+
+
+def _set(source: ColumnDataSource, cols: dict[str, list], fit: DataTable | None = None) -> None:
+    """Replace a source's data only when it changed (no websocket traffic otherwise).
+
+    ``fit``: a table over ``source`` to make as tall as its rows (up to 20 of them).
+    """
+    if source.data != cols:
+        source.data = cols
+    if fit is not None:
+        height = 32 + 26 * min(20, max(1, len(next(iter(cols.values()), ()))))
+        if fit.height != height:
+            fit.height = height
+
+
+def _columns(rows: list[dict], keys: tuple[str, ...]) -> dict[str, list]:
+    return {k: [r[k] for r in rows] for k in keys}
+
+
+def _table(source: ColumnDataSource, spec: list[tuple], **kw: Any) -> DataTable:
+    """A DataTable over ``source`` with (field, title[, relative width]) columns."""
+    def col(field: str, title: str, width: int = 100) -> TableColumn:
+        if field in _NUMERIC:  # counts: right-aligned with thousands separators
+            return TableColumn(field=field, title=title, width=width, formatter=NumberFormatter(
+                format="0,0.[00]", text_align="right"))
+        return TableColumn(field=field, title=title, width=width)
+
+    return DataTable(source=source, columns=[col(*c) for c in spec], index_position=None,
+                     sortable=True, reorderable=True, **kw)
+
+
+_NUMERIC = {"capacity", "held", "free", "restarts", "leases", "tasks_running", "tasks_queued",
+            "tasks_done", "local", "forwarded", "lease_requests", "submit_queued",
+            "instances"}
+
+
+class InstancesPanel:
+    """The instance table with its filters and pager."""
+
+    COLUMNS = [("name", "Name", 120), ("instance_id", "Id", 110), ("class", "Class", 100),
+               ("state", "State", 80), ("worker", "Worker", 160), ("owner", "Owner", 110),
+               ("restarts", "Restarts", 60), ("resources", "Resources", 180),
+               ("calls_done", "Calls done", 70), ("calls_pending", "Calls pending", 80),
+               ("created", "Created at", 140)]
+
+    def __init__(self, dash: YrDashboard, args: dict[str, str], **kw: Any) -> None:
+        self.dash = dash
+        self.page = 0
+        state = args.get("state", "").upper()
+        self.state = Select(title="State", value=state if state in data.STATES else "",
+                            options=[("", "all"), *[(s, s) for s in data.STATES]], width=140)
+        self.cls = Select(title="Class", value=args.get("class", ""), options=[("", "all")],
+                          width=180)
+        self.text = TextInput(title="Name or id contains", value=args.get("name", ""),
+                              value_input=args.get("name", ""), width=220)
+        self.size = Select(title="Rows per page", value="100", options=list(PAGE_SIZES),
+                           width=110)
+        self.prev = Button(label="◀ previous", width=100, align="end")
+        self.next = Button(label="next ▶", width=100, align="end")
+        self.summary = Div(text="", styles={"font-size": "14px"})
+        self.source = ColumnDataSource(_columns([], tuple(c[0] for c in self.COLUMNS)))
+        fixed = {} if kw.get("sizing_mode") == "stretch_both" else {"height": 640}
+        self.table = _table(self.source, self.COLUMNS, **fixed, **kw)
+        for widget in (self.state, self.cls, self.size):
+            widget.on_change("value", self._refilter)
+        self.text.on_change("value_input", self._refilter)
+        self.prev.on_click(lambda: self._turn(-1))
+        self.next.on_click(lambda: self._turn(+1))
+        self.root = column(row(self.state, self.cls, self.text, self.size, self.prev, self.next),
+                           self.summary, self.table, **kw)
+
+    def _refilter(self, attr: str, old: Any, new: Any) -> None:
+        self.page = 0
+        self.update()
+
+    def _turn(self, step: int) -> None:
+        self.page = max(0, self.page + step)
+        self.update()
+
+    def query(self) -> data.InstanceQuery:
+        limit = int(self.size.value)
+        return data.InstanceQuery(self.state.value, self.cls.value, self.text.value_input,
+                                  self.page * limit, limit)
+
+    @log_errors
+    def update(self) -> None:
+        src = self.dash.sources()
+        if src is None:
+            self.summary.text = "yr is not installed on this scheduler"
+            return
+        view = data.query_instances(src, self.query())
+        if view["offset"] >= view["matched"] > 0:  # the page ran past the end (rows went away)
+            self.page = (view["matched"] - 1) // view["limit"]
+            view = data.query_instances(src, self.query())
+        options = [("", "all"), *[(c, c) for c in view["classes"]]]
+        if self.cls.value and self.cls.value not in view["classes"]:
+            options.append((self.cls.value, self.cls.value))
+        if self.cls.options != options:
+            self.cls.options = options
+        rows = [{**r, "resources": data.format_shape(r["resources"]),
+                 "calls_done": "" if r["calls_done"] is None else r["calls_done"],
+                 "calls_pending": "" if r["calls_pending"] is None else r["calls_pending"],
+                 "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))}
+                for r in view["instances"]]
+        _set(self.source, _columns(rows, tuple(c[0] for c in self.COLUMNS)))
+        first = view["offset"] + 1 if rows else 0
+        states = " · ".join(f"{s} <b>{n}</b>" for s, n in view["by_state"].items())
+        self.summary.text = (
+            f"Instances {first}–{view['offset'] + len(rows)} of {view['matched']} matching "
+            f"({view['total']} in all) &nbsp;|&nbsp; {states}")
+        self.prev.disabled = self.page == 0
+        self.next.disabled = view["offset"] + len(rows) >= view["matched"]
+
+
+class ResourcesPanel:
+    """Capacity vs held: a bar per (worker, resource) and the same figures as tables."""
+
+    ROWS = [("worker", "Worker"), ("resource", "Resource"), ("capacity", "Capacity"),
+            ("held", "Held"), ("free", "Free"), ("used_pct", "Used %")]
+    TOTALS = [("resource", "Resource"), ("capacity", "Capacity"), ("held", "Held"),
+              ("free", "Free")]
+    WORKERS = [("worker", "Worker"), ("leases", "Leases"), ("instances", "Instances"),
+               ("tasks_running", "Tasks running"), ("tasks_queued", "Tasks queued")]
+
+    def __init__(self, dash: YrDashboard, args: dict[str, str], **kw: Any) -> None:
+        self.dash = dash
+        self.summary = Div(text="", styles={"font-size": "14px"})
+        keys = ("key", "worker", "resource", "capacity", "held", "free", "used_pct", "used",
+                "label")
+        self.rows = ColumnDataSource(_columns([], keys))
+        self.totals = ColumnDataSource(_columns([], tuple(k for k, _ in self.TOTALS)))
+        self.workers = ColumnDataSource(_columns([], tuple(k for k, _ in self.WORKERS)))
+        self.fig = figure(title="Held / capacity per worker and resource", height=300,
+                          y_range=FactorRange(), x_range=(0, 1.05), tools="",
+                          toolbar_location=None, sizing_mode="stretch_width")
+        self.fig.hbar(y="key", right=1.0, height=0.8, source=self.rows, color="#e0e0e0")
+        self.fig.hbar(y="key", right="used", height=0.8, source=self.rows, color="#1f77b4")
+        self.fig.text(x=0.01, y="key", text="label", source=self.rows, text_font_size="11px",
+                      text_baseline="middle")
+        self.fig.xaxis.axis_label = "fraction held"
+        self.fig.add_tools(HoverTool(tooltips=[("", "@worker"), ("resource", "@resource"),
+                                               ("held", "@held{0,0.[00]} of @capacity{0,0.[00]}")]))
+        self.tables = (_table(self.totals, self.TOTALS, width=480),
+                       _table(self.workers, self.WORKERS, sizing_mode="stretch_width"),
+                       _table(self.rows, self.ROWS, sizing_mode="stretch_width"))
+        self.root = column(self.summary, self.fig, *self.tables, **kw)
+
+    @log_errors
+    def update(self) -> None:
+        src = self.dash.sources()
+        if src is None:
+            self.summary.text = "yr is not installed on this scheduler"
+            return
+        view = data.resources_view(src)
+        rows = [{**r, "key": f"{_short(r['worker'])} {r['resource']}",
+                 "used_pct": round(100 * r["used"], 1), "used": min(r["used"], 1.05),
+                 "label": f"{r['resource']}: {r['held']:g} / {r['capacity']:g}"}
+                for r in view["rows"]]
+        keys = [r["key"] for r in rows]
+        if list(self.fig.y_range.factors) != keys:
+            self.fig.y_range.factors = keys
+            self.fig.height = max(160, 60 + 22 * len(keys))
+        totals = [{"resource": r, **t} for r, t in view["totals"].items()]
+        _set(self.totals, _columns(totals, tuple(k for k, _ in self.TOTALS)), self.tables[0])
+        _set(self.workers, _columns(view["workers"], tuple(k for k, _ in self.WORKERS)),
+             self.tables[1])
+        _set(self.rows, _columns(rows, tuple(self.rows.data)), self.tables[2])
+        self.summary.text = (f"{len(view['workers'])} yr workers &nbsp;|&nbsp; " + " · ".join(
+            f"{r} held <b>{t['held']:g}</b> of {t['capacity']:g}"
+            for r, t in view["totals"].items()))
+
+
+def _short(address: str) -> str:
+    return address.split("://", 1)[-1]
+
+
+class SchedulingPanel:
+    """Local vs forwarded work per second and queue lengths over the last minutes."""
+
+    WORKERS = [("worker", "Worker"), ("tasks_running", "Running"), ("tasks_queued", "Queued"),
+               ("tasks_done", "Done"), ("local", "Pushed local"),
+               ("forwarded", "Pushed forwarded"), ("lease_requests", "Lease requests"),
+               ("submit_queued", "Waiting for lease"), ("leases", "Leases held"),
+               ("instances", "Instances")]
+    RATE_LINES = [("local_per_s", "tasks pushed locally /s", "#2ca02c"),
+                  ("forwarded_per_s", "tasks forwarded /s", "#d62728"),
+                  ("leases_per_s", "leases granted /s", "#1f77b4"),
+                  ("leases_local_per_s", "local leases /s", "#9467bd")]
+    QUEUE_LINES = [("tasks_running", "tasks running", "#2ca02c"),
+                   ("tasks_queued", "tasks queued in workers", "#ff7f0e"),
+                   ("submit_queued", "tasks waiting for a lease", "#d62728"),
+                   ("lease_requests_waiting", "requests waiting at the scheduler", "#1f77b4")]
+
+    def __init__(self, dash: YrDashboard, args: dict[str, str], **kw: Any) -> None:
+        self.dash = dash
+        self.summary = Div(text="", styles={"font-size": "14px"})
+        self.series = ColumnDataSource({**data.Timeline().series(), "t_ms": []})
+        self.workers = ColumnDataSource(_columns([], tuple(k for k, _ in self.WORKERS)))
+        self.rates = self._plot("Work started: local vs forwarded (per second)",
+                                self.RATE_LINES)
+        self.queues = self._plot("Queue lengths", self.QUEUE_LINES)
+        self.table = _table(self.workers, self.WORKERS, sizing_mode="stretch_width")
+        self.root = column(self.summary, row(self.rates, self.queues, sizing_mode="stretch_width"),
+                           self.table, **kw)
+
+    def _plot(self, title: str, lines: list[tuple[str, str, str]]) -> Any:
+        fig = figure(title=title, x_axis_type="datetime", height=280, tools="",
+                     toolbar_location=None, sizing_mode="stretch_width")
+        for field, label, color in lines:
+            fig.line(x="t_ms", y=field, source=self.series, color=color, line_width=2,
+                     legend_label=label)
+        fig.legend.location = "top_left"
+        fig.legend.background_fill_alpha = 0.5
+        fig.y_range.start = 0
+        return fig
+
+    @log_errors
+    def update(self) -> None:
+        src = self.dash.sources()
+        if src is None:
+            self.summary.text = "yr is not installed on this scheduler"
+            return
+        view = data.scheduling_view(src, self.dash.timeline, SCHEDULING_WINDOW)
+        series = view["series"]
+        series["t_ms"] = [t * 1000 for t in series["time"]]
+        _set(self.series, series)
+        _set(self.workers, _columns(view["workers"], tuple(k for k, _ in self.WORKERS)),
+             self.table)
+        now = view["now"]
+        self.summary.text = (
+            f"Tasks pushed by workers: local <b>{now['tasks_local_total']}</b>, forwarded "
+            f"<b>{now['tasks_forwarded_total']}</b> &nbsp;|&nbsp; leases granted "
+            f"<b>{now['leases_granted_total']}</b> (local {now['leases_local_total']}) "
+            f"&nbsp;|&nbsp; running {now['tasks_running']}, queued {now['tasks_queued']}, "
+            f"waiting for a lease {now['submit_queued']}, requests waiting "
+            f"{now['lease_requests_waiting']}")
+        if view["placement"]:
+            self.summary.text += "<br>Placement by the scheduler: " + " &nbsp;|&nbsp; ".join(
+                f"{kind} <b>{p['count']}</b> (p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms)"
+                for kind, p in sorted(view["placement"].items()))
+
+
+# -- Bokeh documents and installation ------------------------------------------------------
+
+Panel = Callable[..., Any]
+
+
+def _args(doc: Any) -> dict[str, str]:
+    """The page URL's query parameters (first value of each)."""
+    request = getattr(doc.session_context, "request", None)
+    args = getattr(request, "arguments", None) or {}
+    return {k: v[0].decode() if isinstance(v[0], bytes) else str(v[0])
+            for k, v in args.items() if v}
+
+
+def full_page(panel: Panel, title: str) -> Callable[[Any, dict, Any], None]:
+    """A dashboard page (Dask's navigation bar and theme) showing ``panel``."""
+    @log_errors
+    def doc_fn(scheduler: Any, extra: dict, doc: Any) -> None:
+        p = panel(dashboard_of(scheduler), _args(doc), sizing_mode="stretch_width")
+        p.update()
+        add_periodic_callback(doc, p, UPDATE_MS)
+        doc.title = f"Dask: yr {title}"
+        doc.add_root(p.root)
+        doc.template = env.get_template("simple.html")
+        doc.template_variables.update(extra)
+        doc.theme = BOKEH_THEME
+    return doc_fn
+
+
+def individual_page(panel: Panel, title: str) -> Callable[[Any, dict, Any], None]:
+    """The panel alone, filling the window (a JupyterLab panel)."""
+    @log_errors
+    def doc_fn(scheduler: Any, extra: dict, doc: Any) -> None:
+        p = panel(dashboard_of(scheduler), _args(doc), sizing_mode="stretch_both")
+        p.update()
+        add_periodic_callback(doc, p, UPDATE_MS)
+        doc.title = f"Dask: yr {title}"
+        doc.add_root(p.root)
+        doc.theme = BOKEH_THEME
+    return doc_fn
+
+
+PANELS = {"instances": InstancesPanel, "resources": ResourcesPanel,
+          "scheduling": SchedulingPanel}
+APPLICATIONS = {
+    **{f"/yr-{key}": full_page(PANELS[key], title) for key, title in PAGES.items()},
+    **{f"/individual-yr-{key}": individual_page(PANELS[key], title)
+       for key, title in PAGES.items()},
+}
+
+
+def install(dash: YrDashboard, http: Any) -> None:
+    """Mount the yr Bokeh application next to Dask's and link it from Dask's navigation."""
+    scheduler = dash.scheduler
+    # Dask's pages share these lists (memoized per scheduler): the yr pages join its
+    # navigation bar, and its "More..." menu lists the yr panels.
+    tv = template_variables(scheduler)
+    for key in PAGES:
+        if f"yr-{key}" not in tv["pages"]:
+            tv["pages"].append(f"yr-{key}")
+    urls = {p["url"] for p in tv["plots"]}
+    tv["plots"].extend({"url": f"individual-yr-{key}", "name": f"Yr {title}"}
+                       for key, title in PAGES.items() if f"individual-yr-{key}" not in urls)
+    tv["plots"].sort(key=lambda p: p["name"])
+    app = BokehApplication(APPLICATIONS, scheduler, prefix=dash.prefix or "/",
+                           template_variables=tv)
+    http.add_application(app)
+    app.initialize(IOLoop.current())
+    app.start()
+    dash.pages_mounted = True

@@ -1,0 +1,40 @@
+"""A request for resources on one worker (a task lease or an instance), as the scheduler sees it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from yrdask.affinity import Wire
+from yrdask.scheduler.resources import Shape
+
+
+@dataclass(eq=False)
+class LeaseRequest:
+    """What a lease or an instance asks for, and (once queued) its wait for resources."""
+
+    owner: str
+    shape: Shape
+    kind: str = "lease"  # or "instance"
+    local: str | None = None  # the requester's own worker (local first)
+    holding_id: str | None = None  # instances hold under their own id
+    queue: str = ""  # the submitter's queue the lease is for
+    avoid: tuple[str, ...] = ()  # workers the requester cannot reach right now
+    affinity: Wire = ()  # see yrdask.affinity
+    labels: tuple[str, ...] = ()  # an instance's labels (targets of INSTANCE affinities)
+    future: asyncio.Future | None = None
+    deadline: float | None = None
+    revoked: set[str] = field(default_factory=set)
+
+
+def shape_of(shape: dict) -> Shape:
+    """A shape as floats (msgpack may deliver ints)."""
+    return {r: float(a) for r, a in shape.items()}
+
+
+def freeze(value: Any) -> Any:
+    """Lists (as msgpack delivers them) back to the tuples an affinity wire form is made of."""
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    return value
