@@ -6,11 +6,16 @@ Every measurement runs in a fresh subprocess (:mod:`benchmarks._one`); the paren
 
 Layout, for adding figures:
 
-* :mod:`benchmarks.figures` -- the figure catalogue (name, group, unit, parameters);
+* :mod:`benchmarks.figures` -- the figure catalogue (name, group, unit, parameters, target);
 * :mod:`benchmarks.sys_yrdask`, :mod:`benchmarks.sys_dask`, :mod:`benchmarks.sys_ray` -- one
-  :class:`benchmarks.registry.System` per system, whose methods decorated with
-  ``@measures("figure_name")`` implement the figures on that system.
+  :class:`benchmarks.registry.System` subclass per system: its cluster and its primitives;
+* :mod:`benchmarks.registry` -- :class:`~benchmarks.registry.System`: the figure bodies,
+  written once against the primitives (submit, gather, put, fetch, read_in_task, nested,
+  nested_burst, create, call) that each system module supplies;
+* :mod:`benchmarks.local_first` -- yrdask's nested figures with the
+  ``yrdask.scheduling.local-first`` config key on and off.
 
-A new figure is one ``Figure(...)`` entry in ``figures.py`` plus one ``@measures`` method per
-system (a system without one reports ``null`` for it).
+A new figure is one ``Figure(...)`` entry in ``figures.py`` plus one ``@measures`` method on
+:class:`~benchmarks.registry.System`.  A system that cannot do it lists it in ``unsupported``
+with the reason (shown as "n/a").
 """

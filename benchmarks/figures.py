@@ -20,6 +20,19 @@ class Figure:
     params: dict[str, Any] = field(default_factory=dict)
     quick: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 300.0
+    #: the issue-5 target for yrdask: (comparison, value), e.g. ("<=", 1.5); None: no target
+    target: tuple[str, float] | None = None
+
+    def target_text(self) -> str:
+        return "" if self.target is None else f"{self.target[0]} {self.target[1]:g}"
+
+    def meets(self, value: float | None) -> bool | None:
+        """Whether ``value`` meets the target (None when there is no target or no value)."""
+        if self.target is None or value is None:
+            return None
+        op, bound = self.target
+        return {"<=": value <= bound, "<": value < bound, ">=": value >= bound,
+                ">": value > bound}[op]
 
     def parameters(self, quick: bool) -> dict[str, Any]:
         p = dict(self.params)
@@ -42,35 +55,112 @@ add(Figure(
     "init_s", "stateless", "s", False,
     "import + init of a 2-worker-process cluster until the first trivial task's result is back, "
     "timed from the first line of a fresh interpreter (before the library is imported)",
+    target=("<=", 1.5),
 ))
 add(Figure(
     "idle_pss_mb", "stateless", "MB", False,
     "total PSS (RSS where PSS is unreadable) of the driver and all its descendant processes, "
     "after init and one trivial call, idle",
     params={"settle_s": 1.0}, quick={"settle_s": 0.5},
+    target=("<=", 200),
 ))
 add(Figure(
     "task_rtt_ms", "stateless", "ms", False,
     "sequential get(f.invoke(i)) round trip of a trivial task: median per call over 2000 calls "
-    "(or as many as fit in 10 s, at least 200) after 100 warm-up calls",
-    params={"warmup": 100, "calls": 2000, "max_seconds": 10.0},
+    "(or as many as fit in 5 s, at least 200) after 100 warm-up calls",
+    params={"warmup": 100, "calls": 2000, "max_seconds": 5.0},
     quick={"warmup": 10, "calls": 100, "max_seconds": 5.0},
+    target=("<=", 1.0),
 ))
 add(Figure(
     "tasks_10k_per_s", "stateless", "tasks/s", True,
     "N trivial tasks submitted, then all gathered with one get(list): N / seconds",
     params={"tasks": 10_000, "warmup": 100}, quick={"tasks": 1_000, "warmup": 20},
+    target=(">=", 3000),
 ))
 add(Figure(
-    "put_get_100mb_mb_per_s", "stateless", "MB/s", True,
+    "put_get_100mb_mb_per_s", "objects", "MB/s", True,
     "a 100 MB numpy array put, then get in the driver: 200 MB / seconds (both directions "
-    "counted, Ray's benchmark convention); median over repeats",
+    "counted, Ray's benchmark convention); median over repeats. What each system does is in "
+    "the JSON (extra.semantics)",
     params={"size_mb": 100, "warmup": 1, "repeats": 5}, quick={"warmup": 1, "repeats": 2},
+    target=(">=", 1500),
 ))
 add(Figure(
-    "nested_task_ms", "stateless", "ms", False,
+    "put_task_get_100mb_mb_per_s", "objects", "MB/s", True,
+    "cross-process: a 100 MB numpy array put in the driver, then a task on a worker gets it "
+    "and returns its nbytes; the driver times put -> result: 200 MB / seconds (put + get "
+    "counted, as above); median over repeats",
+    params={"size_mb": 100, "warmup": 1, "repeats": 5}, quick={"warmup": 1, "repeats": 2},
+    target=(">=", 1500),
+))
+add(Figure(
+    "nested_task_ms", "nested", "ms", False,
     "inside one task, sequential nested get(g.invoke(i)) round trips: median per call",
     params={"warmup": 20, "calls": 200}, quick={"warmup": 5, "calls": 50},
+    target=("<=", 0.3),
+))
+add(Figure(
+    "nested_tasks_1k_per_s", "nested", "tasks/s", True,
+    "inside one task, N trivial tasks submitted then gathered with one get(list): N / seconds "
+    "(timed inside the task)",
+    params={"tasks": 1000, "warmup": 50}, quick={"tasks": 300, "warmup": 10},
+))
+add(Figure(
+    "instance_rtt_ms", "stateful", "ms", False,
+    "sequential get(h.inc.invoke(i)) round trip on one instance (Dask: actor method call): "
+    "median per call over 2000 calls (or as many as fit in 5 s, at least 200)",
+    params={"warmup": 100, "calls": 2000, "max_seconds": 5.0},
+    quick={"warmup": 10, "calls": 100, "max_seconds": 5.0},
+    target=("<=", 0.5),
+))
+add(Figure(
+    "instance_calls_10k_per_s", "stateful", "calls/s", True,
+    "N trivial method calls on one instance submitted, then gathered: N / seconds "
+    "(slow peers make fewer calls, see extra.calls)",
+    params={"calls": 10_000, "warmup": 100}, quick={"calls": 1_000, "warmup": 20},
+    target=(">=", 10_000),
+))
+add(Figure(
+    "instances_100_per_s", "stateful", "instances/s", True,
+    "N small instances created (yrdask cpu=10 millicores, memory=0; Ray num_cpus=0.01) and "
+    "each called once, all gathered: N / seconds from the first creation (slow peers create "
+    "fewer, see extra.instances)",
+    params={"instances": 100}, quick={"instances": 20},
+    target=(">=", 300),
+))
+add(Figure(
+    "instance_mem_mb", "stateful", "MB", False,
+    "memory per extra instance: (PSS of all processes after N tiny instances, each called "
+    "once - PSS before them) / N. yrdask N=1000 (cpu=0, memory=0), peers fewer "
+    "(see extra.instances)",
+    params={"instances": 1000, "settle_s": 1.0}, quick={"instances": 200, "settle_s": 0.5},
+    target=("<=", 1.0),
+))
+add(Figure(
+    "instances_10k_pss_mb", "stateful", "MB", False,
+    "total PSS of all processes with 10 000 live tiny instances (each called once); a system "
+    "that cannot hold that many is measured with fewer and extrapolated linearly (marked ~ "
+    "in the table, extra.extrapolated_from; --quick measures 2000 and extrapolates)",
+    params={"instances": 10_000, "total_for": 10_000, "settle_s": 1.0},
+    quick={"instances": 2_000, "settle_s": 0.5},
+    target=("<", 2000), timeout_s=600.0,
+))
+add(Figure(
+    "seed_tree_s", "stateful", "s", False,
+    "the examples/training_tree.py shape without its sleeps: 2 supervisor instances, each "
+    "creating 4 worker instances and driving 100 calls to each; wall time from the first "
+    "creation until both supervisors' results are back",
+    params={"supervisors": 2, "workers": 4, "calls": 100},
+    target=("<=", 0.8),
+))
+add(Figure(
+    "restart_s", "stateful", "s", False,
+    "SIGKILL of the worker process hosting an instance created to restart once (yrdask "
+    "recover_retry_times=1; Ray max_restarts=1, max_task_retries=-1) until a call on the "
+    "same handle returns from the restarted instance (calls that fail meanwhile are retried)",
+    params={"deadline_s": 10.0}, quick={"deadline_s": 10.0},
+    target=("<=", 1.0),
 ))
 
 

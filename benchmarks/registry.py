@@ -4,16 +4,22 @@ A :class:`System` knows how to start a 2-worker-process cluster, run one trivial
 each figure is a method decorated with ``@measures("figure_name")`` that takes the figure's
 parameters and returns ``(value, extra)`` -- ``extra`` is a dict of details kept in the JSON.
 ``init_s`` and ``idle_pss_mb`` are measured by the harness (:mod:`benchmarks._one`) for every
-system from ``start`` and ``trivial_call``.
+system from ``start`` and ``trivial_call``.  The figure bodies are written once, here, against
+the primitives each system module supplies.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import signal
 import time
 from typing import Any, Callable
 
-from benchmarks.common import latency_result, payload, put_get_result, same_size, timed_calls
+import psutil
+
+from benchmarks.common import (latency_result, payload, put_get_result, same_size, timed_calls,
+                               tree_pss_mb)
 
 #: system name -> module that defines ``SYSTEM`` (a System subclass instance)
 SYSTEM_MODULES = {
@@ -24,6 +30,9 @@ SYSTEM_MODULES = {
 SYSTEMS = list(SYSTEM_MODULES)
 
 N_WORKERS = 2  # the machine has 2 cores: every cluster has 2 worker processes
+
+#: the hyperparameters of the two supervisors of examples/training_tree.py
+SEED_CONFIGS = [{"lr": 0.01}, {"lr": 0.001}]
 
 
 def measures(figure: str) -> Callable[[Callable], Callable]:
@@ -39,15 +48,31 @@ def measures(figure: str) -> Callable[[Callable], Callable]:
 class System:
     """A system under test: start/stop plus a few primitives; the figures are written once here.
 
-    A subclass implements ``start``, ``stop``, ``submit(i)`` (a trivial remote ``i + 1``,
-    returning the system's handle), ``gather(handles)``, ``put(obj)``, ``fetch(handle)`` and
-    ``nested(warmup, calls)`` (median ms of sequential nested calls made inside one task).
+    Tasks: ``submit(i)`` (a trivial remote ``i + 1``, returning the system's handle),
+    ``gather(handles, timeout=None)`` (tasks' and method calls' results), ``put(obj)``,
+    ``fetch(handle)`` (get in the driver), ``read_in_task(handle)`` (a task that gets the put
+    object on a worker and returns its ``nbytes``), ``nested(warmup, calls)`` and
+    ``nested_burst(warmup, n)`` (run inside one task; each returns a dict, see the figures).
+
+    Instances: ``create(kind, *args, size=..., restartable=False)`` returns a handle at once
+    (kinds: ``"counter"`` with methods ``inc(i)`` and ``pid()``; ``"supervisor"`` with
+    ``start_training(num_workers, calls)``, the seed's orchestrator); ``call(handle, method,
+    *args)`` returns a handle for ``gather``.  ``size`` is ``"small"`` (yrdask cpu=10
+    millicores, Ray num_cpus=0.01) or ``"tiny"`` (no resources reserved: yrdask cpu=0, Ray
+    num_cpus=0).
     """
 
     name = "?"
     #: the import that must work for the system to be measured, and the hint when it fails
     requires = ""
     install_hint = ""
+    #: figure -> why this system cannot do it; the table prints "n/a" and no process runs
+    unsupported: dict[str, str] = {}
+    #: parameter name -> (most asked of this system in a full run, in a --quick run, why):
+    #: slow peers create fewer instances or make fewer calls; the JSON says so
+    caps: dict[str, tuple[int, int, str]] = {}
+    #: what put/get/read_in_task actually do on this system (kept in the JSON)
+    object_semantics = ""
 
     def available(self) -> str | None:
         """None when the system can run here, else why not."""
@@ -68,7 +93,7 @@ class System:
     def submit(self, i: int) -> Any:
         raise NotImplementedError
 
-    def gather(self, handles: list) -> list:
+    def gather(self, handles: list, timeout: float | None = None) -> list:
         raise NotImplementedError
 
     def put(self, obj: Any) -> Any:
@@ -77,14 +102,35 @@ class System:
     def fetch(self, handle: Any) -> Any:
         raise NotImplementedError
 
-    def nested(self, warmup: int, calls: int) -> float:
+    def read_in_task(self, handle: Any) -> Any:
+        raise NotImplementedError
+
+    def nested(self, warmup: int, calls: int) -> dict:
+        raise NotImplementedError
+
+    def nested_burst(self, warmup: int, n: int) -> dict:
+        raise NotImplementedError
+
+    def create(self, kind: str, *args: Any, size: str = "small", restartable: bool = False) -> Any:
+        raise NotImplementedError
+
+    def call(self, handle: Any, method: str, *args: Any) -> Any:
         raise NotImplementedError
 
     def trivial_call(self) -> Any:
         """One trivial task, waited for."""
         return self.gather([self.submit(0)])[0]
 
-    # -- the figures ---------------------------------------------------------------------
+    def capped(self, key: str, p: dict) -> tuple[int, dict]:
+        """``p[key]`` limited by this system's cap on ``key``, and a note for the JSON."""
+        wanted = p[key]
+        cap = self.caps.get(key)
+        limit = None if cap is None else cap[1] if p.get("quick") else cap[0]
+        if limit is None or wanted <= limit:
+            return wanted, {key: wanted}
+        return limit, {key: limit, f"{key}_wanted": wanted, f"{key}_capped_because": cap[2]}
+
+    # -- stateless figures ---------------------------------------------------------------
 
     @measures("task_rtt_ms")
     def task_rtt(self, p: dict) -> tuple[float, dict]:
@@ -94,14 +140,14 @@ class System:
     @measures("tasks_10k_per_s")
     def tasks(self, p: dict) -> tuple[float, dict]:
         self.gather([self.submit(i) for i in range(p["warmup"])])
-        n = p["tasks"]
+        n, extra = self.capped("tasks", p)
         t = time.perf_counter()
         handles = [self.submit(i) for i in range(n)]
         submitted = time.perf_counter() - t
         out = self.gather(handles)
         dt = time.perf_counter() - t
         assert out[-1] == n
-        return n / dt, {"tasks": n, "seconds": dt, "submit_seconds": submitted}
+        return n / dt, {**extra, "seconds": dt, "submit_seconds": submitted}
 
     @measures("put_get_100mb_mb_per_s")
     def put_get(self, p: dict) -> tuple[float, dict]:
@@ -120,18 +166,151 @@ class System:
                 secs.append(dt)
         value, extra = put_get_result(secs, p["size_mb"], kind)
         extra["get_returned_same_object"] = same  # True: no copy was made at all
+        extra["semantics"] = self.object_semantics
+        return value, extra
+
+    @measures("put_task_get_100mb_mb_per_s")
+    def put_task_get(self, p: dict) -> tuple[float, dict]:
+        arr, kind = payload(p["size_mb"])
+        secs = []
+        for k in range(p["warmup"] + p["repeats"]):
+            t = time.perf_counter()
+            handle = self.put(arr)
+            nbytes = self.gather([self.read_in_task(handle)])[0]
+            dt = time.perf_counter() - t
+            assert nbytes == p["size_mb"] * 10**6, nbytes
+            del handle
+            if k >= p["warmup"]:
+                secs.append(dt)
+        value, extra = put_get_result(secs, p["size_mb"], kind)
+        extra["semantics"] = self.object_semantics
         return value, extra
 
     @measures("nested_task_ms")
     def nested_calls(self, p: dict) -> tuple[float, dict]:
-        return self.nested(p["warmup"], p["calls"]), {"calls": p["calls"]}
+        info = self.nested(p["warmup"], p["calls"])
+        return info.pop("median_ms"), {"calls": p["calls"], **info}
+
+    @measures("nested_tasks_1k_per_s")
+    def nested_tasks(self, p: dict) -> tuple[float, dict]:
+        info = self.nested_burst(p["warmup"], p["tasks"])
+        return p["tasks"] / info["seconds"], {"tasks": p["tasks"], **info}
+
+    # -- instance figures ----------------------------------------------------------------
+
+    @measures("instance_rtt_ms")
+    def instance_rtt(self, p: dict) -> tuple[float, dict]:
+        h = self.create("counter")
+        return latency_result(timed_calls(lambda i: self.gather([self.call(h, "inc", i)]),
+                                          p["warmup"], p["calls"], p.get("max_seconds")))
+
+    @measures("instance_calls_10k_per_s")
+    def instance_calls(self, p: dict) -> tuple[float, dict]:
+        h = self.create("counter")
+        self.gather([self.call(h, "inc", i) for i in range(p["warmup"])])
+        n, extra = self.capped("calls", p)
+        t = time.perf_counter()
+        handles = [self.call(h, "inc", i) for i in range(n)]
+        submitted = time.perf_counter() - t
+        out = self.gather(handles)
+        dt = time.perf_counter() - t
+        assert out[-1] == n
+        return n / dt, {**extra, "seconds": dt, "submit_seconds": submitted}
+
+    @measures("instances_100_per_s")
+    def instances_create(self, p: dict) -> tuple[float, dict]:
+        n, extra = self.capped("instances", p)
+        t = time.perf_counter()
+        handles = [self.create("counter") for _ in range(n)]
+        out = self.gather([self.call(h, "inc", k) for k, h in enumerate(handles)])
+        dt = time.perf_counter() - t
+        assert out[-1] == n
+        return n / dt, {**extra, "seconds": dt}
+
+    def _live_instances(self, n: int, settle_s: float) -> tuple[float, float, list, dict]:
+        """PSS before and after ``n`` tiny instances (each called once); the handles."""
+        time.sleep(settle_s)
+        before, _ = tree_pss_mb()
+        t = time.perf_counter()
+        handles = [self.create("counter", size="tiny") for _ in range(n)]
+        out = self.gather([self.call(h, "inc", k) for k, h in enumerate(handles)])
+        created = time.perf_counter() - t
+        assert out[-1] == n
+        time.sleep(settle_s)
+        after, info = tree_pss_mb()
+        return before, after, handles, {"create_and_call_seconds": created,
+                                        "pss_before_mb": before, "pss_after_mb": after, **info}
+
+    @measures("instance_mem_mb")
+    def instance_memory(self, p: dict) -> tuple[float, dict]:
+        n, extra = self.capped("instances", p)
+        before, after, handles, info = self._live_instances(n, p["settle_s"])
+        return (after - before) / n, {**extra, **info}
+
+    @measures("instances_10k_pss_mb")
+    def live_instances(self, p: dict) -> tuple[float, dict]:
+        wanted = p["total_for"]  # the figure is the total with this many live instances
+        n, extra = self.capped("instances", p)
+        before, after, handles, info = self._live_instances(n, p["settle_s"])
+        extra.update(info)
+        if n == wanted:
+            return after, extra
+        extra["extrapolated_from"] = n
+        extra["extrapolation"] = (f"pss_before + (pss_after - pss_before) / {n} * {wanted}: "
+                                  f"measured with {n} instances, not {wanted}")
+        return before + (after - before) / n * wanted, extra
+
+    @measures("seed_tree_s")
+    def seed_tree(self, p: dict) -> tuple[float, dict]:
+        sups = p["supervisors"]
+        t = time.perf_counter()
+        handles = [self.create("supervisor", SEED_CONFIGS[k % len(SEED_CONFIGS)])
+                   for k in range(sups)]
+        reports = self.gather([self.call(h, "start_training", p["workers"], p["calls"])
+                               for h in handles])
+        dt = time.perf_counter() - t
+        assert all(r == p["workers"] * p["calls"] for r in reports), reports
+        return dt, {"instances": sups * (1 + p["workers"]),
+                    "calls": sups * p["workers"] * p["calls"]}
+
+    @measures("restart_s")
+    def restart(self, p: dict) -> tuple[float, dict]:
+        h = self.create("counter", restartable=True)
+        pid = self.gather([self.call(h, "pid")])[0]
+        alive_before = {q.pid for q in psutil.Process().children(recursive=True)}
+        deadline_s = p["deadline_s"]
+        failures: dict[str, int] = {}
+        t = time.perf_counter()
+        os.kill(pid, signal.SIGKILL)
+        while True:
+            left = deadline_s - (time.perf_counter() - t)
+            try:
+                new_pid = self.gather([self.call(h, "pid")], timeout=max(1.0, left))[0]
+                break
+            except Exception as e:  # noqa: BLE001 - recorded; the call is retried
+                text = f"{type(e).__name__}: {e}"[:400]
+                failures[text] = failures.get(text, 0) + 1
+                if time.perf_counter() - t > deadline_s:
+                    raise RuntimeError(
+                        f"no call on the instance succeeded within {deadline_s:g} s after "
+                        f"SIGKILL of its process {pid}; failed calls (message: count): "
+                        f"{failures}") from None
+                time.sleep(0.01)
+        dt = time.perf_counter() - t
+        if new_pid == pid:
+            raise RuntimeError(f"the call after SIGKILL came back from the killed pid {pid}")
+        return dt, {"killed_pid": pid, "new_pid": new_pid,
+                    # True: restarted in a process that was already running (no process start)
+                    "new_pid_was_running_before_kill": new_pid in alive_before,
+                    "failed_calls_meanwhile": sum(failures.values()),
+                    "failure_messages": failures}
 
     def figures(self) -> dict[str, Callable[[dict], tuple[float, dict]]]:
         out = {}
         for attr in dir(type(self)):
             fn = getattr(type(self), attr)
             fig = getattr(fn, "_bench_figure", None)
-            if fig is not None:
+            if fig is not None and fig not in self.unsupported:
                 out[fig] = getattr(self, attr)
         return out
 

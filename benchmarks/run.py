@@ -6,10 +6,14 @@ that starts its own 2-worker-process cluster and prints one JSON line; this pare
 median, prints a table and writes the raw runs, medians and machine info as JSON.
 
 Conventions: every cluster has 2 worker processes (1 thread each); latencies are medians per
-call (``task_rtt_ms``: 2000 calls, cut at 10 s once 200 are done); ``put_get_100mb_mb_per_s``
-counts both directions (200 MB / seconds of put + get, Ray's benchmark convention); ratios are
+call (``task_rtt_ms``: 2000 calls, cut at 5 s once 200 are done); the 100 MB figures count
+both directions (200 MB / seconds of put + get, Ray's benchmark convention); ratios are
 yrdask / other, so for ``*_per_s`` figures above 1 is better for yrdask and for ``*_ms``,
-``*_s`` and ``*_mb`` figures below 1 is better.
+``*_s`` and ``*_mb`` figures below 1 is better.  The table also shows issue 5's target for
+yrdask and whether yrdask's median meets it.  A system that cannot do a figure at all shows
+"n/a" (the reason is in the JSON, ``not_applicable``); slow peers are asked for fewer
+instances or calls (``extra.*_capped_because``), and a total extrapolated from fewer
+instances is marked "~".  ``init_s`` is read from the ``idle_pss_mb`` process when both run.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="fresh-process runs per figure and system; the median is reported "
                          "(default 3)")
     ap.add_argument("--only", metavar="NAME[,NAME]",
-                    help="figures or groups to run; known: " + ", ".join(FIGURES))
+                    help="figures or groups to run; figures: " + ", ".join(FIGURES)
+                         + "; groups: " + ", ".join(sorted({f.group for f in FIGURES.values()})))
     ap.add_argument("--systems", default=",".join(SYSTEMS),
                     help=f"systems to measure (default {','.join(SYSTEMS)})")
     ap.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT,
@@ -87,8 +92,9 @@ def machine_info() -> dict:
     return info
 
 
-def child_env() -> dict:
+def child_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
+    env.update(extra or {})
     # Worker processes import the figure modules when they unpickle module-level functions.
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "")
                                                        .split(os.pathsep) if p])
@@ -106,11 +112,33 @@ def implements(system: str, figure: str) -> bool:
     return figure in HARNESS_FIGURES or figure in load(system).figures()
 
 
-def run_one(system: str, figure: str, params: dict, timeout: float) -> dict:
+def not_applicable(system: str, figure: str) -> str | None:
+    """Why ``system`` cannot do ``figure`` at all (printed as n/a), or None."""
+    return load(system).unsupported.get(figure)
+
+
+#: figure -> the figure whose fresh process also measures it (when both are selected):
+#: every process times its own init, so ``init_s`` needs no process of its own
+SHARED_PROCESS = {"init_s": "idle_pss_mb"}
+
+
+def _derived(figure: str, host: dict) -> dict:
+    """The record of ``figure`` taken from the process that measured ``host["figure"]``."""
+    extra = host.get("extra", {})
+    value = extra.get(figure)
+    return {"system": host.get("system"), "figure": figure, "value": value,
+            "extra": {"measured_in_process_of": host.get("figure"),
+                      "init_returned_s": extra.get("init_returned_s")},
+            "error": host.get("error") if value is None else None,
+            "wall_s": 0.0, "returncode": host.get("returncode")}
+
+
+def run_one(system: str, figure: str, params: dict, timeout: float,
+            env: dict | None = None) -> dict:
     """One fresh-process measurement; returns the child's JSON (or an error record)."""
     cmd = [sys.executable, "-m", "benchmarks._one", system, figure, json.dumps(params)]
     t = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(env), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     timed_out = False
@@ -152,11 +180,13 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _reap_group(proc: subprocess.Popen) -> None:
     """Leftovers of the measurement (the child already exited) must not load the next one."""
-    try:
-        os.killpg(proc.pid, 0)
-    except ProcessLookupError:
-        return
-    time.sleep(1.0)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # give them a second to exit on their own
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
     _kill_group(proc)
 
 
@@ -183,12 +213,24 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+def cell(fig: dict, system: str) -> str:
+    """A table cell: the median, "n/a" when the system cannot do it, "~" when extrapolated."""
+    if fig["not_applicable"].get(system):
+        return "n/a"
+    value = fig["median"].get(system)
+    runs = [r for r in fig["runs"].get(system, []) if r.get("value") is not None]
+    approx = any("extrapolated_from" in r.get("extra", {}) for r in runs)
+    return ("~" if approx and value is not None else "") + fmt(value)
+
+
 def table(results: dict, systems: list[str]) -> str:
-    head = ["figure"] + systems + [f"ratio yrdask/{s}" for s in systems if s != "yrdask"]
+    head = (["figure"] + systems + ["target", "met"]
+            + [f"ratio yrdask/{s}" for s in systems if s != "yrdask"])
     rows = [head]
     for name, fig in results["figures"].items():
-        med = fig["median"]
-        row = [f"{name} ({fig['unit']})"] + [fmt(med.get(s)) for s in systems]
+        met = fig.get("target_met")
+        row = ([f"{name} ({fig['unit']})"] + [cell(fig, s) for s in systems]
+               + [fig.get("target") or "", {True: "yes", False: "NO", None: ""}[met]])
         for s in systems:
             if s != "yrdask":
                 r = fig["ratio"].get(f"yrdask/{s}")
@@ -236,11 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     for fig in figures:
         results["figures"][fig.name] = {
             "group": fig.group, "unit": fig.unit, "higher_is_better": fig.higher_is_better,
-            "description": fig.description, "params": fig.parameters(args.quick),
+            "description": fig.description,
+            "params": {**fig.parameters(args.quick), "quick": args.quick},
+            "target": fig.target_text() or None, "target_met": None,
             "runs": {s: [] for s in systems}, "errors": {s: [] for s in systems},
+            "not_applicable": {s: None for s in systems},
             "median": {s: None for s in systems}, "ratio": {},
         }
 
+    names = {f.name for f in figures}
     total = args.runs * len(figures) * len(active)
     k = 0
     t_all = time.monotonic()
@@ -250,20 +296,33 @@ def main(argv: list[str] | None = None) -> int:
             entry = results["figures"][fig.name]
             for s in active:
                 k += 1
+                why = not_applicable(s, fig.name)
+                if why:
+                    entry["not_applicable"][s] = why
+                    if run == 0:
+                        print(f"[{k}/{total}] {fig.name:<30} {s:<7} n/a: {why}", flush=True)
+                    continue
                 if not implements(s, fig.name):
                     if run == 0:
                         print(f"[{k}/{total}] {fig.name:<30} {s:<7} not implemented: null",
                               flush=True)
                     continue
+                if fig.name in SHARED_PROCESS and SHARED_PROCESS[fig.name] in names:
+                    continue  # recorded from the other figure's process, below
                 rec = run_one(s, fig.name, entry["params"], args.timeout or fig.timeout_s)
-                entry["runs"][s].append(rec)
-                status = fmt(rec["value"]) if rec["value"] is not None else "FAILED"
-                print(f"[{k}/{total}] run {run + 1} {fig.name:<24} {s:<7} {status:>10} "
-                      f"{fig.unit:<8} ({rec['wall_s']:.1f} s)", flush=True)
-                if rec.get("error"):
-                    failures += 1
-                    entry["errors"][s].append(rec["error"])
-                    print(f"    {s} {fig.name} failed:\n" + _indent(rec["error"]), flush=True)
+                recs = [(fig, rec)]
+                for other, host in SHARED_PROCESS.items():
+                    if host == fig.name and other in names:
+                        recs.append((FIGURES[other], _derived(other, rec)))
+                for f, r in recs:
+                    results["figures"][f.name]["runs"][s].append(r)
+                    status = fmt(r["value"]) if r["value"] is not None else "FAILED"
+                    print(f"[{k}/{total}] run {run + 1} {f.name:<24} {s:<7} {status:>10} "
+                          f"{f.unit:<8} ({r['wall_s']:.1f} s)", flush=True)
+                    if r.get("error"):
+                        failures += 1
+                        results["figures"][f.name]["errors"][s].append(r["error"])
+                        print(f"    {s} {f.name} failed:\n" + _indent(r["error"]), flush=True)
 
     import statistics
 
@@ -275,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             if s != "yrdask":
                 entry["ratio"][f"yrdask/{s}"] = ratio(entry["median"].get("yrdask"),
                                                       entry["median"].get(s))
+        entry["target_met"] = FIGURES[name].meets(entry["median"].get("yrdask"))
     results["elapsed_s"] = round(time.monotonic() - t_all, 1)
     results["load_average_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 

@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from benchmarks.registry import N_WORKERS, System
 
 
-def _define():
-    """The remote functions (defined once yrdask is imported, i.e. inside the timed init)."""
+def _define() -> SimpleNamespace:
+    """The remote functions and classes (defined once yrdask is imported, inside the timed init)."""
+    import os
+
     import yrdask as yr
 
     @yr.invoke
     def inc(i):
         return i + 1
+
+    @yr.invoke
+    def whoami(i):
+        return os.getpid()
+
+    def probe() -> dict:
+        """What the nested figures report besides their timing: the local-first setting.
+
+        ``local_first_config`` is the key as this worker sees it (an environment variable sets
+        it even where yrdask ignores it); ``local_first_in_yrdask`` says whether the running
+        yrdask's own files mention the key at all.
+        """
+        import pathlib
+
+        import dask
+
+        root = pathlib.Path(yr.__file__).parent
+        used = any("local-first" in text or "local_first" in text
+                   for f in root.rglob("*") if f.suffix in (".py", ".yaml")
+                   for text in [f.read_text(errors="replace")])
+        return {"local_first_config": dask.config.get("yrdask.scheduling.local-first", None),
+                "local_first_in_yrdask": used}
 
     @yr.invoke
     def nested(warmup, calls):
@@ -25,26 +51,87 @@ def _define():
             t = time.perf_counter()
             yr.get(inc.invoke(i))
             out.append((time.perf_counter() - t) * 1000.0)
-        return statistics.median(out)
+        pids = yr.get([whoami.invoke(i) for i in range(20)])
+        return {"median_ms": statistics.median(out),
+                "inner_same_process_fraction": sum(p == os.getpid() for p in pids) / len(pids),
+                **probe()}
 
-    return yr, inc, nested
+    @yr.invoke
+    def nested_burst(warmup, n):
+        import time
+
+        yr.get([inc.invoke(i) for i in range(warmup)])
+        t = time.perf_counter()
+        out = yr.get([whoami.invoke(i) for i in range(n)])
+        dt = time.perf_counter() - t
+        return {"seconds": dt,
+                "inner_same_process_fraction": sum(p == os.getpid() for p in out) / n,
+                **probe()}
+
+    @yr.invoke
+    def nbytes_of(box):
+        return yr.get(box[0]).nbytes  # box: a list, so the ref is not resolved before the call
+
+    small = yr.InvokeOptions(cpu=10, memory=0)
+
+    @yr.instance(invoke_options=small)
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def inc(self, i):
+            self.n += 1
+            return i + 1
+
+        def pid(self):
+            return os.getpid()
+
+    @yr.instance(invoke_options=small)
+    class TrainingWorker:
+        def train(self, shard_id, hyperparams):
+            return f"Loss: {0.1 / hyperparams['lr']}"
+
+    @yr.instance(invoke_options=small)
+    class TrainingSupervisor:
+        def __init__(self, hyperparams):
+            self.hyperparams = hyperparams
+            self.workers = []
+
+        def start_training(self, num_workers, calls):
+            self.workers = [TrainingWorker.invoke() for _ in range(num_workers)]
+            results = yr.get([w.train.invoke(i, self.hyperparams)
+                              for w in self.workers for i in range(calls)])
+            return len(results)
+
+    return SimpleNamespace(
+        yr=yr, inc=inc, nested=nested, nested_burst=nested_burst, nbytes_of=nbytes_of,
+        kinds={"counter": Counter, "supervisor": TrainingSupervisor},
+        sizes={"small": small, "tiny": yr.InvokeOptions(cpu=0, memory=0)})
 
 
 class Yrdask(System):
     name = "yrdask"
+    object_semantics = (
+        "yr.put pickles the value at once (cloudpickle protocol 5, in band: one copy) and "
+        "keeps both the object and its pickle in the driver's owner table; a driver get "
+        "returns the very same object (extra.get_returned_same_object). A task that gets the "
+        "ref (passed inside a list) fetches the pickle from the driver's owner server over "
+        "TCP (FETCH_OBJECT, Dask comm framing) and unpickles it")
 
     def start(self) -> None:
-        self.yr, self.inc, self.nested_fn = _define()
+        self.d = _define()
+        self.yr = self.d.yr
+        self.creators: dict = {}
         self.yr.init(self.yr.Config(num_cpus=N_WORKERS))
 
     def stop(self) -> None:
         self.yr.finalize()
 
     def submit(self, i: int):
-        return self.inc.invoke(i)
+        return self.d.inc.invoke(i)
 
-    def gather(self, handles: list) -> list:
-        return self.yr.get(handles)
+    def gather(self, handles: list, timeout: float | None = None) -> list:
+        return self.yr.get(handles, -1 if timeout is None else max(1, round(timeout)))
 
     def put(self, obj):
         return self.yr.put(obj)
@@ -52,8 +139,26 @@ class Yrdask(System):
     def fetch(self, handle):
         return self.yr.get(handle)
 
-    def nested(self, warmup: int, calls: int) -> float:
-        return self.yr.get(self.nested_fn.invoke(warmup, calls))
+    def read_in_task(self, handle):
+        return self.d.nbytes_of.invoke([handle])
+
+    def nested(self, warmup: int, calls: int) -> dict:
+        return self.yr.get(self.d.nested.invoke(warmup, calls))
+
+    def nested_burst(self, warmup: int, n: int) -> dict:
+        return self.yr.get(self.d.nested_burst.invoke(warmup, n))
+
+    def create(self, kind: str, *args, size: str = "small", restartable: bool = False):
+        key = (kind, size, restartable)
+        creator = self.creators.get(key)
+        if creator is None:  # one creator per shape: .options() builds a new one each time
+            opts = self.d.sizes[size].copy()
+            opts.recover_retry_times = 1 if restartable else 0
+            creator = self.creators[key] = self.d.kinds[kind].options(opts)
+        return creator.invoke(*args)
+
+    def call(self, handle, method: str, *args):
+        return getattr(handle, method).invoke(*args)
 
 
 SYSTEM = Yrdask()

@@ -89,6 +89,19 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str | Callabl
         time.sleep(interval)
 
 
+def wait_for_file(path: str, timeout: float = 60) -> None:
+    """Block, inside a task or method, until the test creates ``path``.
+
+    Lets a test hold work in flight (running on a worker) until it has done what it must
+    do meanwhile (kill a process, fill a queue), without timing assumptions.
+    """
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+
+
 def _tail(path: pathlib.Path, n: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])

@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 import yrdask as yr
-from conftest import wait_until
+from conftest import wait_for_file, wait_until
 from yrdask.api.cluster import TOKEN_ENV
 
 pytestmark = pytest.mark.timeout(180)
@@ -35,15 +35,6 @@ ONE_CPU = yr.InvokeOptions(cpu=1000)  # one per worker process of a num_cpus=2 c
 # Its own resource shape for ``meet``: the submitter pipelines a backlog of a shape whose
 # earlier tasks were short onto one worker, and meeting tasks must run side by side.
 MEET = yr.InvokeOptions(cpu=1000, memory=100)
-
-
-def wait_for_file(path: str, timeout: float = 60) -> None:
-    """Block (inside a task) until ``path`` exists."""
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.01)
 
 
 @yr.invoke

@@ -16,7 +16,7 @@ import time
 import pytest
 
 import yrdask as yr
-from conftest import wait_until
+from conftest import wait_for_file, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,15 +30,6 @@ def faults_cluster(cluster):
 
 def small(**kw) -> yr.InvokeOptions:
     return yr.InvokeOptions(cpu=100, memory=10, **kw)
-
-
-def wait_for_file(path: str, timeout: float = 60) -> None:
-    """Block (inside a task or method) until the test creates ``path``."""
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.01)
 
 
 @yr.instance

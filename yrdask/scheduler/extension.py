@@ -15,7 +15,7 @@ import functools
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from distributed.comm.core import CommClosedError
