@@ -307,3 +307,57 @@ def test_p15_cancel_inside_nested_task_propagates(yr_cluster):
     with pytest.raises(RuntimeError) as info:
         yr.get(cancel_child_then_get.invoke(), T)
     assert "cancelled" in str(info.value).lower()
+
+
+# --------------------------------------------------------------------------- large values
+
+
+@yr.invoke
+def array_sum(a) -> float:
+    return float(a.sum())
+
+
+@yr.invoke
+def make_array(n: int, fill: float):
+    import numpy as np
+
+    return np.full(n, fill)
+
+
+def test_large_put_is_a_snapshot_read_across_processes(yr_cluster):
+    """A 16 MB array travels as out-of-band frames; the stored object is the array as it was
+    at put time, even if the caller changes the array afterwards."""
+    np = pytest.importorskip("numpy")
+    a = np.ones(2_000_000)
+    ref = yr.put(a)
+    a[:] = 5.0
+    assert yr.get(array_sum.invoke(ref), 60) == 2_000_000.0
+    assert yr.get([array_sum.invoke(ref) for _ in range(3)], 60) == [2_000_000.0] * 3
+
+
+def test_large_results_come_back_whole_and_feed_other_tasks(yr_cluster):
+    np = pytest.importorskip("numpy")
+    ref = make_array.invoke(3_000_000, 2.0)  # stays on the worker that made it
+    got = yr.get(ref, 60)
+    assert got.shape == (3_000_000,) and float(got.sum()) == 6_000_000.0
+    assert isinstance(got, np.ndarray)
+    assert yr.get(array_sum.invoke(ref), 60) == 6_000_000.0  # worker to worker
+    assert yr.get(array_sum.invoke(yr.put(got)), 60) == 6_000_000.0  # driver to worker
+
+
+@yr.instance
+class Holder:
+    def __init__(self, a) -> None:
+        self.a = a
+
+    def total(self, b=None) -> float:
+        return float(self.a.sum()) + (0.0 if b is None else float(b.sum()))
+
+
+def test_large_values_reach_instances_through_creation_and_calls(yr_cluster):
+    np = pytest.importorskip("numpy")
+    ref = yr.put(np.ones(1_000_000))  # the creation spec passes through the scheduler
+    h = Holder.invoke(ref)
+    assert yr.get(h.total.invoke(), 60) == 1_000_000.0
+    assert yr.get(h.total.invoke(ref), 60) == 2_000_000.0
+    h.terminate()

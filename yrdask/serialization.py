@@ -2,6 +2,12 @@
 
 The message envelopes are msgpack (Dask's comm); only user objects go through cloudpickle,
 with protocol 5.  Used by both the caller side (``yrdask.api``) and the worker agent.
+
+Values that may be stored and fetched (results, ``yr.put``) are pickled with
+:func:`dumps_value`: a large one becomes :class:`Frames`, the pickle stream plus its
+out-of-band buffers (a NumPy array's memory, not a copy).  Dask sends each frame as a frame
+of its own (:func:`wire` wraps them for a message) instead of copying them through msgpack,
+and the receiver unpickles straight from the received memory.
 """
 
 from __future__ import annotations
@@ -13,12 +19,93 @@ import cloudpickle
 
 from yrdask.errors import YRRuntimeError, YRTypeError
 
-__all__ = ["dumps", "dumps_definition", "loads", "pack_args", "unpack_args", "ArgSlot"]
+__all__ = ["dumps", "dumps_value", "dumps_definition", "loads", "wire", "Frames", "pack_args",
+           "unpack_args", "ArgSlot"]
+
+#: Values whose pickle (with buffers) is larger than this travel as :class:`Frames`.
+FRAMES_OVER = 512 * 1024
 
 
 def dumps(obj: Any) -> bytes:
     """Pickle a user object (cloudpickle, so lambdas and ``__main__`` code travel by value)."""
     return cloudpickle.dumps(obj, protocol=5)
+
+
+class Frames:
+    """A pickled value as protocol-5 frames: ``[pickle stream, buffer, ...]``."""
+
+    __slots__ = ("frames", "nbytes")
+
+    def __init__(self, frames: list) -> None:
+        self.frames = frames
+        self.nbytes = sum(memoryview(f).nbytes for f in frames)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __reduce__(self) -> tuple:
+        # Pickled (say, inside an instance spec the scheduler forwards): buffers out of band.
+        return (Frames, ([pickle.PickleBuffer(f) for f in self.frames],))
+
+
+def dumps_value(obj: Any, snapshot: bool = False) -> bytes | Frames:
+    """Pickle a value that may be stored and fetched: bytes if small, else :class:`Frames`.
+
+    The frames of a large value share its buffers' memory unless ``snapshot``: ``yr.put``
+    asks for a copy, so changing the array afterwards does not change the stored object.
+    """
+    buffers: list = []
+    head = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    size = len(head) + sum(r.nbytes for r in raws)
+    if size <= FRAMES_OVER:
+        return dumps(obj) if raws else head  # small: one in-band blob travels inline
+    return Frames([head, *(bytes(r) if snapshot else r for r in raws)])
+
+
+def loads(payload: Any) -> Any:
+    """Unpickle bytes, or :class:`Frames` (from their buffers, without a copy)."""
+    if type(payload) is _Serialize:  # wrapped by wire() and handed over in-process
+        payload = payload.data
+    if type(payload) is Frames:
+        return pickle.loads(payload.frames[0], buffers=payload.frames[1:])
+    return pickle.loads(payload)
+
+
+def wire(payload: Any) -> Any:
+    """A payload ready to be a message field: :class:`Frames` go as Dask frames of their own."""
+    if type(payload) is Frames:
+        from distributed.protocol.serialize import Serialize
+
+        return Serialize(payload)
+    return payload
+
+
+_registered = False
+_Serialize: Any = None  # distributed.protocol.serialize.Serialize, once registered
+
+
+def register_with_dask() -> None:
+    """Teach Dask's "dask" serialization family to send :class:`Frames` as they are.
+
+    Called by every runtime (driver and worker) before it sends or receives any; lazy so
+    that ``import yrdask`` does not import distributed.
+    """
+    global _registered, _Serialize
+    if _registered:
+        return
+    _registered = True
+    from distributed.protocol.serialize import Serialize, dask_deserialize, dask_serialize
+
+    _Serialize = Serialize
+
+    @dask_serialize.register(Frames)
+    def _serialize(value: Frames) -> tuple[dict, list]:
+        return {}, list(value.frames)
+
+    @dask_deserialize.register(Frames)
+    def _deserialize(header: dict, frames: list) -> Frames:
+        return Frames(list(frames))
 
 
 def dumps_definition(obj: Any, what: str) -> bytes:
@@ -42,7 +129,6 @@ def unpicklable(value: Any, what: str, error: BaseException | None = None) -> YR
                        f"the cluster: {error}")
 
 
-loads: Callable[[bytes], Any] = pickle.loads
 
 
 class ArgSlot:
@@ -100,3 +186,4 @@ def unpack_args(blob: bytes, values: list) -> tuple[tuple, dict]:
         args = tuple(values[a.index] if type(a) is ArgSlot else a for a in args)
         kwargs = {k: values[v.index] if type(v) is ArgSlot else v for k, v in kwargs.items()}
     return args, kwargs
+

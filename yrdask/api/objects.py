@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from yrdask import protocol as P
 from yrdask.errors import RemoteError, YRRuntimeError, YRTypeError
-from yrdask.serialization import dumps, loads
+from yrdask.serialization import dumps, dumps_value, loads, wire
 
 PENDING = "pending"
 
@@ -110,9 +110,9 @@ class Entry:
         fresh.__traceback__ = None
         return fresh
 
-    def get_payload(self) -> bytes:
+    def get_payload(self) -> Any:
         if self.payload is None:
-            self.payload = dumps(self.value)
+            self.payload = dumps_value(self.value)
         return self.payload
 
     def get_value(self) -> Any:
@@ -182,7 +182,7 @@ def dep_of(ref: "ObjectRef") -> list:
     if entry.state == P.LOCATION:
         return [ref._id, P.LOCATION, entry.location]
     if entry.state == P.VALUE:
-        return [ref._id, P.VALUE, entry.get_payload()]
+        return [ref._id, P.VALUE, wire(entry.get_payload())]
     return [ref._id, P.LOCATION, entry.owner]  # borrowed, not read here yet: ask its owner
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from yrdask.api.objects import ObjectRef
 from yrdask.api.runtime import current_runtime
 from yrdask.errors import YRRuntimeError, YRTypeError, YRValueError
-from yrdask.serialization import dumps, unpicklable
+from yrdask.serialization import dumps_value, unpicklable
 
 MAX_TIMEOUT = 0x7FFFFFFF
 
@@ -21,7 +21,7 @@ def put(obj: Any, create_param: Any = None) -> ObjectRef:
     ref = current_runtime().put(obj)
     entry = ref._entry
     try:
-        entry.payload = dumps(entry.value)
+        entry.payload = dumps_value(entry.value, snapshot=True)
     except Exception as e:
         raise unpicklable(entry.value, "yr.put: the value", e) from e
     return ref

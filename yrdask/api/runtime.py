@@ -27,7 +27,7 @@ from yrdask.api.submitter import Submitter, Task
 from yrdask.errors import (RemoteError, YRRuntimeError, YRTimeoutError, YRTypeError,
                            YRValueError)
 from yrdask.options import Config, check_config, resolve_security
-from yrdask.serialization import dumps, loads, pack_args
+from yrdask.serialization import dumps, loads, pack_args, register_with_dask, wire
 
 logger = logging.getLogger("yrdask")
 
@@ -96,6 +96,7 @@ class Runtime:
         self.address = ""
         self.connector: Any = None
         self.agent: Any = None  # the worker agent, when this runtime lives in a worker
+        register_with_dask()  # large values travel as Dask frames (serialization.Frames)
         self.objects = ObjectTable(self, INLINE_LIMIT)
         self.submitter = Submitter(self)
         self.router = InstanceRouter(self)
@@ -341,7 +342,8 @@ class Runtime:
             fut = self.loop.create_future()
             entry.add_callback(lambda: fut.done() or fut.set_result(None))
             await asyncio.wait_for(fut, timeout)
-        return entry.snapshot(float("inf"))
+        kind, payload = entry.snapshot(float("inf"))
+        return [kind, wire(payload)]
 
     def wait(self, refs: list[ObjectRef], wait_num: int, timeout: float | None) -> tuple[list, list]:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -33,7 +33,7 @@ from yrdask.worker.hosting import HostedInstance
 from yrdask.worker.lease_gate import LeaseGate
 from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, YRRuntimeError,
                            user_traceback)
-from yrdask.serialization import dumps, loads, unpack_args
+from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
 
 logger = logging.getLogger("yrdask.worker")
 
@@ -242,8 +242,8 @@ class WorkerAgent:
             ids = [f"{task_id}.{i}" for i in range(nret)]
         out = []
         for oid, value in zip(ids, values):
-            payload = dumps(value)
-            if len(payload) > self.inline_limit:
+            payload = dumps_value(value)
+            if type(payload) is Frames or len(payload) > self.inline_limit:
                 self.store[oid] = payload
                 out.append([P.LOCATION, self.worker.address])
             else:
@@ -270,7 +270,7 @@ class WorkerAgent:
     async def fetch_object(self, object_id: str, timeout: float | None = None) -> list:
         payload = self.store.get(object_id)
         if payload is not None:
-            return [P.VALUE, payload]
+            return [P.VALUE, wire(payload)]
         return await self.runtime.handle_fetch(object_id, timeout)
 
     def free_objects(self, object_ids: list[str]) -> None:
