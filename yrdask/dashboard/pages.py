@@ -290,30 +290,20 @@ def _args(doc: Any) -> dict[str, str]:
             for k, v in args.items() if v}
 
 
-def full_page(panel: Panel, title: str) -> Callable[[Any, dict, Any], None]:
-    """A dashboard page (Dask's navigation bar and theme) showing ``panel``."""
+def _page(panel: Panel, title: str, individual: bool) -> Callable[[Any, dict, Any], None]:
+    """A Bokeh document function showing ``panel``: a full dashboard page (Dask's navigation
+    bar and theme), or, ``individual``, the panel alone filling the window (JupyterLab)."""
     @log_errors
     def doc_fn(scheduler: Any, extra: dict, doc: Any) -> None:
-        p = panel(dashboard_of(scheduler), _args(doc), sizing_mode="stretch_width")
+        sizing = "stretch_both" if individual else "stretch_width"
+        p = panel(dashboard_of(scheduler), _args(doc), sizing_mode=sizing)
         p.update()
         add_periodic_callback(doc, p, UPDATE_MS)
         doc.title = f"Dask: yr {title}"
         doc.add_root(p.root)
-        doc.template = env.get_template("simple.html")
-        doc.template_variables.update(extra)
-        doc.theme = BOKEH_THEME
-    return doc_fn
-
-
-def individual_page(panel: Panel, title: str) -> Callable[[Any, dict, Any], None]:
-    """The panel alone, filling the window (a JupyterLab panel)."""
-    @log_errors
-    def doc_fn(scheduler: Any, extra: dict, doc: Any) -> None:
-        p = panel(dashboard_of(scheduler), _args(doc), sizing_mode="stretch_both")
-        p.update()
-        add_periodic_callback(doc, p, UPDATE_MS)
-        doc.title = f"Dask: yr {title}"
-        doc.add_root(p.root)
+        if not individual:
+            doc.template = env.get_template("simple.html")
+            doc.template_variables.update(extra)
         doc.theme = BOKEH_THEME
     return doc_fn
 
@@ -321,8 +311,8 @@ def individual_page(panel: Panel, title: str) -> Callable[[Any, dict, Any], None
 PANELS = {"instances": InstancesPanel, "resources": ResourcesPanel,
           "scheduling": SchedulingPanel}
 APPLICATIONS = {
-    **{f"/yr-{key}": full_page(PANELS[key], title) for key, title in PAGES.items()},
-    **{f"/individual-yr-{key}": individual_page(PANELS[key], title)
+    **{f"/yr-{key}": _page(PANELS[key], title, individual=False) for key, title in PAGES.items()},
+    **{f"/individual-yr-{key}": _page(PANELS[key], title, individual=True)
        for key, title in PAGES.items()},
 }
 
