@@ -131,6 +131,13 @@ class Runtime:
             self._inbox_armed = True
             self.loop.call_soon_threadsafe(self._drain_inbox)
 
+    def on_loop_later(self, fn: Callable, *args: Any) -> None:
+        """Like :meth:`on_loop`, but never runs ``fn`` on the caller's stack (no re-entry)."""
+        if threading.get_ident() == self.loop_thread:
+            self.loop.call_soon(fn, *args)
+        else:
+            self.on_loop(fn, *args)
+
     def _drain_inbox(self) -> None:
         self._inbox_armed = False  # before draining: a later append arms a new pass
         inbox = self._inbox

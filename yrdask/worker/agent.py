@@ -41,14 +41,18 @@ MAX_THREADS = 4096
 
 
 class Peer:
-    """A caller connected by a call channel; replies go back on the same comm."""
+    """A caller connected by a call channel; replies go back on the same comm.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, stream: StreamSender) -> None:
-        self.loop = loop
+    Replies come from task and instance threads; they reach the loop through the runtime's
+    inbox, so a burst of results costs one loop wake-up and goes out in one write.
+    """
+
+    def __init__(self, on_loop: Callable[..., None], stream: StreamSender) -> None:
+        self.on_loop = on_loop
         self.stream = stream
 
     def reply(self, msg: dict) -> None:
-        self.loop.call_soon_threadsafe(self._send, msg)
+        self.on_loop(self._send, msg)
 
     def _send(self, msg: dict) -> None:
         try:
@@ -68,7 +72,7 @@ class LocalPeer:
         self.agent.dispatch(self, msg)
 
     def reply(self, msg: dict) -> None:
-        self.agent.loop.call_soon_threadsafe(self.on_message, msg)
+        self.agent.runtime.on_loop_later(self.on_message, msg)
 
 
 class WorkerAgent:
@@ -148,7 +152,7 @@ class WorkerAgent:
 
     async def open_channel(self, comm: Any, caller: str) -> None:
         stream = StreamSender(comm)
-        peer = Peer(self.loop, stream)
+        peer = Peer(self.runtime.on_loop_later, stream)
         try:
             while True:
                 msgs = await comm.read()
