@@ -143,6 +143,10 @@ class ArgSlot:
         return (ArgSlot, (self.index,))
 
 
+#: Argument types plain pickle handles exactly as cloudpickle does (no code, no classes).
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
+
+
 def pack_args(args: tuple, kwargs: dict, is_ref: Callable[[Any], bool]) -> tuple[bytes, list]:
     """Pickle ``(args, kwargs)``, replacing top-level refs by slots; returns (blob, refs)."""
     refs: list = []
@@ -161,6 +165,8 @@ def pack_args(args: tuple, kwargs: dict, is_ref: Callable[[Any], bool]) -> tuple
         kwargs = {k: slot(v) for k, v in kwargs.items()}
     if not args and not kwargs:
         return b"", refs
+    if not kwargs and all(type(a) in _PLAIN for a in args):
+        return pickle.dumps((args, kwargs), protocol=5), refs  # no cloudpickle Pickler needed
     try:
         return dumps((args, kwargs)), refs
     except Exception as e:

@@ -8,6 +8,7 @@ import types
 from typing import Any, Callable
 
 from yrdask.affinity import to_wire
+from yrdask.api.signatures import check_call
 from yrdask.api.runtime import current_runtime, function_id
 from yrdask.errors import YRRuntimeError, YRTypeError
 from yrdask.options import (InvokeOptions, check_invoke_options, check_no_unknown,
@@ -58,7 +59,7 @@ class FunctionProxy:
         """Submit one call; returns an ObjectRef (a list of them for return_nums > 1, or None)."""
         rt = current_runtime()
         try:
-            self._signature.bind(*args, **kwargs)
+            check_call(self._signature, args, kwargs)
         except TypeError as e:
             raise TypeError(f"{self._name}.invoke(): {e}") from None
         if self._payload is None:

@@ -10,6 +10,7 @@ from yrdask import protocol as P
 from yrdask.affinity import to_wire
 from yrdask.api.objects import ObjectRef
 from yrdask.api.runtime import current_runtime
+from yrdask.api.signatures import check_call
 from yrdask.errors import (YRRuntimeError, YRTimeoutError, YRTypeError, YRValueError)
 from yrdask.options import InvokeOptions, check_invoke_options, check_return_nums
 from yrdask.options import check_no_unknown as _no_unknown
@@ -128,7 +129,7 @@ class InstanceCreator:
         info = self._class_info()
         if info.init_sig is not None:
             try:
-                info.init_sig.bind(*args, **kwargs)
+                check_call(info.init_sig, args, kwargs)
             except TypeError as e:
                 raise TypeError(f"{info.name}.invoke(): {e}") from None
         opts = self._options
@@ -269,7 +270,7 @@ class MethodProxy:
                                  + (": its yr runtime was finalized" if h._rt.closed else ""))
         if self._sig is not None:
             try:
-                self._sig.bind(*args, **kwargs)
+                check_call(self._sig, args, kwargs)
             except TypeError as e:
                 raise TypeError(f"{h._cls_name}.{self._name}.invoke(): {e}") from None
         refs = h._rt.call_method(h.instance_id, self._name, args, kwargs, self._nret)
