@@ -12,6 +12,7 @@ import os
 import pathlib
 import signal
 import time
+from typing import Any
 
 import pytest
 
@@ -175,10 +176,15 @@ def test_named_instance_found_by_name_after_a_restart(faults_cluster):
 @yr.instance
 class Parent:
     def __init__(self) -> None:
-        self.child = Counter.options(small()).invoke()
+        # The child lives on another worker, so it survives the parent's process: only the
+        # owner rule can end it.
+        away = [yr.Affinity(yr.AffinityKind.RESOURCE, yr.AffinityType.REQUIRED_ANTI,
+                            [yr.LabelOperator(yr.OperatorType.LABEL_IN, "NODE_ID",
+                                              [yr.get_node_id()])])]
+        self.child = Counter.options(small(schedule_affinities=away)).invoke()
 
-    def child_pid(self) -> int:
-        return yr.get(self.child.pid.invoke())
+    def get_child(self) -> Any:
+        return self.child
 
     def pid(self) -> int:
         return os.getpid()
@@ -190,12 +196,15 @@ class Parent:
 def test_restarted_owner_gets_new_children_and_the_old_ones_end(faults_cluster):
     p = Parent.options(small(recover_retry_times=1)).invoke()
     assert yr.get(p.child_incr.invoke(), timeout=60) == 1
-    old_child = yr.get(p.child_pid.invoke(), timeout=30)
-    parent_pid = yr.get(p.pid.invoke(), timeout=30)
-    kill(parent_pid)
+    old_child = yr.get(p.get_child.invoke(), timeout=30)
+    kill(yr.get(p.pid.invoke(), timeout=30))
     # fresh __init__ made a fresh child: its counter starts again
     assert yr.get(p.child_incr.invoke(), timeout=60) == 1
-    assert isinstance(old_child, int)
+    new_child = yr.get(p.get_child.invoke(), timeout=30)
+    assert new_child.instance_id != old_child.instance_id
+    wait_until(lambda: old_child.state == "DEAD", 30,
+               lambda: f"the old child to end, status {old_child.status()}")
+    assert "restarted" in old_child.status()["reason"]
     p.terminate(is_sync=True)
 
 

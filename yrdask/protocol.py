@@ -50,7 +50,8 @@ reason]`` when no worker could meet the request in time (the API raises
 :class:`yrdask.errors.ScheduleError`)."""
 
 CLUSTER_INFO = "yr_cluster_info"
-"""any -> scheduler rpc.  Reply: ``{"workers": {address: {"capacity": .., "held": ..}},
+"""any -> scheduler rpc.  Fields: ``instances`` (optional, default true; false leaves the
+instance list empty, for callers that want only workers).  Reply: ``{"workers": {address: {"capacity": .., "held": ..}},
 "dashboard": url-or-None, "counters": lease counters (granted, local, forwarded, timeouts),
 "instances": [instance records], "placement": {kind: latency figures}, "scheduling":
 {address: the worker's last heartbeat load report}}``.  Used by ``yr.resources()``, the

@@ -22,12 +22,17 @@ from yrdask.errors import YRRuntimeError, YRTypeError
 __all__ = ["dumps", "dumps_value", "dumps_definition", "loads", "wire", "Frames", "pack_args",
            "unpack_args", "ArgSlot"]
 
+#: Types plain pickle handles exactly as cloudpickle does (no code, no classes).
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
+
 #: Values whose pickle (with buffers) is larger than this travel as :class:`Frames`.
 FRAMES_OVER = 512 * 1024
 
 
 def dumps(obj: Any) -> bytes:
     """Pickle a user object (cloudpickle, so lambdas and ``__main__`` code travel by value)."""
+    if type(obj) in _PLAIN:  # no code to carry: skip building a cloudpickle Pickler
+        return pickle.dumps(obj, protocol=5)
     return cloudpickle.dumps(obj, protocol=5)
 
 
@@ -54,6 +59,8 @@ def dumps_value(obj: Any, snapshot: bool = False) -> bytes | Frames:
     The frames of a large value share its buffers' memory unless ``snapshot``: ``yr.put``
     asks for a copy, so changing the array afterwards does not change the stored object.
     """
+    if type(obj) in _PLAIN:
+        return dumps(obj)
     buffers: list = []
     head = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     raws = [b.raw() for b in buffers]
@@ -141,10 +148,6 @@ class ArgSlot:
 
     def __reduce__(self):
         return (ArgSlot, (self.index,))
-
-
-#: Argument types plain pickle handles exactly as cloudpickle does (no code, no classes).
-_PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
 
 
 def pack_args(args: tuple, kwargs: dict, is_ref: Callable[[Any], bool]) -> tuple[bytes, list]:

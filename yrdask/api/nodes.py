@@ -50,7 +50,7 @@ def resources() -> list[dict]:
     ``--resources`` tags); ``allocatable`` is what running tasks and live instances leave free.
     A task blocked in ``yr.get`` lends its CPU back, so that CPU counts as free meanwhile.
     """
-    info = current_runtime().scheduler_call(P.CLUSTER_INFO)
+    info = current_runtime().scheduler_call(P.CLUSTER_INFO, instances=False)
     return [_node(address, w["capacity"], w["held"])
             for address, w in sorted(info["workers"].items())]
 

@@ -136,9 +136,9 @@ class Submitter:
         task.dep_refs = []
         sq = self.shapes.get(task.shape_key)
         if sq is None:
+            _resources, _timeout, slots, affinity = task.shape_key
             sq = self.shapes[task.shape_key] = ShapeQueue(
-                task.shape, task.timeout_ms, task.shape_key[2], f"q{len(self.shapes)}",
-                task.shape_key[3])
+                task.shape, task.timeout_ms, slots, f"q{len(self.shapes)}", affinity)
         sq.queue.append(task)
         self._dispatch(sq)
 

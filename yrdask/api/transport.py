@@ -166,7 +166,7 @@ class DriverConnector:
         loop = asyncio.get_running_loop()
         timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
         deadline = loop.time() + timeout
-        while await self.scheduler_rpc(P.CLUSTER_INFO) is None:
+        while await self.scheduler_rpc(P.CLUSTER_INFO, instances=False) is None:
             if loop.time() > deadline:
                 raise YRRuntimeError(
                     f"the scheduler at {self.scheduler_address} has no yrdask extension: start it "

@@ -197,9 +197,11 @@ class YrSchedulerExtension:
         except Exception:
             return None
 
-    def cluster_info(self) -> dict:
+    def cluster_info(self, instances: bool = True) -> dict:
+        """The cluster at a glance; ``instances=False`` leaves out the (long) instance list."""
         return {"workers": self.ledger.snapshot(), "dashboard": self.dashboard_link(),
-                "counters": dict(self.counters), "instances": self.instances.lifecycle.snapshot(),
+                "counters": dict(self.counters),
+                "instances": self.instances.lifecycle.snapshot() if instances else [],
                 "placement": self.figures.snapshot(), "scheduling": self.worker_scheduling()}
 
     def worker_scheduling(self) -> dict[str, dict]:
