@@ -12,6 +12,9 @@ Layout, for adding figures:
 * :mod:`benchmarks.registry` -- :class:`~benchmarks.registry.System`: the figure bodies,
   written once against the primitives (submit, gather, put, fetch, read_in_task, nested,
   nested_burst, create, call) that each system module supplies;
+* :mod:`benchmarks.workloads` -- the code that runs on the workers (trivial tasks, the nested
+  bodies, the counter and training-worker classes) as plain Python, which each system module
+  wraps in its own API;
 * :mod:`benchmarks.local_first` -- yrdask's nested figures with the
   ``yrdask.scheduling.local-first`` config key on and off.
 

@@ -9,10 +9,6 @@ from typing import Callable
 import psutil
 
 
-def median(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
 def timed_calls(call: Callable[[int], object], warmup: int, calls: int,
                 max_seconds: float | None = None, min_calls: int = 200) -> list[float]:
     """Run ``call(i)`` ``warmup`` times untimed, then ``calls`` times; seconds per call.
@@ -37,8 +33,8 @@ def timed_calls(call: Callable[[int], object], warmup: int, calls: int,
 def latency_result(secs: list[float]) -> tuple[float, dict]:
     ms = sorted(s * 1000.0 for s in secs)
     n = len(ms)
-    return median(ms), {"calls": n, "p10_ms": ms[n // 10], "p90_ms": ms[(9 * n) // 10],
-                        "mean_ms": sum(ms) / n}
+    return statistics.median(ms), {"calls": n, "p10_ms": ms[n // 10],
+                                   "p90_ms": ms[(9 * n) // 10], "mean_ms": sum(ms) / n}
 
 
 def tree_pss_mb() -> tuple[float, dict]:
@@ -77,6 +73,6 @@ def same_size(a, b) -> bool:
 
 
 def put_get_result(secs: list[float], size_mb: int, kind: str) -> tuple[float, dict]:
-    med = median(secs)
+    med = statistics.median(secs)
     return 2 * size_mb / med, {"repeats": len(secs), "median_s": med, "payload": kind,
                                "runs_mb_per_s": [2 * size_mb / s for s in secs]}

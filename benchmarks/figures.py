@@ -69,7 +69,7 @@ add(Figure(
     "sequential get(f.invoke(i)) round trip of a trivial task: median per call over 2000 calls "
     "(or as many as fit in 5 s, at least 200) after 100 warm-up calls",
     params={"warmup": 100, "calls": 2000, "max_seconds": 5.0},
-    quick={"warmup": 10, "calls": 100, "max_seconds": 5.0},
+    quick={"warmup": 10, "calls": 100},
     target=("<=", 1.0),
 ))
 add(Figure(
@@ -83,7 +83,7 @@ add(Figure(
     "a 100 MB numpy array put, then get in the driver: 200 MB / seconds (both directions "
     "counted, Ray's benchmark convention); median over repeats. What each system does is in "
     "the JSON (extra.semantics)",
-    params={"size_mb": 100, "warmup": 1, "repeats": 5}, quick={"warmup": 1, "repeats": 2},
+    params={"size_mb": 100, "warmup": 1, "repeats": 5}, quick={"repeats": 2},
     target=(">=", 1500),
 ))
 add(Figure(
@@ -91,7 +91,7 @@ add(Figure(
     "cross-process: a 100 MB numpy array put in the driver, then a task on a worker gets it "
     "and returns its nbytes; the driver times put -> result: 200 MB / seconds (put + get "
     "counted, as above); median over repeats",
-    params={"size_mb": 100, "warmup": 1, "repeats": 5}, quick={"warmup": 1, "repeats": 2},
+    params={"size_mb": 100, "warmup": 1, "repeats": 5}, quick={"repeats": 2},
     target=(">=", 1500),
 ))
 add(Figure(
@@ -111,7 +111,7 @@ add(Figure(
     "sequential get(h.inc.invoke(i)) round trip on one instance (Dask: actor method call): "
     "median per call over 2000 calls (or as many as fit in 5 s, at least 200)",
     params={"warmup": 100, "calls": 2000, "max_seconds": 5.0},
-    quick={"warmup": 10, "calls": 100, "max_seconds": 5.0},
+    quick={"warmup": 10, "calls": 100},
     target=("<=", 0.5),
 ))
 add(Figure(
@@ -159,7 +159,7 @@ add(Figure(
     "SIGKILL of the worker process hosting an instance created to restart once (yrdask "
     "recover_retry_times=1; Ray max_restarts=1, max_task_retries=-1) until a call on the "
     "same handle returns from the restarted instance (calls that fail meanwhile are retried)",
-    params={"deadline_s": 10.0}, quick={"deadline_s": 10.0},
+    params={"deadline_s": 10.0},
     target=("<=", 1.0),
 ))
 

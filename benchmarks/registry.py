@@ -10,6 +10,7 @@ the primitives each system module supplies.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import signal
@@ -132,22 +133,32 @@ class System:
 
     # -- stateless figures ---------------------------------------------------------------
 
-    @measures("task_rtt_ms")
-    def task_rtt(self, p: dict) -> tuple[float, dict]:
-        return latency_result(timed_calls(lambda i: self.gather([self.submit(i)]),
+    def _latency(self, submit: Callable[[int], Any], p: dict) -> tuple[float, dict]:
+        """Sequential round trips ``gather([submit(i)])``: median ms per call."""
+        return latency_result(timed_calls(lambda i: self.gather([submit(i)]),
                                           p["warmup"], p["calls"], p.get("max_seconds")))
 
-    @measures("tasks_10k_per_s")
-    def tasks(self, p: dict) -> tuple[float, dict]:
-        self.gather([self.submit(i) for i in range(p["warmup"])])
-        n, extra = self.capped("tasks", p)
+    def _throughput(self, submit: Callable[[int], Any], warmup: int, n: int,
+                    extra: dict) -> tuple[float, dict]:
+        """``warmup`` calls of ``submit(i)`` gathered untimed, then ``n`` submitted at once and
+        gathered: n / seconds."""
+        self.gather([submit(i) for i in range(warmup)])
         t = time.perf_counter()
-        handles = [self.submit(i) for i in range(n)]
+        handles = [submit(i) for i in range(n)]
         submitted = time.perf_counter() - t
         out = self.gather(handles)
         dt = time.perf_counter() - t
         assert out[-1] == n
         return n / dt, {**extra, "seconds": dt, "submit_seconds": submitted}
+
+    @measures("task_rtt_ms")
+    def task_rtt(self, p: dict) -> tuple[float, dict]:
+        return self._latency(self.submit, p)
+
+    @measures("tasks_10k_per_s")
+    def tasks(self, p: dict) -> tuple[float, dict]:
+        n, extra = self.capped("tasks", p)
+        return self._throughput(self.submit, p["warmup"], n, extra)
 
     @measures("put_get_100mb_mb_per_s")
     def put_get(self, p: dict) -> tuple[float, dict]:
@@ -200,58 +211,50 @@ class System:
 
     @measures("instance_rtt_ms")
     def instance_rtt(self, p: dict) -> tuple[float, dict]:
-        h = self.create("counter")
-        return latency_result(timed_calls(lambda i: self.gather([self.call(h, "inc", i)]),
-                                          p["warmup"], p["calls"], p.get("max_seconds")))
+        return self._latency(functools.partial(self.call, self.create("counter"), "inc"), p)
 
     @measures("instance_calls_10k_per_s")
     def instance_calls(self, p: dict) -> tuple[float, dict]:
-        h = self.create("counter")
-        self.gather([self.call(h, "inc", i) for i in range(p["warmup"])])
         n, extra = self.capped("calls", p)
+        return self._throughput(functools.partial(self.call, self.create("counter"), "inc"),
+                                p["warmup"], n, extra)
+
+    def _counters(self, n: int, size: str = "small") -> tuple[list, float]:
+        """``n`` counters created and each called once, all gathered: handles and seconds."""
         t = time.perf_counter()
-        handles = [self.call(h, "inc", i) for i in range(n)]
-        submitted = time.perf_counter() - t
-        out = self.gather(handles)
+        handles = [self.create("counter", size=size) for _ in range(n)]
+        out = self.gather([self.call(h, "inc", k) for k, h in enumerate(handles)])
         dt = time.perf_counter() - t
         assert out[-1] == n
-        return n / dt, {**extra, "seconds": dt, "submit_seconds": submitted}
+        return handles, dt
 
     @measures("instances_100_per_s")
     def instances_create(self, p: dict) -> tuple[float, dict]:
         n, extra = self.capped("instances", p)
-        t = time.perf_counter()
-        handles = [self.create("counter") for _ in range(n)]
-        out = self.gather([self.call(h, "inc", k) for k, h in enumerate(handles)])
-        dt = time.perf_counter() - t
-        assert out[-1] == n
+        _, dt = self._counters(n)
         return n / dt, {**extra, "seconds": dt}
 
-    def _live_instances(self, n: int, settle_s: float) -> tuple[float, float, list, dict]:
-        """PSS before and after ``n`` tiny instances (each called once); the handles."""
+    def _live_instances(self, n: int, settle_s: float) -> tuple[float, float, dict]:
+        """PSS before and after ``n`` tiny instances (each called once, all still alive)."""
         time.sleep(settle_s)
         before, _ = tree_pss_mb()
-        t = time.perf_counter()
-        handles = [self.create("counter", size="tiny") for _ in range(n)]
-        out = self.gather([self.call(h, "inc", k) for k, h in enumerate(handles)])
-        created = time.perf_counter() - t
-        assert out[-1] == n
+        handles, created = self._counters(n, size="tiny")  # alive until the PSS is read
         time.sleep(settle_s)
         after, info = tree_pss_mb()
-        return before, after, handles, {"create_and_call_seconds": created,
-                                        "pss_before_mb": before, "pss_after_mb": after, **info}
+        return before, after, {"create_and_call_seconds": created,
+                               "pss_before_mb": before, "pss_after_mb": after, **info}
 
     @measures("instance_mem_mb")
     def instance_memory(self, p: dict) -> tuple[float, dict]:
         n, extra = self.capped("instances", p)
-        before, after, handles, info = self._live_instances(n, p["settle_s"])
+        before, after, info = self._live_instances(n, p["settle_s"])
         return (after - before) / n, {**extra, **info}
 
     @measures("instances_10k_pss_mb")
     def live_instances(self, p: dict) -> tuple[float, dict]:
         wanted = p["total_for"]  # the figure is the total with this many live instances
         n, extra = self.capped("instances", p)
-        before, after, handles, info = self._live_instances(n, p["settle_s"])
+        before, after, info = self._live_instances(n, p["settle_s"])
         extra.update(info)
         if n == wanted:
             return after, extra
@@ -318,8 +321,3 @@ class System:
 def load(name: str) -> System:
     mod = importlib.import_module(SYSTEM_MODULES[name])
     return mod.SYSTEM
-
-
-def install_hint(name: str) -> str:
-    """The system's unavailability message without importing the library itself."""
-    return load(name).available() or ""

@@ -1,75 +1,41 @@
 """Plain dask.distributed: ``LocalCluster(n_workers=2, threads_per_worker=1, processes=True)``.
 
-Instances are Dask actors (``client.submit(Cls, actor=True)``); a handle is the actor's
-future, resolved to the ``Actor`` proxy at its first call.
+Instances are Dask actors (``client.submit(Cls, actor=True)``); a handle holds the actor's
+future, resolved to the ``Actor`` proxy once, at its first call.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 
+from benchmarks import workloads
 from benchmarks.registry import N_WORKERS, System
+from benchmarks.workloads import Counter, TrainingWorker, inc, whoami
 
 
-def inc(i):
-    return i + 1
-
-
-def whoami(i):
-    return os.getpid()
+def _submitter(client, fn):
+    return functools.partial(client.submit, fn, pure=False)
 
 
 def nested(warmup, calls):
-    import statistics
-    import time
-
-    from distributed import worker_client
+    from distributed import Future, worker_client
 
     with worker_client() as c:
-        for i in range(warmup):
-            c.submit(inc, i, pure=False).result()
-        out = []
-        for i in range(calls):
-            t = time.perf_counter()
-            c.submit(inc, i, pure=False).result()
-            out.append((time.perf_counter() - t) * 1000.0)
-        pids = c.gather([c.submit(whoami, i, pure=False) for i in range(20)])
-    return {"median_ms": statistics.median(out),
-            "inner_same_process_fraction": sum(p == os.getpid() for p in pids) / len(pids)}
+        return workloads.nested_rtt(warmup, calls, submit_inc=_submitter(c, inc),
+                                    submit_whoami=_submitter(c, whoami), get=c.gather,
+                                    get_one=Future.result)
 
 
 def nested_burst(warmup, n):
-    import time
-
     from distributed import worker_client
 
     with worker_client() as c:
-        c.gather([c.submit(inc, i, pure=False) for i in range(warmup)])
-        t = time.perf_counter()
-        out = c.gather([c.submit(whoami, i, pure=False) for i in range(n)])
-        dt = time.perf_counter() - t
-    return {"seconds": dt, "inner_same_process_fraction": sum(p == os.getpid() for p in out) / n}
+        return workloads.nested_burst(warmup, n, submit_inc=_submitter(c, inc),
+                                      submit_whoami=_submitter(c, whoami), get=c.gather)
 
 
 def nbytes_of(box):
     return box[0].nbytes  # Dask resolves futures nested in arguments before the call
-
-
-class Counter:
-    def __init__(self):
-        self.n = 0
-
-    def inc(self, i):
-        self.n += 1
-        return i + 1
-
-    def pid(self):
-        return os.getpid()
-
-
-class TrainingWorker:
-    def train(self, shard_id, hyperparams):
-        return f"Loss: {0.1 / hyperparams['lr']}"
 
 
 class TrainingSupervisor:
@@ -97,6 +63,16 @@ class TrainingSupervisor:
 
 
 KINDS = {"counter": Counter, "supervisor": TrainingSupervisor}
+
+
+class ActorHandle:
+    """An actor's future, and its ``Actor`` proxy once a call needed it."""
+
+    __slots__ = ("future", "actor")
+
+    def __init__(self, future):
+        self.future = future
+        self.actor = None
 
 
 class Dask(System):
@@ -164,10 +140,12 @@ class Dask(System):
 
     def create(self, kind: str, *args, size: str = "small", restartable: bool = False):
         # Dask actors reserve no resources: ``size`` has nothing to map to.
-        return self.client.submit(KINDS[kind], *args, actor=True, pure=False)
+        return ActorHandle(self.client.submit(KINDS[kind], *args, actor=True, pure=False))
 
-    def call(self, handle, method: str, *args):
-        return getattr(handle.result(), method)(*args)
+    def call(self, handle: ActorHandle, method: str, *args):
+        if handle.actor is None:  # future.result() is a round trip to the client's loop
+            handle.actor = handle.future.result()
+        return getattr(handle.actor, method)(*args)
 
 
 SYSTEM = Dask()

@@ -8,69 +8,32 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from benchmarks import workloads
 from benchmarks.registry import N_WORKERS, System
 
 
 def _define() -> SimpleNamespace:
-    import os
-
     import ray
 
-    @ray.remote
-    def inc(i):
-        return i + 1
-
-    @ray.remote
-    def whoami(i):
-        return os.getpid()
+    inc = ray.remote(workloads.inc)
+    whoami = ray.remote(workloads.whoami)
 
     @ray.remote
     def nested(warmup, calls):
-        import statistics
-        import time
-
-        for i in range(warmup):
-            ray.get(inc.remote(i))
-        out = []
-        for i in range(calls):
-            t = time.perf_counter()
-            ray.get(inc.remote(i))
-            out.append((time.perf_counter() - t) * 1000.0)
-        pids = ray.get([whoami.remote(i) for i in range(20)])
-        return {"median_ms": statistics.median(out),
-                "inner_same_process_fraction": sum(p == os.getpid() for p in pids) / len(pids)}
+        return workloads.nested_rtt(warmup, calls, submit_inc=inc.remote,
+                                    submit_whoami=whoami.remote, get=ray.get)
 
     @ray.remote
     def nested_burst(warmup, n):
-        import time
-
-        ray.get([inc.remote(i) for i in range(warmup)])
-        t = time.perf_counter()
-        out = ray.get([whoami.remote(i) for i in range(n)])
-        dt = time.perf_counter() - t
-        return {"seconds": dt,
-                "inner_same_process_fraction": sum(p == os.getpid() for p in out) / n}
+        return workloads.nested_burst(warmup, n, submit_inc=inc.remote,
+                                      submit_whoami=whoami.remote, get=ray.get)
 
     @ray.remote
     def nbytes_of(box):
         return ray.get(box[0]).nbytes  # box: a list, so Ray does not resolve the ref itself
 
-    @ray.remote
-    class Counter:
-        def __init__(self):
-            self.n = 0
-
-        def inc(self, i):
-            self.n += 1
-            return i + 1
-
-        def pid(self):
-            return os.getpid()
-
-    @ray.remote(num_cpus=0.01)
-    class TrainingWorker:
-        def train(self, shard_id, hyperparams):
-            return f"Loss: {0.1 / hyperparams['lr']}"
+    Counter = ray.remote(workloads.Counter)
+    TrainingWorker = ray.remote(num_cpus=0.01)(workloads.TrainingWorker)
 
     @ray.remote
     class TrainingSupervisor:

@@ -4,22 +4,16 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from benchmarks import workloads
 from benchmarks.registry import N_WORKERS, System
 
 
 def _define() -> SimpleNamespace:
     """The remote functions and classes (defined once yrdask is imported, inside the timed init)."""
-    import os
-
     import yrdask as yr
 
-    @yr.invoke
-    def inc(i):
-        return i + 1
-
-    @yr.invoke
-    def whoami(i):
-        return os.getpid()
+    inc = yr.invoke(workloads.inc)
+    whoami = yr.invoke(workloads.whoami)
 
     def probe() -> dict:
         """What the nested figures report besides their timing: the local-first setting.
@@ -41,55 +35,21 @@ def _define() -> SimpleNamespace:
 
     @yr.invoke
     def nested(warmup, calls):
-        import statistics
-        import time
-
-        for i in range(warmup):
-            yr.get(inc.invoke(i))
-        out = []
-        for i in range(calls):
-            t = time.perf_counter()
-            yr.get(inc.invoke(i))
-            out.append((time.perf_counter() - t) * 1000.0)
-        pids = yr.get([whoami.invoke(i) for i in range(20)])
-        return {"median_ms": statistics.median(out),
-                "inner_same_process_fraction": sum(p == os.getpid() for p in pids) / len(pids),
-                **probe()}
+        return {**workloads.nested_rtt(warmup, calls, submit_inc=inc.invoke,
+                                       submit_whoami=whoami.invoke, get=yr.get), **probe()}
 
     @yr.invoke
     def nested_burst(warmup, n):
-        import time
-
-        yr.get([inc.invoke(i) for i in range(warmup)])
-        t = time.perf_counter()
-        out = yr.get([whoami.invoke(i) for i in range(n)])
-        dt = time.perf_counter() - t
-        return {"seconds": dt,
-                "inner_same_process_fraction": sum(p == os.getpid() for p in out) / n,
-                **probe()}
+        return {**workloads.nested_burst(warmup, n, submit_inc=inc.invoke,
+                                         submit_whoami=whoami.invoke, get=yr.get), **probe()}
 
     @yr.invoke
     def nbytes_of(box):
         return yr.get(box[0]).nbytes  # box: a list, so the ref is not resolved before the call
 
     small = yr.InvokeOptions(cpu=10, memory=0)
-
-    @yr.instance(invoke_options=small)
-    class Counter:
-        def __init__(self):
-            self.n = 0
-
-        def inc(self, i):
-            self.n += 1
-            return i + 1
-
-        def pid(self):
-            return os.getpid()
-
-    @yr.instance(invoke_options=small)
-    class TrainingWorker:
-        def train(self, shard_id, hyperparams):
-            return f"Loss: {0.1 / hyperparams['lr']}"
+    Counter = yr.instance(invoke_options=small)(workloads.Counter)
+    TrainingWorker = yr.instance(invoke_options=small)(workloads.TrainingWorker)
 
     @yr.instance(invoke_options=small)
     class TrainingSupervisor:

@@ -430,3 +430,25 @@ def cli_cluster(cluster: ClusterManager) -> Cluster:
 def _wait_until_fixture():
     """``wait_until(predicate, timeout, what)``: poll a condition (files written by tasks)."""
     return wait_until
+
+
+# -- an instance class for the monitoring tests (test_dashboard, test_status_cli) -----------
+
+
+@yr.instance
+class Greeter:
+    """A named instance for the monitoring views to list: counts its ``hello`` calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def hello(self) -> int:
+        self.calls += 1
+        return self.calls
+
+
+def pending_greeter(name: str) -> Any:
+    """A :class:`Greeter` that stays PENDING: it asks for 64 CPUs, more than any test worker
+    offers, and its request waits two minutes before it times out."""
+    return Greeter.options(yr.InvokeOptions(name=name, cpu=64_000, memory=0,
+                                            schedule_timeout_ms=120_000)).invoke()

@@ -13,6 +13,7 @@ they skip, saying why, when Chromium or chromedriver is not installed (CI instal
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pathlib
 import re
@@ -26,7 +27,7 @@ from typing import Any
 import pytest
 
 import yrdask as yr
-from conftest import CORE_KINDS, wait_until
+from conftest import CORE_KINDS, Greeter, pending_greeter, wait_until
 from yrdask.api.runtime import current_runtime
 from yrdask.cli import fetch_cluster_info
 
@@ -34,16 +35,6 @@ pytestmark = pytest.mark.timeout(180)
 
 T = 60  # seconds: explicit yr.get / wait bound, well under the test time-out
 SMALL = dict(cpu=100, memory=0)  # leaves room for the tasks of the scheduling test
-
-
-@yr.instance
-class Greeter:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def hello(self) -> int:
-        self.calls += 1
-        return self.calls
 
 
 @yr.invoke
@@ -81,8 +72,6 @@ def http_get(path: str, timeout: float = 30) -> tuple[int, str, float]:
 
 
 def api(path: str) -> Any:
-    import json
-
     status, body, _ = http_get(path)
     assert status == 200, f"GET {path}: {status} {body}"
     return json.loads(body)
@@ -102,9 +91,7 @@ class Population:
                       .invoke() for i in range(3)]
         for i, h in enumerate(self.alive):
             yr.get([h.hello.invoke() for _ in range(i + 1)], T)
-        self.waiting = Greeter.options(yr.InvokeOptions(
-            name=f"{self.prefix}waiting", cpu=64_000, memory=0,
-            schedule_timeout_ms=120_000)).invoke()
+        self.waiting = pending_greeter(f"{self.prefix}waiting")
         self.names = [f"{self.prefix}{i}" for i in range(3)] + [f"{self.prefix}waiting"]
 
     def shown(self) -> dict:
@@ -163,6 +150,15 @@ box.dispatchEvent(new Event("change", {bubbles: true}));
 return inputs.length;
 """
 
+#: The scheduling plots' time column as the browser holds it (the Bokeh document's models).
+SERIES_JS = """
+for (const doc of (window.Bokeh && Bokeh.documents) || [])
+  for (const m of doc._all_models.values())
+    if (typeof m.get_column === "function" && m.get_column("t_ms") != null)
+      return Array.from(m.get_column("t_ms"));
+return null;
+"""
+
 
 class Browser:
     """A headless Chromium driven by chromedriver: open a page, read its text (Bokeh draws
@@ -184,6 +180,10 @@ class Browser:
         text = wait_until(lambda: (lambda t: t if all(n in t for n in needles) else None)(
             self.text()), timeout, lambda: f"{needles} on the page; it shows: {self.text()[:3000]}")
         return text, time.perf_counter() - t0
+
+    def series_ms(self) -> list[float] | None:
+        """The sample times (ms) the scheduling plots hold in the browser, or None."""
+        return self.driver.execute_script(SERIES_JS)
 
     def type_filter(self, value: str) -> None:
         assert self.driver.execute_script(TYPE_JS, value) >= 1
@@ -238,6 +238,19 @@ def test_init_result_and_handles_link_the_dashboard(population):
 
 
 # --------------------------------------------------------------------------- JSON and /metrics
+
+
+def test_individual_plots_lists_the_yr_panels(population):
+    """Kept first of the module's HTTP tests: on the embedded cluster only ``/yr/api`` has
+    been asked for so far (by the fixture), so Dask's Bokeh pages are mounted and yr's not
+    yet, as when JupyterLab asks first; the list must name the yr panels all the same."""
+    plots = api("/individual-plots.json")
+    for key in ("Instances", "Resources", "Scheduling"):
+        assert plots[f"Individual Yr {key}"] == f"/individual-yr-{key.lower()}"
+    assert "Individual Task Stream" in plots  # Dask's own panels stay
+    for key in ("Instances", "Resources", "Scheduling"):  # the yr document, not just a page
+        status, body, _ = http_get(f"/individual-yr-{key.lower()}")
+        assert status == 200 and f"<title>Dask: yr {key}</title>" in body, (status, body[:500])
 
 
 def test_instances_json_filters_and_pages(population):
@@ -321,16 +334,6 @@ def test_prometheus_metrics(population):
     assert "dask_scheduler_workers" in body  # Dask's own collectors are still there
 
 
-def test_individual_plots_lists_the_yr_panels(population):
-    plots = api("/individual-plots.json")
-    for key in ("Instances", "Resources", "Scheduling"):
-        assert plots[f"Individual Yr {key}"] == f"/individual-yr-{key.lower()}"
-    assert "Individual Task Stream" in plots  # Dask's own panels stay
-    for key in ("instances", "resources", "scheduling"):
-        status, body, _ = http_get(f"/individual-yr-{key}")
-        assert status == 200 and "bokeh" in body.lower()
-
-
 # --------------------------------------------------------------------------- the pages, in Chromium
 
 
@@ -352,21 +355,49 @@ def test_instances_page(population, browser, cluster_kind):
 
 
 def test_resources_page(population, browser, cluster_kind):
-    workers = api("/yr/api/resources")["workers"]
+    view = api("/yr/api/resources")
     browser.open("/yr-resources")
-    short = [w["worker"].split("://", 1)[1] for w in workers]
-    text, _ = browser.wait_for(f"{len(workers)} yr workers", "CPU held", "Used %",
+    short = [w["worker"].split("://", 1)[1] for w in view["workers"]]
+    capacity = view["totals"]["CPU"]["capacity"]
+    text, _ = browser.wait_for(f"{len(view['workers'])} yr workers", "CPU held", "Used %",
                                *short)
+    held = re.search(rf"CPU held ([\d.]+) of {capacity:g}\b", text)
+    assert held, f"no 'CPU held H of {capacity:g}' in {text[:2000]}"
+    assert float(held.group(1)) >= 300  # the three ALIVE instances hold 100 millicores each
     if cluster_kind == "cli":
         assert "gpu_node" in text
     browser.shot(f"yr-resources-{cluster_kind}")
 
 
 def test_scheduling_page(population, browser, cluster_kind):
+    assert yr.get(fan_out.invoke(4), T) == sum(range(1, 5))  # nested work for the counts
+
+    def pushed() -> int | None:  # once the workers' heartbeats count fan_out's tasks
+        now = api("/yr/api/scheduling?samples=1")["now"]
+        n = now["tasks_local_total"] + now["tasks_forwarded_total"]
+        return n if n >= 4 else None
+    least = wait_until(pushed, T, "the workers' pushes counted")
     browser.open("/yr-scheduling")
     workers = api("/yr/api/scheduling")["workers"]
-    text, _ = browser.wait_for("Tasks pushed by workers", "requests waiting", "Pushed local",
-                               *(w["worker"] for w in workers))  # plot titles are canvas
+    browser.wait_for("Tasks pushed by workers", "requests waiting", "Pushed local",
+                     *(w["worker"] for w in workers))
+
+    def shown() -> int:  # "local <b>L</b>, forwarded <b>F</b>" in the summary
+        found = re.search(r"local (\d+) ?, forwarded (\d+)", browser.text())
+        return int(found.group(1)) + int(found.group(2)) if found else -1
+    wait_until(lambda: shown() >= least, T,
+               lambda: f">= {least} tasks pushed on the page: {browser.text()[:1000]}")
+    # The plots (canvas) get the timeline's samples, then one more each second (streamed):
+    # the browser's times are a run of the server's, in order, without gaps or repeats.
+    first = wait_until(lambda: (lambda t: t if t and len(t) >= 2 else None)(
+        browser.series_ms()), T, lambda: f"samples on the plots: {browser.series_ms()}")
+    later = wait_until(lambda: (lambda t: t if t and t[-1] > first[-1] else None)(
+        browser.series_ms()), T, "a newer sample streamed to the plots")
+    server = [t * 1000 for t in api("/yr/api/scheduling?samples=0")["series"]["time"]]
+    assert later[0] in server, (later[:3], server[-3:])
+    start = server.index(later[0])
+    assert later == server[start:start + len(later)], (later[-5:], server[-5:])
+    assert len(later) <= 300  # pages.SCHEDULING_WINDOW
     browser.shot(f"yr-scheduling-{cluster_kind}")
 
 

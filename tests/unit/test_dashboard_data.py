@@ -13,9 +13,12 @@ import json
 import time
 
 import pytest
+from bokeh.document import Document
+from bokeh.document.events import ColumnsStreamedEvent
+from bokeh.events import ButtonClick
 
 from yrdask import protocol as P
-from yrdask.dashboard import YrDashboard, data
+from yrdask.dashboard import YrDashboard, data, pages
 from yrdask.scheduler.lifecycle import Lifecycle
 from yrdask.scheduler.resources import Holding, Ledger
 
@@ -144,6 +147,7 @@ def test_scheduling_sample_and_rates():
         tl.add({**s, "time": t, "tasks_local_total": local})
     series = tl.series()
     assert series["time"] == [1.0, 3.0, 4.0]  # maxlen kept the newest three
+    assert tl.added == 4
     assert series["local_per_s"] == [0.0, 10.0, 0.0]
     assert tl.series(last=2)["local_per_s"] == [10.0, 0.0]  # rate of the first uses one more
     src.placement = {"lease": {"count": 2, "mean_ms": 1.0, "p50_ms": 0.5, "p99_ms": 1.5}}
@@ -158,9 +162,87 @@ def test_restart_counter_only_grows():
     counter = data.RestartCounter()
     assert counter.observe(lc.instances.values()) == 2
     lc.instances["i-00007"].restarts = 3
+    lc.instances["i-00003"].restarts = 1  # its first restart
     lc.end("i-00014", "terminated")
     lc.forget("i-00014")
-    assert counter.observe(lc.instances.values()) == 4
+    assert counter.observe(lc.instances.values()) == 5
+    assert counter.observe(lc.instances.values()) == 5  # nothing new
+
+
+# -- the Bokeh panels ----------------------------------------------------------------------
+
+
+def dashboard(src: data.Sources | None) -> YrDashboard:
+    return YrDashboard(None, read=lambda: src)
+
+
+def test_panels_say_when_yr_is_missing():
+    for panel in (pages.InstancesPanel, pages.ResourcesPanel, pages.SchedulingPanel):
+        p = panel(dashboard(None), {})
+        p.update()
+        assert p.summary.text == "yr is not installed on this scheduler", panel
+
+
+def test_instances_panel_filters_from_the_url_and_pages():
+    lc, ledger, metrics = fill(300)
+    expected = [iid for iid, rec in lc.instances.items()  # creation order
+                if rec.state == P.ALIVE and rec.spec["cls_name"] == "Actor"]
+    assert 100 < len(expected) < 200  # two pages of 100 rows
+    panel = pages.InstancesPanel(dashboard(sources(lc, ledger, metrics)),
+                                 {"state": "alive", "class": "Actor"})
+    panel.update()
+    assert panel.source.data["instance_id"] == expected[:100]
+    assert f"Instances 1–100 of {len(expected)} matching (300 in all)" in panel.summary.text
+    assert "PENDING <b>30</b>" in panel.summary.text
+    assert panel.prev.disabled and not panel.next.disabled
+    panel.next._trigger_event(ButtonClick(panel.next))  # as the browser's click does
+    assert panel.source.data["instance_id"] == expected[100:]
+    assert not panel.prev.disabled and panel.next.disabled
+    for iid in expected[50:]:  # rows go away: the second page is past the end
+        lc.end(iid, "terminated")
+        lc.forget(iid)
+    panel.update()
+    assert panel.page == 0 and panel.source.data["instance_id"] == expected[:50]
+    panel.text.value_input = expected[7]  # typing in the filter box refilters at once
+    assert panel.source.data["instance_id"] == [expected[7]]
+
+
+def test_resources_panel_shows_the_ledger():
+    lc, ledger, metrics = fill(10)
+    panel = pages.ResourcesPanel(dashboard(sources(lc, ledger, metrics)), {})
+    panel.update()
+    assert panel.rows.data["key"] == ["10.0.0.1:1 CPU", "10.0.0.1:1 Memory", "10.0.0.1:1 gpu",
+                                      "10.0.0.2:1 CPU", "10.0.0.2:1 Memory"]
+    assert list(panel.fig.y_range.factors) == panel.rows.data["key"]
+    assert panel.workers.data["instances"] == [6, 3]
+    assert "2 yr workers" in panel.summary.text and "CPU held <b>90</b> of 200000" in \
+        panel.summary.text
+
+
+def test_scheduling_panel_streams_new_samples_only():
+    src = sources(*fill(3))
+    dash = dashboard(src)
+    for t in range(5):
+        dash.timeline.add(data.scheduling_sample(src, now=1000.0 + t))
+    panel = pages.SchedulingPanel(dash, {})
+    panel.update()
+    assert panel.series.data["time"] == [1000.0 + t for t in range(5)]
+    assert panel.series.data["t_ms"][-1] == 1_004_000.0
+    assert "local <b>3</b>, forwarded <b>1</b>" in panel.summary.text
+    assert panel.workers.data["worker"] == [W1, W2]
+    doc = Document()  # what a browser session holds: record what the updates send it
+    doc.add_root(panel.root)
+    sent: list = []
+    doc.on_change(lambda event: sent.append(event) if getattr(event, "model", None) is
+                  panel.series else None)
+    panel.update()  # no new sample: nothing to send
+    assert sent == []
+    dash.timeline.add({**data.scheduling_sample(src, now=1005.0), "tasks_local_total": 13})
+    panel.update()
+    (event,) = sent  # one row streamed, its rate taken against the sample before
+    assert isinstance(event, ColumnsStreamedEvent) and event.rollover == pages.SCHEDULING_WINDOW
+    assert event.data["time"] == [1005.0] and event.data["local_per_s"] == [10.0]
+    assert panel.series.data["time"][-2:] == [1004.0, 1005.0]
 
 
 # -- 10 000 instances ----------------------------------------------------------------------
@@ -187,10 +269,8 @@ def test_10k_instances_page_server_time_under_a_second():
             3, lambda q=q: json.dumps(data.query_instances(src, q)).encode())
     figures["JSON resources"] = best_of(3, lambda: json.dumps(data.resources_view(src)))
 
-    pages = pytest.importorskip("yrdask.dashboard.pages")
-    dash = YrDashboard(None, read=lambda: src)
-    for _ in range(5):
-        dash.sample()
+    dash = dashboard(src)
+    figures["sampler (every second, pages or not)"] = best_of(3, dash.sample)
     panel = pages.InstancesPanel(dash, {}, sizing_mode="stretch_width")
     figures["Bokeh instances update"] = best_of(3, panel.update)
     assert len(panel.source.data["instance_id"]) == 100
@@ -203,6 +283,6 @@ def test_10k_instances_page_server_time_under_a_second():
         3, pages.SchedulingPanel(dash, {}, sizing_mode="stretch_width").update)
     print("\nserver time with 10 000 instances (best of 3):")
     for label, seconds in figures.items():
-        print(f"  {label:28s} {seconds * 1000:7.1f} ms")
+        print(f"  {label:38s} {seconds * 1000:7.1f} ms")
     slow = {k: v for k, v in figures.items() if v >= 1.0}
     assert not slow, f"over a second of server time: {slow}"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import sys
 from typing import Any, Callable
 
 from tornado.ioloop import PeriodicCallback
@@ -70,9 +71,14 @@ class YrDashboard:
         self.restarts.observe(src.lifecycle.instances.values())
 
     def teardown(self) -> None:
-        """Called by Dask when the scheduler closes."""
-        prometheus = importlib.import_module("yrdask.dashboard.prometheus")
-        prometheus.forget(self)
+        """Called by Dask when the scheduler closes: the collector stops reporting it.
+
+        Only if the collector was ever installed (importing it here would fail, or import
+        prometheus_client for nothing, when it was not).
+        """
+        prometheus = sys.modules.get("yrdask.dashboard.prometheus")
+        if prometheus is not None:
+            prometheus.forget(self)
 
 
 def dashboard_of(scheduler: Any) -> YrDashboard | None:
@@ -98,36 +104,42 @@ def install(scheduler: Any) -> YrDashboard:
     if http is not None:
         dash.prefix = _dashboard_prefix(http)
         _optional("JSON routes", "routes", lambda m: m.install(dash, http))
-        if _dask_bokeh(http) is not None:
-            mount_pages(dash, http)
-        else:
+        mount_pages(dash, http)
+        if not dash._pages_tried:  # Dask mounts its Bokeh application later (lazily)
             _mount_pages_later(dash, http)
     _optional("Prometheus metrics", "prometheus", lambda m: m.install(dash))
     return dash
 
 
-def mount_pages(dash: YrDashboard, http: Any) -> None:
-    """Mount the Bokeh pages (once; a failure is logged and not retried)."""
-    if dash._pages_tried:
-        return
-    dash._pages_tried = True
-    dash.prefix = _dashboard_prefix(http)
-    _optional("pages", "pages", lambda m: m.install(dash, http))
+def mount_pages(dash: YrDashboard, http: Any) -> bool:
+    """Mount the Bokeh pages if Dask's Bokeh application is there; True if they are served.
+
+    Mounted once: a failure is logged and not retried.
+    """
+    if _can_mount(dash, http):
+        dash._pages_tried = True
+        dash.prefix = _dashboard_prefix(http)
+        _optional("pages", "pages", lambda m: m.install(dash, http))
+    return dash.pages_mounted
+
+
+def _can_mount(dash: YrDashboard, http: Any) -> bool:
+    return not dash._pages_tried and _dask_bokeh(http) is not None
 
 
 def _mount_pages_later(dash: YrDashboard, http: Any) -> None:
     """Mount the pages at the first request after Dask mounted its Bokeh application.
 
     A rule matches every request while Dask's application is there and yr's is not yet; its
-    handler mounts yr's and redirects to the same URL, which is then served as usual.
+    handler mounts yr's and redirects to the same URL, which is then served as usual.  (yr's
+    own routes come first; ``individual-plots.json`` mounts the pages itself.)
     """
     from tornado import web
     from tornado.routing import Matcher, Rule
 
     class DaskBokehMounted(Matcher):
         def match(self, request: Any) -> dict | None:
-            ready = not dash._pages_tried and _dask_bokeh(http) is not None
-            return {} if ready else None
+            return {} if _can_mount(dash, http) else None
 
     class MountPages(web.RequestHandler):
         def prepare(self) -> None:

@@ -178,14 +178,15 @@ def resources_view(src: Sources) -> dict[str, Any]:
     workers, rows = [], []
     totals: dict[str, dict[str, float]] = {}
     ledger = src.ledger
+    kinds = Counter((h.worker, h.kind) for h in ledger.holdings.values())  # one pass
     for addr, ws in sorted(ledger.workers.items()):
-        kinds = Counter(ledger.holdings[h].kind for h in ws.holdings if h in ledger.holdings)
         names = sorted(set(ws.capacity) | set(ws.held))
         held = {r: ws.held.get(r, 0.0) for r in names}
         free = {r: ws.capacity.get(r, 0.0) - held[r] for r in names}
         load = src.metrics.get(addr) or {}
         workers.append({"worker": addr, "capacity": dict(ws.capacity), "held": held,
-                        "free": free, "leases": kinds["lease"], "instances": kinds["instance"],
+                        "free": free, "leases": kinds[addr, "lease"],
+                        "instances": kinds[addr, "instance"],
                         "tasks_running": load.get("tasks_running"),
                         "tasks_queued": load.get("tasks_queued")})
         for r in names:
@@ -249,13 +250,19 @@ def worker_scheduling(src: Sources) -> list[dict[str, Any]]:
 
 
 class Timeline:
-    """The last :data:`SAMPLES_KEPT` scheduling samples, oldest first."""
+    """The last :data:`SAMPLES_KEPT` scheduling samples, oldest first.
+
+    ``added`` counts every sample ever added, so a reader that remembers it can ask
+    :meth:`series` for only the samples added since (the scheduling page streams those).
+    """
 
     def __init__(self, maxlen: int = SAMPLES_KEPT) -> None:
         self.samples: deque[dict[str, float]] = deque(maxlen=maxlen)
+        self.added = 0
 
     def add(self, sample: dict[str, float]) -> None:
         self.samples.append(sample)
+        self.added += 1
 
     def series(self, last: int | None = None) -> dict[str, list[float]]:
         """Columns ``time``, the sample fields and the rates of :data:`RATES` (per second).
@@ -293,16 +300,17 @@ class RestartCounter:
 
     Each :meth:`observe` adds the growth of every record's ``restarts`` since the last look;
     restarts of an instance that both restarted and vanished between two looks are missed.
+    Only records that restarted are remembered: the sampler looks every second, and most of
+    10 000 instances never restart.
     """
 
     def __init__(self) -> None:
         self.total = 0
-        self._seen: dict[str, int] = {}
+        self._seen: dict[str, int] = {}  # instance id -> restarts, for those with any
 
     def observe(self, records: Iterable[Any]) -> int:
-        seen = {}
-        for rec in records:
-            seen[rec.instance_id] = rec.restarts
-            self.total += max(0, rec.restarts - self._seen.get(rec.instance_id, 0))
+        seen = {rec.instance_id: rec.restarts for rec in records if rec.restarts}
+        for iid, restarts in seen.items():
+            self.total += max(0, restarts - self._seen.get(iid, 0))
         self._seen = seen
         return self.total

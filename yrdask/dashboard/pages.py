@@ -9,7 +9,8 @@
 =============================  ==================================================================
 
 Every panel reads :mod:`yrdask.dashboard.data` once a second and sends only what changed;
-the instance table holds one page, so 10 000 instances cost one filter pass per update.
+the instance table holds one page, so 10 000 instances cost one filter pass per update, and
+the scheduling plots stream only the samples taken since the last update.
 The instances page takes its filters from the URL too (``/yr-instances?state=ALIVE&name=x``),
 which is what instance handles link to.
 """
@@ -54,6 +55,16 @@ def _columns(rows: list[dict], keys: tuple[str, ...]) -> dict[str, list]:
     return {k: [r[k] for r in rows] for k in keys}
 
 
+def _keys(spec: list[tuple]) -> tuple[str, ...]:
+    """The fields of a table spec: ``[(field, title[, width]), ...]``."""
+    return tuple(c[0] for c in spec)
+
+
+_NUMERIC = {"capacity", "held", "free", "restarts", "leases", "tasks_running", "tasks_queued",
+            "tasks_done", "local", "forwarded", "lease_requests", "submit_queued",
+            "instances"}
+
+
 def _table(source: ColumnDataSource, spec: list[tuple], **kw: Any) -> DataTable:
     """A DataTable over ``source`` with (field, title[, relative width]) columns."""
     def col(field: str, title: str, width: int = 100) -> TableColumn:
@@ -66,12 +77,32 @@ def _table(source: ColumnDataSource, spec: list[tuple], **kw: Any) -> DataTable:
                      sortable=True, reorderable=True, **kw)
 
 
-_NUMERIC = {"capacity", "held", "free", "restarts", "leases", "tasks_running", "tasks_queued",
-            "tasks_done", "local", "forwarded", "lease_requests", "submit_queued",
-            "instances"}
+class _Panel:
+    """A panel: ``root`` (its Bokeh layout) and :meth:`update`, run once a second.
+
+    Subclasses build their models in ``__init__`` (after this one's) and show one
+    :class:`~yrdask.dashboard.data.Sources` snapshot in :meth:`show`.
+    """
+
+    root: Any
+
+    def __init__(self, dash: YrDashboard) -> None:
+        self.dash = dash
+        self.summary = Div(text="", styles={"font-size": "14px"})
+
+    @log_errors
+    def update(self) -> None:
+        src = self.dash.sources()
+        if src is None:
+            self.summary.text = "yr is not installed on this scheduler"
+        else:
+            self.show(src)
+
+    def show(self, src: data.Sources) -> None:
+        raise NotImplementedError
 
 
-class InstancesPanel:
+class InstancesPanel(_Panel):
     """The instance table with its filters and pager."""
 
     COLUMNS = [("name", "Name", 120), ("instance_id", "Id", 110), ("class", "Class", 100),
@@ -79,9 +110,10 @@ class InstancesPanel:
                ("restarts", "Restarts", 60), ("resources", "Resources", 180),
                ("calls_done", "Calls done", 70), ("calls_pending", "Calls pending", 80),
                ("created", "Created at", 140)]
+    KEYS = _keys(COLUMNS)
 
     def __init__(self, dash: YrDashboard, args: dict[str, str], **kw: Any) -> None:
-        self.dash = dash
+        super().__init__(dash)
         self.page = 0
         state = args.get("state", "").upper()
         self.state = Select(title="State", value=state if state in data.STATES else "",
@@ -94,8 +126,7 @@ class InstancesPanel:
                            width=110)
         self.prev = Button(label="◀ previous", width=100, align="end")
         self.next = Button(label="next ▶", width=100, align="end")
-        self.summary = Div(text="", styles={"font-size": "14px"})
-        self.source = ColumnDataSource(_columns([], tuple(c[0] for c in self.COLUMNS)))
+        self.source = ColumnDataSource(_columns([], self.KEYS))
         fixed = {} if kw.get("sizing_mode") == "stretch_both" else {"height": 640}
         self.table = _table(self.source, self.COLUMNS, **fixed, **kw)
         for widget in (self.state, self.cls, self.size):
@@ -119,12 +150,7 @@ class InstancesPanel:
         return data.InstanceQuery(self.state.value, self.cls.value, self.text.value_input,
                                   self.page * limit, limit)
 
-    @log_errors
-    def update(self) -> None:
-        src = self.dash.sources()
-        if src is None:
-            self.summary.text = "yr is not installed on this scheduler"
-            return
+    def show(self, src: data.Sources) -> None:
         view = data.query_instances(src, self.query())
         if view["offset"] >= view["matched"] > 0:  # the page ran past the end (rows went away)
             self.page = (view["matched"] - 1) // view["limit"]
@@ -139,7 +165,7 @@ class InstancesPanel:
                  "calls_pending": "" if r["calls_pending"] is None else r["calls_pending"],
                  "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))}
                 for r in view["instances"]]
-        _set(self.source, _columns(rows, tuple(c[0] for c in self.COLUMNS)))
+        _set(self.source, _columns(rows, self.KEYS))
         first = view["offset"] + 1 if rows else 0
         states = " · ".join(f"{s} <b>{n}</b>" for s, n in view["by_state"].items())
         self.summary.text = (
@@ -149,7 +175,7 @@ class InstancesPanel:
         self.next.disabled = view["offset"] + len(rows) >= view["matched"]
 
 
-class ResourcesPanel:
+class ResourcesPanel(_Panel):
     """Capacity vs held: a bar per (worker, resource) and the same figures as tables."""
 
     ROWS = [("worker", "Worker"), ("resource", "Resource"), ("capacity", "Capacity"),
@@ -158,15 +184,14 @@ class ResourcesPanel:
               ("free", "Free")]
     WORKERS = [("worker", "Worker"), ("leases", "Leases"), ("instances", "Instances"),
                ("tasks_running", "Tasks running"), ("tasks_queued", "Tasks queued")]
+    ROW_KEYS = (*_keys(ROWS), "key", "used", "label")  # the bars need the last three
+    TOTAL_KEYS, WORKER_KEYS = _keys(TOTALS), _keys(WORKERS)
 
     def __init__(self, dash: YrDashboard, args: dict[str, str], **kw: Any) -> None:
-        self.dash = dash
-        self.summary = Div(text="", styles={"font-size": "14px"})
-        keys = ("key", "worker", "resource", "capacity", "held", "free", "used_pct", "used",
-                "label")
-        self.rows = ColumnDataSource(_columns([], keys))
-        self.totals = ColumnDataSource(_columns([], tuple(k for k, _ in self.TOTALS)))
-        self.workers = ColumnDataSource(_columns([], tuple(k for k, _ in self.WORKERS)))
+        super().__init__(dash)
+        self.rows = ColumnDataSource(_columns([], self.ROW_KEYS))
+        self.totals = ColumnDataSource(_columns([], self.TOTAL_KEYS))
+        self.workers = ColumnDataSource(_columns([], self.WORKER_KEYS))
         self.fig = figure(title="Held / capacity per worker and resource", height=300,
                           y_range=FactorRange(), x_range=(0, 1.05), tools="",
                           toolbar_location=None, sizing_mode="stretch_width")
@@ -182,12 +207,7 @@ class ResourcesPanel:
                        _table(self.rows, self.ROWS, sizing_mode="stretch_width"))
         self.root = column(self.summary, self.fig, *self.tables, **kw)
 
-    @log_errors
-    def update(self) -> None:
-        src = self.dash.sources()
-        if src is None:
-            self.summary.text = "yr is not installed on this scheduler"
-            return
+    def show(self, src: data.Sources) -> None:
         view = data.resources_view(src)
         rows = [{**r, "key": f"{_short(r['worker'])} {r['resource']}",
                  "used_pct": round(100 * r["used"], 1), "used": min(r["used"], 1.05),
@@ -198,10 +218,9 @@ class ResourcesPanel:
             self.fig.y_range.factors = keys
             self.fig.height = max(160, 60 + 22 * len(keys))
         totals = [{"resource": r, **t} for r, t in view["totals"].items()]
-        _set(self.totals, _columns(totals, tuple(k for k, _ in self.TOTALS)), self.tables[0])
-        _set(self.workers, _columns(view["workers"], tuple(k for k, _ in self.WORKERS)),
-             self.tables[1])
-        _set(self.rows, _columns(rows, tuple(self.rows.data)), self.tables[2])
+        _set(self.totals, _columns(totals, self.TOTAL_KEYS), self.tables[0])
+        _set(self.workers, _columns(view["workers"], self.WORKER_KEYS), self.tables[1])
+        _set(self.rows, _columns(rows, self.ROW_KEYS), self.tables[2])
         self.summary.text = (f"{len(view['workers'])} yr workers &nbsp;|&nbsp; " + " · ".join(
             f"{r} held <b>{t['held']:g}</b> of {t['capacity']:g}"
             for r, t in view["totals"].items()))
@@ -211,14 +230,19 @@ def _short(address: str) -> str:
     return address.split("://", 1)[-1]
 
 
-class SchedulingPanel:
-    """Local vs forwarded work per second and queue lengths over the last minutes."""
+class SchedulingPanel(_Panel):
+    """Local vs forwarded work per second and queue lengths over the last minutes.
+
+    The plots' source grows by the samples taken since the last update (streamed, the oldest
+    rolling over past :data:`SCHEDULING_WINDOW`), so an update sends a row, not the window.
+    """
 
     WORKERS = [("worker", "Worker"), ("tasks_running", "Running"), ("tasks_queued", "Queued"),
                ("tasks_done", "Done"), ("local", "Pushed local"),
                ("forwarded", "Pushed forwarded"), ("lease_requests", "Lease requests"),
                ("submit_queued", "Waiting for lease"), ("leases", "Leases held"),
                ("instances", "Instances")]
+    WORKER_KEYS = _keys(WORKERS)
     RATE_LINES = [("local_per_s", "tasks pushed locally /s", "#2ca02c"),
                   ("forwarded_per_s", "tasks forwarded /s", "#d62728"),
                   ("leases_per_s", "leases granted /s", "#1f77b4"),
@@ -229,10 +253,10 @@ class SchedulingPanel:
                    ("lease_requests_waiting", "requests waiting at the scheduler", "#1f77b4")]
 
     def __init__(self, dash: YrDashboard, args: dict[str, str], **kw: Any) -> None:
-        self.dash = dash
-        self.summary = Div(text="", styles={"font-size": "14px"})
+        super().__init__(dash)
         self.series = ColumnDataSource({**data.Timeline().series(), "t_ms": []})
-        self.workers = ColumnDataSource(_columns([], tuple(k for k, _ in self.WORKERS)))
+        self.streamed = 0  # the timeline's ``added`` when the plots last got its samples
+        self.workers = ColumnDataSource(_columns([], self.WORKER_KEYS))
         self.rates = self._plot("Work started: local vs forwarded (per second)",
                                 self.RATE_LINES)
         self.queues = self._plot("Queue lengths", self.QUEUE_LINES)
@@ -251,35 +275,31 @@ class SchedulingPanel:
         fig.y_range.start = 0
         return fig
 
-    @log_errors
-    def update(self) -> None:
-        src = self.dash.sources()
-        if src is None:
-            self.summary.text = "yr is not installed on this scheduler"
-            return
-        view = data.scheduling_view(src, self.dash.timeline, SCHEDULING_WINDOW)
-        series = view["series"]
-        series["t_ms"] = [t * 1000 for t in series["time"]]
-        _set(self.series, series)
-        _set(self.workers, _columns(view["workers"], tuple(k for k, _ in self.WORKERS)),
-             self.table)
-        now = view["now"]
-        self.summary.text = (
+    def show(self, src: data.Sources) -> None:
+        timeline = self.dash.timeline
+        new = min(timeline.added - self.streamed, SCHEDULING_WINDOW, len(timeline.samples))
+        if new > 0:
+            series = timeline.series(new)
+            series["t_ms"] = [t * 1000 for t in series["time"]]
+            self.series.stream(series, rollover=SCHEDULING_WINDOW)
+        self.streamed = timeline.added
+        _set(self.workers, _columns(data.worker_scheduling(src), self.WORKER_KEYS), self.table)
+        now = data.scheduling_sample(src)
+        text = (
             f"Tasks pushed by workers: local <b>{now['tasks_local_total']}</b>, forwarded "
             f"<b>{now['tasks_forwarded_total']}</b> &nbsp;|&nbsp; leases granted "
             f"<b>{now['leases_granted_total']}</b> (local {now['leases_local_total']}) "
             f"&nbsp;|&nbsp; running {now['tasks_running']}, queued {now['tasks_queued']}, "
             f"waiting for a lease {now['submit_queued']}, requests waiting "
             f"{now['lease_requests_waiting']}")
-        if view["placement"]:
-            self.summary.text += "<br>Placement by the scheduler: " + " &nbsp;|&nbsp; ".join(
+        if src.placement:
+            text += "<br>Placement by the scheduler: " + " &nbsp;|&nbsp; ".join(
                 f"{kind} <b>{p['count']}</b> (p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms)"
-                for kind, p in sorted(view["placement"].items()))
+                for kind, p in sorted(src.placement.items()))
+        self.summary.text = text  # one change (sent only if it differs)
 
 
 # -- Bokeh documents and installation ------------------------------------------------------
-
-Panel = Callable[..., Any]
 
 
 def _args(doc: Any) -> dict[str, str]:
@@ -290,7 +310,7 @@ def _args(doc: Any) -> dict[str, str]:
             for k, v in args.items() if v}
 
 
-def _page(panel: Panel, title: str, individual: bool) -> Callable[[Any, dict, Any], None]:
+def _page(panel: type[_Panel], title: str, individual: bool) -> Callable[[Any, dict, Any], None]:
     """A Bokeh document function showing ``panel``: a full dashboard page (Dask's navigation
     bar and theme), or, ``individual``, the panel alone filling the window (JupyterLab)."""
     @log_errors
@@ -310,11 +330,8 @@ def _page(panel: Panel, title: str, individual: bool) -> Callable[[Any, dict, An
 
 PANELS = {"instances": InstancesPanel, "resources": ResourcesPanel,
           "scheduling": SchedulingPanel}
-APPLICATIONS = {
-    **{f"/yr-{key}": _page(PANELS[key], title, individual=False) for key, title in PAGES.items()},
-    **{f"/individual-yr-{key}": _page(PANELS[key], title, individual=True)
-       for key, title in PAGES.items()},
-}
+APPLICATIONS = {f"/{prefix}yr-{key}": _page(PANELS[key], title, individual=bool(prefix))
+                for prefix in ("", "individual-") for key, title in PAGES.items()}
 
 
 def install(dash: YrDashboard, http: Any) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from distributed.http.scheduler.info import IndividualPlots
 from distributed.http.utils import RequestHandler
 
-from yrdask.dashboard import PAGES, dashboard_of, data
+from yrdask.dashboard import PAGES, dashboard_of, data, mount_pages
 
 INDEX = {
     "instances": "yr/api/instances?state=&class=&name=&offset=0&limit=100",
@@ -85,15 +85,18 @@ class SchedulingHandler(_YrHandler):
 
 
 class IndividualPlotsWithYr(IndividualPlots):
-    """Dask's ``individual-plots.json`` plus the yr panels once they are mounted.
+    """Dask's ``individual-plots.json`` plus the yr panels.
 
     JupyterLab's Dask extension shows one button per entry (named without "Individual ");
-    Dask's own handler lists only the Bokeh application it mounted itself.
+    Dask's own handler lists only the Bokeh application it mounted itself.  This is often the
+    dashboard's first request (the embedded cluster mounts Dask's pages just before it), so
+    the yr pages are mounted here if they are not yet.
     """
 
     def write(self, chunk: Any) -> None:
         dash = dashboard_of(self.server)
-        if isinstance(chunk, dict) and dash is not None and dash.pages_mounted:
+        if (isinstance(chunk, dict) and dash is not None
+                and mount_pages(dash, self.server.http_application)):
             chunk = {**chunk, **{f"Individual Yr {title}": f"/individual-yr-{key}"
                                  for key, title in PAGES.items()}}
         super().write(chunk)

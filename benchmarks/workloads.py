@@ -1,0 +1,80 @@
+"""The user code the figures run on the workers, written once as plain Python.
+
+Each system module wraps these in its own API (``yr.invoke(inc)``,
+``yr.instance(invoke_options=...)(Counter)``, ``ray.remote(Counter)``, ``client.submit(inc)``)
+and passes its own submit and get to the nested bodies.  Defined at module level, they are
+pickled by reference: the worker processes import ``benchmarks.workloads``, which
+:func:`benchmarks.run.child_env` puts on their ``PYTHONPATH``.  Only code whose body depends
+on the system's API (the seed's supervisor, ``nbytes_of``) stays in the system modules.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any, Callable
+
+
+def inc(i):
+    return i + 1
+
+
+def whoami(i):
+    return os.getpid()
+
+
+def _same_process_fraction(pids: list[int]) -> float:
+    me = os.getpid()
+    return sum(p == me for p in pids) / len(pids)
+
+
+def nested_rtt(warmup: int, calls: int, *, submit_inc: Callable[[int], Any],
+               submit_whoami: Callable[[int], Any], get: Callable[[Any], Any],
+               get_one: Callable[[Any], Any] | None = None) -> dict:
+    """Inside one task: sequential ``get_one(submit_inc(i))`` round trips, median in ms.
+
+    ``get`` gathers a list of handles; ``get_one`` (default ``get``) waits for one.  Also
+    reports the fraction of 20 inner tasks that ran in this task's own process.
+    """
+    get_one = get_one or get
+    for i in range(warmup):
+        get_one(submit_inc(i))
+    out = []
+    pc = time.perf_counter
+    for i in range(calls):
+        t = pc()
+        get_one(submit_inc(i))
+        out.append((pc() - t) * 1000.0)
+    pids = get([submit_whoami(i) for i in range(20)])
+    return {"median_ms": statistics.median(out),
+            "inner_same_process_fraction": _same_process_fraction(pids)}
+
+
+def nested_burst(warmup: int, n: int, *, submit_inc: Callable[[int], Any],
+                 submit_whoami: Callable[[int], Any], get: Callable[[list], list]) -> dict:
+    """Inside one task: ``n`` trivial tasks submitted, then gathered with one ``get``."""
+    get([submit_inc(i) for i in range(warmup)])
+    t = time.perf_counter()
+    out = get([submit_whoami(i) for i in range(n)])
+    dt = time.perf_counter() - t
+    return {"seconds": dt, "inner_same_process_fraction": _same_process_fraction(out)}
+
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+
+    def inc(self, i):
+        self.n += 1
+        return i + 1
+
+    def pid(self):
+        return os.getpid()
+
+
+class TrainingWorker:
+    """The seed's (examples/training_tree.py) worker, without its sleep."""
+
+    def train(self, shard_id, hyperparams):
+        return f"Loss: {0.1 / hyperparams['lr']}"
