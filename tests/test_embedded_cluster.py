@@ -26,7 +26,7 @@ import pytest
 
 import yrdask as yr
 from conftest import wait_for_file, wait_until
-from yrdask.api.cluster import TOKEN_ENV
+from yrdask.deploy.embedded import TOKEN_ENV
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -12,9 +12,10 @@ from yrdask.api.functions import FunctionProxy, invoke
 from yrdask.api.nodes import get_node_id, get_node_ip_address, resources
 from yrdask.api.instances import (InstanceCreator, InstanceProxy, MethodProxy, get_instance,
                                   instance, kill_instance, list_named_instances, method)
-from yrdask.api.objects import ObjectRef
+from yrdask.runtime.objects import ObjectRef
 from yrdask.api.objects_api import cancel, get, put, wait
-from yrdask.api.runtime import ClientInfo, finalize, init, is_initialized
+from yrdask.api.session import finalize, init, is_initialized
+from yrdask.runtime.runtime import ClientInfo
 from yrdask.api.state import load_state, save_state
 from yrdask.errors import (CancelledError, GetTimeoutError, InstanceDiedError, ScheduleError,
                            YRError, YRInvokeError, YRRuntimeError, YRTimeoutError, YRTypeError,
@@ -78,15 +79,7 @@ __all__ = sorted([
 
 
 async def dask_setup(server: object) -> None:
-    """Dask preload hook: install yr on a scheduler or a worker (nannies need nothing)."""
-    from distributed import Scheduler, Worker
+    """Dask preload hook: install yr on a scheduler or a worker (see ``yrdask.deploy``)."""
+    from yrdask.deploy.preload import dask_setup as setup
 
-    if isinstance(server, Scheduler):
-        from yrdask.scheduler.extension import EXTENSION_NAME, YrSchedulerExtension
-
-        if EXTENSION_NAME not in server.extensions:
-            YrSchedulerExtension(server)
-    elif isinstance(server, Worker):
-        from yrdask.worker.plugin import YrWorkerPlugin
-
-        await server.plugin_add(YrWorkerPlugin(), name=YrWorkerPlugin.name)
+    await setup(server)

@@ -9,7 +9,8 @@ from typing import Any, Callable
 
 from yrdask.affinity import to_wire
 from yrdask.api.signatures import check_call
-from yrdask.api.runtime import current_runtime, function_id
+from yrdask.runtime.context import current_runtime
+from yrdask.runtime.runtime import function_id
 from yrdask.errors import YRRuntimeError, YRTypeError
 from yrdask.options import (InvokeOptions, check_invoke_options, check_no_unknown,
                              check_return_nums)

@@ -8,8 +8,8 @@ from typing import Any, Callable
 
 from yrdask import protocol as P
 from yrdask.affinity import to_wire
-from yrdask.api.objects import ObjectRef
-from yrdask.api.runtime import current_runtime
+from yrdask.runtime.objects import ObjectRef
+from yrdask.runtime.context import current_runtime
 from yrdask.api.signatures import check_call
 from yrdask.errors import (YRRuntimeError, YRTimeoutError, YRTypeError, YRValueError)
 from yrdask.options import InvokeOptions, check_invoke_options, check_return_nums

@@ -18,7 +18,7 @@ as in openYuanrong.
 from __future__ import annotations
 
 from yrdask import protocol as P
-from yrdask.api.runtime import current_runtime
+from yrdask.runtime.context import current_runtime
 
 #: The node status ``yr.resources`` reports for a live worker (openYuanrong: 0 = normal).
 NODE_OK = 0

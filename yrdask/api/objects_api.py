@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from yrdask.api.objects import ObjectRef
-from yrdask.api.runtime import current_runtime
+from yrdask.runtime.objects import MAX_TIMEOUT, ObjectRef
+from yrdask.runtime.objects import check_live as _check_live
+from yrdask.runtime.objects import check_timeout as _check_timeout
+from yrdask.runtime.context import current_runtime
 from yrdask.errors import YRRuntimeError, YRTypeError, YRValueError
 from yrdask.serialization import dumps_value, unpicklable
-
-MAX_TIMEOUT = 0x7FFFFFFF
-
 
 def put(obj: Any, create_param: Any = None) -> ObjectRef:
     """Store ``obj`` in the cluster's object store; returns its ObjectRef.
@@ -101,20 +100,3 @@ def _check_refs(refs: list, what: str) -> None:
     if bad:
         raise YRTypeError(f"obj_refs type error, actual: {bad}, element expect: {ObjectRef} "
                           f"({what} takes ObjectRefs)")
-
-
-def _check_live(refs: list, what: str) -> None:
-    """Refs of a finalized runtime would never become ready: say so instead of waiting."""
-    for ref in refs:
-        if ref._runtime.closed:
-            raise YRRuntimeError(f"{what}: {ref} belongs to a yr runtime that was finalized; "
-                                 "ObjectRefs do not outlive yr.finalize()")
-
-
-def _check_timeout(timeout: Any) -> None:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise YRTypeError(f"yr.get: timeout must be a number of seconds, got {type(timeout).__name__}")
-    if timeout != -1 and not 0 < timeout <= MAX_TIMEOUT:  # also rejects nan and inf
-        raise YRValueError(
-            "Parameter 'timeout' should be greater than 0 or equal to -1 (no timeout), "
-            f"and at most {MAX_TIMEOUT}, got {timeout}")

@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from yrdask import protocol as P
-from yrdask.api.runtime import current_owner, current_runtime
+from yrdask.runtime.context import current_owner, current_runtime
 from yrdask.errors import YRRuntimeError, YRTypeError, YRValueError
 from yrdask.serialization import dumps, loads
 

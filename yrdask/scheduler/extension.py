@@ -48,8 +48,9 @@ class Job:
 class YrSchedulerExtension:
     """Global scheduler + registries of yr on the Dask scheduler (see module docstring)."""
 
-    def __init__(self, scheduler: Any) -> None:
+    def __init__(self, scheduler: Any, worker_plugin: Any = None) -> None:
         self.scheduler = scheduler
+        self.worker_plugin = worker_plugin  # handed in by yrdask.deploy; installed on workers
         self.ledger = Ledger()
         self.jobs: dict[str, Job] = {}  # owner address -> job
         self.pending: list[LeaseRequest] = []
@@ -81,11 +82,10 @@ class YrSchedulerExtension:
 
     async def start(self) -> None:
         """Install the worker agent on every current and future worker, and the dashboard."""
-        from yrdask.worker.plugin import YrWorkerPlugin
-
-        await self.scheduler.register_worker_plugin(
-            None, pickle_dumps(YrWorkerPlugin()), name=YrWorkerPlugin.name, idempotent=True
-        )
+        if self.worker_plugin is not None:
+            await self.scheduler.register_worker_plugin(
+                None, pickle_dumps(self.worker_plugin), name=self.worker_plugin.name,
+                idempotent=True)
         from tornado.ioloop import PeriodicCallback
 
         pc = PeriodicCallback(self.refresh_loads, LOAD_REFRESH_MS)

@@ -27,7 +27,8 @@ from distributed.comm.core import CommClosedError
 
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
-from yrdask.api.runtime import install_worker_runtime, task_context, uninstall_worker_runtime
+from yrdask.runtime.context import task_context
+from yrdask.runtime.runtime import install_worker_runtime, uninstall_worker_runtime
 from yrdask.stream import StreamSender
 from yrdask.worker.hosting import HostedInstance
 from yrdask.worker.lease_gate import LeaseGate
@@ -115,6 +116,10 @@ class WorkerAgent:
         cap = {"CPU": cpu, "Memory": float(limit // 2**20)}
         cap.update({k: float(v) for k, v in self.worker.state.total_resources.items()})
         return cap
+
+    def lend_slot(self, holding_id: str, blocked: bool) -> None:
+        """A task of this lease waits in ``yr.get``: let the gate start the next one."""
+        self.gate.blocked(holding_id, blocked)
 
     def prefers_local(self) -> bool:
         """Local first: ask for leases on this worker while its yr queue is short."""

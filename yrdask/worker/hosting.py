@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from yrdask import protocol as P
-from yrdask.api.runtime import task_context
+from yrdask.runtime.context import task_context
 from yrdask.errors import InstanceDiedError, RemoteError, user_traceback
 from yrdask.serialization import dumps, loads, unpack_args
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from yrdask import protocol as P
-from yrdask.api.objects import dep_of, failed_dep, pending_owned, when_ready
+from yrdask.runtime.objects import dep_of, failed_dep, pending_owned, when_ready
 from yrdask.errors import InstanceDiedError, ScheduleError
 
 

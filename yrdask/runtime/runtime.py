@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import atexit
 import hashlib
 import itertools
 import logging
@@ -18,54 +17,25 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from yrdask import protocol as P
-from yrdask.api.objects import Entry, ObjectRef, ObjectTable, not_initialized
-from yrdask.api.instance_router import Call, InstanceRouter
-from yrdask.api.submitter import Submitter, Task
+from yrdask.runtime import context
+from yrdask.runtime.context import current_lease, current_owner
+from yrdask.runtime.objects import Entry, ObjectRef, ObjectTable
+from yrdask.runtime.instance_router import Call, InstanceRouter
+from yrdask.runtime.submitter import Submitter, Task
 from yrdask.errors import (RemoteError, YRRuntimeError, YRTimeoutError, YRTypeError,
                            YRValueError)
-from yrdask.options import Config, check_config, resolve_security
+from yrdask.options import Config, resolve_security
 from yrdask.serialization import dumps, loads, pack_args, register_with_dask, wire
+
+if TYPE_CHECKING:
+    from yrdask.runtime.node import LocalNode
 
 logger = logging.getLogger("yrdask")
 
 INLINE_LIMIT = 512 * 1024  # results larger than this stay on the worker that made them
-
-_runtime: "Runtime | None" = None
-_init_lock = threading.Lock()
-_ctx = threading.local()  # .lease_id / .owner while a thread runs a task or method
-
-
-def current_runtime() -> "Runtime":
-    """The runtime of this process; ``YRRuntimeError`` if ``yr.init`` has not run."""
-    rt = _runtime
-    if rt is None:
-        raise not_initialized()
-    return rt
-
-
-def current_owner() -> str | None:
-    """The lifetime owner that work created by this thread belongs to."""
-    return getattr(_ctx, "owner", None)
-
-
-class task_context:
-    """Marks the current thread as running a task (for blocking notices and ownership)."""
-
-    __slots__ = ("lease_id", "owner", "saved")
-
-    def __init__(self, lease_id: str | None, owner: str | None) -> None:
-        self.lease_id, self.owner = lease_id, owner
-
-    def __enter__(self) -> None:
-        self.saved = (getattr(_ctx, "lease_id", None), getattr(_ctx, "owner", None))
-        _ctx.lease_id, _ctx.owner = self.lease_id, self.owner
-
-    def __exit__(self, *exc: Any) -> None:
-        _ctx.lease_id, _ctx.owner = self.saved
-
 
 @dataclass
 class ClientInfo:
@@ -95,7 +65,7 @@ class Runtime:
         self.job_id = job_id
         self.address = ""
         self.connector: Any = None
-        self.agent: Any = None  # the worker agent, when this runtime lives in a worker
+        self.agent: "LocalNode | None" = None  # the worker agent, when this runtime lives in a worker
         register_with_dask()  # large values travel as Dask frames (serialization.Frames)
         self.objects = ObjectTable(self, INLINE_LIMIT)
         self.submitter = Submitter(self)
@@ -161,7 +131,7 @@ class Runtime:
     def channel(self, address: str) -> Any:
         chan = self.channels.get(address)
         if chan is None:
-            from yrdask.api.transport import Channel, LocalChannel
+            from yrdask.runtime.transport import Channel, LocalChannel
 
             if self.agent is not None and address == self.address:
                 chan = LocalChannel(self.agent, address, self.on_channel_message)
@@ -259,7 +229,7 @@ class Runtime:
 
     def get(self, refs: Sequence[ObjectRef], timeout: float, allow_partial: bool = False) -> list:
         deadline = None if timeout == -1 else time.monotonic() + timeout
-        lease_id = getattr(_ctx, "lease_id", None)
+        lease_id = current_lease()
         blocked = False
         try:
             for ref in refs:
@@ -367,7 +337,7 @@ class Runtime:
         for ref in refs:
             self._ensure_fetch(ref)
             self.on_loop(ref._entry.add_callback, one)
-        lease_id = getattr(_ctx, "lease_id", None)
+        lease_id = current_lease()
         if lease_id is not None:
             self.connector.notify_blocked(lease_id, True)
         try:
@@ -440,20 +410,17 @@ class _LoopThread:
 class DriverRuntime(Runtime):
     """A driver's runtime: owns the loop thread, and the embedded cluster if it started one."""
 
-    def __init__(self, conf: Config) -> None:
+    def __init__(self, conf: Config, cluster: "LocalCluster | None" = None) -> None:
         self.loop_runner = _LoopThread()
         super().__init__(self.loop_runner.loop, conf.job_id)
         self.loop_thread = self.loop_runner.thread.ident
         self.conf = conf
-        self.cluster: Any = None
+        self.cluster = cluster  # the embedded cluster to start (no server_address), if any
         self.info: ClientInfo | None = None
 
     async def start(self) -> ClientInfo:
         conf = self.conf
-        if not conf.server_address:
-            from yrdask.api.cluster import EmbeddedCluster
-
-            self.cluster = EmbeddedCluster(conf.num_cpus)
+        if self.cluster is not None:
             self.cluster.launch()  # its launcher imports distributed while this process does
         from distributed.utils import get_ip
 
@@ -471,7 +438,7 @@ class DriverRuntime(Runtime):
             self.cluster.security = security if tls else None
             address = await self.cluster.start()
             listen_host = "127.0.0.1"
-        from yrdask.api.transport import DriverConnector
+        from yrdask.runtime.transport import DriverConnector
 
         self.connector = DriverConnector(
             self, address, connection_args, security.get_listen_args("client"))
@@ -501,78 +468,19 @@ def _check_scheme(address: str, tls: bool, required: bool) -> None:
                            "settings require encryption: use tls://")
 
 
-def init(conf: Config | None = None) -> ClientInfo:
-    """Connect to a cluster (``server_address``) or start an embedded one; returns ClientInfo."""
-    global _runtime
-    with _init_lock:
-        if _runtime is not None:
-            raise YRRuntimeError("yr.init cannot be called twice; call yr.finalize() first")
-        conf = check_config(conf)
-        _apply_log_level(conf.log_level)
-        rt = DriverRuntime(conf)
-        try:
-            rt.info = rt.loop_runner.run(rt.start())
-        except BaseException:
-            try:
-                rt.loop_runner.run(rt.close(), 30)
-            except Exception:
-                pass
-            rt.loop_runner.stop()
-            raise
-        _runtime = rt
-        if not getattr(init, "_atexit", False):
-            atexit.register(finalize)
-            init._atexit = True  # type: ignore[attr-defined]
-        if rt.info.dashboard_link:
-            logger.info("yrdask dashboard: %s", rt.info.dashboard_link)
-        return rt.info
-
-
-def finalize() -> None:
-    """End the job: its leases return, its channels close, an embedded cluster stops."""
-    global _runtime
-    with _init_lock:
-        rt = _runtime
-        if not isinstance(rt, DriverRuntime):
-            return
-        _runtime = None
-        try:
-            rt.loop_runner.run(rt.close(), 60)
-        except Exception:
-            logger.exception("yr.finalize did not close cleanly")
-        finally:
-            rt.loop_runner.stop()
-
-
-def is_initialized() -> bool:
-    """True between ``yr.init`` and ``yr.finalize`` (always True inside tasks)."""
-    return _runtime is not None
-
-
-def install_worker_runtime(agent: Any) -> Runtime:
+def install_worker_runtime(agent: "LocalNode") -> Runtime:
     """Create the runtime of a worker process (called by the worker agent on its loop)."""
-    global _runtime
     rt = Runtime(asyncio.get_running_loop(), job_id="worker")
     rt.loop_thread = threading.get_ident()
     rt.agent = agent
     rt.address = agent.worker.address
-    from yrdask.api.transport import WorkerConnector
+    from yrdask.runtime.transport import WorkerConnector
 
     rt.connector = WorkerConnector(rt, agent.worker)
-    _runtime = rt
+    context.install(rt)
     return rt
 
 
 def uninstall_worker_runtime(rt: Runtime) -> None:
-    global _runtime
-    if _runtime is rt:
-        _runtime = None
-
-
-def _apply_log_level(level: Any) -> None:
-    if isinstance(level, str) and level:
-        level = level.upper()
-    try:
-        logging.getLogger("yrdask").setLevel(level or "WARNING")
-    except (ValueError, TypeError):
-        raise YRValueError(f"Config.log_level {level!r} is not a logging level") from None
+    if context.installed_runtime() is rt:
+        context.install(None)

@@ -261,7 +261,7 @@ class WorkerConnector:
 
     def notify_blocked(self, holding_id: str, blocked: bool) -> None:
         """Lend the CPU of a lease or instance while its threads wait in ``yr.get``."""
-        self.rt.agent.gate.blocked(holding_id, blocked)  # at once, from the task's thread
+        self.rt.agent.lend_slot(holding_id, blocked)  # at once, from the task's thread
         self.rt.on_loop(self._blocked, holding_id, blocked)
 
     def _blocked(self, holding_id: str, blocked: bool) -> None:

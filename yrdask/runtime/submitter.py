@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from yrdask import protocol as P
-from yrdask.api.objects import Entry, dep_of, failed_dep, when_ready
+from yrdask.runtime.objects import Entry, dep_of, failed_dep, when_ready
 from yrdask.errors import CancelledError, ScheduleError
 from yrdask.serialization import loads
 

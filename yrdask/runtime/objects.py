@@ -19,10 +19,30 @@ import threading
 from typing import Any, Callable
 
 from yrdask import protocol as P
-from yrdask.errors import RemoteError, YRRuntimeError, YRTypeError
+from yrdask.errors import RemoteError, YRRuntimeError, YRTypeError, YRValueError
+from yrdask.runtime.context import current_runtime
 from yrdask.serialization import dumps, dumps_value, loads, wire
 
 PENDING = "pending"
+MAX_TIMEOUT = 0x7FFFFFFF
+
+
+def check_timeout(timeout: Any) -> None:
+    """A ``yr.get`` timeout: seconds in (0, MAX_TIMEOUT], or -1 for no limit."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise YRTypeError(f"yr.get: timeout must be a number of seconds, got {type(timeout).__name__}")
+    if timeout != -1 and not 0 < timeout <= MAX_TIMEOUT:  # also rejects nan and inf
+        raise YRValueError(
+            "Parameter 'timeout' should be greater than 0 or equal to -1 (no timeout), "
+            f"and at most {MAX_TIMEOUT}, got {timeout}")
+
+
+def check_live(refs: list, what: str) -> None:
+    """Refs of a finalized runtime would never become ready: say so instead of waiting."""
+    for ref in refs:
+        if ref._runtime.closed:
+            raise YRRuntimeError(f"{what}: {ref} belongs to a yr runtime that was finalized; "
+                                 "ObjectRefs do not outlive yr.finalize()")
 
 
 class Entry:
@@ -250,15 +270,13 @@ class ObjectRef:
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the object is ready; raises its error if it failed."""
-        from yrdask.api.objects_api import get  # its argument checks
-
-        get(self, -1 if timeout is None else timeout)
+        self.get(-1 if timeout is None else timeout)
 
     def get(self, timeout: int = 300) -> Any:
         """Same as ``yr.get(ref, timeout)``."""
-        from yrdask.api.objects_api import get  # its argument checks
-
-        return get(self, timeout)
+        check_timeout(timeout)
+        check_live([self], "ObjectRef.get")
+        return self._runtime.get([self], timeout)[0]
 
     def on_complete(self, callback: Callable[["ObjectRef"], Any]) -> None:
         """Call ``callback(ref)`` once, from a runtime thread, when the object is ready."""
@@ -291,10 +309,6 @@ class ObjectRef:
 
     def __await__(self):
         return self.as_future().__await__()
-
-
-def not_initialized() -> YRRuntimeError:
-    return YRRuntimeError("system not initialized: call yr.init() first")
 
 
 class ObjectTable:
@@ -338,6 +352,4 @@ class ObjectTable:
 
 
 def _rebuild_ref(object_id: str, owner: str, snap: list | None) -> ObjectRef:
-    from yrdask.api.runtime import current_runtime
-
     return current_runtime().objects.borrow(object_id, owner, snap)

@@ -96,7 +96,7 @@ class EmbeddedCluster:
         self.launch()
         from distributed import Scheduler
 
-        from yrdask.scheduler.extension import YrSchedulerExtension
+        from yrdask.deploy.preload import install_scheduler
 
         nprocs, cpus = worker_layout(self.num_cpus)
         # The embedded scheduler is an implementation detail: keep its INFO chatter quiet.
@@ -109,7 +109,7 @@ class EmbeddedCluster:
         self.scheduler = Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0",
                                    dashboard=False, validate=False, **security)
         LazyDashboard(self.scheduler).install()
-        ext = YrSchedulerExtension(self.scheduler)
+        ext = install_scheduler(self.scheduler)
         await self.scheduler
         address = self.scheduler.address
         # All nannies of one `dask worker` share its options; equal CPU offers per process.
@@ -303,7 +303,7 @@ class LazyDashboard:
 _PRE_SPAWN_ENV = {"MALLOC_TRIM_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
                   "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
-_LAUNCHER = "from yrdask.api.cluster import serve_workers; serve_workers()"
+_LAUNCHER = "from yrdask.deploy.embedded import serve_workers; serve_workers()"
 
 #: How the nannies start workers.  Forking the launcher is safe where fork is (Linux); macOS
 #: system libraries are not fork-safe once threads ran, so there workers are spawned: slower,
@@ -312,7 +312,7 @@ _START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
 
 #: Modules a worker imports as it starts (yr's preload and agent; Dask's reseeding of
 #: numpy.random; its worker HTTP routes are added from the config).
-_WORKER_MODULES = ("yrdask.worker.plugin", "yrdask.worker.agent", "yrdask.api.transport",
+_WORKER_MODULES = ("yrdask.worker.plugin", "yrdask.worker.agent", "yrdask.runtime.transport",
                    "numpy.random", "multiprocessing.synchronize")
 
 

@@ -1,0 +1,64 @@
+"""Which runtime this process has, and which task or instance the current thread runs.
+
+Kept apart from the runtime itself so that every layer (objects, the worker agent, the
+facade) can ask "whose work is this?" without importing the runtime's machinery.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from yrdask.errors import YRRuntimeError
+
+_runtime: Any = None  # a yrdask.runtime.runtime.Runtime (not imported: it imports us)
+_ctx = threading.local()  # .lease_id / .owner while a thread runs a task or method
+
+
+def not_initialized() -> YRRuntimeError:
+    return YRRuntimeError("system not initialized: call yr.init() first")
+
+
+def current_runtime() -> Any:
+    """The runtime of this process; ``YRRuntimeError`` if ``yr.init`` has not run."""
+    rt = _runtime
+    if rt is None:
+        raise not_initialized()
+    return rt
+
+
+def installed_runtime() -> Any:
+    """The runtime of this process, or None."""
+    return _runtime
+
+
+def install(rt: Any) -> None:
+    """Make ``rt`` this process's runtime (None: there is none)."""
+    global _runtime
+    _runtime = rt
+
+
+def current_owner() -> str | None:
+    """The lifetime owner that work created by this thread belongs to."""
+    return getattr(_ctx, "owner", None)
+
+
+def current_lease() -> str | None:
+    """The lease (or instance) whose slot this thread runs in, if any."""
+    return getattr(_ctx, "lease_id", None)
+
+
+class task_context:
+    """Marks the current thread as running a task (for blocking notices and ownership)."""
+
+    __slots__ = ("lease_id", "owner", "saved")
+
+    def __init__(self, lease_id: str | None, owner: str | None) -> None:
+        self.lease_id, self.owner = lease_id, owner
+
+    def __enter__(self) -> None:
+        self.saved = (getattr(_ctx, "lease_id", None), getattr(_ctx, "owner", None))
+        _ctx.lease_id, _ctx.owner = self.lease_id, self.owner
+
+    def __exit__(self, *exc: Any) -> None:
+        _ctx.lease_id, _ctx.owner = self.saved
