@@ -1,0 +1,67 @@
+"""The shape every yr state machine has: typed events in, typed instructions out, a story.
+
+yr's scheduling and ownership rules (the submitter's queues and leases, the scheduler's lease
+queue, a worker's lease gate, the instance call router, the instance lifecycle) are each a
+class with no I/O, no threads, no clocks and no asyncio, modelled on distributed's
+``worker_state_machine.py``:
+
+* an *event* is a frozen dataclass deriving from :class:`Event`; it carries a
+  ``stimulus_id`` (who caused it, for the story) and, where time matters, ``now`` (seconds on
+  any monotonic clock the caller chooses; the machines never read a clock);
+* ``machine.handle(event)`` updates the machine's state and returns a list of
+  *instructions* (dataclasses deriving from :class:`Instruction`) for the adapter to carry
+  out: send this message, start that timer, settle that object;
+* ``machine.story(*keys)`` returns the log entries that mention any of the keys, so "what
+  happened to task X?" has an answer in a failing test or a live cluster.
+
+The Dask adapters (``runtime/runtime.py``, ``scheduler/extension.py``, ``worker/agent.py``)
+only translate wire messages into events and instructions into I/O; the deterministic
+simulation in ``tests/sim`` drives the same machines through thousands of interleavings.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, fields
+from typing import Any, Iterable
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened, as one machine is told it."""
+
+    stimulus_id: str
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """Something a machine asks its adapter to do."""
+
+    stimulus_id: str
+
+
+def _describe(obj: Any) -> tuple:
+    """``(ClassName, field=value, ...)`` of an event or instruction, for the story."""
+    return (type(obj).__name__, *(f"{f.name}={getattr(obj, f.name)!r}"
+                                  for f in fields(obj) if f.name != "stimulus_id"))
+
+
+class Story:
+    """A bounded log of ``(stimulus_id, what, keys)`` entries, searchable by key."""
+
+    def __init__(self, maxlen: int = 100_000) -> None:
+        self.entries: deque[tuple[str, tuple, frozenset]] = deque(maxlen=maxlen)
+
+    def log(self, stimulus_id: str, what: Any, keys: Iterable[str]) -> None:
+        if not isinstance(what, tuple):
+            what = _describe(what)
+        self.entries.append((stimulus_id, what, frozenset(k for k in keys if k)))
+
+    def about(self, *keys: str) -> list[tuple[str, tuple]]:
+        wanted = set(keys)
+        return [(sid, what) for sid, what, ks in self.entries if ks & wanted]
+
+    def dump(self, *keys: str) -> str:
+        """The story of ``keys`` (or everything) as text, one entry a line."""
+        rows = self.about(*keys) if keys else [(s, w) for s, w, _ in self.entries]
+        return "\n".join(f"{sid:>24}  {' '.join(map(str, what))}" for sid, what in rows)
