@@ -56,13 +56,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="JSON results file (default benchmarks/results/latest.json)")
     ap.add_argument("--quick", action="store_true",
                     help="fewer iterations (a smoke run, not for quoting)")
+    ap.add_argument("--baseline", type=pathlib.Path, default=None, metavar="CHECKOUT",
+                    help="also measure the yrdask package of another checkout (e.g. a git "
+                         "worktree of the previous commit) as system 'baseline', in the same "
+                         "run: a hot-path change shows its before/after")
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds one measurement may take (default: per figure)")
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be at least 1")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    bad = [s for s in systems if s not in SYSTEMS]
+    if args.baseline is not None:
+        if not (args.baseline / "yrdask" / "__init__.py").is_file():
+            ap.error(f"--baseline {args.baseline}: no yrdask package there")
+        systems.append(BASELINE)
+    bad = [s for s in systems if s not in SYSTEMS and s != BASELINE]
     if bad:
         ap.error(f"unknown system(s) {bad}; known: {SYSTEMS}")
     args.system_list = systems
@@ -92,12 +100,28 @@ def machine_info() -> dict:
     return info
 
 
-def child_env(extra: dict | None = None) -> dict:
+#: the system name of ``--baseline``: yrdask's figures, another checkout's yrdask package
+BASELINE = "baseline"
+_baseline_path: list[str] = []  # a directory whose only entry is that checkout's yrdask
+
+
+def use_baseline(checkout: pathlib.Path) -> None:
+    """Make ``baseline`` measurements import ``checkout``'s yrdask (and this harness)."""
+    import tempfile
+
+    shadow = pathlib.Path(tempfile.mkdtemp(prefix="yrdask-baseline-"))
+    (shadow / "yrdask").symlink_to((checkout / "yrdask").resolve())
+    _baseline_path[:] = [str(shadow)]
+
+
+def child_env(extra: dict | None = None, system: str = "") -> dict:
     env = dict(os.environ)
     env.update(extra or {})
-    # Worker processes import the figure modules when they unpickle module-level functions.
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "")
-                                                       .split(os.pathsep) if p])
+    # Worker processes import the figure modules when they unpickle module-level functions;
+    # a baseline run finds the other checkout's yrdask first.
+    first = _baseline_path if system == BASELINE else []
+    env["PYTHONPATH"] = os.pathsep.join(first + [str(ROOT)] + [
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.pop("YR_SERVER_ADDRESS", None)  # yrdask figures use the embedded cluster
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -108,13 +132,17 @@ def child_env(extra: dict | None = None) -> dict:
 HARNESS_FIGURES = {"init_s", "idle_pss_mb"}
 
 
+def _load(system: str):
+    return load("yrdask" if system == BASELINE else system)
+
+
 def implements(system: str, figure: str) -> bool:
-    return figure in HARNESS_FIGURES or figure in load(system).figures()
+    return figure in HARNESS_FIGURES or figure in _load(system).figures()
 
 
 def not_applicable(system: str, figure: str) -> str | None:
     """Why ``system`` cannot do ``figure`` at all (printed as n/a), or None."""
-    return load(system).unsupported.get(figure)
+    return _load(system).unsupported.get(figure)
 
 
 #: figure -> the figure whose fresh process also measures it (when both are selected):
@@ -136,9 +164,10 @@ def _derived(figure: str, host: dict) -> dict:
 def run_one(system: str, figure: str, params: dict, timeout: float,
             env: dict | None = None) -> dict:
     """One fresh-process measurement; returns the child's JSON (or an error record)."""
-    cmd = [sys.executable, "-m", "benchmarks._one", system, figure, json.dumps(params)]
+    cmd = [sys.executable, "-m", "benchmarks._one", "yrdask" if system == BASELINE else system,
+           figure, json.dumps(params)]
     t = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(env), stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(env, system), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     timed_out = False
@@ -257,9 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
+    if args.baseline is not None:
+        use_baseline(args.baseline)
+        info["baseline"] = str(args.baseline.resolve())
     unavailable = {}
     for s in systems:
-        why = load(s).available()
+        why = _load(s).available()
         if why:
             unavailable[s] = why
             print(why, flush=True)

@@ -28,7 +28,7 @@ import pytest
 
 import yrdask as yr
 from conftest import CORE_KINDS, Greeter, pending_greeter, wait_until
-from yrdask.runtime.runtime import current_runtime
+from yrdask.runtime.context import current_runtime
 from yrdask.cli import fetch_cluster_info
 
 pytestmark = pytest.mark.timeout(180)

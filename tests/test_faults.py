@@ -69,7 +69,7 @@ def kill(pid: int) -> None:
 
 
 def alive_workers() -> int:
-    from yrdask.runtime.runtime import current_runtime
+    from yrdask.runtime.context import current_runtime
 
     info = current_runtime().scheduler_call("yr_cluster_info")
     return len(info["workers"])

@@ -20,7 +20,7 @@ import pytest
 
 import yrdask as yr
 from conftest import wait_until
-from yrdask.runtime.runtime import current_runtime
+from yrdask.runtime.context import current_runtime
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""Nested work on a 1-CPU embedded cluster (SPEC §2: a blocked task gives its CPU back)."""
+"""Nested work on small embedded clusters (SPEC §2: a blocked task gives its CPU back)."""
 
 from __future__ import annotations
 
@@ -99,3 +99,25 @@ def test_wait_based_back_pressure(one_cpu):
         assert len(pending) <= 20
     results.extend(yr.get(pending, T))
     assert sorted(results) == [i * i for i in range(100)]
+
+
+# -- nested fan-out wider than the slots (num_cpus=2: 4 task slots of 500 millicores) --------
+
+
+@yr.invoke
+def leaf(x):
+    return x * 2
+
+
+@yr.invoke
+def outer(i):
+    return sum(yr.get([leaf.invoke(i * 100 + j) for j in range(3)], 60))
+
+
+@pytest.mark.parametrize("n", [5, 12, 40])
+def test_outer_tasks_more_than_slots_each_getting_children(cluster, n):
+    """More outer tasks than slots, each blocked in yr.get on its own children: blocked
+    tasks lend their slots, so every child runs and every outer task completes."""
+    cluster(kind="embedded", num_cpus=2)
+    got = yr.get([outer.invoke(i) for i in range(n)], 90)
+    assert got == [sum(2 * (i * 100 + j) for j in range(3)) for i in range(n)]

@@ -24,7 +24,7 @@ import pytest
 
 import yrdask as yr
 from conftest import ROOT, Greeter, pending_greeter, wait_until
-from yrdask.runtime.runtime import current_runtime
+from yrdask.runtime.context import current_runtime
 from yrdask.cli import fetch_cluster_info, format_status
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,6 +1,6 @@
 """The ``yrdask`` command: ``yrdask status [ADDRESS]`` prints a yr cluster in the terminal.
 
-It asks the scheduler with the ``yr_cluster_info`` rpc (:data:`yrdask.protocol.CLUSTER_INFO`)
+It asks the scheduler with the ``yr_cluster_info`` rpc (:class:`yrdask.protocol.ClusterInfo`)
 and prints its workers (capacity and held per resource), the totals per resource, and the
 instances (counts by state, then a table).  ADDRESS defaults to ``$YR_SERVER_ADDRESS``; TLS
 settings come from Dask's config (``distributed.comm.tls.*``), as for any Dask client.
@@ -57,14 +57,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-async def fetch_cluster_info(address: str, timeout: float) -> dict:
+async def fetch_cluster_info(address: str, timeout: float) -> P.ClusterInfoReply:
     """The scheduler's ``yr_cluster_info`` reply."""
     from distributed.core import rpc
     from distributed.security import Security
 
     args = Security().get_connection_args("client")
     async with rpc(address, timeout=timeout, connection_args=args) as scheduler:
-        return await asyncio.wait_for(scheduler.yr_cluster_info(), timeout)
+        return await asyncio.wait_for(P.request(scheduler, P.ClusterInfo()), timeout)
 
 
 def format_status(address: str, info: dict[str, Any], limit: int = 50) -> str:

@@ -1,23 +1,28 @@
 """The wire vocabulary between the yr API, the scheduler extension and the worker agents.
 
-Every message that crosses a process boundary is listed here, once, with who sends it, who
-handles it and what comes back.  The extension and the worker agent build their Dask handler
-tables from these lists, and a test checks that the live handler tables match them.
+Every message that crosses a process boundary is defined here, once, as a frozen dataclass
+saying who sends it, who handles it, its fields and (for a request) what comes back.  The
+single table :data:`MESSAGES` maps each op to its class; the channel groupings
+(:data:`SCHEDULER_RPC`, ...) are derived from it, handler tables are built from them with
+:func:`handlers`, and a test checks that the live handler tables of the scheduler and the
+workers match them.
 
-Messages are plain msgpack-able dicts ``{"op": OP, **fields}`` (Dask's comm format).  User
-objects (functions, arguments, results, exceptions) travel as pickled ``bytes`` fields; the
-envelope itself is msgpack only.
+On the wire a message is a plain msgpack-able dict ``{"op": OP, **fields}`` (Dask's comm
+format): build it with ``Message.to_msg()`` and read it back with ``Cls.from_msg(d)`` or
+:func:`decode`; a request goes out with :func:`request`.  User objects (functions,
+arguments, results, exceptions) travel as pickled ``bytes`` fields; the envelope itself is
+msgpack only.  The op-name constants (``RUN_TASK`` ...) stay for code that matches on ops.
 
 Channels
 --------
 ``scheduler rpc``     request/response on Dask's pooled connections to the scheduler.
 ``job stream``        one long-lived comm from a driver to the scheduler, opened by
-                      :data:`CONNECT_JOB`; both sides send batched one-way messages on it, and
+                      :class:`ConnectJob`; both sides send batched one-way messages on it, and
                       its closing ends the driver's job.
 ``worker stream``     the worker's own Dask batched stream to the scheduler (the scheduler
                       handler gets ``worker=<address>`` injected).
 ``call channel``      one long-lived comm from a caller process (driver or worker) to a worker,
-                      opened by :data:`OPEN_CHANNEL`; the hot path: task pushes go one way,
+                      opened by :class:`OpenChannel`; the hot path: task pushes go one way,
                       results come back on the same comm, no scheduler involved.
 ``owner rpc``         request/response to the process that owns an object (a worker, or the
                       driver's small owner server).
@@ -25,183 +30,10 @@ Channels
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Callable, ClassVar, Iterable, Literal, Mapping, Sequence, TypedDict, Union
+
 PROTOCOL_VERSION = 1
-
-# --- scheduler rpc (handled by yrdask.scheduler.extension) -------------------------------
-
-CONNECT_JOB = "yr_connect_job"
-"""driver -> scheduler, opens the *job stream*.  Fields: ``job_id``, ``owner_address`` (the
-driver's owner server), ``protocol_version``.  The scheduler answers on the stream with
-:data:`JOB_WELCOME` and keeps the comm until the driver leaves."""
-
-REGISTER_WORKER = "yr_register_worker"
-"""worker -> scheduler rpc.  Fields: ``address``, ``capacity`` ({resource: amount}),
-``protocol_version``.  Reply: ``None``.  Makes the worker eligible for yr work."""
-
-REQUEST_LEASE = "yr_request_lease"
-"""submitter -> scheduler rpc.  Fields: ``owner`` (the submitter's owner address), ``shape``
-({resource: amount}), ``timeout_ms`` (-1 = wait forever), ``local`` (the worker to prefer:
-where the next task's large arguments live, else the submitter's own worker under local
-first, else ``None``), ``affinity`` (:func:`yrdask.affinity.to_wire` form), ``queue``
-(which of the submitter's task queues it is for: the scheduler never revokes an owner's
-lease to serve the same queue), ``avoid`` (workers the submitter just lost its channel to:
-never granted while it waits).  Reply: ``[lease_id, worker_address]``, or ``[None,
-reason]`` when no worker could meet the request in time (the API raises
-:class:`yrdask.errors.ScheduleError`)."""
-
-CLUSTER_INFO = "yr_cluster_info"
-"""any -> scheduler rpc.  Fields: ``instances`` (optional, default true; false leaves the
-instance list empty, for callers that want only workers).  Reply: ``{"workers": {address: {"capacity": .., "held": ..}},
-"dashboard": url-or-None, "counters": lease counters (granted, local, forwarded, timeouts),
-"instances": [instance records], "placement": {kind: latency figures}, "scheduling":
-{address: the worker's last heartbeat load report}}``.  Used by ``yr.resources()``, the
-status command and the dashboard."""
-
-CREATE_INSTANCE = "yr_create_instance"
-"""creator -> scheduler rpc.  Fields: ``spec`` (dict: ``instance_id``, ``cls`` pickled class,
-``cls_name``, ``args``, ``deps``, ``shape``, ``timeout_ms``, ``owner`` (job or instance id),
-``holder`` (creator's address, first handle holder), ``name``, ``namespace``, ``detached``,
-``concurrency``, ``is_async``, ``meta`` (method metadata for handles)).  Reply:
-``[instance_id, worker, meta]`` once placed (a named instance that exists already answers
-with the existing one), or ``[None, reason, None]`` when it cannot be placed in time."""
-
-LOCATE_INSTANCE = "yr_locate_instance"
-"""any -> scheduler rpc.  Fields: ``instance_id``, ``lost`` (optional: the worker the caller
-just lost its channel to).  Reply: ``[state, worker, reason, instance_id]`` (the last is the
-id a named creation's alias stands for); waits while the instance is being placed or
-restarted, and, with ``lost``, until Dask has confirmed that worker gone (bounded)."""
-
-INSTANCE_STATUS = "yr_instance_status"
-"""any -> scheduler rpc.  Fields: ``instance_id``.  Reply: ``{"state", "worker", "restarts",
-"reason"}`` at once (``handle.state``)."""
-
-SAVE_STATE = "yr_save_state"
-"""instance -> scheduler rpc (``yr.save_state()``).  Fields: ``instance_id``, ``state``
-(the pickled instance object).  Reply ``None`` once kept; a restart resumes from it."""
-
-LOAD_STATE = "yr_load_state"
-"""instance -> scheduler rpc (``yr.load_state()``).  Fields: ``instance_id``.  Reply: the
-last saved state (bytes) or ``None``."""
-
-GET_NAMED = "yr_get_named"
-"""any -> scheduler rpc.  Fields: ``name``, ``namespace``, ``timeout``.  Reply:
-``[instance_id, worker, meta]`` once the named instance is alive, ``[None, reason, None]``
-if there is none; waits up to ``timeout`` s for one still being created."""
-
-LIST_NAMED = "yr_list_named"
-"""any -> scheduler rpc.  Fields: ``all_namespaces``.  Reply: list of ``[namespace, name]``."""
-
-KILL_INSTANCE = "yr_kill_instance"
-"""any -> scheduler rpc.  Fields: ``instance_id``, ``reason``.  Reply once the instance (and
-its non-detached descendants) are stopped."""
-
-SCHEDULER_RPC = (CONNECT_JOB, REGISTER_WORKER, REQUEST_LEASE, CLUSTER_INFO, CREATE_INSTANCE,
-                 LOCATE_INSTANCE, GET_NAMED, LIST_NAMED, KILL_INSTANCE, INSTANCE_STATUS,
-                 SAVE_STATE, LOAD_STATE)
-
-# --- job stream, driver -> scheduler ------------------------------------------------------
-
-RETURN_LEASES = "yr_return_leases"
-"""submitter -> scheduler (job stream or worker stream).  Fields: ``lease_ids``.  The
-resources of those leases become free."""
-
-# --- worker stream, worker -> scheduler ---------------------------------------------------
-
-LEASE_BLOCKED = "yr_lease_blocked"
-"""worker -> scheduler.  Fields: ``lease_id``.  The task running on the lease waits in
-``yr.get``: its CPU is lent back to the cluster until :data:`LEASE_UNBLOCKED`."""
-
-LEASE_UNBLOCKED = "yr_lease_unblocked"
-"""worker -> scheduler.  Fields: ``lease_id``.  The task runs again and takes its CPU back
-(briefly over capacity if it was lent out meanwhile)."""
-
-HANDLE_REFS = "yr_handle_refs"
-"""holder -> scheduler (job stream or worker stream).  Fields: ``deltas`` ({instance_id:
-+1 | -1}, sent when this process's handle count for an instance goes 0 -> 1 or 1 -> 0),
-``transit`` (tokens of pickled handles being registered, ``[[instance_id, token], ...]``)
-and ``arrived`` (tokens whose handles this process has just unpickled).  An unnamed,
-non-detached instance no process holds, with no handle in transit, ends."""
-
-INSTANCE_STATE = "yr_instance_state"
-"""worker -> scheduler.  Fields: ``instance_id``, ``state`` (``"ALIVE"`` after ``__init__``,
-``"FAILED"`` if ``__init__`` raised, ``"EXITED"`` after it stopped), ``error`` (pickled
-RemoteError or None)."""
-
-SCHEDULER_STREAM = (RETURN_LEASES, LEASE_BLOCKED, LEASE_UNBLOCKED, HANDLE_REFS, INSTANCE_STATE)
-
-# --- scheduler -> submitter (job stream, or worker rpc for worker submitters) -------------
-
-JOB_WELCOME = "yr_job_welcome"
-"""scheduler -> driver on the job stream.  Fields: ``protocol_version``, ``dashboard``."""
-
-REVOKE_LEASES = "yr_revoke_leases"
-"""scheduler -> submitter.  Fields: ``lease_ids``.  Others wait for these resources: return
-the leases that are idle now, and the others as soon as their task ends."""
-
-# --- worker rpc (handled by yrdask.worker.agent) ------------------------------------------
-
-OPEN_CHANNEL = "yr_open_channel"
-"""caller -> worker, opens a *call channel* on that comm.  Fields: ``caller`` (the caller's
-owner address).  No reply: from then on both sides send batched messages."""
-
-FETCH_OBJECT = "yr_fetch_object"
-"""any -> owner (or the worker holding a large value) rpc.  Fields: ``object_id``,
-``timeout`` (seconds, ``None`` = forever).  Reply: ``[kind, payload]`` where kind is
-``"value"`` (payload = pickled bytes), ``"error"`` (payload = pickled RemoteError) or
-``"location"`` (payload = address of the worker holding the value)."""
-
-FREE_OBJECTS = "yr_free_objects"
-"""owner -> worker holding large values (rpc, fire and forget).  Fields: ``object_ids``."""
-
-START_INSTANCE = "yr_start_instance"
-"""scheduler -> worker (worker stream).  Fields: the creation ``spec`` (see
-:data:`CREATE_INSTANCE`; on a restart also ``incarnation`` (the restart count) and
-``checkpoint`` (the last saved state, or ``None``)).  The worker builds the instance from
-the checkpoint if there is one, else with ``__init__``; calls may arrive before it is
-ready and wait behind it."""
-
-STOP_INSTANCE = "yr_stop_instance"
-"""scheduler -> worker rpc.  Fields: ``instance_id``, ``reason``.  Pending calls fail with
-that reason; the reply comes once the instance is gone."""
-
-WORKER_LOST = "yr_worker_lost"
-"""scheduler -> every driver (job stream) and worker (worker stream).  Fields: ``worker``.
-Dask removed that worker (its stream closed, or it missed heartbeats for
-``distributed.scheduler.worker-ttl``): channels to it are dead even if their socket is not,
-so their unanswered calls are sent again or fail, and their tasks run elsewhere."""
-
-WORKER_RPC = (OPEN_CHANNEL, FETCH_OBJECT, FREE_OBJECTS, STOP_INSTANCE)
-WORKER_STREAM = (REVOKE_LEASES, START_INSTANCE, WORKER_LOST)
-OWNER_RPC = (FETCH_OBJECT, REVOKE_LEASES)
-
-# --- call channel -------------------------------------------------------------------------
-
-RUN_TASK = "yr_run_task"
-"""caller -> worker.  Fields: ``task_id``, ``lease_id``, ``fn_id``, ``fn`` (pickled function,
-sent once per channel, else ``None``), ``args`` (pickled args/kwargs with top-level refs
-replaced by placeholders), ``deps`` (list of ``[ref_id, kind, payload]`` as in
-:data:`FETCH_OBJECT`), ``nret``, ``owner`` (the lifetime owner: a job id or an instance id),
-``name`` (function name, for errors and the dashboard), ``slots`` (how many tasks of the
-lease may run at once: more may be pushed, and wait in the worker's lease gate)."""
-
-CANCEL_TASK = "yr_cancel_task"
-"""caller -> worker.  Fields: ``task_id``.  Interrupts the task if it is still running."""
-
-TASK_DONE = "yr_task_done"
-"""worker -> caller.  Fields: ``task_id``, ``results`` (a list of ``[kind, payload]``, one per
-return value, kinds as in :data:`FETCH_OBJECT`) or ``error`` (pickled RemoteError),
-``retryable`` (``True`` when the error is a user exception that ``retry_times`` may rerun),
-``took`` (seconds the task ran, for the submitter's pipelining rule); or ``requeue``
-(``True``: a pipelined task that waited too long in the worker's lease gate is handed back
-unrun, for the submitter to queue again)."""
-
-CALL_METHOD = "yr_call_method"
-"""caller -> worker.  Fields: ``task_id`` (the call id), ``instance_id``, ``method``,
-``args``, ``deps``, ``nret``.  Answered by :data:`TASK_DONE`; calls from one channel to one
-instance run in the order sent (concurrency 1)."""
-
-CHANNEL_TO_WORKER = (RUN_TASK, CANCEL_TASK, CALL_METHOD)
-CHANNEL_TO_CALLER = (TASK_DONE,)
 
 # --- instance states ----------------------------------------------------------------------
 
@@ -215,3 +47,681 @@ DEAD = "DEAD"
 VALUE = "value"
 ERROR = "error"
 LOCATION = "location"
+
+# --- channel tags (what ``Message.channels`` holds) ---------------------------------------
+
+ON_SCHEDULER_RPC = "scheduler rpc"
+ON_SCHEDULER_STREAM = "worker stream -> scheduler"
+ON_JOB_STREAM = "job stream -> scheduler"
+ON_DRIVER_STREAM = "job stream -> driver"
+ON_WORKER_RPC = "worker rpc"
+ON_WORKER_STREAM = "scheduler stream -> worker"
+ON_OWNER_RPC = "owner rpc"
+ON_CHANNEL_TO_WORKER = "call channel -> worker"
+ON_CHANNEL_TO_CALLER = "call channel -> caller"
+
+
+# --- reply types --------------------------------------------------------------------------
+# Dask's msgpack reads every array back as a tuple (``use_list=False``): a handler that returns
+# a list is read as the tuple below, and so are the list fields of a message that arrives.
+
+ObjectKind = Literal["value", "error", "location"]
+
+FetchReply = Union[tuple[Literal["value"], bytes], tuple[Literal["error"], bytes],
+                   tuple[Literal["location"], str]]
+"""``[kind, payload]``: ``"value"`` with the pickled bytes, ``"error"`` with a pickled
+RemoteError, or ``"location"`` with the address of the worker holding the value."""
+
+LeaseReply = Union[tuple[str, str], tuple[None, str]]
+"""``[lease_id, worker_address]``, or ``[None, reason]`` when no worker could meet the
+request in time (the API raises :class:`yrdask.errors.ScheduleError`)."""
+
+InstanceReply = Union[tuple[str, str, dict], tuple[None, str, Union[str, None]]]
+"""``[instance_id, worker, meta]`` once placed or alive, ``[None, reason, None]`` when it
+cannot be placed or does not exist, ``[None, reason, "timeout"]`` when waiting timed out."""
+
+LocateReply = tuple[str, Union[str, None], str, str]
+"""``[state, worker, reason, instance_id]``; the last is the id a named creation's alias
+stands for."""
+
+ListNamedReply = list[tuple[str, str]]
+"""``[[namespace, name], ...]``."""
+
+
+class WorkerSnapshot(TypedDict):
+    capacity: dict[str, float]
+    held: dict[str, float]
+
+
+class ClusterInfoReply(TypedDict):
+    """The scheduler's view of the cluster (``yr.resources()``, status command, dashboard)."""
+
+    workers: dict[str, WorkerSnapshot]
+    dashboard: str | None
+    counters: dict[str, int]  # leases granted, local, forwarded, timeouts
+    instances: list[dict[str, Any]]  # instance records; empty with ``instances=False``
+    placement: dict[str, Any]  # {kind: latency figures}
+    scheduling: dict[str, Any]  # {address: the worker's last heartbeat load report}
+
+
+class InstanceStatusReply(TypedDict):
+    state: str
+    worker: str | None
+    restarts: int
+    reason: str
+
+
+class InstanceSpec(TypedDict, total=False):
+    """What :class:`CreateInstance` and :class:`StartInstance` carry about an instance."""
+
+    instance_id: str
+    cls: bytes  # the pickled class
+    cls_name: str
+    args: bytes
+    deps: list
+    shape: dict[str, float]
+    timeout_ms: int
+    owner: str  # job or instance id
+    holder: str  # the creator's address, first handle holder
+    name: str | None
+    namespace: str | None
+    detached: bool
+    concurrency: int
+    is_async: bool
+    meta: dict  # method metadata for handles
+    incarnation: int  # on a restart: the restart count
+    checkpoint: bytes | None  # on a restart: the last saved state
+
+
+# --- the message base and the table -------------------------------------------------------
+
+MESSAGES: dict[str, type[Message]] = {}
+"""op -> message class, every message of the protocol, in definition order."""
+
+
+class UnknownMessage(LookupError):
+    """:func:`dispatch` got an op its table has no handler for."""
+
+
+class Message:
+    """Base of every wire message: a frozen, slotted dataclass with class-level metadata.
+
+    ``op`` the op name; ``channels`` the channel tags it travels on; ``handler`` the name of
+    the method that handles it on the receiving object (default: the op without ``yr_``);
+    ``reply_type`` what a request answers (``None`` for one-way messages and for ``None``
+    replies, see the class docstring); ``opens_stream`` true for the messages that turn
+    their comm into a stream (sent with Dask's ``reply=False``).
+    """
+
+    __slots__ = ()
+    op: ClassVar[str]
+    channels: ClassVar[tuple[str, ...]]
+    handler: ClassVar[str]
+    reply_type: ClassVar[Any] = None
+    opens_stream: ClassVar[bool] = False
+
+    def to_msg(self) -> dict[str, Any]:  # replaced per class by _message
+        raise NotImplementedError
+
+    @classmethod
+    def from_msg(cls, msg: Mapping[str, Any]) -> Message:  # replaced per class by _message
+        raise NotImplementedError
+
+
+def _message(cls: type) -> type:
+    """Make ``cls`` a frozen slots dataclass, generate its fast ``to_msg``/``from_msg``/
+    ``__init__`` and register it in :data:`MESSAGES`.
+
+    The generated code names each field (no ``dataclasses.asdict``, which deep-copies every
+    payload): these run once per task on the ~1 ms round-trip path.
+    """
+    cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
+    if "handler" not in cls.__dict__:
+        cls.handler = cls.op.removeprefix("yr_")
+    fields = dataclasses.fields(cls)
+    items = [f"{f.name!r}: self.{f.name}" for f in fields]
+    if cls.opens_stream:
+        items.append("'reply': False")
+    # Frozen dataclasses set each field through object.__setattr__; writing the slots
+    # through their descriptors instead halves the cost of building a message.
+    ns: dict[str, Any] = {"OP": cls.op, "new": object.__new__}
+    params, reads, sets, init_sets = [], [], [], []
+    for f in fields:
+        if f.default_factory is not dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name}: use an immutable default, not a factory")
+        ns[f"S_{f.name}"] = getattr(cls, f.name).__set__
+        if f.default is dataclasses.MISSING:
+            params.append(f.name)
+            reads.append(f"m[{f.name!r}]")
+        else:
+            ns[f"D_{f.name}"] = f.default
+            params.append(f"{f.name}=D_{f.name}")
+            reads.append(f"m.get({f.name!r}, D_{f.name})")
+        sets.append(f"    S_{f.name}(o, {reads[-1]})\n")
+        init_sets.append(f"    S_{f.name}(self, {f.name})\n")
+    src = ("def to_msg(self):\n"
+           f"    return {{'op': OP{''.join(', ' + i for i in items)}}}\n"
+           "def from_msg(cls, m):\n"
+           "    o = new(cls)\n"
+           f"{''.join(sets)}"
+           "    return o\n"
+           f"def __init__(self, {', '.join(params)}):\n"
+           f"{''.join(init_sets) or '    pass' + chr(10)}")
+    exec(src, ns)  # noqa: S102 - generated once per class from its own field names
+    to_msg, from_msg, init = ns["to_msg"], ns["from_msg"], ns["__init__"]
+    to_msg.__qualname__ = f"{cls.__name__}.to_msg"
+    to_msg.__doc__ = "The wire dict ``{'op': op, **fields}``."
+    from_msg.__qualname__ = f"{cls.__name__}.from_msg"
+    from_msg.__doc__ = "Read the message back from its wire dict (extra keys are ignored)."
+    init.__qualname__ = f"{cls.__name__}.__init__"
+    init.__annotations__ = {f.name: f.type for f in fields} | {"return": "None"}
+    cls.__init__ = init
+    cls.to_msg = to_msg
+    cls.from_msg = classmethod(from_msg)
+    if cls.op in MESSAGES:
+        raise TypeError(f"op {cls.op} defined twice: {MESSAGES[cls.op].__name__}, {cls.__name__}")
+    MESSAGES[cls.op] = cls
+    return cls
+
+
+# --- scheduler rpc (handled by yrdask.scheduler.extension) -------------------------------
+
+CONNECT_JOB = "yr_connect_job"
+REGISTER_WORKER = "yr_register_worker"
+REQUEST_LEASE = "yr_request_lease"
+CLUSTER_INFO = "yr_cluster_info"
+CREATE_INSTANCE = "yr_create_instance"
+LOCATE_INSTANCE = "yr_locate_instance"
+INSTANCE_STATUS = "yr_instance_status"
+SAVE_STATE = "yr_save_state"
+LOAD_STATE = "yr_load_state"
+GET_NAMED = "yr_get_named"
+LIST_NAMED = "yr_list_named"
+KILL_INSTANCE = "yr_kill_instance"
+
+
+@_message
+class JobWelcome(Message):
+    """scheduler -> driver, the first message on a new job stream (the reply to
+    :class:`ConnectJob`).  ``error`` is set, and the stream closed, on a protocol mismatch."""
+
+    op: ClassVar[str] = "yr_job_welcome"
+    channels: ClassVar[tuple[str, ...]] = ()  # read by ConnectJob's sender, no handler
+    protocol_version: int | None = None
+    dashboard: str | None = None
+    error: str | None = None
+
+
+JOB_WELCOME = JobWelcome.op
+
+
+@_message
+class ConnectJob(Message):
+    """driver -> scheduler, opens the *job stream*.  ``owner_address`` is the driver's owner
+    server.  Reply: :class:`JobWelcome`, as the first message on the stream; the scheduler
+    keeps the comm until the driver leaves."""
+
+    op: ClassVar[str] = CONNECT_JOB
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = JobWelcome
+    opens_stream: ClassVar[bool] = True
+    job_id: str
+    owner_address: str
+    protocol_version: int
+
+
+@_message
+class RegisterWorker(Message):
+    """worker -> scheduler rpc.  ``capacity`` is {resource: amount}.  Reply: ``None``.
+    Makes the worker eligible for yr work."""
+
+    op: ClassVar[str] = REGISTER_WORKER
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    address: str
+    capacity: dict[str, float]
+    protocol_version: int
+
+
+@_message
+class RequestLease(Message):
+    """submitter -> scheduler rpc.  ``owner`` the submitter's owner address, ``shape``
+    {resource: amount}, ``timeout_ms`` (-1 = wait forever), ``local`` the worker to prefer
+    (where the next task's large arguments live, else the submitter's own worker under local
+    first, else ``None``), ``affinity`` (:func:`yrdask.affinity.to_wire` form), ``queue``
+    (which of the submitter's task queues it is for: the scheduler never revokes an owner's
+    lease to serve the same queue), ``avoid`` (workers the submitter just lost its channel
+    to: never granted while it waits).  Reply: :data:`LeaseReply`."""
+
+    op: ClassVar[str] = REQUEST_LEASE
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = LeaseReply
+    owner: str
+    shape: dict[str, float]
+    timeout_ms: int
+    local: str | None = None
+    queue: str = ""
+    avoid: Sequence[str] = ()
+    affinity: Sequence[Any] | None = None
+
+
+@_message
+class ClusterInfo(Message):
+    """any -> scheduler rpc.  ``instances`` false leaves the instance list empty, for callers
+    that want only workers.  Reply: :class:`ClusterInfoReply`.  Used by ``yr.resources()``,
+    the status command and the dashboard."""
+
+    op: ClassVar[str] = CLUSTER_INFO
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = ClusterInfoReply
+    instances: bool = True
+
+
+@_message
+class CreateInstance(Message):
+    """creator -> scheduler rpc.  ``spec``: see :class:`InstanceSpec` (no ``incarnation`` or
+    ``checkpoint``).  Reply: :data:`InstanceReply` once placed (a named instance that exists
+    already answers with the existing one)."""
+
+    op: ClassVar[str] = CREATE_INSTANCE
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = InstanceReply
+    spec: InstanceSpec
+
+
+@_message
+class LocateInstance(Message):
+    """any -> scheduler rpc.  ``lost``: the worker the caller just lost its channel to.
+    Reply: :data:`LocateReply`; waits while the instance is being placed or restarted, and,
+    with ``lost``, until Dask has confirmed that worker gone (bounded)."""
+
+    op: ClassVar[str] = LOCATE_INSTANCE
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = LocateReply
+    instance_id: str
+    lost: str | None = None
+
+
+@_message
+class InstanceStatus(Message):
+    """any -> scheduler rpc.  Reply: :class:`InstanceStatusReply` at once
+    (``handle.state``)."""
+
+    op: ClassVar[str] = INSTANCE_STATUS
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = InstanceStatusReply
+    instance_id: str
+
+
+@_message
+class SaveState(Message):
+    """instance -> scheduler rpc (``yr.save_state()``).  ``state`` is the pickled instance
+    object.  Reply ``None`` once kept; a restart resumes from it."""
+
+    op: ClassVar[str] = SAVE_STATE
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    instance_id: str
+    state: bytes
+
+
+@_message
+class LoadState(Message):
+    """instance -> scheduler rpc (``yr.load_state()``).  Reply: the last saved state (bytes)
+    or ``None``."""
+
+    op: ClassVar[str] = LOAD_STATE
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = Union[bytes, None]
+    instance_id: str
+
+
+@_message
+class GetNamed(Message):
+    """any -> scheduler rpc.  Reply: :data:`InstanceReply` once the named instance is alive,
+    ``[None, reason, None]`` if there is none; waits up to ``timeout`` s for one still being
+    created."""
+
+    op: ClassVar[str] = GET_NAMED
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = InstanceReply
+    name: str
+    namespace: str
+    timeout: float
+
+
+@_message
+class ListNamed(Message):
+    """any -> scheduler rpc.  Names in ``namespace``, or in all of them.  Reply:
+    :data:`ListNamedReply`."""
+
+    op: ClassVar[str] = LIST_NAMED
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = ListNamedReply
+    all_namespaces: bool = False
+    namespace: str = ""
+
+
+@_message
+class KillInstance(Message):
+    """any -> scheduler rpc.  Reply ``None`` once the instance (and its non-detached
+    descendants) are stopped."""
+
+    op: ClassVar[str] = KILL_INSTANCE
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    instance_id: str
+    reason: str = "terminated"
+
+
+# --- job stream / worker stream, -> scheduler ---------------------------------------------
+
+RETURN_LEASES = "yr_return_leases"
+LEASE_BLOCKED = "yr_lease_blocked"
+LEASE_UNBLOCKED = "yr_lease_unblocked"
+HANDLE_REFS = "yr_handle_refs"
+INSTANCE_STATE = "yr_instance_state"
+CLOSE_STREAM = "close-stream"
+
+
+@_message
+class ReturnLeases(Message):
+    """submitter -> scheduler (job stream or worker stream).  The resources of those leases
+    become free."""
+
+    op: ClassVar[str] = RETURN_LEASES
+    channels: ClassVar[tuple[str, ...]] = (ON_JOB_STREAM, ON_SCHEDULER_STREAM)
+    lease_ids: list[str]
+
+
+@_message
+class LeaseBlocked(Message):
+    """worker -> scheduler.  The task running on the lease waits in ``yr.get``: its CPU is
+    lent back to the cluster until :class:`LeaseUnblocked`."""
+
+    op: ClassVar[str] = LEASE_BLOCKED
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM,)
+    lease_id: str
+
+
+@_message
+class LeaseUnblocked(Message):
+    """worker -> scheduler.  The task runs again and takes its CPU back (briefly over
+    capacity if it was lent out meanwhile)."""
+
+    op: ClassVar[str] = LEASE_UNBLOCKED
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM,)
+    lease_id: str
+
+
+@_message
+class HandleRefs(Message):
+    """holder -> scheduler (job stream or worker stream).  ``deltas`` ({instance_id: +1 | -1},
+    sent when this process's handle count for an instance goes 0 -> 1 or 1 -> 0),
+    ``transit`` (tokens of pickled handles being registered, ``[[instance_id, token], ...]``)
+    and ``arrived`` (tokens whose handles this process has just unpickled).  An unnamed,
+    non-detached instance no process holds, with no handle in transit, ends."""
+
+    op: ClassVar[str] = HANDLE_REFS
+    channels: ClassVar[tuple[str, ...]] = (ON_JOB_STREAM, ON_SCHEDULER_STREAM)
+    deltas: dict[str, int]
+    transit: Sequence[Sequence[str]] = ()
+    arrived: Sequence[Sequence[str]] = ()
+
+
+@_message
+class InstanceState(Message):
+    """worker -> scheduler.  ``state`` is ``"ALIVE"`` after ``__init__``, ``"FAILED"`` if
+    ``__init__`` raised, ``"EXITED"`` after it stopped; ``error`` a pickled RemoteError or
+    ``None``."""
+
+    op: ClassVar[str] = INSTANCE_STATE
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM,)
+    instance_id: str
+    state: str
+    error: bytes | None = None
+
+
+@_message
+class CloseStream(Message):
+    """driver -> scheduler, the last message on the job stream (Dask's own end-of-stream
+    op): the reader stops there.  In no handler table."""
+
+    op: ClassVar[str] = CLOSE_STREAM
+    channels: ClassVar[tuple[str, ...]] = ()
+    handler: ClassVar[str] = "close_stream"
+
+
+# --- scheduler -> submitter (job stream, or worker stream for worker submitters) ----------
+
+REVOKE_LEASES = "yr_revoke_leases"
+WORKER_LOST = "yr_worker_lost"
+
+
+@_message
+class RevokeLeases(Message):
+    """scheduler -> submitter.  Others wait for these resources: return the leases that are
+    idle now, and the others as soon as their task ends."""
+
+    op: ClassVar[str] = REVOKE_LEASES
+    channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
+    lease_ids: list[str]
+
+
+@_message
+class WorkerLost(Message):
+    """scheduler -> every driver (job stream) and worker (worker stream).  Dask removed
+    ``worker`` (its stream closed, or it missed heartbeats for
+    ``distributed.scheduler.worker-ttl``): channels to it are dead even if their socket is
+    not, so their unanswered calls are sent again or fail, and their tasks run elsewhere."""
+
+    op: ClassVar[str] = WORKER_LOST
+    channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
+    worker: str
+
+
+# --- worker rpc and stream (handled by yrdask.worker.agent) -------------------------------
+
+OPEN_CHANNEL = "yr_open_channel"
+FETCH_OBJECT = "yr_fetch_object"
+FREE_OBJECTS = "yr_free_objects"
+START_INSTANCE = "yr_start_instance"
+STOP_INSTANCE = "yr_stop_instance"
+
+
+@_message
+class OpenChannel(Message):
+    """caller -> worker, opens a *call channel* on that comm.  ``caller`` is the caller's
+    owner address.  No reply: from then on both sides send batched messages."""
+
+    op: ClassVar[str] = OPEN_CHANNEL
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
+    opens_stream: ClassVar[bool] = True
+    caller: str
+
+
+@_message
+class FetchObject(Message):
+    """any -> owner (or the worker holding a large value) rpc.  ``timeout`` in seconds,
+    ``None`` = forever.  Reply: :data:`FetchReply`."""
+
+    op: ClassVar[str] = FETCH_OBJECT
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_OWNER_RPC)
+    reply_type: ClassVar[Any] = FetchReply
+    object_id: str
+    timeout: float | None = None
+
+
+@_message
+class FreeObjects(Message):
+    """owner -> worker holding large values (rpc, fire and forget).  Reply ``None``."""
+
+    op: ClassVar[str] = FREE_OBJECTS
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
+    object_ids: list[str]
+
+
+@_message
+class StartInstance(Message):
+    """scheduler -> worker (worker stream).  ``spec`` is the creation spec (see
+    :class:`CreateInstance`; on a restart also ``incarnation`` (the restart count) and
+    ``checkpoint`` (the last saved state, or ``None``)).  The worker builds the instance from
+    the checkpoint if there is one, else with ``__init__``; calls may arrive before it is
+    ready and wait behind it."""
+
+    op: ClassVar[str] = START_INSTANCE
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_STREAM,)
+    spec: InstanceSpec
+
+
+@_message
+class StopInstance(Message):
+    """scheduler -> worker rpc.  Pending calls fail with ``reason``; the reply (``None``)
+    comes once the instance is gone."""
+
+    op: ClassVar[str] = STOP_INSTANCE
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
+    instance_id: str
+    reason: str
+
+
+# --- call channel -------------------------------------------------------------------------
+
+RUN_TASK = "yr_run_task"
+CANCEL_TASK = "yr_cancel_task"
+TASK_DONE = "yr_task_done"
+CALL_METHOD = "yr_call_method"
+
+
+@_message
+class RunTask(Message):
+    """caller -> worker.  ``fn`` the pickled function, sent once per channel, else ``None``;
+    ``args`` pickled args/kwargs with top-level refs replaced by placeholders; ``deps`` a list
+    of ``[ref_id, kind, payload]`` as in :data:`FetchReply`; ``owner`` the lifetime owner (a
+    job id or an instance id); ``name`` the function name, for errors and the dashboard;
+    ``slots`` how many tasks of the lease may run at once (more may be pushed, and wait in
+    the worker's lease gate).  Answered by :class:`TaskDone`."""
+
+    op: ClassVar[str] = RUN_TASK
+    channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_WORKER,)
+    task_id: str
+    lease_id: str
+    fn_id: str
+    fn: bytes | None
+    args: bytes
+    deps: list
+    nret: int
+    owner: str
+    name: str
+    slots: int = 1
+
+
+@_message
+class CancelTask(Message):
+    """caller -> worker.  Interrupts the task if it is still running."""
+
+    op: ClassVar[str] = CANCEL_TASK
+    channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_WORKER,)
+    task_id: str
+
+
+@_message
+class TaskDone(Message):
+    """worker -> caller.  ``results`` (a list of ``[kind, payload]``, one per return value,
+    kinds as in :data:`FetchReply`) or ``error`` (pickled RemoteError), ``retryable``
+    (``True`` when the error is a user exception that ``retry_times`` may rerun), ``took``
+    (seconds the task ran, for the submitter's pipelining rule); or ``requeue`` (``True``: a
+    pipelined task that waited too long in the worker's lease gate is handed back unrun, for
+    the submitter to queue again)."""
+
+    op: ClassVar[str] = TASK_DONE
+    channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_CALLER,)
+    task_id: str
+    results: list | None = None
+    error: bytes | None = None
+    retryable: bool = False
+    took: float | None = None
+    requeue: bool = False
+
+
+@_message
+class CallMethod(Message):
+    """caller -> worker.  ``task_id`` is the call id.  Answered by :class:`TaskDone`; calls
+    from one channel to one instance run in the order sent (concurrency 1)."""
+
+    op: ClassVar[str] = CALL_METHOD
+    channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_WORKER,)
+    task_id: str
+    instance_id: str
+    method: str
+    args: bytes
+    deps: list
+    nret: int
+
+
+# --- channel groupings, derived from the table --------------------------------------------
+
+def ops_on(channel: str) -> tuple[str, ...]:
+    """The ops that travel on ``channel`` (an ``ON_*`` tag), in table order."""
+    return tuple(op for op, cls in MESSAGES.items() if channel in cls.channels)
+
+
+SCHEDULER_RPC = ops_on(ON_SCHEDULER_RPC)  # Scheduler.handlers
+SCHEDULER_STREAM = ops_on(ON_SCHEDULER_STREAM)  # Scheduler.stream_handlers
+JOB_STREAM = ops_on(ON_JOB_STREAM)  # the extension's job stream reader (+ CloseStream)
+DRIVER_STREAM = ops_on(ON_DRIVER_STREAM)  # the driver's job stream reader
+WORKER_RPC = ops_on(ON_WORKER_RPC)  # Worker.handlers
+WORKER_STREAM = ops_on(ON_WORKER_STREAM)  # Worker.stream_handlers
+OWNER_RPC = ops_on(ON_OWNER_RPC)  # the driver's owner server
+CHANNEL_TO_WORKER = ops_on(ON_CHANNEL_TO_WORKER)  # the agent's call channel reader
+CHANNEL_TO_CALLER = ops_on(ON_CHANNEL_TO_CALLER)  # the caller's call channel reader
+
+
+# --- building handler tables, dispatching and sending -------------------------------------
+
+def handlers(ops: Iterable[str], *targets: Any) -> dict[str, Callable[..., Any]]:
+    """A Dask-style handler table for ``ops``: each op maps to the method named by its
+    message class's ``handler``, taken from the first of ``targets`` that has it.
+
+    >>> scheduler.handlers.update(handlers(SCHEDULER_RPC, extension, extension.instances))
+    """
+    table: dict[str, Callable[..., Any]] = {}
+    for op in ops:
+        name = MESSAGES[op].handler
+        for target in targets:
+            fn = getattr(target, name, None)
+            if fn is not None:
+                table[op] = fn
+                break
+        else:
+            raise LookupError(f"no {name}() to handle {op} on any of {targets!r}")
+    return table
+
+
+def dispatch(table: Mapping[str, Callable[..., Any]], msg: Mapping[str, Any], *args: Any) -> Any:
+    """Call the handler of ``msg``'s op in ``table`` as ``handler(*args, **fields)``.
+
+    ``msg`` is not changed (a local channel hands the sender's own dict over).  Raises
+    :class:`UnknownMessage` if the table has no handler for the op.
+    """
+    fields = dict(msg)
+    op = fields.pop("op", None)
+    try:
+        handler = table[op]
+    except KeyError:
+        raise UnknownMessage(op) from None
+    return handler(*args, **fields)
+
+
+def decode(msg: Mapping[str, Any]) -> Message:
+    """The typed message for a wire dict (raises :class:`UnknownMessage` for a foreign op)."""
+    try:
+        cls = MESSAGES[msg["op"]]
+    except KeyError:
+        raise UnknownMessage(msg.get("op")) from None
+    return cls.from_msg(msg)
+
+
+async def request(remote: Any, msg: Message) -> Any:
+    """Send a request on a Dask rpc (``rpc(addr)``, ``pool(addr)``, ``worker.scheduler``)
+    and return its reply (of ``type(msg).reply_type``)."""
+    fields = msg.to_msg()
+    del fields["op"]
+    return await getattr(remote, msg.op)(**fields)

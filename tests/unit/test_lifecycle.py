@@ -1,28 +1,67 @@
-"""Unit tests of yrdask.scheduler.lifecycle.Lifecycle: the rules of SPEC §4, without a cluster.
+"""Unit tests of yrdask.scheduler.lifecycle.Lifecycle: the rules of SPEC §4-5, without a cluster.
 
-The owner tree and its end order, detached children, the named registry, handle reference
-counting with tokens of pickled handles (transit / arrived in either order), lost holders,
-``releasable``, ``end_owner`` (a job went away) and ``on_worker_lost``.
+Events in, instructions out, ``validate()`` after every step: placement and start, the owner
+tree and its end order, detached children, the named registry and aliases, handle reference
+counting with tokens of pickled handles and the release grace period, lost holders, owners
+and workers, restarts with their budget and checkpoints, the graveyard, and a seeded random
+run.
 """
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from yrdask import protocol as P
-from yrdask.scheduler.lifecycle import Lifecycle
+from yrdask.scheduler import lifecycle as L
 
 pytestmark = pytest.mark.timeout(30)
 
 JOB = "job-1"
 DRIVER = "tcp://driver:1"  # the holder address of the job's driver
-W1, W2 = "tcp://w1:1", "tcp://w2:1"
+W1, W2, W3 = "tcp://w1:1", "tcp://w2:1", "tcp://w3:1"
+GRACE = L.RELEASE_GRACE_S
 
 
-def spec(iid, owner=JOB, name="", namespace="", detached=False, holder=DRIVER, recover=0):
+def spec(iid, owner=JOB, name="", namespace="", detached=False, holder=DRIVER, recover=0,
+         timeout_ms=30_000):
     return {"instance_id": iid, "owner": owner, "name": name, "namespace": namespace,
-            "detached": detached, "holder": holder, "cls_name": "C",
-            "shape": {"CPU": 500.0, "Memory": 500.0}, "recover_retry_times": recover}
+            "detached": detached, "holder": holder, "cls_name": "C", "meta": {"m": iid},
+            "shape": {"CPU": 500.0, "Memory": 500.0}, "recover_retry_times": recover,
+            "timeout_ms": timeout_ms, "affinity": [], "labels": ["l1"]}
+
+
+class Harness:
+    """A Lifecycle with helpers that validate after each event."""
+
+    def __init__(self) -> None:
+        self.m = L.Lifecycle()
+        self.n = 0
+
+    def __call__(self, event_type, *args, **kwargs) -> list:
+        self.n += 1
+        out = self.m.handle(event_type(f"s{self.n}", *args, **kwargs))
+        self.m.validate()
+        return out
+
+    def create(self, *args, now=0.0, **kwargs) -> list:
+        return self(L.Create, spec(*args, **kwargs), now)
+
+    def running(self, *args, worker=W1, **kwargs) -> L.InstanceRecord:
+        """Create, place on ``worker`` and report alive."""
+        self.create(*args, **kwargs)
+        iid = args[0]
+        self(L.Placed, iid, worker)
+        self(L.InstanceStarted, iid, worker)
+        return self.m.instances[iid]
+
+    def rec(self, iid) -> L.InstanceRecord:
+        return self.m.instances[iid]
+
+
+def of(out, kind):
+    return [i for i in out if type(i) is kind]
 
 
 def ids(records):
@@ -30,353 +69,457 @@ def ids(records):
 
 
 @pytest.fixture
-def lc():
-    return Lifecycle()
+def h():
+    return Harness()
 
 
-# --------------------------------------------------------------------------- creation and owner tree
+# --------------------------------------------------------------------------- creation and start
 
 
-def test_add_records_owner_holder_and_pending_state(lc):
-    rec = lc.add(spec("a"))
-    assert rec.state == P.PENDING
-    assert rec.owner == JOB
-    assert rec.holders == {DRIVER}
-    assert rec.refcounted and not rec.detached and rec.name_key is None
-    assert lc.children[JOB] == {"a"}
-    lc.placed("a", W1)
-    assert lc.instances["a"].worker == W1
-    assert lc.set_state("a", P.ALIVE) is rec and rec.state == P.ALIVE
+def test_create_acquires_then_placed_starts_and_answers(h):
+    out = h.create("a", now=12.5)
+    assert out == [L.AcquireResources("s1", "a", {"CPU": 500.0, "Memory": 500.0}, 30_000, (),
+                                      ("l1",))]
+    rec = h.rec("a")
+    assert (rec.state, rec.owner, rec.holders, rec.created_at) == (P.PENDING, JOB, {DRIVER}, 12.5)
+    assert h.m.answer("a", L.PLACED) is None  # a create rpc waits
+    out = h(L.Placed, "a", W1)
+    assert of(out, L.StartInstance) == [L.StartInstance("s2", W1, "a", rec.spec, 0, None)]
+    assert of(out, L.AnswerWaiters) == [L.AnswerWaiters("s2", "a", L.PLACED, W1)]
+    assert h.m.answer("a", L.PLACED) == (W1, "") and h.m.answer("a", L.ALIVE_STAGE) is None
+    out = h(L.InstanceStarted, "a", W1)
+    assert out == [L.AnswerWaiters("s3", "a", L.ALIVE_STAGE, W1)]
+    assert rec.state == P.ALIVE and rec.reason == ""
+    assert h.m.status("a") == {"state": P.ALIVE, "worker": W1, "restarts": 0, "reason": ""}
 
 
-def test_add_without_holder_has_no_holders(lc):
-    rec = lc.add(spec("a", holder=None))
-    assert rec.holders == set()
+def test_init_failure_counts_as_running_with_a_reason(h):
+    h.create("a")
+    h(L.Placed, "a", W1)
+    h(L.InstanceStarted, "a", W1, True)
+    assert h.rec("a").state == P.ALIVE and h.rec("a").reason == "__init__ raised"
 
 
-def test_end_returns_the_tree_deepest_first(lc):
+def test_placement_failure_ends_it_and_answers_with_the_ledger_reason(h):
+    h.create("a")
+    out = h(L.PlacementFailed, "a", "no worker has CPU=500")
+    assert of(out, L.AnswerWaiters)[0] == L.AnswerWaiters("s2", "a", L.PLACED, None,
+                                                         "no worker has CPU=500")
+    assert of(out, L.ReleaseResources) == [] and of(out, L.StopInstance) == []
+    assert "a" not in h.m.instances and h.m.graveyard["a"] == "no worker has CPU=500"
+    assert h.m.status("a")["state"] == P.DEAD
+    assert h.m.answer("a", L.PLACED) == (None, "it has ended: no worker has CPU=500")
+
+
+def test_kill_while_acquiring_cancels_and_a_late_grant_is_released(h):
+    h.create("a")
+    out = h(L.Kill, "a")
+    assert of(out, L.CancelAcquire) == [L.CancelAcquire("s2", "a")]
+    waiters = of(out, L.AnswerWaiters)
+    assert waiters[0].worker is None and "ended before it started: terminated" in waiters[0].reason
+    assert h(L.Placed, "a", W1) == [L.ReleaseResources("s3", "a")]
+    assert h(L.PlacementFailed, "a", "x") == []
+
+
+def test_stale_reports_are_ignored(h):
+    h.create("a")
+    assert h(L.InstanceStarted, "a", W1) == []  # not placed yet
+    h(L.Placed, "a", W1)
+    assert h(L.Placed, "a", W2) == []  # a duplicate grant for a placed one: ignored
+    assert h(L.InstanceStarted, "a", W2) == []  # another worker's report
+    assert h(L.InstanceExited, "a", W2) == []
+    assert h(L.InstanceStarted, "nope", W1) == [] and h(L.Stopped, "a") == []
+    assert h.rec("a").state == P.PENDING
+
+
+def test_exited_ends_it(h):
+    h.running("a")
+    out = h(L.InstanceExited, "a", W1)
+    assert of(out, L.StopInstance) == [L.StopInstance("s4", W1, "a", "it exited")]
+    assert of(out, L.ReleaseResources) == [L.ReleaseResources("s4", "a")]
+
+
+def test_end_keeps_the_record_until_the_worker_confirms_the_stop(h):
+    h.running("a")
+    h(L.Kill, "a")
+    assert h.rec("a").state == P.DEAD and h.m.status("a")["reason"] == "terminated"
+    assert h(L.Kill, "a") == []  # already ending
+    h(L.Stopped, "a")
+    assert "a" not in h.m.instances and h.m.graveyard["a"] == "terminated"
+    assert "terminated" in h.m.status("a")["reason"]
+
+
+# --------------------------------------------------------------------------- owner tree
+
+
+def test_end_ends_the_tree_deepest_first(h):
     # job -> a -> (b -> (c, d), e)
-    lc.add(spec("a"))
-    lc.add(spec("b", owner="a"))
-    lc.add(spec("e", owner="a"))
-    lc.add(spec("c", owner="b"))
-    lc.add(spec("d", owner="b"))
-    ended = ids(lc.end("a", "terminated"))
-    assert sorted(ended) == ["a", "b", "c", "d", "e"]
-    assert ended[-1] == "a"
-    # every instance comes after all of its descendants
+    for iid, owner in [("a", JOB), ("b", "a"), ("e", "a"), ("c", "b"), ("d", "b")]:
+        h.running(iid, owner=owner)
+    out = h(L.Kill, "a")
+    ended = ids(h.m.last_ended)
+    assert sorted(ended) == ["a", "b", "c", "d", "e"] and ended[-1] == "a"
     assert ended.index("c") < ended.index("b") and ended.index("d") < ended.index("b")
-    assert ended.index("b") < ended.index("a") and ended.index("e") < ended.index("a")
-    for iid in ended:
-        assert lc.instances[iid].state == P.DEAD
-    assert lc.instances["a"].reason == "terminated"
-    # descendants say why they ended: their owner ended
-    assert "a" in lc.instances["b"].reason and "terminated" in lc.instances["b"].reason
-    assert "b" in lc.instances["c"].reason
-    assert "a" not in lc.children and "b" not in lc.children
-    assert "a" not in lc.children.get(JOB, set())
+    assert [s.instance_id for s in of(out, L.StopInstance)] == ended
+    assert "a" in h.rec("b").reason and "terminated" in h.rec("b").reason
+    assert "b" in h.rec("c").reason
+    assert "a" not in h.m.children and "b" not in h.m.children
 
 
-def test_end_of_a_leaf_leaves_its_owner_alone(lc):
-    lc.add(spec("a"))
-    lc.add(spec("b", owner="a"))
-    assert ids(lc.end("b", "terminated")) == ["b"]
-    assert lc.instances["a"].state != P.DEAD
-    assert lc.children["a"] == set()
+def test_detached_child_survives_its_owner_and_ends_its_own_tree(h):
+    h.running("sup")
+    h.running("w1", owner="sup")
+    h.running("det", owner="sup", detached=True)
+    h.running("det-child", owner="det")
+    h(L.Kill, "sup")
+    assert sorted(ids(h.m.last_ended)) == ["sup", "w1"]
+    assert h.rec("det").state == P.ALIVE and h.rec("det-child").state == P.ALIVE
+    h(L.Stopped, "sup")
+    h(L.Kill, "det")
+    assert sorted(ids(h.m.last_ended)) == ["det", "det-child"]
 
 
-def test_end_twice_and_end_unknown_are_noops(lc):
-    lc.add(spec("a"))
-    assert ids(lc.end("a", "terminated")) == ["a"]
-    assert lc.end("a", "again") == []
-    assert lc.instances["a"].reason == "terminated"
-    assert lc.end("nope", "terminated") == []
+def test_child_created_by_an_ended_owner_ends_at_once(h):
+    h.running("p")
+    h(L.Kill, "p")
+    h(L.Stopped, "p")  # forgotten: only the graveyard knows
+    out = h.create("late", owner="p")
+    assert of(out, L.AcquireResources) == []
+    assert "late" not in h.m.instances and "its owner p has ended" in h.m.graveyard["late"]
+    h.create("late-det", owner="p", detached=True)  # a detached one may outlive it
+    assert h.rec("late-det").acquiring
 
 
-def test_detached_child_survives_its_owner(lc):
-    lc.add(spec("sup"))
-    lc.add(spec("w1", owner="sup"))
-    lc.add(spec("det", owner="sup", detached=True))
-    lc.add(spec("det-child", owner="det"))  # a child of a detached parent follows its parent
-    ended = ids(lc.end("sup", "terminated"))
-    assert sorted(ended) == ["sup", "w1"]
-    assert lc.instances["det"].state != P.DEAD
-    assert lc.instances["det-child"].state != P.DEAD
-    # the detached one still ends its own tree when it is terminated
-    assert sorted(ids(lc.end("det", "terminated"))) == ["det", "det-child"]
+def test_owner_gone_ends_its_non_detached_trees(h):
+    h.running("a")
+    h.running("a1", owner="a", worker=W2)
+    h.running("n", name="named")
+    h.running("det", detached=True)
+    h.running("det-child", owner="det")
+    h.running("other", owner="job-2")
+    h(L.OwnerGone, JOB, "its job ended")
+    assert sorted(ids(h.m.last_ended)) == ["a", "a1", "n"]
+    assert h.rec("a").reason == "its job ended"
+    assert h.m.named("", "named") is None
+    for iid in ("det", "det-child", "other"):
+        assert h.rec(iid).state == P.ALIVE
+    assert h.m.children[JOB] == {"det"}
+    assert h(L.OwnerGone, "job-unknown", "gone") == []
 
 
-def test_set_state_on_dead_or_unknown_is_ignored(lc):
-    lc.add(spec("a"))
-    lc.end("a", "terminated")
-    assert lc.set_state("a", P.ALIVE) is None
-    assert lc.instances["a"].state == P.DEAD
-    assert lc.set_state("unknown", P.ALIVE) is None
+# --------------------------------------------------------------------------- names and aliases
 
 
-def test_forget_drops_only_dead_records(lc):
-    lc.add(spec("a"))
-    lc.add(spec("b"))
-    lc.forget("a")  # alive: kept
-    assert "a" in lc.instances
-    lc.end("b", "terminated")
-    lc.forget("b")
-    assert "b" not in lc.instances
-    lc.forget("never-existed")  # no error
+def test_named_registry_binds_aliases_and_frees_the_name(h):
+    a = h.running("a", name="actor")
+    b = h.running("b", name="actor", namespace="ns1")
+    assert h.m.named("", "actor") is a and h.m.named("ns1", "actor") is b
+    assert h.m.named("ns2", "actor") is None and not a.refcounted
+    out = h.create("a2", name="actor")  # the name is taken: bind the existing one
+    assert out == [] and "a2" not in h.m.instances
+    assert h.m.resolve("a2") == "a" and h.m.answer("a", L.PLACED) == (W1, "")
+    assert h.m.status("a2")["state"] == P.ALIVE
+    h(L.Kill, "a2")  # through the alias
+    assert a.state == P.DEAD and h.m.named("", "actor") is None
+    h(L.Stopped, "a")
+    assert "a2" not in h.m.aliases  # forgotten with the instance
+    c = h.create("c", name="actor") and h.rec("c")
+    assert h.m.named("", "actor") is c
 
 
-# --------------------------------------------------------------------------- named registry
+def test_named_instance_being_created_is_bound_too(h):
+    h.create("a", name="actor")
+    h.create("a2", name="actor")
+    assert h.m.resolve("a2") == "a" and h.m.answer("a", L.PLACED) is None
 
 
-def test_named_registry_and_namespaces(lc):
-    a = lc.add(spec("a", name="actor"))
-    b = lc.add(spec("b", name="actor", namespace="ns1"))
-    assert a.name_key == ("", "actor") and b.name_key == ("ns1", "actor")
-    assert lc.named("", "actor") is a
-    assert lc.named("ns1", "actor") is b
-    assert lc.named("ns2", "actor") is None
-    assert lc.named("", "other") is None
-    assert not a.refcounted and not b.refcounted
+# --------------------------------------------------------------------------- handle refs
 
 
-def test_name_is_free_again_after_the_instance_ends(lc):
-    lc.add(spec("a", name="actor"))
-    lc.end("a", "terminated")
-    assert lc.named("", "actor") is None
-    assert ("", "actor") not in lc.names
-    c = lc.add(spec("c", name="actor"))
-    assert lc.named("", "actor") is c
+def refs(h, holder, deltas=None, transit=(), arrived=(), now=0.0):
+    return h(L.HandleRefs, holder, deltas or {}, list(transit), list(arrived), now)
 
 
-def test_ending_an_old_record_does_not_drop_a_newer_name_owner(lc):
-    lc.add(spec("a", name="actor"))
-    lc.instances["a"].state = P.DEAD  # dead but not yet through end()
-    c = lc.add(spec("c", name="actor"))
-    lc.instances["a"].state = P.ALIVE
-    lc.end("a", "terminated")
-    assert lc.named("", "actor") is c
+def test_last_holder_dropping_ends_it_after_the_grace_period(h):
+    h.running("a")
+    refs(h, W1, {"a": +1})
+    assert refs(h, DRIVER, {"a": -1}, now=1.0) == []
+    out = refs(h, W1, {"a": -1}, now=2.0)
+    assert out == [L.WakeAt(f"s{h.n}", 2.0 + GRACE)]
+    assert h(L.ReleaseCheck, 2.0 + GRACE / 2) == [L.WakeAt(f"s{h.n}", 2.0 + GRACE)]
+    out = h(L.ReleaseCheck, 2.0 + GRACE)
+    assert of(out, L.StopInstance) == [L.StopInstance(f"s{h.n}", W1, "a",
+                                                      "no handle to it is left")]
 
 
-def test_snapshot_lists_names_and_fields(lc):
-    lc.add(spec("a", name="actor", namespace="ns"))
-    lc.add(spec("b", detached=True))
-    lc.placed("b", W2)
-    snap = {s["instance_id"]: s for s in lc.snapshot()}
-    assert snap["a"]["name"] == "actor" and snap["a"]["namespace"] == "ns"
-    assert snap["b"]["name"] == "" and snap["b"]["detached"] is True
-    assert snap["b"]["worker"] == W2 and snap["b"]["owner"] == JOB
-    assert snap["a"]["state"] == P.PENDING
-    for key in ("class", "restarts", "resources", "reason", "created_at"):
-        assert key in snap["a"]
+def test_a_handle_regained_within_the_grace_period_keeps_it(h):
+    h.running("a")
+    refs(h, DRIVER, {"a": -1}, now=1.0)
+    refs(h, W2, {"a": +1}, now=1.1)  # reordered streams: the new holder reports late
+    assert of(h(L.ReleaseCheck, 1.0 + GRACE), L.StopInstance) == []
+    assert h.rec("a").state == P.ALIVE and not h.m.release_due
 
 
-# --------------------------------------------------------------------------- handle reference counting
+def test_named_detached_and_unknown_are_not_refcounted(h):
+    h.running("n", name="n", holder=None)
+    h.running("det", detached=True, holder=None)
+    refs(h, DRIVER, {"n": -1, "det": -1, "ghost": -1})
+    assert not h.m.release_due
+    out = h.create("free", holder=None, now=5.0)  # created with no holder at all
+    assert of(out, L.WakeAt) == [L.WakeAt(f"s{h.n}", 5.0 + GRACE)]
 
 
-def test_releasable_rules(lc):
-    lc.add(spec("held"))
-    lc.add(spec("free", holder=None))
-    lc.add(spec("named", name="n", holder=None))
-    lc.add(spec("det", detached=True, holder=None))
-    lc.add(spec("dead", holder=None))
-    lc.end("dead", "terminated")
-    assert not lc.releasable("held")
-    assert lc.releasable("free")
-    assert not lc.releasable("named")  # named instances are not refcounted
-    assert not lc.releasable("det")  # nor detached ones
-    assert not lc.releasable("dead")
-    assert not lc.releasable("unknown")
+def test_handle_in_transit_keeps_it_either_order(h):
+    h.running("a")
+    refs(h, DRIVER, {"a": -1}, transit=[("a", "t1")])
+    assert h.rec("a").transit == {"t1"} and not h.m.release_due
+    refs(h, W1, {"a": +1}, arrived=[("a", "t1")])
+    assert h.rec("a").transit == set() and not h.m.releasable("a")
+    h.running("b")
+    refs(h, W1, {"b": +1}, arrived=[("b", "t2")])  # the receiver's report overtakes
+    assert h.m.released_tokens == {"t2"}
+    refs(h, DRIVER, {"b": -1}, transit=[("b", "t2")])
+    assert h.rec("b").transit == set() and h.m.released_tokens == set()
+    assert not h.m.releasable("b")  # W1 holds it
 
 
-def test_last_holder_dropping_makes_it_releasable(lc):
-    lc.add(spec("a"))
-    assert lc.handle_refs(W1, {"a": +1}, [], []) == []
-    assert lc.instances["a"].holders == {DRIVER, W1}
-    touched = lc.handle_refs(DRIVER, {"a": -1}, [], [])
-    assert touched == ["a"]
-    assert not lc.releasable("a")  # W1 still holds it
-    assert lc.handle_refs(W1, {"a": -1}, [], []) == ["a"]
-    assert lc.releasable("a")
+def test_receiver_dropping_at_once_after_arrival_still_releases(h):
+    h.running("a")
+    refs(h, DRIVER, {"a": -1}, transit=[("a", "t1"), ("a", "t2")])
+    refs(h, W1, {}, arrived=[("a", "t1")])
+    assert not h.m.releasable("a")  # t2 still travels
+    out = refs(h, W2, {}, arrived=[("a", "t2")], now=3.0)
+    assert of(out, L.WakeAt) == [L.WakeAt(f"s{h.n}", 3.0 + GRACE)]
 
 
-def test_handle_refs_for_unknown_instances_are_ignored(lc):
-    assert lc.handle_refs(W1, {"ghost": +1, "ghost2": -1}, [], []) == []
+def test_holder_lost_drops_it_everywhere(h):
+    h.running("a", holder=W3)
+    h.running("b", holder=W3)
+    h.running("c")
+    refs(h, W2, {"a": +1})
+    out = h(L.HolderLost, W3, 1.0)
+    assert of(out, L.WakeAt) == [L.WakeAt(f"s{h.n}", 1.0 + GRACE)]
+    assert h.rec("a").holders == {W2} and set(h.m.release_due) == {"b"}
+    assert h(L.HolderLost, "tcp://nobody:1", 1.0) == []
 
 
-def test_handle_in_transit_keeps_it_alive_transit_first(lc):
-    lc.add(spec("a"))
-    # the driver pickles the handle (token t1) and then drops its own
-    lc.handle_refs(DRIVER, {}, [["a", "t1"]], [])
-    assert lc.handle_refs(DRIVER, {"a": -1}, [], []) == ["a"]
-    assert lc.instances["a"].transit == {"t1"}
-    assert not lc.releasable("a")  # the pickled handle is on its way
-    # the receiver unpickles it: it holds it now, the token is settled
-    touched = lc.handle_refs(W1, {"a": +1}, [], [["a", "t1"]])
-    assert "a" in touched
-    assert lc.instances["a"].transit == set()
-    assert not lc.releasable("a")
-    lc.handle_refs(W1, {"a": -1}, [], [])
-    assert lc.releasable("a")
-    assert lc.released_tokens == set()
+# --------------------------------------------------------------------------- workers and restarts
 
 
-def test_handle_in_transit_arrived_reported_before_transit(lc):
-    lc.add(spec("a"))
-    # the receiver's report overtakes the sender's
-    lc.handle_refs(W1, {"a": +1}, [], [["a", "t1"]])
-    assert lc.released_tokens == {"t1"}
-    assert lc.instances["a"].transit == set()
-    lc.handle_refs(DRIVER, {"a": -1}, [["a", "t1"]], [])
-    # the late transit report must not leave a stale token that would keep it alive forever
-    assert lc.instances["a"].transit == set()
-    assert lc.released_tokens == set()
-    assert not lc.releasable("a")  # W1 holds it
-    lc.handle_refs(W1, {"a": -1}, [], [])
-    assert lc.releasable("a")
+def test_lost_worker_ends_its_instances_and_their_descendants(h):
+    h.running("a")
+    h.running("b", worker=W2)
+    h.running("a-child", owner="a", worker=W2)  # a descendant elsewhere ends too
+    h.running("a-det", owner="a", detached=True, worker=W2)
+    out = h(L.WorkerLost, W1, 0.0)
+    assert sorted(ids(h.m.last_ended)) == ["a", "a-child"]
+    # the lost worker's holding went with it: nothing to release or stop there
+    assert [s.instance_id for s in of(out, L.StopInstance)] == ["a-child"]
+    assert [r.instance_id for r in of(out, L.ReleaseResources)] == ["a-child"]
+    assert "a" not in h.m.instances and W1 in h.m.graveyard["a"]
+    assert h.rec("b").state == P.ALIVE and h.rec("a-det").state == P.ALIVE
 
 
-def test_receiver_dropping_at_once_after_arrival_still_releases(lc):
-    lc.add(spec("a"))
-    lc.handle_refs(DRIVER, {"a": -1}, [["a", "t1"]], [])
-    assert not lc.releasable("a")
-    # W1 unpickled and dropped the handle within one report batch (+1 and -1 cancel out)
-    touched = lc.handle_refs(W1, {}, [], [["a", "t1"]])
-    assert touched == ["a"]
-    assert lc.releasable("a")
+def test_pending_instance_is_not_lost_with_a_worker(h):
+    h.create("a")
+    assert h(L.WorkerLost, W1, 0.0) == []
+    assert h.rec("a").acquiring
 
 
-def test_several_tokens_in_transit(lc):
-    lc.add(spec("a"))
-    lc.handle_refs(DRIVER, {"a": -1}, [["a", "t1"], ["a", "t2"]], [])
-    lc.handle_refs(W1, {}, [], [["a", "t1"]])
-    assert not lc.releasable("a")  # t2 is still travelling
-    lc.handle_refs(W2, {}, [], [["a", "t2"]])
-    assert lc.releasable("a")
-
-
-def test_holder_lost_drops_it_everywhere(lc):
-    lc.add(spec("a", holder=W1))
-    lc.add(spec("b", holder=W1))
-    lc.add(spec("c", holder=W2))
-    lc.handle_refs(W2, {"a": +1}, [], [])
-    touched = lc.holder_lost(W1)
-    assert sorted(touched) == ["a", "b"]
-    assert lc.instances["a"].holders == {W2}
-    assert not lc.releasable("a")
-    assert lc.releasable("b")
-    assert not lc.releasable("c")
-    assert lc.holder_lost("tcp://nobody:1") == []
-
-
-# --------------------------------------------------------------------------- owners and workers going away
-
-
-def test_end_owner_ends_the_jobs_non_detached_trees(lc):
-    lc.add(spec("a"))
-    lc.add(spec("a1", owner="a"))
-    lc.add(spec("n", name="named"))
-    lc.add(spec("det", detached=True))
-    lc.add(spec("det-child", owner="det"))
-    lc.add(spec("other", owner="job-2"))
-    ended = ids(lc.end_owner(JOB, "its job ended"))
-    assert sorted(ended) == ["a", "a1", "n"]
-    assert ended.index("a1") < ended.index("a")
-    assert lc.instances["det"].state != P.DEAD
-    assert lc.instances["det-child"].state != P.DEAD
-    assert lc.instances["other"].state != P.DEAD
-    assert lc.instances["a"].reason == "its job ended"
-    assert lc.named("", "named") is None
-    # the detached one is still listed under the job (it keeps its owner), the rest is gone
-    assert lc.children[JOB] == {"det"}
-
-
-def test_end_owner_with_nothing_left_drops_the_owner(lc):
-    lc.add(spec("a"))
-    lc.end_owner(JOB, "gone")
-    assert JOB not in lc.children
-    assert lc.end_owner("job-unknown", "gone") == []
-
-
-def test_on_worker_lost_ends_its_instances_and_their_descendants(lc):
-    lc.add(spec("a"))
-    lc.add(spec("b"))
-    lc.add(spec("a-child", owner="a"))
-    lc.add(spec("a-det", owner="a", detached=True))
-    lc.placed("a", W1)
-    lc.placed("b", W2)
-    lc.placed("a-child", W2)  # a descendant elsewhere ends too
-    lc.placed("a-det", W2)
-    restarting, ended = lc.on_worker_lost(W1)
-    assert restarting == []
-    assert sorted(ids(ended)) == ["a", "a-child"]
-    assert W1 in lc.instances["a"].reason
-    assert lc.instances["b"].state != P.DEAD
-    assert lc.instances["a-det"].state != P.DEAD
-    assert lc.on_worker_lost(W1) == ([], [])  # already dead
-
-
-def test_pending_instance_without_worker_is_not_lost_with_a_worker(lc):
-    lc.add(spec("a"))  # not placed yet
-    assert lc.on_worker_lost(W1) == ([], [])
-    assert lc.instances["a"].state == P.PENDING
-
-
-# --------------------------------------------------------------------------- restarts
-
-
-def test_lost_instance_with_restarts_left_restarts_and_its_children_end(lc):
-    lc.add(spec("a", recover=2))
-    lc.add(spec("a-child", owner="a", recover=5))  # elsewhere: ends, never restarts
-    lc.add(spec("a-det", owner="a", detached=True))
-    lc.placed("a", W1)
-    lc.placed("a-child", W2)
-    lc.placed("a-det", W2)
-    restarting, ended = lc.on_worker_lost(W1)
-    assert ids(restarting) == ["a"]
-    rec = lc.instances["a"]
+def test_restart_budget_children_and_checkpoint(h):
+    h.running("a", recover=2)
+    h.running("a-child", owner="a", recover=5, worker=W2)  # ends, never restarts
+    h.running("a-det", owner="a", detached=True, worker=W2)
+    h(L.SaveState, "a", b"state-1")
+    out = h(L.WorkerLost, W1, 0.0)
+    rec = h.rec("a")
     assert (rec.state, rec.worker, rec.restarts) == (P.RESTARTING, None, 1)
     assert W1 in rec.reason
-    assert ids(ended) == ["a-child"]
-    assert "restarted" in lc.instances["a-child"].reason
-    assert lc.instances["a-det"].state != P.DEAD
-    # placed again and lost again: the second restart is the last one
-    lc.placed("a", W2)
-    assert ids(lc.on_worker_lost(W2)[0]) == ["a"] and rec.restarts == 2
-    lc.placed("a", W1)
-    restarting, ended = lc.on_worker_lost(W1)
-    assert restarting == [] and ids(ended) == ["a"]
-    assert rec.state == P.DEAD and "all its 2 restarts" in rec.reason
+    assert of(out, L.AcquireResources)[0].timeout_ms == L.RESTART_TIMEOUT_MS
+    assert ids(h.m.last_ended) == ["a-child"] and "restarted" in h.m.instances["a-child"].reason
+    assert h.rec("a-det").state == P.ALIVE
+    assert h.m.answer("a", L.PLACED) is None  # a locate waits for the new place
+    assert h.m.answer("a", L.ALIVE_STAGE) == (None, "")  # it has run: get_named waits "placed"
+    out = h(L.Placed, "a", W2)
+    assert of(out, L.StartInstance) == [L.StartInstance(f"s{h.n}", W2, "a", rec.spec, 1,
+                                                        b"state-1")]
+    h(L.InstanceStarted, "a", W2)
+    h(L.InstanceStarted, "a", W1)  # the old home's late report: ignored
+    assert rec.worker == W2 and rec.state == P.ALIVE
+    h(L.WorkerLost, W2, 0.0)
+    assert rec.restarts == 2
+    h(L.Placed, "a", W3)
+    h(L.WorkerLost, W3, 0.0)
+    assert "a" not in h.m.instances
+    assert "all its 2 restarts" in h.m.graveyard["a"]
 
 
-def test_unlimited_restarts_never_run_out(lc):
-    rec = lc.add(spec("a", recover=-1))
-    for i in range(1, 50):
-        lc.placed("a", W1)
-        assert ids(lc.on_worker_lost(W1)[0]) == ["a"]
-        assert rec.restarts == i
+def test_unlimited_restarts_never_run_out(h):
+    h.running("a", recover=-1, timeout_ms=-1)
+    for i in range(1, 30):
+        out = h(L.WorkerLost, W1, 0.0)
+        assert of(out, L.AcquireResources)[0].timeout_ms == -1
+        h(L.Placed, "a", W1)
+        assert h.rec("a").restarts == i
 
 
-def test_no_restarts_configured_means_the_instance_ends(lc):
-    lc.add(spec("a", recover=0))
-    lc.placed("a", W1)
-    restarting, ended = lc.on_worker_lost(W1)
-    assert restarting == [] and ids(ended) == ["a"]
-    assert "restarts" not in lc.instances["a"].reason
+def test_no_restarts_configured_means_it_ends(h):
+    h.running("a")
+    h(L.WorkerLost, W1, 0.0)
+    assert "restarts" not in h.m.graveyard["a"]
 
 
-def test_child_on_the_same_worker_is_not_restarted_when_its_owner_restarts(lc):
-    lc.add(spec("a", recover=1))
-    lc.add(spec("c", owner="a", recover=1))
-    lc.placed("c", W1)  # processed first or second, it must end either way
-    lc.placed("a", W1)
-    restarting, ended = lc.on_worker_lost(W1)
-    assert ids(restarting) == ["a"]
-    assert lc.instances["c"].state == P.DEAD
+def test_child_on_the_same_worker_ends_when_its_owner_restarts(h):
+    h.running("c-first", owner="a-later", recover=1)  # owner unknown yet: a job id for now
+    h.running("a", recover=1)
+    h.running("c", owner="a", recover=1)
+    h(L.WorkerLost, W1, 0.0)
+    assert h.rec("a").state == P.RESTARTING
+    assert "c" not in h.m.instances  # ended (and forgotten: its worker is gone)
+    assert h.rec("c-first").state == P.RESTARTING
 
 
-def test_terminate_of_a_restarting_instance_ends_it(lc):
-    lc.add(spec("a", recover=-1))
-    lc.placed("a", W1)
-    lc.on_worker_lost(W1)
-    assert ids(lc.end("a", "terminated")) == ["a"]
-    assert lc.instances["a"].state == P.DEAD
+def test_restart_that_finds_no_room_ends_with_both_causes(h):
+    h.running("a", recover=1)
+    h(L.WorkerLost, W1, 0.0)
+    h(L.PlacementFailed, "a", "no worker has CPU=500")
+    reason = h.m.graveyard["a"]
+    assert W1 in reason and "no worker could take it back: no worker has CPU=500" in reason
+
+
+def test_terminate_of_a_restarting_instance_ends_it(h):
+    h.running("a", recover=-1)
+    h(L.WorkerLost, W1, 0.0)
+    out = h(L.Kill, "a")
+    assert of(out, L.CancelAcquire) == [L.CancelAcquire(f"s{h.n}", "a")]
+    assert "a" not in h.m.instances
+
+
+def test_save_state_of_an_ended_instance_is_ignored(h):
+    h.running("a")
+    h(L.Kill, "a")
+    h(L.SaveState, "a", b"late")
+    assert h.m.checkpoint_of("a") is None
+    assert not h.m.is_live("a")
+
+
+def test_graveyard_is_bounded(h):
+    for k in range(L.GRAVEYARD_MAX + 5):
+        h.m.handle(L.Create("c", spec(f"i{k}"), 0.0))
+        h.m.handle(L.PlacementFailed("f", f"i{k}", "no"))
+    assert len(h.m.graveyard) <= L.GRAVEYARD_MAX
+    assert f"i{L.GRAVEYARD_MAX + 4}" in h.m.graveyard
+
+
+def test_snapshot_keeps_the_dashboard_keys(h):
+    h.running("a", name="actor", namespace="ns")
+    h.create("b", detached=True)
+    snap = {s["instance_id"]: s for s in h.m.snapshot()}
+    assert set(snap["a"]) == {"instance_id", "class", "state", "worker", "owner", "name",
+                              "namespace", "detached", "restarts", "resources", "reason",
+                              "created_at"}
+    assert snap["a"]["name"] == "actor" and snap["a"]["namespace"] == "ns"
+    assert snap["b"]["detached"] is True and snap["b"]["state"] == P.PENDING
+    assert snap["a"]["worker"] == W1 and snap["a"]["owner"] == JOB
+
+
+def test_story_tells_what_happened_to_an_instance(h):
+    h.running("a", recover=1)
+    h(L.WorkerLost, W1, 0.0)
+    kinds = [what[0] for _, what in h.m.story_of("a")]
+    assert kinds[:4] == ["created", "acquire", "placed", P.ALIVE]
+    assert P.RESTARTING in kinds and kinds[-1] == "acquire"
+
+
+def test_shorthands_used_by_the_dashboard_tests(h):
+    rec = h.m.add(spec("a"))
+    h.m.placed("a", W1)
+    assert h.m.set_state("a", P.ALIVE) is rec and rec.state == P.ALIVE
+    assert ids(h.m.end("a", "terminated")) == ["a"]
+    h.m.forget("a")
+    assert "a" not in h.m.instances
+
+
+# --------------------------------------------------------------------------- random
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_events_keep_the_invariants(seed):
+    """Random creations, placements, reports, kills, losses and reference traffic."""
+    rng = random.Random(seed)
+    h = Harness()
+    workers = [W1, W2, W3]
+    holders = [DRIVER, W1, W2, "tcp://driver2:1"]
+    owners = [JOB, "job-2"]
+    now = 0.0
+    n = 0
+    acquiring: set[str] = set()
+    stopping: set[str] = set()
+    started_once: dict[str, int] = {}
+    for _ in range(500):
+        now += rng.random() * 0.2
+        r = rng.random()
+        known = sorted(h.m.instances)
+        if r < 0.18:
+            n += 1
+            iid = f"i{n}"
+            owner = rng.choice(owners + known) if known else JOB
+            out = h(L.Create, spec(iid, owner=owner, name=rng.choice(["", "", "x", "y"]),
+                                   detached=rng.random() < 0.15,
+                                   holder=rng.choice(holders), recover=rng.choice([0, 1, 2, -1])),
+                    now)
+        elif r < 0.33 and acquiring:
+            iid = rng.choice(sorted(acquiring))
+            if rng.random() < 0.85:
+                out = h(L.Placed, iid, rng.choice(workers))
+            else:
+                out = h(L.PlacementFailed, iid, "no room")
+        elif r < 0.43 and known:
+            iid = rng.choice(known)
+            rec = h.m.instances[iid]
+            out = h(L.InstanceStarted, iid, rec.worker if rng.random() < 0.9 else W3)
+        elif r < 0.48 and known:
+            out = h(L.Kill, rng.choice(known))
+        elif r < 0.52:
+            out = h(L.WorkerLost, rng.choice(workers), now)
+        elif r < 0.55:
+            out = h(L.OwnerGone, rng.choice(owners), "gone")
+        elif r < 0.75 and known:
+            iid = rng.choice(known)
+            holder = rng.choice(holders)
+            token = f"t{rng.randrange(6)}"
+            kind = rng.random()
+            if kind < 0.4:
+                out = h(L.HandleRefs, holder, {iid: rng.choice([1, -1])}, [], [], now)
+            elif kind < 0.7:
+                out = h(L.HandleRefs, holder, {}, [(iid, token)], [], now)
+            else:
+                out = h(L.HandleRefs, holder, {}, [], [(iid, token)], now)
+        elif r < 0.8:
+            out = h(L.HolderLost, rng.choice(holders), now)
+        elif r < 0.9:
+            out = h(L.ReleaseCheck, now)
+        elif r < 0.95 and stopping:
+            out = h(L.Stopped, stopping.pop())
+        elif known:
+            out = h(L.SaveState, rng.choice(known), b"s")
+        else:
+            continue
+        for ins in out:
+            t = type(ins)
+            if t is L.AcquireResources:
+                assert ins.instance_id not in acquiring, "two acquires at once"
+                acquiring.add(ins.instance_id)
+            elif t in (L.CancelAcquire,):
+                acquiring.discard(ins.instance_id)
+            elif t is L.StopInstance:
+                stopping.add(ins.instance_id)
+            elif t is L.StartInstance:
+                started_once[ins.instance_id] = started_once.get(ins.instance_id, -1) + 1
+                assert ins.incarnation == h.m.instances[ins.instance_id].restarts
+        for iid in list(acquiring):  # answered (placed or failed) or ended
+            rec = h.m.instances.get(iid)
+            if rec is None or not rec.acquiring:
+                acquiring.discard(iid)
+    for iid, rec in h.m.instances.items():  # no instance silently stuck
+        assert rec.acquiring or rec.worker is not None or rec.state == P.DEAD, iid

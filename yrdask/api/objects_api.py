@@ -17,13 +17,7 @@ def put(obj: Any, create_param: Any = None) -> ObjectRef:
     The value is pickled here, so a value that cannot travel fails at this call (``TypeError``)
     rather than in a task that receives it; the pickle is kept for the tasks that do.
     """
-    ref = current_runtime().put(obj)
-    entry = ref._entry
-    try:
-        entry.payload = dumps_value(entry.value, snapshot=True)
-    except Exception as e:
-        raise unpicklable(entry.value, "yr.put: the value", e) from e
-    return ref
+    return current_runtime().put(obj)
 
 
 def get(obj_refs: ObjectRef | list[ObjectRef], timeout: int = 300, allow_partial: bool = False) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 
 from distributed import Scheduler, Worker
 
+from yrdask.dashboard import install as install_dashboard
 from yrdask.scheduler.extension import EXTENSION_NAME, YrSchedulerExtension
 from yrdask.worker.plugin import YrWorkerPlugin
 
@@ -18,7 +19,8 @@ def install_scheduler(scheduler: Any) -> YrSchedulerExtension:
     """Install yr's extension on ``scheduler`` (once), with the plugin it gives workers."""
     ext = scheduler.extensions.get(EXTENSION_NAME)
     if ext is None:
-        ext = YrSchedulerExtension(scheduler, worker_plugin=YrWorkerPlugin())
+        ext = YrSchedulerExtension(scheduler, worker_plugin=YrWorkerPlugin(),
+                                   monitoring=install_dashboard)
     return ext
 
 

@@ -1,31 +1,27 @@
-"""Where this process's instance calls go: creation, locating, ordered sends, handle counts.
+"""Where this process's instance calls go: the asyncio adapter of :class:`CallOrder`.
 
-All methods run on the runtime's loop thread.  Per instance there is one :class:`Route`
-holding the calls of this process in submission order; a call leaves only when every call
-before it has left and its own ref arguments are ready, so calls from one caller reach the
-instance in order over the (ordered) call channel.  Handle counts are reported to the
-scheduler only when this process's count for an instance goes 0 -> 1 or 1 -> 0 (pending
-calls count as handles), batched per loop iteration.
-
-When the channel to an instance's worker is lost, the calls sent there and not answered go
-back to the front of their route, in the order they were sent, and the route asks the
-scheduler where the instance is now: a restarted instance gets them again (at least once),
-an ended one fails them with the cause.
+Every rule (per-caller order, creation and locating, redelivery after a lost channel, dead
+routes, handle counts) lives in :mod:`yrdask.runtime.call_order`; this adapter keeps what
+the machine does not see (the creation specs, the pickled arguments, the ref arguments and
+the result entries of each call), turns the runtime's callbacks into events and carries out
+the instructions: rpcs to the scheduler, ``CALL_METHOD`` on the call channels, settling
+result entries, and the batched ``HANDLE_REFS`` report.  All methods run on the loop thread.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from yrdask import protocol as P
+from yrdask.runtime import call_order as C
 from yrdask.runtime.objects import dep_of, failed_dep, pending_owned, when_ready
-from yrdask.errors import InstanceDiedError, ScheduleError
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Call:
+    """The payload of one method call, kept here until the machine settles it."""
+
     call_id: str
     instance_id: str
     method: str
@@ -33,214 +29,141 @@ class Call:
     dep_refs: list
     entries: list
     nret: int
-    deps: list | None = None  # as sent, kept for a redelivery
-
-
-@dataclass(eq=False)
-class Route:
-    instance_id: str
-    worker: str | None = None
-    real_id: str | None = None  # a named creation that bound an existing instance
-    dead: Any = None  # the error (exception or RemoteError) every call fails with
-    queue: deque = field(default_factory=deque)
-    locating: bool = False
-    lost: str | None = None  # the worker it was lost with, until located again
+    deps: list | None = None  # as first sent, kept for a redelivery
+    results: list | None = None  # of its TASK_DONE, until CallSucceeded
 
 
 class InstanceRouter:
-    """See module docstring."""
+    """See module docstring; ``order`` is the machine (one per process)."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: Any, order: C.CallOrder | None = None) -> None:
         self.rt = runtime
-        self.routes: dict[str, Route] = {}
-        self.inflight: dict[str, tuple[Call, Route]] = {}
-        self.counts: dict[str, int] = {}
-        self.registered: set[str] = set()
-        self._deltas: dict[str, int] = {}
-        self._transit: list = []
-        self._arrived: list = []
-        self._flush_armed = False
+        self.order = order if order is not None else C.CallOrder()
+        self.calls: dict[str, Call] = {}
+        self.specs: dict[str, tuple[dict, list]] = {}  # creations not answered yet
 
-    # -- creation and location -------------------------------------------------------------
+    # -- runtime callbacks (loop thread) -------------------------------------------------
 
     def create(self, spec: dict, dep_refs: list) -> None:
         iid = spec["instance_id"]
-        route = self.routes.setdefault(iid, Route(iid, locating=True))
-        self.registered.add(iid)  # the spec names us as the first holder
-        when_ready(dep_refs, lambda: self._send_create(spec, dep_refs, route))
+        self.specs[iid] = (spec, dep_refs)
+        self._do(self.order.handle(C.CreateRequested(iid, iid)))
+        when_ready(dep_refs, lambda: self._create_ready(iid))
 
-    def _send_create(self, spec: dict, dep_refs: list, route: Route) -> None:
+    def _create_ready(self, iid: str) -> None:
+        spec, dep_refs = self.specs[iid]
         error = failed_dep(dep_refs)
-        if error is not None:
-            self._kill_route(route, error)
-            return
-        spec["deps"] = [dep_of(ref) for ref in dep_refs]
-
-        async def create() -> None:
-            try:
-                iid, where, _meta = await self.rt.connector.scheduler_rpc(
-                    P.CREATE_INSTANCE, spec=spec)
-            except Exception as e:
-                iid, where = None, f"instance creation failed: {e!r}"
-            route.locating = False
-            if iid is None:
-                self._kill_route(route, ScheduleError(where))
-            else:
-                route.worker = where
-                if iid != route.instance_id:
-                    route.real_id = iid
-                self._pump(route)
-
-        self.rt.loop.create_task(create())
-
-    def _locate(self, route: Route) -> None:
-        route.locating = True
-
-        async def locate() -> None:
-            try:
-                state, where, reason, real_id = await self.rt.connector.scheduler_rpc(
-                    P.LOCATE_INSTANCE, instance_id=route.instance_id, lost=route.lost)
-            except Exception as e:
-                state, where, reason = P.DEAD, None, f"cannot reach the scheduler: {e!r}"
-                real_id = route.instance_id
-            route.locating = False
-            route.lost = None
-            if real_id != route.instance_id:
-                route.real_id = real_id
-            if state == P.DEAD or where is None:
-                self._kill_route(route, InstanceDiedError(
-                    f"instance {route.instance_id} is not available: {reason}"))
-            else:
-                route.worker = where
-                self._pump(route)
-
-        self.rt.loop.create_task(locate())
-
-    # -- calls -----------------------------------------------------------------------------
+        if error is None:
+            spec["deps"] = [dep_of(ref) for ref in dep_refs]
+        else:
+            del self.specs[iid]
+        self._do(self.order.handle(C.CreateDepsReady(iid, iid, error)))
 
     def call(self, call: Call) -> None:
-        route = self.routes.get(call.instance_id)
-        if route is None:
-            route = self.routes[call.instance_id] = Route(call.instance_id)
-        self.incref(call.instance_id)
-        route.queue.append(call)
-        self._pump(route)
-
-    def _pump(self, route: Route) -> None:
-        if route.dead is not None:
-            while route.queue:
-                self._fail(route.queue.popleft(), route.dead)
-            return
-        if route.worker is None:
-            if not route.locating and route.queue:
-                self._locate(route)
-            return
-        while route.queue:
-            call = route.queue[0]
-            if pending_owned(call.dep_refs):
-                # Later calls wait behind this one: calls leave in submission order.
-                when_ready(call.dep_refs, lambda: self._pump(route))
-                return
-            route.queue.popleft()
-            if call.deps is None:
-                error = failed_dep(call.dep_refs)
-                if error is not None:
-                    self._fail(call, error)
-                    continue
-                call.deps = [dep_of(r) for r in call.dep_refs]
-                call.dep_refs = []
-            self.inflight[call.call_id] = (call, route)
-            self.rt.channel(route.worker).send({
-                "op": P.CALL_METHOD, "task_id": call.call_id,
-                "instance_id": route.real_id or call.instance_id, "method": call.method,
-                "args": call.args, "deps": call.deps, "nret": call.nret,
-            })
+        cid = call.call_id
+        self.calls[cid] = call
+        refs = call.dep_refs
+        if refs and pending_owned(refs):
+            self._do(self.order.handle(C.CallSubmitted(cid, cid, call.instance_id, False)))
+            when_ready(refs, lambda: self._do(self.order.handle(
+                C.CallDepsReady(cid, cid, failed_dep(refs)))))
+        else:
+            error = failed_dep(refs) if refs else None
+            self._do(self.order.handle(C.CallSubmitted(cid, cid, call.instance_id, True, error)))
 
     def on_done(self, msg: dict) -> bool:
         """Settle a method call's refs; False if ``msg`` is not for a method call."""
-        item = self.inflight.pop(msg["task_id"], None)
-        if item is None:
+        cid = msg["task_id"]
+        call = self.calls.get(cid)
+        if call is None:
             return False
-        call, _route = item
         error = msg.get("error")
-        if error is not None:
+        if error is None:
+            call.results = msg["results"]
+        else:
             from yrdask.serialization import loads
 
-            self._fail(call, loads(error))
-        else:
-            for entry, (kind, payload) in zip(call.entries, msg["results"]):
-                entry.set_result(kind, payload)
-            self.decref(call.instance_id)
+            error = loads(error)
+        self._do(self.order.handle(C.CallDone(cid, cid, error)))
         return True
 
     def on_channel_lost(self, worker: str) -> None:
         """Calls not answered go back to their routes, which locate their instance again."""
-        resend: dict[str, list[Call]] = {}
-        for call_id, (call, route) in list(self.inflight.items()):
-            if route.worker == worker:
-                del self.inflight[call_id]
-                resend.setdefault(route.instance_id, []).append(call)
-        for route in list(self.routes.values()):
-            if route.worker != worker:
-                continue
-            route.worker, route.lost = None, worker
-            route.queue.extendleft(reversed(resend.get(route.instance_id, ())))
-            self._pump(route)
-
-    def _fail(self, call: Call, error: Any) -> None:
-        for entry in call.entries:
-            entry.set_error(error)
-        self.decref(call.instance_id)
-
-    def _kill_route(self, route: Route, error: BaseException) -> None:
-        route.dead = error
-        route.locating = False
-        self._pump(route)
-
-
-    # -- handle counting -------------------------------------------------------------------
+        self._do(self.order.handle(C.ChannelLost(f"lost-{worker}", worker)))
 
     def incref(self, iid: str) -> None:
-        n = self.counts.get(iid, 0) + 1
-        self.counts[iid] = n
-        if n == 1 and iid not in self.registered:
-            self.registered.add(iid)
-            self._delta(iid, +1)
+        self._do(self.order.handle(C.HandleAdded("handle", iid)))
 
     def decref(self, iid: str) -> None:
-        n = self.counts.get(iid, 0) - 1
-        if n > 0:
-            self.counts[iid] = n
-            return
-        self.counts.pop(iid, None)
-        if iid in self.registered:
-            self.registered.discard(iid)
-            self._delta(iid, -1)
-        route = self.routes.get(iid)
-        if route is not None and not route.queue and not route.locating:
-            del self.routes[iid]
+        self._do(self.order.handle(C.HandleDropped("handle", iid)))
 
     def transit(self, iid: str, token: str) -> None:
-        self._transit.append([iid, token])
-        self._arm()
+        self._do(self.order.handle(C.HandleSent(token, iid, token)))
 
     def arrived(self, iid: str, token: str) -> None:
-        self._arrived.append([iid, token])
-        self._arm()
-
-    def _delta(self, iid: str, d: int) -> None:
-        self._deltas[iid] = self._deltas.get(iid, 0) + d
-        self._arm()
-
-    def _arm(self) -> None:
-        if not self._flush_armed:
-            self._flush_armed = True
-            self.rt.loop.call_soon(self._flush)
+        self._do(self.order.handle(C.HandleArrived(token, iid, token)))
 
     def _flush(self) -> None:
-        self._flush_armed = False
-        deltas = {k: v for k, v in self._deltas.items() if v}
-        if deltas or self._transit or self._arrived:
-            self.rt.connector.stream_send({"op": P.HANDLE_REFS, "deltas": deltas,
-                                           "transit": self._transit, "arrived": self._arrived})
-        self._deltas, self._transit, self._arrived = {}, [], []
+        self._do(self.order.handle(C.Flush("flush")))
+
+    # -- instructions ----------------------------------------------------------------------
+
+    def _do(self, instructions: list) -> None:
+        for ins in instructions:
+            kind = type(ins)
+            if kind is C.SendCall:
+                self._send_call(ins)
+            elif kind is C.CallSucceeded:
+                call = self.calls.pop(ins.call_id)
+                for entry, (k, payload) in zip(call.entries, call.results):
+                    entry.set_result(k, payload)
+            elif kind is C.CallFailed:
+                call = self.calls.pop(ins.call_id)
+                for entry in call.entries:
+                    entry.set_error(ins.error)
+            elif kind is C.FlushSoon:
+                self.rt.loop.call_soon(self._flush)
+            elif kind is C.ReportHandles:
+                self.rt.connector.stream_send({
+                    "op": P.HANDLE_REFS, "deltas": ins.deltas,
+                    "transit": [list(t) for t in ins.transit],
+                    "arrived": [list(t) for t in ins.arrived]})
+            elif kind is C.SendCreate:
+                self.rt.loop.create_task(self._create_rpc(ins.instance_id))
+            elif kind is C.SendLocate:
+                self.rt.loop.create_task(self._locate_rpc(ins.instance_id, ins.lost))
+            else:  # pragma: no cover - a new instruction nobody taught the adapter
+                raise AssertionError(f"unknown instruction {ins!r}")
+
+    def _send_call(self, ins: C.SendCall) -> None:
+        call = self.calls[ins.call_id]
+        if call.deps is None:
+            call.deps = [dep_of(r) for r in call.dep_refs] if call.dep_refs else []
+            call.dep_refs = []
+        self.rt.channel(ins.worker).send({
+            "op": P.CALL_METHOD, "task_id": call.call_id, "instance_id": ins.instance_id,
+            "method": call.method, "args": call.args, "deps": call.deps, "nret": call.nret,
+        })
+
+    async def _create_rpc(self, iid: str) -> None:
+        spec, _refs = self.specs.pop(iid)
+        try:
+            real_id, where, _meta = await self.rt.connector.scheduler_rpc(
+                P.CREATE_INSTANCE, spec=spec)
+        except Exception as e:
+            real_id, where = None, f"instance creation failed: {e!r}"
+        if real_id is None:
+            event: Any = C.CreateFailed(f"create-{iid}", iid, where)
+        else:
+            event = C.Created(f"create-{iid}", iid, where, real_id)
+        self._do(self.order.handle(event))
+
+    async def _locate_rpc(self, iid: str, lost: str | None) -> None:
+        try:
+            state, where, reason, real_id = await self.rt.connector.scheduler_rpc(
+                P.LOCATE_INSTANCE, instance_id=iid, lost=lost)
+        except Exception as e:
+            state, where, reason, real_id = P.DEAD, None, f"cannot reach the scheduler: {e!r}", None
+        if state == P.DEAD:
+            where = None
+        self._do(self.order.handle(C.Located(f"locate-{iid}", iid, where, reason, real_id)))

@@ -6,8 +6,21 @@ Entries are reference counted by the live ``ObjectRef`` objects of this process;
 whose ref was pickled to another process is *escaped* and stays until the runtime ends, so
 borrowers can always fetch it from its owner (``FETCH_OBJECT``).
 
-Entries change state on the runtime's event loop thread only; user threads wait on a
-``threading.Event``.
+Who may change what (one rule per structure):
+
+* ``ObjectTable.entries`` and every ``Entry.refs`` / ``Entry.escaped`` change only under
+  :data:`REFS_LOCK` (one re-entrant lock per process, held for a few dict and integer
+  operations).  Refs are created and dropped on any thread (``yr.put`` and submissions on
+  user threads, unpickling on task threads, ``ObjectRef.__del__`` wherever the garbage
+  collector runs), so the count and the entry's presence must change atomically: a lost
+  update would free a value that is still referenced.
+* An entry's *state* (``state``, ``payload``/``location``/``error``, ``event``, callbacks)
+  settles on the runtime's event loop thread only, except an entry no other thread can see
+  yet: ``yr.put`` settles its entry (value and pickle) before the ref is returned.
+* Local caches of a ready entry (the unpickled ``value``, a value fetched from the worker
+  keeping it) may be filled by any reading thread; they are swapped in under the lock, so
+  two readers never see a half-made cache.  User threads wait on a ``threading.Event``
+  created under the lock.
 """
 
 from __future__ import annotations
@@ -25,6 +38,10 @@ from yrdask.serialization import dumps, dumps_value, loads, wire
 
 PENDING = "pending"
 MAX_TIMEOUT = 0x7FFFFFFF
+
+#: Guards ``ObjectTable.entries``, ``Entry.refs``/``escaped`` and the value caches.
+#: Re-entrant: the garbage collector may run ``ObjectRef.__del__`` while a thread holds it.
+REFS_LOCK = threading.RLock()
 
 
 def check_timeout(timeout: Any) -> None:
@@ -74,8 +91,12 @@ class Entry:
             return True
         ev = self.event
         if ev is None:
-            ev = self.event = threading.Event()
-            if self.state is not PENDING:  # set between the check and the event creation
+            fresh = threading.Event()
+            with REFS_LOCK:  # two waiting threads must share one event
+                ev = self.event
+                if ev is None:
+                    ev = self.event = fresh
+            if self.state is not PENDING:  # settled before it saw the event
                 return True
         return ev.wait(timeout)
 
@@ -131,17 +152,37 @@ class Entry:
         return fresh
 
     def get_payload(self) -> Any:
-        if self.payload is None:
-            self.payload = dumps_value(self.value)
-        return self.payload
+        """The pickled value (pickled once, then cached)."""
+        payload = self.payload
+        if payload is None:
+            payload = dumps_value(self.value)
+            with REFS_LOCK:
+                if self.payload is None:
+                    self.payload = payload
+                else:
+                    payload = self.payload
+        return payload
 
     def get_value(self) -> Any:
         """The value of a ready entry holding it locally (deserialized once, then cached)."""
-        if not self.has_value:
-            self.value, self.has_value = loads(self.payload), True
-            if not self.escaped:
-                self.payload = None
-        return self.value
+        with REFS_LOCK:
+            if self.has_value:
+                return self.value
+            payload = self.payload
+        value = loads(payload)
+        with REFS_LOCK:
+            if not self.has_value:
+                self.value, self.has_value = value, True
+                if not self.escaped:
+                    self.payload = None
+            return self.value
+
+    def cache_value(self, value: Any) -> Any:
+        """Keep a value fetched from elsewhere (first one wins); returns the kept value."""
+        with REFS_LOCK:
+            if not self.has_value:
+                self.value, self.has_value = value, True
+            return self.value
 
     def snapshot(self, inline_limit: float) -> list | None:
         """``[kind, payload]`` of a ready entry (values up to ``inline_limit`` bytes), or None.
@@ -216,17 +257,14 @@ class ObjectRef:
     __slots__ = ("_id", "_runtime", "_entry", "__weakref__")
 
     def __init__(self, object_id: str, runtime: Any, entry: Entry) -> None:
+        """Only :class:`ObjectTable` builds refs, with ``entry.refs`` already counted."""
         self._id = object_id
         self._runtime = runtime
         self._entry = entry
-        entry.refs += 1
 
     def __del__(self) -> None:
         try:
-            entry = self._entry
-            entry.refs -= 1
-            if entry.refs <= 0:
-                self._runtime.objects.release(self._id, entry)
+            self._runtime.objects.drop_ref(self._id, self._entry)
         except Exception:
             pass
 
@@ -319,18 +357,25 @@ class ObjectTable:
         self.inline_limit = inline_limit
         self.entries: dict[str, Entry] = {}
 
-    def new_ref(self, object_id: str) -> ObjectRef:
-        entry = Entry()
-        self.entries[object_id] = entry
+    def new_ref(self, object_id: str, entry: Entry | None = None) -> ObjectRef:
+        """A ref to a new entry this process owns (``entry``: one already settled, unseen)."""
+        if entry is None:
+            entry = Entry()
+        with REFS_LOCK:
+            entry.refs += 1
+            self.entries[object_id] = entry
         return ObjectRef(object_id, self.runtime, entry)
 
-    def release(self, object_id: str, entry: Entry) -> None:
-        """The last local ref died: drop the entry unless another process may still read it."""
-        if entry.escaped:
-            return
-        if self.entries.get(object_id) is entry:
-            del self.entries[object_id]
-        if entry.owner is None and entry.state == P.LOCATION:
+    def drop_ref(self, object_id: str, entry: Entry) -> None:
+        """A local ref died (any thread): the last one drops the entry, unless escaped."""
+        with REFS_LOCK:
+            entry.refs -= 1
+            if entry.refs > 0 or entry.escaped:
+                return
+            if self.entries.get(object_id) is entry:
+                del self.entries[object_id]
+            free = entry.owner is None and entry.state == P.LOCATION
+        if free:
             self.runtime.free_remote(entry.location, [object_id])
 
     def reduce_ref(self, ref: ObjectRef):
@@ -338,16 +383,24 @@ class ObjectTable:
         owner = entry.owner or self.runtime.address
         snap = entry.snapshot(self.inline_limit)
         if entry.owner is None and (snap is None or snap[0] == P.LOCATION):
-            entry.escaped = True  # a reader may come back to us for it
+            with REFS_LOCK:
+                entry.escaped = True  # a reader may come back to us for it
         return (_rebuild_ref, (ref._id, owner, snap))
 
     def borrow(self, object_id: str, owner: str, snap: list | None) -> ObjectRef:
-        entry = self.entries.get(object_id)
-        if entry is None:
-            entry = Entry(owner=None if owner == self.runtime.address else owner)
-            self.entries[object_id] = entry
+        """A ref unpickled here (any thread): shares the entry this process has for the id."""
+        fresh: Entry | None = None
+        while True:
+            with REFS_LOCK:
+                entry = self.entries.get(object_id)
+                if entry is None and fresh is not None:
+                    entry = self.entries[object_id] = fresh
+                if entry is not None:
+                    entry.refs += 1
+                    break
+            fresh = Entry(owner=None if owner == self.runtime.address else owner)
             if snap is not None:
-                entry.set_result(*snap)
+                fresh.set_result(*snap)  # settled before any other thread can see it
         return ObjectRef(object_id, self.runtime, entry)
 
 

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from yrdask import protocol as P
 from yrdask.runtime import context
 from yrdask.runtime.context import current_lease, current_owner
-from yrdask.runtime.objects import Entry, ObjectRef, ObjectTable
+from yrdask.runtime.objects import REFS_LOCK, Entry, ObjectRef, ObjectTable
 from yrdask.runtime.instance_router import Call, InstanceRouter
 from yrdask.runtime.submitter import Submitter, Task
 from yrdask.errors import (RemoteError, YRRuntimeError, YRTimeoutError, YRTypeError,
                            YRValueError)
 from yrdask.options import Config, resolve_security
-from yrdask.serialization import dumps, loads, pack_args, register_with_dask, wire
+from yrdask.serialization import (dumps, dumps_value, loads, pack_args, register_with_dask,
+                                  unpicklable, wire)
 
 if TYPE_CHECKING:
     from yrdask.runtime.node import LocalNode
@@ -215,17 +216,26 @@ class Runtime:
     # -- objects ---------------------------------------------------------------------------
 
     def put(self, obj: Any) -> ObjectRef:
+        """Store ``obj`` (pickled now, a snapshot) under a new ref this process owns.
+
+        The entry is settled, value and pickle, before its ref exists (objects.py's rule).
+        """
         if obj is None or (isinstance(obj, (bytes, bytearray, memoryview)) and len(obj) == 0):
             raise YRValueError("yr.put: value is None or has zero length")
         if isinstance(obj, ObjectRef):
             raise YRTypeError(
                 "Calling 'put' on an ObjectRef is not allowed; to store a reference, "
                 "put it inside a list: yr.put([ref])")
-        ref = self.objects.new_ref(self.new_id())
         if isinstance(obj, (bytes, bytearray, memoryview)):
             obj = bytes(obj)
-        ref._entry.set_value(obj)
-        return ref
+        try:
+            payload = dumps_value(obj, snapshot=True)
+        except Exception as e:
+            raise unpicklable(obj, "yr.put: the value", e) from e
+        entry = Entry()
+        entry.payload = payload
+        entry.set_value(obj)
+        return self.objects.new_ref(self.new_id(), entry)
 
     def get(self, refs: Sequence[ObjectRef], timeout: float, allow_partial: bool = False) -> list:
         deadline = None if timeout == -1 else time.monotonic() + timeout
@@ -269,10 +279,10 @@ class Runtime:
         return value
 
     def _fetch_value(self, object_id: str, entry: Entry) -> Any:
-        if not entry.has_value:
-            entry.value = loads(self.fetch_payload(object_id, entry.location))
-            entry.has_value = True
-        return entry.value
+        """The value of an entry a worker keeps: fetched once, cached (any thread)."""
+        if entry.has_value:
+            return entry.value
+        return entry.cache_value(loads(self.fetch_payload(object_id, entry.location)))
 
     def fetch_payload(self, object_id: str, address: str) -> bytes:
         """Pickled value of an object, asking ``address`` (its owner, or the worker keeping it)
@@ -301,7 +311,10 @@ class Runtime:
         entry = ref._entry
         if entry.owner is None or entry.ready or entry.fetching:
             return
-        entry.fetching = True
+        with REFS_LOCK:  # user threads race here: one fetch only
+            if entry.fetching:
+                return
+            entry.fetching = True
 
         async def fetch() -> None:
             kind, payload = await self._fetch(entry.owner, ref._id, None)
@@ -338,12 +351,14 @@ class Runtime:
             self._ensure_fetch(ref)
             self.on_loop(ref._entry.add_callback, one)
         lease_id = current_lease()
-        if lease_id is not None:
-            self.connector.notify_blocked(lease_id, True)
+        blocked = False
         try:
+            if lease_id is not None:
+                blocked = True  # before the notice: if it raises, the finally still undoes it
+                self.connector.notify_blocked(lease_id, True)
             done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         finally:
-            if lease_id is not None:
+            if blocked:
                 self.connector.notify_blocked(lease_id, False)
         ready, not_ready = [], []
         for ref in refs:

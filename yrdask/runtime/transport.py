@@ -9,13 +9,16 @@
   ``FETCH_OBJECT`` for objects it owns.
 * :class:`WorkerConnector` - the same contract for code running inside a worker, over that
   worker's own scheduler connection.
+
+Messages are the typed ones of :mod:`yrdask.protocol`; ``send``/``stream_send`` also take
+ready wire dicts, for callers not yet converted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import dask
 from dask.utils import parse_timedelta
@@ -30,6 +33,13 @@ from yrdask.errors import YRRuntimeError
 logger = logging.getLogger("yrdask.transport")
 
 CONNECT_TIMEOUT_S = 10.0  # a channel to a dead worker fails fast (Dask's default retries 30 s)
+
+Outgoing = Union[P.Message, dict]  # a typed message, or its wire dict
+
+
+def wire(msg: Outgoing) -> dict:
+    """The wire dict of ``msg`` (a dict passes through: one type check on the hot path)."""
+    return msg if type(msg) is dict else msg.to_msg()
 
 
 class Channel:
@@ -49,7 +59,8 @@ class Channel:
         self.closed = False
         self.task = asyncio.get_running_loop().create_task(self._run())
 
-    def send(self, msg: dict) -> None:
+    def send(self, msg: Outgoing) -> None:
+        msg = wire(msg)
         if self.backlog is not None:
             self.backlog.append(msg)
             return
@@ -62,7 +73,7 @@ class Channel:
         try:
             self.comm = comm = await connect(self.address, timeout=CONNECT_TIMEOUT_S,
                                              **self.connection_args)
-            await comm.write({"op": P.OPEN_CHANNEL, "caller": self.caller, "reply": False})
+            await comm.write(P.OpenChannel(self.caller).to_msg())
             self.stream = StreamSender(comm)
             backlog, self.backlog = self.backlog, None
             if backlog:
@@ -113,8 +124,8 @@ class LocalChannel:
         self.closed = False
         self.peer = agent.local_peer(on_message)
 
-    def send(self, msg: dict) -> None:
-        self.peer.deliver(msg)
+    def send(self, msg: Outgoing) -> None:
+        self.peer.deliver(wire(msg))
 
     async def close(self) -> None:
         self.closed = True
@@ -130,7 +141,9 @@ class DriverConnector:
         self.connection_args = connection_args
         self.listen_args = listen_args
         self.pool = ConnectionPool(limit=64, connection_args=connection_args)
-        self.server = Server({P.FETCH_OBJECT: runtime.handle_fetch})
+        self.fetch_object = runtime.handle_fetch  # FetchObject for objects this driver owns
+        self.server = Server(P.handlers(P.OWNER_RPC, self))
+        self.stream_handlers = P.handlers(P.DRIVER_STREAM, self)
         self.stream: StreamSender | None = None
         self.comm: Any = None
         self.reader: asyncio.Task | None = None
@@ -146,13 +159,13 @@ class DriverConnector:
         address = self.server.listen_address
         await self._wait_for_extension()
         self.comm = comm = await connect(self.scheduler_address, **self.connection_args)
-        await comm.write({"op": P.CONNECT_JOB, "job_id": job_id, "owner_address": address,
-                          "protocol_version": P.PROTOCOL_VERSION, "reply": False})
+        await comm.write(P.ConnectJob(job_id, address, P.PROTOCOL_VERSION).to_msg())
         welcome = await comm.read()
-        welcome = welcome[0] if isinstance(welcome, (list, tuple)) else welcome
-        if welcome.get("error"):
-            raise YRRuntimeError(welcome["error"])
-        self.dashboard = welcome.get("dashboard")
+        welcome = P.JobWelcome.from_msg(
+            welcome[0] if isinstance(welcome, (list, tuple)) else welcome)
+        if welcome.error:
+            raise YRRuntimeError(welcome.error)
+        self.dashboard = welcome.dashboard
         self.stream = StreamSender(comm)
         self.reader = asyncio.get_running_loop().create_task(self._read())
         return address
@@ -166,7 +179,7 @@ class DriverConnector:
         loop = asyncio.get_running_loop()
         timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
         deadline = loop.time() + timeout
-        while await self.scheduler_rpc(P.CLUSTER_INFO, instances=False) is None:
+        while await self.request(P.ClusterInfo(instances=False)) is None:
             if loop.time() > deadline:
                 raise YRRuntimeError(
                     f"the scheduler at {self.scheduler_address} has no yrdask extension: start it "
@@ -175,35 +188,49 @@ class DriverConnector:
             await asyncio.sleep(0.05)
 
     async def _read(self) -> None:
+        """The scheduler's side of the job stream (:data:`yrdask.protocol.DRIVER_STREAM`)."""
         try:
             while True:
                 msgs = await self.comm.read()
                 for msg in msgs if isinstance(msgs, (list, tuple)) else (msgs,):
-                    if msg.get("op") == P.REVOKE_LEASES:
-                        self.rt.submitter.revoke(msg["lease_ids"])
-                    elif msg.get("op") == P.WORKER_LOST:
-                        self.rt.worker_lost(msg["worker"])
+                    try:
+                        P.dispatch(self.stream_handlers, msg)
+                    except P.UnknownMessage as e:
+                        logger.warning("job stream: ignoring unknown message %s", e)
         except (CommClosedError, OSError, asyncio.CancelledError):
             pass
 
+    def revoke_leases(self, lease_ids: list[str]) -> None:
+        """:class:`yrdask.protocol.RevokeLeases` from the job stream."""
+        self.rt.submitter.revoke(lease_ids)
+
+    def worker_lost(self, worker: str) -> None:
+        """:class:`yrdask.protocol.WorkerLost` from the job stream."""
+        self.rt.worker_lost(worker)
+
     async def request_lease(self, shape: dict, timeout_ms: int, queue: str,
                             avoid: list[str], affinity: tuple, near: str | None) -> list:
-        return await self.pool(self.scheduler_address).yr_request_lease(
+        return await self.request(P.RequestLease(
             owner=self.rt.address, shape=shape, timeout_ms=timeout_ms, local=near, queue=queue,
-            avoid=avoid, affinity=affinity)
+            avoid=avoid, affinity=affinity))
+
+    async def request(self, msg: P.Message) -> Any:
+        """A scheduler rpc; returns its reply (``type(msg).reply_type``)."""
+        return await P.request(self.pool(self.scheduler_address), msg)
 
     async def scheduler_rpc(self, op: str, **kwargs: Any) -> Any:
-        return await getattr(self.pool(self.scheduler_address), op)(**kwargs)
+        """A scheduler rpc by op name; the fields are checked against the op's message."""
+        return await self.request(P.MESSAGES[op](**kwargs))
 
-    def stream_send(self, msg: dict) -> None:
+    def stream_send(self, msg: Outgoing) -> None:
         """One-way message to the scheduler on the job stream (loop thread)."""
         try:
-            self.stream.send(msg)
+            self.stream.send(wire(msg))
         except CommClosedError:
             pass
 
     def return_leases(self, lease_ids: list[str]) -> None:
-        self.stream_send({"op": P.RETURN_LEASES, "lease_ids": lease_ids})
+        self.stream_send(P.ReturnLeases(lease_ids))
 
     def notify_blocked(self, lease_id: str, blocked: bool) -> None:
         """Drivers run no leased tasks, so there is nothing to lend."""
@@ -214,7 +241,7 @@ class DriverConnector:
     async def close(self) -> None:
         if self.stream is not None:
             try:
-                self.stream.send({"op": "close-stream"})
+                self.stream.send(P.CloseStream().to_msg())
                 await asyncio.wait_for(self.stream.close(), 2)
             except Exception:
                 pass
@@ -242,27 +269,34 @@ class WorkerConnector:
         worker's queue is short (``yrdask.scheduling.*``), else where the cluster has room.
         Where large arguments live (``near``) comes before local."""
         local = near or (self.worker.address if self.rt.agent.prefers_local() else None)
-        return await self.worker.scheduler.yr_request_lease(
+        return await self.request(P.RequestLease(
             owner=self.worker.address, shape=shape, timeout_ms=timeout_ms,
-            local=local, queue=queue, avoid=avoid, affinity=affinity)
+            local=local, queue=queue, avoid=avoid, affinity=affinity))
+
+    async def request(self, msg: P.Message) -> Any:
+        """A scheduler rpc; returns its reply (``type(msg).reply_type``)."""
+        return await P.request(self.worker.scheduler, msg)
 
     async def scheduler_rpc(self, op: str, **kwargs: Any) -> Any:
-        return await getattr(self.worker.scheduler, op)(**kwargs)
+        """A scheduler rpc by op name; the fields are checked against the op's message."""
+        return await self.request(P.MESSAGES[op](**kwargs))
 
-    def stream_send(self, msg: dict) -> None:
+    def stream_send(self, msg: Outgoing) -> None:
         """One-way message to the scheduler on the worker's own stream (loop thread)."""
         try:
-            self.worker.batched_stream.send(msg)
+            self.worker.batched_stream.send(wire(msg))
         except CommClosedError:
             pass
 
     def return_leases(self, lease_ids: list[str]) -> None:
-        self.stream_send({"op": P.RETURN_LEASES, "lease_ids": lease_ids})
+        self.stream_send(P.ReturnLeases(lease_ids))
 
     def notify_blocked(self, holding_id: str, blocked: bool) -> None:
         """Lend the CPU of a lease or instance while its threads wait in ``yr.get``."""
-        self.rt.agent.lend_slot(holding_id, blocked)  # at once, from the task's thread
+        # The scheduler's notice first: lend_slot may raise a cancel of the task once its
+        # bookkeeping is done, and both halves must have happened by then.
         self.rt.on_loop(self._blocked, holding_id, blocked)
+        self.rt.agent.lend_slot(holding_id, blocked)  # at once, from the task's thread
 
     def _blocked(self, holding_id: str, blocked: bool) -> None:
         n = self.blocked.get(holding_id, 0) + (1 if blocked else -1)
@@ -271,8 +305,8 @@ class WorkerConnector:
         else:
             self.blocked.pop(holding_id, None)
         if (blocked and n == 1) or (not blocked and n == 0):
-            op = P.LEASE_BLOCKED if blocked else P.LEASE_UNBLOCKED
-            self.stream_send({"op": op, "lease_id": holding_id})
+            self.stream_send(P.LeaseBlocked(holding_id) if blocked
+                             else P.LeaseUnblocked(holding_id))
 
     def rpc(self, address: str) -> Any:
         return self.worker.rpc(address)

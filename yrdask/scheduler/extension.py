@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -27,8 +27,9 @@ from yrdask import protocol as P
 from yrdask.stream import StreamSender
 from yrdask.scheduler.instance_manager import InstanceManager
 from yrdask.scheduler.figures import SchedulingFigures
+from yrdask.scheduler import leases as LQ
 from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
-from yrdask.scheduler.resources import Holding, Ledger, Shape, format_shape
+from yrdask.scheduler.resources import Ledger, Shape, format_shape
 
 logger = logging.getLogger("yrdask.scheduler")
 
@@ -48,18 +49,23 @@ class Job:
 class YrSchedulerExtension:
     """Global scheduler + registries of yr on the Dask scheduler (see module docstring)."""
 
-    def __init__(self, scheduler: Any, worker_plugin: Any = None) -> None:
+    def __init__(self, scheduler: Any, worker_plugin: Any = None,
+                 monitoring: Callable[[Any], Any] | None = None) -> None:
         self.scheduler = scheduler
-        self.worker_plugin = worker_plugin  # handed in by yrdask.deploy; installed on workers
-        self.ledger = Ledger()
+        # Both handed in by the composition root (yrdask.deploy): the scheduler never imports
+        # the worker agent or the dashboard.
+        self.worker_plugin = worker_plugin  # installed on every worker at start
+        self.monitoring = monitoring  # called with the scheduler at start (dashboard pages)
+        # Every lease and instance holding is decided by this pure machine (leases.py); the
+        # methods of the "leases" section below only feed it events and carry out its answers.
+        self.leases = LQ.LeaseQueue()
+        self._answers: dict[str, tuple[asyncio.Future, LeaseRequest]] = {}  # by request id
+        self._request_ids = itertools.count(1)
+        self._stimuli = itertools.count(1)
         self.jobs: dict[str, Job] = {}  # owner address -> job
-        self.pending: list[LeaseRequest] = []
         self.pending_workers: dict[str, Shape] = {}  # registered with yr before Dask knew them
         self.worker_added = asyncio.Event()  # set on each yr worker registration
         self._gone: dict[str, asyncio.Event] = {}  # worker address -> set once removed
-        self._ids = itertools.count(1)
-        self.counters = {"leases_granted": 0, "leases_local": 0, "leases_forwarded": 0,
-                         "lease_timeouts": 0}
         self.figures = SchedulingFigures()
         scheduler.extensions[EXTENSION_NAME] = self
         scheduler.handlers.update(
@@ -92,9 +98,8 @@ class YrSchedulerExtension:
         self.scheduler.periodic_callbacks["yr-loads"] = pc
         pc.start()
         try:  # monitoring (docs/monitoring.md) must never keep the scheduler from serving yr
-            from yrdask.dashboard import install as install_dashboard
-
-            install_dashboard(self.scheduler)
+            if self.monitoring is not None:
+                self.monitoring(self.scheduler)
         except Exception:
             logger.warning("yr dashboard pages, JSON API and metrics not installed",
                            exc_info=True)
@@ -114,9 +119,9 @@ class YrSchedulerExtension:
 
     def _add_worker(self, address: str, capacity: Shape) -> None:
         logger.info("yr worker %s offers %s", address, format_shape(capacity))
-        self.ledger.add_worker(address, capacity)
+        self._feed(LQ.WorkerJoined(f"worker-joined-{next(self._stimuli)}", address,
+                                   shape_of(capacity)))
         self.worker_added.set()
-        self._grant_pending()
 
     def on_add_worker(self, address: str) -> None:
         capacity = self.pending_workers.pop(address, None)
@@ -125,9 +130,9 @@ class YrSchedulerExtension:
 
     def on_remove_worker(self, address: str) -> None:
         self.pending_workers.pop(address, None)
-        self.ledger.remove_worker(address)
-        # Leases a submitter on that worker held elsewhere die with it.
-        self._release_owned_by(address)
+        # What it held is lost; leases a submitter on that worker held elsewhere die with it
+        # and its waiting requests are refused (the lease queue's WorkerLeft does both).
+        self._feed(LQ.WorkerLeft(f"worker-left-{next(self._stimuli)}", address))
         self.instances.on_worker_lost(address)
         gone = self._gone.pop(address, None)
         if gone is not None:
@@ -222,6 +227,24 @@ class YrSchedulerExtension:
                 wr.load = float(report.get("tasks_queued", 0))
 
     # -- leases ----------------------------------------------------------------------------
+    # The adapter of the lease queue (scheduler/leases.py): wire messages and acquire() become
+    # events stamped with the loop's clock; Granted/Refused answer the waiting request's
+    # future, Revoke goes on the owner's stream, WakeAt becomes loop.call_at feeding a Tick.
+
+    @property
+    def ledger(self) -> Ledger:
+        """The resource ledger (owned by the lease queue; read by the dashboard)."""
+        return self.leases.ledger
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Lease counters: leases granted, local, forwarded, lease timeouts."""
+        return self.leases.counters
+
+    @property
+    def pending(self) -> list:
+        """The requests waiting for room, oldest first."""
+        return list(self.leases.pending.values())
 
     async def request_lease(self, owner: str, shape: Shape, timeout_ms: int,
                             local: str | None = None, queue: str = "",
@@ -230,80 +253,92 @@ class YrSchedulerExtension:
 
         Reply: ``[lease_id, worker]``, or ``[None, reason]`` when it cannot be met in time.
         """
+        if owner not in self.jobs and owner not in self.scheduler.workers:
+            # Its job stream (or its worker) is gone already: nobody would use or return it.
+            return [None, f"the requester {owner} is gone"]
         return await self.acquire(LeaseRequest(
             owner, shape_of(shape), local=local, queue=queue, avoid=tuple(avoid or ()),
             affinity=freeze(affinity)), timeout_ms)
 
     async def acquire(self, req: LeaseRequest, timeout_ms: int) -> list:
-        """Hold ``req``'s resources on a worker: ``[holding_id, worker]`` or ``[None, why]``."""
+        """Hold ``req``'s resources on a worker: ``[holding_id, worker]`` or ``[None, why]``.
+
+        Sets ``req.request_id`` (for :meth:`cancel_request`).  ``timeout_ms < 0`` waits
+        forever.  If the caller is cancelled, the request is withdrawn (a grant that came
+        meanwhile is released).
+        """
         t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        rid = req.request_id = f"R{next(self._request_ids)}"
+        future = loop.create_future()
+        self._answers[rid] = (future, req)
         try:
-            granted = self._grant(req)
-            if granted is not None:
-                return granted
-            return await self._wait(req, timeout_ms)
+            self._feed(LQ.HoldRequested(
+                f"request-{rid}", rid, req.owner, req.kind, req.shape, timeout_ms, req.local,
+                req.queue, req.avoid, req.affinity, req.labels, req.holding_id, loop.time()))
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.result()[0] is not None:
+                self.release([future.result()[0]])  # granted to a caller that went away
+            elif rid in self.leases.pending:
+                self._feed(LQ.RequestCancelled(f"withdrawn-{rid}", rid))
+            raise
         finally:
+            self._answers.pop(rid, None)
             self.figures.placed(req.kind, time.perf_counter() - t0)
 
-    async def _wait(self, req: LeaseRequest, timeout_ms: int) -> list:
-        loop = asyncio.get_running_loop()
-        req.future = loop.create_future()
-        req.deadline = None if timeout_ms < 0 else loop.time() + timeout_ms / 1000
-        self.pending.append(req)
-        self._revoke_for(req)
-        try:
-            while True:
-                wait = None if req.deadline is None else max(0.0, req.deadline - loop.time())
-                try:
-                    return await asyncio.wait_for(asyncio.shield(req.future), wait)
-                except asyncio.TimeoutError:
-                    if self._could_free(req):
-                        # Running tasks hold what it needs: they will end, keep waiting.
-                        req.deadline = loop.time() + max(timeout_ms, 1000) / 1000
-                        self._revoke_for(req)
-                        continue
-                    self.counters["lease_timeouts"] += 1
-                    return [None, self.ledger.explain_unfit(req.shape, req.affinity)]
-        finally:
-            if req in self.pending:
-                self.pending.remove(req)
+    def release(self, holding_ids: list[str]) -> None:
+        """Give holdings back (ended instances, returned leases) and grant what now fits."""
+        self._feed(LQ.HoldingsReleased(f"release-{next(self._stimuli)}", tuple(holding_ids)))
 
-    def _grant(self, req: LeaseRequest) -> list | None:
-        worker = self.ledger.choose(req.shape, prefer=req.local, avoid=req.avoid,
-                                    affinity=req.affinity)
-        if worker is None:
-            return None
-        holding_id = req.holding_id or f"L{next(self._ids)}"
-        self.ledger.hold(Holding(holding_id, req.kind, worker, req.shape, req.owner,
-                                 queue=req.queue, labels=req.labels))
-        if req.kind == "lease":
-            self.counters["leases_granted"] += 1
-            self.counters["leases_local" if worker == req.local else "leases_forwarded"] += 1
-        return [holding_id, worker]
+    def cancel_request(self, req: LeaseRequest) -> None:
+        """Withdraw a waiting request (its instance ended): its acquire() answers
+        ``[None, reason]``.  A request already answered is left alone."""
+        if req.request_id:
+            self._feed(LQ.RequestCancelled(f"cancel-{req.request_id}", req.request_id))
 
     def _grant_pending(self) -> None:
-        for req in list(self.pending):
-            if req.future.done():
-                continue
-            granted = self._grant(req)
-            if granted is not None:
-                req.future.set_result(granted)
-                self.pending.remove(req)
+        """Grant what fits now (after a direct ``ledger.release``; prefer :meth:`release`)."""
+        self._feed(LQ.Tick(f"tick-{next(self._stimuli)}", self._loop().time()))
 
-    def _could_free(self, req: LeaseRequest) -> bool:
-        """True if leases (tasks) hold resources on a worker that could run the request."""
-        return bool(self.ledger.lease_holders_on_fitting_workers(req.shape, req.affinity))
+    @staticmethod
+    def _loop() -> asyncio.AbstractEventLoop:
+        try:
+            return asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.get_event_loop()
 
-    def _revoke_for(self, req: LeaseRequest) -> None:
-        """Ask the owners of leases that stand in the way to return the idle ones."""
-        by_owner: dict[str, list[str]] = {}
-        for h in self.ledger.lease_holders_on_fitting_workers(req.shape, req.affinity):
-            mine = h.owner == req.owner and h.queue == req.queue  # it serves this very queue
-            if not mine and h.holding_id not in req.revoked:
-                req.revoked.add(h.holding_id)
-                by_owner.setdefault(h.owner, []).append(h.holding_id)
-        for owner, lease_ids in by_owner.items():
-            self._send_to_owner(owner, {"op": P.REVOKE_LEASES, "lease_ids": lease_ids})
+    def _tick(self) -> None:
+        self._feed(LQ.Tick(f"tick-{next(self._stimuli)}", self._loop().time()))
+
+    def _feed(self, event: Any) -> None:
+        """Hand ``event`` to the lease queue and carry out its instructions."""
+        gone: list[str] = []
+        for ins in self.leases.handle(event):
+            kind = type(ins)
+            if kind is LQ.Granted:
+                answer = self._answers.get(ins.request_id)
+                future, req = answer if answer is not None else (None, None)
+                if future is None or future.done():
+                    gone.append(ins.holding_id)  # its caller went away
+                elif req.kind == "lease" and req.owner not in self.jobs \
+                        and req.owner not in self.scheduler.workers:
+                    gone.append(ins.holding_id)
+                    future.set_result([None, f"the requester {req.owner} is gone"])
+                else:
+                    future.set_result([ins.holding_id, ins.worker])
+            elif kind is LQ.Refused:
+                answer = self._answers.get(ins.request_id)
+                if answer is not None and not answer[0].done():
+                    answer[0].set_result([None, ins.reason])
+            elif kind is LQ.Revoke:
+                self._send_to_owner(ins.owner, {"op": P.REVOKE_LEASES,
+                                                "lease_ids": list(ins.lease_ids)})
+            elif kind is LQ.WakeAt:
+                self._loop().call_at(ins.at, self._tick)
+        if gone:
+            logger.debug("releasing holdings granted to requesters that went away: %s", gone)
+            self.release(gone)
 
     def _send_to_owner(self, owner: str, msg: dict) -> None:
         job = self.jobs.get(owner)
@@ -316,21 +351,17 @@ class YrSchedulerExtension:
             pass
 
     def return_leases(self, lease_ids: list[str], worker: str | None = None) -> None:
-        for lease_id in lease_ids:
-            self.ledger.release(lease_id)
-        self._grant_pending()
+        self._feed(LQ.HoldingsReleased(f"return-{next(self._stimuli)}", tuple(lease_ids)))
 
     def _release_owned_by(self, owner: str) -> None:
-        for h in [h for h in self.ledger.holdings.values() if h.owner == owner and h.kind == "lease"]:
-            self.ledger.release(h.holding_id)
-        self._grant_pending()
+        """The owner's job ended: its leases are released, its waiting requests refused."""
+        self._feed(LQ.OwnerGone(f"owner-gone-{next(self._stimuli)}", owner))
 
     def lease_blocked(self, lease_id: str, worker: str | None = None) -> None:
-        if self.ledger.lend_cpu(lease_id, True):
-            self._grant_pending()
+        self._feed(LQ.LeaseBlocked(f"blocked-{next(self._stimuli)}", lease_id))
 
     def lease_unblocked(self, lease_id: str, worker: str | None = None) -> None:
-        self.ledger.lend_cpu(lease_id, False)
+        self._feed(LQ.LeaseUnblocked(f"unblocked-{next(self._stimuli)}", lease_id))
 
 
 class _Hooks(SchedulerPlugin):

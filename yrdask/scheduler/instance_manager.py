@@ -1,27 +1,29 @@
-"""The instance lifecycle manager's Dask adapter: carries out what :mod:`lifecycle` decides.
+"""The instance lifecycle's Dask adapter: carries out what :mod:`lifecycle` decides.
 
 Handles ``CREATE_INSTANCE``, ``LOCATE_INSTANCE``, ``GET_NAMED``, ``LIST_NAMED``,
 ``KILL_INSTANCE``, ``INSTANCE_STATUS``, ``SAVE_STATE``, ``LOAD_STATE`` (scheduler rpc) and
-``HANDLE_REFS``, ``INSTANCE_STATE`` (streams), places instances through the extension's
-resource ledger (an instance holds its resources for its whole life), starts them on workers
-(``START_INSTANCE``), restarts them when their worker dies, and stops them
-(``STOP_INSTANCE``).
+``HANDLE_REFS``, ``INSTANCE_STATE`` (streams), and the extension's owner and worker losses.
+Each becomes an event of the :class:`~yrdask.scheduler.lifecycle.Lifecycle` machine; its
+instructions become I/O here: resources through the extension (``acquire``/``release``:
+an instance holds its resources for its whole life), ``START_INSTANCE`` on the worker's
+stream, ``STOP_INSTANCE`` rpcs, timers for the release grace period, and the answers of the
+rpcs that wait for a placement (futures keyed by instance and stage).  Rpc answers read the
+machine's queries; nothing here writes the machine's state.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from yrdask import protocol as P
-from yrdask.scheduler.lifecycle import InstanceRecord, Lifecycle
+from yrdask.scheduler import lifecycle as L
 from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
 
 logger = logging.getLogger("yrdask.instances")
 
-RELEASE_GRACE_S = 0.5  # absorbs reordering between the holders' separate streams
-RESTART_TIMEOUT_MS = 60_000  # at least this long to find room for a restarting instance
 LOST_WORKER_WAIT_S = 30.0  # how long a locate waits for Dask to confirm a lost worker
 
 
@@ -31,9 +33,10 @@ class InstanceManager:
     def __init__(self, ext: Any) -> None:
         self.ext = ext
         self.scheduler = ext.scheduler
-        self.lifecycle = Lifecycle()
-        self.placed: dict[str, asyncio.Event] = {}
-        self.alive: dict[str, asyncio.Event] = {}
+        self.lifecycle = L.Lifecycle()
+        self.waiters: dict[tuple[str, str], list[asyncio.Future]] = {}
+        self.requests: dict[str, LeaseRequest] = {}  # instance id -> its waiting acquire
+        self._ids = 0
         self.scheduler.handlers.update({
             P.CREATE_INSTANCE: self.create_instance,
             P.LOCATE_INSTANCE: self.locate_instance,
@@ -49,51 +52,22 @@ class InstanceManager:
             P.INSTANCE_STATE: self.instance_state,
         })
 
-    # -- creation and lookup ---------------------------------------------------------------
+    def _sid(self, what: str) -> str:
+        self._ids += 1
+        return f"{what}-{self._ids}"
+
+    # -- rpcs ------------------------------------------------------------------------------
 
     async def create_instance(self, spec: dict) -> list:
-        name = spec.get("name")
-        if name:
-            existing = self.lifecycle.named(spec.get("namespace") or "", name)
-            if existing is not None:
-                self.lifecycle.aliases[spec["instance_id"]] = existing.instance_id
-                return await self._where(existing)
-        rec = self.lifecycle.add(spec)
-        iid = rec.instance_id
-        self.placed[iid] = asyncio.Event()
-        self.alive[iid] = asyncio.Event()
-        got, where = await self.ext.acquire(self._request(spec), spec["timeout_ms"])
-        if rec.state == P.DEAD:  # ended while it waited (owner gone, terminated)
-            if got is not None:
-                self.ext.ledger.release(iid)
-                self.ext._grant_pending()
-            self.lifecycle.forget(iid)
-            self._settle(iid)
-            return [None, f"instance {iid} ended before it started: {rec.reason}", None]
-        if got is None:
-            self.lifecycle.end(iid, where)
-            self.lifecycle.forget(iid)
-            self._settle(iid)
-            return [None, where, None]
-        self.lifecycle.placed(iid, where)
-        self.placed[iid].set()
-        self._send_worker(where, {"op": P.START_INSTANCE, "spec": spec})
-        return [iid, where, spec["meta"]]
-
-    @staticmethod
-    def _request(spec: dict) -> LeaseRequest:
-        iid = spec["instance_id"]
-        return LeaseRequest(iid, shape_of(spec["shape"]), kind="instance", holding_id=iid,
-                            affinity=freeze(spec.get("affinity") or ()),
-                            labels=tuple(spec.get("labels") or ()))
-
-    async def _where(self, rec: InstanceRecord) -> list:
-        ev = self.placed.get(rec.instance_id)
-        if ev is not None:
-            await ev.wait()
-        if rec.state == P.DEAD:
-            return [None, f"instance {rec.instance_id} ended: {rec.reason}", None]
-        return [rec.instance_id, rec.worker, rec.spec["meta"]]
+        """Reply ``[instance_id, worker, meta]`` once placed, or ``[None, reason, None]``."""
+        self._do(self.lifecycle.handle(L.Create(self._sid("create"), spec, time.time())))
+        real_id = self.lifecycle.resolve(spec["instance_id"])
+        rec = self.lifecycle.instances.get(real_id)
+        meta = rec.spec.get("meta") if rec is not None else spec.get("meta")
+        worker, reason = await self._wait(real_id, L.PLACED)
+        if worker is None:
+            return [None, reason, None]
+        return [real_id, worker, meta]
 
     async def locate_instance(self, instance_id: str, lost: str | None = None) -> list:
         """Reply ``[state, worker, reason, instance_id]`` (the id an alias stands for).
@@ -101,164 +75,168 @@ class InstanceManager:
         ``lost``: the caller lost its channel to that worker; if the instance is still
         recorded there, wait until Dask confirms the worker gone (it then restarts or ends).
         """
-        instance_id = self.lifecycle.aliases.get(instance_id, instance_id)
-        rec = self.lifecycle.instances.get(instance_id)
+        lc = self.lifecycle
+        real_id = lc.resolve(instance_id)
+        rec = lc.instances.get(real_id)
         if rec is not None and lost is not None and rec.worker == lost:
             await self.ext.worker_gone(lost, LOST_WORKER_WAIT_S)
-        if rec is None:
-            return [P.DEAD, None, self._why_gone(instance_id), instance_id]
-        await self._where(rec)
-        return [rec.state, rec.worker, rec.reason, instance_id]
+        worker, reason = await self._wait(real_id, L.PLACED)
+        if worker is None:
+            return [P.DEAD, None, reason, real_id]
+        status = lc.status(real_id)
+        return [status["state"], worker, status["reason"], real_id]
 
     def instance_status(self, instance_id: str) -> dict:
         """``{state, worker, restarts, reason}`` of an instance, without waiting."""
-        instance_id = self.lifecycle.aliases.get(instance_id, instance_id)
-        rec = self.lifecycle.instances.get(instance_id)
-        if rec is None:
-            return {"state": P.DEAD, "worker": None, "restarts": None,
-                    "reason": self._why_gone(instance_id)}
-        return {"state": rec.state, "worker": rec.worker, "restarts": rec.restarts,
-                "reason": rec.reason}
-
-    def _why_gone(self, instance_id: str) -> str:
-        reason = self.lifecycle.graveyard.get(instance_id)
-        if reason is None:
-            return f"instance {instance_id} does not exist (it has ended)"
-        return f"it has ended: {reason}"
+        return self.lifecycle.status(instance_id)
 
     def save_state(self, instance_id: str, state: bytes) -> None:
         """Keep an instance's checkpoint; a restart resumes from it instead of ``__init__``."""
-        rec = self.lifecycle.instances.get(instance_id)
-        if rec is None or rec.state == P.DEAD:
+        if not self.lifecycle.is_live(instance_id):
             raise RuntimeError(f"instance {instance_id} has ended; its state was not saved")
-        rec.checkpoint = state
+        self._do(self.lifecycle.handle(L.SaveState(self._sid("save"), instance_id, state)))
 
     def load_state(self, instance_id: str) -> bytes | None:
-        rec = self.lifecycle.instances.get(instance_id)
-        return None if rec is None else rec.checkpoint
+        return self.lifecycle.checkpoint_of(instance_id)
 
     async def get_named(self, name: str, namespace: str, timeout: float) -> list:
         rec = self.lifecycle.named(namespace, name)
         if rec is None:
             return [None, f"failed to get instance: {namespace}-{name} by name, it does not "
                           "exist", "missing"]
-        ev = self.alive.get(rec.instance_id)  # gone once the instance is running
+        iid, meta = rec.instance_id, rec.spec.get("meta")
         try:
-            if ev is not None:
-                await asyncio.wait_for(ev.wait(), timeout)
+            await self._wait(iid, L.ALIVE_STAGE, timeout)
         except asyncio.TimeoutError:
             return [None, f"failed to get instance: {namespace}-{name} by name within "
                           f"{timeout} s: it is still being created", "timeout"]
-        return await self._where(rec)
+        worker, reason = await self._wait(iid, L.PLACED)
+        if worker is None:
+            return [None, f"instance {iid} ended: {reason}", None]
+        return [iid, worker, meta]
 
     def list_named(self, all_namespaces: bool = False, namespace: str = "") -> list:
         return [[ns, n] for (ns, n) in self.lifecycle.names
                 if all_namespaces or ns == namespace]
 
-    # -- ending ----------------------------------------------------------------------------
-
     async def kill_instance(self, instance_id: str, reason: str = "terminated") -> None:
-        instance_id = self.lifecycle.aliases.get(instance_id, instance_id)
-        await self.end(self.lifecycle.end(instance_id, reason))
-
-    async def end(self, ended: list[InstanceRecord]) -> None:
-        """Release and stop instances the lifecycle has just ended."""
-        stops = []
-        for rec in ended:
-            self.ext.ledger.release(rec.instance_id)
-            self._settle(rec.instance_id)
-            if rec.worker is not None and rec.worker in self.scheduler.workers:
-                stops.append(self._stop(rec))
-            else:
-                self.lifecycle.forget(rec.instance_id)
-        self.ext._grant_pending()
+        """End the instance and its non-detached descendants; reply once they are stopped."""
+        stops = self._do(self.lifecycle.handle(L.Kill(self._sid("kill"), instance_id, reason)))
         if stops:
             await asyncio.gather(*stops)
 
-    async def _stop(self, rec: InstanceRecord) -> None:
-        try:
-            await self.scheduler.rpc(rec.worker).yr_stop_instance(
-                instance_id=rec.instance_id, reason=rec.reason)
-        except Exception as e:  # the worker died meanwhile
-            logger.debug("stopping %s on %s: %r", rec.instance_id, rec.worker, e)
-        self.lifecycle.forget(rec.instance_id)
-
-    def end_soon(self, ended: list[InstanceRecord]) -> None:
-        if ended:
-            self.scheduler.loop.add_callback(self.end, ended)
-
-    def _settle(self, iid: str) -> None:
-        for events in (self.placed, self.alive):
-            ev = events.pop(iid, None)
-            if ev is not None:
-                ev.set()
-
-    # -- events from owners, holders and workers ------------------------------------------
-
-    def on_owner_gone(self, owner: str, holder: str | None) -> None:
-        self.end_soon(self.lifecycle.end_owner(owner, f"its job {owner} ended"))
-        if holder is not None:
-            self._check(self.lifecycle.holder_lost(holder))
-
-    def on_worker_lost(self, worker: str) -> None:
-        restarting, ended = self.lifecycle.on_worker_lost(worker)
-        self.end_soon(ended)
-        for rec in restarting:
-            self.placed[rec.instance_id] = asyncio.Event()  # locates wait for the new place
-            self.scheduler.loop.add_callback(self._restart, rec)
-        self._check(self.lifecycle.holder_lost(worker))
-
-    async def _restart(self, rec: InstanceRecord) -> None:
-        """Place a restarting instance again and start it from its checkpoint or ``__init__``."""
-        iid, spec = rec.instance_id, rec.spec
-        timeout = spec["timeout_ms"]
-        timeout = -1 if timeout < 0 else max(timeout, RESTART_TIMEOUT_MS)
-        logger.info("restarting instance %s (%s), restart %d: %s", iid, spec.get("cls_name"),
-                    rec.restarts, rec.reason)
-        got, where = await self.ext.acquire(self._request(spec), timeout)
-        if rec.state != P.RESTARTING:  # ended meanwhile, or lost again and re-queued
-            if got is not None and rec.state == P.DEAD:
-                self.ext.ledger.release(iid)
-                self.ext._grant_pending()
-            return
-        if got is None:
-            await self.end(self.lifecycle.end(iid, f"{rec.reason}; no worker could take it "
-                                                   f"back: {where}"))
-            return
-        self.lifecycle.placed(iid, where)
-        ev = self.placed.pop(iid, None)
-        if ev is not None:
-            ev.set()
-        self._send_worker(where, {"op": P.START_INSTANCE, "spec": {
-            **spec, "checkpoint": rec.checkpoint, "incarnation": rec.restarts}})
+    # -- streams and the extension's events ------------------------------------------------
 
     def handle_refs(self, deltas: dict, transit: list = (), arrived: list = (),
                     worker: str | None = None, holder: str | None = None) -> None:
-        self._check(self.lifecycle.handle_refs(worker or holder, deltas, transit, arrived))
+        self._do(self.lifecycle.handle(L.HandleRefs(
+            self._sid("refs"), worker or holder, deltas, transit, arrived, time.time())))
 
     def instance_state(self, instance_id: str, state: str, error: Any = None,
                        worker: str | None = None) -> None:
+        sid = self._sid(f"state-{state}")
         if state == "EXITED":
-            self.end_soon(self.lifecycle.end(instance_id, "it exited"))
-            return
-        current = self.lifecycle.instances.get(instance_id)
-        if current is not None and worker is not None and current.worker != worker:
-            return  # a report from an earlier home of a restarted instance
-        rec = self.lifecycle.set_state(instance_id, P.ALIVE,
-                                       "" if error is None else "__init__ raised")
-        if rec is not None:
-            ev = self.alive.pop(instance_id, None)
-            if ev is not None:
-                ev.set()
+            event: Any = L.InstanceExited(sid, instance_id, worker)
+        else:
+            event = L.InstanceStarted(sid, instance_id, worker, error is not None)
+        self._do(self.lifecycle.handle(event))
 
-    def _check(self, iids: list[str]) -> None:
-        for iid in iids:
-            if self.lifecycle.releasable(iid):
-                self.scheduler.loop.call_later(RELEASE_GRACE_S, self._release_if_unheld, iid)
+    def on_owner_gone(self, owner: str, holder: str | None) -> None:
+        self._do(self.lifecycle.handle(L.OwnerGone(self._sid("owner-gone"), owner,
+                                                   f"its job {owner} ended")))
+        if holder is not None:
+            self._do(self.lifecycle.handle(L.HolderLost(self._sid("holder-lost"), holder,
+                                                        time.time())))
 
-    def _release_if_unheld(self, iid: str) -> None:
-        if self.lifecycle.releasable(iid):
-            self.end_soon(self.lifecycle.end(iid, "no handle to it is left"))
+    def on_worker_lost(self, worker: str) -> None:
+        self._do(self.lifecycle.handle(L.WorkerLost(self._sid("worker-lost"), worker,
+                                                    time.time())))
+
+    def _release_check(self) -> None:
+        self._do(self.lifecycle.handle(L.ReleaseCheck(self._sid("release-check"),
+                                                      time.time())))
+
+    # -- instructions ----------------------------------------------------------------------
+
+    def _do(self, instructions: list) -> list[asyncio.Task]:
+        """Carry out ``instructions``; returns the tasks of the stops it started."""
+        loop = asyncio.get_running_loop()
+        stops: list[asyncio.Task] = []
+        stopped: list[str] = []
+        released: list[str] = []
+        for ins in instructions:
+            kind = type(ins)
+            if kind is L.AnswerWaiters:
+                for fut in self.waiters.pop((ins.instance_id, ins.stage), ()):
+                    if not fut.done():
+                        fut.set_result((ins.worker, ins.reason))
+            elif kind is L.AcquireResources:
+                loop.create_task(self._acquire(ins))
+            elif kind is L.StartInstance:
+                spec = ins.spec
+                if ins.incarnation or ins.checkpoint is not None:
+                    spec = {**spec, "checkpoint": ins.checkpoint, "incarnation": ins.incarnation}
+                if ins.incarnation:
+                    logger.info("restarting instance %s (%s), restart %d", ins.instance_id,
+                                spec.get("cls_name"), ins.incarnation)
+                self._send_worker(ins.worker, {"op": P.START_INSTANCE, "spec": spec})
+            elif kind is L.StopInstance:
+                if ins.worker in self.scheduler.workers:
+                    stops.append(loop.create_task(self._stop(ins)))
+                else:
+                    stopped.append(ins.instance_id)
+            elif kind is L.ReleaseResources:
+                released.append(ins.instance_id)
+            elif kind is L.CancelAcquire:
+                req = self.requests.pop(ins.instance_id, None)
+                if req is not None:
+                    self.ext.cancel_request(req)
+            elif kind is L.WakeAt:
+                loop.call_later(max(0.0, ins.at - time.time()), self._release_check)
+            else:  # pragma: no cover - a new instruction nobody taught the adapter
+                raise AssertionError(f"unknown instruction {ins!r}")
+        if released:
+            self.ext.release(released)
+        for iid in stopped:
+            self._do(self.lifecycle.handle(L.Stopped(self._sid("stopped"), iid)))
+        return stops
+
+    async def _acquire(self, ins: L.AcquireResources) -> None:
+        iid = ins.instance_id
+        req = LeaseRequest(iid, shape_of(ins.shape), kind="instance", holding_id=iid,
+                           affinity=freeze(ins.affinity or ()), labels=tuple(ins.labels))
+        self.requests[iid] = req
+        try:
+            got, where = await self.ext.acquire(req, ins.timeout_ms)
+        except Exception as e:  # a bug in the ledger must not leave the instance pending
+            logger.exception("placing instance %s", iid)
+            got, where = None, f"placing it failed: {e!r}"
+        finally:
+            if self.requests.get(iid) is req:
+                del self.requests[iid]
+        sid = self._sid("acquired")
+        if got is None:
+            event: Any = L.PlacementFailed(sid, iid, where)
+        else:
+            event = L.Placed(sid, iid, where)
+        self._do(self.lifecycle.handle(event))
+
+    async def _stop(self, ins: L.StopInstance) -> None:
+        try:
+            await self.scheduler.rpc(ins.worker).yr_stop_instance(
+                instance_id=ins.instance_id, reason=ins.reason)
+        except Exception as e:  # the worker died meanwhile
+            logger.debug("stopping %s on %s: %r", ins.instance_id, ins.worker, e)
+        self._do(self.lifecycle.handle(L.Stopped(self._sid("stopped"), ins.instance_id)))
+
+    async def _wait(self, iid: str, stage: str, timeout: float | None = None) -> tuple:
+        """``(worker, "")`` once ``iid`` reached ``stage``, or ``(None, reason)`` if it ended."""
+        answer = self.lifecycle.answer(iid, stage)
+        if answer is not None:
+            return answer
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters.setdefault((iid, stage), []).append(fut)
+        return await asyncio.wait_for(fut, timeout)
 
     def _send_worker(self, worker: str, msg: dict) -> None:
         stream = self.scheduler.stream_comms.get(worker)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from yrdask.affinity import Wire
@@ -12,7 +11,11 @@ from yrdask.scheduler.resources import Shape
 
 @dataclass(eq=False)
 class LeaseRequest:
-    """What a lease or an instance asks for, and (once queued) its wait for resources."""
+    """What a lease or an instance asks for; the extension turns it into a ``HoldRequested``.
+
+    ``request_id`` is set by :meth:`YrSchedulerExtension.acquire` when the request enters the
+    lease queue, so :meth:`YrSchedulerExtension.cancel_request` can name it.
+    """
 
     owner: str
     shape: Shape
@@ -23,9 +26,7 @@ class LeaseRequest:
     avoid: tuple[str, ...] = ()  # workers the requester cannot reach right now
     affinity: Wire = ()  # see yrdask.affinity
     labels: tuple[str, ...] = ()  # an instance's labels (targets of INSTANCE affinities)
-    future: asyncio.Future | None = None
-    deadline: float | None = None
-    revoked: set[str] = field(default_factory=set)
+    request_id: str = ""  # assigned by the extension's acquire()
 
 
 def shape_of(shape: dict) -> Shape:

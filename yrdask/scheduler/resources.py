@@ -149,13 +149,16 @@ class Ledger:
         return any(ws.could_ever_fit(shape) and self._allowed(ws, affinity)[0]
                    for ws in self.workers.values())
 
-    def lease_holders_on_fitting_workers(self, shape: Shape, affinity: Wire = ()) -> list[Holding]:
-        """Leases on workers that could run ``shape``: returning them may make room."""
+    def lease_holders_on_fitting_workers(self, shape: Shape, affinity: Wire = (),
+                                         avoid: Collection[str] = ()) -> list[Holding]:
+        """Leases on workers that could run ``shape`` (and are not in ``avoid``): returning
+        them may make room."""
         return [
             self.holdings[h]
             for ws in self.workers.values()
-            if ws.could_ever_fit(shape) and self._allowed(ws, affinity)[0]
-            for h in ws.holdings
+            if ws.address not in avoid and ws.could_ever_fit(shape)
+            and self._allowed(ws, affinity)[0]
+            for h in sorted(ws.holdings)
             if self.holdings[h].kind == "lease"
         ]
 

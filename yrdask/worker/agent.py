@@ -13,7 +13,6 @@ the ones blocked in ``yr.get`` (which lend their CPU back).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import threading
 import time
@@ -31,7 +30,8 @@ from yrdask.runtime.context import task_context
 from yrdask.runtime.runtime import install_worker_runtime, uninstall_worker_runtime
 from yrdask.stream import StreamSender
 from yrdask.worker.hosting import HostedInstance
-from yrdask.worker.lease_gate import LeaseGate
+from yrdask.worker.execution import Execution, current_execution
+from yrdask.worker import lease_gate as G
 from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, YRRuntimeError,
                            user_traceback)
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
@@ -85,10 +85,11 @@ class WorkerAgent:
         self.store: dict[str, bytes] = {}
         self.fn_payloads: dict[str, bytes] = {}
         self.functions: dict[str, Callable] = {}
-        self.running: dict[str, int] = {}  # task id -> thread ident
-        self.cancelled: set[str] = set()
+        self.tasks: dict[str, Execution] = {}  # pushed here and not ended (or bounced) yet
+        self.running: dict[str, Execution] = {}  # those whose function runs now
         self.executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="yr-task")
-        self.gate = LeaseGate(self._start_task, self._bounce_task, self.loop)
+        self.gate = G.LeaseGate()
+        self.gate_lock = threading.Lock()  # task threads end tasks and lend slots
         self.inline_limit = 512 * 1024
         self.instances: dict[str, HostedInstance] = {}
         self.early_calls: dict[str, list] = {}  # calls that beat their START_INSTANCE here
@@ -118,14 +119,25 @@ class WorkerAgent:
         return cap
 
     def lend_slot(self, holding_id: str, blocked: bool) -> None:
-        """A task of this lease waits in ``yr.get``: let the gate start the next one."""
-        self.gate.blocked(holding_id, blocked)
+        """A task of this lease waits in ``yr.get``: let the gate start the next one.
+
+        Runs in the task's thread: shielded, so a cancel cannot tear the gate's update.
+        """
+        ex = current_execution()
+        if ex is None:
+            self._gate(G.SlotLent("lend", holding_id, blocked))
+            return
+        ex.shield()
+        try:
+            self._gate(G.SlotLent("lend", holding_id, blocked))
+        finally:
+            ex.unshield()
 
     def prefers_local(self) -> bool:
         """Local first: ask for leases on this worker while its yr queue is short."""
         if not dask.config.get("yrdask.scheduling.local-first"):
             return False
-        load = len(self.running) + self.gate.queued()
+        load = len(self.tasks)
         return load <= dask.config.get("yrdask.scheduling.local-queue-limit")
 
     def metrics(self) -> dict[str, Any]:
@@ -136,7 +148,7 @@ class WorkerAgent:
         """
         return {
             "tasks_running": len(self.running),
-            "tasks_queued": self.gate.queued(),
+            "tasks_queued": max(0, len(self.tasks) - len(self.running)),
             "tasks_done": self.tasks_done,
             "instances": {iid: [inst.calls_done, len(inst.pending)]
                           for iid, inst in self.instances.items()},
@@ -184,23 +196,74 @@ class WorkerAgent:
     # -- tasks -----------------------------------------------------------------------------
 
     def run_task(self, peer: Any, msg: dict) -> None:
+        """A task pushed on a lease (loop thread): the gate starts it, holds it or bounces it."""
+        task_id = msg["task_id"]
         if msg["fn"] is not None:
             self.fn_payloads[msg["fn_id"]] = msg["fn"]
-        self.gate.push(msg["lease_id"], msg.get("slots", 1), (peer, msg))
+        if task_id in self.tasks:  # pushed twice: the first one answers
+            logger.warning("task %s pushed again while it is here; ignored", task_id)
+            return
+        self.tasks[task_id] = Execution(task_id, peer, msg)
+        self._gate(G.TaskArrived("run", task_id, msg["lease_id"], msg.get("slots", 1),
+                                 self.loop.time()))
 
-    def _start_task(self, item: tuple) -> None:
-        self.executor.submit(self._execute_gated, *item)
+    def _gate(self, event: G.Event) -> None:
+        """Feed the lease gate (any thread) and carry out what it says."""
+        with self.gate_lock:
+            instructions = self.gate.handle(event)
+        for ins in instructions:
+            kind = type(ins)
+            if kind is G.StartTask:
+                ex = self.tasks.get(ins.task_id)
+                if ex is not None:
+                    self.executor.submit(self._execute_gated, ex)
+            elif kind is G.BounceTask:
+                self._bounce_task(ins.task_id)
+            elif kind is G.WakeAt:
+                if threading.get_ident() == self.runtime.loop_thread:
+                    self.loop.call_at(ins.at, self._gate_tick)
+                else:
+                    self.loop.call_soon_threadsafe(self.loop.call_at, ins.at, self._gate_tick)
 
-    def _bounce_task(self, item: tuple) -> None:
+    def _gate_tick(self) -> None:
+        self._gate(G.Tick("tick", self.loop.time()))
+
+    def _bounce_task(self, task_id: str) -> None:
         """A pipelined task waited too long behind its lease's running ones: hand it back."""
-        peer, msg = item
-        peer.reply({"op": P.TASK_DONE, "task_id": msg["task_id"], "requeue": True})
+        ex = self.tasks.pop(task_id, None)
+        if ex is not None:
+            ex.peer.reply({"op": P.TASK_DONE, "task_id": task_id, "requeue": True})
 
-    def _execute_gated(self, peer: Any, msg: dict) -> None:
+    def _execute_gated(self, ex: Execution) -> None:
+        """Run one admitted task (task thread); whatever happens, answer it and end it.
+
+        A cancel raised in this thread may arrive late, after the user code (see
+        :mod:`yrdask.worker.execution`): it is caught here, the task answers as cancelled,
+        and the loop below makes sure the record is disarmed before the bookkeeping runs.
+        """
         try:
-            self._execute(peer, msg)
-        finally:
-            self.gate.done(msg["lease_id"])
+            reply = self._execute(ex)
+        except CancelledError:
+            reply = None
+        while True:  # in this frame: a CancelledError raised on entering disarm lands here
+            try:
+                ex.disarm()
+                break
+            except CancelledError:
+                reply = None
+        self.running.pop(ex.task_id, None)
+        # Forget the task before answering: a retry of it (same id, same lease) may come
+        # back before this thread runs again, and must find the slot free.
+        if self.tasks.get(ex.task_id) is ex:
+            del self.tasks[ex.task_id]
+        self._gate(G.TaskEnded("end", ex.task_id))
+        try:
+            if reply is None:
+                reply = self._error_reply(ex.task_id, CancelledError(
+                    f"task {ex.task_id} cancelled"), "", False)
+            ex.peer.reply(reply)
+        except Exception:
+            logger.exception("cannot answer task %s", ex.task_id)
 
     def payloads(self, deps: list) -> list[bytes]:
         """Pickled values of a call's ref arguments; fetches remote ones (not on the loop)."""
@@ -213,34 +276,43 @@ class WorkerAgent:
             fn = self.functions[fn_id] = loads(self.fn_payloads[fn_id])
         return fn
 
-    def _execute(self, peer: Any, msg: dict) -> None:
-        task_id = msg["task_id"]
-        if task_id in self.cancelled:
-            self.cancelled.discard(task_id)
-            return self._reply_error(peer, task_id, CancelledError(f"task {task_id} cancelled"), "", False)
+    def _execute(self, ex: Execution) -> dict:
+        """The ``TASK_DONE`` reply of one task; the user function runs armed for cancels."""
+        msg = ex.msg
+        task_id = ex.task_id
+        if ex.cancelled:  # cancelled while it waited: it never runs
+            return self._error_reply(task_id, CancelledError(f"task {task_id} cancelled"), "",
+                                     False)
         try:
             fn = self._function(msg["fn_id"])
             args, kwargs = unpack_args(msg["args"], [loads(p) for p in self.payloads(msg["deps"])])
         except BaseException as e:  # noqa: BLE001
-            return self._reply_error(peer, task_id, e, traceback.format_exc(), False)
-        self.running[task_id] = threading.get_ident()
+            return self._error_reply(task_id, e, traceback.format_exc(), False)
+        if not ex.arm():
+            return self._error_reply(task_id, CancelledError(f"task {task_id} cancelled"), "",
+                                     False)
+        self.running[task_id] = ex
         t0 = time.perf_counter()
         try:
             with task_context(msg["lease_id"], msg["owner"]):
-                result = fn(*args, **kwargs)
+                try:
+                    result = fn(*args, **kwargs)
+                finally:
+                    ex.disarm()  # if a late cancel interrupts this, the caller disarms again
             results = self.pack_results(task_id, result, msg["nret"])
         except BaseException as e:  # noqa: BLE001 - reported to the caller
-            self.running.pop(task_id, None)
-            return self._reply_error(peer, task_id, e, user_traceback(), True)
-        self.running.pop(task_id, None)
+            return self._error_reply(task_id, e, user_traceback(), not ex.cancelled)
         self.tasks_done += 1
-        peer.reply({"op": P.TASK_DONE, "task_id": task_id, "results": results,
-                    "took": time.perf_counter() - t0})
+        return {"op": P.TASK_DONE, "task_id": task_id, "results": results,
+                "took": time.perf_counter() - t0}
+
+    def _error_reply(self, task_id: str, exc: BaseException, tb: str, retryable: bool) -> dict:
+        err = RemoteError.from_exception(exc, tb)
+        return {"op": P.TASK_DONE, "task_id": task_id, "error": dumps(err),
+                "retryable": retryable}
 
     def _reply_error(self, peer: Any, task_id: str, exc: BaseException, tb: str, retryable: bool) -> None:
-        err = RemoteError.from_exception(exc, tb)
-        peer.reply({"op": P.TASK_DONE, "task_id": task_id, "error": dumps(err),
-                    "retryable": retryable})
+        peer.reply(self._error_reply(task_id, exc, tb, retryable))
 
     def pack_results(self, task_id: str, result: Any, nret: int) -> list:
         """``[kind, payload]`` per return value; large ones stay in this worker's store."""
@@ -260,12 +332,12 @@ class WorkerAgent:
         return out
 
     def cancel_task(self, task_id: str) -> None:
-        ident = self.running.get(task_id)
-        if ident is None:
-            self.cancelled.add(task_id)
-            return
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(ident), ctypes.py_object(CancelledError))
+        """``CANCEL_TASK`` (loop thread): a task not started yet never runs; a running one is
+        interrupted in its user code.  Unknown ids (ended, bounced) are dropped: a cancel
+        always follows its task's ``RUN_TASK`` on the same channel."""
+        ex = self.tasks.get(task_id)
+        if ex is not None:
+            ex.cancel()
 
     # -- objects ---------------------------------------------------------------------------
 

@@ -91,7 +91,7 @@ class HostedInstance:
         async def guarded() -> None:
             async with self.semaphore:
                 result = job()
-                if inspect.isawaitable(result):
+                if inspect.iscoroutine(result):
                     await result
 
         self.loop.create_task(guarded())
@@ -138,7 +138,9 @@ class HostedInstance:
                 result = fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             return self._answer_error(call_id, e)
-        if inspect.isawaitable(result):
+        if self.loop is not None and inspect.iscoroutine(result):
+            # an ``async def`` method: finish it on the instance's loop.  Only coroutines:
+            # other awaitables a method returns (an ObjectRef, a future) are its value.
             return self._finish_async(call_id, result, msg["nret"])
         self._answer_result(call_id, result, msg["nret"])
         return None

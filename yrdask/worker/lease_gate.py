@@ -5,113 +5,251 @@ than it may run, so the worker starts the next one the moment one ends instead o
 round trip for it.  The gate holds the extra ones, but never for long:
 
 * a task blocked in ``yr.get`` lends its slot (as it lends its CPU to the scheduler);
-* a task that has waited ``patience_s`` is handed back (``bounce``): its submitter queues it
-  again, for a lease that is free, and stops pipelining that shape.
+* a task that has waited ``patience_s`` is handed back (``BounceTask``): its submitter queues
+  it again, for a lease that is free, and stops pipelining that shape.
 
 So a wrong guess that tasks are short costs one round trip, never a deadlock between tasks
 that wait for each other by other means (a file, an event, an instance) and never more
-tasks running than the lease has slots.  Thread-safe: pushes and timers run on the loop,
-tasks end on executor threads.
+tasks running than the lease has slots (plus the ones that lent theirs).
+
+:class:`LeaseGate` is a pure state machine (``yrdask/statemachine.py``, contract in
+``docs/state-machines.md``): no lock, no loop, no clock.  The worker agent holds a lock
+around :meth:`LeaseGate.handle` (task threads end tasks and lend slots), stamps events with
+its loop's clock and turns ``WakeAt`` into ``loop.call_at``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
 from collections import deque
-from typing import Any, Callable
+from dataclasses import dataclass
+
+from yrdask.statemachine import Event, Instruction, Story
 
 PATIENCE_S = 0.05
 
 
+# -- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskArrived(Event):
+    """A task was pushed for ``lease_id``, which may run ``slots`` tasks at once."""
+
+    task_id: str
+    lease_id: str
+    slots: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEnded(Event):
+    """A started task ended (whatever its outcome)."""
+
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SlotLent(Event):
+    """A task of ``lease_id`` blocks in ``yr.get`` (``blocked``) or runs again."""
+
+    lease_id: str
+    blocked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Tick(Event):
+    """A timer asked for with ``WakeAt`` fired (or time simply passed)."""
+
+    now: float
+
+
+# -- instructions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartTask(Instruction):
+    """Run the task now."""
+
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class BounceTask(Instruction):
+    """Hand the task back unrun (``TASK_DONE`` with ``requeue``); the gate forgot it."""
+
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class WakeAt(Instruction):
+    """Send ``Tick(now)`` at or after ``at``."""
+
+    at: float
+
+
+# -- the machine -----------------------------------------------------------------------------
+
+
 class _Lease:
-    __slots__ = ("slots", "running", "blocked", "waiting", "timer")
+    __slots__ = ("slots", "running", "blocked", "waiting")
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
-        self.running = 0
-        self.blocked = 0
-        self.waiting: deque = deque()  # (enqueued at, item)
-        self.timer: asyncio.TimerHandle | None = None
+        self.running: set[str] = set()
+        self.blocked = 0  # running tasks of the lease blocked in yr.get (slots lent)
+        self.waiting: deque[tuple[float, str]] = deque()  # (deadline, task id), oldest first
+
+    def free(self) -> bool:
+        return len(self.running) - self.blocked < self.slots
 
 
 class LeaseGate:
-    """Admits pushed tasks per lease and starts them with ``start(item)``."""
+    """Admits pushed tasks per lease (see module docstring)."""
 
-    def __init__(self, start: Callable[[Any], None], bounce: Callable[[Any], None],
-                 loop: asyncio.AbstractEventLoop, patience_s: float = PATIENCE_S) -> None:
-        self.start = start
-        self.bounce = bounce
-        self.loop = loop
+    def __init__(self, patience_s: float = PATIENCE_S, story_len: int = 10_000) -> None:
         self.patience_s = patience_s
         self.leases: dict[str, _Lease] = {}
-        self.lock = threading.Lock()
+        self.lease_of: dict[str, str] = {}  # task id (waiting or running) -> lease id
+        self.next_wake: float | None = None  # earliest WakeAt not yet answered by a Tick
+        self.story = Story(story_len)
 
-    def push(self, lease_id: str, slots: int, item: Any) -> None:
-        """A task arrived for a lease (loop thread)."""
-        with self.lock:
-            lease = self.leases.get(lease_id)
-            if lease is None:
-                lease = self.leases[lease_id] = _Lease(slots)
-            lease.waiting.append((time.monotonic(), item))
-            ready = self._admit(lease)
-            if lease.waiting and lease.timer is None:
-                lease.timer = self.loop.call_later(self.patience_s, self._expire, lease_id)
-        self._run(ready)
-
-    def done(self, lease_id: str) -> None:
-        """A task of the lease ended: start the next one waiting."""
-        with self.lock:
-            lease = self.leases.get(lease_id)
-            if lease is None:
-                return
-            lease.running -= 1
-            ready = self._admit(lease)
-            if lease.running <= 0 and not lease.waiting:
-                del self.leases[lease_id]
-        self._run(ready)
-
-    def blocked(self, lease_id: str, blocked: bool) -> None:
-        """A task of the lease waits in ``yr.get`` (or runs again): its slot is lent."""
-        with self.lock:
-            lease = self.leases.get(lease_id)
-            if lease is None:
-                return
-            lease.blocked += 1 if blocked else -1
-            ready = self._admit(lease)
-        self._run(ready)
+    # -- queries ---------------------------------------------------------------------------
 
     def queued(self) -> int:
-        return sum(len(lease.waiting) for lease in self.leases.values())
+        """Tasks waiting for a slot."""
+        return len(self.lease_of) - self.running()
 
-    def _expire(self, lease_id: str) -> None:
-        """Hand back the tasks that waited too long (loop thread)."""
-        late = []
-        with self.lock:
-            lease = self.leases.get(lease_id)
-            if lease is None:
-                return
-            lease.timer = None
-            cutoff = time.monotonic() - self.patience_s
-            while lease.waiting and lease.waiting[0][0] <= cutoff:
-                late.append(lease.waiting.popleft()[1])
+    def running(self) -> int:
+        """Tasks started and not ended."""
+        return sum(len(lease.running) for lease in self.leases.values())
+
+    def story_of(self, *keys: str) -> list:
+        """The story entries mentioning any task or lease id in ``keys``."""
+        return self.story.about(*keys)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Instruction]:
+        """Apply ``event``; returns what the adapter must do, in order."""
+        kind = type(event)
+        if kind is TaskArrived:
+            return self._arrived(event)
+        if kind is TaskEnded:
+            return self._ended(event)
+        if kind is SlotLent:
+            return self._lent(event)
+        if kind is Tick:
+            return self._tick(event)
+        self.story.log(event.stimulus_id, ("unknown-event", type(event).__name__), ())
+        return []
+
+    def _arrived(self, ev: TaskArrived) -> list[Instruction]:
+        log = self.story.log
+        if ev.task_id in self.lease_of:
+            log(ev.stimulus_id, ("duplicate-ignored", ev.task_id, ev.lease_id),
+                (ev.task_id, ev.lease_id))
+            return []
+        lease = self.leases.get(ev.lease_id)
+        if lease is None:
+            lease = self.leases[ev.lease_id] = _Lease(ev.slots)
+        self.lease_of[ev.task_id] = ev.lease_id
+        log(ev.stimulus_id, ("arrived", ev.task_id, ev.lease_id), (ev.task_id, ev.lease_id))
+        if not lease.waiting and lease.free():
+            lease.running.add(ev.task_id)
+            log(ev.stimulus_id, ("start", ev.task_id), (ev.task_id, ev.lease_id))
+            return [StartTask(ev.stimulus_id, ev.task_id)]
+        deadline = ev.now + self.patience_s
+        lease.waiting.append((deadline, ev.task_id))
+        log(ev.stimulus_id, ("wait", ev.task_id, deadline), (ev.task_id, ev.lease_id))
+        return self._wake(ev.stimulus_id, deadline)
+
+    def _ended(self, ev: TaskEnded) -> list[Instruction]:
+        lease_id = self.lease_of.get(ev.task_id)
+        lease = self.leases.get(lease_id) if lease_id is not None else None
+        if lease is None or ev.task_id not in lease.running:
+            self.story.log(ev.stimulus_id, ("end-ignored", ev.task_id), (ev.task_id,))
+            return []
+        lease.running.discard(ev.task_id)
+        del self.lease_of[ev.task_id]
+        if lease.blocked > len(lease.running):  # a blocked task ended without unblocking
+            lease.blocked = len(lease.running)
+        self.story.log(ev.stimulus_id, ("ended", ev.task_id), (ev.task_id, lease_id))
+        out = self._admit(ev.stimulus_id, lease_id, lease)
+        self._forget_if_idle(lease_id, lease)
+        return out
+
+    def _lent(self, ev: SlotLent) -> list[Instruction]:
+        lease = self.leases.get(ev.lease_id)
+        if lease is None:  # an instance's holding, or a lease with nothing here any more
+            return []
+        if ev.blocked:
+            if lease.blocked >= len(lease.running):
+                self.story.log(ev.stimulus_id, ("lend-ignored", ev.lease_id), (ev.lease_id,))
+                return []
+            lease.blocked += 1
+        else:
+            if lease.blocked <= 0:
+                self.story.log(ev.stimulus_id, ("unlend-ignored", ev.lease_id), (ev.lease_id,))
+                return []
+            lease.blocked -= 1
+        self.story.log(ev.stimulus_id, ("lent" if ev.blocked else "unlent", ev.lease_id,
+                                        lease.blocked), (ev.lease_id,))
+        return self._admit(ev.stimulus_id, ev.lease_id, lease) if ev.blocked else []
+
+    def _tick(self, ev: Tick) -> list[Instruction]:
+        self.next_wake = None  # the timer that brought this Tick is spent
+        out: list[Instruction] = []
+        for lease_id, lease in list(self.leases.items()):
+            waiting = lease.waiting
+            while waiting and waiting[0][0] <= ev.now:
+                _, task_id = waiting.popleft()
+                del self.lease_of[task_id]
+                self.story.log(ev.stimulus_id, ("bounce", task_id), (task_id, lease_id))
+                out.append(BounceTask(ev.stimulus_id, task_id))
+            self._forget_if_idle(lease_id, lease)
+        earliest = min((lease.waiting[0][0] for lease in self.leases.values() if lease.waiting),
+                       default=None)
+        if earliest is not None:
+            out.extend(self._wake(ev.stimulus_id, earliest))
+        return out
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _admit(self, stimulus_id: str, lease_id: str, lease: _Lease) -> list[Instruction]:
+        out: list[Instruction] = []
+        while lease.waiting and lease.free():
+            _, task_id = lease.waiting.popleft()
+            lease.running.add(task_id)
+            self.story.log(stimulus_id, ("start", task_id), (task_id, lease_id))
+            out.append(StartTask(stimulus_id, task_id))
+        return out
+
+    def _wake(self, stimulus_id: str, at: float) -> list[Instruction]:
+        if self.next_wake is not None and self.next_wake <= at:
+            return []
+        self.next_wake = at
+        return [WakeAt(stimulus_id, at)]
+
+    def _forget_if_idle(self, lease_id: str, lease: _Lease) -> None:
+        if not lease.running and not lease.waiting:
+            del self.leases[lease_id]
+
+    # -- invariants ------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Check the gate's invariants (the simulation calls this after every step)."""
+        seen: dict[str, str] = {}
+        for lease_id, lease in self.leases.items():
+            assert lease.running or lease.waiting, f"idle lease {lease_id} kept"
+            assert 0 <= lease.blocked <= len(lease.running), (lease_id, lease.blocked)
+            assert not lease.waiting or not lease.free(), \
+                f"lease {lease_id} has a free slot while tasks wait"
+            deadlines = [d for d, _ in lease.waiting]
+            assert deadlines == sorted(deadlines), f"lease {lease_id} waiting out of order"
+            for task_id in [t for _, t in lease.waiting] + list(lease.running):
+                assert task_id not in seen, f"task {task_id} twice in the gate"
+                seen[task_id] = lease_id
             if lease.waiting:
-                wait = lease.waiting[0][0] + self.patience_s - time.monotonic()
-                lease.timer = self.loop.call_later(max(0.0, wait), self._expire, lease_id)
-            elif lease.running <= 0:
-                del self.leases[lease_id]
-        for item in late:
-            self.bounce(item)
-
-    def _run(self, items: list) -> None:
-        for item in items:
-            self.start(item)
-
-    @staticmethod
-    def _admit(lease: _Lease) -> list:
-        ready = []
-        while lease.waiting and lease.running - lease.blocked < lease.slots:
-            lease.running += 1
-            ready.append(lease.waiting.popleft()[1])
-        return ready
+                assert self.next_wake is not None and self.next_wake <= lease.waiting[0][0], \
+                    f"lease {lease_id} has waiting tasks and no timer"
+        assert seen == self.lease_of, "lease_of disagrees with the leases"

@@ -1,0 +1,7 @@
+"""Deterministic simulation of yr's state machines (issue 11).
+
+The real ``SubmitQueue``, ``LeaseQueue`` and ``LeaseGate`` run in a simulated cluster whose
+network, clock and faults are driven by ``random.Random(seed)``: see ``world.py``.  A seed
+replays exactly (``python -m tests.sim --seed N`` prints its story); ``test_simulation.py``
+runs thousands of seeds in CI.
+"""

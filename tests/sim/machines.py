@@ -1,0 +1,155 @@
+"""The real machines the simulation wires together, and what it checks inside them.
+
+Imported lazily by the world, so the package imports before every machine exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+EPS = 1e-6
+
+
+class _Lazy:
+    def __init__(self, module: str) -> None:
+        self._name = module
+        self._mod = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._mod is None:
+            self._mod = importlib.import_module(self._name)
+        return getattr(self._mod, attr)
+
+
+sq = _Lazy("yrdask.runtime.submit_queue")
+lq = _Lazy("yrdask.scheduler.leases")
+gate = _Lazy("yrdask.worker.lease_gate")
+
+
+def available() -> dict[str, bool]:
+    """Which machine modules import (the others are being written)."""
+    out = {}
+    for name in ("yrdask.runtime.submit_queue", "yrdask.scheduler.leases",
+                 "yrdask.worker.lease_gate"):
+        try:
+            importlib.import_module(name)
+            out[name] = True
+        except ImportError:
+            out[name] = False
+    return out
+
+
+def importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+        return True
+    except ImportError:
+        return False
+
+
+def new_submit_queue(local_worker: str | None, **kwargs: Any) -> Any:
+    return sq.SubmitQueue(local_worker, **kwargs)
+
+
+def new_lease_queue() -> Any:
+    return lq.LeaseQueue()
+
+
+def new_gate() -> Any:
+    return gate.LeaseGate()
+
+
+def _ledger(queue: Any) -> Any:
+    return queue.ledger
+
+
+def check_ledger(queue: Any) -> None:
+    """Each worker's ``held`` is the sum of its holdings (lent CPU excluded), and each
+    holding sits on a known worker."""
+    ledger = _ledger(queue)
+    sums: dict[str, dict[str, float]] = {w: {} for w in ledger.workers}
+    for hid, h in ledger.holdings.items():
+        assert h.worker in ledger.workers, f"holding {hid} on unknown worker {h.worker}"
+        assert hid in ledger.workers[h.worker].holdings, f"holding {hid} not listed on {h.worker}"
+        s = sums[h.worker]
+        for r, a in h.shape.items():
+            if r == "CPU" and h.lent_cpu:
+                continue
+            s[r] = s.get(r, 0.0) + a
+    for w, ws in ledger.workers.items():
+        for r in set(ws.held) | set(sums[w]):
+            assert abs(ws.held.get(r, 0.0) - sums[w].get(r, 0.0)) < EPS, \
+                f"ledger of {w}: held {r}={ws.held.get(r, 0.0)} but holdings sum to {sums[w].get(r, 0.0)}"
+        for hid in ws.holdings:
+            assert hid in ledger.holdings, f"{w} lists holding {hid} the ledger forgot"
+
+
+def ledger_summary(queue: Any) -> str:
+    ledger = _ledger(queue)
+    parts = []
+    for w, ws in ledger.workers.items():
+        held = ", ".join(f"{r}={a:g}" for r, a in sorted(ws.held.items()) if abs(a) > EPS)
+        parts.append(f"{w} holds [{held}] in {sorted(ws.holdings)}")
+    return "; ".join(parts) or "no workers"
+
+
+def pending_requests(queue: Any) -> list:
+    for attr in ("pending", "waiting", "requests"):
+        value = getattr(queue, attr, None)
+        if value is not None:
+            return list(value)
+    return []
+
+
+def leftovers(world: Any) -> list[str]:
+    """What is still held, pending or queued once everything is over."""
+    out = []
+    queue = world.sched.queue
+    ledger = _ledger(queue)
+    for hid, h in ledger.holdings.items():
+        out.append(f"holding {hid} ({h.kind} of {h.owner} on {h.worker}) never released")
+    for w, ws in ledger.workers.items():
+        for r, a in ws.held.items():
+            if abs(a) > EPS:
+                out.append(f"{w} still holds {r}={a:g}")
+    pend = pending_requests(queue)
+    if pend:
+        out.append(f"scheduler requests still pending: {pend}")
+    for node in world.live_workers():
+        s = node.submit
+        leases = getattr(s, "leases", None)
+        if leases:
+            out.append(f"{node.name}'s submit queue still has leases {sorted(leases)}")
+        if node.gate.lease_of:
+            out.append(f"{node.name}'s gate still has tasks {sorted(node.gate.lease_of)}")
+        if node.runs:
+            out.append(f"{node.name} still runs {sorted(node.runs)}")
+    return out
+
+
+def stories(world: Any, keys: tuple) -> list[str]:
+    """The machines' story entries about ``keys`` (each machine's own format)."""
+    out = []
+    for node in world.nodes.values():
+        for machine_name in ("queue", "submit", "gate"):
+            m = getattr(node, machine_name, None)
+            if m is None:
+                continue
+            story = getattr(m, "story", None)
+            if story is None:
+                continue
+            entries = story.about(*keys) if hasattr(story, "about") else story(*keys)
+            for sid, what in entries:
+                out.append(f"{node.name}.{machine_name}: {sid:>20}  {' '.join(map(str, what))}")
+    return out
+
+
+def use_standins() -> None:
+    """Swap in the minimal stand-ins of ``standins.py`` for the submit and lease queues."""
+    global sq, lq, new_submit_queue, new_lease_queue
+    from tests.sim import standins
+
+    sq, lq = standins.SQ, standins.LQ
+    new_submit_queue = standins.StandinSubmitQueue
+    new_lease_queue = standins.StandinLeaseQueue

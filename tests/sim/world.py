@@ -1,0 +1,729 @@
+"""The simulated world: nodes, a virtual clock, FIFO links, timers, faults, and the seeded
+choice of what happens next.
+
+One scheduler (a ``LeaseQueue``), 1-3 workers (each a ``SubmitQueue`` for the tasks its own
+tasks submit and a ``LeaseGate`` for the tasks pushed to it) and 1-2 drivers (a
+``SubmitQueue`` each) exchange the messages of :mod:`yrdask.protocol` over *links*: one FIFO
+queue per (sender, receiver, channel), like a TCP connection; each lease request and its
+answer travel on a link of their own, as Dask's pooled rpc connections do not keep order with
+the streams.  Every step, ``random.Random(seed)`` picks the head of a random non-empty link,
+a due timer (a machine's ``WakeAt``, a task computing, a planned submission or fault) or a
+jump of the clock.  The adapters below translate messages into the machines' events and
+their instructions into messages, as ``runtime/submitter.py``, ``scheduler/extension.py``
+and ``worker/agent.py`` do.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.sim import machines as M
+from tests.sim.programs import Program, UserBoom
+
+from yrdask.errors import CancelledError, ScheduleError, YRRuntimeError
+
+SCHED = "sched"
+HANG_S = 300.0  # virtual seconds with nothing settling while the world is idle: a hang
+MAX_VIRTUAL_S = 5000.0
+
+
+class SimFailure(AssertionError):
+    """An invariant broke; ``world`` holds the state for the report."""
+
+    def __init__(self, message: str, world: "World", keys: tuple = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.world = world
+        self.keys = keys
+
+
+@dataclass(slots=True, eq=False)
+class TaskRec:
+    """What the world knows of one submitted task."""
+
+    task_id: str
+    proc: str  # the process whose SubmitQueue owns it
+    prog: Program
+    parent: "Run | None" = None  # the running fan-out waiting for it
+    settled: int = 0
+    outcome: tuple | None = None  # ("ok", value) or ("error", error object)
+    abandoned: bool = False  # its submitter died or exited first
+    cancelled: bool = False
+    crash_hits: int = 0  # times a worker died while the task was pushed to it
+    where: str | None = None  # worker of its last push, until its TASK_DONE arrived
+    top: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Run:
+    """One attempt of a task on a worker."""
+
+    task_id: str
+    caller: str
+    lease_id: str
+    prog: Program
+    started: float
+    phase: str = "compute"  # compute -> (blocked -> after) -> done
+    children: list = field(default_factory=list)
+    pending: int = 0
+    cancelled: bool = False
+
+
+class Node:
+    """A process: the scheduler, a worker or a driver."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.alive = True
+        self.wake: set[float] = set()  # WakeAt times already armed (per machine kind)
+
+
+class SchedNode(Node):
+    def __init__(self) -> None:
+        super().__init__(SCHED)
+        self.queue = M.new_lease_queue()
+        self.requests: dict[str, tuple[str, str]] = {}  # sched request id -> (owner, own id)
+
+
+class ProcNode(Node):
+    """A driver or worker process: its SubmitQueue, and for workers the gate and tasks."""
+
+    def __init__(self, name: str, worker: bool, capacity: dict | None, sq_kwargs: dict) -> None:
+        super().__init__(name)
+        self.worker = worker
+        self.capacity = capacity
+        self.submit = M.new_submit_queue(name if worker else None, **sq_kwargs)
+        self.gate = M.new_gate() if worker else None
+        self.runs: dict[str, Run] = {}
+        self.arrived: dict[str, tuple[str, dict]] = {}  # task id -> (caller, RUN_TASK msg)
+        self.cancelled: set[str] = set()
+        self.blocked: dict[str, int] = {}  # lease id -> tasks of it blocked in get
+        self.payloads: dict[str, Any] = {}  # task id -> result value of its TASK_DONE
+        self.closed = False
+        # drivers
+        self.tops: list[str] = []
+        self.planned = 0  # submissions still to come
+
+
+class World:
+    """One seeded scenario (see module docstring)."""
+
+    def __init__(self, seed: int, scenario: Any) -> None:
+        self.seed = seed
+        self.sc = scenario
+        self.rng = random.Random(seed * 7919 + 17)
+        self.now = 0.0
+        self.step = 0
+        self.links: dict[tuple, deque] = {}
+        self.busy: dict[tuple, None] = {}  # non-empty links, in a deterministic order
+        self.timers: list = []
+        self._seq = 0
+        self.log: list[tuple] = []  # (now, node, text, keys)
+        self.nodes: dict[str, Node] = {}
+        self.tasks: dict[str, TaskRec] = {}
+        self._ids = 0
+        self.last_settle = 0.0
+        self.errors_raised: dict[str, int] = {}  # task id -> UserBoom raised so far
+        self.kills = 0
+        self.replacements = 0
+        self.touched: list = []
+        self.sched = SchedNode()
+        self.nodes[SCHED] = self.sched
+        for name, cap in scenario.workers:
+            self._add_worker(name, cap, at_start=True)
+        for d in scenario.drivers:
+            node = ProcNode(d.name, False, None, scenario.sq_kwargs)
+            self.nodes[d.name] = node
+            for t, progs in d.batches:
+                node.planned += 1
+                self.timer(t, d.name, "submit", progs)
+            if d.exit_at is not None:
+                self.timer(d.exit_at, d.name, "exit", None)
+            for t, index in d.cancels:
+                self.timer(t, d.name, "cancel", index)
+        for t, what in scenario.faults:
+            self.timer(t, SCHED, what, None)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def say(self, node: str, text: Any, *keys: str) -> None:
+        self.log.append((self.now, node, text, keys))
+
+    def timer(self, at: float, node: str, kind: str, data: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self.timers, (at, self._seq, node, kind, data))
+
+    def send(self, src: str, dst: str, chan: str, msg: dict) -> None:
+        dnode = self.nodes.get(dst)
+        if dnode is None or not dnode.alive:
+            self.say(src, ("dropped (dead)", dst, msg), msg.get("task_id", ""))
+            if chan == "call":  # connecting to a dead worker fails: the channel is lost
+                self.send("net", src, "lost", {"op": "CHANNEL_LOST", "worker": dst})
+            return
+        key = (src, dst, chan)
+        q = self.links.get(key)
+        if q is None:
+            q = self.links[key] = deque()
+        q.append(msg)
+        self.busy[key] = None
+
+    def new_id(self, prefix: str) -> str:
+        self._ids += 1
+        return f"{prefix}{self._ids}"
+
+    # -- the run loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run until quiescent, then check the end state; raises SimFailure."""
+        try:
+            self._run()
+        except SimFailure:
+            raise
+        except Exception as e:  # a machine or adapter crashed: report it with the story
+            import traceback
+
+            keys = tuple(k for k in (getattr(e, "args", None) or ())[:1] if isinstance(k, str))
+            raise SimFailure(f"exception at step {self.step}: {e!r}\n"
+                             + "".join(traceback.format_exc(limit=-6)), self, keys) from e
+
+    def _run(self) -> None:
+        rng = self.rng
+        max_steps = 40_000 + 2_000 * len(self.tasks_planned())
+        while True:
+            self.step += 1
+            if self.step > max_steps or self.now > MAX_VIRTUAL_S:
+                raise SimFailure(f"livelock: {self.step} steps, virtual time {self.now:.1f} s, "
+                                 "tasks unsettled", self, self.unsettled())
+            busy = self.busy
+            due = bool(self.timers) and self.timers[0][0] <= self.now
+            if not busy and not due:
+                if not self.timers:
+                    break
+                if self._idle() and self.now - self.last_settle > HANG_S:
+                    break
+                self.now = self.timers[0][0]
+                continue
+            if busy and rng.random() < 0.05:  # time passes while messages are in flight
+                self.now += rng.uniform(0.0, 0.02)
+                due = bool(self.timers) and self.timers[0][0] <= self.now
+            if busy and (not due or rng.random() < 0.75):
+                keys = list(busy)
+                key = keys[rng.randrange(len(keys))] if len(keys) > 1 else keys[0]
+                q = self.links[key]
+                msg = q.popleft()
+                if not q:
+                    del busy[key]
+                self.deliver(key, msg)
+            else:
+                at, _seq, node, kind, data = heapq.heappop(self.timers)
+                self.fire(node, kind, data)
+            self.validate_touched()
+        self.check_quiescent()
+
+    def _idle(self) -> bool:
+        """Nothing but machine timers left: no message, no computing task, no plan."""
+        return not self.busy and all(kind == "wake" for _, _, _, kind, _ in self.timers)
+
+    def tasks_planned(self) -> list:
+        return [p for d in self.sc.drivers for _, progs in d.batches for p in progs]
+
+    # -- timers ----------------------------------------------------------------------------
+
+    def fire(self, name: str, kind: str, data: Any) -> None:
+        node = self.nodes.get(name)
+        if node is None or not node.alive:
+            return
+        if kind == "wake":
+            what, at = data
+            node.wake.discard((what, at))
+            if what == "sched":
+                self.sched_handle(M.lq.Tick(stimulus_id=f"tick-{self.step}", now=self.now))
+            elif what == "sq":
+                if not node.closed:
+                    self.sq_handle(node, M.sq.Tick(stimulus_id=f"tick-{self.step}", now=self.now))
+            elif what == "gate":
+                self.gate_handle(node, M.gate.Tick(stimulus_id=f"tick-{self.step}", now=self.now))
+        elif kind == "run":
+            run = data
+            if node.runs.get(run.task_id) is run:
+                self.advance(node, run)
+        elif kind == "submit":
+            node.planned -= 1
+            if not node.closed:
+                for prog in data:
+                    node.tops.append(self.submit(node, prog, None, top=True))
+        elif kind == "exit":
+            if not node.closed:
+                self.say(name, "driver exits early")
+                self.close_driver(node)
+        elif kind == "close":
+            if not node.closed:
+                self.close_driver(node)
+        elif kind == "cancel":
+            if not node.closed and data < len(node.tops):
+                rec = self.tasks[node.tops[data]]
+                if not rec.settled:
+                    self.say(name, ("cancel", rec.task_id), rec.task_id)
+                    self.cancel(node, rec.task_id)
+        elif kind == "kill":
+            self.kill_random_worker()
+        elif kind == "join":
+            self._add_worker(data[0], data[1], at_start=False)
+
+    def arm(self, node: Node, what: str, at: float) -> None:
+        key = (what, at)
+        if key in node.wake:
+            return
+        node.wake.add(key)
+        self.timer(max(at, self.now), node.name, "wake", key)
+
+    # -- delivery --------------------------------------------------------------------------
+
+    def deliver(self, key: tuple, msg: dict) -> None:
+        src, dst, chan = key
+        node = self.nodes.get(dst)
+        op = msg["op"]
+        if node is None or not node.alive or getattr(node, "closed", False) and dst != SCHED:
+            self.say(dst, ("lost on arrival", src, op), msg.get("task_id", ""),
+                     msg.get("lease_id", ""))
+            if op == "GRANT" and dst != SCHED:  # the reply to a gone requester
+                pass
+            return
+        self.say(dst, ("<-", src, msg), msg.get("task_id", ""), msg.get("lease_id", ""))
+        if dst == SCHED:
+            self.sched_message(src, msg)
+        elif op == "RUN_TASK":
+            self.run_task(node, src, msg)
+        elif op == "CANCEL_TASK":
+            self.cancel_task(node, msg["task_id"])
+        else:
+            self.proc_message(node, src, msg)
+
+    # -- scheduler adapter (scheduler/extension.py) -----------------------------------------
+
+    def sched_message(self, src: str, msg: dict) -> None:
+        op = msg["op"]
+        sid = f"{op.lower()}-{self.step}"
+        lq = M.lq
+        if op == "REQUEST_LEASE":
+            rid = f"{src}/{msg['request_id']}"
+            self.sched.requests[rid] = (src, msg["request_id"])
+            self.sched_handle(lq.HoldRequested(
+                stimulus_id=sid, request_id=rid, owner=src, kind="lease", shape=msg["shape"],
+                timeout_ms=msg["timeout_ms"], local=msg["local"], queue=msg["queue"],
+                avoid=msg["avoid"], affinity=msg["affinity"], labels=(), holding_id=None,
+                now=self.now))
+        elif op == "RETURN_LEASES":
+            self.sched_handle(lq.HoldingsReleased(stimulus_id=sid, holding_ids=tuple(msg["lease_ids"])))
+        elif op == "LEASE_BLOCKED":
+            self.sched_handle(lq.LeaseBlocked(stimulus_id=sid, lease_id=msg["lease_id"]))
+        elif op == "LEASE_UNBLOCKED":
+            self.sched_handle(lq.LeaseUnblocked(stimulus_id=sid, lease_id=msg["lease_id"]))
+        elif op == "OWNER_GONE":
+            self.sched_handle(lq.OwnerGone(stimulus_id=sid, owner=src))
+        elif op == "WORKER_JOINED":
+            self.sched_handle(lq.WorkerJoined(stimulus_id=sid, worker=msg["worker"],
+                                              capacity=dict(msg["capacity"])))
+        elif op == "WORKER_LEFT":
+            w = msg["worker"]
+            self.sched_handle(lq.WorkerLeft(stimulus_id=sid, worker=w))
+            # leases a submitter on that worker held elsewhere die with it
+            self.sched_handle(lq.OwnerGone(stimulus_id=sid, owner=w))
+            for name, node in self.nodes.items():
+                if name != SCHED and name != w and node.alive:
+                    self.send(SCHED, name, "stream", {"op": "WORKER_LOST", "worker": w})
+        else:
+            raise AssertionError(f"unknown message to the scheduler: {msg}")
+
+    def sched_handle(self, event: Any) -> None:
+        self.touched.append(self.sched)
+        for ins in self.sched.queue.handle(event):
+            name = type(ins).__name__
+            if name == "Granted":
+                owner, rid = self.sched.requests.pop(ins.request_id)
+                onode = self.nodes.get(owner)
+                if onode is None or not onode.alive or getattr(onode, "closed", False):
+                    # the rpc's comm is gone: nobody will use or return this lease
+                    self.say(SCHED, ("grant to a gone requester: released", ins.holding_id),
+                             ins.holding_id)
+                    self.sched_handle(M.lq.HoldingsReleased(
+                        stimulus_id=f"gone-{self.step}", holding_ids=(ins.holding_id,)))
+                    continue
+                self.send(SCHED, owner, f"rpc:{rid}", {"op": "GRANT", "request_id": rid,
+                                                      "lease_id": ins.holding_id,
+                                                      "worker": ins.worker})
+            elif name == "Refused":
+                owner, rid = self.sched.requests.pop(ins.request_id)
+                self.send(SCHED, owner, f"rpc:{rid}", {"op": "REFUSE", "request_id": rid,
+                                                      "reason": ins.reason})
+            elif name == "Revoke":
+                self.send(SCHED, ins.owner, "stream", {"op": "REVOKE_LEASES",
+                                                       "lease_ids": tuple(ins.lease_ids)})
+            elif name == "WakeAt":
+                self.arm(self.sched, "sched", ins.at)
+            else:
+                raise AssertionError(f"unknown scheduler instruction {ins}")
+
+    # -- submitter adapter (runtime/submitter.py) -------------------------------------------
+
+    def submit(self, node: ProcNode, prog: Program, parent: Run | None, top: bool = False) -> str:
+        task_id = self.new_id(f"{node.name}-t")
+        self.tasks[task_id] = TaskRec(task_id, node.name, prog, parent, top=top)
+        self.say(node.name, ("submit", prog.path), task_id)
+        key = (prog.shape, prog.timeout_ms, prog.slots, ())
+        self.sq_handle(node, M.sq.TaskQueued(
+            stimulus_id=f"submit-{task_id}", task_id=task_id, key=key, shape=dict(prog.shape),
+            timeout_ms=prog.timeout_ms, slots=prog.slots, affinity=(), retries=prog.retries,
+            data_home=None, name=f"f{prog.path}"))
+        return task_id
+
+    def proc_message(self, node: ProcNode, src: str, msg: dict) -> None:
+        op = msg["op"]
+        sid = f"{op.lower()}-{self.step}"
+        sq = M.sq
+        if op == "GRANT":
+            self.sq_handle(node, sq.LeaseGranted(stimulus_id=sid, request_id=msg["request_id"],
+                                                 lease_id=msg["lease_id"], worker=msg["worker"],
+                                                 now=self.now))
+        elif op == "REFUSE":
+            self.sq_handle(node, sq.LeaseRefused(stimulus_id=sid, request_id=msg["request_id"],
+                                                 reason=msg["reason"]))
+        elif op == "REVOKE_LEASES":
+            self.sq_handle(node, sq.LeasesRevoked(stimulus_id=sid, lease_ids=tuple(msg["lease_ids"])))
+        elif op in ("WORKER_LOST", "CHANNEL_LOST"):
+            self.sq_handle(node, sq.WorkerLost(stimulus_id=sid, worker=msg["worker"], now=self.now))
+        elif op == "TASK_DONE":
+            task_id = msg["task_id"]
+            rec = self.tasks.get(task_id)
+            if rec is not None and rec.where == src:
+                rec.where = None
+            if msg["outcome"] == "ok":
+                node.payloads[task_id] = msg["value"]
+            self.sq_handle(node, sq.TaskFinished(stimulus_id=sid, task_id=task_id,
+                                                 outcome=msg["outcome"], took=msg.get("took"),
+                                                 error=msg.get("error"), now=self.now))
+            node.payloads.pop(task_id, None)
+        else:
+            raise AssertionError(f"unknown message to {node.name}: {msg}")
+
+    def sq_handle(self, node: ProcNode, event: Any) -> None:
+        self.touched.append(node)
+        for ins in node.submit.handle(event):
+            name = type(ins).__name__
+            if name == "RequestLease":
+                local = ins.near
+                if local is None and node.worker and len(node.runs) <= 2:
+                    local = node.name  # local first while its queue is short
+                self.send(node.name, SCHED, f"rpc:{node.name}/{ins.request_id}", {
+                    "op": "REQUEST_LEASE", "request_id": ins.request_id, "shape": dict(ins.shape),
+                    "timeout_ms": ins.timeout_ms, "local": local, "queue": ins.queue,
+                    "avoid": tuple(ins.avoid), "affinity": ins.affinity})
+            elif name == "PushTask":
+                rec = self.tasks[ins.task_id]
+                rec.where = ins.worker
+                self.send(node.name, ins.worker, "call", {
+                    "op": "RUN_TASK", "task_id": ins.task_id, "lease_id": ins.lease_id,
+                    "slots": ins.slots})
+            elif name == "SendCancel":
+                self.send(node.name, ins.worker, "call", {"op": "CANCEL_TASK",
+                                                          "task_id": ins.task_id})
+            elif name == "ReturnLeases":
+                self.send(node.name, SCHED, "stream", {"op": "RETURN_LEASES",
+                                                       "lease_ids": tuple(ins.lease_ids)})
+            elif name == "TaskSucceeded":
+                if ins.task_id not in node.payloads:
+                    raise SimFailure(f"{node.name} settled {ins.task_id} as succeeded without "
+                                     "a successful TASK_DONE for it", self, (ins.task_id,))
+                self.settle(node, ins.task_id, ("ok", node.payloads.pop(ins.task_id)))
+            elif name == "TaskFailed":
+                self.settle(node, ins.task_id, ("error", ins.error))
+            elif name == "WakeAt":
+                self.arm(node, "sq", ins.at)
+            else:
+                raise AssertionError(f"unknown submitter instruction {ins}")
+
+    def settle(self, node: ProcNode, task_id: str, outcome: tuple) -> None:
+        rec = self.tasks.get(task_id)
+        if rec is None or rec.proc != node.name:
+            raise SimFailure(f"{node.name} settled {task_id}, a task it never queued", self,
+                             (task_id,))
+        rec.settled += 1
+        self.say(node.name, ("settled", outcome), task_id)
+        if rec.settled > 1:
+            raise SimFailure(f"task {task_id} settled twice: {rec.outcome} then {outcome}",
+                             self, (task_id,))
+        rec.outcome = outcome
+        self.last_settle = self.now
+        self.check_outcome(rec)
+        run = rec.parent
+        if run is not None:
+            run.pending -= 1
+            wnode = self.nodes[node.name]
+            if run.pending == 0 and wnode.runs.get(run.task_id) is run:
+                self.unblock(wnode, run)
+        elif rec.top and not node.closed and node.planned == 0 and all(
+                self.tasks[t].settled for t in node.tops):
+            self.timer(self.now, node.name, "close", None)
+
+    def check_outcome(self, rec: TaskRec) -> None:
+        kind, got = rec.outcome
+        want_kind, want = rec.prog.expected()
+        if kind == "ok":
+            if (want_kind, want) != ("ok", got):
+                raise SimFailure(f"task {rec.task_id} ({rec.prog.path}) gave {got!r}, "
+                                 f"expected {want_kind} {want!r}", self, (rec.task_id,))
+            return
+        if isinstance(got, CancelledError):
+            if not rec.cancelled and not _cancel_below(self, rec):
+                raise SimFailure(f"task {rec.task_id} failed with {got!r} but was never "
+                                 "cancelled", self, (rec.task_id,))
+        elif isinstance(got, ScheduleError):
+            if want != "schedule":
+                raise SimFailure(f"task {rec.task_id} ({rec.prog.path}) refused: {got}", self,
+                                 (rec.task_id,))
+        elif type(got) is YRRuntimeError:
+            if not self.kills:
+                raise SimFailure(f"task {rec.task_id} failed with {got!r} though no worker "
+                                 "died", self, (rec.task_id,))
+        elif isinstance(got, UserBoom):
+            if want != "user":
+                raise SimFailure(f"task {rec.task_id} ({rec.prog.path}) failed with {got!r}, "
+                                 f"expected {want_kind} {want!r}", self, (rec.task_id,))
+        else:
+            raise SimFailure(f"task {rec.task_id} failed with an unexpected {got!r}", self,
+                             (rec.task_id,))
+
+    # -- worker adapter (worker/agent.py) ----------------------------------------------------
+
+    def gate_handle(self, node: ProcNode, event: Any) -> None:
+        self.touched.append(node)
+        for ins in node.gate.handle(event):
+            name = type(ins).__name__
+            if name == "StartTask":
+                self.start(node, ins.task_id)
+            elif name == "BounceTask":
+                caller, msg = node.arrived.pop(ins.task_id)
+                self.send(node.name, caller, "call", {"op": "TASK_DONE",
+                                                      "task_id": ins.task_id,
+                                                      "outcome": "requeue"})
+            elif name == "WakeAt":
+                self.arm(node, "gate", ins.at)
+            else:
+                raise AssertionError(f"unknown gate instruction {ins}")
+
+    def run_task(self, node: ProcNode, caller: str, msg: dict) -> None:
+        task_id = msg["task_id"]
+        if task_id in node.arrived or task_id in node.runs:
+            raise SimFailure(f"task {task_id} pushed to {node.name} while still there", self,
+                             (task_id,))
+        node.arrived[task_id] = (caller, msg)
+        self.gate_handle(node, M.gate.TaskArrived(
+            stimulus_id=f"arrive-{task_id}", task_id=task_id, lease_id=msg["lease_id"],
+            slots=msg["slots"], now=self.now))
+
+    def start(self, node: ProcNode, task_id: str) -> None:
+        caller, msg = node.arrived.pop(task_id)
+        rec = self.tasks[task_id]
+        if task_id in node.cancelled:
+            node.cancelled.discard(task_id)
+            self.finish(node, Run(task_id, caller, msg["lease_id"], rec.prog, self.now),
+                        "error", CancelledError(f"task {task_id} cancelled"))
+            return
+        run = Run(task_id, caller, msg["lease_id"], rec.prog, self.now)
+        node.runs[task_id] = run
+        self.say(node.name, ("start", rec.prog.path, "lease", run.lease_id), task_id,
+                 run.lease_id)
+        self.timer(self.now + rec.prog.compute, node.name, "run", run)
+
+    def advance(self, node: ProcNode, run: Run) -> None:
+        prog = run.prog
+        if run.cancelled:
+            del node.runs[run.task_id]
+            return self.finish(node, run, "error", CancelledError(f"task {run.task_id} cancelled"))
+        if run.phase == "compute" and not prog.leaf:
+            run.phase = "blocked"
+            run.pending = len(prog.children)
+            self.block(node, run, True)
+            for child in prog.children:
+                run.children.append(self.submit(node, child, run))
+            if run.pending == 0 and node.runs.get(run.task_id) is run and run.phase == "blocked":
+                self.unblock(node, run)
+            return
+        del node.runs[run.task_id]
+        if prog.leaf:
+            n = self.errors_raised.get(run.task_id, 0)
+            if n < prog.fail_first:
+                self.errors_raised[run.task_id] = n + 1
+                return self.finish(node, run, "retryable", UserBoom(f"{prog.path} attempt {n}"))
+            return self.finish(node, run, "ok", prog.value)
+        total = prog.value
+        for cid in run.children:
+            kind, got = self.tasks[cid].outcome
+            if kind == "error":
+                return self.finish(node, run, "error", got)
+            total += got
+        self.finish(node, run, "ok", total)
+
+    def unblock(self, node: ProcNode, run: Run) -> None:
+        if run.phase != "blocked":
+            return
+        run.phase = "after"
+        self.block(node, run, False)
+        self.timer(self.now + run.prog.compute_after, node.name, "run", run)
+
+    def block(self, node: ProcNode, run: Run, blocked: bool) -> None:
+        """``yr.get`` in a task: the gate slot now, the CPU via the scheduler (counted)."""
+        lease = run.lease_id
+        self.gate_handle(node, M.gate.SlotLent(stimulus_id=f"get-{run.task_id}",
+                                               lease_id=lease, blocked=blocked))
+        n = node.blocked.get(lease, 0) + (1 if blocked else -1)
+        if n > 0:
+            node.blocked[lease] = n
+        else:
+            node.blocked.pop(lease, None)
+        if (blocked and n == 1) or (not blocked and n == 0):
+            self.send(node.name, SCHED, "stream", {
+                "op": "LEASE_BLOCKED" if blocked else "LEASE_UNBLOCKED", "lease_id": lease})
+
+    def finish(self, node: ProcNode, run: Run, outcome: str, value: Any) -> None:
+        took = self.now - run.started
+        msg = {"op": "TASK_DONE", "task_id": run.task_id, "outcome": outcome, "took": took}
+        if outcome == "ok":
+            msg["value"] = value
+        else:
+            msg["error"] = value
+        self.say(node.name, ("done", outcome, value if outcome != "ok" else ""), run.task_id)
+        self.send(node.name, run.caller, "call", msg)
+        self.gate_handle(node, M.gate.TaskEnded(stimulus_id=f"end-{run.task_id}",
+                                                task_id=run.task_id))
+
+    def cancel_task(self, node: ProcNode, task_id: str) -> None:
+        run = node.runs.get(task_id)
+        if run is not None:
+            run.cancelled = True
+        else:
+            node.cancelled.add(task_id)
+
+    def cancel(self, node: ProcNode, task_id: str) -> None:
+        """``yr.cancel`` in a driver."""
+        rec = self.tasks[task_id]
+        rec.cancelled = True
+        self.sq_handle(node, M.sq.CancelRequested(stimulus_id=f"cancel-{task_id}",
+                                                  task_id=task_id))
+
+    # -- faults and membership ---------------------------------------------------------------
+
+    def _add_worker(self, name: str, cap: dict, at_start: bool) -> None:
+        node = ProcNode(name, True, cap, self.sc.sq_kwargs)
+        self.nodes[name] = node
+        if at_start:
+            self.sched_handle(M.lq.WorkerJoined(stimulus_id=f"join-{name}", worker=name,
+                                                capacity=dict(cap)))
+        else:
+            self.say(name, ("joins", cap))
+            self.send("cluster", SCHED, "ctl", {"op": "WORKER_JOINED", "worker": name,
+                                                "capacity": cap})
+
+    def live_workers(self) -> list[ProcNode]:
+        return [n for n in self.nodes.values() if isinstance(n, ProcNode) and n.worker and n.alive]
+
+    def kill_random_worker(self) -> None:
+        live = self.live_workers()
+        if not live or (len(live) <= 1 and not self.sc.replace):
+            return
+        node = live[self.rng.randrange(len(live))]
+        self.kill(node)
+        if len(live) <= 1 or self.rng.random() < 0.5:
+            self.replacements += 1
+            name = f"w{len(self.sc.workers) + self.replacements - 1}"
+            self.timer(self.now + self.rng.uniform(0.05, 5.0), SCHED, "join",
+                       (name, dict(node.capacity)))
+
+    def kill(self, node: ProcNode) -> None:
+        """The worker process dies: its links break, its tasks and submissions vanish."""
+        w = node.name
+        self.kills += 1
+        node.alive = False
+        self.say(w, "KILLED")
+        for key in list(self.links):
+            src, dst, _chan = key
+            if dst == w or (src == w and self.rng.random() < 0.5):
+                self.links[key].clear()
+                self.busy.pop(key, None)
+        for rec in self.tasks.values():
+            if rec.settled:
+                continue
+            if rec.proc == w:
+                rec.abandoned = True
+            elif rec.where == w:
+                rec.crash_hits += 1
+                rec.where = None
+        node.runs.clear()
+        self.send("cluster", SCHED, "ctl", {"op": "WORKER_LEFT", "worker": w})
+        for name, other in self.nodes.items():
+            if name != SCHED and other.alive and not getattr(other, "closed", False):
+                self.send(f"net:{w}", name, "lost", {"op": "CHANNEL_LOST", "worker": w})
+
+    def close_driver(self, node: ProcNode) -> None:
+        """The driver ends: its queue closes, then its job stream (OwnerGone)."""
+        self.sq_handle(node, M.sq.Closing(stimulus_id=f"close-{node.name}"))
+        node.closed = True
+        for t in node.tops:
+            rec = self.tasks[t]
+            if not rec.settled:
+                rec.abandoned = True
+        self.send(node.name, SCHED, "stream", {"op": "OWNER_GONE"})
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def validate_touched(self) -> None:
+        touched = self.touched
+        if not touched:
+            return
+        seen = set()
+        for node in touched:
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            try:
+                if node is self.sched:
+                    node.queue.validate()
+                    M.check_ledger(node.queue)
+                else:
+                    if not node.closed:
+                        node.submit.validate()
+                    if node.gate is not None:
+                        node.gate.validate()
+            except AssertionError as e:
+                raise SimFailure(f"{node.name}: validate() failed after step {self.step}: {e}",
+                                 self) from e
+        touched.clear()
+
+    def unsettled(self) -> tuple:
+        return tuple(t for t, r in self.tasks.items() if not r.settled and not r.abandoned)
+
+    def check_quiescent(self) -> None:
+        """Nothing moves any more: every task must be settled, nothing held or pending."""
+        stuck = self.unsettled()
+        if stuck:
+            raise SimFailure(f"hang: {len(stuck)} task(s) never settled though the world is "
+                             f"quiescent at {self.now:.2f} s: {', '.join(stuck[:8])}; ledger "
+                             f"{M.ledger_summary(self.sched.queue)}", self, stuck)
+        for node in self.nodes.values():
+            if isinstance(node, ProcNode) and not node.worker and not node.closed:
+                raise SimFailure(f"driver {node.name} never finished", self)
+        problems = M.leftovers(self)
+        if problems:
+            raise SimFailure("left over at the end: " + "; ".join(problems), self)
+
+
+def _cancel_below(world: World, rec: TaskRec) -> bool:
+    """A cancelled descendant's error may reach its ancestors."""
+    run_children = [t for t, r in world.tasks.items() if r.parent is not None
+                    and r.parent.task_id == rec.task_id]
+    return any(world.tasks[c].cancelled or _cancel_below(world, world.tasks[c])
+               for c in run_children)

@@ -1,0 +1,575 @@
+"""The caller side of instance calls as a pure state machine: order, redelivery, handle counts.
+
+One :class:`CallOrder` per process (driver or worker), driven by the adapter in
+``runtime/instance_router.py`` (contract in ``docs/state-machines.md``, conventions in
+``yrdask/statemachine.py``).  It sees ids, workers and outcomes only; the adapter keeps the
+call payloads (pickled arguments, ref arguments, result entries) and does the rpcs.
+
+Rules:
+
+* Per instance there is one *route* holding this process's calls in submission order.  A
+  call leaves (``SendCall``) only when every earlier call of the route has left and its own
+  ref arguments are ready (the adapter says so with ``CallDepsReady``); a call whose
+  argument failed fails in its turn, and the ones behind it go on.
+* A route learns where its instance is from its creation (``CREATE_INSTANCE``: a worker, the
+  real id when a named creation bound an existing instance, or a failure) or by asking
+  (``LOCATE_INSTANCE``), which it does when it has calls and no worker.
+* When the channel to a worker is lost, the calls sent there and not answered go back to the
+  front of their route in the order they were sent, and the route locates its instance
+  again (``lost=worker``): a restarted instance gets them again (at least once); a call that
+  was answered is never sent again.
+* A dead route (creation failed, an argument of the creation failed, the instance ended)
+  fails its queued and later calls with the cause.
+* Handle counts: each live handle and each call not yet settled counts one for its
+  instance; the scheduler hears of this process only when its count goes 0 -> 1 or 1 -> 0
+  (the creator is named as the first holder in the spec, so its own 0 -> 1 is not sent).
+  Deltas and the tokens of pickled handles (``transit``) and of unpickled ones
+  (``arrived``) are batched: the first one asks for a ``FlushSoon``, and ``Flush`` turns
+  the batch into one ``ReportHandles``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from yrdask.errors import InstanceDiedError, ScheduleError
+from yrdask.statemachine import Event, Instruction, Story
+
+# -- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequested(Event):
+    """This process creates ``instance_id``; its calls queue until the creation answers."""
+
+    instance_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreateDepsReady(Event):
+    """The creation's owned ref arguments are ready; ``error``: the first that failed."""
+
+    instance_id: str
+    error: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Created(Event):
+    """``CREATE_INSTANCE`` answered: placed on ``worker``; ``real_id`` differs from
+    ``instance_id`` when a named creation bound an existing instance."""
+
+    instance_id: str
+    worker: str
+    real_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreateFailed(Event):
+    """``CREATE_INSTANCE`` answered with no worker (or the rpc failed): ``reason``."""
+
+    instance_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Located(Event):
+    """``LOCATE_INSTANCE`` answered: ``worker`` (``None``: the instance is gone, ``reason``
+    says why) and the real id the route's id stands for."""
+
+    instance_id: str
+    worker: str | None
+    reason: str = ""
+    real_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallSubmitted(Event):
+    """A method call; ``ready``: its owned ref arguments are ready (``error``: the first of
+    them that failed)."""
+
+    call_id: str
+    instance_id: str
+    ready: bool = True
+    error: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallDepsReady(Event):
+    """The owned ref arguments of a call submitted not ready are ready now."""
+
+    call_id: str
+    error: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallDone(Event):
+    """``TASK_DONE`` for a call: ``error`` is the opaque error object, ``None`` on success."""
+
+    call_id: str
+    error: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelLost(Event):
+    """The call channel to ``worker`` broke (or the scheduler said the worker is gone)."""
+
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class HandleAdded(Event):
+    """A handle to ``instance_id`` was made in this process."""
+
+    instance_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class HandleDropped(Event):
+    """A handle to ``instance_id`` of this process was garbage collected."""
+
+    instance_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class HandleSent(Event):
+    """A handle was pickled with ``token`` (it is in transit until someone unpickles it)."""
+
+    instance_id: str
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class HandleArrived(Event):
+    """A handle pickled elsewhere with ``token`` was unpickled here."""
+
+    instance_id: str
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Flush(Event):
+    """Time to send the batched handle report (answer to ``FlushSoon``)."""
+
+
+# -- instructions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendCreate(Instruction):
+    """Send ``CREATE_INSTANCE`` with the spec of ``instance_id``; answer ``Created`` or
+    ``CreateFailed``."""
+
+    instance_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SendLocate(Instruction):
+    """Send ``LOCATE_INSTANCE(instance_id, lost)``; answer ``Located``."""
+
+    instance_id: str
+    lost: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SendCall(Instruction):
+    """Send ``CALL_METHOD`` of ``call_id`` to ``worker`` for ``instance_id`` (the real id)."""
+
+    call_id: str
+    instance_id: str
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallSucceeded(Instruction):
+    """Settle the call's refs with the results of its ``TASK_DONE``; the machine forgot it."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallFailed(Instruction):
+    """Settle the call's refs with ``error``; the machine forgot it."""
+
+    call_id: str
+    error: Any
+
+
+@dataclass(frozen=True, slots=True)
+class FlushSoon(Instruction):
+    """Send ``Flush`` soon (after the current burst, e.g. ``loop.call_soon``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportHandles(Instruction):
+    """Send ``HANDLE_REFS`` to the scheduler."""
+
+    deltas: dict
+    transit: list
+    arrived: list
+
+
+# -- the machine -----------------------------------------------------------------------------
+
+# What a route waits for, besides its calls' arguments.
+CREATE_DEPS = "create-deps"  # the creation's ref arguments
+CREATING = "creating"  # the CREATE_INSTANCE answer
+LOCATING = "locating"  # the LOCATE_INSTANCE answer
+
+
+class _Call:
+    __slots__ = ("call_id", "instance_id", "seq", "ready", "error")
+
+    def __init__(self, call_id: str, instance_id: str, seq: int, ready: bool,
+                 error: Any) -> None:
+        self.call_id = call_id
+        self.instance_id = instance_id
+        self.seq = seq  # submission order, for validate()
+        self.ready = ready
+        self.error = error  # a failed ref argument
+
+
+class _Route:
+    __slots__ = ("instance_id", "worker", "real_id", "dead", "queue", "inflight", "waiting",
+                 "lost")
+
+    def __init__(self, instance_id: str, waiting: str | None = None) -> None:
+        self.instance_id = instance_id
+        self.worker: str | None = None
+        self.real_id: str | None = None  # a named creation that bound an existing instance
+        self.dead: Any = None  # the error every call fails with
+        self.queue: deque[_Call] = deque()  # not sent (or sent to a lost worker), in order
+        self.inflight: dict[str, _Call] = {}  # sent, not answered, in send order
+        self.waiting: str | None = waiting  # CREATE_DEPS, CREATING, LOCATING or None
+        self.lost: str | None = None  # the worker it was lost with, until located again
+
+
+class CallOrder:
+    """The instance calls and handle counts of one process (see module docstring)."""
+
+    def __init__(self, story_len: int = 10_000) -> None:
+        self.routes: dict[str, _Route] = {}
+        self.calls: dict[str, _Call] = {}  # queued or in flight
+        self.counts: dict[str, int] = {}  # handles + unsettled calls, per instance (> 0)
+        self.registered: set[str] = set()  # instances the scheduler counts this process for
+        self._deltas: dict[str, int] = {}
+        self._transit: list[tuple[str, str]] = []
+        self._arrived: list[tuple[str, str]] = []
+        self._flush_asked = False
+        self._seq = itertools.count()
+        self.story = Story(story_len)
+        self._handlers = {
+            CallSubmitted: self._submitted, CallDepsReady: self._deps_ready,
+            CallDone: self._done, ChannelLost: self._channel_lost,
+            CreateRequested: self._create_requested, CreateDepsReady: self._create_deps_ready,
+            Created: self._created, CreateFailed: self._create_failed, Located: self._located,
+            HandleAdded: self._handle_added, HandleDropped: self._handle_dropped,
+            HandleSent: self._handle_sent, HandleArrived: self._handle_arrived,
+            Flush: self._flush,
+        }
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def pending(self, instance_id: str) -> int:
+        """Calls of this process on ``instance_id`` not settled yet."""
+        route = self.routes.get(instance_id)
+        return 0 if route is None else len(route.queue) + len(route.inflight)
+
+    def story_of(self, *keys: str) -> list:
+        """The story entries mentioning any call or instance id in ``keys``."""
+        return self.story.about(*keys)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Instruction]:
+        """Apply ``event``; returns what the adapter must do, in order."""
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            self.story.log(event.stimulus_id, ("unknown-event", type(event).__name__), ())
+            return []
+        out: list[Instruction] = []
+        handler(event, out)
+        return out
+
+    # calls
+
+    def _submitted(self, ev: CallSubmitted, out: list) -> None:
+        cid, iid = ev.call_id, ev.instance_id
+        if cid in self.calls:
+            self.story.log(ev.stimulus_id, ("duplicate-ignored", cid), (cid,))
+            return
+        route = self.routes.get(iid)
+        if route is None:
+            route = self.routes[iid] = _Route(iid)
+        call = _Call(cid, iid, next(self._seq), ev.ready, ev.error)
+        self.calls[cid] = call
+        if (route.worker is None or route.queue or not ev.ready or ev.error is not None
+                or route.dead is not None):  # it waits (a call sent at once: "send" says it)
+            self.story.log(ev.stimulus_id, ("call", cid, iid, ev.ready), (cid, iid))
+        self._incref(iid, ev.stimulus_id, out)  # a pending call counts as a handle
+        route.queue.append(call)
+        self._pump(route, ev.stimulus_id, out)
+
+    def _deps_ready(self, ev: CallDepsReady, out: list) -> None:
+        call = self.calls.get(ev.call_id)
+        if call is None or call.ready:
+            self.story.log(ev.stimulus_id, ("deps-ready-ignored", ev.call_id), (ev.call_id,))
+            return
+        call.ready, call.error = True, ev.error
+        self.story.log(ev.stimulus_id, ("deps-ready", ev.call_id, ev.error is None),
+                       (ev.call_id, call.instance_id))
+        route = self.routes[call.instance_id]
+        if route.queue and route.queue[0] is call:
+            self._pump(route, ev.stimulus_id, out)
+
+    def _done(self, ev: CallDone, out: list) -> None:
+        cid = ev.call_id
+        call = self.calls.get(cid)
+        route = self.routes.get(call.instance_id) if call is not None else None
+        if route is None or route.inflight.pop(cid, None) is None:
+            self.story.log(ev.stimulus_id, ("done-ignored", cid), (cid,))
+            return
+        del self.calls[cid]
+        if ev.error is None:
+            self.story.log(ev.stimulus_id, ("succeeded", cid), (cid, call.instance_id))
+            out.append(CallSucceeded(ev.stimulus_id, cid))
+        else:
+            self.story.log(ev.stimulus_id, ("failed", cid), (cid, call.instance_id))
+            out.append(CallFailed(ev.stimulus_id, cid, ev.error))
+        self._decref(call.instance_id, ev.stimulus_id, out)
+
+    def _channel_lost(self, ev: ChannelLost, out: list) -> None:
+        for route in list(self.routes.values()):
+            if route.worker != ev.worker:
+                continue
+            resend = list(route.inflight.values())
+            route.inflight.clear()
+            route.queue.extendleft(reversed(resend))  # in the order they were sent
+            route.worker, route.lost = None, ev.worker
+            self.story.log(ev.stimulus_id, ("lost", route.instance_id, ev.worker,
+                                            [c.call_id for c in resend]),
+                           (route.instance_id, *(c.call_id for c in resend)))
+            self._pump(route, ev.stimulus_id, out)
+
+    # creation and location
+
+    def _create_requested(self, ev: CreateRequested, out: list) -> None:
+        iid = ev.instance_id
+        if iid in self.routes:
+            self.story.log(ev.stimulus_id, ("create-ignored", iid), (iid,))
+            return
+        self.routes[iid] = _Route(iid, CREATE_DEPS)
+        self.registered.add(iid)  # the spec names this process as the first holder
+        self.story.log(ev.stimulus_id, ("create", iid), (iid,))
+
+    def _create_deps_ready(self, ev: CreateDepsReady, out: list) -> None:
+        route = self.routes.get(ev.instance_id)
+        if route is None or route.waiting != CREATE_DEPS:
+            self.story.log(ev.stimulus_id, ("create-deps-ignored", ev.instance_id),
+                           (ev.instance_id,))
+            return
+        if ev.error is not None:
+            self._kill(route, ev.error, ev.stimulus_id, out)
+            return
+        route.waiting = CREATING
+        self.story.log(ev.stimulus_id, ("send-create", ev.instance_id), (ev.instance_id,))
+        out.append(SendCreate(ev.stimulus_id, ev.instance_id))
+
+    def _created(self, ev: Created, out: list) -> None:
+        route = self.routes.get(ev.instance_id)
+        if route is None or route.waiting != CREATING:
+            self.story.log(ev.stimulus_id, ("created-ignored", ev.instance_id),
+                           (ev.instance_id,))
+            return
+        route.waiting, route.worker = None, ev.worker
+        if ev.real_id != route.instance_id:
+            route.real_id = ev.real_id
+        self.story.log(ev.stimulus_id, ("created", ev.instance_id, ev.worker, ev.real_id),
+                       (ev.instance_id, ev.real_id))
+        self._pump(route, ev.stimulus_id, out)
+        self._drop_if_idle(route)
+
+    def _create_failed(self, ev: CreateFailed, out: list) -> None:
+        route = self.routes.get(ev.instance_id)
+        if route is None or route.waiting != CREATING:
+            self.story.log(ev.stimulus_id, ("create-failed-ignored", ev.instance_id),
+                           (ev.instance_id,))
+            return
+        self._kill(route, ScheduleError(ev.reason), ev.stimulus_id, out)
+
+    def _located(self, ev: Located, out: list) -> None:
+        route = self.routes.get(ev.instance_id)
+        if route is None or route.waiting != LOCATING:
+            self.story.log(ev.stimulus_id, ("located-ignored", ev.instance_id),
+                           (ev.instance_id,))
+            return
+        route.waiting, route.lost = None, None
+        if ev.real_id is not None and ev.real_id != route.instance_id:
+            route.real_id = ev.real_id
+        if ev.worker is None:
+            self._kill(route, InstanceDiedError(
+                f"instance {route.instance_id} is not available: {ev.reason}"),
+                ev.stimulus_id, out)
+            return
+        route.worker = ev.worker
+        self.story.log(ev.stimulus_id, ("located", ev.instance_id, ev.worker),
+                       (ev.instance_id,))
+        self._pump(route, ev.stimulus_id, out)
+        self._drop_if_idle(route)
+
+    # handles
+
+    def _handle_added(self, ev: HandleAdded, out: list) -> None:
+        self._incref(ev.instance_id, ev.stimulus_id, out)
+
+    def _handle_dropped(self, ev: HandleDropped, out: list) -> None:
+        self._decref(ev.instance_id, ev.stimulus_id, out)
+
+    def _handle_sent(self, ev: HandleSent, out: list) -> None:
+        self._transit.append((ev.instance_id, ev.token))
+        self.story.log(ev.stimulus_id, ("transit", ev.instance_id, ev.token),
+                       (ev.instance_id, ev.token))
+        self._ask_flush(ev.stimulus_id, out)
+
+    def _handle_arrived(self, ev: HandleArrived, out: list) -> None:
+        self._arrived.append((ev.instance_id, ev.token))
+        self.story.log(ev.stimulus_id, ("arrived", ev.instance_id, ev.token),
+                       (ev.instance_id, ev.token))
+        self._ask_flush(ev.stimulus_id, out)
+
+    def _flush(self, ev: Flush, out: list) -> None:
+        self._flush_asked = False
+        deltas = {k: v for k, v in self._deltas.items() if v}
+        if deltas or self._transit or self._arrived:
+            self.story.log(ev.stimulus_id, ("report", deltas, len(self._transit),
+                                            len(self._arrived)), tuple(deltas))
+            out.append(ReportHandles(ev.stimulus_id, deltas, self._transit, self._arrived))
+        self._deltas, self._transit, self._arrived = {}, [], []
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _pump(self, route: _Route, sid: str, out: list) -> None:
+        """Send what may leave; fail everything on a dead route; locate if nobody knows."""
+        queue = route.queue
+        if route.dead is not None:
+            while queue:
+                self._fail(queue.popleft(), route.dead, sid, out)
+            return
+        worker = route.worker
+        if worker is None:
+            if queue and route.waiting is None:
+                route.waiting = LOCATING
+                self.story.log(sid, ("locate", route.instance_id, route.lost),
+                               (route.instance_id,))
+                out.append(SendLocate(sid, route.instance_id, route.lost))
+            return
+        target = route.real_id or route.instance_id
+        while queue:
+            call = queue[0]
+            if not call.ready:
+                return  # later calls wait behind it: calls leave in submission order
+            queue.popleft()
+            if call.error is not None:
+                self._fail(call, call.error, sid, out)
+                continue
+            route.inflight[call.call_id] = call
+            self.story.log(sid, ("send", call.call_id, target, worker), (call.call_id,))
+            out.append(SendCall(sid, call.call_id, target, worker))
+
+    def _fail(self, call: _Call, error: Any, sid: str, out: list) -> None:
+        del self.calls[call.call_id]
+        self.story.log(sid, ("failed", call.call_id, repr(error)),
+                       (call.call_id, call.instance_id))
+        out.append(CallFailed(sid, call.call_id, error))
+        self._decref(call.instance_id, sid, out)
+
+    def _kill(self, route: _Route, error: Any, sid: str, out: list) -> None:
+        route.dead, route.waiting = error, None
+        self.story.log(sid, ("dead", route.instance_id, repr(error)), (route.instance_id,))
+        self._pump(route, sid, out)
+        self._drop_if_idle(route)
+
+    def _drop_if_idle(self, route: _Route) -> None:
+        """A route nobody holds, with nothing to send or wait for, is forgotten."""
+        iid = route.instance_id
+        if (iid not in self.counts and not route.queue and not route.inflight
+                and route.waiting is None and self.routes.get(iid) is route):
+            del self.routes[iid]
+
+    def _incref(self, iid: str, sid: str, out: list) -> None:
+        n = self.counts.get(iid, 0) + 1
+        self.counts[iid] = n
+        if n == 1 and iid not in self.registered:
+            self.registered.add(iid)
+            self._delta(iid, +1, sid, out)
+
+    def _decref(self, iid: str, sid: str, out: list) -> None:
+        n = self.counts.get(iid)
+        if n is None:
+            self.story.log(sid, ("decref-ignored", iid), (iid,))
+            return
+        if n > 1:
+            self.counts[iid] = n - 1
+            return
+        del self.counts[iid]
+        if iid in self.registered:
+            self.registered.discard(iid)
+            self._delta(iid, -1, sid, out)
+        route = self.routes.get(iid)
+        if route is not None:
+            self._drop_if_idle(route)
+
+    def _delta(self, iid: str, d: int, sid: str, out: list) -> None:
+        self._deltas[iid] = self._deltas.get(iid, 0) + d
+        self.story.log(sid, ("holder", iid, d), (iid,))
+        self._ask_flush(sid, out)
+
+    def _ask_flush(self, sid: str, out: list) -> None:
+        if not self._flush_asked:
+            self._flush_asked = True
+            out.append(FlushSoon(sid))
+
+    # -- invariants ------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Check the machine's invariants (tests and the simulation call it after each step)."""
+        seen: set[str] = set()
+        pending: dict[str, int] = {}
+        for iid, route in self.routes.items():
+            assert route.instance_id == iid, (iid, route.instance_id)
+            sent = list(route.inflight.values())
+            queued = list(route.queue)
+            for call in sent + queued:
+                assert call.call_id not in seen, f"call {call.call_id} queued and in flight"
+                seen.add(call.call_id)
+                assert self.calls.get(call.call_id) is call, f"call {call.call_id} unknown"
+                assert call.instance_id == iid, (call.call_id, iid)
+            seqs = [c.seq for c in sent + queued]
+            assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), \
+                f"route {iid} out of submission order: {[c.call_id for c in sent + queued]}"
+            for call in sent:
+                assert call.ready and call.error is None, f"{call.call_id} sent unready"
+            if sent:
+                assert route.worker is not None, f"route {iid} has calls in flight, no worker"
+            if route.dead is not None:
+                assert not queued and not sent and route.waiting is None, \
+                    f"dead route {iid} keeps calls"
+            elif queued and route.worker is None:
+                assert route.waiting is not None, f"route {iid} has calls and nobody asked"
+            elif queued:
+                assert not queued[0].ready, f"route {iid}: a ready call waits at the head"
+            if route.waiting is not None:
+                assert route.worker is None, f"route {iid} waits with a worker"
+            pending[iid] = len(sent) + len(queued)
+        assert seen == set(self.calls), "calls known but on no route"
+        for iid, n in self.counts.items():
+            assert n > 0, f"count of {iid} is {n}"
+            assert iid in self.registered, f"{iid} held here but not reported"
+        for iid, n in pending.items():
+            assert self.counts.get(iid, 0) >= n, f"{iid}: {n} calls but count {self.counts.get(iid)}"
+        for iid, d in self._deltas.items():
+            assert d in (-1, 0, 1), f"delta of {iid} is {d}"
+        if self._deltas or self._transit or self._arrived:
+            assert self._flush_asked, "handle report batched with no flush asked"

@@ -1,0 +1,730 @@
+"""The submitter's rules as a pure state machine: shape queues, leases, pushes, retries.
+
+One :class:`SubmitQueue` per process (driver or worker).  How a task travels:
+
+1. The adapter (``runtime/submitter.py``) waits for a task's owned ref arguments, then says
+   :class:`TaskQueued`; the task joins the queue of its *key* (resources, schedule timeout,
+   concurrency, affinity: tasks that may share a lease).
+2. A queue with tasks and no lease that can take them asks for leases (:class:`RequestLease`),
+   up to ``max_pending_requests`` outstanding per queue.  A lease is the right to run
+   ``slots`` tasks of that key at once on one worker.
+3. A lease with a free slot takes the queue's next task (:class:`PushTask`).  Short tasks
+   (the queue's moving average of ``took`` at most ``pipeline_below_s``) are *pipelined*
+   when there is a backlog: up to ``pipeline_depth`` tasks per slot are pushed at once and
+   the worker's lease gate starts each as the previous ends.
+4. A lease idle for ``lease_idle_s`` goes back (:class:`ReturnLeases`), and at once when the
+   scheduler revokes it (after its last task, if it is busy).
+5. A lost worker voids its leases: its tasks go back to the front of their queues (not counted
+   against ``retries``) at most ``max_crash_retries`` times each, and lease requests avoid it
+   for ``avoid_lost_s``.  A user exception reruns a task while its ``retries`` last; a task
+   the worker's gate handed back unrun (``"requeue"``) is queued again and its queue stops
+   pipelining.
+
+Invariants (checked by :meth:`SubmitQueue.validate`, enforced at the end of every
+:meth:`SubmitQueue.handle`): every queued task is settled exactly once; a queue with tasks has
+a lease that can take one (not revoked) or an outstanding request, so nothing stalls; no
+queued task waits while a lease of its queue has a free slot.  No I/O, no clock, no asyncio:
+the contract is in ``docs/state-machines.md``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from yrdask.errors import CancelledError, ScheduleError, YRRuntimeError
+from yrdask.statemachine import Event, Instruction, Story
+
+# -- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskQueued(Event):
+    """A task whose owned ref arguments are ready; ``key`` groups tasks that share leases."""
+
+    task_id: str
+    key: Any
+    shape: dict
+    timeout_ms: int
+    slots: int
+    affinity: tuple
+    retries: int
+    data_home: str | None
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGranted(Event):
+    """The scheduler's grant of a :class:`RequestLease`."""
+
+    request_id: str
+    lease_id: str
+    worker: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRefused(Event):
+    """No worker could meet a :class:`RequestLease` in time, or the request failed."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFinished(Event):
+    """``TASK_DONE`` of a pushed task: ``outcome`` is ``"ok"``, ``"error"`` (final),
+    ``"retryable"`` (a user exception ``retries`` may rerun) or ``"requeue"`` (handed back
+    unrun); ``error`` is the opaque error of the two error outcomes."""
+
+    task_id: str
+    outcome: str
+    took: float | None
+    error: Any
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested(Event):
+    """``yr.cancel`` of the task."""
+
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeasesRevoked(Event):
+    """The scheduler wants these leases back."""
+
+    lease_ids: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLost(Event):
+    """The channel to ``worker`` broke, or the scheduler said it is gone."""
+
+    worker: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tick(Event):
+    """Time passed (a :class:`WakeAt` fired, maybe early)."""
+
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Closing(Event):
+    """The runtime ends: leases go back, later grants are returned at once."""
+
+
+# -- instructions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLease(Instruction):
+    """Ask the scheduler for a lease; answer with :class:`LeaseGranted` or
+    :class:`LeaseRefused`."""
+
+    request_id: str
+    queue: str
+    shape: dict
+    timeout_ms: int
+    near: str | None
+    avoid: tuple
+    affinity: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class PushTask(Instruction):
+    """Send ``RUN_TASK`` for the task to ``worker`` under ``lease_id``."""
+
+    task_id: str
+    lease_id: str
+    worker: str
+    slots: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendCancel(Instruction):
+    """Send ``CANCEL_TASK`` to the worker running the task."""
+
+    task_id: str
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReturnLeases(Instruction):
+    """Give these leases back to the scheduler (``RETURN_LEASES``)."""
+
+    lease_ids: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSucceeded(Instruction):
+    """Settle the task's refs with the results of its ``TASK_DONE``."""
+
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFailed(Instruction):
+    """Settle the task's refs with ``error`` (an exception object, or the opaque error of
+    its ``TASK_DONE``)."""
+
+    task_id: str
+    error: Any
+
+
+@dataclass(frozen=True, slots=True)
+class WakeAt(Instruction):
+    """Call ``handle(Tick(now))`` at or after ``at``."""
+
+    at: float
+
+
+# -- state -----------------------------------------------------------------------------------
+
+QUEUED, PUSHED = "queued", "pushed"
+
+
+class _Task:
+    """What the machine knows of one task: ids, counters and where it is."""
+
+    __slots__ = ("task_id", "key", "name", "data_home", "retries_left", "crashes", "state",
+                 "lease", "settled", "runs")
+
+    def __init__(self, ev: TaskQueued) -> None:
+        self.task_id = ev.task_id
+        self.key = ev.key
+        self.name = ev.name
+        self.data_home = ev.data_home
+        self.retries_left = ev.retries
+        self.crashes = 0
+        self.state = QUEUED
+        self.lease: _Lease | None = None
+        self.settled = False  # settled while pushed (cancelled): waits for its TASK_DONE
+        self.runs = 0  # pushes so far
+
+
+class _Lease:
+    """The right to run ``slots`` tasks of one queue at once on ``worker``."""
+
+    __slots__ = ("lease_id", "worker", "key", "slots", "tasks", "idle_since", "revoked")
+
+    def __init__(self, lease_id: str, worker: str, key: Any, slots: int, now: float) -> None:
+        self.lease_id = lease_id
+        self.worker = worker
+        self.key = key
+        self.slots = slots
+        self.tasks: dict[str, _Task] = {}  # pushed, in push order
+        self.idle_since = now
+        self.revoked = False
+
+
+class _Queue:
+    """The tasks of one key waiting for a lease, its leases and its outstanding requests."""
+
+    __slots__ = ("key", "name", "shape", "timeout_ms", "slots", "affinity", "tasks", "leases",
+                 "free", "requests", "avg_s", "backoff")
+
+    def __init__(self, ev: TaskQueued, name: str) -> None:
+        self.key = ev.key
+        self.name = name
+        self.shape = ev.shape
+        self.timeout_ms = ev.timeout_ms
+        self.slots = max(1, ev.slots)
+        self.affinity = ev.affinity
+        self.tasks: deque[_Task] = deque()
+        self.leases: dict[str, _Lease] = {}  # every lease of the queue, revoked ones too
+        self.free: dict[str, _Lease] = {}  # unrevoked leases with a free slot
+        self.requests: set[str] = set()  # outstanding RequestLease ids
+        self.avg_s: float | None = None  # moving average of its tasks' run time
+        self.backoff = False  # refused while others serve it: ask again on new work only
+
+
+# -- the machine -----------------------------------------------------------------------------
+
+
+class SubmitQueue:
+    """Per-process task submission rules (see module docstring)."""
+
+    def __init__(self, local_worker: str | None, *, max_pending_requests: int = 4,
+                 pipeline_depth: int = 4, pipeline_below_s: float = 0.005,
+                 lease_idle_s: float = 1.0, avoid_lost_s: float = 30.0,
+                 max_crash_retries: int = 3, story_len: int = 20_000) -> None:
+        self.local_worker = local_worker
+        self.max_pending_requests = max(1, max_pending_requests)
+        self.pipeline_depth = max(1, pipeline_depth)
+        self.pipeline_below_s = pipeline_below_s
+        self.lease_idle_s = lease_idle_s
+        self.avoid_lost_s = avoid_lost_s
+        self.max_crash_retries = max_crash_retries
+        self.tasks: dict[str, _Task] = {}  # queued or pushed, not yet forgotten
+        self.queues: dict[Any, _Queue] = {}
+        self.leases: dict[str, _Lease] = {}
+        self.requests: dict[str, _Queue] = {}  # outstanding request id -> its queue
+        self.lost: dict[str, float] = {}  # worker -> until when requests avoid it
+        self.counts = {"local": 0, "forwarded": 0, "lease_requests": 0}
+        self.now = 0.0  # the latest time an event carried
+        self.next_wake: float | None = None  # earliest WakeAt not yet answered by a Tick
+        self.closed = False
+        self._ids = 0
+        self._dirty: dict[Any, _Queue] = {}  # queues to dispatch before handle returns
+        self._idle: list[_Lease] = []  # leases left without tasks: a timer if they stay so
+        self._out: list = []
+        self._sid = ""
+        self.log = Story(story_len)
+        self._entries = self.log.entries  # appended to directly: the hot path
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def story(self, *keys: str) -> list[tuple[str, tuple]]:
+        """What happened to these tasks, leases or requests: ``(stimulus_id, what)`` rows."""
+        return self.log.about(*keys)
+
+    def figures(self) -> dict:
+        """Tasks pushed to this process's own worker vs elsewhere, and what is in flight."""
+        queued = sum(len(q.tasks) for q in self.queues.values())
+        return {**self.counts, "queued": queued,
+                "running": sum(len(l.tasks) for l in self.leases.values()),
+                "leases": len(self.leases)}
+
+    # -- events ----------------------------------------------------------------------------
+
+    def handle(self, ev: Event) -> list[Instruction]:
+        """Apply one event; returns what the adapter must do, in order."""
+        out: list[Instruction] = []
+        self._out = out
+        self._sid = ev.stimulus_id
+        handler = _HANDLERS.get(type(ev))
+        if handler is None:
+            self.log.log(ev.stimulus_id, ("ignored: unknown event", ev), ())
+            return out
+        self._entries.append((ev.stimulus_id, (ev,), _event_keys(ev)))
+        if self.closed and type(ev) is not LeaseGranted:
+            self._note("ignored: closed")
+            return out
+        handler(self, ev)
+        if self._dirty:
+            dirty = self._dirty
+            self._dirty = {}
+            for q in dirty.values():
+                self._dispatch(q)
+        if self._idle:
+            for lease in self._idle:
+                if not lease.tasks and lease.lease_id in self.leases:
+                    self._arm_at(lease.idle_since + self.lease_idle_s)
+            self._idle.clear()
+        return out
+
+    def _task_queued(self, ev: TaskQueued) -> None:
+        if ev.task_id in self.tasks:
+            self._note("ignored: task already queued", ev.task_id)
+            return
+        q = self.queues.get(ev.key)
+        if q is None:
+            q = self.queues[ev.key] = _Queue(ev, f"q{len(self.queues)}")
+        task = self.tasks[ev.task_id] = _Task(ev)
+        q.tasks.append(task)
+        q.backoff = False
+        self._dirty[q.key] = q
+
+    def _lease_granted(self, ev: LeaseGranted) -> None:
+        self._clock(ev.now)
+        q = self.requests.pop(ev.request_id, None)
+        if q is None:
+            if self.closed:
+                self._emit(ReturnLeases(self._sid, (ev.lease_id,)), ev.lease_id)
+            else:
+                self._note("ignored: not an outstanding request", ev.request_id, ev.lease_id)
+            return
+        q.requests.discard(ev.request_id)
+        q.backoff = False
+        if self.closed:
+            self._emit(ReturnLeases(self._sid, (ev.lease_id,)), ev.lease_id)
+            return
+        if ev.lease_id in self.leases:  # granted twice: the one it has stays
+            self._note("ignored: lease already held", ev.request_id, ev.lease_id)
+            self._dirty[q.key] = q
+            return
+        if not q.tasks or self._avoided(ev.worker):
+            # the backlog went elsewhere meanwhile (don't sit on resources), or the worker
+            # was just lost and the scheduler may not know yet
+            self._emit(ReturnLeases(self._sid, (ev.lease_id,)), ev.lease_id, ev.request_id)
+            self._dirty[q.key] = q
+            return
+        lease = _Lease(ev.lease_id, ev.worker, q.key, q.slots, ev.now)
+        self.leases[lease.lease_id] = lease
+        q.leases[lease.lease_id] = lease
+        q.free[lease.lease_id] = lease
+        self._note("lease", ev.request_id, ev.lease_id, ev.worker)
+        self._dirty[q.key] = q
+
+    def _lease_refused(self, ev: LeaseRefused) -> None:
+        q = self.requests.pop(ev.request_id, None)
+        if q is None:
+            self._note("ignored: not an outstanding request", ev.request_id)
+            return
+        q.requests.discard(ev.request_id)
+        if q.requests or q.leases:
+            # others still serve the queue.  Its usable leases take the backlog and new
+            # requests wait for new work (no loop of refusals); with only busy revoked
+            # leases left, the dispatch asks again: they hold what the request needs
+            q.backoff = True
+            self._dirty[q.key] = q
+            return
+        error = ScheduleError(ev.reason)
+        while q.tasks:
+            task = q.tasks.popleft()
+            self._fail(task, error)
+
+    def _task_finished(self, ev: TaskFinished) -> None:
+        self._clock(ev.now)
+        task = self.tasks.get(ev.task_id)
+        if task is None:
+            self._note("ignored: task not in flight", ev.task_id)
+            return
+        q = self.queues[task.key]
+        lease = task.lease
+        if task.state == QUEUED:
+            # requeued after its worker was lost, but its answer came through after all
+            if ev.outcome in ("ok", "error"):
+                q.tasks.remove(task)
+                self._finish(task, ev)
+            else:
+                self._note("ignored: finish of a queued task", ev.task_id)
+            return
+        self._unpush(task)
+        if ev.outcome == "requeue":
+            q.avg_s = max(q.avg_s or 0.0, 1.0)  # pipelined behind a long task: stop it
+        elif ev.took is not None:
+            q.avg_s = ev.took if q.avg_s is None else 0.8 * q.avg_s + 0.2 * ev.took
+        if task.settled:  # cancelled while pushed: its end only frees the slot
+            del self.tasks[task.task_id]
+        elif ev.outcome == "requeue":
+            self._requeue(q, [task])
+        elif ev.outcome == "retryable" and task.retries_left > 0:
+            task.retries_left -= 1
+            self._requeue(q, [task])
+        else:
+            self._finish(task, ev)
+        self._lease_freed(lease, ev.now)
+        self._dirty[q.key] = q
+
+    def _cancel_requested(self, ev: CancelRequested) -> None:
+        task = self.tasks.get(ev.task_id)
+        if task is None or task.settled:
+            self._note("ignored: nothing to cancel", ev.task_id)
+            return
+        error = CancelledError(f"task {task.task_id} ({task.name}) has been cancelled")
+        if task.state == QUEUED:
+            q = self.queues[task.key]
+            q.tasks.remove(task)
+            self._fail(task, error)
+            self._dirty[q.key] = q
+            return
+        self._emit(SendCancel(self._sid, task.task_id, task.lease.worker), task.task_id)
+        task.settled = True
+        self._emit(TaskFailed(self._sid, task.task_id, error), task.task_id)
+
+    def _leases_revoked(self, ev: LeasesRevoked) -> None:
+        back = []
+        for lease_id in ev.lease_ids:
+            lease = self.leases.get(lease_id)
+            if lease is None or lease.revoked:
+                continue
+            lease.revoked = True
+            q = self.queues[lease.key]
+            q.free.pop(lease_id, None)
+            if not lease.tasks:
+                self._drop(lease)
+                back.append(lease_id)
+            self._dirty[q.key] = q
+        if back:
+            self._emit(ReturnLeases(self._sid, tuple(back)), *back)
+
+    def _worker_lost(self, ev: WorkerLost) -> None:
+        self._clock(ev.now)
+        self.lost[ev.worker] = ev.now + self.avoid_lost_s
+        self._arm_at(ev.now + self.avoid_lost_s)  # to forget it, with a fresh clock
+        gone = [lease for lease in self.leases.values() if lease.worker == ev.worker]
+        if gone:
+            # the scheduler releases them when it sees the worker go; if only the channel
+            # broke, returning them keeps them from leaking
+            self._emit(ReturnLeases(self._sid, tuple(l.lease_id for l in gone)),
+                       *(l.lease_id for l in gone))
+        for lease in gone:
+            self._drop(lease)
+            back: list[_Task] = []
+            for task in list(lease.tasks.values()):
+                self._unpush(task)
+                if task.settled:
+                    del self.tasks[task.task_id]
+                    continue
+                task.crashes += 1
+                if task.crashes > self.max_crash_retries:
+                    del self.tasks[task.task_id]
+                    self._emit(TaskFailed(self._sid, task.task_id, YRRuntimeError(
+                        f"task {task.task_id} ({task.name}) was lost with its worker "
+                        f"{task.crashes} times (last on {ev.worker}); it ran {task.runs} "
+                        f"times, more than yrdask.scheduling.max-task-crashes="
+                        f"{self.max_crash_retries} allows")), task.task_id, ev.worker)
+                else:
+                    back.append(task)
+            if back:
+                self._requeue(self.queues[lease.key], back)
+        for q in self.queues.values():  # requests may now avoid the worker; refill leases
+            q.backoff = False
+            self._dirty[q.key] = q
+
+    def _tick(self, ev: Tick) -> None:
+        self._clock(ev.now)
+        self.next_wake = None  # the timer fired (maybe early): ask again for what is left
+        for worker in [w for w, until in self.lost.items() if until <= ev.now]:
+            del self.lost[worker]
+        idle = [l for l in self.leases.values()
+                if not l.tasks and l.idle_since + self.lease_idle_s <= ev.now]
+        for lease in idle:
+            self._drop(lease)
+            self._dirty[lease.key] = self.queues[lease.key]
+        if idle:
+            ids = tuple(l.lease_id for l in idle)
+            self._emit(ReturnLeases(self._sid, ids), *ids)
+        self._arm()
+
+    def _closing(self, ev: Closing) -> None:
+        self.closed = True
+        ids = tuple(self.leases)
+        # the process ends: what is left is abandoned with it (its refs die with the runtime)
+        self.leases.clear()
+        self.queues.clear()
+        self.tasks.clear()
+        self.requests.clear()
+        self.lost.clear()
+        if ids:
+            self._emit(ReturnLeases(self._sid, ids), *ids)
+        self._dirty.clear()
+        self._idle.clear()
+
+    # -- rules -----------------------------------------------------------------------------
+
+    def _dispatch(self, q: _Queue) -> None:
+        """Fill the queue's leases, then make sure leases are coming for what is left."""
+        if self.closed:
+            return
+        tasks = q.tasks
+        if tasks and q.free:
+            for lease in list(q.free.values()):
+                while tasks and len(lease.tasks) < lease.slots:
+                    self._push(lease, tasks.popleft())
+                if not tasks:
+                    break
+        if tasks and q.avg_s is not None and q.avg_s <= self.pipeline_below_s:
+            self._pipeline(q)
+        if not tasks:
+            return
+        if q.backoff and (q.requests or any(not l.revoked for l in q.leases.values())):
+            return  # after a refusal: only what keeps the queue from stalling
+        needed = -(-len(tasks) // q.slots)  # leases to run the backlog at once
+        want = min(needed, self.max_pending_requests) - len(q.requests)
+        if want <= 0:
+            return
+        avoid = tuple(w for w, until in self.lost.items() if until > self.now)
+        near = tasks[0].data_home
+        for _ in range(want):
+            self._ids += 1
+            request_id = f"r{self._ids}"
+            self.requests[request_id] = q
+            q.requests.add(request_id)
+            self.counts["lease_requests"] += 1
+            self._emit(RequestLease(self._sid, request_id, q.name, q.shape, q.timeout_ms, near,
+                                    avoid, q.affinity), request_id)
+
+    def _pipeline(self, q: _Queue) -> None:
+        """Short tasks with a backlog: up to ``pipeline_depth`` per slot, round robin."""
+        leases = [l for l in q.leases.values() if not l.revoked]
+        tasks = q.tasks
+        for depth in range(2, self.pipeline_depth + 1):
+            for lease in leases:
+                cap = lease.slots * depth
+                while tasks and len(lease.tasks) < cap:
+                    self._push(lease, tasks.popleft())
+                if not tasks:
+                    return
+
+    def _push(self, lease: _Lease, task: _Task) -> None:
+        task.state = PUSHED
+        task.lease = lease
+        task.runs += 1
+        lease.tasks[task.task_id] = task
+        if len(lease.tasks) >= lease.slots:
+            self.queues[lease.key].free.pop(lease.lease_id, None)
+        self.counts["local" if lease.worker == self.local_worker else "forwarded"] += 1
+        self._emit(PushTask(self._sid, task.task_id, lease.lease_id, lease.worker, lease.slots),
+                   task.task_id, lease.lease_id)
+
+    def _unpush(self, task: _Task) -> None:
+        """Take a pushed task off its lease (it ended, or its worker is gone)."""
+        lease = task.lease
+        task.lease = None
+        task.state = QUEUED
+        del lease.tasks[task.task_id]
+        if (not lease.revoked and len(lease.tasks) < lease.slots
+                and lease.lease_id in self.leases):
+            self.queues[lease.key].free[lease.lease_id] = lease
+
+    def _lease_freed(self, lease: _Lease, now: float) -> None:
+        """A task left the lease: a revoked one goes back after its last task."""
+        if lease.tasks or lease.lease_id not in self.leases:
+            return
+        lease.idle_since = now
+        if lease.revoked:
+            self._drop(lease)
+            self._emit(ReturnLeases(self._sid, (lease.lease_id,)), lease.lease_id)
+        else:
+            self._idle.append(lease)
+
+    def _requeue(self, q: _Queue, tasks: list[_Task]) -> None:
+        """Back to the front of the queue, in their order."""
+        for task in reversed(tasks):
+            task.state = QUEUED
+            q.tasks.appendleft(task)
+        self._dirty[q.key] = q
+
+    def _finish(self, task: _Task, ev: TaskFinished) -> None:
+        del self.tasks[task.task_id]
+        if ev.outcome == "ok":
+            self._emit(TaskSucceeded(self._sid, task.task_id), task.task_id)
+        else:
+            self._emit(TaskFailed(self._sid, task.task_id, ev.error), task.task_id)
+
+    def _fail(self, task: _Task, error: BaseException) -> None:
+        del self.tasks[task.task_id]
+        self._emit(TaskFailed(self._sid, task.task_id, error), task.task_id)
+
+    def _drop(self, lease: _Lease) -> None:
+        del self.leases[lease.lease_id]
+        q = self.queues[lease.key]
+        q.leases.pop(lease.lease_id, None)
+        q.free.pop(lease.lease_id, None)
+
+    def _arm(self) -> None:
+        """Keep a timer for the first idle lease to go back, or lost worker to forget."""
+        due = min(self.lost.values(), default=None)
+        for lease in self.leases.values():
+            if not lease.tasks:
+                at = lease.idle_since + self.lease_idle_s
+                if due is None or at < due:
+                    due = at
+        if due is not None:
+            self._arm_at(due)
+
+    def _arm_at(self, at: float) -> None:
+        if self.next_wake is None or at < self.next_wake:
+            self.next_wake = at
+            self._emit(WakeAt(self._sid, at))
+
+    def _avoided(self, worker: str) -> bool:
+        until = self.lost.get(worker)
+        return until is not None and until > self.now
+
+    def _clock(self, now: float) -> None:
+        if now > self.now:
+            self.now = now
+
+    def _emit(self, ins: Instruction, *keys: str) -> None:
+        self._out.append(ins)
+        self._entries.append((self._sid, (ins,), frozenset(keys)))
+
+    def _note(self, what: str, *keys: str) -> None:
+        self._entries.append((self._sid, (what, *keys), frozenset(keys)))
+
+    # -- invariants ------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Check the machine's invariants; raises AssertionError naming the broken one."""
+        seen: set[str] = set()
+        for key, q in self.queues.items():
+            assert q.key == key
+            for task in q.tasks:
+                assert task.task_id not in seen, f"{task.task_id} queued twice"
+                seen.add(task.task_id)
+                assert self.tasks.get(task.task_id) is task, f"{task.task_id} queued but unknown"
+                assert task.state == QUEUED and task.lease is None and not task.settled
+                assert task.key == key
+            for lease_id, lease in q.leases.items():
+                assert self.leases.get(lease_id) is lease, f"{lease_id} of {q.name} unknown"
+                assert lease.key == key
+            for lease_id, lease in q.free.items():
+                assert q.leases.get(lease_id) is lease and not lease.revoked
+                assert len(lease.tasks) < lease.slots, f"{lease_id} full but listed free"
+            for lease in q.leases.values():
+                if not lease.revoked and len(lease.tasks) < lease.slots:
+                    assert lease.lease_id in q.free, f"{lease.lease_id} has room, not free"
+            for request_id in q.requests:
+                assert self.requests.get(request_id) is q
+            assert len(q.requests) <= self.max_pending_requests, f"{q.name}: too many requests"
+            if self.closed:
+                continue
+            if q.tasks:
+                assert not q.free, (f"{q.name}: {len(q.tasks)} task(s) wait while lease "
+                                    f"{next(iter(q.free))} has a free slot")
+                usable = any(not l.revoked for l in q.leases.values())
+                assert usable or q.requests, (
+                    f"{q.name} stalls: {len(q.tasks)} task(s) queued, no usable lease and no "
+                    "outstanding request")
+        for request_id, q in self.requests.items():
+            assert request_id in q.requests
+        for lease_id, lease in self.leases.items():
+            assert lease_id in self.queues[lease.key].leases
+            assert len(lease.tasks) <= lease.slots * self.pipeline_depth
+            assert not (lease.revoked and not lease.tasks), f"{lease_id} revoked, idle, kept"
+            for task_id, task in lease.tasks.items():
+                assert task_id not in seen, f"{task_id} both queued and pushed, or pushed twice"
+                seen.add(task_id)
+                assert self.tasks.get(task_id) is task and task.lease is lease
+                assert task.state == PUSHED
+            if not lease.tasks and not self.closed:
+                assert self.next_wake is not None and \
+                    self.next_wake <= lease.idle_since + self.lease_idle_s, \
+                    f"idle {lease_id} has no timer to go back"
+        assert seen == set(self.tasks), f"tasks lost track of: {set(self.tasks) ^ seen}"
+        if self.lost and not self.closed:
+            assert self.next_wake is not None and self.next_wake <= min(self.lost.values()), \
+                "no timer to forget a lost worker"
+
+
+def _event_keys(ev: Event) -> frozenset:
+    """The ids the story entry of ``ev`` is found by."""
+    keys = [v for v in (getattr(ev, f) for f in _KEYS[type(ev)]) if v]
+    if type(ev) is LeasesRevoked:
+        keys.extend(ev.lease_ids)
+    return frozenset(keys)
+
+
+#: the fields of each event that its story entry is found by
+_KEYS = {
+    TaskQueued: ("task_id",),
+    LeaseGranted: ("request_id", "lease_id", "worker"),
+    LeaseRefused: ("request_id",),
+    TaskFinished: ("task_id",),
+    CancelRequested: ("task_id",),
+    LeasesRevoked: (),
+    WorkerLost: ("worker",),
+    Tick: (),
+    Closing: (),
+}
+
+_HANDLERS = {
+    TaskQueued: SubmitQueue._task_queued,
+    LeaseGranted: SubmitQueue._lease_granted,
+    LeaseRefused: SubmitQueue._lease_refused,
+    TaskFinished: SubmitQueue._task_finished,
+    CancelRequested: SubmitQueue._cancel_requested,
+    LeasesRevoked: SubmitQueue._leases_revoked,
+    WorkerLost: SubmitQueue._worker_lost,
+    Tick: SubmitQueue._tick,
+    Closing: SubmitQueue._closing,
+}

@@ -1,0 +1,490 @@
+"""The scheduler's lease queue: who holds which worker's resources, and who waits for them.
+
+A *holding* keeps resources of one worker: a task *lease* (a submitter pushes tasks of one
+shape straight to that worker while it holds it) or an *instance* (for its whole life).
+:class:`LeaseQueue` decides every holding, as a pure state machine
+(``yrdask/statemachine.py``, contract in ``docs/state-machines.md``): no I/O, no clock, no
+asyncio.  The Dask adapter (``scheduler/extension.py``) stamps events with its loop's clock,
+answers each request's rpc with its ``Granted``/``Refused``, sends ``Revoke`` on the owner's
+stream and turns ``WakeAt`` into ``loop.call_at``; the simulation in ``tests/sim`` drives the
+same class through a simulated network.
+
+The rules:
+
+* a request is granted at once when a worker fits it (:meth:`Ledger.choose`: hard
+  affinities filter, soft ones rank, the requester's ``local`` worker first, ``avoid`` never);
+* otherwise it waits, first come first served but without head-of-line blocking: whenever
+  resources free up, every waiting request that fits now is granted, in arrival order;
+* a waiting request asks the owners of idle leases that stand in its way (leases on workers
+  that could run it, except those serving the requester's own queue) to return them, each
+  lease at most once per request;
+* a lease whose task blocks in ``yr.get`` lends its CPU back (``LeaseBlocked``), and what
+  waits may be granted on it: nested work cannot deadlock even on a one-CPU cluster;
+* at its deadline a request keeps waiting (another ``timeout`` or at least 1 s) while leases
+  hold what it needs on a worker that could run it, since tasks end; otherwise it is refused
+  with :meth:`Ledger.explain_unfit`.  ``timeout_ms < 0`` waits forever;
+* every request is answered exactly once (``Granted`` or ``Refused``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from yrdask.affinity import Wire
+from yrdask.scheduler.requests import freeze, shape_of
+from yrdask.scheduler.resources import Holding, Ledger, Shape, format_shape
+from yrdask.statemachine import Event, Instruction, Story
+
+EXTEND_MIN_MS = 1000  # a request that could be freed waits at least this long more
+TOLERANCE = 1e-6  # float slack of the ledger checks
+
+
+# -- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerJoined(Event):
+    """A yr worker offers ``capacity`` ({resource: amount})."""
+
+    worker: str
+    capacity: Shape
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLeft(Event):
+    """A worker is gone: what it held is lost, and (as an owner) its leases elsewhere are
+    released and its waiting requests refused, as for ``OwnerGone(worker)``."""
+
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class HoldRequested(Event):
+    """Hold ``shape`` on one worker for ``owner``: a task lease or an instance's holding.
+
+    ``holding_id`` names the holding (instances hold under their own id; ``None``: the queue
+    makes a lease id).  ``timeout_ms < 0`` waits forever.  ``local`` is the worker to prefer,
+    ``queue`` the owner's task queue a lease serves (never revoked for that same queue),
+    ``avoid`` workers never to grant on, ``affinity`` the wire form of
+    :mod:`yrdask.affinity`, ``labels`` an instance's labels.
+    """
+
+    request_id: str
+    owner: str
+    kind: str
+    shape: Shape
+    timeout_ms: int
+    local: str | None
+    queue: str
+    avoid: tuple
+    affinity: Wire
+    labels: tuple
+    holding_id: str | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class HoldingsReleased(Event):
+    """The holdings are given back (returned leases, ended instances)."""
+
+    holding_ids: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseBlocked(Event):
+    """A task of the lease blocks in ``yr.get``: its CPU is lent back."""
+
+    lease_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseUnblocked(Event):
+    """The blocked task runs again: its lease takes its CPU back."""
+
+    lease_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerGone(Event):
+    """A driver's job (or a worker's submitter) ended: its leases are released and its
+    waiting requests refused."""
+
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCancelled(Event):
+    """The requester no longer wants it (an instance ended while it waited)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tick(Event):
+    """A timer asked for with ``WakeAt`` fired (or time simply passed)."""
+
+    now: float
+
+
+# -- instructions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Granted(Instruction):
+    """Answer the request: it holds ``holding_id`` on ``worker``."""
+
+    request_id: str
+    holding_id: str
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused(Instruction):
+    """Answer the request: it cannot be had, because ``reason``."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Revoke(Instruction):
+    """Ask ``owner`` to return these leases once idle (``REVOKE_LEASES`` on its stream)."""
+
+    owner: str
+    lease_ids: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class WakeAt(Instruction):
+    """Send ``Tick(now)`` at or after ``at``."""
+
+    at: float
+
+
+# -- the machine -----------------------------------------------------------------------------
+
+
+class _Waiter:
+    """A request waiting for room."""
+
+    __slots__ = ("request_id", "owner", "kind", "shape", "timeout_ms", "local", "queue",
+                 "avoid", "affinity", "labels", "holding_id", "deadline", "revoked")
+
+    def __init__(self, ev: HoldRequested) -> None:
+        self.request_id = ev.request_id
+        self.owner = ev.owner
+        self.kind = ev.kind
+        self.shape = shape_of(ev.shape)
+        self.timeout_ms = ev.timeout_ms
+        self.local = ev.local
+        self.queue = ev.queue or ""
+        self.avoid = tuple(ev.avoid or ())
+        self.affinity = freeze(ev.affinity or ())
+        self.labels = tuple(ev.labels or ())
+        self.holding_id = ev.holding_id
+        self.deadline: float | None = None if ev.timeout_ms < 0 else ev.now + ev.timeout_ms / 1000
+        self.revoked: set[str] = set()  # leases already revoked for it
+
+    def fit_key(self) -> tuple:
+        """Requests with equal keys fit exactly the same workers."""
+        return (tuple(sorted(self.shape.items())), self.avoid, self.affinity)
+
+    def __repr__(self) -> str:
+        return (f"<{self.kind} request {self.request_id} of {self.owner} "
+                f"{format_shape(self.shape)}>")
+
+
+class LeaseQueue:
+    """Grants leases and instance holdings, queues what does not fit (see module docstring).
+
+    ``ledger`` is the resource :class:`Ledger` (read by the dashboard), ``pending`` the
+    waiting requests by id in arrival order, ``counters`` the lease counters.
+    """
+
+    def __init__(self, story_len: int = 100_000) -> None:
+        self.ledger = Ledger()
+        self.pending: dict[str, _Waiter] = {}
+        self.counters: dict[str, int] = {"leases_granted": 0, "leases_local": 0,
+                                         "leases_forwarded": 0, "lease_timeouts": 0}
+        self.next_wake: float | None = None  # earliest WakeAt not yet answered by a Tick
+        self._ids = 0
+        self._story = Story(story_len)
+        self._handlers: dict[type, Callable[[Any], list[Instruction]]] = {
+            HoldRequested: self._requested, HoldingsReleased: self._released,
+            LeaseBlocked: self._blocked, LeaseUnblocked: self._unblocked,
+            OwnerGone: self._owner_gone, RequestCancelled: self._cancelled, Tick: self._tick,
+            WorkerJoined: self._worker_joined, WorkerLeft: self._worker_left,
+        }
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def story(self, *keys: str) -> list[tuple[str, tuple]]:
+        """The story entries mentioning any request id, holding id, owner or worker in
+        ``keys``."""
+        return self._story.about(*keys)
+
+    def story_text(self, *keys: str) -> str:
+        """:meth:`story` (or everything) as text, one entry a line."""
+        return self._story.dump(*keys)
+
+    def holdings_on(self, worker: str) -> list[Holding]:
+        """What ``worker`` holds now (lost with it if it leaves)."""
+        ws = self.ledger.workers.get(worker)
+        return [] if ws is None else [self.ledger.holdings[h] for h in sorted(ws.holdings)]
+
+    # -- events ----------------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Instruction]:
+        """Apply ``event``; returns what the adapter must do, in order."""
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            self._story.log(event.stimulus_id, ("unknown-event", type(event).__name__), ())
+            return []
+        return handler(event)
+
+    def _requested(self, ev: HoldRequested) -> list[Instruction]:
+        sid, rid = ev.stimulus_id, ev.request_id
+        if rid in self.pending:
+            self._story.log(sid, ("duplicate-request-ignored", rid), (rid, ev.owner))
+            return []
+        w = _Waiter(ev)
+        self._story.log(sid, ("requested", rid, w.kind, w.owner, format_shape(w.shape),
+                              w.timeout_ms), (rid, w.owner, w.holding_id))
+        out: list[Instruction] = []
+        if self._try_grant(w, sid, out):
+            if w.labels and self.pending:  # its labels may admit a waiter's affinity
+                self._grant_pending(sid, out)
+            return out
+        self.pending[rid] = w
+        self._story.log(sid, ("wait", rid, w.deadline), (rid,))
+        self._revoke_for(w, sid, out)
+        if w.deadline is not None:
+            out.extend(self._wake(sid, w.deadline))
+        return out
+
+    def _released(self, ev: HoldingsReleased) -> list[Instruction]:
+        sid = ev.stimulus_id
+        for hid in ev.holding_ids:
+            h = self.ledger.release(hid)
+            if h is None:
+                self._story.log(sid, ("release-ignored", hid), (hid,))
+            else:
+                self._story.log(sid, ("released", hid, h.worker), (hid, h.owner, h.worker))
+        out: list[Instruction] = []
+        self._grant_pending(sid, out)
+        return out
+
+    def _blocked(self, ev: LeaseBlocked) -> list[Instruction]:
+        if not self.ledger.lend_cpu(ev.lease_id, True):
+            self._story.log(ev.stimulus_id, ("lend-ignored", ev.lease_id), (ev.lease_id,))
+            return []
+        self._story.log(ev.stimulus_id, ("lent", ev.lease_id), (ev.lease_id,))
+        out: list[Instruction] = []
+        self._grant_pending(ev.stimulus_id, out)
+        return out
+
+    def _unblocked(self, ev: LeaseUnblocked) -> list[Instruction]:
+        changed = self.ledger.lend_cpu(ev.lease_id, False)
+        self._story.log(ev.stimulus_id, ("unlent" if changed else "unlend-ignored",
+                                         ev.lease_id), (ev.lease_id,))
+        return []
+
+    def _owner_gone(self, ev: OwnerGone) -> list[Instruction]:
+        out: list[Instruction] = []
+        self._drop_owner(ev.owner, ev.stimulus_id, out)
+        self._grant_pending(ev.stimulus_id, out)
+        return out
+
+    def _cancelled(self, ev: RequestCancelled) -> list[Instruction]:
+        w = self.pending.pop(ev.request_id, None)
+        if w is None:
+            self._story.log(ev.stimulus_id, ("cancel-ignored", ev.request_id), (ev.request_id,))
+            return []
+        self._story.log(ev.stimulus_id, ("cancelled", ev.request_id), (ev.request_id, w.owner))
+        return [Refused(ev.stimulus_id, ev.request_id,
+                        f"the {w.kind} request {ev.request_id} was cancelled")]
+
+    def _tick(self, ev: Tick) -> list[Instruction]:
+        sid, now = ev.stimulus_id, ev.now
+        self.next_wake = None  # the timer that brought this Tick is spent
+        out: list[Instruction] = []
+        self._grant_pending(sid, out)
+        for rid, w in list(self.pending.items()):
+            if w.deadline is None or w.deadline > now:
+                continue
+            if self._could_free(w):
+                # Running tasks hold what it needs on a worker that could run it: they end.
+                w.deadline = now + max(w.timeout_ms, EXTEND_MIN_MS) / 1000
+                self._story.log(sid, ("extend", rid, w.deadline), (rid,))
+                self._revoke_for(w, sid, out)
+                continue
+            del self.pending[rid]
+            self.counters["lease_timeouts"] += 1
+            reason = self.ledger.explain_unfit(w.shape, w.affinity)
+            if w.avoid:
+                reason += f" (it avoids {', '.join(w.avoid)}, unreachable to its requester)"
+            self._story.log(sid, ("refused", rid, reason), (rid, w.owner))
+            out.append(Refused(sid, rid, reason))
+        earliest = min((w.deadline for w in self.pending.values() if w.deadline is not None),
+                       default=None)
+        if earliest is not None:
+            out.extend(self._wake(sid, earliest))
+        return out
+
+    def _worker_joined(self, ev: WorkerJoined) -> list[Instruction]:
+        sid, worker = ev.stimulus_id, ev.worker
+        known = self.ledger.workers.get(worker)
+        if known is not None:  # registered again: keep what it holds, take the new offer
+            known.capacity = shape_of(ev.capacity)
+            self._story.log(sid, ("worker-capacity", worker, format_shape(known.capacity)),
+                            (worker,))
+        else:
+            self.ledger.add_worker(worker, shape_of(ev.capacity))
+            self._story.log(sid, ("worker-joined", worker, format_shape(ev.capacity)), (worker,))
+        out: list[Instruction] = []
+        self._grant_pending(sid, out)
+        return out
+
+    def _worker_left(self, ev: WorkerLeft) -> list[Instruction]:
+        sid, worker = ev.stimulus_id, ev.worker
+        lost = self.ledger.remove_worker(worker)
+        self._story.log(sid, ("worker-left", worker, tuple(sorted(h.holding_id for h in lost))),
+                        (worker,))
+        for h in lost:
+            self._story.log(sid, ("lost", h.holding_id, h.kind, worker),
+                            (h.holding_id, h.owner))
+        out: list[Instruction] = []
+        # A submitter on that worker owned leases elsewhere, and may have requests waiting.
+        self._drop_owner(worker, sid, out)
+        self._grant_pending(sid, out)
+        return out
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _new_id(self) -> str:
+        while True:
+            self._ids += 1
+            hid = f"L{self._ids}"
+            if hid not in self.ledger.holdings:
+                return hid
+
+    def _try_grant(self, w: _Waiter, sid: str, out: list[Instruction]) -> bool:
+        """Grant ``w`` if a worker fits it now; True if ``w`` was answered."""
+        ledger = self.ledger
+        worker = ledger.choose(w.shape, prefer=w.local, avoid=w.avoid, affinity=w.affinity)
+        if worker is None:
+            return False
+        hid = w.holding_id or self._new_id()
+        if hid in ledger.holdings:  # the same instance placed twice: never count it twice
+            reason = f"holding {hid} already holds resources on {ledger.holdings[hid].worker}"
+            self._story.log(sid, ("refused", w.request_id, reason), (w.request_id, hid))
+            out.append(Refused(sid, w.request_id, reason))
+            return True
+        ledger.hold(Holding(hid, w.kind, worker, w.shape, w.owner, queue=w.queue,
+                            labels=w.labels))
+        if w.kind == "lease":
+            counters = self.counters
+            counters["leases_granted"] += 1
+            counters["leases_local" if worker == w.local else "leases_forwarded"] += 1
+        self._story.log(sid, ("granted", w.request_id, hid, worker),
+                        (w.request_id, hid, w.owner, worker))
+        out.append(Granted(sid, w.request_id, hid, worker))
+        return True
+
+    def _grant_pending(self, sid: str, out: list[Instruction]) -> None:
+        """Grant every waiting request that fits now, oldest first (no head-of-line blocking).
+
+        Resources only shrink during a pass, so a request shape that did not fit is not tried
+        again in it; an instance granted with labels may admit an earlier request's
+        affinity, so that starts another pass.
+        """
+        pending = self.pending
+        while pending:
+            unfit: set[tuple] = set()
+            relabelled = False
+            for rid, w in list(pending.items()):
+                key = w.fit_key()
+                if key in unfit:
+                    continue
+                if self._try_grant(w, sid, out):
+                    del pending[rid]
+                    relabelled = relabelled or bool(w.labels)
+                else:
+                    unfit.add(key)
+            if not relabelled:
+                return
+
+    def _holders_for(self, w: _Waiter) -> list[Holding]:
+        return self.ledger.lease_holders_on_fitting_workers(w.shape, w.affinity, w.avoid)
+
+    def _could_free(self, w: _Waiter) -> bool:
+        """True if leases (tasks, which end) hold resources on a worker that could run ``w``."""
+        return bool(self._holders_for(w))
+
+    def _revoke_for(self, w: _Waiter, sid: str, out: list[Instruction]) -> None:
+        """Ask the owners of leases that stand in ``w``'s way to return the idle ones."""
+        by_owner: dict[str, list[str]] = {}
+        for h in self._holders_for(w):
+            if (h.owner == w.owner and h.queue == w.queue) or h.holding_id in w.revoked:
+                continue  # it serves this very queue, or was asked for already
+            w.revoked.add(h.holding_id)
+            by_owner.setdefault(h.owner, []).append(h.holding_id)
+        for owner, lease_ids in by_owner.items():
+            self._story.log(sid, ("revoke", w.request_id, owner, tuple(lease_ids)),
+                            (w.request_id, owner, *lease_ids))
+            out.append(Revoke(sid, owner, tuple(lease_ids)))
+
+    def _drop_owner(self, owner: str, sid: str, out: list[Instruction]) -> None:
+        """Release ``owner``'s leases and refuse its waiting requests."""
+        ledger = self.ledger
+        for h in [h for h in ledger.holdings.values() if h.owner == owner and h.kind == "lease"]:
+            ledger.release(h.holding_id)
+            self._story.log(sid, ("released-owner-gone", h.holding_id, h.worker),
+                            (h.holding_id, owner, h.worker))
+        for rid, w in list(self.pending.items()):
+            if w.owner == owner:
+                del self.pending[rid]
+                reason = f"the requester {owner} of {w.kind} request {rid} is gone"
+                self._story.log(sid, ("refused", rid, reason), (rid, owner))
+                out.append(Refused(sid, rid, reason))
+
+    def _wake(self, sid: str, at: float) -> list[Instruction]:
+        if self.next_wake is not None and self.next_wake <= at:
+            return []
+        self.next_wake = at
+        return [WakeAt(sid, at)]
+
+    # -- invariants ------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Check the queue's invariants (the simulation calls this after every step)."""
+        ledger = self.ledger
+        sums: dict[str, dict[str, float]] = {w: {} for w in ledger.workers}
+        for hid, h in ledger.holdings.items():
+            assert h.holding_id == hid, f"holding {hid} filed as {h.holding_id}"
+            assert h.worker in ledger.workers, f"holding {hid} on unknown worker {h.worker}"
+            assert hid in ledger.workers[h.worker].holdings, f"{h.worker} does not list {hid}"
+            s = sums[h.worker]
+            for r, a in h.shape.items():
+                if not (r == "CPU" and h.lent_cpu):
+                    s[r] = s.get(r, 0.0) + a
+        for address, ws in ledger.workers.items():
+            for hid in ws.holdings:
+                assert hid in ledger.holdings, f"{address} lists holding {hid} the ledger forgot"
+            for r in set(ws.held) | set(sums[address]):
+                held, due = ws.held.get(r, 0.0), sums[address].get(r, 0.0)
+                assert abs(held - due) < TOLERANCE, \
+                    f"{address} holds {r}={held:g} but its holdings sum to {due:g}"
+                assert held > -TOLERANCE, f"{address} holds a negative {r}={held:g}"
+        deadlines = []
+        for rid, w in self.pending.items():
+            assert w.request_id == rid, f"request {rid} filed as {w.request_id}"
+            assert (w.deadline is None) == (w.timeout_ms < 0), f"request {rid}: deadline {w.deadline}"
+            worker = ledger.choose(w.shape, avoid=w.avoid, affinity=w.affinity)
+            assert worker is None, f"request {rid} waits though {worker} has room for it"
+            if w.deadline is not None:
+                deadlines.append(w.deadline)
+        if deadlines:
+            assert self.next_wake is not None and self.next_wake <= min(deadlines), \
+                f"requests wait for deadlines {min(deadlines)} without a timer ({self.next_wake})"

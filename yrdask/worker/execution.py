@@ -1,0 +1,113 @@
+"""One pushed task on a worker, from its arrival to its end: what cancelling it may do.
+
+``yr.cancel`` of a running task raises :class:`~yrdask.errors.CancelledError` in the thread
+that runs it (``PyThreadState_SetAsyncExc``).  That is only safe if the exception cannot
+land anywhere else, so each task has an :class:`Execution` record with a lock:
+
+* the task thread *arms* the record (under the lock) right before the user function and
+  *disarms* it right after; a cancel raises the exception only while the record is armed,
+  at most once (``shot``);
+* disarming clears an exception still pending for the thread (``SetAsyncExc(ident, NULL)``),
+  so it can never hit the next task that thread runs; one delivered between the user code
+  and the disarm is caught by the agent, and the task reports a cancel;
+* a task cancelled before it is armed is never armed (``arm`` returns False): it never runs.
+
+The record lives in the agent's table from ``RUN_TASK`` until the task ends or is bounced,
+so a cancel for a task that is not there (ended, bounced) is simply dropped.
+
+While the user code calls back into yr's own bookkeeping that must not be torn halfway (the
+lease gate, when the task blocks in ``yr.get`` and lends its slot), the record is *shielded*:
+no exception is raised meanwhile, one already raised is withdrawn, and the cancel is raised
+synchronously when the shield is lifted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+from yrdask.errors import CancelledError
+
+_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_current = threading.local()  # .ex: the Execution armed in this thread, if any
+
+
+def current_execution() -> "Execution | None":
+    """The task record whose user code this thread runs now, if any."""
+    return getattr(_current, "ex", None)
+
+
+class Execution:
+    """The cancel state of one task on this worker (see module docstring)."""
+
+    __slots__ = ("task_id", "peer", "msg", "lock", "cancelled", "armed", "shot", "ident",
+                 "shielded")
+
+    def __init__(self, task_id: str, peer: Any, msg: dict) -> None:
+        self.task_id = task_id
+        self.peer = peer
+        self.msg = msg
+        self.lock = threading.Lock()
+        self.cancelled = False
+        self.armed = False
+        self.shot = False  # the async exception was raised (once at most)
+        self.ident = 0
+        self.shielded = False
+
+    def cancel(self) -> bool:
+        """Mark cancelled; interrupt the user code if it runs now.  True if interrupted."""
+        with self.lock:
+            self.cancelled = True
+            if not self.armed or self.shot:
+                return False
+            self.shot = True
+            _set_async_exc(ctypes.c_ulong(self.ident), ctypes.py_object(CancelledError))
+            return True
+
+    def arm(self) -> bool:
+        """The calling thread is about to run the user code; False if it must not (cancelled)."""
+        with self.lock:
+            if self.cancelled:
+                return False
+            self.ident = threading.get_ident()
+            self.armed = True
+            _current.ex = self
+            return True
+
+    def disarm(self) -> None:
+        """The user code is over: no cancel may reach this thread any more.
+
+        May itself raise the pending ``CancelledError`` (delivered on entering the call):
+        callers loop ``try: disarm() except CancelledError: retry`` in their own frame.
+        Idempotent.
+        """
+        with self.lock:
+            self.shielded = False
+            _current.ex = None
+            if self.armed:
+                self.armed = False
+                if self.shot:  # raised but maybe not delivered yet: drop it
+                    _set_async_exc(ctypes.c_ulong(self.ident), None)
+
+    def shield(self) -> None:
+        """yr bookkeeping runs in the task's thread now: no cancel may land inside it."""
+        with self.lock:
+            if self.armed:
+                self.armed = False
+                self.shielded = True
+                if self.shot:  # withdrawn now, raised again by unshield
+                    _set_async_exc(ctypes.c_ulong(self.ident), None)
+
+    def unshield(self) -> None:
+        """Back to user code: cancels may interrupt again; one that came meanwhile is raised."""
+        with self.lock:
+            if not self.shielded:
+                return
+            self.shielded = False
+            self.armed = True
+            cancelled = self.cancelled
+            self.shot = self.shot or cancelled
+        if cancelled:
+            raise CancelledError(f"task {self.task_id} cancelled")
+
