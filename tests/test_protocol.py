@@ -281,7 +281,6 @@ def test_op_literal_scan_finds_dict_literals(tmp_path):
     assert op_literals(pkg) == ["pkg/mod.py:1", "pkg/mod.py:3"]
 
 
-@pytest.mark.xfail(strict=False, reason="conversion of files owned by other helpers pending")
 def test_no_op_dict_literals_outside_protocol():
     assert op_literals() == []
 

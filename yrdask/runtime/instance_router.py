@@ -71,15 +71,15 @@ class InstanceRouter:
             error = failed_dep(refs) if refs else None
             self._do(self.order.handle(C.CallSubmitted(cid, cid, call.instance_id, True, error)))
 
-    def on_done(self, msg: dict) -> bool:
+    def on_done(self, msg: P.TaskDone) -> bool:
         """Settle a method call's refs; False if ``msg`` is not for a method call."""
-        cid = msg["task_id"]
+        cid = msg.task_id
         call = self.calls.get(cid)
         if call is None:
             return False
-        error = msg.get("error")
+        error = msg.error
         if error is None:
-            call.results = msg["results"]
+            call.results = msg.results
         else:
             from yrdask.serialization import loads
 
@@ -124,10 +124,9 @@ class InstanceRouter:
             elif kind is C.FlushSoon:
                 self.rt.loop.call_soon(self._flush)
             elif kind is C.ReportHandles:
-                self.rt.connector.stream_send({
-                    "op": P.HANDLE_REFS, "deltas": ins.deltas,
-                    "transit": [list(t) for t in ins.transit],
-                    "arrived": [list(t) for t in ins.arrived]})
+                self.rt.connector.stream_send(P.HandleRefs(
+                    ins.deltas, transit=[list(t) for t in ins.transit],
+                    arrived=[list(t) for t in ins.arrived]))
             elif kind is C.SendCreate:
                 self.rt.loop.create_task(self._create_rpc(ins.instance_id))
             elif kind is C.SendLocate:
@@ -140,16 +139,14 @@ class InstanceRouter:
         if call.deps is None:
             call.deps = [dep_of(r) for r in call.dep_refs] if call.dep_refs else []
             call.dep_refs = []
-        self.rt.channel(ins.worker).send({
-            "op": P.CALL_METHOD, "task_id": call.call_id, "instance_id": ins.instance_id,
-            "method": call.method, "args": call.args, "deps": call.deps, "nret": call.nret,
-        })
+        self.rt.channel(ins.worker).send(P.CallMethod(
+            call.call_id, ins.instance_id, call.method, call.args, call.deps, call.nret))
 
     async def _create_rpc(self, iid: str) -> None:
         spec, _refs = self.specs.pop(iid)
         try:
-            real_id, where, _meta = await self.rt.connector.scheduler_rpc(
-                P.CREATE_INSTANCE, spec=spec)
+            real_id, where, _meta = await self.rt.connector.request(
+                P.CreateInstance(spec))
         except Exception as e:
             real_id, where = None, f"instance creation failed: {e!r}"
         if real_id is None:
@@ -160,8 +157,8 @@ class InstanceRouter:
 
     async def _locate_rpc(self, iid: str, lost: str | None) -> None:
         try:
-            state, where, reason, real_id = await self.rt.connector.scheduler_rpc(
-                P.LOCATE_INSTANCE, instance_id=iid, lost=lost)
+            state, where, reason, real_id = await self.rt.connector.request(
+                P.LocateInstance(iid, lost=lost))
         except Exception as e:
             state, where, reason, real_id = P.DEAD, None, f"cannot reach the scheduler: {e!r}", None
         if state == P.DEAD:

@@ -143,8 +143,12 @@ class Runtime:
         return chan
 
     def on_channel_message(self, msg: dict) -> None:
-        if msg["op"] == P.TASK_DONE and not self.router.on_done(msg):
-            self.submitter.on_task_done(msg)
+        """A message from a worker on a call channel (:data:`P.CHANNEL_TO_CALLER`): the
+        :class:`P.TaskDone` of a method call goes to the router, of a task to the submitter."""
+        if P.MESSAGES.get(msg["op"]) is P.TaskDone:  # the one op of P.CHANNEL_TO_CALLER
+            done = P.TaskDone.from_msg(msg)
+            if not self.router.on_done(done):
+                self.submitter.on_task_done(done)
 
     def worker_lost(self, address: str) -> None:
         """The scheduler removed a worker: treat a channel to it as lost, socket or not."""
@@ -161,7 +165,7 @@ class Runtime:
     def free_remote(self, worker: str, object_ids: list[str]) -> None:
         async def free() -> None:
             try:
-                await self.connector.rpc(worker).yr_free_objects(object_ids=object_ids)
+                await P.request(self.connector.rpc(worker), P.FreeObjects(object_ids))
             except Exception:
                 pass
 
@@ -299,8 +303,8 @@ class Runtime:
 
     async def _fetch(self, address: str, object_id: str, timeout: float | None) -> list:
         try:
-            return await self.connector.rpc(address).yr_fetch_object(
-                object_id=object_id, timeout=timeout)
+            return await P.request(self.connector.rpc(address),
+                                   P.FetchObject(object_id, timeout=timeout))
         except Exception as e:
             err = RemoteError.from_exception(
                 YRRuntimeError(f"cannot fetch object {object_id} from {address}: {e}"), "")

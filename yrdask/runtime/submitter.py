@@ -115,21 +115,21 @@ class Submitter:
                                   task.timeout_ms, slots, affinity, task.retries, data_home,
                                   task.name))
 
-    def on_task_done(self, msg: dict) -> None:
+    def on_task_done(self, msg: P.TaskDone) -> None:
         """``TASK_DONE`` of a pushed task (instance calls were routed elsewhere first)."""
         if self._busy:  # never inside another event's instructions: its results must wait
             self.rt.loop.call_soon(self.on_task_done, msg)
             return
-        task_id = msg["task_id"]
-        error = msg.get("error")
-        if msg.get("requeue"):
+        task_id = msg.task_id
+        error = msg.error
+        if msg.requeue:
             outcome = "requeue"
         elif error is not None:
-            outcome = "retryable" if msg.get("retryable") else "error"
+            outcome = "retryable" if msg.retryable else "error"
         else:
             outcome = "ok"
-            self._results[task_id] = msg.get("results") or []
-        self._handle(M.TaskFinished("task-done", task_id, outcome, msg.get("took"), error,
+            self._results[task_id] = msg.results or []
+        self._handle(M.TaskFinished("task-done", task_id, outcome, msg.took, error,
                                     time.monotonic()))
         if outcome == "ok":
             self._results.pop(task_id, None)
@@ -221,7 +221,7 @@ class Submitter:
         elif kind is M.ReturnLeases:
             self.rt.connector.return_leases(list(ins.lease_ids))
         elif kind is M.SendCancel:
-            self.rt.channel(ins.worker).send({"op": P.CANCEL_TASK, "task_id": ins.task_id})
+            self.rt.channel(ins.worker).send(P.CancelTask(ins.task_id))
         elif kind is M.WakeAt:
             self._wake_at(ins.at)
         else:
@@ -232,11 +232,8 @@ class Submitter:
         chan = self.rt.channel(ins.worker)
         fn = None if task.fn_id in chan.sent_functions else task.fn_payload
         chan.sent_functions.add(task.fn_id)
-        chan.send({
-            "op": P.RUN_TASK, "task_id": task.task_id, "lease_id": ins.lease_id,
-            "fn_id": task.fn_id, "fn": fn, "args": task.args, "deps": task.deps,
-            "nret": task.nret, "owner": task.owner, "name": task.name, "slots": ins.slots,
-        })
+        chan.send(P.RunTask(task.task_id, ins.lease_id, task.fn_id, fn, task.args, task.deps,
+                            task.nret, task.owner, task.name, ins.slots))
 
     async def _request_lease(self, ins: M.RequestLease) -> None:
         try:

@@ -68,22 +68,10 @@ class YrSchedulerExtension:
         self._gone: dict[str, asyncio.Event] = {}  # worker address -> set once removed
         self.figures = SchedulingFigures()
         scheduler.extensions[EXTENSION_NAME] = self
-        scheduler.handlers.update(
-            {
-                P.CONNECT_JOB: self.connect_job,
-                P.REGISTER_WORKER: self.register_worker,
-                P.REQUEST_LEASE: self.request_lease,
-                P.CLUSTER_INFO: self.cluster_info,
-            }
-        )
-        scheduler.stream_handlers.update(
-            {
-                P.RETURN_LEASES: self.return_leases,
-                P.LEASE_BLOCKED: self.lease_blocked,
-                P.LEASE_UNBLOCKED: self.lease_unblocked,
-            }
-        )
         self.instances = InstanceManager(self)
+        # One table each, from the protocol: the extension's ops, then the instance manager's.
+        scheduler.handlers.update(P.handlers(P.SCHEDULER_RPC, self, self.instances))
+        scheduler.stream_handlers.update(P.handlers(P.SCHEDULER_STREAM, self, self.instances))
         scheduler.add_plugin(_Hooks(self), name="yrdask-hooks")
 
     async def start(self) -> None:
@@ -137,12 +125,13 @@ class YrSchedulerExtension:
         gone = self._gone.pop(address, None)
         if gone is not None:
             gone.set()
-        msg = {"op": P.WORKER_LOST, "worker": address}
+        lost = P.WorkerLost(address)
+        msg = lost.to_msg()
         for job in list(self.jobs.values()):
             self._send_to_owner(job.owner, msg)
         for worker in self.scheduler.workers:
             if worker != address:
-                self._send_to_owner(worker, dict(msg))
+                self._send_to_owner(worker, lost.to_msg())
 
     async def worker_gone(self, address: str, timeout: float) -> bool:
         """Wait until Dask has removed ``address`` (a caller lost its channel to it).
@@ -164,16 +153,18 @@ class YrSchedulerExtension:
         """Serve one driver's job stream until it closes; then end the job."""
         stream = StreamSender(comm)
         if protocol_version != P.PROTOCOL_VERSION:
-            stream.send({"op": P.JOB_WELCOME, "error": (
+            stream.send(P.JobWelcome(error=(
                 f"yrdask protocol mismatch: driver speaks {protocol_version}, scheduler "
-                f"speaks {P.PROTOCOL_VERSION}; install the same yrdask version everywhere")})
+                f"speaks {P.PROTOCOL_VERSION}; install the same yrdask version everywhere"
+            )).to_msg())
             await stream.close()
             return
         self.jobs[owner_address] = Job(job_id, owner_address, stream)
-        stream.send({"op": P.JOB_WELCOME, "protocol_version": P.PROTOCOL_VERSION,
-                     "dashboard": self.dashboard_link()})
-        handlers = {P.RETURN_LEASES: self.return_leases,
-                    P.HANDLE_REFS: functools.partial(self.instances.handle_refs, holder=owner_address)}
+        stream.send(P.JobWelcome(protocol_version=P.PROTOCOL_VERSION,
+                                 dashboard=self.dashboard_link()).to_msg())
+        handlers = P.handlers(P.JOB_STREAM, self, self.instances)
+        handlers[P.HANDLE_REFS] = functools.partial(handlers[P.HANDLE_REFS],
+                                                    holder=owner_address)
         try:
             while True:
                 try:
@@ -181,10 +172,9 @@ class YrSchedulerExtension:
                 except (CommClosedError, OSError):
                     break
                 for msg in msgs if isinstance(msgs, (list, tuple)) else (msgs,):
-                    op = msg.pop("op")
-                    if op == "close-stream":
+                    if msg["op"] == P.CLOSE_STREAM:
                         return
-                    handlers[op](**msg)
+                    P.dispatch(handlers, msg)
         finally:
             self.jobs.pop(owner_address, None)
             self._release_owned_by(owner_address)
@@ -332,8 +322,7 @@ class YrSchedulerExtension:
                 if answer is not None and not answer[0].done():
                     answer[0].set_result([None, ins.reason])
             elif kind is LQ.Revoke:
-                self._send_to_owner(ins.owner, {"op": P.REVOKE_LEASES,
-                                                "lease_ids": list(ins.lease_ids)})
+                self._send_to_owner(ins.owner, P.RevokeLeases(list(ins.lease_ids)).to_msg())
             elif kind is LQ.WakeAt:
                 self._loop().call_at(ins.at, self._tick)
         if gone:

@@ -37,20 +37,8 @@ class InstanceManager:
         self.waiters: dict[tuple[str, str], list[asyncio.Future]] = {}
         self.requests: dict[str, LeaseRequest] = {}  # instance id -> its waiting acquire
         self._ids = 0
-        self.scheduler.handlers.update({
-            P.CREATE_INSTANCE: self.create_instance,
-            P.LOCATE_INSTANCE: self.locate_instance,
-            P.GET_NAMED: self.get_named,
-            P.LIST_NAMED: self.list_named,
-            P.KILL_INSTANCE: self.kill_instance,
-            P.INSTANCE_STATUS: self.instance_status,
-            P.SAVE_STATE: self.save_state,
-            P.LOAD_STATE: self.load_state,
-        })
-        self.scheduler.stream_handlers.update({
-            P.HANDLE_REFS: self.handle_refs,
-            P.INSTANCE_STATE: self.instance_state,
-        })
+        # Its handlers are registered by the extension, in the tables built from the protocol
+        # (P.handlers(P.SCHEDULER_RPC, ext, ext.instances), ...).
 
     def _sid(self, what: str) -> str:
         self._ids += 1
@@ -179,7 +167,7 @@ class InstanceManager:
                 if ins.incarnation:
                     logger.info("restarting instance %s (%s), restart %d", ins.instance_id,
                                 spec.get("cls_name"), ins.incarnation)
-                self._send_worker(ins.worker, {"op": P.START_INSTANCE, "spec": spec})
+                self._send_worker(ins.worker, P.StartInstance(spec).to_msg())
             elif kind is L.StopInstance:
                 if ins.worker in self.scheduler.workers:
                     stops.append(loop.create_task(self._stop(ins)))
@@ -223,8 +211,8 @@ class InstanceManager:
 
     async def _stop(self, ins: L.StopInstance) -> None:
         try:
-            await self.scheduler.rpc(ins.worker).yr_stop_instance(
-                instance_id=ins.instance_id, reason=ins.reason)
+            await P.request(self.scheduler.rpc(ins.worker),
+                            P.StopInstance(ins.instance_id, ins.reason))
         except Exception as e:  # the worker died meanwhile
             logger.debug("stopping %s on %s: %r", ins.instance_id, ins.worker, e)
         self._do(self.lifecycle.handle(L.Stopped(self._sid("stopped"), ins.instance_id)))

@@ -94,17 +94,10 @@ class WorkerAgent:
         self.instances: dict[str, HostedInstance] = {}
         self.early_calls: dict[str, list] = {}  # calls that beat their START_INSTANCE here
         self.ended: dict[str, str] = {}  # recently stopped instance -> reason
-        worker.handlers.update({
-            P.OPEN_CHANNEL: self.open_channel,
-            P.FETCH_OBJECT: self.fetch_object,
-            P.FREE_OBJECTS: self.free_objects,
-            P.STOP_INSTANCE: self.stop_instance,
-        })
-        worker.stream_handlers.update({
-            P.REVOKE_LEASES: self.revoke_leases,
-            P.WORKER_LOST: self.worker_lost,
-            P.START_INSTANCE: self.start_instance,
-        })
+        worker.handlers.update(P.handlers(P.WORKER_RPC, self))
+        worker.stream_handlers.update(P.handlers(P.WORKER_STREAM, self))
+        # Call channel handlers take (peer, wire dict): the hot path keeps the dict it read.
+        self.channel_handlers = P.handlers(P.CHANNEL_TO_WORKER, self)
         self.runtime = install_worker_runtime(self)
         self.tasks_done = 0
         worker.metrics["yr"] = lambda _worker: self.metrics()
@@ -156,9 +149,8 @@ class WorkerAgent:
         }
 
     async def register(self) -> None:
-        await self.worker.scheduler.yr_register_worker(
-            address=self.worker.address, capacity=self.capacity(),
-            protocol_version=P.PROTOCOL_VERSION)
+        await P.request(self.worker.scheduler, P.RegisterWorker(
+            self.worker.address, self.capacity(), P.PROTOCOL_VERSION))
 
     async def close(self) -> None:
         await self.runtime.close()
@@ -185,13 +177,10 @@ class WorkerAgent:
         return LocalPeer(self, on_message)
 
     def dispatch(self, peer: Any, msg: dict) -> None:
-        op = msg["op"]
-        if op == P.RUN_TASK:
-            self.run_task(peer, msg)
-        elif op == P.CALL_METHOD:
-            self.call_method(peer, msg)
-        elif op == P.CANCEL_TASK:
-            self.cancel_task(msg["task_id"])
+        """A message of :data:`P.CHANNEL_TO_WORKER` from a caller (others are ignored)."""
+        handler = self.channel_handlers.get(msg["op"])
+        if handler is not None:
+            handler(peer, msg)
 
     # -- tasks -----------------------------------------------------------------------------
 
@@ -232,7 +221,7 @@ class WorkerAgent:
         """A pipelined task waited too long behind its lease's running ones: hand it back."""
         ex = self.tasks.pop(task_id, None)
         if ex is not None:
-            ex.peer.reply({"op": P.TASK_DONE, "task_id": task_id, "requeue": True})
+            ex.peer.reply(P.TaskDone(task_id, requeue=True).to_msg())
 
     def _execute_gated(self, ex: Execution) -> None:
         """Run one admitted task (task thread); whatever happens, answer it and end it.
@@ -303,13 +292,11 @@ class WorkerAgent:
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             return self._error_reply(task_id, e, user_traceback(), not ex.cancelled)
         self.tasks_done += 1
-        return {"op": P.TASK_DONE, "task_id": task_id, "results": results,
-                "took": time.perf_counter() - t0}
+        return P.TaskDone(task_id, results=results, took=time.perf_counter() - t0).to_msg()
 
     def _error_reply(self, task_id: str, exc: BaseException, tb: str, retryable: bool) -> dict:
         err = RemoteError.from_exception(exc, tb)
-        return {"op": P.TASK_DONE, "task_id": task_id, "error": dumps(err),
-                "retryable": retryable}
+        return P.TaskDone(task_id, error=dumps(err), retryable=retryable).to_msg()
 
     def _reply_error(self, peer: Any, task_id: str, exc: BaseException, tb: str, retryable: bool) -> None:
         peer.reply(self._error_reply(task_id, exc, tb, retryable))
@@ -331,11 +318,11 @@ class WorkerAgent:
                 out.append([P.VALUE, payload])
         return out
 
-    def cancel_task(self, task_id: str) -> None:
+    def cancel_task(self, peer: Any, msg: dict) -> None:
         """``CANCEL_TASK`` (loop thread): a task not started yet never runs; a running one is
         interrupted in its user code.  Unknown ids (ended, bounced) are dropped: a cancel
         always follows its task's ``RUN_TASK`` on the same channel."""
-        ex = self.tasks.get(task_id)
+        ex = self.tasks.get(msg["task_id"])
         if ex is not None:
             ex.cancel()
 
@@ -396,9 +383,8 @@ class WorkerAgent:
             self.call_method(peer, msg)
 
     def report_state(self, instance_id: str, state: str, error: bytes | None) -> None:
-        msg = {"op": P.INSTANCE_STATE, "instance_id": instance_id, "state": state,
-               "error": error}
-        self.loop.call_soon_threadsafe(self.runtime.connector.stream_send, msg)
+        self.loop.call_soon_threadsafe(self.runtime.connector.stream_send,
+                                       P.InstanceState(instance_id, state, error))
 
 
 def _split_returns(result: Any, nret: int) -> list:

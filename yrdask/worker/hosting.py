@@ -129,7 +129,7 @@ class HostedInstance:
         if self.stopped is not None:
             return None
         if self.init_error is not None:
-            return self._answer(call_id, {"error": self.init_error})
+            return self._answer(P.TaskDone(call_id, error=self.init_error))
         try:
             args, kwargs = unpack_args(msg["args"],
                                        [loads(p) for p in self.agent.payloads(msg["deps"])])
@@ -158,22 +158,22 @@ class HostedInstance:
             results = self.agent.pack_results(call_id, result, nret)
         except BaseException as e:  # noqa: BLE001
             return self._answer_error(call_id, e)
-        self._answer(call_id, {"results": results})
+        self._answer(P.TaskDone(call_id, results=results))
 
     def _answer_error(self, call_id: str, exc: BaseException) -> None:
-        self._answer(call_id, {"error": dumps(RemoteError.from_exception(exc, user_traceback()))})
+        self._answer(P.TaskDone(
+            call_id, error=dumps(RemoteError.from_exception(exc, user_traceback()))))
 
-    def _answer(self, call_id: str, body: dict) -> None:
-        peer = self.pending.pop(call_id, None)
+    def _answer(self, done: P.TaskDone) -> None:
+        peer = self.pending.pop(done.task_id, None)
         if peer is not None:
             self.calls_done += 1
-            peer.reply({"op": P.TASK_DONE, "task_id": call_id, **body})
+            peer.reply(done.to_msg())
 
     def _answer_died(self, peer: Any, call_id: str) -> None:
         err = InstanceDiedError(
             f"instance {self.instance_id} ({self.cls_name}) has ended: {self.stopped}")
-        peer.reply({"op": P.TASK_DONE, "task_id": call_id,
-                    "error": dumps(RemoteError.from_exception(err, ""))})
+        peer.reply(P.TaskDone(call_id, error=dumps(RemoteError.from_exception(err, ""))).to_msg())
 
     # -- stopping --------------------------------------------------------------------------
 
