@@ -53,6 +53,26 @@ LOST_WORKER_WAIT_S = 30.0  # instance_manager.LOST_WORKER_WAIT_S
 UNFIT = {"CPU": 64000.0, "Memory": 100.0}
 
 
+# Failures the simulation found in machines or adapters this package does not own: message
+# prefix -> the FINDINGS.md section.  The instance test fails on any other failure, and an
+# xfail test reports while these still occur.
+KNOWN_FINDINGS = {
+    "orphan:": "BUG (worker agent): STOP_INSTANCE overtakes START_INSTANCE",
+    "creation overtaken:": "BUG (Lifecycle): handles and locates that overtake CREATE_INSTANCE",
+    "placed on a lost worker:": "BUG (Lifecycle + InstanceManager): Placed after WorkerLost",
+    "acquire after its cancel:": "BUG (InstanceManager): CancelAcquire before the acquire task ran",
+    "created after its job ended:": "Contract gap: CREATE_INSTANCE after the job's stream closed",
+}
+
+
+def known_finding(message: str) -> str | None:
+    """The FINDINGS.md section a failure message belongs to, if it is a known one."""
+    for prefix, section in KNOWN_FINDINGS.items():
+        if message.startswith(prefix):
+            return section
+    return None
+
+
 class ArgBoom(Exception):
     """A call's (or a creation's) ref argument failed."""
 
@@ -69,6 +89,7 @@ class Proc:
         self.leases: set[str] = set()  # task leases held (drivers)
         self.job = f"job-{name}"
         self.exiting = False
+        self.exit_at = 0.0
         self.abrupt = False
         # workers
         self.hosted: dict[str, dict] = {}  # iid -> {inc, queue, ready, stopped, running}
@@ -108,7 +129,9 @@ class CallWorld:
         self.acq_rid: dict[str, str] = {}  # request id -> iid
         self.lease_reqs: dict[str, tuple] = {}  # request id -> (driver, its id)
         self.stops: dict[str, set] = {}  # worker -> iids with a STOP rpc out
-        self.phase = "run"
+        self.cancel_early: set[str] = set()  # CancelAcquire before its acquire task ran
+        self.tags: dict[str, str] = {}  # instance -> the known finding it ran into
+        self.latency = rng.choice([0.0, 0.02, 0.1])
         # the scenario
         nworkers = rng.randint(1, 3)
         self.nworkers = 0
@@ -168,6 +191,12 @@ class CallWorld:
         self.busy[key] = None
 
     def fail(self, message: str) -> None:
+        first = message.split("\n")[0]
+        if not known_finding(message):
+            for i in re.findall(r"\bi\d+\b", first):
+                if i in self.tags:
+                    message = self.tags[i] + " " + message
+                    break
         self.failure = message
         raise SimFailure(message, self)  # type: ignore[arg-type]
 
@@ -344,7 +373,7 @@ class CallWorld:
                 for iid in sorted(d.handles):
                     while d.handles.get(iid):
                         self.drop_handle(dname, iid)
-            d.exiting = True
+            d.exiting, d.exit_at = True, self.now
             self.timer(self.now, "exit", dname)
 
     def try_exit(self, dname: str) -> None:
@@ -352,14 +381,27 @@ class CallWorld:
         d = self.procs[dname]
         if not d.alive:
             return
-        if any(r["caller"] == dname and not r["settled"] for r in self.calls.values()):
-            if self.now > 3000:
+        waiting = [r for r in self.calls.values() if r["caller"] == dname and not r["settled"]]
+        if waiting:
+            if self.now > d.exit_at + 300 and all(self.waits_forever(r["iid"]) for r in waiting):
+                # timeout_ms=-1 and the room is held by detached instances: a legitimate wait
+                self.say(dname, "gives up waiting for", *(r["iid"] for r in waiting))
+                self.exit_driver(d, abrupt=True)
+                return
+            if self.now > d.exit_at + 1000:
                 self.fail(f"hang: {dname}'s calls never settle: " + ", ".join(
                     f"{c} on {r['iid']} (sent {r['sent']})" for c, r in self.calls.items()
                     if r["caller"] == dname and not r["settled"]))
             self.timer(self.now + 1.0, "exit", dname)
             return
         self.exit_driver(d, abrupt=False)
+
+    def waits_forever(self, iid: str) -> bool:
+        """The instance waits for room with no deadline (``timeout_ms=-1``)."""
+        rec = self.lc.instances.get(self.lc.resolve(iid))
+        rid = self.acq.get(rec.instance_id) if rec is not None else None
+        w = self.lq.pending.get(rid) if rid is not None else None
+        return w is not None and w.deadline is None
 
     def exit_driver(self, d: Proc, abrupt: bool) -> None:
         if not abrupt:
@@ -551,12 +593,21 @@ class CallWorld:
                 released.append(ins.instance_id)
             elif kind is L.CancelAcquire:
                 rid = self.acq.get(ins.instance_id)
-                if rid is not None:
+                if rid is None:  # the acquire task has not started: nothing to cancel yet
+                    self.cancel_early.add(ins.instance_id)
+                else:
                     self.lq_do(LQ.RequestCancelled(f"cancel-{rid}", rid))
             elif kind is L.WakeAt:
                 self.timer(max(ins.at, self.now), "release-check", None)
             else:
                 self.fail(f"unknown Lifecycle instruction {ins}")
+        for rec in self.lc.last_ended:
+            if rec.reason == "no handle to it is left":
+                holders = [p.name for p in self.procs.values()
+                           if p.alive and rec.instance_id in p.order.registered]
+                if holders:
+                    self.fail(f"released too early: {rec.instance_id} ended for lack of handles "
+                              f"though {holders} hold(s) it")
         if released:
             self.lq_do(LQ.HoldingsReleased(f"release-{self.step}", tuple(released)))
         for iid in stopped:
@@ -606,9 +657,19 @@ class CallWorld:
         op = msg[0]
         sid = f"{op.lower()}-{self.step}"
         lc = self.lc
+        if op in ("REFS", "LOCATE"):
+            ids = [msg[1]] if op == "LOCATE" else [*msg[1], *(i for i, _ in msg[2]),
+                                                    *(i for i, _ in msg[3])]
+            for i in ids:
+                if i not in lc.instances and i not in lc.aliases and i not in lc.graveyard:
+                    self.tags.setdefault(i, "creation overtaken:")
+                    self.say(SCHED, "creation overtaken by", op, i)
         if op == "CREATE":
             spec = msg[1]
             iid = spec["instance_id"]
+            if spec["owner"].startswith("job-") and src not in self.jobs:
+                self.tags.setdefault(iid, "created after its job ended:")
+                self.say(SCHED, "creation after the job ended", iid)
             lc_spec = {k: v for k, v in spec.items() if v is not None}
             self.lc_do(L.Create(sid, lc_spec, self.now))
             real = lc.resolve(iid)
@@ -682,6 +743,9 @@ class CallWorld:
             ins = msg[1]
             iid = ins.instance_id
             rid = self.new_id("R")
+            if iid in self.cancel_early:
+                self.tags.setdefault(iid, "acquire after its cancel:")
+                self.say(SCHED, "acquire starts after its CancelAcquire", iid)
             self.acq[iid] = rid
             self.acq_rid[rid] = iid
             self.lq_do(LQ.HoldRequested(sid, rid, iid, "instance", ins.shape, ins.timeout_ms,
@@ -690,6 +754,9 @@ class CallWorld:
             _, iid, rid, worker, reason = msg
             if self.acq.get(iid) == rid:
                 del self.acq[iid]
+            if worker is not None and worker not in self.registered:
+                self.tags.setdefault(iid, "placed on a lost worker:")
+                self.say(SCHED, "placed on a worker already lost", iid, worker)
             if worker is None:
                 self.lc_do(L.PlacementFailed(sid, iid, reason))
             else:
@@ -714,7 +781,6 @@ class CallWorld:
         try:
             self._run()
             self.check_quiescent()
-            self.phase = "end"
             for iid in sorted(self.lc.instances):  # the detached ones: terminate them
                 self.send("admin", SCHED, self.new_id("rpc-kill-"), ("KILL", iid))
             self._run()
@@ -734,7 +800,10 @@ class CallWorld:
             self.step += 1
             if self.step > MAX_STEPS or self.now > MAX_VIRTUAL_S:
                 self.fail(f"livelock: {self.step} steps, virtual {self.now:.1f} s")
-            if busy and not (timers and timers[0][0] <= self.now and rng.random() < 0.3):
+            # a timer fires when due (30 %), or early with messages still in flight (slow
+            # links: 5 %), otherwise the head of a random link is delivered
+            if busy and not (timers and rng.random() < (
+                    0.3 if timers[0][0] <= self.now else self.latency)):
                 keys = list(busy)
                 key = keys[rng.randrange(len(keys))]
                 q = self.links[key]
@@ -814,8 +883,9 @@ class CallWorld:
                               f"{inc} of {iid} on {w}: {runs}")
                 last[k] = seq
         lc = self.lc
-        lost_tokens = {t for t, (_iid, to) in self.tokens.items()
-                       if t not in self.arrived_tokens and not self.alive(to)}
+        # a handle pickled to a process that died before it reported the arrival keeps its
+        # instance (a known limitation: FINDINGS.md "handles in transit to a dead process")
+        lost_tokens = {t for t, (_iid, to) in self.tokens.items() if not self.alive(to)}
         for iid, rec in sorted(lc.instances.items()):
             if rec.state == P.DEAD:
                 self.fail(f"{iid} stays DEAD, waiting for a stop that never comes")

@@ -135,30 +135,85 @@ def test_standin_seed_replays_identically(standins) -> None:
 
 
 CALL_SEEDS = int(os.environ.get("YRDASK_SIM_CALL_SEEDS", "4000"))
+CALL_CHUNKS = 4
+needs_instance_machines = pytest.mark.skipif(
+    not all(M.importable(m) for m in ("yrdask.runtime.call_order", "yrdask.scheduler.lifecycle",
+                                      "yrdask.scheduler.leases")),
+    reason="instance machines not all importable")
 
 
-@pytest.mark.skipif(not M.importable("yrdask.runtime.call_order"), reason="no CallOrder yet")
-@pytest.mark.parametrize("chunk", range(2))
-def test_instance_call_scenarios(chunk: int) -> None:
-    """Instance calls through the real CallOrder with worker deaths and restarts: each call
-    settles once, per-caller order holds in every incarnation, an answered call is never
-    sent again, failures only from a failed argument or a dead instance."""
+@needs_instance_machines
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("chunk", range(CALL_CHUNKS))
+def test_instance_scenarios(chunk: int) -> None:
+    """Instances through the real CallOrder, Lifecycle and LeaseQueue (owner tree, names,
+    handles in transit, releases, kills, worker deaths and restarts, driver exits, task
+    leases in the same ledger): every call settles once with a value or an allowed error,
+    per-caller order holds in each incarnation, nothing that should have ended lives on,
+    nothing is held or pending at the end, validate() holds after every step.  Seeds that
+    hit a known finding (FINDINGS.md) are listed, not failed: see the xfail test below."""
+    size = -(-CALL_SEEDS // CALL_CHUNKS)
+    a, b = chunk * size, min(CALL_SEEDS, (chunk + 1) * size)
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.sim", "--calls", "--seeds", f"{a}:{b}", "--keep-going"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-20000:] + proc.stderr[-5000:]
+    assert f"{b - a} call seeds in" in proc.stdout, proc.stdout + proc.stderr
+
+
+# One recorded seed per known finding of the instance world (FINDINGS.md).
+KNOWN_FINDING_SEEDS = {
+    "orphan:": 90,
+    "creation overtaken:": 22,
+    "placed on a lost worker:": 1552,
+    "acquire after its cancel:": 5283,
+    "created after its job ended:": 4409,
+}
+
+
+@needs_instance_machines
+@pytest.mark.xfail(reason="known findings in machines and adapters tests/sim does not own "
+                          "(FINDINGS.md); passes once they are fixed", strict=False)
+@pytest.mark.parametrize("finding", sorted(KNOWN_FINDING_SEEDS))
+def test_instance_known_findings_fixed(finding: str) -> None:
+    """The recorded seed of a known finding runs clean (xfail until its owner fixes it)."""
+    seed = KNOWN_FINDING_SEEDS[finding]
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.sim", "--calls", "--seed", str(seed), "--tail", "80"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-3000:]
+
+
+@needs_instance_machines
+def test_known_finding_seeds_still_reproduce() -> None:
+    """Each recorded seed fails with its own finding today, and its replay names it (the
+    record in FINDINGS.md stays true until the fix lands; then update both)."""
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    for prefix, seed in KNOWN_FINDING_SEEDS.items():
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.sim", "--calls", "--seed", str(seed), "--tail", "20"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        if proc.returncode == 0:
+            continue  # fixed: the xfail test above now passes
+        assert f"seed {seed} failed: {prefix}" in proc.stdout, proc.stdout[-3000:]
+        assert "known finding: FINDINGS.md" in proc.stdout, proc.stdout[-3000:]
+
+
+@needs_instance_machines
+def test_instance_seed_replays_identically() -> None:
+    """Replay by number: the same instance seed tells the same story (in one process)."""
     from tests.sim.calls import run_call_seed
-    from tests.sim.world import SimFailure
 
-    half = CALL_SEEDS // 2
-    for seed in range(chunk * half, (chunk + 1) * half):
-        try:
-            run_call_seed(seed)
-        except SimFailure as e:
-            pytest.fail(f"call seed {seed}: {e.message}\nreplay: python -m tests.sim --calls "
-                        f"--seed {seed}\n{e.world.story(60)}")
+    for seed in (3, 17, 101):
+        assert run_call_seed(seed).story(10_000) == run_call_seed(seed).story(10_000)
 
 
-@pytest.mark.skipif(not M.importable("yrdask.runtime.call_order"), reason="no CallOrder yet")
+@needs_instance_machines
 def test_call_harness_catches_reordered_redelivery(monkeypatch) -> None:
     """A CallOrder that puts lost calls behind the queued ones (instead of in front) breaks
-    per-caller order after a restart: the call world must say so."""
+    per-caller order after a restart: the instance world must say so."""
     from yrdask.runtime import call_order as C
     from tests.sim.calls import run_call_seed
     from tests.sim.world import SimFailure
@@ -180,5 +235,26 @@ def test_call_harness_catches_reordered_redelivery(monkeypatch) -> None:
             run_call_seed(seed)
         except SimFailure as e:
             messages.append(e.message)
-            break
-    assert messages and messages[0].startswith("order:"), messages
+            if "order:" in e.message.split("\n")[0]:
+                break
+    assert messages and "order:" in messages[-1], messages[-5:]
+
+
+@needs_instance_machines
+def test_instance_harness_catches_a_release_that_ignores_holders(monkeypatch) -> None:
+    """A lifecycle that ends instances whose holders are still there is caught."""
+    from yrdask.scheduler import lifecycle as L
+    from tests.sim.calls import run_call_seed
+    from tests.sim.world import SimFailure
+
+    monkeypatch.setattr(L.Lifecycle, "releasable", lambda self, iid: (
+        iid in self.instances and self.instances[iid].state != "DEAD"
+        and self.instances[iid].refcounted))
+    monkeypatch.setattr(L.Lifecycle, "validate", lambda self: None)
+    for seed in range(500):
+        try:
+            run_call_seed(seed)
+        except SimFailure as e:
+            if "released too early" in e.message:
+                return
+    pytest.fail("no seed caught an instance released while held")
