@@ -130,6 +130,7 @@ class CallWorld:
         self.lease_reqs: dict[str, tuple] = {}  # request id -> (driver, its id)
         self.stops: dict[str, set] = {}  # worker -> iids with a STOP rpc out
         self.cancel_early: set[str] = set()  # CancelAcquire before its acquire task ran
+        self.ended_jobs: set[str] = set()  # InstanceManager.ended_jobs
         self.tags: dict[str, str] = {}  # instance -> the known finding it ran into
         self.latency = rng.choice([0.0, 0.02, 0.1])
         # the scenario
@@ -462,6 +463,9 @@ class CallWorld:
         op = msg[0]
         if op == "START":
             _, iid, inc = msg
+            if iid in w.ended:  # agent.start_instance: a STOP overtook it (finding B, fixed)
+                self.say(wname, "start ignored, stopped before", iid)
+                return
             w.hosted[iid] = {"inc": inc, "queue": deque(), "ready": False, "stopped": None}
             self.say(wname, "hosts", iid, inc)
             for call in w.early.pop(iid, ()):
@@ -578,6 +582,7 @@ class CallWorld:
                 for cb in self.waiters.pop((ins.instance_id, ins.stage), ()):
                     cb(ins.worker, ins.reason)
             elif kind is L.AcquireResources:  # loop.create_task(self._acquire(ins))
+                self.cancel_early.discard(ins.instance_id)
                 self.send(SCHED, SCHED, self.new_id("acquire-"), ("ACQUIRE", ins))
             elif kind is L.StartInstance:
                 self.say(SCHED, "start", ins.instance_id, ins.worker, ins.incarnation)
@@ -667,6 +672,10 @@ class CallWorld:
         if op == "CREATE":
             spec = msg[1]
             iid = spec["instance_id"]
+            if spec["owner"] in self.ended_jobs:  # create_instance refuses (finding E, fixed)
+                self.say(SCHED, "creation refused: its job ended", iid)
+                self.send(SCHED, src, chan, ("CREATE_FAILED", iid, "its job has ended"))
+                return
             if spec["owner"].startswith("job-") and src not in self.jobs:
                 self.tags.setdefault(iid, "created after its job ended:")
                 self.say(SCHED, "creation after the job ended", iid)
@@ -725,6 +734,7 @@ class CallWorld:
             self.lc_do(L.Stopped(sid, iid))
         elif op == "CLOSE":  # connect_job's finally
             self.jobs.discard(src)
+            self.ended_jobs.add(self.procs[src].job)
             self.lq_do(LQ.OwnerGone(sid, src))
             self.lc_do(L.OwnerGone(sid, self.procs[src].job, f"its job {src} ended"))
             self.lc_do(L.HolderLost(sid, src, self.now))
@@ -743,9 +753,10 @@ class CallWorld:
             ins = msg[1]
             iid = ins.instance_id
             rid = self.new_id("R")
-            if iid in self.cancel_early:
-                self.tags.setdefault(iid, "acquire after its cancel:")
-                self.say(SCHED, "acquire starts after its CancelAcquire", iid)
+            if iid in self.cancel_early:  # InstanceManager._acquire returns (finding D, fixed)
+                self.cancel_early.discard(iid)
+                self.say(SCHED, "acquire skipped: cancelled before it ran", iid)
+                return
             self.acq[iid] = rid
             self.acq_rid[rid] = iid
             self.lq_do(LQ.HoldRequested(sid, rid, iid, "instance", ins.shape, ins.timeout_ms,
@@ -754,13 +765,13 @@ class CallWorld:
             _, iid, rid, worker, reason = msg
             if self.acq.get(iid) == rid:
                 del self.acq[iid]
-            if worker is not None and worker not in self.registered:
-                self.tags.setdefault(iid, "placed on a lost worker:")
-                self.say(SCHED, "placed on a worker already lost", iid, worker)
             if worker is None:
                 self.lc_do(L.PlacementFailed(sid, iid, reason))
             else:
                 self.lc_do(L.Placed(sid, iid, worker))
+                if worker not in self.registered:  # InstanceManager._acquire (finding C, fixed)
+                    self.say(SCHED, "placed on a worker already lost: lost again", iid, worker)
+                    self.lc_do(L.WorkerLost(f"placed-on-lost-{sid}", worker, self.now))
         else:
             self.fail(f"scheduler got {msg}")
 

@@ -162,27 +162,44 @@ def test_instance_scenarios(chunk: int) -> None:
     assert f"{b - a} call seeds in" in proc.stdout, proc.stdout + proc.stderr
 
 
-# One recorded seed per known finding of the instance world (FINDINGS.md).
+# One recorded seed per known finding of the instance world (FINDINGS.md) still open.
 KNOWN_FINDING_SEEDS = {
-    "orphan:": 90,
-    "creation overtaken:": 22,
-    "placed on a lost worker:": 1552,
-    "acquire after its cancel:": 5283,
-    "created after its job ended:": 4409,
+    "creation overtaken:": 45,  # A, its locate half: a LOCATE that overtakes CREATE_INSTANCE
+}
+
+# The recorded seeds of findings that are fixed: they must run clean (regressions).
+FIXED_FINDING_SEEDS = {
+    "creation overtaken (handle reports):": 22,  # A, its handle half
+    "creation overtaken (holder re-added):": 243,
+    "orphan:": 90,  # B
+    "placed on a lost worker:": 1552,  # C
+    "acquire after its cancel:": 5283,  # D
+    "created after its job ended:": 4409,  # E
 }
 
 
+def _replay(seed: int, tail: int) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    return subprocess.run(
+        [sys.executable, "-m", "tests.sim", "--calls", "--seed", str(seed), "--tail", str(tail)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
 @needs_instance_machines
-@pytest.mark.xfail(reason="known findings in machines and adapters tests/sim does not own "
-                          "(FINDINGS.md); passes once they are fixed", strict=False)
+@pytest.mark.parametrize("finding", sorted(FIXED_FINDING_SEEDS))
+def test_instance_fixed_findings_stay_fixed(finding: str) -> None:
+    """The recorded seed of a fixed finding runs clean."""
+    proc = _replay(FIXED_FINDING_SEEDS[finding], 80)
+    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-3000:]
+
+
+@needs_instance_machines
+@pytest.mark.xfail(reason="known findings still open (FINDINGS.md); passes once fixed",
+                   strict=False)
 @pytest.mark.parametrize("finding", sorted(KNOWN_FINDING_SEEDS))
 def test_instance_known_findings_fixed(finding: str) -> None:
-    """The recorded seed of a known finding runs clean (xfail until its owner fixes it)."""
-    seed = KNOWN_FINDING_SEEDS[finding]
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.sim", "--calls", "--seed", str(seed), "--tail", "80"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    """The recorded seed of a known finding runs clean (xfail until it is fixed)."""
+    proc = _replay(KNOWN_FINDING_SEEDS[finding], 80)
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-3000:]
 
 

@@ -240,6 +240,26 @@ def refs(h, holder, deltas=None, transit=(), arrived=(), now=0.0):
     return h(L.HandleRefs, holder, deltas or {}, list(transit), list(arrived), now)
 
 
+def test_reports_that_overtake_the_creation_are_applied_when_it_comes(h):
+    # Another process got the handle (+1, and the token it arrived with) before the creator's
+    # CREATE_INSTANCE reached the scheduler; the creator has even let go of it already.
+    refs(h, W2, {"a": +1}, arrived=[("a", "t1")])
+    refs(h, DRIVER, {"a": -1}, transit=[("a", "t1")])
+    h.create("a", holder=DRIVER)
+    rec = h.rec("a")
+    assert rec.holders == {W2} and not rec.transit  # the creator's -1 cancelled its holder
+    assert "a" not in h.m.release_due and "a" not in h.m.early
+    refs(h, W2, {"a": -1}, now=1.0)
+    assert h.m.release_due["a"] == 1.0 + GRACE  # now nobody holds it
+
+
+def test_early_reports_of_a_holder_that_died_are_dropped(h):
+    refs(h, W3, {"b": +1})
+    h(L.HolderLost, W3, 0.5)
+    h.create("b", holder=DRIVER)
+    assert h.rec("b").holders == {DRIVER}
+
+
 def test_last_holder_dropping_ends_it_after_the_grace_period(h):
     h.running("a")
     refs(h, W1, {"a": +1})

@@ -14,6 +14,7 @@ machine's queries; nothing here writes the machine's state.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import Any
@@ -27,6 +28,9 @@ logger = logging.getLogger("yrdask.instances")
 LOST_WORKER_WAIT_S = 30.0  # how long a locate waits for Dask to confirm a lost worker
 
 
+ENDED_JOBS_KEPT = 10_000
+
+
 class InstanceManager:
     """See module docstring; owned by :class:`~yrdask.scheduler.extension.YrSchedulerExtension`."""
 
@@ -36,6 +40,11 @@ class InstanceManager:
         self.lifecycle = L.Lifecycle()
         self.waiters: dict[tuple[str, str], list[asyncio.Future]] = {}
         self.requests: dict[str, LeaseRequest] = {}  # instance id -> its waiting acquire
+        # Instances whose CancelAcquire came before their acquire task ran (sim finding D).
+        self.cancelled_early: set[str] = set()
+        # Jobs whose stream closed, newest last (bounded): a creation rpc that arrives after
+        # its job ended is refused instead of outliving it (sim finding E).
+        self.ended_jobs: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._ids = 0
         # Its handlers are registered by the extension, in the tables built from the protocol
         # (P.handlers(P.SCHEDULER_RPC, ext, ext.instances), ...).
@@ -48,6 +57,10 @@ class InstanceManager:
 
     async def create_instance(self, spec: dict) -> list:
         """Reply ``[instance_id, worker, meta]`` once placed, or ``[None, reason, None]``."""
+        owner = spec.get("owner")
+        if owner in self.ended_jobs:  # the rpc came after its job's stream closed
+            return [None, f"instance {spec['instance_id']} was not created: its job {owner} "
+                          "has ended", None]
         self._do(self.lifecycle.handle(L.Create(self._sid("create"), spec, time.time())))
         real_id = self.lifecycle.resolve(spec["instance_id"])
         rec = self.lifecycle.instances.get(real_id)
@@ -130,6 +143,9 @@ class InstanceManager:
         self._do(self.lifecycle.handle(event))
 
     def on_owner_gone(self, owner: str, holder: str | None) -> None:
+        self.ended_jobs[owner] = None
+        while len(self.ended_jobs) > ENDED_JOBS_KEPT:
+            self.ended_jobs.popitem(last=False)
         self._do(self.lifecycle.handle(L.OwnerGone(self._sid("owner-gone"), owner,
                                                    f"its job {owner} ended")))
         if holder is not None:
@@ -159,6 +175,7 @@ class InstanceManager:
                     if not fut.done():
                         fut.set_result((ins.worker, ins.reason))
             elif kind is L.AcquireResources:
+                self.cancelled_early.discard(ins.instance_id)  # a new acquire for it
                 loop.create_task(self._acquire(ins))
             elif kind is L.StartInstance:
                 spec = ins.spec
@@ -179,6 +196,8 @@ class InstanceManager:
                 req = self.requests.pop(ins.instance_id, None)
                 if req is not None:
                     self.ext.cancel_request(req)
+                else:  # its acquire task has not run yet: it must not ask at all
+                    self.cancelled_early.add(ins.instance_id)
             elif kind is L.WakeAt:
                 loop.call_later(max(0.0, ins.at - time.time()), self._release_check)
             else:  # pragma: no cover - a new instruction nobody taught the adapter
@@ -191,6 +210,9 @@ class InstanceManager:
 
     async def _acquire(self, ins: L.AcquireResources) -> None:
         iid = ins.instance_id
+        if iid in self.cancelled_early:
+            self.cancelled_early.discard(iid)
+            return
         req = LeaseRequest(iid, shape_of(ins.shape), kind="instance", holding_id=iid,
                            affinity=freeze(ins.affinity or ()), labels=tuple(ins.labels))
         self.requests[iid] = req
@@ -208,6 +230,11 @@ class InstanceManager:
         else:
             event = L.Placed(sid, iid, where)
         self._do(self.lifecycle.handle(event))
+        if got is not None and where not in self.scheduler.workers:
+            # Granted just before Dask removed that worker, whose loss the lifecycle has
+            # already handled: the instance is lost with it (restart or end by its budget).
+            self._do(self.lifecycle.handle(L.WorkerLost(self._sid("placed-on-lost"), where,
+                                                        time.time())))
 
     async def _stop(self, ins: L.StopInstance) -> None:
         try:

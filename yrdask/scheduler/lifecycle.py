@@ -36,6 +36,7 @@ from yrdask.statemachine import Event, Instruction, Story
 RELEASE_GRACE_S = 0.5
 RESTART_TIMEOUT_MS = 60_000  # at least this long to find room for a restarting instance
 GRAVEYARD_MAX = 10_000
+EARLY_MAX = 10_000  # handle reports kept for instances whose creation has not arrived yet
 
 # -- events ----------------------------------------------------------------------------------
 
@@ -274,6 +275,9 @@ class Lifecycle:
         self.released_tokens: set[str] = set()  # arrived before their transit report
         self.aliases: dict[str, str] = {}  # id of a named creation that bound an existing one
         self.graveyard: dict[str, str] = {}  # forgotten instance -> why it ended (bounded)
+        # Handle reports that overtook their instance's CREATE_INSTANCE (the stream and the
+        # rpc race): id -> ({holder: net delta}, transit tokens), applied at Create (bounded).
+        self.early: dict[str, tuple[dict[str, int], set[str]]] = {}
         self.release_due: dict[str, float] = {}  # unheld instance -> when it ends
         self.next_wake: float | None = None
         self.last_ended: list[InstanceRecord] = []  # ended by the last event, deepest first
@@ -390,8 +394,14 @@ class Lifecycle:
                 return
         rec = InstanceRecord(iid, spec, spec["owner"], name_key, bool(spec.get("detached")),
                              created_at=ev.now)
-        if spec.get("holder"):
-            rec.holders.add(spec["holder"])
+        counts = {spec["holder"]: 1} if spec.get("holder") else {}
+        early = self.early.pop(iid, None)
+        if early is not None:  # reports that came first: the creator's -1 cancels its +1
+            for holder, delta in early[0].items():
+                counts[holder] = counts.get(holder, 0) + delta
+            rec.transit |= early[1]
+            self._log(sid, "early-refs-applied", iid, dict(early[0]), len(early[1]))
+        rec.holders.update(h for h, n in counts.items() if n > 0)
         self.instances[iid] = rec
         self.children.setdefault(rec.owner, set()).add(iid)
         if name_key is not None:
@@ -519,9 +529,14 @@ class Lifecycle:
                 self.released_tokens.discard(token)
             elif rec is not None:
                 rec.transit.add(token)
+            elif self._not_yet_created(iid):
+                self._early_of(iid)[1].add(token)
         for iid, delta in ev.deltas.items():
             rec = instances.get(iid)
             if rec is None:
+                if self._not_yet_created(iid):
+                    counts = self._early_of(iid)[0]
+                    counts[ev.holder] = counts.get(ev.holder, 0) + delta
                 continue
             if delta > 0:
                 rec.holders.add(ev.holder)
@@ -530,14 +545,30 @@ class Lifecycle:
                 touched.append(iid)
         for iid, token in ev.arrived:
             rec = instances.get(iid)
+            early = self.early.get(iid) if rec is None else None
             if rec is not None and token in rec.transit:
                 rec.transit.discard(token)
                 touched.append(iid)
+            elif early is not None and token in early[1]:
+                early[1].discard(token)
             else:
                 self.released_tokens.add(token)
         self.story.log(ev.stimulus_id, ("handles", ev.holder, dict(ev.deltas), len(ev.transit),
                                         len(ev.arrived)), tuple(ev.deltas))
         self._schedule_release(touched, ev.now, ev.stimulus_id, out)
+
+    def _not_yet_created(self, iid: str) -> bool:
+        """An id this scheduler has never seen: its creation may still be on its way."""
+        return iid not in self.graveyard and iid not in self.aliases
+
+    def _early_of(self, iid: str) -> tuple[dict[str, int], set[str]]:
+        entry = self.early.get(iid)
+        if entry is None:
+            entry = self.early[iid] = ({}, set())
+            if len(self.early) > EARLY_MAX:  # creations that never came: forget the oldest
+                for old in list(self.early)[:EARLY_MAX // 2]:
+                    del self.early[old]
+        return entry
 
     def _holder_lost(self, ev: HolderLost, out: list) -> None:
         self._drop_holder(ev.holder, ev.now, ev.stimulus_id, out)
@@ -635,6 +666,8 @@ class Lifecycle:
         self._log(sid, "forgotten", iid)
 
     def _drop_holder(self, holder: str, now: float, sid: str, out: list) -> None:
+        for counts, _transit in self.early.values():
+            counts.pop(holder, None)
         touched = []
         for rec in self.instances.values():
             if holder in rec.holders:

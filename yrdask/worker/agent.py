@@ -355,6 +355,9 @@ class WorkerAgent:
 
     def start_instance(self, spec: dict) -> None:
         iid = spec["instance_id"]
+        if iid in self.ended:  # its STOP (an rpc) overtook this START (on the stream)
+            logger.info("not starting instance %s: it was stopped before it started", iid)
+            return
         inst = HostedInstance(self, spec, spec["deps"])
         self.instances[iid] = inst
         for peer, msg in self.early_calls.pop(iid, ()):
