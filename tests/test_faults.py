@@ -110,6 +110,37 @@ def test_out_of_restarts_fails_pending_and_later_calls_with_the_cause(faults_clu
     assert h.state == "DEAD"
 
 
+@yr.instance
+class Fragile:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def crash(self) -> None:
+        os._exit(3)  # as a segfault in native code would: the whole process goes
+
+    def incr(self) -> int:
+        self.n += 1
+        return self.n
+
+
+def test_a_call_that_kills_its_process_fails_and_the_calls_behind_it_run(faults_cluster):
+    h = Fragile.options(small(recover_retry_times=3)).invoke()
+    assert yr.get(h.incr.invoke(), timeout=30) == 1
+    poison = h.crash.invoke()
+    behind = [h.incr.invoke() for _ in range(3)]  # sent after it: they never started
+    with pytest.raises(yr.YRRuntimeError) as err:
+        yr.get(poison, timeout=90)
+    text = str(err.value)
+    assert "'crash'" in text and h.instance_id in text and "2 times" in text, text
+    assert "max-call-redeliveries" in text, text
+    # Run once more after the first death (at least once), not a third time: the instance
+    # restarted twice and keeps its third restart; the calls behind it run on a fresh one.
+    assert yr.get(behind, timeout=90) == [1, 2, 3]
+    status = h.status()
+    assert status["state"] == "ALIVE" and status["restarts"] == 2, status
+    h.terminate(is_sync=True)
+
+
 def test_no_restarts_fails_fast(faults_cluster, tmp_path):
     h = Counter.options(small()).invoke()  # recover_retry_times=0
     pid = yr.get(h.pid.invoke(), timeout=30)

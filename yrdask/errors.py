@@ -74,6 +74,11 @@ class InstanceDiedError(YRRuntimeError):
     """The instance a call was made on has ended; the message says which and why."""
 
 
+class CallCrashedError(YRRuntimeError):
+    """A method call was running each time its instance's process died, more often than
+    ``yrdask.scheduling.max-call-redeliveries`` allows: it is not delivered again."""
+
+
 class ScheduleError(YRRuntimeError):
     """No worker could give the requested resources within ``schedule_timeout_ms``."""
 

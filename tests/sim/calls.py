@@ -39,7 +39,7 @@ from collections import deque
 from typing import Any
 
 from yrdask import protocol as P
-from yrdask.errors import InstanceDiedError, ScheduleError
+from yrdask.errors import CallCrashedError, InstanceDiedError, ScheduleError
 from yrdask.runtime import call_order as C
 from yrdask.scheduler import leases as LQ
 from yrdask.scheduler import lifecycle as L
@@ -260,6 +260,9 @@ class CallWorld:
         if isinstance(err, ArgBoom):
             if not (rec["bad_arg"] or iid in self.create_boom):
                 self.fail(f"call {cid} failed with an argument error it did not have: {err!r}")
+        elif isinstance(err, CallCrashedError):  # running at more deaths than the bound
+            if rec["sent"] < 2:
+                self.fail(f"call {cid} failed with {err!r} though it was sent {rec['sent']} time(s)")
         elif isinstance(err, (InstanceDiedError, ScheduleError)):
             if self.lc.is_live(self.lc.resolve(iid)):
                 self.fail(f"call {cid} failed with {err!r} though {iid} "

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from yrdask.errors import InstanceDiedError, ScheduleError
+from yrdask.errors import CallCrashedError, InstanceDiedError, ScheduleError
 from yrdask.runtime import call_order as C
 
 pytestmark = pytest.mark.timeout(30)
@@ -161,7 +161,8 @@ def test_idle_route_locates_with_the_lost_worker_on_its_next_call(h):
     assert h(C.CallSubmitted, "c1", "i") == [C.SendLocate(f"s{h.n}", "i", W1)]
 
 
-def test_lost_twice_redelivers_again(h):
+def test_lost_twice_redelivers_again_while_the_bound_allows(h):
+    h.m = C.CallOrder(max_redeliveries=2)
     h.created("i")
     h(C.CallSubmitted, "c1", "i")
     h(C.ChannelLost, W1)
@@ -169,6 +170,25 @@ def test_lost_twice_redelivers_again(h):
     h(C.ChannelLost, W2)
     assert sent(h(C.Located, "i", W1, "", "i")) == ["c1"]
     assert h(C.CallDone, "c1") == [C.CallSucceeded(f"s{h.n}", "c1")]
+
+
+def test_the_running_call_fails_past_the_bound_and_the_calls_behind_it_go_on(h):
+    # Default bound 1: the oldest unanswered call was running when the process died; it is
+    # delivered once more, and fails at the second death.  c2 waited behind it: not charged.
+    h.created("i")
+    h(C.CallSubmitted, "c1", "i")
+    h(C.CallSubmitted, "c2", "i")
+    h(C.ChannelLost, W1)
+    assert sent(h(C.Located, "i", W2, "", "i")) == ["c1", "c2"]
+    out = h(C.ChannelLost, W2)
+    failed = of(out, C.CallFailed)
+    assert [f.call_id for f in failed] == ["c1"]
+    assert isinstance(failed[0].error, CallCrashedError)
+    assert "2 times" in str(failed[0].error) and W2 in str(failed[0].error)
+    assert sent(h(C.Located, "i", W1, "", "i")) == ["c2"]
+    h(C.ChannelLost, W1)  # c2's first death as the running call: one more try
+    assert sent(h(C.Located, "i", W2, "", "i")) == ["c2"]
+    assert h(C.CallDone, "c2") == [C.CallSucceeded(f"s{h.n}", "c2")]
 
 
 def test_stale_locate_answer_is_ignored(h):

@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from yrdask.errors import InstanceDiedError, ScheduleError
+from yrdask.errors import CallCrashedError, InstanceDiedError, ScheduleError
 from yrdask.statemachine import Event, Instruction, Story
 
 # -- events ----------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ LOCATING = "locating"  # the LOCATE_INSTANCE answer
 
 
 class _Call:
-    __slots__ = ("call_id", "instance_id", "seq", "ready", "error")
+    __slots__ = ("call_id", "instance_id", "seq", "ready", "error", "crashes")
 
     def __init__(self, call_id: str, instance_id: str, seq: int, ready: bool,
                  error: Any) -> None:
@@ -229,6 +229,7 @@ class _Call:
         self.seq = seq  # submission order, for validate()
         self.ready = ready
         self.error = error  # a failed ref argument
+        self.crashes = 0  # times it was the running call when its instance's process died
 
 
 class _Route:
@@ -249,7 +250,8 @@ class _Route:
 class CallOrder:
     """The instance calls and handle counts of one process (see module docstring)."""
 
-    def __init__(self, story_len: int = 10_000) -> None:
+    def __init__(self, story_len: int = 10_000, max_redeliveries: int = 1) -> None:
+        self.max_redeliveries = max_redeliveries  # of the call running when a process died
         self.routes: dict[str, _Route] = {}
         self.calls: dict[str, _Call] = {}  # queued or in flight
         self.counts: dict[str, int] = {}  # handles + unsettled calls, per instance (> 0)
@@ -346,6 +348,20 @@ class CallOrder:
                 continue
             resend = list(route.inflight.values())
             route.inflight.clear()
+            if resend:
+                # The oldest unanswered call is the one that was running (calls of one caller
+                # run in order): it may be what killed the process, so it is charged; the
+                # ones behind it had not started.  Past the bound it fails instead.
+                head = resend[0]
+                head.crashes += 1
+                if head.crashes > self.max_redeliveries:
+                    resend.pop(0)
+                    self._fail(head, CallCrashedError(
+                        f"call {head.call_id} on instance {head.instance_id} was running when "
+                        f"the instance's process died, {head.crashes} times (last on "
+                        f"{ev.worker}); it is not delivered again "
+                        f"(yrdask.scheduling.max-call-redeliveries={self.max_redeliveries}): "
+                        "it may be what kills the process"), ev.stimulus_id, out)
             route.queue.extendleft(reversed(resend))  # in the order they were sent
             route.worker, route.lost = None, ev.worker
             self.story.log(ev.stimulus_id, ("lost", route.instance_id, ev.worker,

@@ -13,7 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import dask
+
+from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
+from yrdask.errors import CallCrashedError
 from yrdask.runtime import call_order as C
 from yrdask.runtime.objects import dep_of, failed_dep, pending_owned, when_ready
 
@@ -38,7 +42,10 @@ class InstanceRouter:
 
     def __init__(self, runtime: Any, order: C.CallOrder | None = None) -> None:
         self.rt = runtime
-        self.order = order if order is not None else C.CallOrder()
+        if order is None:
+            order = C.CallOrder(max_redeliveries=int(
+                dask.config.get("yrdask.scheduling.max-call-redeliveries", 1)))
+        self.order = order
         self.calls: dict[str, Call] = {}
         self.specs: dict[str, tuple[dict, list]] = {}  # creations not answered yet
 
@@ -119,8 +126,11 @@ class InstanceRouter:
                     entry.set_result(k, payload)
             elif kind is C.CallFailed:
                 call = self.calls.pop(ins.call_id)
+                error = ins.error
+                if type(error) is CallCrashedError:  # the machine knows ids, not methods
+                    error = CallCrashedError(f"method {call.method!r}: {error}")
                 for entry in call.entries:
-                    entry.set_error(ins.error)
+                    entry.set_error(error)
             elif kind is C.FlushSoon:
                 self.rt.loop.call_soon(self._flush)
             elif kind is C.ReportHandles:
