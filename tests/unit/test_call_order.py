@@ -12,6 +12,8 @@ import random
 
 import pytest
 
+from .harness import MachineHarness
+
 from yrdask.errors import CallCrashedError, InstanceDiedError, ScheduleError
 from yrdask.runtime import call_order as C
 
@@ -20,18 +22,11 @@ pytestmark = pytest.mark.timeout(30)
 W1, W2 = "tcp://w1:1", "tcp://w2:1"
 
 
-class Harness:
+class Harness(MachineHarness):
     """A CallOrder with a step counter and helpers that validate after each event."""
 
     def __init__(self) -> None:
-        self.m = C.CallOrder()
-        self.n = 0
-
-    def __call__(self, event_type, *args, **kwargs) -> list:
-        self.n += 1
-        out = self.m.handle(event_type(f"s{self.n}", *args, **kwargs))
-        self.m.validate()
-        return out
+        super().__init__(C.CallOrder())
 
     def created(self, iid: str, worker: str = W1, real_id: str | None = None) -> list:
         """Create ``iid`` and hold one handle to it, as ``create_instance`` does."""

@@ -13,6 +13,8 @@ import random
 
 import pytest
 
+from .harness import MachineHarness
+
 from yrdask import protocol as P
 from yrdask.scheduler import lifecycle as L
 
@@ -32,18 +34,11 @@ def spec(iid, owner=JOB, name="", namespace="", detached=False, holder=DRIVER, r
             "timeout_ms": timeout_ms, "affinity": [], "labels": ["l1"]}
 
 
-class Harness:
+class Harness(MachineHarness):
     """A Lifecycle with helpers that validate after each event."""
 
     def __init__(self) -> None:
-        self.m = L.Lifecycle()
-        self.n = 0
-
-    def __call__(self, event_type, *args, **kwargs) -> list:
-        self.n += 1
-        out = self.m.handle(event_type(f"s{self.n}", *args, **kwargs))
-        self.m.validate()
-        return out
+        super().__init__(L.Lifecycle())
 
     def create(self, *args, now=0.0, **kwargs) -> list:
         return self(L.Create, spec(*args, **kwargs), now)
