@@ -163,6 +163,34 @@ add(Figure(
     target=("<=", 1.0),
 ))
 
+add(Figure(
+    "isolated_create_ms", "isolation", "ms", False,
+    "an instance in its own process (yrdask isolated=True with env_vars; Ray: an actor with "
+    "runtime_env env_vars, always a process of its own) created and called once, until "
+    "that call is back; median over N sequential creations, each terminated after",
+    params={"instances": 8, "warmup": 1}, quick={"instances": 3, "warmup": 1},
+))
+add(Figure(
+    "isolated_rtt_ms", "isolation", "ms", False,
+    "sequential call round trip on an instance in its own process: median over 2000 calls "
+    "(or as many as fit in 5 s) after 100 warm-up calls",
+    params={"warmup": 100, "calls": 2000, "max_seconds": 5.0},
+    quick={"warmup": 10, "calls": 100},
+))
+add(Figure(
+    "isolated_task_rtt_ms", "isolation", "ms", False,
+    "sequential round trip of a trivial task with env_vars (yrdask: a pooled process per "
+    "worker and env; Ray: runtime_env env_vars): median per call after warm-up",
+    params={"warmup": 20, "calls": 1000, "max_seconds": 5.0},
+    quick={"warmup": 5, "calls": 100},
+))
+add(Figure(
+    "isolated_mem_mb", "isolation", "MB", False,
+    "memory per extra instance in its own process: (PSS of all processes after N tiny "
+    "isolated instances, each called once - PSS before them) / N",
+    params={"instances": 8, "settle_s": 1.0}, quick={"instances": 3, "settle_s": 0.5},
+))
+
 
 def select(only: str | None) -> list[Figure]:
     """Figures named (or whose group is named) in the comma-separated ``only``; all if None."""

@@ -118,6 +118,20 @@ class System:
     def call(self, handle: Any, method: str, *args: Any) -> Any:
         raise NotImplementedError
 
+    # Isolation (docs/isolation.md): an instance in a process of its own, with env_vars.
+
+    def create_isolated(self, kind: str, *args: Any) -> Any:
+        """A tiny instance hosted in its own process with an env var set."""
+        raise NotImplementedError
+
+    def destroy(self, handle: Any) -> None:
+        """End an instance now (yrdask ``terminate``, Ray ``ray.kill``)."""
+        raise NotImplementedError
+
+    def submit_isolated(self, i: int) -> Any:
+        """The trivial task, with an env var set (so it runs in a process with that env)."""
+        raise NotImplementedError
+
     def trivial_call(self) -> Any:
         """One trivial task, waited for."""
         return self.gather([self.submit(0)])[0]
@@ -307,6 +321,50 @@ class System:
                     "new_pid_was_running_before_kill": new_pid in alive_before,
                     "failed_calls_meanwhile": sum(failures.values()),
                     "failure_messages": failures}
+
+    # -- isolation figures ---------------------------------------------------------------
+
+    @measures("isolated_create_ms")
+    def isolated_create(self, p: dict) -> tuple[float, dict]:
+        n, extra = self.capped("instances", p)
+        out = []
+        for k in range(p["warmup"] + n):
+            t = time.perf_counter()
+            h = self.create_isolated("counter")
+            assert self.gather([self.call(h, "inc", k)])[0] == k + 1
+            dt = (time.perf_counter() - t) * 1000.0
+            self.destroy(h)
+            if k >= p["warmup"]:
+                out.append(dt)
+        out.sort()
+        return out[len(out) // 2], {**extra, "all_ms": out}
+
+    @measures("isolated_rtt_ms")
+    def isolated_rtt(self, p: dict) -> tuple[float, dict]:
+        h = self.create_isolated("counter")
+        value, extra = self._latency(functools.partial(self.call, h, "inc"), p)
+        self.destroy(h)
+        return value, extra
+
+    @measures("isolated_task_rtt_ms")
+    def isolated_task_rtt(self, p: dict) -> tuple[float, dict]:
+        return self._latency(self.submit_isolated, p)
+
+    @measures("isolated_mem_mb")
+    def isolated_memory(self, p: dict) -> tuple[float, dict]:
+        n, extra = self.capped("instances", p)
+        time.sleep(p["settle_s"])
+        before, _ = tree_pss_mb()
+        t = time.perf_counter()
+        handles = [self.create_isolated("counter") for _ in range(n)]
+        assert self.gather([self.call(h, "inc", k) for k, h in enumerate(handles)])[-1] == n
+        created = time.perf_counter() - t
+        time.sleep(p["settle_s"])
+        after, info = tree_pss_mb()
+        for h in handles:
+            self.destroy(h)
+        return (after - before) / n, {**extra, "create_and_call_seconds": created,
+                                      "pss_before_mb": before, "pss_after_mb": after, **info}
 
     def figures(self) -> dict[str, Callable[[dict], tuple[float, dict]]]:
         out = {}

@@ -78,6 +78,9 @@ class ActorHandle:
 class Dask(System):
     name = "dask"
     unsupported = {
+        **{fig: "Dask has no per-actor or per-task process with its own environment"
+           for fig in ("isolated_create_ms", "isolated_rtt_ms", "isolated_task_rtt_ms",
+                       "isolated_mem_mb")},
         "restart_s": "Dask actors are never restarted: when the worker hosting an actor dies, "
                      "the actor is lost (its future errs) and distributed has no "
                      "max_restarts for actors",

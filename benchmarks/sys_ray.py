@@ -108,5 +108,16 @@ class Ray(System):
     def call(self, handle, method: str, *args):
         return getattr(handle, method).remote(*args)
 
+    _ENV = {"env_vars": {"YR_BENCH_ISOLATED": "1"}}
+
+    def create_isolated(self, kind: str, *args):
+        return self.d.kinds[kind].options(num_cpus=0, runtime_env=self._ENV).remote(*args)
+
+    def destroy(self, handle) -> None:
+        self.ray.kill(handle)
+
+    def submit_isolated(self, i: int):
+        return self.d.inc.options(runtime_env=self._ENV).remote(i)
+
 
 SYSTEM = Ray()

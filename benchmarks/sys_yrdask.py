@@ -120,5 +120,24 @@ class Yrdask(System):
     def call(self, handle, method: str, *args):
         return getattr(handle, method).invoke(*args)
 
+    def create_isolated(self, kind: str, *args):
+        key = (kind, "isolated")
+        creator = self.creators.get(key)
+        if creator is None:
+            opts = self.d.sizes["tiny"].copy()
+            opts.env_vars = {"YR_BENCH_ISOLATED": "1"}  # implies a process of its own
+            creator = self.creators[key] = self.d.kinds[kind].options(opts)
+        return creator.invoke(*args)
+
+    def destroy(self, handle) -> None:
+        handle.terminate()
+
+    def submit_isolated(self, i: int):
+        if "inc_isolated" not in self.creators:
+            opts = self.d.sizes["tiny"].copy()
+            opts.env_vars = {"YR_BENCH_ISOLATED": "1"}
+            self.creators["inc_isolated"] = self.d.inc.options(opts)
+        return self.creators["inc_isolated"].invoke(i)
+
 
 SYSTEM = Yrdask()

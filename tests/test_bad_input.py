@@ -195,6 +195,18 @@ BEFORE_INIT = [
         ("yr.get_node_ip_address", lambda ctx: yr.get_node_ip_address()),
         ("yr.save_state", lambda ctx: yr.save_state()),
         ("yr.load_state", lambda ctx: yr.load_state()),
+        ("yr.exit", lambda ctx: yr.exit()),
+        ("yr.kv_write", lambda ctx: yr.kv_write("k", b"v")),
+        ("yr.kv_write_with_param", lambda ctx: yr.kv_write_with_param("k", b"v", yr.SetParam())),
+        ("yr.kv_set", lambda ctx: yr.kv_set("k", b"v")),
+        ("yr.kv_m_write_tx", lambda ctx: yr.kv_m_write_tx(["k"], [b"v"])),
+        ("yr.kv_read", lambda ctx: yr.kv_read("k")),
+        ("yr.kv_get", lambda ctx: yr.kv_get("k")),
+        ("yr.kv_get_with_param",
+         lambda ctx: yr.kv_get_with_param(["k"], yr.GetParams([yr.GetParam()]))),
+        ("yr.kv_del", lambda ctx: yr.kv_del("k")),
+        ("yr.create_resource_group", lambda ctx: yr.create_resource_group([{"CPU": 100}])),
+        ("yr.remove_resource_group", lambda ctx: yr.remove_resource_group("rg")),
     ]
 ] + [
     Case("yr.init", "conf not a Config", lambda ctx: yr.init({"num_cpus": 2}), yr.YRTypeError,
@@ -337,6 +349,10 @@ CALL_CASES = [
     Case("yr.list_named_instances", "all_namespaces not a bool",
          lambda ctx: yr.list_named_instances("yes"), yr.YRTypeError,
          "all_namespaces must be a bool"),
+    Case("yr.exit", "called outside an instance method", lambda ctx: yr.exit(),
+         yr.YRRuntimeError, "can only be called inside a method of an instance"),
+    Case("yr.kv_read", "a key never written, timeout 0", lambda ctx: yr.kv_read("kv-never", 0),
+         yr.YRTimeoutError, "['kv-never'] not present"),
     Case("yr.kill_instance", "instance_id not a str", lambda ctx: yr.kill_instance(1),
          yr.YRTypeError, "instance_id must be str, got int"),
     # -- instance-only calls made from the driver
@@ -355,6 +371,18 @@ CALL_CASES = [
          "timeout must be a number"),
     Case("ref.on_complete", "callback not callable", lambda ctx: ctx.ref.on_complete(5),
          yr.YRTypeError, "callback must be callable"),
+    # -- resource groups
+    Case("yr.create_resource_group", "bundles not a list",
+         lambda ctx: yr.create_resource_group({"CPU": 100}), yr.YRTypeError,
+         "invalid bundles type, actual: dict"),
+    Case("yr.create_resource_group", "no bundles", lambda ctx: yr.create_resource_group([]),
+         yr.YRValueError, "invalid bundles number, actual: 0, expect: > 0."),
+    Case("yr.create_resource_group", "unknown strategy",
+         lambda ctx: yr.create_resource_group([{"CPU": 100}], strategy="TIGHT"),
+         yr.YRValueError, "invalid strategy 'TIGHT'"),
+    Case("yr.remove_resource_group", "neither a name nor a ResourceGroup",
+         lambda ctx: yr.remove_resource_group(3), yr.YRTypeError,
+         "expect: str or yr.ResourceGroup"),
 ]
 
 GET_CASES = [
@@ -546,7 +574,7 @@ PROXIES = {yr.FunctionProxy: "f", yr.InstanceCreator: "C", yr.InstanceProxy: "h"
 # Public calls that take no input that could be bad (docs/errors.md says so).
 NO_INPUT = {"yr.finalize", "yr.is_initialized", "f.get_original_func", "C.get_original_cls",
             "h.is_activate", "ref.done", "ref.is_exception", "ref.get_future", "ref.as_future",
-            "ref.id", "ref.task_id"}
+            "ref.id", "ref.task_id", "yr.get_namespace", "h.real_id", "ref.future", "ref.hex"}
 
 
 def _all_cases() -> list:

@@ -20,6 +20,7 @@ import re
 import shutil
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from typing import Any
@@ -45,6 +46,17 @@ def leaf(x: int) -> int:
 @yr.invoke
 def fan_out(n: int) -> int:
     return sum(yr.get([leaf.invoke(i) for i in range(n)], 60))
+
+
+@yr.instance
+class Busy:
+    """Its ``work`` call runs until the test creates ``path`` (bounded by ``limit`` s)."""
+
+    def work(self, path: str, limit: float = 60) -> bool:
+        deadline = time.monotonic() + limit
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return os.path.exists(path)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -262,7 +274,7 @@ def test_instances_json_filters_and_pages(population):
         "Greeter", 3, 0, 0)
     assert row["worker"].startswith(("tcp://", "tls://")) and row["owner"]
     assert row["resources"]["CPU"] == 100.0
-    pending = instances(state="PENDING", name=prefix)["instances"]
+    pending_rows = pending = instances(state="PENDING", name=prefix)["instances"]
     assert [(r["name"], r["worker"], r["resources"]["CPU"]) for r in pending] == [
         (f"{prefix}waiting", "", 64_000.0)]
     assert instances(**{"class": "Greeter"}, name=prefix)["matched"] == 4
@@ -273,7 +285,42 @@ def test_instances_json_filters_and_pages(population):
         f"{prefix}1"
     status, body, _ = http_get("/yr/api/instances?state=SLEEPING")
     assert status == 400 and "SLEEPING" in body and "ALIVE" in body
-    assert api("/yr/api")["endpoints"]["instances"].startswith("yr/api/instances")
+    # The waiting one says why: 64 CPUs is more than any worker offers.
+    assert "can never run it" in pending_rows[0]["waiting"], pending_rows
+    assert any(w["holding_id"] == pending_rows[0]["instance_id"] and w["what"].startswith(
+        "Greeter instance") for w in instances(name=prefix)["waiting"])
+
+
+def test_api_index_links_all_resolve():
+    """Every link of the index answers 200, from /yr/api and /yr/api/ alike."""
+    for index in ("/yr/api", "/yr/api/"):
+        links = api(index)["endpoints"]
+        assert set(links) == {"instances", "ended", "resources", "scheduling"}
+        for name, link in links.items():
+            url = urllib.parse.urljoin(dashboard_base() + index, link)
+            with urllib.request.urlopen(url, timeout=30) as r:
+                assert r.status == 200, (name, url)
+                json.loads(r.read())
+    status, body, _ = http_get("/yr/api/ended?limit=x")
+    assert status == 400 and "limit='x'" in body
+
+
+def test_ended_instances_stay_listed(population):
+    """A terminated instance leaves a tombstone: class, name, job, worker, why, when."""
+    name = f"{population.prefix}ended"
+    h = Greeter.options(yr.InvokeOptions(name=name, **SMALL)).invoke()
+    assert yr.get(h.hello.invoke(), T) == 1
+    worker = instances(name=name)["instances"][0]["worker"]
+    h.terminate()
+
+    def tomb():
+        return next((t for t in api("/yr/api/ended?limit=1000")["ended"] if t["name"] == name),
+                    None)
+    t = wait_until(tomb, T, lambda: f"{name} among the ended: {api('/yr/api/ended')}")
+    assert (t["class"], t["worker"], t["instance_id"]) == ("Greeter", worker, h.instance_id)
+    assert t["job"] and t["reason"] and t["ended_at"] >= t["created_at"]
+    view = api("/yr/api/ended?limit=1")
+    assert len(view["ended"]) == 1 and view["kept"] == 1000 and view["total"] >= 1
 
 
 def test_resources_json_matches_the_ledger(population, cluster_kind):
@@ -308,6 +355,23 @@ def test_scheduling_json_counts_nested_work(population):
         w["worker"] for w in api("/yr/api/resources")["workers"]}
 
 
+def test_scheduling_counts_instance_calls_as_running(population, tmp_path):
+    """A running instance call counts as running work (it used to show 0 running)."""
+    busy = Busy.options(yr.InvokeOptions(**SMALL)).invoke()
+    release = tmp_path / "release"
+    call = busy.work.invoke(str(release))
+    try:
+        now = wait_until(lambda: (lambda n: n if n["calls_running"] >= 1 else None)(
+            api("/yr/api/scheduling?samples=1")["now"]), T, "the running call counted")
+        assert now["running"] >= now["calls_running"] >= 1 and now["instances_hosted"] >= 4
+        workers = api("/yr/api/scheduling")["workers"]
+        assert sum(w["calls_running"] for w in workers) >= 1
+    finally:
+        release.touch()
+    assert yr.get(call, T) is True
+    busy.terminate()
+
+
 def test_prometheus_metrics(population):
     status, body, _ = http_get("/metrics")
     assert status == 200
@@ -324,6 +388,7 @@ def test_prometheus_metrics(population):
     assert value("dask_yr_instances", state="PENDING") >= 1
     assert value("dask_yr_instance_restarts_total") >= 0
     assert value("dask_yr_lease_requests_waiting") >= 1  # the PENDING instance's request
+    assert value("dask_yr_instances_ended_kept") >= 0
     assert value("dask_yr_leases_granted_total") >= value("dask_yr_leases_local_total")
     workers = api("/yr/api/resources")["workers"]
     assert value("dask_yr_workers") == len(workers)
@@ -331,6 +396,7 @@ def test_prometheus_metrics(population):
         assert value("dask_yr_resource_capacity", resource="CPU", worker=w["worker"]) == \
             w["capacity"]["CPU"]
         assert value("dask_yr_resource_held", resource="CPU", worker=w["worker"]) >= 0
+        assert value("dask_yr_instance_calls_running", worker=w["worker"]) >= 0
     assert "dask_scheduler_workers" in body  # Dask's own collectors are still there
 
 
@@ -341,7 +407,9 @@ def test_instances_page(population, browser, cluster_kind):
     p = population.prefix
     browser.open(f"/yr-instances?name={p}")
     text, _ = browser.wait_for(*population.names, "Instances 1–4 of 4 matching",
-                               "PENDING 1", "ALIVE", "Greeter", "Calls done")
+                               "PENDING 1", "ALIVE", "Greeter", "Calls done",
+                               "Waiting for resources", "can never run it", "Ended (",
+                               "Why it ended")
     assert text.count("ALIVE") >= 4  # three rows and the summary
     browser.shot(f"yr-instances-{cluster_kind}")
     browser.type_filter(f"{p}waiting")  # the filter box, as a person types in it
@@ -361,9 +429,11 @@ def test_resources_page(population, browser, cluster_kind):
     capacity = view["totals"]["CPU"]["capacity"]
     text, _ = browser.wait_for(f"{len(view['workers'])} yr workers", "CPU held", "Used %",
                                *short)
-    held = re.search(rf"CPU held ([\d.]+) of {capacity:g}\b", text)
-    assert held, f"no 'CPU held H of {capacity:g}' in {text[:2000]}"
+    cores = f"{capacity / 1000:g} cores ({capacity:g} m)"
+    held = re.search(rf"CPU held [\d.]+ cores? \((\d+) m\) of {re.escape(cores)}", text)
+    assert held, f"no 'CPU held H cores (M m) of {cores}' in {text[:2000]}"
     assert float(held.group(1)) >= 300  # the three ALIVE instances hold 100 millicores each
+    assert "Memory in MB" in text and " MB" in text  # units
     if cluster_kind == "cli":
         assert "gpu_node" in text
     browser.shot(f"yr-resources-{cluster_kind}")
@@ -380,6 +450,7 @@ def test_scheduling_page(population, browser, cluster_kind):
     browser.open("/yr-scheduling")
     workers = api("/yr/api/scheduling")["workers"]
     browser.wait_for("Tasks pushed by workers", "requests waiting", "Pushed local",
+                     "instance calls on", "Instance calls",
                      *(w["worker"] for w in workers))
 
     def shown() -> int:  # "local <b>L</b>, forwarded <b>F</b>" in the summary

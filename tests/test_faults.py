@@ -136,8 +136,10 @@ def test_a_call_that_kills_its_process_fails_and_the_calls_behind_it_run(faults_
     # Run once more after the first death (at least once), not a third time: the instance
     # restarted twice and keeps its third restart; the calls behind it run on a fresh one.
     assert yr.get(behind, timeout=90) == [1, 2, 3]
-    status = h.status()
-    assert status["state"] == "ALIVE" and status["restarts"] == 2, status
+    # The scheduler hears ALIVE on the worker's stream, maybe after the calls were answered.
+    status = wait_until(lambda: (st := h.status())["state"] == "ALIVE" and st, 30,
+                        lambda: f"the instance ALIVE again at the scheduler: {h.status()}")
+    assert status["restarts"] == 2, status
     h.terminate(is_sync=True)
 
 

@@ -41,6 +41,12 @@ SAMPLES: list[P.Message] = [
     P.GetNamed("counter", "ns", 2.5),
     P.ListNamed(all_namespaces=True, namespace="ns"),
     P.KillInstance("i-1", "terminated by test"),
+    P.KVPut(("k1", "k2"), (b"v1", b"\x00v2"), nx=True, ttl_s=2.5, evictable=True),
+    P.KVGet(("k1",), timeout=None),
+    P.KVDel(("k1", "k2")),
+    P.CreateResourceGroup("tcp://o:1", "rg-1", ({"CPU": 1000.0, "Memory": 128.0},), "STRICT_SPREAD"),
+    P.RemoveResourceGroup("rg-1"),
+    P.WaitResourceGroup("rg-1", timeout=2.5),
     P.ReturnLeases(("l-1", "l-2")),
     P.LeaseBlocked("l-1"),
     P.LeaseUnblocked("l-1"),
@@ -49,16 +55,23 @@ SAMPLES: list[P.Message] = [
     P.CloseStream(),
     P.RevokeLeases(("l-3",)),
     P.WorkerLost("tcp://w:2"),
+    P.WaitWarning("Counter instance i-1 waits for {CPU: 500} (6 s so far): ..."),
     P.OpenChannel("tcp://o:1"),
     P.FetchObject("t-1.0", timeout=None),
     P.FreeObjects(("t-1.0", "t-2")),
+    P.TaskOutput((("f pid=1, node=tcp://h:1", "stdout", "hi\n"),)),
     P.StartInstance({"instance_id": "i-1", "incarnation": 2, "checkpoint": b"ck"}),
     P.StopInstance("i-1", "killed"),
+    P.StartIsolated({"instance_id": "i-1", "isolation": {"env": {"A": "1"}, "cwd": "/tmp"}}),
+    P.StopIsolated("terminated"),
+    P.RunIsolated("t-1", "l-1", "f-1", b"\x80fn", b"\x80args", (("t-0", "value", b"v"),), 1,
+                  "job-1"),
     P.RunTask("t-1", "l-1", "f-1", b"\x80fn", b"\x80args", (("t-0", "value", b"v"),), 2,
               "job-1", "add", slots=3),
     P.CancelTask("t-1"),
     P.TaskDone("t-1", results=(("value", b"\x80r"), ("location", "tcp://w:1")), took=0.25),
     P.CallMethod("c-1", "i-1", "incr", b"\x80args", (), 1),
+    P.GeneratorItem("t-1", 3, ("value", b"\x80item")),
 ]
 RUN = next(m for m in SAMPLES if isinstance(m, P.RunTask))
 
@@ -109,17 +122,21 @@ def test_channel_groups_are_derived_from_the_table():
     assert set(P.SCHEDULER_RPC) == {P.CONNECT_JOB, P.REGISTER_WORKER, P.REQUEST_LEASE,
                                     P.CLUSTER_INFO, P.CREATE_INSTANCE, P.LOCATE_INSTANCE,
                                     P.GET_NAMED, P.LIST_NAMED, P.KILL_INSTANCE,
-                                    P.INSTANCE_STATUS, P.SAVE_STATE, P.LOAD_STATE}
+                                    P.INSTANCE_STATUS, P.SAVE_STATE, P.LOAD_STATE,
+                                    P.CREATE_RESOURCE_GROUP, P.REMOVE_RESOURCE_GROUP,
+                                    P.WAIT_RESOURCE_GROUP, P.KV_PUT, P.KV_GET, P.KV_DEL}
     assert set(P.SCHEDULER_STREAM) == {P.RETURN_LEASES, P.LEASE_BLOCKED, P.LEASE_UNBLOCKED,
                                        P.HANDLE_REFS, P.INSTANCE_STATE}
     assert set(P.JOB_STREAM) == {P.RETURN_LEASES, P.HANDLE_REFS}
-    assert set(P.DRIVER_STREAM) == {P.REVOKE_LEASES, P.WORKER_LOST}
+    assert set(P.DRIVER_STREAM) == {P.REVOKE_LEASES, P.WORKER_LOST, P.WAIT_WARNING}
     assert set(P.WORKER_RPC) == {P.OPEN_CHANNEL, P.FETCH_OBJECT, P.FREE_OBJECTS,
                                  P.STOP_INSTANCE}
     assert set(P.WORKER_STREAM) == {P.REVOKE_LEASES, P.START_INSTANCE, P.WORKER_LOST}
-    assert P.OWNER_RPC == (P.FETCH_OBJECT,)
+    assert P.OWNER_RPC == (P.FETCH_OBJECT, P.TASK_OUTPUT)
     assert set(P.CHANNEL_TO_WORKER) == {P.RUN_TASK, P.CANCEL_TASK, P.CALL_METHOD}
-    assert P.CHANNEL_TO_CALLER == (P.TASK_DONE,)
+    assert set(P.ISOLATED_RPC) == {P.OPEN_CHANNEL, P.START_ISOLATED, P.STOP_ISOLATED,
+                                    P.RUN_ISOLATED}
+    assert P.CHANNEL_TO_CALLER == (P.TASK_DONE, P.GENERATOR_ITEM)
     for group in (P.SCHEDULER_RPC, P.SCHEDULER_STREAM, P.WORKER_RPC, P.WORKER_STREAM):
         assert all(op in P.MESSAGES for op in group)
 
@@ -173,6 +190,9 @@ class _Handlers:
         self.seen.append(("lost", worker))
         return "ok"
 
+    def wait_warning(self, text):
+        self.seen.append(("wait", text))
+
 
 class _More:
     def run_task(self, peer, **fields):
@@ -182,7 +202,8 @@ class _More:
 def test_handlers_maps_ops_to_declared_methods_of_the_first_target_that_has_them():
     a, b = _Handlers(), _More()
     table = P.handlers(P.DRIVER_STREAM, a, b)
-    assert table == {P.REVOKE_LEASES: a.revoke_leases, P.WORKER_LOST: a.worker_lost}
+    assert table == {P.REVOKE_LEASES: a.revoke_leases, P.WORKER_LOST: a.worker_lost,
+                     P.WAIT_WARNING: a.wait_warning}
     both = P.handlers((P.WORKER_LOST, P.RUN_TASK), b, a)
     assert both[P.RUN_TASK] == b.run_task and both[P.WORKER_LOST] == a.worker_lost
     with pytest.raises(LookupError, match="cancel_task"):

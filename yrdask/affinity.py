@@ -74,7 +74,11 @@ class LabelOperator:
 
 @dataclass
 class Affinity:
-    """``Affinity(AffinityKind.RESOURCE, AffinityType.REQUIRED, [LabelOperator(...)])``."""
+    """``Affinity(AffinityKind.RESOURCE, AffinityType.REQUIRED, [LabelOperator(...)])``.
+
+    ``label_operators`` may also be a single ``LabelOperator`` (as yr's docs write it); it is
+    kept as a one-element list, so both forms schedule identically.
+    """
 
     affinity_kind: AffinityKind
     affinity_type: AffinityType
@@ -84,6 +88,8 @@ class Affinity:
     def __post_init__(self) -> None:
         from yrdask.errors import YRTypeError, YRValueError
 
+        if isinstance(self.label_operators, LabelOperator):
+            self.label_operators = [self.label_operators]
         try:
             self.affinity_kind = AffinityKind(self.affinity_kind)
             self.affinity_type = AffinityType(self.affinity_type)

@@ -1,8 +1,9 @@
 """The ``yrdask`` command: ``yrdask status [ADDRESS]`` prints a yr cluster in the terminal.
 
 It asks the scheduler with the ``yr_cluster_info`` rpc (:class:`yrdask.protocol.ClusterInfo`)
-and prints its workers (capacity and held per resource), the totals per resource, and the
-instances (counts by state, then a table).  ADDRESS defaults to ``$YR_SERVER_ADDRESS``; TLS
+and prints its workers (capacity and held per resource), the totals per resource (CPU in
+millicores, 1000 = one core; Memory in MB), the instances (counts by state, then a table),
+why requests wait for resources, and the instances that ended recently (newest first).  ADDRESS defaults to ``$YR_SERVER_ADDRESS``; TLS
 settings come from Dask's config (``distributed.comm.tls.*``), as for any Dask client.
 Also ``python -m yrdask status``.  Exit codes: 0 ok, 1 the scheduler could not be asked,
 2 bad usage.
@@ -44,9 +45,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         info = asyncio.run(fetch_cluster_info(address, args.timeout))
-    except Exception as e:  # unreachable, timed out, or no yr on that scheduler
-        hint = ("; is yrdask installed there (dask scheduler --preload yrdask)?"
-                if "yr_cluster_info" in str(e) else "")
+    except NoYrExtension as e:
+        print(f"yrdask status: cannot get the cluster state from {address}: {e}",
+              file=sys.stderr)
+        return 1
+    except (OSError, asyncio.TimeoutError) as e:  # nothing listens there, or no answer
+        why = str(e) or f"{type(e).__name__}: no answer within {args.timeout:g} s"
+        print(f"yrdask status: cannot get the cluster state: could not connect to "
+              f"{address}: {why}", file=sys.stderr)
+        return 1
+    except Exception as e:  # anything else the scheduler or the comm raised
+        hint = (f"; {NO_YR}" if "yr_cluster_info" in str(e) else "")
         print(f"yrdask status: cannot get the cluster state from {address}: "
               f"{type(e).__name__}: {e}{hint}", file=sys.stderr)
         return 1
@@ -57,14 +66,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+NO_YR = ("the scheduler has no yrdask extension: start it with `dask scheduler --preload "
+         "yrdask` (or the Dask config in plugins/yrdask.yaml)")
+
+
+class NoYrExtension(RuntimeError):
+    """The scheduler answered, but yrdask is not installed on it."""
+
+
 async def fetch_cluster_info(address: str, timeout: float) -> P.ClusterInfoReply:
-    """The scheduler's ``yr_cluster_info`` reply."""
+    """The scheduler's ``yr_cluster_info`` reply.
+
+    Raises :class:`NoYrExtension` when the scheduler has no yr extension (Dask answers an
+    unknown op with nothing), ``OSError`` / ``asyncio.TimeoutError`` when it cannot be
+    reached.
+    """
     from distributed.core import rpc
     from distributed.security import Security
 
     args = Security().get_connection_args("client")
     async with rpc(address, timeout=timeout, connection_args=args) as scheduler:
-        return await asyncio.wait_for(P.request(scheduler, P.ClusterInfo()), timeout)
+        info = await asyncio.wait_for(P.request(scheduler, P.ClusterInfo()), timeout)
+    if not isinstance(info, dict) or "workers" not in info:
+        raise NoYrExtension(NO_YR)
+    return info
 
 
 def format_status(address: str, info: dict[str, Any], limit: int = 50) -> str:
@@ -74,7 +99,8 @@ def format_status(address: str, info: dict[str, Any], limit: int = 50) -> str:
     resources = sorted({r for w in workers.values() for r in (*w["capacity"], *w["held"])},
                        key=lambda r: (r not in ("CPU", "Memory"), r))
     out = [f"yrdask cluster {address}", f"dashboard: {info.get('dashboard') or 'none'}", ""]
-    out.append(f"Workers ({len(workers)})  held / capacity")
+    out.append(f"Workers ({len(workers)})  held / capacity (CPU in millicores: 1000 = one "
+               "core; Memory in MB)")
     out.append(table(["WORKER", *resources], [
         [addr, *(f"{w['held'].get(r, 0):g} / {w['capacity'].get(r, 0):g}" for r in resources)]
         for addr, w in sorted(workers.items())]))
@@ -84,8 +110,8 @@ def format_status(address: str, info: dict[str, Any], limit: int = 50) -> str:
         cap = sum(w["capacity"].get(r, 0) for w in workers.values())
         held = sum(w["held"].get(r, 0) for w in workers.values())
         rows.append([r, f"{cap:g}", f"{held:g}", f"{cap - held:g}",
-                     f"{100 * held / cap:.0f}%" if cap else "-"])
-    out.append(table(["RESOURCE", "CAPACITY", "HELD", "FREE", "USED"], rows))
+                     f"{100 * held / cap:.0f}%" if cap else "-", _unit(r, held, cap)])
+    out.append(table(["RESOURCE", "CAPACITY", "HELD", "FREE", "USED", "UNIT"], rows))
     counts = {s: 0 for s in STATE_ORDER}
     for inst in instances:
         counts[inst["state"]] = counts.get(inst["state"], 0) + 1
@@ -103,6 +129,27 @@ def format_status(address: str, info: dict[str, Any], limit: int = 50) -> str:
               _age(now - (i.get("created_at") or now))] for i in shown]))
         if len(shown) < len(ordered):
             out.append(f"... {len(ordered) - len(shown)} more (--limit 0 shows all)")
+    waiting: list[dict] = info.get("waiting") or []
+    if waiting:
+        out += ["", f"Waiting for resources ({len(waiting)})"]
+        for w in waiting:
+            job = f", job {w['job']}" if w.get("job") else ""
+            out.append(f"  {w['what']}{job}: needs {_shape(w.get('needs'))}, waiting "
+                       f"{w.get('waited_s') or 0:.0f} s")
+            out += [f"    {reason}" for reason in w.get("reasons") or ()]
+        out.append(f"  {waiting[0].get('fix', '')}")
+    if "ended" in info:
+        ended: list[dict] = info.get("ended") or []
+        shown_ended = ended if limit <= 0 else ended[:limit]
+        out += ["", f"Ended ({len(ended)} kept, newest first)"]
+        now = time.time()
+        out.append(table(
+            ["ID", "NAME", "CLASS", "JOB", "WORKER", "ENDED", "WHY"],
+            [[t["instance_id"], _name(t), t.get("class") or "", t.get("job") or "",
+              t.get("worker") or "-", _age(now - (t.get("ended_at") or now)) + " ago",
+              t.get("reason") or ""] for t in shown_ended]))
+        if len(shown_ended) < len(ended):
+            out.append(f"... {len(ended) - len(shown_ended)} more (--limit 0 shows all)")
     counters = info.get("counters") or {}
     if counters:
         out += ["", "Leases: " + ", ".join(f"{k} {v}" for k, v in sorted(counters.items()))]
@@ -126,6 +173,12 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 def _name(inst: dict) -> str:
     name, ns = inst.get("name") or "", inst.get("namespace") or ""
     return f"{ns}/{name}" if ns and name else name or "-"
+
+
+def _unit(resource: str, held: float, capacity: float) -> str:
+    if resource == "CPU":
+        return f"millicores ({held / 1000:g} of {capacity / 1000:g} cores)"
+    return {"Memory": "MB"}.get(resource, "")
 
 
 def _shape(shape: dict | None) -> str:

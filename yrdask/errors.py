@@ -12,7 +12,10 @@
         │   ├── YRequestError        a request to the cluster failed
         │   ├── CancelledError       the task was cancelled with yr.cancel
         │   ├── InstanceDiedError    the instance ended (terminated, lost, out of restarts)
-        │   └── ScheduleError        resources could not be found before schedule_timeout_ms
+        │   ├── ScheduleError        resources could not be found before schedule_timeout_ms
+        │   ├── KVExistsError        an NX KV write found its key present
+        │   ├── KVFullError          a KV write would exceed yrdask.kv.max-bytes
+        │   └── DependencyError      a ref nested in a task's arguments failed (code 4306)
         ├── YRValueError             (also ValueError) bad argument value
         └── YRTypeError              (also TypeError) bad argument type
 """
@@ -33,7 +36,12 @@ __all__ = [
     "YRequestError",
     "CancelledError",
     "InstanceDiedError",
+    "CallCrashedError",
+    "TaskCrashedError",
     "ScheduleError",
+    "KVExistsError",
+    "KVFullError",
+    "DependencyError",
     "RemoteError",
 ]
 
@@ -79,8 +87,72 @@ class CallCrashedError(YRRuntimeError):
     ``yrdask.scheduling.max-call-redeliveries`` allows: it is not delivered again."""
 
 
+class TaskCrashedError(YRRuntimeError):
+    """A stateless task's process died each time it ran, more often than its bound of reruns
+    (``yrdask.scheduling.max-task-crashes``, or Ray's ``max_retries``) allows.  ``crashes`` is
+    how often, ``worker`` the last worker it was lost with."""
+
+    def __init__(self, message: str = "", crashes: int = 0, worker: str = "") -> None:
+        super().__init__(message)
+        self.crashes, self.worker = crashes, worker
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (str(self), self.crashes, self.worker))
+
+
 class ScheduleError(YRRuntimeError):
     """No worker could give the requested resources within ``schedule_timeout_ms``."""
+
+
+class KVExistsError(YRRuntimeError):
+    """A KV write with ``ExistenceOpt.NX`` found its key(s) present; the message names them."""
+
+
+class KVFullError(YRRuntimeError):
+    """A KV write would take the store over ``yrdask.kv.max-bytes``; the message says so."""
+
+
+class DependencyError(YRRuntimeError):
+    """A ref nested in a task's arguments failed, so the task did not run (yr's error 4306,
+    DEPENDENCY_FAILED).  ``dependency`` is the failed ref's id, ``cause`` its error."""
+
+    code = 4306
+
+    def __init__(self, message: str = "", dependency: str = "",
+                 cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.dependency = dependency
+        self.cause = cause
+
+    def __reduce__(self):
+        return (dependency_error, (str(self), self.dependency, self.cause))
+
+
+def dependency_error(message: str, dependency: str, cause: BaseException | None
+                     ) -> DependencyError:
+    """A :class:`DependencyError` that is also the user's exception class when the failed
+    ref's error came from user code (``except CustomError`` catches it, as it catches the
+    error of a failed top-level argument)."""
+    user = getattr(cause, "cause", None) if isinstance(cause, YRInvokeError) else None
+    cls = type(user) if isinstance(user, BaseException) and not isinstance(user, YRError) \
+        else None
+    dual: type = DependencyError
+    if cls is not None:
+        dual = _dependency_classes.get(cls) or DependencyError
+        if cls not in _dependency_classes:
+            try:
+                dual = type(f"DependencyError({cls.__name__})", (DependencyError, cls),
+                            {"__module__": cls.__module__, "__str__": Exception.__str__,
+                             "__reduce__": DependencyError.__reduce__})
+            except TypeError:  # the user's class cannot be subclassed together with ours
+                dual = DependencyError
+            _dependency_classes[cls] = dual
+    err = dual.__new__(dual)
+    DependencyError.__init__(err, message, dependency, cause)
+    return err
+
+
+_dependency_classes: dict[type, type] = {}
 
 
 class YRInvokeError(YRRuntimeError):

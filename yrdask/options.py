@@ -13,7 +13,7 @@ from typing import Any, Callable
 from yrdask.affinity import Affinity
 from yrdask.errors import YRTypeError, YRValueError
 
-__all__ = ["InvokeOptions", "Config", "check_invoke_options", "check_return_nums", "check_config",
+__all__ = ["InvokeOptions", "Config", "ResourceGroupOptions", "check_invoke_options", "check_return_nums", "check_config",
            "check_no_unknown", "resolve_security"]
 
 _INT32_MAX = 0x7FFFFFFF
@@ -37,6 +37,14 @@ class _Spec:
     keys: tuple[type, ...] | None = None  # dict key types
     items: tuple[type, ...] | None = None  # dict value / list element types
     check: _Check | None = None
+    # Set for a field yrdask does not support: (why it has no meaning here, what to use
+    # instead).  A value other than the field's default is then a YRValueError naming both.
+    reject: tuple[str, str] | None = None
+
+
+def _no(spec: _Spec, why: str, instead: str) -> _Spec:
+    """``spec`` for a field yrdask rejects when set: ``why`` it has no meaning, what to use ``instead``."""
+    return dataclasses.replace(spec, reject=(why, instead))
 
 
 def _opt(
@@ -88,6 +96,79 @@ def _check_custom_resources(v: dict) -> str | None:
     if negative:
         return f"hold amounts >= 0 (key {negative[0]!r} is negative)"
     return None
+
+
+_RUNTIME_ENV_KEYS = ("env_vars", "working_dir")
+
+
+def _check_runtime_env(v: dict) -> str | None:
+    """Only the keys yrdask honours (in an isolated process); packages are never installed."""
+    for key, value in v.items():
+        if key not in _RUNTIME_ENV_KEYS:
+            return (f"not contain {key!r}: yrdask does not install packages or environments; "
+                    "install them on every worker host beforehand (supported keys: "
+                    "'env_vars', 'working_dir')")
+    env = v.get("env_vars", {})
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(x, str) for k, x in env.items()):
+        return f"have 'env_vars' as a dict[str, str], got {_show(env)}"
+    if not isinstance(v.get("working_dir", ""), str):
+        return f"have 'working_dir' as a str, got {_show(v['working_dir'])}"
+    return None
+
+
+def isolation_spec(opts: "InvokeOptions") -> dict | None:
+    """``{"env": ..., "cwd": ...}`` when ``opts`` asks for its own process, else ``None``.
+
+    ``isolated=True``, ``env_vars`` or ``runtime_env`` env_vars/working_dir ask for it;
+    ``env_vars`` wins over ``runtime_env["env_vars"]`` (as in yr).  An empty ``cwd`` means
+    the job's ``Config.working_dir`` (filled in by the runtime), else the worker's.
+    """
+    renv = opts.runtime_env or {}
+    if not (opts.isolated or opts.env_vars or renv.get("env_vars") or renv.get("working_dir")):
+        return None
+    return {"env": {**renv.get("env_vars", {}), **opts.env_vars},
+            "cwd": renv.get("working_dir", "")}
+
+
+#: custom_extensions keys yrdask honours: allowed values, or None for a whole number of seconds.
+_EXTENSIONS: dict[str, tuple[str, ...] | None] = {
+    "lifecycle": ("detached",),  # the instance outlives its job (detached)
+    "GRACEFUL_SHUTDOWN_TIME": None,  # seconds __yr_shutdown__(grace) may take on terminate
+}
+
+
+def _check_custom_extensions(v: dict) -> str | None:
+    for key, value in v.items():
+        if key not in _EXTENSIONS:
+            return (f"not contain {key!r}: yrdask honours only "
+                    '"lifecycle": "detached" (detached instances) and "GRACEFUL_SHUTDOWN_TIME" '
+                    "(seconds for __yr_shutdown__); use the matching InvokeOptions field for "
+                    "the rest (e.g. concurrency=)")
+        allowed = _EXTENSIONS[key]
+        if allowed is None:
+            if isinstance(value, bool) or not str(value).isdigit():
+                return f"map {key!r} to a whole number of seconds >= 0 (got {value!r})"
+        elif value not in allowed:
+            return f"map {key!r} to one of {allowed} (got {value!r})"
+    return None
+
+
+class IsolatedFunction:
+    """A stateless function whose tasks run in a pooled child process of their worker, with
+    ``isolation`` (``{"env", "cwd"}``, see :func:`isolation_spec`) applied there."""
+
+    __slots__ = ("fn", "isolation")
+
+    def __init__(self, fn: Callable, isolation: dict) -> None:
+        self.fn = fn
+        self.isolation = isolation
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __reduce__(self) -> tuple:
+        return (IsolatedFunction, (self.fn, self.isolation))
 
 
 def _check_recycle_time(v: int) -> str | None:
@@ -158,6 +239,38 @@ def _validate_fields(obj: Any) -> None:
             _check_value(owner, f.name, spec, getattr(obj, f.name))
 
 
+def field_default(f: dataclasses.Field) -> Any:
+    """The default value of dataclass field ``f`` (a fresh one for a factory)."""
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return f.default
+
+
+def rejection(f: dataclasses.Field) -> tuple[str, str] | None:
+    """``(why, instead)`` when yrdask rejects field ``f`` set to a non-default value, else None."""
+    spec = f.metadata.get(_SPEC_KEY)
+    return None if spec is None else spec.reject
+
+
+def _reject_unsupported(obj: Any, skip: tuple[str, ...] = ()) -> None:
+    """YRValueError for the first field yrdask does not support that is set to a non-default value.
+
+    The message names the field, why it has no meaning on Dask and what to use instead: no
+    option is accepted and then ignored (docs/options.md lists every field).
+    """
+    owner = type(obj).__name__
+    for f in dataclasses.fields(obj):
+        reject = rejection(f)
+        if reject is None or f.name in skip:
+            continue
+        value = getattr(obj, f.name)
+        if value != field_default(f):
+            why, instead = reject
+            shown = _show(value) if f.repr else "a value (hidden)"  # secrets stay out of messages
+            raise YRValueError(f"{owner}.{f.name} is not supported by yrdask ({why}); {instead} "
+                               f"(got {shown})")
+
+
 def _copy_containers(obj: Any) -> Any:
     """A shallow copy of ``obj`` whose dict/list/set fields are deep-copied (shallow if that fails)."""
     new = _copy.copy(obj)
@@ -203,18 +316,41 @@ _CROSS_RULES: tuple[tuple[str, Callable[["InvokeOptions"], "str | None"]], ...] 
     ("get_if_exists", _get_if_exists_rule),
 )
 
+_CROSS_FIELDS = tuple(name for name, _ in _CROSS_RULES)
+
 # Class attributes (not constructor arguments, as in yr) that are still checked when set.
 _CLASS_FLAGS = ("preferred_priority", "required_priority", "preferred_anti_other_labels")
+
+
+@dataclass
+class ResourceGroupOptions:
+    """Where a call runs inside a resource group: ``bundle_index`` -1 = any of its bundles.
+
+    ``InvokeOptions(resource_group_options=ResourceGroupOptions("rg", 0))``; an empty
+    ``resource_group_name`` means no group (yr's default).  See ``docs/resource-groups.md``.
+    """
+
+    resource_group_name: str = _opt(_STR, "")
+    bundle_index: int = _opt(_int(-1, note="-1 = any bundle"), -1)
+
+    def __post_init__(self) -> None:
+        _validate_fields(self)
 
 
 @dataclass
 class InvokeOptions:
     """Per-call scheduling and lifecycle options of a task or instance, as in ``yr.InvokeOptions``."""
 
+    # Each field is honoured (docs/options.md says how) or rejected when set (_no: why, and
+    # what to use instead); tests/test_options_walk.py walks them all.
     cpu: int = _opt(_int(0, note="millicores"), 500)
     memory: int = _opt(_int(0, note="MB"), 500)
-    cpu_limit: int = _opt(_int(0, note="millicores"), 0)
-    mem_limit: int = _opt(_int(0, note="MB"), 0)
+    cpu_limit: int = _opt(_no(
+        _int(0, note="millicores"), "a worker process does not cap the CPU one task uses",
+        "use cpu= for the millicores reserved for the call"), 0)
+    mem_limit: int = _opt(_no(
+        _int(0, note="MB"), "a worker process does not cap the memory one task uses",
+        "use memory= for the MB reserved for the call"), 0)
     concurrency: int | None = _opt(_int(1, 1000, none_ok=True), None)
     custom_resources: dict[str, float] = _opt(
         _Spec((dict,), "a dict[str, int | float]", keys=(str,), items=(int, float),
@@ -222,15 +358,31 @@ class InvokeOptions:
         factory=dict,
     )
     custom_extensions: dict[str, str] = _opt(
-        _Spec((dict,), "a dict[str, str | int]", keys=(str,), items=(str, int)), factory=dict
+        _Spec((dict,), "a dict[str, str | int]", keys=(str,), items=(str, int),
+              check=_check_custom_extensions), factory=dict
     )
-    pod_labels: dict[str, str] = _opt(_STR_DICT, factory=dict)
+    pod_labels: dict[str, str] = _opt(_no(
+        _STR_DICT, "Kubernetes pod labels have no meaning for Dask workers",
+        "use labels=[...] for instance labels, or custom_resources={...} to target workers"),
+        factory=dict)
     labels: list[str] = _opt(_STR_LIST, factory=list)
-    affinity: dict[str, str] = _opt(_DICT, factory=dict)
-    device: Any = _opt(_ANY, None)
-    max_invoke_latency: int = _opt(_int(-1, _INT32_MAX, note="ms"), 5000)
-    min_instances: int = _opt(_int(0, _INT32_MAX), 0)
-    max_instances: int = _opt(_int(-1, _INT32_MAX), 0)
+    affinity: dict[str, str] = _opt(_no(
+        _DICT, "the deprecated affinity dict of openYuanrong",
+        "use schedule_affinities=[yr.Affinity(...)]"), factory=dict)
+    device: Any = _opt(_no(
+        _ANY, "heterogeneous function devices are not modelled",
+        'use custom_resources={"GPU": n} with workers started with --resources "GPU=n"'), None)
+    max_invoke_latency: int = _opt(_no(
+        _int(-1, _INT32_MAX, note="ms"), "there is no function autoscaler to act on a latency goal",
+        "size the cluster instead (Config(num_cpus=...) or more dask workers)"), 5000)
+    min_instances: int = _opt(_no(
+        _int(0, _INT32_MAX), "stateless calls run on leased worker slots, not on a pool of "
+        "function instances", "size the cluster instead (Config(num_cpus=...) or more dask workers)"),
+        0)
+    max_instances: int = _opt(_no(
+        _int(-1, _INT32_MAX), "stateless calls run on leased worker slots, not on a pool of "
+        "function instances", "bound parallelism with yr.wait back-pressure or the cluster size"),
+        0)
     recover_retry_times: int = _opt(_int(-1, _INT32_MAX, note="restarts, -1 = unlimited"), 0)
     need_order: bool | None = _opt(_bool(none_ok=True), None)
     name: str = _opt(_STR, "")
@@ -238,24 +390,50 @@ class InvokeOptions:
     schedule_affinities: list = _opt(
         _Spec((list,), "a list[yr.Affinity]", items=(Affinity,)), factory=list)
     is_data_affinity: bool = _opt(_bool(), False)
-    resource_group_options: Any = _opt(_ANY, None)
-    function_group_options: Any = _opt(_ANY, None)
+    resource_group_options: Any = _opt(_Spec(
+        (ResourceGroupOptions, _NoneType), "None or a yr.ResourceGroupOptions"), None)
+    function_group_options: Any = _opt(_no(
+        _ANY, "function groups (gang-scheduled stateless functions) are not implemented",
+        "use resource_group_options= to place calls in a resource group"), None)
     env_vars: dict[str, str] = _opt(_STR_DICT, factory=dict)
     retry_times: int = _opt(_int(0, _INT32_MAX), 0)
-    trace_id: str = _opt(_STR, "")
-    alias_params: dict[str, str] = _opt(_DICT, factory=dict)
-    runtime_env: dict = _opt(_DICT, factory=dict)
-    debug: Any = _opt(_ANY, None)
-    preempted_allowed: bool = _opt(_bool(), False)
-    instance_priority: int = _opt(_int(), 0)
+    trace_id: str = _opt(_no(
+        _STR, "yrdask has no distributed tracing to carry the id into",
+        "pass the id as an argument of the call"), "")
+    alias_params: dict[str, str] = _opt(_no(
+        _DICT, "function aliases of openYuanrong's function service do not exist here",
+        "call the function you mean directly"), factory=dict)
+    runtime_env: dict = _opt(_Spec((dict,), "a dict", keys=(str,), check=_check_runtime_env),
+                             factory=dict)
+    debug: Any = _opt(_no(
+        _ANY, "there is no remote debug server in workers",
+        "debug the function locally, or log from it (Config(log_to_driver=True) shows its prints)"),
+        None)
+    preempted_allowed: bool = _opt(_no(
+        _bool(), "yrdask never preempts running work", "leave it False"), False)
+    instance_priority: int = _opt(_no(
+        _int(), "requests are served in arrival order, there are no priorities",
+        "leave it 0"), 0)
     schedule_timeout_ms: int = _opt(_int(-1, note="ms, -1 = forever"), 30000)
     group_name: str = _opt(_STR, "")
-    idle_timeout: int = _opt(_int(0, note="seconds"), 300)
-    is_delete_remote_tensor: bool = _opt(_bool(), False)
-    bypass_datasystem: bool = _opt(_bool(), False)
-    skip_serialize: bool = _opt(_bool(), False)
-    port_forwardings: list = _opt(_LIST, factory=list)
+    idle_timeout: int = _opt(_no(
+        _int(0, note="seconds"), "instances are not recycled when idle: one lives until it is "
+        "terminated, released or its owner ends", "call handle.terminate() when done"), 300)
+    is_delete_remote_tensor: bool = _opt(_no(
+        _bool(), "there is no device tensor transport", "leave it False"), False)
+    bypass_datasystem: bool = _opt(_no(
+        _bool(), "there is no data system: values up to 512 KiB already travel inline with the "
+        "call and larger ones stay on the worker that made them", "leave it False"), False)
+    skip_serialize: bool = _opt(_no(
+        _bool(), "code is always shipped by pickling, nothing is pre-deployed",
+        "leave it False"), False)
+    port_forwardings: list = _opt(_no(
+        _LIST, "sandbox port forwarding does not exist for Dask workers",
+        "reach a service in a worker by its worker's host"), factory=list)
     get_if_exists: bool = _opt(_bool(), False)
+    # yrdask extension: host the instance in its own process (for native code that may
+    # crash); env_vars and runtime_env env_vars/working_dir imply it.
+    isolated: bool = _opt(_bool(), False)
 
     # Plain class attributes, not dataclass fields: passing them to the constructor is a
     # TypeError, exactly as in yr.  They may still be set on an instance.
@@ -266,11 +444,18 @@ class InvokeOptions:
     def __post_init__(self) -> None:
         # Each field's type and range is checked where the options are written, so a bad
         # value fails at that line.  Rules spanning fields wait for validate() (at
-        # ``.options()`` and the decorators): yr code often sets fields one by one.
+        # ``.options()`` and the decorators): yr code often sets fields one by one.  A field
+        # yrdask does not support fails here too when set, unless a cross-field rule covers
+        # it (cpu_limit, mem_limit): that rule's message comes first, at validate().
         _validate_fields(self)
+        _reject_unsupported(self, skip=_CROSS_FIELDS)
 
     def validate(self) -> "InvokeOptions":
-        """Check every option's type and range; raise YRTypeError / YRValueError naming the field."""
+        """Check every option's type and range; raise YRTypeError / YRValueError naming the field.
+
+        A field yrdask does not support, set to a non-default value, is a YRValueError that
+        says what to use instead (docs/options.md).
+        """
         _validate_fields(self)
         for name in _CLASS_FLAGS:
             _check_value("InvokeOptions", name, _bool(), getattr(self, name))
@@ -278,6 +463,7 @@ class InvokeOptions:
             problem = rule(self)
             if problem is not None:
                 raise YRValueError(f"InvokeOptions.{name} must {problem}, got {_show(getattr(self, name))}")
+        _reject_unsupported(self)
         return self
 
     def resource_shape(self) -> dict[str, float]:
@@ -329,61 +515,112 @@ def check_return_nums(n: Any, what: str = "return_nums") -> int:
 # --------------------------------------------------------------------------- Config
 
 
+# Reasons and replacements shared by several rejected Config fields.
+_DEPLOYED = "functions are not deployed by id: yrdask ships code by pickling it with the call"
+_PICKLED = "decorate the function or class with @yr.invoke / @yr.instance and call .invoke()"
+_NO_DS = ("there is no separate data system: objects live with their owner or the worker "
+          "that made them")
+_CODE = "workers import code from their own sys.path; nothing is loaded from the driver's paths"
+_CODE_INSTEAD = ("use working_dir= or InvokeOptions(runtime_env={\"working_dir\": ...}), or "
+                 "install the code on the workers (PYTHONPATH of dask worker)")
+_HTTP = "there is no HTTP client to tune: drivers talk to Dask over its comms"
+_DASK_COMM = "set Dask's distributed.comm.* configuration (e.g. distributed.comm.timeouts.connect)"
+_TLS = "use security=distributed.security.Security(...) or enable_tls with the *_path fields"
+_IAM = "there is no multi-tenant identity service"
+_LOGS = "yrdask writes no log files of its own: it logs to the Python logger 'yrdask'"
+_LOGS_INSTEAD = "pass logger= (a logging.Logger that gets yrdask's records) or configure logging"
+
+
 @dataclass
 class Config:
     """Settings for ``yr.init``: where the cluster is, logging, timeouts and defaults for the job."""
 
-    function_id: str = _opt(_STR, "")
-    cpp_function_id: str = _opt(_STR, "")
-    cpp_auto_function_name: str = _opt(_STR, "")
-    function_name: str = _opt(_STR, "")
+    # Each field is honoured (docs/options.md says how) or rejected when set (_no: why, and
+    # what to use instead); tests/test_options_walk.py walks them all.
+    function_id: str = _opt(_no(_STR, _DEPLOYED, _PICKLED), "")
+    cpp_function_id: str = _opt(_no(_STR, _DEPLOYED, _PICKLED), "")
+    cpp_auto_function_name: str = _opt(_no(_STR, _DEPLOYED, _PICKLED), "")
+    function_name: str = _opt(_no(_STR, _DEPLOYED, _PICKLED), "")
     server_address: str = _opt(_STR, "")
-    ds_address: str = _opt(_STR, "")
-    is_driver: bool = _opt(_bool(), True)
+    ds_address: str = _opt(_no(_STR, _NO_DS, "join the cluster with server_address= only"), "")
+    is_driver: bool = _opt(_no(
+        _bool(), "only a driver calls yr.init; code in tasks and instances is initialised "
+        "already", "do not call yr.init inside tasks"), True)
     log_level: str | int = _opt(_Spec((str, int), "a str or an int (log level)"), "")
-    invoke_timeout: int = _opt(_int(1, note="seconds"), 900)
+    invoke_timeout: int = _opt(_no(
+        _int(1, note="seconds"), "there is no HTTP frontend whose reads it would bound",
+        "pass timeout= to yr.get / yr.wait, and InvokeOptions(schedule_timeout_ms=...)"), 900)
+    # local_mode: yr's single-process mode runs here on the embedded cluster (cluster semantics)
     local_mode: bool = _opt(_bool(), False)
-    code_dir: str = _opt(_STR, "")
-    connection_nums: int = _opt(_int(1), 100)
-    recycle_time: int = _opt(_Spec((int,), "an int (seconds)", check=_check_recycle_time), 2)
-    in_cluster: bool | None = _opt(_bool(none_ok=True), None)
+    code_dir: str = _opt(_no(_STR, _CODE, _CODE_INSTEAD), "")
+    connection_nums: int = _opt(_no(_int(1), _HTTP, _DASK_COMM), 100)
+    recycle_time: int = _opt(_no(
+        _Spec((int,), "an int (seconds)", check=_check_recycle_time),
+        "stateless calls run on leases, which go back after 1 s idle, not on recycled instances",
+        "leave it 2"), 2)
+    in_cluster: bool | None = _opt(_no(
+        _bool(none_ok=True), "a driver always joins through the Dask scheduler",
+        "give server_address="), None)
     job_id: str = _opt(_STR, "")
-    tls_config: Any = _opt(_ANY, None)
+    tls_config: Any = _opt(_no(_ANY, "openYuanrong's TLS config object is not read", _TLS), None)
     auto: bool = _opt(_bool(), False)
-    deployment_config: Any = _opt(_ANY, None)
-    rt_server_address: str = _opt(_STR, "")
-    log_dir: str = _opt(_STR, "./")
+    deployment_config: Any = _opt(_no(
+        _ANY, "the embedded cluster is sized by CPUs only",
+        "use num_cpus= (its workers offer their memory limit)"), None)
+    rt_server_address: str = _opt(_no(_STR, "there is no runtime server to reach",
+                                      "give server_address= (the Dask scheduler)"), "")
+    log_dir: str = _opt(_no(_STR, _LOGS, _LOGS_INSTEAD), "./")
     env_file: str = _opt(_STR, "")
-    log_file_size_max: int = _opt(_int(0), 0)
-    log_file_num_max: int = _opt(_int(0), 0)
-    log_flush_interval: int = _opt(_int(0, note="seconds"), 5)
+    log_file_size_max: int = _opt(_no(_int(0), _LOGS, _LOGS_INSTEAD), 0)
+    log_file_num_max: int = _opt(_no(_int(0), _LOGS, _LOGS_INSTEAD), 0)
+    log_flush_interval: int = _opt(_no(_int(0, note="seconds"), _LOGS, _LOGS_INSTEAD), 5)
     logger: logging.Logger | None = _opt(_Spec(None, "None or a logging.Logger", check=_check_logger), None)
-    runtime_id: str = _opt(_STR, "driver")
-    max_task_instance_num: int = _opt(_int(-1, note="-1 = unlimited"), -1)
-    load_paths: list = _opt(_LIST, factory=list)
-    rpc_timeout: int = _opt(_int(1, note="seconds"), 1800)
+    runtime_id: str = _opt(_no(_STR, "a driver has no runtime id but its job_id",
+                               "use job_id="), "driver")
+    max_task_instance_num: int = _opt(_no(
+        _int(-1, note="-1 = unlimited"), "stateless calls do not run on function instances",
+        "size the cluster (num_cpus= or more dask workers)"), -1)
+    load_paths: list = _opt(_no(_LIST, _CODE, _CODE_INSTEAD), factory=list)
+    rpc_timeout: int = _opt(_no(_int(1, note="seconds"), _HTTP, _DASK_COMM), 1800)
     enable_mtls: bool | None = _opt(_bool(none_ok=True), None)
     enable_tls: bool | None = _opt(_bool(none_ok=True), None)
     private_key_path: str = _opt(_STR, "")
     certificate_file_path: str = _opt(_STR, "")
     verify_file_path: str = _opt(_STR, "")
-    private_key_paaswd: str = _opt(_STR, "", repr=False)  # secret: kept out of repr
-    server_name: str = _opt(_STR, "")
-    http_ioc_threads_num: int = _opt(_int(1), 400)
-    ns: str = _opt(_STR, "")
-    tenant_id: str = _opt(_STR, "")
-    auth_token: str = _opt(_STR, "", repr=False)  # secret: kept out of repr
-    enable_metrics: bool = _opt(_bool(), True)
-    bypass_datasystem: bool | None = _opt(_bool(none_ok=True), None)
-    custom_envs: dict[str, str] = _opt(_STR_DICT, factory=dict)
-    master_addr_list: list = _opt(_LIST, factory=list)
+    private_key_paaswd: str = _opt(_no(
+        _STR, "Dask loads TLS keys without a password",
+        "give an unencrypted private_key_path"), "", repr=False)  # secret: kept out of repr
+    server_name: str = _opt(_no(_STR, "Dask checks the scheduler's certificate against the CA, "
+                                "not against a configured server name", _TLS), "")
+    http_ioc_threads_num: int = _opt(_no(_int(1), _HTTP, _DASK_COMM), 400)
+    ns: str = _opt(_no(_STR, "a job-wide default namespace is not implemented",
+                       "give InvokeOptions(namespace=...) and yr.get_instance(name, namespace=...)"),
+                   "")
+    tenant_id: str = _opt(_no(_STR, _IAM, _TLS), "")
+    auth_token: str = _opt(_no(_STR, _IAM, _TLS), "", repr=False)  # secret: kept out of repr
+    enable_metrics: bool = _opt(_no(
+        _bool(), "metrics are the scheduler's (Dask's /metrics and the yr dashboard pages), "
+        "not the driver's", "leave it True; turn the dashboard off on the scheduler "
+        "(dask scheduler --no-dashboard)"), True)
+    bypass_datasystem: bool | None = _opt(_no(
+        _bool(none_ok=True), _NO_DS + ": values up to 512 KiB already travel inline",
+        "leave it None"), None)
+    custom_envs: dict[str, str] = _opt(_no(
+        _STR_DICT, "worker processes are shared by every job and are not restarted per job",
+        "use InvokeOptions(env_vars=...) or runtime_env={\"env_vars\": ...}: that work runs "
+        "in its own process with them"), factory=dict)
+    master_addr_list: list = _opt(_no(_LIST, "there are no master nodes",
+                                      "give server_address= (the Dask scheduler)"), factory=list)
     working_dir: str = _opt(_STR, "")
-    enable_ds_encrypt: bool = _opt(_bool(), False)
-    ds_public_key_path: str = _opt(_STR, "")
-    runtime_public_key_path: str = _opt(_STR, "")
-    runtime_private_key_path: str = _opt(_STR, "")
+    enable_ds_encrypt: bool = _opt(_no(_bool(), _NO_DS, _TLS), False)
+    ds_public_key_path: str = _opt(_no(_STR, _NO_DS, _TLS), "")
+    runtime_public_key_path: str = _opt(_no(_STR, _NO_DS, _TLS), "")
+    runtime_private_key_path: str = _opt(_no(_STR, _NO_DS, _TLS), "")
     num_cpus: int | None = _opt(_int(1, none_ok=True), None)
-    runtime_env: dict | None = _opt(_Spec((dict, _NoneType), "None or a dict"), None)
+    runtime_env: dict | None = _opt(_no(
+        _Spec((dict, _NoneType), "None or a dict"), "a job-wide runtime environment is not "
+        "implemented", "give InvokeOptions(runtime_env=...) to the functions and classes "
+        "that need it"), None)
     log_to_driver: bool = _opt(_bool(), False)
     dedup_logs: bool = _opt(_bool(), True)
     # yrdask extension: the Dask TLS settings (a distributed.security.Security) used to
@@ -392,16 +629,27 @@ class Config:
 
     def __post_init__(self) -> None:
         _validate_fields(self)  # a bad setting fails where it is written, not at yr.init
+        _reject_unsupported(self)
 
     def validate(self) -> "Config":
-        """Check every setting's type and range; raise YRTypeError / YRValueError naming the field."""
+        """Check every setting's type and range; raise YRTypeError / YRValueError naming the field.
+
+        A field yrdask does not support, set to a non-default value, is a YRValueError that
+        says what to use instead (docs/options.md); so is a setting that would be ignored
+        because of another one.
+        """
         _validate_fields(self)
+        _reject_unsupported(self)
+        for name, rule in _CONFIG_RULES:
+            problem = rule(self)
+            if problem is not None:
+                raise YRValueError(f"Config.{name} {problem}, got {_show(getattr(self, name))}")
         return self
 
     def resolved(self) -> "Config":
         """A validated copy with unset fields filled from the environment and a fresh job id."""
         conf: Config = _copy_containers(self)
-        if not conf.server_address:
+        if not conf.server_address and not (conf.auto or conf.local_mode):
             conf.server_address = os.environ.get("YR_SERVER_ADDRESS", "")
         if conf.log_level == "":
             conf.log_level = os.environ.get("YR_LOG_LEVEL") or "WARNING"
@@ -410,12 +658,48 @@ class Config:
         return conf.validate()
 
 
+def _tls_paths_rule(field_name: str) -> Callable[[Config], "str | None"]:
+    def rule(c: Config) -> str | None:
+        if getattr(c, field_name) and not (c.enable_tls or c.enable_mtls):
+            return "is read only when enable_tls=True (or enable_mtls=True): set one of them"
+        return None
+
+    return rule
+
+
+def _embedded_rule(field_name: str) -> Callable[[Config], "str | None"]:
+    def rule(c: Config) -> str | None:
+        if getattr(c, field_name) and c.server_address:
+            return ("starts an embedded cluster, which joining server_address contradicts: "
+                    f"drop server_address (or {field_name})")
+        return None
+
+    return rule
+
+
+# Rules spanning several Config fields: (field the message names, rule).
+_CONFIG_RULES: tuple[tuple[str, Callable[[Config], "str | None"]], ...] = (
+    *((name, _tls_paths_rule(name))
+      for name in ("verify_file_path", "certificate_file_path", "private_key_path")),
+    ("auto", _embedded_rule("auto")),
+    ("local_mode", _embedded_rule("local_mode")),
+)
+
+
 def check_config(conf: Any) -> Config:
     """Turn the argument of ``yr.init`` into a resolved, validated Config (None means defaults)."""
     if conf is None:
         conf = Config()
     if not isinstance(conf, Config):
         raise YRTypeError(f"expected yr.Config, got {type(conf).__name__}")
+    conf.validate()
+    # Checked before YR_SERVER_ADDRESS fills server_address: a script sized for the embedded
+    # cluster (num_cpus=6) still joins a cluster named by the environment.
+    if conf.server_address and conf.num_cpus is not None:
+        raise YRValueError(
+            f"Config.num_cpus sizes only the embedded cluster, but server_address="
+            f"{conf.server_address!r} joins an existing one (got num_cpus={conf.num_cpus}); "
+            "drop one of them (the cluster's size is its dask workers')")
     return conf.resolved()
 
 

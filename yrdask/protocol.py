@@ -59,6 +59,7 @@ ON_WORKER_STREAM = "scheduler stream -> worker"
 ON_OWNER_RPC = "owner rpc"
 ON_CHANNEL_TO_WORKER = "call channel -> worker"
 ON_CHANNEL_TO_CALLER = "call channel -> caller"
+ON_ISOLATED_RPC = "worker agent -> isolated process rpc"
 
 
 # --- reply types --------------------------------------------------------------------------
@@ -102,6 +103,9 @@ class ClusterInfoReply(TypedDict):
     instances: list[dict[str, Any]]  # instance records; empty with ``instances=False``
     placement: dict[str, Any]  # {kind: latency figures}
     scheduling: dict[str, Any]  # {address: the worker's last heartbeat load report}
+    waiting: list[dict[str, Any]]  # why requests wait (WaitWatch.rows); [] with instances=False
+    ended: list[dict[str, Any]]  # tombstones of ended instances, newest first; [] likewise
+    resource_groups: list[dict[str, Any]]  # name, owner, strategy, state, reason, bundles
 
 
 class InstanceStatusReply(TypedDict):
@@ -109,6 +113,7 @@ class InstanceStatusReply(TypedDict):
     worker: str | None
     restarts: int
     reason: str
+    waiting: str  # why it is not placed yet ("" when it is not waiting)
 
 
 class InstanceSpec(TypedDict, total=False):
@@ -123,6 +128,7 @@ class InstanceSpec(TypedDict, total=False):
     timeout_ms: int
     owner: str  # job or instance id
     holder: str  # the creator's address, first handle holder
+    log_to: str | None  # the driver that gets the instance's prints (log_to_driver)
     name: str | None
     namespace: str | None
     detached: bool
@@ -131,6 +137,8 @@ class InstanceSpec(TypedDict, total=False):
     meta: dict  # method metadata for handles
     incarnation: int  # on a restart: the restart count
     checkpoint: bytes | None  # on a restart: the last saved state
+    grace_s: int  # how long __yr_shutdown__ may take when the instance is stopped (default 30)
+    isolation: dict | None  # {"env": {...}, "cwd": str}: host it in its own process
 
 
 # --- the message base and the table -------------------------------------------------------
@@ -411,6 +419,144 @@ class KillInstance(Message):
     reason: str = "terminated"
 
 
+# --- resource groups (scheduler rpc, handled by yrdask.scheduler.group_adapter) -----------
+
+CREATE_RESOURCE_GROUP = "yr_create_resource_group"
+REMOVE_RESOURCE_GROUP = "yr_remove_resource_group"
+WAIT_RESOURCE_GROUP = "yr_wait_resource_group"
+
+RG_CREATED = "CREATED"  # every bundle holds its reservation
+RG_PENDING = "PENDING"  # some bundle waits for room
+RG_REMOVED = "REMOVED"  # removed (by the user, or its job ended)
+RG_UNKNOWN = "UNKNOWN"  # no group of that name
+
+ResourceGroupReply = tuple[str, str, int]
+"""``[state, reason, bundle_count]``: ``state`` one of ``RG_*``; ``reason`` says why a
+``PENDING`` group waits (which bundle cannot be placed and why) or why it was removed."""
+
+#: Kind tag of the affinity wire entry that names a resource-group bundle.  The entry rides
+#: in the ``affinity`` field of lease requests and instance specs (so every path that carries
+#: affinities carries it); its affinity type 0 makes :func:`yrdask.affinity.evaluate` ignore
+#: it, and the scheduler's lease queue fits the request into the bundle instead.
+RESOURCE_GROUP_AFFINITY = 30
+
+
+def bundle_wire(group: str, bundle_index: int) -> tuple:
+    """The affinity wire entry placing a request into bundle ``bundle_index`` (-1: any) of
+    resource group ``group``."""
+    return ((RESOURCE_GROUP_AFFINITY, 0, ((3, group, (str(bundle_index),)),)),)
+
+
+def bundle_target(wire: Any) -> tuple[str, int] | None:
+    """``(group, bundle_index)`` named by an affinity wire, or ``None``."""
+    for entry in wire or ():
+        if entry[0] == RESOURCE_GROUP_AFFINITY:
+            _op, group, (index,) = entry[2][0]
+            return group, int(index)
+    return None
+
+
+@_message
+class CreateResourceGroup(Message):
+    """driver -> scheduler rpc.  Reserve ``bundles`` ([{resource: amount}], already
+    validated) under ``name`` with ``strategy`` (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD,
+    None) for ``owner`` (its job ends → the group is removed).  ``fate_sharing`` (a
+    ``yr.Group`` with ``same_lifecycle``): when one instance placed in it ends, the group is
+    removed and the others are killed.  Reply: ``""`` once accepted (placement goes on in the
+    scheduler), or the reason it is refused (the name is taken)."""
+
+    op: ClassVar[str] = CREATE_RESOURCE_GROUP
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = str
+    owner: str
+    name: str
+    bundles: Sequence[Mapping[str, float]]
+    strategy: str = "PACK"
+    fate_sharing: bool = False
+
+
+@_message
+class RemoveResourceGroup(Message):
+    """driver -> scheduler rpc.  Free the group's reservations; instances placed in it are
+    killed and requests waiting for it refused.  Reply: ``True`` if it existed."""
+
+    op: ClassVar[str] = REMOVE_RESOURCE_GROUP
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = bool
+    name: str
+
+
+@_message
+class WaitResourceGroup(Message):
+    """driver -> scheduler rpc.  Wait up to ``timeout`` s (``< 0`` forever, ``0`` just look)
+    until every bundle of ``name`` is placed.  Reply: :data:`ResourceGroupReply`."""
+
+    op: ClassVar[str] = WAIT_RESOURCE_GROUP
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = ResourceGroupReply
+    name: str
+    timeout: float = -1
+
+
+# --- KV store (scheduler rpc, handled by yrdask.scheduler.kv) -----------------------------
+# yr.kv_write / kv_read / kv_del ...: a small key -> bytes store the scheduler keeps for the
+# cluster's lifetime.  Replies are ``[status, payload]`` (:data:`KVReply`) so the API can raise
+# a typed error naming the problem; the store's rules are in yrdask/scheduler/kv.py.
+
+KV_PUT = "yr_kv_put"
+KV_GET = "yr_kv_get"
+KV_DEL = "yr_kv_del"
+
+KVReply = tuple[str, Any]
+"""``[status, payload]``: ``["ok", None]`` (put), ``["ok", [value, ...]]`` (get), ``["ok", n]``
+(del: keys deleted); ``["exists", [key, ...]]`` (an ``nx`` put found them), ``["full", reason]``
+(the put would exceed ``yrdask.kv.max-bytes``), ``["missing", [key, ...]]`` (a get timed out)."""
+
+
+@_message
+class KVPut(Message):
+    """any -> scheduler rpc (``yr.kv_write``, ``kv_set``, ``kv_m_write_tx``).  Writes every
+    ``keys[i] = values[i]`` or none: ``nx`` refuses keys that exist, ``ttl_s`` > 0 expires
+    them after that many seconds, ``evictable`` lets a later write that needs room drop them
+    (``WriteMode.NONE_L2_CACHE_EVICT``).  Reply: :data:`KVReply`."""
+
+    op: ClassVar[str] = KV_PUT
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = KVReply
+    keys: Sequence[str]
+    values: Sequence[bytes]
+    nx: bool = False
+    ttl_s: float = 0.0
+    evictable: bool = False
+
+
+@_message
+class KVGet(Message):
+    """any -> scheduler rpc (``yr.kv_read``, ``kv_get``).  Waits until every key is present,
+    at most ``timeout`` s (``None`` = forever, ``0`` = answer at once).  Reply:
+    :data:`KVReply` (the values in key order, or the keys still missing)."""
+
+    op: ClassVar[str] = KV_GET
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = KVReply
+    keys: Sequence[str]
+    timeout: float | None = None
+
+
+@_message
+class KVDel(Message):
+    """any -> scheduler rpc (``yr.kv_del``).  Absent keys are ignored.  Reply:
+    :data:`KVReply` with the number of keys deleted."""
+
+    op: ClassVar[str] = KV_DEL
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = KVReply
+    keys: Sequence[str]
+
+
+KV_RPC = (KV_PUT, KV_GET, KV_DEL)  # the KV store's group (all on the scheduler rpc)
+
+
 # --- job stream / worker stream, -> scheduler ---------------------------------------------
 
 RETURN_LEASES = "yr_return_leases"
@@ -493,6 +639,7 @@ class CloseStream(Message):
 
 REVOKE_LEASES = "yr_revoke_leases"
 WORKER_LOST = "yr_worker_lost"
+WAIT_WARNING = "yr_wait_warning"
 
 
 @_message
@@ -517,11 +664,23 @@ class WorkerLost(Message):
     worker: str
 
 
+@_message
+class WaitWarning(Message):
+    """scheduler -> the driver of a job one of whose requests has waited longer than
+    ``yrdask.scheduling.wait-warning``: ``text`` says what it needs, what each worker lacks,
+    who holds it and how to fix it.  The driver logs it (once per request)."""
+
+    op: ClassVar[str] = WAIT_WARNING
+    channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM,)
+    text: str
+
+
 # --- worker rpc and stream (handled by yrdask.worker.agent) -------------------------------
 
 OPEN_CHANNEL = "yr_open_channel"
 FETCH_OBJECT = "yr_fetch_object"
 FREE_OBJECTS = "yr_free_objects"
+TASK_OUTPUT = "yr_task_output"
 START_INSTANCE = "yr_start_instance"
 STOP_INSTANCE = "yr_stop_instance"
 
@@ -532,7 +691,7 @@ class OpenChannel(Message):
     owner address.  No reply: from then on both sides send batched messages."""
 
     op: ClassVar[str] = OPEN_CHANNEL
-    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_ISOLATED_RPC)
     opens_stream: ClassVar[bool] = True
     caller: str
 
@@ -547,6 +706,18 @@ class FetchObject(Message):
     reply_type: ClassVar[Any] = FetchReply
     object_id: str
     timeout: float | None = None
+
+
+@_message
+class TaskOutput(Message):
+    """worker -> driver owner server (rpc, fire and forget), when the driver's job has
+    ``Config(log_to_driver=True)``.  ``records``: ``[[source, stream, text], ...]``, what yr
+    tasks and methods wrote to ``stdout``/``stderr``, batched per flush; ``source`` names
+    where it ran (``"square pid=12, node=tcp://..."``).  Reply ``None``."""
+
+    op: ClassVar[str] = TASK_OUTPUT
+    channels: ClassVar[tuple[str, ...]] = (ON_OWNER_RPC,)
+    records: Sequence[Sequence[str]]
 
 
 @_message
@@ -582,6 +753,58 @@ class StopInstance(Message):
     reason: str
 
 
+START_ISOLATED = "yr_start_isolated"
+
+
+@_message
+class StartIsolated(Message):
+    """worker agent -> its isolated process (``yrdask.worker.isolated``) rpc: build the
+    instance of ``spec`` (its ``deps`` already resolved to values).  Reply: the pickled
+    RemoteError of a failed ``__init__``, or ``None``, once ``__init__`` has run.  The calls
+    then go on a call channel opened with :class:`OpenChannel`."""
+
+    op: ClassVar[str] = START_ISOLATED
+    channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_RPC,)
+    reply_type: ClassVar[Any] = bytes | None
+    spec: InstanceSpec
+
+
+STOP_ISOLATED = "yr_stop_isolated"
+
+
+@_message
+class StopIsolated(Message):
+    """worker agent -> its isolated instance's process (rpc): the instance ends with
+    ``reason``; its ``__yr_shutdown__(grace)`` runs (bounded by ``grace_s``) before the reply
+    (``None``).  The agent then kills the process."""
+
+    op: ClassVar[str] = STOP_ISOLATED
+    channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_RPC,)
+    reason: str
+
+
+RUN_ISOLATED = "yr_run_isolated"
+
+
+@_message
+class RunIsolated(Message):
+    """worker agent -> a pooled isolated process (rpc): run one stateless task there.
+    Fields as in :class:`RunTask` (``fn`` always sent, ``deps`` resolved to values).
+    Reply: a :class:`TaskDone` wire dict."""
+
+    op: ClassVar[str] = RUN_ISOLATED
+    channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_RPC,)
+    reply_type: ClassVar[Any] = dict
+    task_id: str
+    lease_id: str
+    fn_id: str
+    fn: bytes
+    args: bytes
+    deps: list
+    nret: int
+    owner: str
+
+
 # --- call channel -------------------------------------------------------------------------
 
 RUN_TASK = "yr_run_task"
@@ -611,6 +834,7 @@ class RunTask(Message):
     owner: str
     name: str
     slots: int = 1
+    log_to: str | None = None  # the driver that gets the task's prints (log_to_driver)
 
 
 @_message
@@ -656,6 +880,28 @@ class CallMethod(Message):
     nret: int
 
 
+STREAMING = -1
+"""The ``nret`` of a :class:`RunTask` / :class:`CallMethod` whose function is a generator:
+its values come back one by one as :class:`GeneratorItem`, then its :class:`TaskDone`."""
+
+GENERATOR_ITEM = "yr_generator_item"
+
+
+@_message
+class GeneratorItem(Message):
+    """worker -> caller.  One value a generator task or method (``nret`` :data:`STREAMING`)
+    yielded: ``index`` 0, 1, ... and ``result`` ``[kind, payload]`` stored like a
+    :class:`TaskDone` result (object id ``<task_id>.<index>``).  A call's items come in order,
+    before its ``TaskDone``, which ends the stream: ``results`` ``[[value, item count]]``, or
+    ``error`` (the item after the last one fails with it)."""
+
+    op: ClassVar[str] = GENERATOR_ITEM
+    channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_CALLER,)
+    task_id: str
+    index: int
+    result: list
+
+
 # --- channel groupings, derived from the table --------------------------------------------
 
 def ops_on(channel: str) -> tuple[str, ...]:
@@ -672,6 +918,7 @@ WORKER_STREAM = ops_on(ON_WORKER_STREAM)  # Worker.stream_handlers
 OWNER_RPC = ops_on(ON_OWNER_RPC)  # the driver's owner server
 CHANNEL_TO_WORKER = ops_on(ON_CHANNEL_TO_WORKER)  # the agent's call channel reader
 CHANNEL_TO_CALLER = ops_on(ON_CHANNEL_TO_CALLER)  # the caller's call channel reader
+ISOLATED_RPC = ops_on(ON_ISOLATED_RPC)  # an isolated process's Server
 
 
 # --- building handler tables, dispatching and sending -------------------------------------

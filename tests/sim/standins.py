@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from yrdask.errors import CancelledError, ScheduleError, YRRuntimeError
+from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError
 from yrdask.scheduler.resources import Holding, Ledger
 from yrdask.statemachine import Event, Instruction, Story
 
@@ -228,7 +228,7 @@ class StandinSubmitQueue:
                 rec[2] += 1
                 if rec[2] > self.max_crash:
                     del self.tasks[t]
-                    out.append(SQ.TaskFailed("d", t, YRRuntimeError(f"{t} lost {rec[2]} times")))
+                    out.append(SQ.TaskFailed("d", t, TaskCrashedError(f"{t} lost {rec[2]} times")))
                 else:
                     self.queues[rec[0].key].appendleft(t)
         for key in list(self.queues):

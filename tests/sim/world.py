@@ -24,7 +24,7 @@ from typing import Any
 from tests.sim import machines as M
 from tests.sim.programs import Program, UserBoom
 
-from yrdask.errors import CancelledError, ScheduleError, YRRuntimeError
+from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError, YRRuntimeError
 
 SCHED = "sched"
 HANG_S = 300.0  # virtual seconds with nothing settling while the world is idle: a hang
@@ -485,7 +485,7 @@ class World:
             if want != "schedule":
                 raise SimFailure(f"task {rec.task_id} ({rec.prog.path}) refused: {got}", self,
                                  (rec.task_id,))
-        elif type(got) is YRRuntimeError:
+        elif type(got) in (YRRuntimeError, TaskCrashedError):
             if not self.kills:
                 raise SimFailure(f"task {rec.task_id} failed with {got!r} though no worker "
                                  "died", self, (rec.task_id,))

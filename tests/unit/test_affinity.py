@@ -96,3 +96,23 @@ def test_evaluate_counts_soft_matches():
 def test_bad_affinities_raise_typed_errors(bad, exc):
     with pytest.raises(exc):
         bad()
+
+
+@pytest.mark.parametrize("typ,target", [
+    (yr.AffinityType.REQUIRED, B), (yr.AffinityType.REQUIRED_ANTI, B),
+    (yr.AffinityType.PREFERRED, B), (yr.AffinityType.PREFERRED_ANTI, A),
+])
+def test_single_label_operator_schedules_like_a_one_element_list(ledger, typ, target):
+    op = yr.LabelOperator(IN, "NODE_ID", [target])
+    single = yr.Affinity(R, typ, op)  # yr's docs write it without the list
+    listed = yr.Affinity(R, typ, [yr.LabelOperator(IN, "NODE_ID", [target])])
+    assert single.label_operators == [op]
+    assert single == listed
+    assert to_wire([single]) == to_wire([listed])
+    for prefer in (A, B):
+        assert choose(ledger, single, prefer=prefer) == choose(ledger, listed, prefer=prefer)
+
+
+def test_a_non_operator_is_still_a_typed_error():
+    with pytest.raises(yr.YRTypeError, match="LabelOperator"):
+        yr.Affinity(R, yr.AffinityType.REQUIRED, "NODE_ID")

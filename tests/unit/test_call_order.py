@@ -186,6 +186,28 @@ def test_the_running_call_fails_past_the_bound_and_the_calls_behind_it_go_on(h):
     assert h(C.CallDone, "c2") == [C.CallSucceeded(f"s{h.n}", "c2")]
 
 
+def test_a_call_with_its_own_bound_zero_fails_at_the_first_death(h):
+    # Ray's max_task_retries=0 (its default): the running call fails when the actor dies;
+    # c2 behind it (machine default bound) is delivered to the restarted instance.
+    h.created("i")
+    h(C.CallSubmitted, "c1", "i", True, None, 0)
+    h(C.CallSubmitted, "c2", "i")
+    failed = of(h(C.ChannelLost, W1), C.CallFailed)
+    assert [f.call_id for f in failed] == ["c1"]
+    assert "its own bound: 0" in str(failed[0].error)
+    assert sent(h(C.Located, "i", W2, "", "i")) == ["c2"]
+
+
+def test_a_call_without_a_bound_is_delivered_after_every_death(h):
+    h.created("i")
+    h(C.CallSubmitted, "c1", "i", True, None, -1)
+    workers = [W1, W2] * 5
+    for lost, now in zip(workers, workers[1:]):
+        assert of(h(C.ChannelLost, lost), C.CallFailed) == []
+        assert sent(h(C.Located, "i", now, "", "i")) == ["c1"]
+    assert h(C.CallDone, "c1") == [C.CallSucceeded(f"s{h.n}", "c1")]
+
+
 def test_stale_locate_answer_is_ignored(h):
     h.created("i")
     assert h(C.Located, "i", W2, "", "i") == []

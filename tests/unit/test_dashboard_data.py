@@ -19,6 +19,7 @@ from bokeh.events import ButtonClick
 
 from yrdask import protocol as P
 from yrdask.dashboard import YrDashboard, data, pages
+from yrdask.scheduler import lifecycle as L
 from yrdask.scheduler.lifecycle import Lifecycle
 from yrdask.scheduler.resources import Holding, Ledger
 
@@ -113,7 +114,8 @@ def test_row_has_the_columns_of_the_page():
     assert row == {"instance_id": "i-00007", "name": "actor-7", "namespace": "",
                    "class": "Counter", "state": "ALIVE", "worker": W1, "owner": "job-1",
                    "detached": False, "restarts": 1, "resources": SHAPE, "calls_done": 7,
-                   "calls_pending": 3, "created_at": rec.created_at, "reason": ""}
+                   "calls_pending": 3, "created_at": rec.created_at, "reason": "",
+                   "waiting": ""}
     assert json.loads(json.dumps(row)) == row
 
 
@@ -129,11 +131,19 @@ def test_resources_capacity_vs_held_per_worker_and_tag():
     assert w1["free"]["CPU"] == 100_000.0 - 1060.0
     assert (w1["leases"], w1["instances"], w1["tasks_queued"]) == (1, 6, 2)
     gpu = [r for r in view["rows"] if r["resource"] == "gpu"]
-    assert gpu == [{"worker": W1, "resource": "gpu", "capacity": 1.0, "held": 1.0, "free": 0.0,
-                    "used": 1.0}]
-    assert view["totals"]["CPU"] == {"capacity": 200_000.0, "held": 1090.0,
-                                     "free": 200_000.0 - 1090.0}
+    assert gpu == [{"worker": W1, "resource": "gpu", "unit": "", "capacity": 1.0, "held": 1.0,
+                    "free": 0.0, "used": 1.0, "capacity_text": "1", "held_text": "1",
+                    "free_text": "0"}]
+    cpu = view["totals"]["CPU"]
+    assert {k: cpu[k] for k in ("unit", "capacity", "held", "free")} == {
+        "unit": "millicores", "capacity": 200_000.0, "held": 1090.0, "free": 200_000.0 - 1090.0}
     assert list(view["totals"]) == ["CPU", "Memory", "gpu"]
+    # Units: CPU in cores and millicores, Memory in MB.
+    assert view["units"] == {"CPU": "millicores", "Memory": "MB", "gpu": ""}
+    assert cpu["capacity_text"] == "200 cores (200000 m)"
+    assert cpu["held_text"] == "1.09 cores (1090 m)"
+    assert view["totals"]["Memory"]["capacity_text"] == "2000 MB"
+    assert data.format_amount("CPU", 1000.0) == "1 core (1000 m)"
 
 
 def test_scheduling_sample_and_rates():
@@ -215,7 +225,7 @@ def test_resources_panel_shows_the_ledger():
                                       "10.0.0.2:1 CPU", "10.0.0.2:1 Memory"]
     assert list(panel.fig.y_range.factors) == panel.rows.data["key"]
     assert panel.workers.data["instances"] == [6, 3]
-    assert "2 yr workers" in panel.summary.text and "CPU held <b>90</b> of 200000" in \
+    assert "2 yr workers" in panel.summary.text and "CPU held <b>0.09 cores (90 m)</b> of 200 cores (200000 m)" in \
         panel.summary.text
 
 
@@ -286,3 +296,32 @@ def test_10k_instances_page_server_time_under_a_second():
         print(f"  {label:38s} {seconds * 1000:7.1f} ms")
     slow = {k: v for k, v in figures.items() if v >= 1.0}
     assert not slow, f"over a second of server time: {slow}"
+
+
+def test_instances_panel_shows_why_requests_wait_and_the_ended_instances():
+    """Waiting explanations come from a real LeaseQueue, tombstones from the Lifecycle."""
+    from yrdask.scheduler.leases import HoldRequested, LeaseQueue, WorkerJoined
+
+    lc, _, metrics = fill(3)
+    queue = LeaseQueue()
+    queue.handle(WorkerJoined("t", W1, {"CPU": 500.0}))
+    for i, iid in enumerate(("i-00000", "i-00001")):  # the second one waits
+        queue.handle(HoldRequested("t", f"r{i}", iid, "instance", {"CPU": 500.0}, -1, None,
+                                   "", (), (), (), iid, 0.0, "Actor"))
+    waiting = [queue.explain_wait("r1", now=9.0)]
+    lc.now = 42.0
+    lc.handle(L.Kill("k", "i-00002", "terminated"))
+    lc.handle(L.Stopped("s", "i-00002"))
+    src = data.Sources(lc, queue.ledger, metrics, {}, 1, {}, waiting)
+    rows = data.query_instances(src, data.InstanceQuery(text="i-00001"))
+    assert rows["instances"][0]["waiting"].startswith("Actor instance i-00001 waits for")
+    assert data.ended_view(src)["ended"][0]["instance_id"] == "i-00002"
+    panel = pages.InstancesPanel(dashboard(src), {})
+    panel.update()
+    assert "Waiting for resources (1)" in panel.waiting.text
+    assert f"worker {W1}: needs CPU 500, free 0 of 500 millicores; held by Actor instance " \
+           "i-00000" in panel.waiting.text
+    assert "InvokeOptions(cpu=" in panel.waiting.text
+    assert panel.ended.data["instance_id"] == ["i-00002"]
+    assert panel.ended.data["reason"] == ["terminated"]
+    assert panel.ended_title.text.startswith("<h3>Ended (1)</h3>")

@@ -551,3 +551,47 @@ def test_the_extension_adapter_answers_cancels_times_out_and_releases():
             ext.leases.validate()
 
     asyncio.run(main())
+
+
+# ------------------------------------------------------------------------- wait explanations
+
+
+def test_a_waiting_request_is_explained_by_worker_with_the_classes_that_hold_it():
+    """The issue's example: default cpu=500 on a 2-core machine fits 4 instances; the 5th
+    waits, and says why."""
+    q = Q(**{A: {"CPU": 2000.0, "Memory": 4000.0}})
+    shape = {"CPU": 500.0, "Memory": 0.0}
+    for i in range(1, 5):
+        q(HoldRequested("t", f"r{i}", f"I{i}", "instance", shape, -1, None, "", (), (), (),
+                        f"I{i}", float(i), "Counter"))
+    assert len(q.q.ledger.holdings) == 4 and not q.q.pending
+    q(HoldRequested("t", "r5", "I5", "instance", shape, 2000, None, "", (), (), (), "I5", 10.0,
+                    "Counter"))
+    assert list(q.q.pending) == ["r5"] and q.q.explain_wait("r1") is None
+    assert q.q.waiting_longer_than(5, 14.0) == [] and q.q.waiting_longer_than(5, 15.0) == ["r5"]
+    why = q.q.explain_wait("r5", now=16.0)
+    assert (why["what"], why["kind"], why["label"], why["waited_s"]) == (
+        "Counter instance I5", "instance", "Counter", 6.0)
+    assert why["reasons"] == [f"worker {A}: needs CPU 500, free 0 of 2000 millicores; held by "
+                              "4 Counter instances (I1, I2, I3, I4)"]
+    assert why["text"].startswith("Counter instance I5 waits for {CPU: 500, Memory: 0} (6 s "
+                                  "so far): worker ")
+    assert "InvokeOptions(cpu=" in why["text"] and "Config(num_cpus=" in why["text"]
+    # At its deadline it is refused, naming the classes that hold the worker and the fix.
+    reason = refusals(q(Tick("t", 12.0)))["r5"]
+    assert reason.startswith("Counter instance I5: request {CPU: 500, Memory: 0} did not fit "
+                             "in time")
+    assert "Counter instance I1 {CPU: 500, Memory: 0}" in reason
+    assert "InvokeOptions(cpu=" in reason and "Config(num_cpus=" in reason
+
+
+def test_wait_explanations_name_leases_and_workers_that_can_never_run_it():
+    q = Q(**{A: cpu(1), B: cpu(0.5)})
+    q(req("l", owner="tcp://d:1", timeout_ms=-1))  # a task lease takes A
+    q(req("r", owner="tcp://e:1", timeout_ms=-1, now=1.0))
+    why = q.q.explain_wait("r", now=3.0)
+    assert why["what"] == "task lease request r of tcp://e:1"
+    assert why["reasons"] == [
+        f"worker {A}: needs CPU 1000, free 0 of 1000 millicores; held by task lease L1 of "
+        "tcp://d:1",
+        f"can never run it: {B} (offers {{CPU: 500}})"]

@@ -538,3 +538,42 @@ def test_random_events_keep_the_invariants(seed):
                 acquiring.discard(iid)
     for iid, rec in h.m.instances.items():  # no instance silently stuck
         assert rec.acquiring or rec.worker is not None or rec.state == P.DEAD, iid
+
+
+# --------------------------------------------------------------------------- tombstones
+
+
+def test_ended_instances_leave_tombstones_with_class_owner_job_worker_why_and_when(h):
+    h.running("p", worker=W1, name="parent", now=1.0)
+    h(L.Create, spec("c", owner="p"), 2.0)  # a child: its job is the parent's
+    h(L.Placed, "c", W2)
+    h.m.now = 7.0  # the adapter stamps its clock before each event
+    out = h(L.Kill, "p", "terminated")
+    assert {i.instance_id for i in of(out, L.StopInstance)} == {"p", "c"}
+    assert h.m.ended_rows() == []  # DEAD until the stops are confirmed
+    h.m.now = 8.0
+    h(L.Stopped, "c")
+    h(L.Stopped, "p")
+    rows = h.m.ended_rows()
+    assert [r["instance_id"] for r in rows] == ["p", "c"]  # newest first
+    parent, child = rows
+    assert parent == {"instance_id": "p", "class": "C", "name": "parent", "namespace": "",
+                      "owner": JOB, "job": JOB, "worker": W1, "reason": "terminated",
+                      "created_at": 1.0, "ended_at": 7.0, "restarts": 0, "detached": False}
+    assert (child["owner"], child["job"], child["worker"]) == ("p", JOB, W2)
+    assert "its owner p ended (terminated)" in child["reason"] and child["ended_at"] == 7.0
+    assert h.m.ended_rows(limit=1) == [parent]
+
+
+def test_tombstones_are_bounded_newest_kept():
+    h = Harness()
+    h.m = L.Lifecycle(ended_kept=3)
+    for i in range(5):
+        h.create(f"i{i}")
+        h(L.PlacementFailed, f"i{i}", "no room")  # never placed: forgotten at once
+    assert [r["instance_id"] for r in h.m.ended_rows()] == ["i4", "i3", "i2"]
+    assert all(r["reason"] == "no room" and r["worker"] == "" for r in h.m.ended_rows())
+    none = L.Lifecycle(ended_kept=0)
+    none.add(spec("x"))
+    none.handle(L.PlacementFailed("s", "x", "no room"))
+    assert none.ended_rows() == [] and none.graveyard["x"] == "no room"

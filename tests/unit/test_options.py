@@ -55,7 +55,7 @@ def test_invoke_options_field_names_are_complete():
         "function_group_options", "env_vars", "retry_times", "trace_id", "alias_params",
         "runtime_env", "debug", "preempted_allowed", "instance_priority", "schedule_timeout_ms",
         "group_name", "idle_timeout", "is_delete_remote_tensor", "bypass_datasystem",
-        "skip_serialize", "port_forwardings", "get_if_exists",
+        "skip_serialize", "port_forwardings", "get_if_exists", "isolated",
     }
     assert {f.name for f in dataclasses.fields(InvokeOptions)} == expected
 
@@ -153,10 +153,9 @@ GOOD_VALUES = [
     ("cpu", 0), ("memory", 0), ("concurrency", 1), ("concurrency", 1000), ("concurrency", None),
     ("retry_times", 0), ("retry_times", INT32_MAX),
     ("recover_retry_times", -1), ("recover_retry_times", INT32_MAX),
-    ("min_instances", INT32_MAX), ("max_instances", -1), ("max_invoke_latency", -1),
-    ("schedule_timeout_ms", -1), ("schedule_timeout_ms", 0), ("idle_timeout", 0),
+    ("schedule_timeout_ms", -1), ("schedule_timeout_ms", 0),
     ("custom_resources", {"gpu": 1, "ssd": 0.5, "zero": 0}),
-    ("custom_extensions", {"lifecycle": "detached", "GRACEFUL_SHUTDOWN_TIME": 10}),
+    ("custom_extensions", {"lifecycle": "detached"}),
     ("env_vars", {"A": "1"}), ("labels", ["k", "k:v"]), ("need_order", True),
     ("need_order", False), ("runtime_env", {"env_vars": {"A": "1"}}),
     ("schedule_affinities", [yr.Affinity(yr.AffinityKind.RESOURCE, yr.AffinityType.REQUIRED,
@@ -181,8 +180,9 @@ def test_error_message_shows_the_bad_value_and_range():
 @pytest.mark.parametrize("limit,base", [("cpu_limit", "cpu"), ("mem_limit", "memory")])
 def test_limits_must_be_zero_or_at_least_request(limit, base):
     assert InvokeOptions(**{base: 1000, limit: 0}).validate()
-    assert InvokeOptions(**{base: 1000, limit: 1000}).validate()
-    assert InvokeOptions(**{base: 1000, limit: 2000}).validate()
+    # a limit >= the request is well formed, but yrdask caps nothing: it is rejected by name
+    with pytest.raises(YRValueError, match=f"InvokeOptions.{limit} is not supported"):
+        InvokeOptions(**{base: 1000, limit: 2000}).validate()
     with pytest.raises(YRValueError) as ei:
         InvokeOptions(**{base: 1000, limit: 999}).validate()
     assert f"InvokeOptions.{limit} " in str(ei.value) and "999" in str(ei.value)
@@ -231,7 +231,24 @@ def test_resource_shape_defaults():
 def test_is_detached():
     assert InvokeOptions().is_detached is False
     assert InvokeOptions(custom_extensions={"lifecycle": "detached"}).is_detached is True
-    assert InvokeOptions(custom_extensions={"lifecycle": "other"}).is_detached is False
+    with pytest.raises(YRValueError, match="InvokeOptions.custom_extensions"):
+        InvokeOptions(custom_extensions={"lifecycle": "other"})
+
+
+@pytest.mark.parametrize("ext", [{"Concurrency": "2"}, {"RECOVER_RETRY_TIMEOUT": "100"},
+                                 {"GRACEFUL_SHUTDOWN_TIME": "-1"},
+                                 {"GRACEFUL_SHUTDOWN_TIME": "soon"}])
+def test_custom_extensions_other_than_the_honoured_ones_are_rejected(ext):
+    with pytest.raises(YRValueError) as ei:
+        InvokeOptions(custom_extensions=ext)
+    assert "InvokeOptions.custom_extensions" in str(ei.value)
+    assert "GRACEFUL_SHUTDOWN_TIME" in str(ei.value)
+
+
+@pytest.mark.parametrize("grace", [0, "0", 10, "30"])
+def test_a_whole_number_of_seconds_is_a_grace_period(grace):
+    opts = InvokeOptions(custom_extensions={"GRACEFUL_SHUTDOWN_TIME": grace})
+    assert opts.custom_extensions == {"GRACEFUL_SHUTDOWN_TIME": grace}
 
 
 def test_copy_is_independent():
@@ -317,8 +334,17 @@ def test_config_defaults():
 
 
 def test_config_repr_hides_secrets():
-    text = repr(Config(auth_token="tok-secret", private_key_paaswd="pw-secret"))
+    c = Config()
+    c.auth_token, c.private_key_paaswd = "tok-secret", "pw-secret"
+    text = repr(c)
     assert "tok-secret" not in text and "pw-secret" not in text
+
+
+@pytest.mark.parametrize("name", ["auth_token", "private_key_paaswd"])
+def test_rejected_secret_is_not_shown(name):
+    with pytest.raises(YRValueError) as ei:
+        Config(**{name: "s3cret"})
+    assert f"Config.{name} is not supported" in str(ei.value) and "s3cret" not in str(ei.value)
 
 
 def test_config_resolved_from_env(monkeypatch):
@@ -346,8 +372,8 @@ def test_config_resolved_defaults_without_env(monkeypatch):
 def test_config_resolved_keeps_explicit_values(monkeypatch):
     monkeypatch.setenv("YR_SERVER_ADDRESS", "env:1")
     monkeypatch.setenv("YR_LOG_LEVEL", "DEBUG")
-    r = Config(server_address="explicit:2", log_level="INFO", job_id="job-mine", ns="n").resolved()
-    assert (r.server_address, r.log_level, r.job_id, r.ns) == ("explicit:2", "INFO", "job-mine", "n")
+    r = Config(server_address="explicit:2", log_level="INFO", job_id="job-mine").resolved()
+    assert (r.server_address, r.log_level, r.job_id) == ("explicit:2", "INFO", "job-mine")
 
 
 def test_config_resolved_job_ids_differ():
@@ -355,10 +381,10 @@ def test_config_resolved_job_ids_differ():
 
 
 def test_config_resolved_copy_is_independent():
-    c = Config(load_paths=["/a"])
+    c = Config(custom_envs={}, log_level="INFO")
     r = c.resolved()
-    r.load_paths.append("/b")
-    assert c.load_paths == ["/a"]
+    r.custom_envs["B"] = "b"
+    assert c.custom_envs == {}
 
 
 CONFIG_BAD_TYPES = [
@@ -394,9 +420,9 @@ def test_config_bad_values(name, value):
 
 @pytest.mark.parametrize(
     "name,value",
-    [("num_cpus", 1), ("num_cpus", None), ("recycle_time", 300), ("recycle_time", 1),
-     ("log_level", logging.INFO), ("log_level", "ERROR"), ("connection_nums", 1),
-     ("logger", logging.getLogger("x")), ("runtime_env", {"pip": []})],
+    [("num_cpus", 1), ("num_cpus", None),
+     ("log_level", logging.INFO), ("log_level", "ERROR"),
+     ("logger", logging.getLogger("x")), ("log_to_driver", True), ("dedup_logs", False)],
 )
 def test_config_good_values(name, value):
     c = Config(**{name: value})
@@ -421,8 +447,118 @@ def test_check_config(monkeypatch):
     monkeypatch.setenv("YR_SERVER_ADDRESS", "host:1")
     r = check_config(None)
     assert isinstance(r, Config) and r.server_address == "host:1" and r.job_id.startswith("job-")
-    c = Config(ns="x")
+    c = Config(job_id="job-x")
     r2 = check_config(c)
-    assert r2.ns == "x" and r2 is not c
+    assert r2.job_id == "job-x" and r2 is not c
     with pytest.raises(YRTypeError, match=r"expected yr\.Config, got dict"):
         check_config({})
+
+
+def test_check_config_num_cpus_with_server_address_is_rejected(monkeypatch):
+    monkeypatch.delenv("YR_SERVER_ADDRESS", raising=False)
+    with pytest.raises(YRValueError, match="Config.num_cpus sizes only the embedded cluster"):
+        check_config(Config(server_address="tcp://h:1", num_cpus=2))
+    # an address from the environment does not make a script sized for the embedded one fail
+    monkeypatch.setenv("YR_SERVER_ADDRESS", "tcp://h:1")
+    assert check_config(Config(num_cpus=2)).server_address == "tcp://h:1"
+
+
+@pytest.mark.parametrize("name", ["verify_file_path", "certificate_file_path", "private_key_path"])
+def test_tls_paths_without_enable_tls_are_rejected(name):
+    with pytest.raises(YRValueError) as ei:
+        Config(**{name: "/x.pem"}).validate()
+    assert f"Config.{name} is read only when enable_tls=True" in str(ei.value)
+    assert Config(**{name: "/x.pem"}, enable_tls=True).validate()
+
+
+def test_auto_with_server_address_is_rejected():
+    assert Config(auto=True).validate()
+    with pytest.raises(YRValueError, match="Config.auto"):
+        Config(auto=True, server_address="tcp://h:1").validate()
+
+
+# --------------------------------------------------------------------------- honoured Config fields (driver side)
+
+import asyncio  # noqa: E402
+
+from yrdask.api import session  # noqa: E402
+
+A = "f pid=1, node=tcp://h:1"
+B = "f pid=2, node=tcp://h:2"
+
+
+@pytest.fixture
+def printer_loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def test_printer_prefixes_lines_and_keeps_streams_apart(printer_loop, capsys):
+    p = session._Printer(dedup=False, loop=printer_loop)
+    p([(A, "stdout", "one\ntwo\n"), (A, "stderr", "oops\n"), (B, "stdout", "partial")])
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [f"({A}) one", f"({A}) two", f"({B}) partial"]
+    assert err.splitlines() == [f"({A}) oops"]
+
+
+def test_printer_dedup_counts_a_line_repeated_by_other_processes(printer_loop, capsys):
+    p = session._Printer(dedup=True, loop=printer_loop)
+    p([(A, "stdout", "same\n"), (B, "stdout", "same\n")])
+    p([("g pid=2, node=tcp://h:2", "stdout", "same\n")])  # same process, other function
+    p([(A, "stdout", "same\n")])  # repeats of one process are all printed
+    assert capsys.readouterr().out.splitlines() == [f"({A}) same", f"({A}) same"]
+    p.expire(everything=True)
+    assert capsys.readouterr().out.splitlines() == [
+        "(g pid=2, node=tcp://h:2) same [repeated 2x across cluster]"]
+
+
+def test_printer_without_dedup_prints_every_line(printer_loop, capsys):
+    p = session._Printer(dedup=False, loop=printer_loop)
+    p([(A, "stdout", "same\n"), (B, "stdout", "same\n")])
+    assert capsys.readouterr().out.splitlines() == [f"({A}) same", f"({B}) same"]
+
+
+def test_env_file_sets_driver_environment(tmp_path, monkeypatch):
+    path = tmp_path / ".env"
+    path.write_text("# comment\n\nexport YR_T_A=1\nYR_T_B = 'two words'\nYR_T_C=\"x=y\"\n")
+    for k in ("YR_T_A", "YR_T_B", "YR_T_C"):
+        monkeypatch.delenv(k, raising=False)
+    session._load_env_file(str(path))
+    import os
+
+    assert (os.environ["YR_T_A"], os.environ["YR_T_B"], os.environ["YR_T_C"]) == \
+        ("1", "two words", "x=y")
+    for k in ("YR_T_A", "YR_T_B", "YR_T_C"):
+        monkeypatch.delenv(k)
+
+
+def test_env_file_errors_name_the_file_and_line(tmp_path):
+    with pytest.raises(YRValueError, match="Config.env_file .* cannot be read"):
+        session._load_env_file(str(tmp_path / "missing.env"))
+    bad = tmp_path / "bad.env"
+    bad.write_text("OK=1\nnot a setting\n")
+    with pytest.raises(YRValueError, match="line 2 is not KEY=VALUE"):
+        session._load_env_file(str(bad))
+
+
+def test_logger_gets_yrdask_records_until_reset():
+    got: list[logging.LogRecord] = []
+    target = logging.getLogger("test-options-target")
+    handler = logging.Handler()
+    handler.emit = got.append  # type: ignore[method-assign]
+    target.addHandler(handler)
+    yl = logging.getLogger("yrdask")
+    old_level = yl.level
+    yl.setLevel(logging.INFO)
+    try:
+        session._forward_logs(target)
+        logging.getLogger("yrdask.sub").info("to the user's logger")
+        session._forward_logs(None)
+        logging.getLogger("yrdask.sub").info("not any more")
+    finally:
+        session._forward_logs(None)
+        yl.setLevel(old_level)
+        target.removeHandler(handler)
+    assert [r.getMessage() for r in got] == ["to the user's logger"]
+    assert yl.propagate is True

@@ -249,3 +249,28 @@ def test_explain_busy_lists_only_workers_that_could_run_it():
 def test_format_shape_is_sorted_and_compact():
     assert format_shape({"Memory": 500.0, "CPU": 1000.0}) == "{CPU: 1000, Memory: 500}"
     assert format_shape({}) == "{}"
+
+
+def test_explanations_name_classes_and_suggest_the_fix(two):
+    from yrdask.scheduler.resources import FIX_HINT
+
+    two.hold(Holding("i1", "instance", A, shape(500), "job", label="Counter"))
+    two.hold(Holding("i2", "instance", A, shape(500), "job", label="Counter"))
+    two.hold(Holding("i3", "instance", B, shape(1000), "job", label="Model"))
+    busy = two.explain_unfit(shape(500))
+    assert "Counter instance i1 {CPU: 500" in busy and "Model instance i3" in busy
+    assert busy.endswith(FIX_HINT) and "InvokeOptions(cpu=" in busy and "Config(num_cpus=" in busy
+    assert two.explain_unfit(shape(64000)).endswith(FIX_HINT)
+    assert two.explain_wait(shape(500)) == [
+        f"worker {A}: needs CPU 500, free 0 of 1000 millicores; held by 2 Counter instances "
+        "(i1, i2)",
+        f"worker {B}: needs CPU 500, free 0 of 1000 millicores; held by Model instance i3"]
+    # Only what it lacks is named; workers that can never run it come last.
+    assert two.explain_wait(shape(500, 9000)) == [
+        f"can never run it: {A} (offers {{CPU: 1000, Memory: 4096}}), "
+        f"{B} (offers {{CPU: 1000, Memory: 4096}})"]
+    assert two.explain_wait(shape(500), avoid=(A,))[-1] == \
+        f"can never run it: {A} (unreachable to the requester)"
+    assert Ledger().explain_wait(shape()) == ["the cluster has no yr workers"]
+    two.release("i3")
+    assert [line for line in two.explain_wait(shape(500)) if B in line] == []  # B fits now

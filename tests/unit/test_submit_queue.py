@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from yrdask.errors import CancelledError, ScheduleError, YRRuntimeError
+from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError, YRRuntimeError
 from yrdask.runtime.submit_queue import (Closing, CancelRequested, LeaseGranted, LeaseRefused,
                                          LeasesRevoked, PushTask, RequestLease, ReturnLeases,
                                          SendCancel, SubmitQueue, TaskFailed, TaskFinished,
@@ -27,9 +27,9 @@ def step(m: SubmitQueue, ev) -> list:
 
 
 def queue(m: SubmitQueue, tid: str, key: str = "k", slots: int = 1, retries: int = 0,
-          data_home: str | None = None, name: str = "f") -> list:
+          data_home: str | None = None, name: str = "f", max_crashes: int | None = None) -> list:
     return step(m, TaskQueued("s", tid, key, {"CPU": 1.0}, 1000, slots, (), retries, data_home,
-                              name))
+                              name, max_crashes))
 
 
 def grant(m: SubmitQueue, rid: str, lid: str, worker: str = "w1", now: float = 0.0) -> list:
@@ -359,9 +359,39 @@ def test_a_task_that_keeps_killing_workers_fails_after_max_crash_retries():
             assert failed(out) == {}
             rid = requests(out)[0]
     err = failed(out)["t"]
-    assert type(err) is YRRuntimeError
+    assert type(err) is TaskCrashedError and isinstance(err, YRRuntimeError)
     assert "crasher" in str(err) and "w3" in str(err) and "3 times" in str(err)
+    assert "max-task-crashes=2" in str(err) and (err.crashes, err.worker) == (3, "w3")
     assert m.tasks == {}
+
+
+def lose_until_failed(m: SubmitQueue, limit: int) -> tuple[int, BaseException | None]:
+    """Grant each request on a fresh worker and lose it; (how many losses, the error)."""
+    rid = "r1"
+    for n in range(1, limit + 1):
+        w = f"w{n}"
+        assert pushed(grant(m, rid, f"L{n}", worker=w, now=n)) == [("t", f"L{n}")]
+        out = step(m, WorkerLost("x", w, n + 0.5))
+        if "t" in failed(out):
+            return n, failed(out)["t"]
+        rid = requests(out)[0]
+    return limit, None
+
+
+@pytest.mark.parametrize("own", [0, 1, 5])
+def test_a_task_bound_of_reruns_overrides_the_queue_bound(own):
+    m = mk(max_crash_retries=2, max_pending_requests=1)
+    queue(m, "t", name="crasher", max_crashes=own)
+    losses, err = lose_until_failed(m, 10)
+    assert losses == own + 1 and isinstance(err, TaskCrashedError)
+    assert f"its own bound of {own} reruns" in str(err)
+
+
+def test_a_task_without_a_bound_of_reruns_is_rerun_every_time():
+    m = mk(max_crash_retries=2, max_pending_requests=1)
+    queue(m, "t", name="crasher", max_crashes=-1)
+    losses, err = lose_until_failed(m, 12)
+    assert (losses, err) == (12, None) and "t" in m.tasks
 
 
 def test_a_late_answer_from_a_lost_worker_settles_the_requeued_task():
@@ -515,3 +545,61 @@ def test_random_event_sequences_keep_the_invariants(seed):
         for _ in range(rng.randint(5, 60)):
             d.random_step()
         d.drain()
+
+
+# -- refs nested in arguments (yr's dependency resolver; submitter.nested_refs) --------------
+
+
+class _Ref:
+    """Stands for an ObjectRef: only its id and its identity matter to the scan."""
+
+    def __init__(self, oid: str) -> None:
+        self._id = oid
+
+
+class _Holder:
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+
+class _Slotted:
+    __slots__ = ("ref",)
+
+    def __init__(self, ref) -> None:
+        self.ref = ref
+
+
+def _is_ref(v) -> bool:
+    return type(v) is _Ref
+
+
+MARKED = b"...yrdask.runtime.objects._rebuild_ref..."  # what a pickle holding a ref contains
+
+
+def test_nested_refs_are_found_in_containers_and_objects_but_not_at_top_level():
+    from yrdask.runtime.submitter import nested_refs
+
+    top, a, b, c, d, e = (_Ref(x) for x in "tabcde")
+    args = (top, [a, (b, {"k": c})], _Holder(_Holder(d)))
+    kwargs = {"x": {frozenset([1]): [e, a]}, "y": _Slotted(a), "z": top}
+    found = nested_refs(MARKED, args, kwargs, _is_ref)
+    assert sorted(r._id for r in found) == ["a", "b", "c", "d", "e"]  # each once, no "t"
+
+
+def test_no_pickled_ref_means_no_scan():
+    from yrdask.runtime.submitter import nested_refs
+
+    a = _Ref("a")
+    # the pickle says no ref is inside: nothing is walked (the fast path for every call)
+    assert nested_refs(b"plain pickle", ([a],), {}, _is_ref) == []
+    assert nested_refs(b"", ([a],), {}, _is_ref) == []
+
+
+def test_cycles_and_shared_containers_are_walked_once():
+    from yrdask.runtime.submitter import nested_refs
+
+    a = _Ref("a")
+    loop: list = [a]
+    loop.append(loop)
+    shared = [a]
+    assert [r._id for r in nested_refs(MARKED, (loop, shared, shared), {}, _is_ref)] == ["a"]

@@ -8,15 +8,22 @@ from typing import Any, Callable
 
 from yrdask import protocol as P
 from yrdask.affinity import to_wire
+from yrdask.api.group import add_group_member
+from yrdask.api.resource_groups import bundle_wire_of, check_bundle_index
 from yrdask.runtime.objects import ObjectRef
 from yrdask.runtime.context import current_runtime
+from yrdask.api.generators import ObjectRefGenerator
 from yrdask.api.signatures import check_call
 from yrdask.errors import (YRRuntimeError, YRTimeoutError, YRTypeError, YRValueError)
 from yrdask.options import InvokeOptions, check_invoke_options, check_return_nums
 from yrdask.options import check_no_unknown as _no_unknown
+from yrdask.options import isolation_spec
 from yrdask.serialization import dumps, dumps_definition
 
 _RETURN_NUMS = "__yr_return_nums__"
+_REDELIVERIES = "__yr_max_redeliveries__"  # see _ClassInfo.redeliveries
+DEFAULT_GRACE_S = 30  # __yr_shutdown__'s default grace period, as in yr
+REAL_ID_WAIT_S = 30  # InstanceProxy.real_id waits this long for a placement, as in yr
 
 
 def method(*args: Any, return_nums: int = 1, **ignored: Any) -> Any:
@@ -43,6 +50,10 @@ class _ClassInfo:
         self.name = cls.__name__
         self.payload = dumps_definition(cls, f"the class {self.name}")
         self.methods: dict[str, tuple[int, inspect.Signature | None]] = {}
+        # bounds of redelivery after a crash, where the class sets them (the Ray surface's
+        # max_task_retries): the class's __yr_max_redeliveries__, or a method's own
+        self.redeliveries: dict[str, int] = {}
+        default_redeliveries = getattr(cls, _REDELIVERIES, None)
         self.is_async = False
         for name, member in inspect.getmembers(cls):
             raw = inspect.getattr_static(cls, name, None)
@@ -59,14 +70,26 @@ class _ClassInfo:
                     sig = sig.replace(parameters=params)
             except (TypeError, ValueError):
                 sig = None
-            self.methods[name] = (getattr(func, _RETURN_NUMS, 1), sig)
+            nret = getattr(func, _RETURN_NUMS, 1)
+            if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+                if nret != 1:
+                    raise YRValueError(
+                        f"@yr.method(return_nums={nret}) on the generator method "
+                        f"{self.name}.{name}: a generator streams one ref per yield (an "
+                        "ObjectRefGenerator); drop return_nums")
+                nret = P.STREAMING  # decided once: .invoke() gives an ObjectRefGenerator
+            self.methods[name] = (nret, sig)
+            bound = getattr(func, _REDELIVERIES, default_redeliveries)
+            if bound is not None:
+                self.redeliveries[name] = bound
         try:
             init_sig = inspect.signature(cls.__init__)
             self.init_sig: inspect.Signature | None = init_sig.replace(
                 parameters=list(init_sig.parameters.values())[1:])
         except (TypeError, ValueError):
             self.init_sig = None
-        self.meta = dumps({"name": self.name, "methods": self.methods})
+        self.meta = dumps({"name": self.name, "methods": self.methods,
+                           "redeliveries": self.redeliveries})
 
 
 class InstanceCreator:
@@ -133,6 +156,11 @@ class InstanceCreator:
             except TypeError as e:
                 raise TypeError(f"{info.name}.invoke(): {e}") from None
         opts = self._options
+        if opts.group_name:  # created with its yr.Group (api/group.py), at Group.invoke()
+            iid = f"i-{rt.new_id()}"
+            add_group_member(opts, iid, lambda o: self.options(o)._create(
+                rt, info, args, kwargs, instance_id=iid))
+            return InstanceProxy(iid, info.meta, rt)
         if opts.get_if_exists:
             with self._lock:
                 return self._get_or_create(rt, info, args, kwargs)
@@ -145,16 +173,28 @@ class InstanceCreator:
             return InstanceProxy(iid, info.meta, rt)
         return self._create(rt, info, args, kwargs)
 
-    def _create(self, rt: Any, info: _ClassInfo, args: tuple, kwargs: dict) -> "InstanceProxy":
+    def _create(self, rt: Any, info: _ClassInfo, args: tuple, kwargs: dict,
+                instance_id: str | None = None) -> "InstanceProxy | None":
+        """Send the creation; returns its handle (``None`` for a group member created under
+        ``instance_id``, whose handle exists already)."""
         opts = self._options
+        if opts.resource_group_options is not None:
+            check_bundle_index(rt, opts)
         spec = {
             "cls": info.payload, "cls_name": info.name, "meta": info.meta,
             "shape": opts.resource_shape(), "timeout_ms": opts.schedule_timeout_ms,
             "name": opts.name, "namespace": opts.namespace, "detached": opts.is_detached,
             "concurrency": opts.concurrency, "is_async": info.is_async,
             "recover_retry_times": opts.recover_retry_times,
-            "affinity": to_wire(opts.schedule_affinities), "labels": list(opts.labels),
+            "affinity": to_wire(opts.schedule_affinities) + bundle_wire_of(opts),
+            "labels": list(opts.labels),
+            "grace_s": _grace_seconds(opts),  # __yr_shutdown__'s bound
+            "isolation": isolation_spec(opts),  # docs/isolation.md
         }
+        if instance_id is not None:
+            spec["instance_id"] = instance_id
+            rt.create_instance(spec, args, kwargs)
+            return None
         iid = rt.create_instance(spec, args, kwargs)
         handle = InstanceProxy(iid, info.meta, rt)
         handle._name = opts.name or ""  # for _repr_html_
@@ -162,6 +202,20 @@ class InstanceCreator:
 
     def get_instance(self, name: str, namespace: str = "", timeout: int = 60) -> "InstanceProxy":
         return get_instance(name, namespace, timeout)
+
+
+def _grace_seconds(opts: InvokeOptions) -> int:
+    """Seconds ``__yr_shutdown__`` may take: ``custom_extensions["GRACEFUL_SHUTDOWN_TIME"]``
+    (default 30, as in yr)."""
+    raw = opts.custom_extensions.get("GRACEFUL_SHUTDOWN_TIME", DEFAULT_GRACE_S)
+    try:
+        grace = int(raw)
+    except (TypeError, ValueError):
+        grace = -1
+    if grace < 0 or isinstance(raw, bool):
+        raise YRValueError('custom_extensions["GRACEFUL_SHUTDOWN_TIME"] must be a whole number '
+                           f'of seconds >= 0, got {raw!r}')
+    return grace
 
 
 class InstanceProxy:
@@ -175,6 +229,7 @@ class InstanceProxy:
         info = loads(meta)
         self._cls_name: str = info["name"]
         self._methods: dict = info["methods"]
+        self._redeliveries: dict = info.get("redeliveries", {})
         self._rt = runtime
         self._terminated = False
         runtime.on_loop(runtime.router.incref, instance_id)
@@ -231,12 +286,29 @@ class InstanceProxy:
         return f"<div><strong>yr instance</strong><table>{cells}</table></div>"
 
     def _status(self) -> dict:
-        """``{"state", "worker", "restarts", "reason"}`` of the instance, from the scheduler."""
+        """``{"state", "worker", "restarts", "reason", "waiting"}`` of the instance, from the
+        scheduler.  ``waiting`` says why a PENDING one is not placed yet (what it needs, what
+        each worker lacks, which instances hold it, how to fix it), "" otherwise."""
         return self._rt.scheduler_call(P.INSTANCE_STATUS, instance_id=self.instance_id)
 
     def is_activate(self) -> bool:
         """False once this handle terminated the instance."""
         return not self._terminated
+
+    @property
+    def real_id(self) -> str:
+        """The id of the instance this handle reaches: for a named creation that bound an
+        existing instance, that instance's id (``instance_id`` is the alias).  Waits up to
+        30 s while the instance is being placed, as in yr."""
+        import asyncio
+
+        rt = self._rt
+        try:
+            return rt.run_sync(asyncio.wait_for(rt.connector.scheduler_rpc(
+                P.LOCATE_INSTANCE, instance_id=self.instance_id), REAL_ID_WAIT_S))[3]
+        except (asyncio.TimeoutError, TimeoutError):
+            raise YRTimeoutError(f"real_id of {self.instance_id}: the instance was not placed "
+                                 f"within {REAL_ID_WAIT_S} s") from None
 
     def terminate(self, is_sync: bool = False) -> None:
         """End the instance (and its non-detached children); later calls raise RuntimeError."""
@@ -273,9 +345,12 @@ class MethodProxy:
                 check_call(self._sig, args, kwargs)
             except TypeError as e:
                 raise TypeError(f"{h._cls_name}.{self._name}.invoke(): {e}") from None
-        refs = h._rt.call_method(h.instance_id, self._name, args, kwargs, self._nret)
+        refs = h._rt.call_method(h.instance_id, self._name, args, kwargs, self._nret,
+                                 h._redeliveries.get(self._name))
         if self._nret == 0:
             return None
+        if self._nret == P.STREAMING:
+            return ObjectRefGenerator(refs[0])
         return refs[0] if self._nret == 1 else refs
 
 
@@ -361,5 +436,38 @@ def kill_instance(instance_id: str) -> None:
     _kill(current_runtime(), instance_id, True)
 
 
+class InstanceExited(BaseException):
+    """Raised by ``yr.exit()`` in the method that called it, after the instance has stopped:
+    it unwinds the method (a ``BaseException``, so ``except Exception`` does not keep it)."""
+
+
+def exit() -> None:  # noqa: A001 - yr's name
+    """End the instance whose method calls this (as ``terminate()`` would) and leave the method.
+
+    The call that ran ``yr.exit()`` and those queued behind it fail with ``InstanceDiedError``
+    ("exited by yr.exit()").  Outside an instance method: ``YRRuntimeError``.
+    """
+    from yrdask.runtime.context import current_owner
+
+    rt = current_runtime()
+    iid = current_owner()
+    agent = rt.agent
+    if agent is None or not iid or iid not in agent.instances:
+        raise YRRuntimeError("yr.exit() can only be called inside a method of an instance "
+                             "(use handle.terminate() or yr.kill_instance(id) from elsewhere)")
+    rt.scheduler_call(P.KILL_INSTANCE, instance_id=iid, reason="exited by yr.exit()")
+    raise InstanceExited(iid)
+
+
+def get_namespace() -> str:
+    """The default namespace of named instances.  yrdask has no job-wide default namespace
+    (``Config.ns`` is refused, docs/options.md), so it is always ``""``: names without a
+    ``namespace`` live there.  Kept for yr code that reads it (``yr.apis.get_namespace``)."""
+    rt = current_runtime()
+    conf = getattr(rt, "conf", None)
+    return getattr(conf, "ns", "") or ""
+
+
 __all__ = ["method", "instance", "get_instance", "list_named_instances", "kill_instance",
-           "InstanceCreator", "InstanceProxy", "MethodProxy", "ObjectRef"]
+           "InstanceCreator", "InstanceProxy", "MethodProxy", "ObjectRef", "exit",
+           "get_namespace", "InstanceExited"]

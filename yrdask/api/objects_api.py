@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from yrdask.api.generators import ObjectRefGenerator
 from yrdask.runtime.objects import MAX_TIMEOUT, ObjectRef
 from yrdask.runtime.objects import check_live as _check_live
 from yrdask.runtime.objects import check_timeout as _check_timeout
@@ -81,10 +82,12 @@ def cancel(obj_refs: ObjectRef | list[ObjectRef], allow_force: bool = True,
            allow_recursive: bool = False) -> None:
     """Cancel stateless tasks; ``yr.get`` of a cancelled ref raises a ``CancelledError``."""
     rt = current_runtime()
-    refs = [obj_refs] if isinstance(obj_refs, ObjectRef) else obj_refs
+    refs = [obj_refs] if isinstance(obj_refs, (ObjectRef, ObjectRefGenerator)) else obj_refs
     if not isinstance(refs, list):
         raise YRTypeError(f"obj_refs type error, actual: [{type(obj_refs)}], "
                           f"element expect: {ObjectRef}")
+    # A generator is cancelled through the ref of its call (the stream's end).
+    refs = [r.completed() if isinstance(r, ObjectRefGenerator) else r for r in refs]
     _check_refs(refs, "yr.cancel")
     rt.cancel(refs)
 

@@ -7,9 +7,13 @@ driver's runtime as this process's runtime.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
+import os
+import sys
 import threading
+import time
 from typing import Any
 
 from yrdask.errors import YRRuntimeError, YRValueError
@@ -30,13 +34,18 @@ def init(conf: Config | None = None) -> ClientInfo:
         if context.installed_runtime() is not None:
             raise YRRuntimeError("yr.init cannot be called twice; call yr.finalize() first")
         conf = check_config(conf)
+        if conf.env_file:
+            _load_env_file(conf.env_file)
         _apply_log_level(conf.log_level)
+        _forward_logs(conf.logger)
         cluster = None
         if not conf.server_address:
             from yrdask.deploy.embedded import EmbeddedCluster
 
             cluster = EmbeddedCluster(conf.num_cpus)
         rt = DriverRuntime(conf, cluster)
+        if conf.log_to_driver:
+            rt.output_sink = _Printer(conf.dedup_logs, rt.loop_runner.loop)
         try:
             rt.info = rt.loop_runner.run(rt.start())
         except BaseException:
@@ -45,6 +54,7 @@ def init(conf: Config | None = None) -> ClientInfo:
             except Exception:
                 pass
             rt.loop_runner.stop()
+            _forward_logs(None)
             raise
         context.install(rt)
         if not _atexit_registered:
@@ -64,10 +74,13 @@ def finalize() -> None:
         context.install(None)
         try:
             rt.loop_runner.run(rt.close(), 60)
+            if isinstance(rt.output_sink, _Printer):
+                rt.loop_runner.loop.call_soon_threadsafe(rt.output_sink.expire, True)
         except Exception:
             logger.exception("yr.finalize did not close cleanly")
         finally:
             rt.loop_runner.stop()
+            _forward_logs(None)
 
 
 def is_initialized() -> bool:
@@ -82,3 +95,133 @@ def _apply_log_level(level: Any) -> None:
         logging.getLogger("yrdask").setLevel(level or "WARNING")
     except (ValueError, TypeError):
         raise YRValueError(f"Config.log_level {level!r} is not a logging level") from None
+
+
+class _Forward(logging.Handler):
+    """Hands yrdask's log records to the user's ``Config.logger``."""
+
+    def __init__(self, target: logging.Logger) -> None:
+        super().__init__(logging.NOTSET)
+        self.target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.target.handle(record)
+
+
+_forward: _Forward | None = None
+
+
+def _forward_logs(target: logging.Logger | None) -> None:
+    """``Config.logger``: yrdask's records go to ``target`` (instead of up to the root logger)."""
+    global _forward
+    yl = logging.getLogger("yrdask")
+    if _forward is not None:
+        yl.removeHandler(_forward)
+        yl.propagate = True
+        _forward = None
+    if target is not None:
+        _forward = _Forward(target)
+        yl.addHandler(_forward)
+        yl.propagate = False
+
+
+def _load_env_file(path: str) -> None:
+    """``Config.env_file``: ``KEY=VALUE`` lines (``#`` comments, optional ``export``) set in
+    this driver's ``os.environ``, as openYuanrong does."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise YRValueError(f"Config.env_file {path!r} cannot be read: {e.strerror or e}") from None
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):].lstrip()
+        key, sep, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise YRValueError(f"Config.env_file {path!r} line {n} is not KEY=VALUE: {line!r}")
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        os.environ[key] = value
+
+
+DEDUP_WINDOW_S = 5.0  # as Ray's RAY_DEDUP_LOGS_AGG_WINDOW_S
+
+
+def _process(source: str) -> str:
+    """``"pid=12, node=tcp://..."`` of a source ``"square pid=12, node=tcp://..."``."""
+    return source.rpartition(" pid=")[2]
+
+
+class _Printer:
+    """``Config(log_to_driver=True)``: prints of the job's tasks and methods, written to this
+    driver's stdout/stderr, each line prefixed with where it ran: ``(square pid=12,
+    node=tcp://...) hello``.
+
+    With ``dedup_logs`` (the default), a line that another process printed in the last
+    :data:`DEDUP_WINDOW_S` seconds is held back, and when the window ends one line says how
+    often it repeated: ``(square pid=13, node=...) hello [repeated 3x across cluster]``.
+    Repeats from the same process are all printed.  Runs on the driver's loop thread.
+    """
+
+    def __init__(self, dedup: bool, loop: asyncio.AbstractEventLoop) -> None:
+        self.dedup = dedup
+        self.loop = loop
+        # (stream, line) -> [first seen (monotonic), first source, repeats held, last source]
+        self.seen: dict[tuple[str, str], list] = {}
+        self.timer: asyncio.TimerHandle | None = None
+
+    def __call__(self, records: list) -> None:
+        now = time.monotonic()
+        out: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        for source, stream, text in records:
+            lines = out["stderr" if stream == "stderr" else "stdout"]
+            for line in text.splitlines():
+                if self.dedup and self._held(stream, line, source, now):
+                    continue
+                lines.append(f"({source}) {line}\n")
+        self._write(out)
+        if self.dedup and self.seen and self.timer is None:
+            self.timer = self.loop.call_later(DEDUP_WINDOW_S, self.expire)
+
+    def _held(self, stream: str, line: str, source: str, now: float) -> bool:
+        entry = self.seen.get((stream, line))
+        if entry is None or now - entry[0] >= DEDUP_WINDOW_S:
+            if entry is not None:
+                self._summary(stream, line, entry)
+            self.seen[(stream, line)] = [now, source, 0, source]
+            return False
+        if _process(source) == _process(entry[1]):  # repeats of one process all print
+            return False
+        entry[2] += 1
+        entry[3] = source
+        return True
+
+    def _summary(self, stream: str, line: str, entry: list) -> None:
+        if entry[2]:
+            self._write({stream: [f"({entry[3]}) {line} [repeated {entry[2]}x across cluster]\n"]})
+
+    def expire(self, everything: bool = False) -> None:
+        """Print the repeat counts of the lines whose window ended (all, at finalize)."""
+        self.timer = None
+        now = time.monotonic()
+        for key, entry in list(self.seen.items()):
+            if everything or now - entry[0] >= DEDUP_WINDOW_S:
+                del self.seen[key]
+                self._summary(key[0], key[1], entry)
+        if self.seen:
+            self.timer = self.loop.call_later(DEDUP_WINDOW_S, self.expire)
+
+    @staticmethod
+    def _write(out: dict[str, list[str]]) -> None:
+        for stream, lines in out.items():
+            if lines:
+                target = sys.stderr if stream == "stderr" else sys.stdout
+                try:
+                    target.write("".join(lines))
+                    target.flush()
+                except (OSError, ValueError):  # a closed stream: nothing to print to
+                    pass

@@ -42,6 +42,9 @@ class Sources:
     pending_requests: int = 0
     #: placement latency by kind: ``{"lease": {"count", "mean_ms", "p50_ms", "p99_ms"}, ...}``
     placement: Mapping[str, dict] = field(default_factory=dict)
+    #: why each waiting request waits, oldest first (``WaitWatch.rows()``: ``{"what",
+    #: "kind", "holding_id", "job", "needs", "waited_s", "reasons", "text", ...}``)
+    waiting: list = field(default_factory=list)
 
 
 def sources_of(scheduler: Any) -> Sources | None:
@@ -51,8 +54,11 @@ def sources_of(scheduler: Any) -> Sources | None:
         return None
     metrics = {addr: ws.metrics.get("yr") or {} for addr, ws in scheduler.workers.items()}
     figures = getattr(ext, "figures", None)  # SchedulingFigures: placement latencies
+    waits = getattr(ext, "waits", None)
+    waiting = waits.rows() if waits is not None else []
     return Sources(ext.instances.lifecycle, ext.ledger, metrics, dict(ext.counters),
-                   len(ext.pending), figures.snapshot() if figures is not None else {})
+                   len(ext.pending), figures.snapshot() if figures is not None else {},
+                   waiting)
 
 
 # -- instances -----------------------------------------------------------------------------
@@ -95,13 +101,30 @@ class InstanceQuery:
         return cls(state, get("class") or "", get("name") or "", **numbers)
 
 
+#: The unit of each built-in resource (custom tags are in the units their worker declared).
+UNITS = {"CPU": "millicores", "Memory": "MB"}
+
+
+def format_amount(resource: str, amount: float) -> str:
+    """An amount with its unit: ``CPU`` in cores and millicores (``"1.5 cores (1500 m)"``),
+    ``Memory`` in MB, custom tags as plain numbers."""
+    if resource == "CPU":
+        cores = amount / 1000
+        return f"{cores:g} {'core' if cores == 1 else 'cores'} ({amount:g} m)"
+    if resource == "Memory":
+        return f"{amount:g} MB"
+    return f"{amount:g}"
+
+
 def format_shape(shape: Mapping[str, float] | None) -> str:
     """``{"CPU": 500.0, "Memory": 0.0}`` -> ``"CPU 500, Memory 0"`` (for tables)."""
     return ", ".join(f"{r} {a:g}" for r, a in sorted((shape or {}).items()))
 
 
-def instance_row(rec: Any, metrics: Mapping[str, dict]) -> dict[str, Any]:
-    """One instance record as a JSON-able row; calls come from its worker's load report."""
+def instance_row(rec: Any, metrics: Mapping[str, dict],
+                 waiting: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """One instance record as a JSON-able row; calls come from its worker's load report,
+    ``waiting`` (why it is not placed yet) from ``waiting`` by instance id."""
     calls = None
     if rec.worker is not None:
         calls = (metrics.get(rec.worker) or {}).get("instances", {}).get(rec.instance_id)
@@ -120,14 +143,30 @@ def instance_row(rec: Any, metrics: Mapping[str, dict]) -> dict[str, Any]:
         "calls_pending": calls[1] if calls else None,
         "created_at": rec.created_at,
         "reason": rec.reason,
+        "waiting": (waiting or {}).get(rec.instance_id, ""),
     }
+
+
+def waiting_by_instance(src: Sources) -> dict[str, str]:
+    """``{instance id: why it waits}`` for the instances among the waiting requests."""
+    return {w["holding_id"]: w["text"] for w in src.waiting
+            if w.get("kind") == "instance" and w.get("holding_id")}
+
+
+def ended_view(src: Sources, limit: int = 100) -> dict[str, Any]:
+    """Reply of ``/yr/api/ended``: ``{"kept", "total", "ended": [tombstone, ...]}``, newest
+    first; a tombstone is ``{instance_id, class, name, namespace, owner, job, worker, reason,
+    created_at, ended_at, restarts, detached}`` (``Lifecycle.ended_rows``)."""
+    lc = src.lifecycle
+    return {"kept": lc.ended.maxlen, "total": len(lc.ended), "ended": lc.ended_rows(limit)}
 
 
 def query_instances(src: Sources, q: InstanceQuery) -> dict[str, Any]:
     """The page ``q`` asks for, with counts over all instances.
 
     Reply: ``{"total", "matched", "offset", "limit", "by_state": {state: n},
-    "classes": [names], "instances": [row, ...]}``.
+    "classes": [names], "instances": [row, ...], "waiting": [why each waiting request
+    waits]}``.
     """
     by_state: Counter = Counter()
     classes: set[str] = set()
@@ -147,6 +186,7 @@ def query_instances(src: Sources, q: InstanceQuery) -> dict[str, Any]:
             continue
         matched.append(rec)
     page = matched[q.offset:q.offset + q.limit]
+    waits = waiting_by_instance(src)
     return {
         "total": len(records),
         "matched": len(matched),
@@ -154,7 +194,8 @@ def query_instances(src: Sources, q: InstanceQuery) -> dict[str, Any]:
         "limit": q.limit,
         "by_state": {s: by_state.get(s, 0) for s in STATES},
         "classes": sorted(classes),
-        "instances": [instance_row(rec, src.metrics) for rec in page],
+        "instances": [instance_row(rec, src.metrics, waits) for rec in page],
+        "waiting": list(src.waiting),
     }
 
 
@@ -170,10 +211,13 @@ def count_by_state(records: Iterable[Any]) -> dict[str, int]:
 def resources_view(src: Sources) -> dict[str, Any]:
     """Capacity vs held per worker and per resource tag.
 
-    Reply: ``{"workers": [{"worker", "capacity", "held", "free", "leases", "instances",
-    "tasks_running", "tasks_queued"}], "rows": [{"worker", "resource", "capacity", "held",
-    "free", "used"}], "totals": {resource: {"capacity", "held", "free"}}}`` where ``used`` is
-    held/capacity (0..1, above 1 while a blocked task's CPU is taken back).
+    Reply: ``{"units": {resource: unit}, "workers": [{"worker", "capacity", "held", "free",
+    "leases", "instances", "tasks_running", "tasks_queued"}], "rows": [{"worker",
+    "resource", "unit", "capacity", "held", "free", "used", "capacity_text", "held_text",
+    "free_text"}], "totals": {resource: {"unit", "capacity", "held", "free", "capacity_text",
+    "held_text", "free_text"}}}`` where ``used`` is held/capacity (0..1, above 1 while a
+    blocked task's CPU is taken back); amounts are in the resource's unit (``CPU``
+    millicores, ``Memory`` MB), the ``*_text`` fields say so (:func:`format_amount`).
     """
     workers, rows = [], []
     totals: dict[str, dict[str, float]] = {}
@@ -191,13 +235,26 @@ def resources_view(src: Sources) -> dict[str, Any]:
                         "tasks_queued": load.get("tasks_queued")})
         for r in names:
             cap = ws.capacity.get(r, 0.0)
-            rows.append({"worker": addr, "resource": r, "capacity": cap, "held": held[r],
-                         "free": free[r], "used": held[r] / cap if cap else 0.0})
-            tot = totals.setdefault(r, {"capacity": 0.0, "held": 0.0, "free": 0.0})
+            rows.append({"worker": addr, "resource": r, "unit": UNITS.get(r, ""),
+                         "capacity": cap, "held": held[r], "free": free[r],
+                         "used": held[r] / cap if cap else 0.0,
+                         **_texts(r, cap, held[r], free[r])})
+            tot = totals.setdefault(r, {"unit": UNITS.get(r, ""), "capacity": 0.0, "held": 0.0,
+                                        "free": 0.0})
             tot["capacity"] += cap
             tot["held"] += held[r]
             tot["free"] += free[r]
-    return {"workers": workers, "rows": rows, "totals": dict(sorted(totals.items()))}
+    for r, tot in totals.items():
+        tot.update(_texts(r, tot["capacity"], tot["held"], tot["free"]))
+    units = {r: UNITS.get(r, "") for r in sorted(totals)}
+    return {"units": units, "workers": workers, "rows": rows,
+            "totals": dict(sorted(totals.items()))}
+
+
+def _texts(resource: str, capacity: float, held: float, free: float) -> dict[str, str]:
+    return {"capacity_text": format_amount(resource, capacity),
+            "held_text": format_amount(resource, held),
+            "free_text": format_amount(resource, free)}
 
 
 # -- scheduling ----------------------------------------------------------------------------
@@ -212,6 +269,9 @@ SAMPLE_FIELDS = (
     "tasks_queued",  # tasks waiting for a thread of a worker's task pool
     "submit_queued",  # tasks queued in the workers' submitters (waiting for a lease)
     "lease_requests_waiting",  # lease and instance requests the scheduler holds back
+    "calls_running",  # instance method calls in progress (running or queued at the instance)
+    "instances_hosted",  # instances the workers host
+    "running",  # work in progress: tasks_running + calls_running
 )
 RATES = {"local_per_s": "tasks_local_total", "forwarded_per_s": "tasks_forwarded_total",
          "leases_per_s": "leases_granted_total", "leases_local_per_s": "leases_local_total"}
@@ -227,6 +287,10 @@ def scheduling_sample(src: Sources, now: float | None = None) -> dict[str, float
         out["submit_queued"] += sched.get("queued", 0)
         out["tasks_running"] += load.get("tasks_running", 0)
         out["tasks_queued"] += load.get("tasks_queued", 0)
+        hosted = load.get("instances") or {}
+        out["instances_hosted"] += len(hosted)
+        out["calls_running"] += sum(c[1] for c in hosted.values() if c)
+    out["running"] = out["tasks_running"] + out["calls_running"]
     out["leases_granted_total"] = src.counters.get("leases_granted", 0)
     out["leases_local_total"] = src.counters.get("leases_local", 0)
     out["lease_requests_waiting"] = src.pending_requests
@@ -245,7 +309,9 @@ def worker_scheduling(src: Sources) -> list[dict[str, Any]]:
                      "local": sched.get("local", 0), "forwarded": sched.get("forwarded", 0),
                      "lease_requests": sched.get("lease_requests", 0),
                      "submit_queued": sched.get("queued", 0), "leases": sched.get("leases", 0),
-                     "instances": len(load.get("instances") or ())})
+                     "instances": len(load.get("instances") or ()),
+                     "calls_running": sum(c[1] for c in (load.get("instances") or {}).values()
+                                          if c)})
     return rows
 
 

@@ -18,6 +18,7 @@ which is what instance handles link to.
 from __future__ import annotations
 
 import time
+from html import escape
 from typing import Any, Callable
 
 from bokeh.layouts import column, row
@@ -62,7 +63,7 @@ def _keys(spec: list[tuple]) -> tuple[str, ...]:
 
 _NUMERIC = {"capacity", "held", "free", "restarts", "leases", "tasks_running", "tasks_queued",
             "tasks_done", "local", "forwarded", "lease_requests", "submit_queued",
-            "instances"}
+            "instances", "calls_running"}
 
 
 def _table(source: ColumnDataSource, spec: list[tuple], **kw: Any) -> DataTable:
@@ -109,8 +110,13 @@ class InstancesPanel(_Panel):
                ("state", "State", 80), ("worker", "Worker", 160), ("owner", "Owner", 110),
                ("restarts", "Restarts", 60), ("resources", "Resources", 180),
                ("calls_done", "Calls done", 70), ("calls_pending", "Calls pending", 80),
-               ("created", "Created at", 140)]
+               ("created", "Created at", 140), ("waiting", "Waiting for", 400)]
     KEYS = _keys(COLUMNS)
+    ENDED = [("class", "Class", 100), ("name", "Name", 100), ("instance_id", "Id", 110),
+             ("job", "Job", 110), ("owner", "Owner", 110), ("worker", "Worker", 160),
+             ("reason", "Why it ended", 320), ("ended", "Ended at", 140)]
+    ENDED_KEYS = _keys(ENDED)
+    ENDED_SHOWN = 200
 
     def __init__(self, dash: YrDashboard, args: dict[str, str], **kw: Any) -> None:
         super().__init__(dash)
@@ -134,8 +140,13 @@ class InstancesPanel(_Panel):
         self.text.on_change("value_input", self._refilter)
         self.prev.on_click(lambda: self._turn(-1))
         self.next.on_click(lambda: self._turn(+1))
+        self.waiting = Div(text="", styles={"font-size": "13px"})
+        self.ended_title = Div(text="<h3>Ended</h3>")
+        self.ended = ColumnDataSource(_columns([], self.ENDED_KEYS))
+        self.ended_table = _table(self.ended, self.ENDED, sizing_mode="stretch_width")
         self.root = column(row(self.state, self.cls, self.text, self.size, self.prev, self.next),
-                           self.summary, self.table, **kw)
+                           self.summary, self.waiting, self.table, self.ended_title,
+                           self.ended_table, **kw)
 
     def _refilter(self, attr: str, old: Any, new: Any) -> None:
         self.page = 0
@@ -173,18 +184,42 @@ class InstancesPanel(_Panel):
             f"({view['total']} in all) &nbsp;|&nbsp; {states}")
         self.prev.disabled = self.page == 0
         self.next.disabled = view["offset"] + len(rows) >= view["matched"]
+        self._show_waiting(view["waiting"], src.pending_requests)
+        ended = data.ended_view(src, self.ENDED_SHOWN)
+        _set(self.ended, _columns([
+            {**t, "ended": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t["ended_at"]))}
+            for t in ended["ended"]], self.ENDED_KEYS), self.ended_table)
+        title = (f"<h3>Ended ({ended['total']})</h3>newest first; the last {ended['kept']} "
+                 "ended instances are kept (yrdask.scheduling.ended-instances-kept)")
+        if self.ended_title.text != title:
+            self.ended_title.text = title
+
+    def _show_waiting(self, waiting: list[dict], total: int) -> None:
+        """Why requests wait: one line each (what, for how long, what each worker lacks)."""
+        if not waiting:
+            text = ""
+        else:
+            items = "".join(
+                f"<li><b>{escape(w['what'])}</b> waits for {escape(data.format_shape(w['needs']))}"
+                f" ({w['waited_s'] or 0:.0f} s): {escape('; '.join(w['reasons']))}</li>"
+                for w in waiting[:20])
+            more = f"<li>... {total - 20} more</li>" if total > 20 else ""
+            text = (f"<b>Waiting for resources ({total})</b><ul>{items}{more}</ul>"
+                    f"<i>{escape(waiting[0].get('fix', ''))}</i>")
+        if self.waiting.text != text:
+            self.waiting.text = text
 
 
 class ResourcesPanel(_Panel):
     """Capacity vs held: a bar per (worker, resource) and the same figures as tables."""
 
-    ROWS = [("worker", "Worker"), ("resource", "Resource"), ("capacity", "Capacity"),
-            ("held", "Held"), ("free", "Free"), ("used_pct", "Used %")]
-    TOTALS = [("resource", "Resource"), ("capacity", "Capacity"), ("held", "Held"),
-              ("free", "Free")]
+    ROWS = [("worker", "Worker"), ("resource", "Resource"), ("capacity_text", "Capacity"),
+            ("held_text", "Held"), ("free_text", "Free"), ("used_pct", "Used %")]
+    TOTALS = [("resource", "Resource"), ("capacity_text", "Capacity"), ("held_text", "Held"),
+              ("free_text", "Free")]
     WORKERS = [("worker", "Worker"), ("leases", "Leases"), ("instances", "Instances"),
                ("tasks_running", "Tasks running"), ("tasks_queued", "Tasks queued")]
-    ROW_KEYS = (*_keys(ROWS), "key", "used", "label")  # the bars need the last three
+    ROW_KEYS = (*_keys(ROWS), "key", "used", "label", "capacity", "held")  # bars need these
     TOTAL_KEYS, WORKER_KEYS = _keys(TOTALS), _keys(WORKERS)
 
     def __init__(self, dash: YrDashboard, args: dict[str, str], **kw: Any) -> None:
@@ -201,7 +236,7 @@ class ResourcesPanel(_Panel):
                       text_baseline="middle")
         self.fig.xaxis.axis_label = "fraction held"
         self.fig.add_tools(HoverTool(tooltips=[("", "@worker"), ("resource", "@resource"),
-                                               ("held", "@held{0,0.[00]} of @capacity{0,0.[00]}")]))
+                                               ("held", "@label")]))
         self.tables = (_table(self.totals, self.TOTALS, width=480),
                        _table(self.workers, self.WORKERS, sizing_mode="stretch_width"),
                        _table(self.rows, self.ROWS, sizing_mode="stretch_width"))
@@ -211,7 +246,7 @@ class ResourcesPanel(_Panel):
         view = data.resources_view(src)
         rows = [{**r, "key": f"{_short(r['worker'])} {r['resource']}",
                  "used_pct": round(100 * r["used"], 1), "used": min(r["used"], 1.05),
-                 "label": f"{r['resource']}: {r['held']:g} / {r['capacity']:g}"}
+                 "label": f"{r['resource']}: {r['held_text']} / {r['capacity_text']}"}
                 for r in view["rows"]]
         keys = [r["key"] for r in rows]
         if list(self.fig.y_range.factors) != keys:
@@ -222,8 +257,10 @@ class ResourcesPanel(_Panel):
         _set(self.workers, _columns(view["workers"], self.WORKER_KEYS), self.tables[1])
         _set(self.rows, _columns(rows, self.ROW_KEYS), self.tables[2])
         self.summary.text = (f"{len(view['workers'])} yr workers &nbsp;|&nbsp; " + " · ".join(
-            f"{r} held <b>{t['held']:g}</b> of {t['capacity']:g}"
-            for r, t in view["totals"].items()))
+            f"{r} held <b>{t['held_text']}</b> of {t['capacity_text']}"
+            for r, t in view["totals"].items())
+            + " &nbsp;|&nbsp; units: CPU in cores (m = millicores, 1000 m = 1 core), "
+              "Memory in MB, custom resources as their workers declared them")
 
 
 def _short(address: str) -> str:
@@ -237,7 +274,8 @@ class SchedulingPanel(_Panel):
     rolling over past :data:`SCHEDULING_WINDOW`), so an update sends a row, not the window.
     """
 
-    WORKERS = [("worker", "Worker"), ("tasks_running", "Running"), ("tasks_queued", "Queued"),
+    WORKERS = [("worker", "Worker"), ("tasks_running", "Tasks running"),
+               ("calls_running", "Instance calls"), ("tasks_queued", "Queued"),
                ("tasks_done", "Done"), ("local", "Pushed local"),
                ("forwarded", "Pushed forwarded"), ("lease_requests", "Lease requests"),
                ("submit_queued", "Waiting for lease"), ("leases", "Leases held"),
@@ -247,7 +285,8 @@ class SchedulingPanel(_Panel):
                   ("forwarded_per_s", "tasks forwarded /s", "#d62728"),
                   ("leases_per_s", "leases granted /s", "#1f77b4"),
                   ("leases_local_per_s", "local leases /s", "#9467bd")]
-    QUEUE_LINES = [("tasks_running", "tasks running", "#2ca02c"),
+    QUEUE_LINES = [("running", "running (tasks + instance calls)", "#2ca02c"),
+                   ("calls_running", "instance calls in progress", "#17becf"),
                    ("tasks_queued", "tasks queued in workers", "#ff7f0e"),
                    ("submit_queued", "tasks waiting for a lease", "#d62728"),
                    ("lease_requests_waiting", "requests waiting at the scheduler", "#1f77b4")]
@@ -289,7 +328,9 @@ class SchedulingPanel(_Panel):
             f"Tasks pushed by workers: local <b>{now['tasks_local_total']}</b>, forwarded "
             f"<b>{now['tasks_forwarded_total']}</b> &nbsp;|&nbsp; leases granted "
             f"<b>{now['leases_granted_total']}</b> (local {now['leases_local_total']}) "
-            f"&nbsp;|&nbsp; running {now['tasks_running']}, queued {now['tasks_queued']}, "
+            f"&nbsp;|&nbsp; running <b>{now['running']}</b> ({now['tasks_running']} tasks, "
+            f"{now['calls_running']} instance calls on {now['instances_hosted']} instances), "
+            f"queued {now['tasks_queued']}, "
             f"waiting for a lease {now['submit_queued']}, requests waiting "
             f"{now['lease_requests_waiting']}")
         if src.placement:

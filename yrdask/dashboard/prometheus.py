@@ -105,11 +105,19 @@ class YrMetricCollector(PrometheusCollector):
         queued = GaugeMetricFamily(name("tasks_queued"),
                                    "yr tasks waiting for a thread on a worker",
                                    labels=["worker"])
+        calls = GaugeMetricFamily(name("instance_calls_running"),
+                                  "yr instance method calls in progress on a worker",
+                                  labels=["worker"])
         for row in data.worker_scheduling(src):
             running.add_metric([row["worker"]], row["tasks_running"])
             queued.add_metric([row["worker"]], row["tasks_queued"])
+            calls.add_metric([row["worker"]], row["calls_running"])
         yield running
         yield queued
+        yield calls
+        yield GaugeMetricFamily(name("instances_ended_kept"),
+                                "Ended yr instances the scheduler still lists (bounded)",
+                                value=len(src.lifecycle.ended))
         placements = CounterMetricFamily(name("placements"), "Leases and instances placed",
                                          labels=["kind"])
         latency = GaugeMetricFamily(name("placement_latency_seconds"),

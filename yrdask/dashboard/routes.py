@@ -2,7 +2,9 @@
 
 ==================================  =========================================================
 ``/yr/api``                         index of these URLs
-``/yr/api/instances``               a page of instances: ``?state=&class=&name=&offset=&limit=``
+``/yr/api/instances``               a page of instances: ``?state=&class=&name=&offset=&limit=``,
+                                    with why the waiting ones wait
+``/yr/api/ended``                   ended instances, newest first: ``?limit=100``
 ``/yr/api/resources``               capacity vs held per worker and per resource tag
 ``/yr/api/scheduling``              local vs forwarded work, queue lengths; ``?samples=60``
 ``/individual-plots.json``          Dask's JupyterLab panel list, plus the yr panels
@@ -22,10 +24,12 @@ from distributed.http.utils import RequestHandler
 
 from yrdask.dashboard import PAGES, dashboard_of, data, mount_pages
 
+#: The endpoints, as absolute paths under the dashboard's URL prefix (the index's links).
 INDEX = {
-    "instances": "yr/api/instances?state=&class=&name=&offset=0&limit=100",
-    "resources": "yr/api/resources",
-    "scheduling": "yr/api/scheduling?samples=60",
+    "instances": "/yr/api/instances?state=&class=&name=&offset=0&limit=100",
+    "ended": "/yr/api/ended?limit=100",
+    "resources": "/yr/api/resources",
+    "scheduling": "/yr/api/scheduling?samples=60",
 }
 
 
@@ -48,7 +52,11 @@ class _YrHandler(RequestHandler):
 
 class IndexHandler(_YrHandler):
     def get(self) -> None:
-        self.reply({"endpoints": INDEX})
+        """Absolute links (with the dashboard's prefix): they resolve from ``/yr/api`` and
+        ``/yr/api/`` alike."""
+        dash = dashboard_of(self.server)
+        prefix = dash.prefix if dash is not None else ""
+        self.reply({"endpoints": {k: f"{prefix}{url}" for k, url in INDEX.items()}})
 
 
 class InstancesHandler(_YrHandler):
@@ -61,6 +69,18 @@ class InstancesHandler(_YrHandler):
         src = self.sources()
         if src is not None:
             self.reply(data.query_instances(src, q))
+
+
+class EndedHandler(_YrHandler):
+    def get(self) -> None:
+        raw = self.get_argument("limit", "100")
+        if not raw.isdigit() or int(raw) > data.MAX_LIMIT:
+            self.reply({"error": f"limit={raw!r} is not an integer in 0..{data.MAX_LIMIT}"},
+                       400)
+            return
+        src = self.sources()
+        if src is not None:
+            self.reply(data.ended_view(src, int(raw)))
 
 
 class ResourcesHandler(_YrHandler):
@@ -105,6 +125,7 @@ class IndividualPlotsWithYr(IndividualPlots):
 routes: list[tuple[str, type, dict]] = [
     (r"yr/api/?", IndexHandler, {}),
     (r"yr/api/instances", InstancesHandler, {}),
+    (r"yr/api/ended", EndedHandler, {}),
     (r"yr/api/resources", ResourcesHandler, {}),
     (r"yr/api/scheduling", SchedulingHandler, {}),
     (r"individual-plots.json", IndividualPlotsWithYr, {}),

@@ -341,6 +341,9 @@ def serve_workers() -> None:
     order = json.loads(line)
     os.environ.update(order["env"])
     dask.config.refresh()
+    from yrdask.deploy import nanny_log
+
+    nanny_log.install()  # one line naming the worker per worker death, on the driver's stderr
     dask_worker.main(order["argv"], prog_name="dask worker")
 
 

@@ -94,6 +94,7 @@ class CallSubmitted(Event):
     instance_id: str
     ready: bool = True
     error: Any = None
+    max_redeliveries: int | None = None  # its own bound (None: the machine's; -1: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,16 +221,18 @@ LOCATING = "locating"  # the LOCATE_INSTANCE answer
 
 
 class _Call:
-    __slots__ = ("call_id", "instance_id", "seq", "ready", "error", "crashes")
+    __slots__ = ("call_id", "instance_id", "seq", "ready", "error", "crashes",
+                 "max_redeliveries")
 
     def __init__(self, call_id: str, instance_id: str, seq: int, ready: bool,
-                 error: Any) -> None:
+                 error: Any, max_redeliveries: int | None = None) -> None:
         self.call_id = call_id
         self.instance_id = instance_id
         self.seq = seq  # submission order, for validate()
         self.ready = ready
         self.error = error  # a failed ref argument
         self.crashes = 0  # times it was the running call when its instance's process died
+        self.max_redeliveries = max_redeliveries
 
 
 class _Route:
@@ -305,7 +308,7 @@ class CallOrder:
         route = self.routes.get(iid)
         if route is None:
             route = self.routes[iid] = _Route(iid)
-        call = _Call(cid, iid, next(self._seq), ev.ready, ev.error)
+        call = _Call(cid, iid, next(self._seq), ev.ready, ev.error, ev.max_redeliveries)
         self.calls[cid] = call
         if (route.worker is None or route.queue or not ev.ready or ev.error is not None
                 or route.dead is not None):  # it waits (a call sent at once: "send" says it)
@@ -354,13 +357,16 @@ class CallOrder:
                 # ones behind it had not started.  Past the bound it fails instead.
                 head = resend[0]
                 head.crashes += 1
-                if head.crashes > self.max_redeliveries:
+                bound = (self.max_redeliveries if head.max_redeliveries is None
+                         else head.max_redeliveries)
+                if 0 <= bound < head.crashes:
                     resend.pop(0)
+                    why = (f"yrdask.scheduling.max-call-redeliveries={bound}"
+                           if head.max_redeliveries is None else f"its own bound: {bound}")
                     self._fail(head, CallCrashedError(
                         f"call {head.call_id} on instance {head.instance_id} was running when "
                         f"the instance's process died, {head.crashes} times (last on "
-                        f"{ev.worker}); it is not delivered again "
-                        f"(yrdask.scheduling.max-call-redeliveries={self.max_redeliveries}): "
+                        f"{ev.worker}); it is not delivered again ({why}): "
                         "it may be what kills the process"), ev.stimulus_id, out)
             route.queue.extendleft(reversed(resend))  # in the order they were sent
             route.worker, route.lost = None, ev.worker

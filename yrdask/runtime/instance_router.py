@@ -35,6 +35,7 @@ class Call:
     nret: int
     deps: list | None = None  # as first sent, kept for a redelivery
     results: list | None = None  # of its TASK_DONE, until CallSucceeded
+    max_redeliveries: int | None = None  # its own bound after crashes (None: the default)
 
 
 class InstanceRouter:
@@ -71,12 +72,14 @@ class InstanceRouter:
         self.calls[cid] = call
         refs = call.dep_refs
         if refs and pending_owned(refs):
-            self._do(self.order.handle(C.CallSubmitted(cid, cid, call.instance_id, False)))
+            self._do(self.order.handle(C.CallSubmitted(cid, cid, call.instance_id, False,
+                                                       None, call.max_redeliveries)))
             when_ready(refs, lambda: self._do(self.order.handle(
                 C.CallDepsReady(cid, cid, failed_dep(refs)))))
         else:
             error = failed_dep(refs) if refs else None
-            self._do(self.order.handle(C.CallSubmitted(cid, cid, call.instance_id, True, error)))
+            self._do(self.order.handle(C.CallSubmitted(cid, cid, call.instance_id, True, error,
+                                                       call.max_redeliveries)))
 
     def on_done(self, msg: P.TaskDone) -> bool:
         """Settle a method call's refs; False if ``msg`` is not for a method call."""

@@ -345,6 +345,14 @@ class ObjectRef:
         """An ``asyncio.Future`` on the running event loop."""
         return asyncio.wrap_future(self.get_future())
 
+    def future(self) -> concurrent.futures.Future:
+        """Ray's name for :meth:`get_future` (``yrdask.ray`` code calls ``ref.future()``)."""
+        return self.get_future()
+
+    def hex(self) -> str:  # noqa: A003 - Ray's name
+        """The object id as a string (Ray's ``ObjectRef.hex()``)."""
+        return self._id
+
     def __await__(self):
         return self.as_future().__await__()
 

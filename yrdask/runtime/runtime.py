@@ -24,7 +24,8 @@ from yrdask.runtime import context
 from yrdask.runtime.context import current_lease, current_owner
 from yrdask.runtime.objects import REFS_LOCK, Entry, ObjectRef, ObjectTable
 from yrdask.runtime.instance_router import Call, InstanceRouter
-from yrdask.runtime.submitter import Submitter, Task
+from yrdask.runtime.submitter import Submitter, Task, nested_refs
+from yrdask.runtime.generators import Stream, on_generator_item
 from yrdask.errors import (RemoteError, YRRuntimeError, YRTimeoutError, YRTypeError,
                            YRValueError)
 from yrdask.options import Config, resolve_security
@@ -72,11 +73,15 @@ class Runtime:
         self.submitter = Submitter(self)
         self.router = InstanceRouter(self)
         self.channels: dict[str, Any] = {}
+        self.streams: dict[str, Stream] = {}  # generator calls whose end has not come
         self._prefix = uuid.uuid4().hex[:10]
         self._counter = itertools.count()
         self._inbox: collections.deque = collections.deque()  # (fn, args) from user threads
         self._inbox_armed = False
         self.closed = False
+        # Where prints of work submitted by the calling thread go: a driver's owner address
+        # (Config.log_to_driver), or None.  The worker's output module replaces it.
+        self.output_target: Callable[[], str | None] = _no_target
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -149,6 +154,8 @@ class Runtime:
             done = P.TaskDone.from_msg(msg)
             if not self.router.on_done(done):
                 self.submitter.on_task_done(done)
+        elif msg["op"] == P.GENERATOR_ITEM:
+            on_generator_item(self, msg)
 
     def worker_lost(self, address: str) -> None:
         """The scheduler removed a worker: treat a channel to it as lost, socket or not."""
@@ -179,37 +186,66 @@ class Runtime:
 
     def submit_task(self, fn_id: str, fn_payload: bytes, name: str, args: tuple, kwargs: dict,
                     nret: int, shape: dict, shape_key: tuple, timeout_ms: int,
-                    retries: int) -> list[ObjectRef]:
+                    retries: int, wait_nested: bool = True,
+                    max_crashes: int | None = None) -> list[ObjectRef]:
+        """Submit a stateless call.  ``wait_nested``: refs nested in the arguments gate its
+        start (yr's dependency resolver); the Ray surface turns it off (Ray's rule).
+        ``max_crashes``: reruns after its worker is lost (None: ``max-task-crashes``; -1: no
+        bound), which the Ray surface sets from ``max_retries``."""
         blob, dep_refs = pack_args(args, kwargs, _is_ref)
+        nested = nested_refs(blob, args, kwargs, _is_ref) if wait_nested else None
         task_id = self.new_id()
         if nret <= 1:
             ids = [task_id]
         else:
             ids = [f"{task_id}.{i}" for i in range(nret)]
         refs = [self.objects.new_ref(i) for i in ids]
+        stream = None if nret >= 0 else Stream(self, task_id, refs[0], f"function {name}")
         task = Task(task_id, fn_id, fn_payload, name, blob, dep_refs, [r._entry for r in refs],
                     ids, nret, shape, shape_key, timeout_ms, retries,
-                    current_owner() or self.job_id)
+                    current_owner() or self.job_id, log_to=self.output_target())
+        task.nested = nested
+        task.max_crashes = max_crashes
         self.on_loop(self.submitter.submit, task)
-        return refs
+        return refs if stream is None else [stream]  # nret P.STREAMING: the item stream
 
     # -- instances -------------------------------------------------------------------------
+
+    def with_working_dir(self, isolation: dict) -> dict:
+        """``isolation`` (see ``options.isolation_spec``) with the job's ``Config.working_dir``
+        as its directory when it names none (docs/isolation.md)."""
+        if isolation.get("cwd"):
+            return isolation
+        conf = getattr(self, "conf", None)
+        return {**isolation, "cwd": getattr(conf, "working_dir", "") or ""}
 
     def create_instance(self, spec: dict, args: tuple, kwargs: dict) -> str:
         """Send an instance creation (asynchronous); returns the new instance id."""
         blob, dep_refs = pack_args(args, kwargs, _is_ref)
+        if spec.get("isolation") is not None:
+            spec["isolation"] = self.with_working_dir(spec["isolation"])
         spec.update(instance_id=spec.get("instance_id") or f"i-{self.new_id()}", args=blob,
-                    owner=current_owner() or self.job_id, holder=self.address)
+                    owner=current_owner() or self.job_id, holder=self.address,
+                    log_to=self.output_target())
         self.on_loop(self.router.create, spec, dep_refs)
         return spec["instance_id"]
 
     def call_method(self, instance_id: str, method: str, args: tuple, kwargs: dict,
-                    nret: int) -> list[ObjectRef]:
+                    nret: int, max_redeliveries: int | None = None) -> list[ObjectRef]:
+        """Send a method call.  ``max_redeliveries``: how often it is delivered again after
+        its instance's process died while it ran (None: ``max-call-redeliveries``; -1: no
+        bound), which the Ray surface sets from ``max_task_retries``."""
         blob, dep_refs = pack_args(args, kwargs, _is_ref)
         call_id = self.new_id()
         ids = [call_id] if nret <= 1 else [f"{call_id}.{i}" for i in range(nret)]
         refs = [self.objects.new_ref(i) for i in ids]
-        call = Call(call_id, instance_id, method, blob, dep_refs, [r._entry for r in refs], nret)
+        if nret < 0:  # P.STREAMING: a generator method, whose items stream back
+            refs = [Stream(self, call_id, refs[0], f"method {method}")]
+            entries = [refs[0].end_ref._entry]
+        else:
+            entries = [r._entry for r in refs]
+        call = Call(call_id, instance_id, method, blob, dep_refs, entries, nret,
+                    max_redeliveries=max_redeliveries)
         self.on_loop(self.router.call, call)
         return refs
 
@@ -384,6 +420,10 @@ class Runtime:
         await self.connector.close()
 
 
+def _no_target() -> None:
+    return None
+
+
 def _safe_call(callback: Callable, ref: ObjectRef) -> None:
     try:
         callback(ref)
@@ -436,6 +476,10 @@ class DriverRuntime(Runtime):
         self.conf = conf
         self.cluster = cluster  # the embedded cluster to start (no server_address), if any
         self.info: ClientInfo | None = None
+        # Config.log_to_driver: TaskOutput from workers goes to output_sink(records).
+        self.output_sink: Callable[[list], None] | None = None
+        if conf.log_to_driver:
+            self.output_target = lambda: self.address
 
     async def start(self) -> ClientInfo:
         conf = self.conf

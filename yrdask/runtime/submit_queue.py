@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from yrdask.errors import CancelledError, ScheduleError, YRRuntimeError
+from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError
 from yrdask.statemachine import Event, Instruction, Story
 
 # -- events ----------------------------------------------------------------------------------
@@ -52,6 +52,7 @@ class TaskQueued(Event):
     retries: int
     data_home: str | None
     name: str
+    max_crashes: int | None = None  # reruns after a lost worker; None: the queue's bound, -1: no bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +194,7 @@ class _Task:
     """What the machine knows of one task: ids, counters and where it is."""
 
     __slots__ = ("task_id", "key", "name", "data_home", "retries_left", "crashes", "state",
-                 "lease", "settled", "runs")
+                 "lease", "settled", "runs", "max_crashes")
 
     def __init__(self, ev: TaskQueued) -> None:
         self.task_id = ev.task_id
@@ -202,6 +203,7 @@ class _Task:
         self.data_home = ev.data_home
         self.retries_left = ev.retries
         self.crashes = 0
+        self.max_crashes = ev.max_crashes
         self.state = QUEUED
         self.lease: _Lease | None = None
         self.settled = False  # settled while pushed (cancelled): waits for its TASK_DONE
@@ -464,13 +466,16 @@ class SubmitQueue:
                     del self.tasks[task.task_id]
                     continue
                 task.crashes += 1
-                if task.crashes > self.max_crash_retries:
+                bound = self.max_crash_retries if task.max_crashes is None else task.max_crashes
+                if 0 <= bound < task.crashes:
                     del self.tasks[task.task_id]
-                    self._emit(TaskFailed(self._sid, task.task_id, YRRuntimeError(
+                    why = (f"yrdask.scheduling.max-task-crashes={bound}" if task.max_crashes is None
+                           else f"its own bound of {bound} reruns")
+                    self._emit(TaskFailed(self._sid, task.task_id, TaskCrashedError(
                         f"task {task.task_id} ({task.name}) was lost with its worker "
                         f"{task.crashes} times (last on {ev.worker}); it ran {task.runs} "
-                        f"times, more than yrdask.scheduling.max-task-crashes="
-                        f"{self.max_crash_retries} allows")), task.task_id, ev.worker)
+                        f"times, more than {why} allows", crashes=task.crashes,
+                        worker=ev.worker)), task.task_id, ev.worker)
                 else:
                     back.append(task)
             if back:

@@ -31,9 +31,9 @@ import dask
 
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
-from yrdask.errors import CancelledError
+from yrdask.errors import CancelledError, DependencyError, dependency_error
 from yrdask.runtime import submit_queue as M
-from yrdask.runtime.objects import Entry, dep_of, failed_dep, when_ready
+from yrdask.runtime.objects import Entry, dep_of, failed_dep, pending_owned, when_ready
 from yrdask.serialization import loads
 
 logger = logging.getLogger("yrdask.submitter")
@@ -57,7 +57,10 @@ class Task:
     timeout_ms: int
     retries: int
     owner: str  # lifetime owner (job or instance id) for work created by the task
+    log_to: str | None = None  # the driver that gets the task's prints (log_to_driver)
     deps: list | None = None
+    nested: list | None = None  # refs nested in the arguments that gate the start (yr's rule)
+    max_crashes: int | None = None  # reruns after a lost worker (None: the queue's bound)
     queued: bool = False  # handed to the machine (its ref arguments were ready)
     cancelled: bool = False
 
@@ -90,13 +93,24 @@ class Submitter:
             self.machine.local_worker = self.rt.local_worker
         self.tasks[task.task_id] = task
         self.waiting += 1
-        when_ready(task.dep_refs, lambda: self._deps_ready(task))
+        if not task.nested:
+            when_ready(task.dep_refs, lambda: self._deps_ready(task))
+            return
+        for ref in task.nested:  # a borrowed one: ask its owner, who answers once it is ready
+            if ref._entry.owner is not None:
+                self.rt._ensure_fetch(ref)
+        pending = pending_owned(task.dep_refs) + [r._entry for r in task.nested
+                                                   if not r._entry.ready]
+        when_entries_ready(pending, lambda: self._deps_ready(task))
 
     def _deps_ready(self, task: Task) -> None:
         if task.cancelled or self.closed:
             return
         self.waiting -= 1
         error = failed_dep(task.dep_refs)
+        if error is None and task.nested:
+            error = _nested_failure(task)
+        task.nested = None  # their values exist now; the task reads them through its refs
         if error is not None:
             self.tasks.pop(task.task_id, None)
             for entry in task.entries:
@@ -113,7 +127,7 @@ class Submitter:
         _resources, _timeout, slots, affinity = task.shape_key
         self._handle(M.TaskQueued("submit", task.task_id, task.shape_key, task.shape,
                                   task.timeout_ms, slots, affinity, task.retries, data_home,
-                                  task.name))
+                                  task.name, task.max_crashes))
 
     def on_task_done(self, msg: P.TaskDone) -> None:
         """``TASK_DONE`` of a pushed task (instance calls were routed elsewhere first)."""
@@ -233,7 +247,7 @@ class Submitter:
         fn = None if task.fn_id in chan.sent_functions else task.fn_payload
         chan.sent_functions.add(task.fn_id)
         chan.send(P.RunTask(task.task_id, ins.lease_id, task.fn_id, fn, task.args, task.deps,
-                            task.nret, task.owner, task.name, ins.slots))
+                            task.nret, task.owner, task.name, ins.slots, task.log_to))
 
     async def _request_lease(self, ins: M.RequestLease) -> None:
         try:
@@ -261,3 +275,78 @@ class Submitter:
     def _tick(self) -> None:
         self._timer = None
         self._handle(M.Tick("tick", time.monotonic()))
+
+
+# --- refs nested in arguments (yr's dependency resolver) ---------------------------------------
+
+_REF_MARK = b"_rebuild_ref"  # in a pickle that holds an ObjectRef (its reduce function's name)
+_WALK_LIMIT = 100_000  # containers and objects looked into, at most, per call
+
+
+def nested_refs(blob: bytes, args: tuple, kwargs: dict, is_ref: Any) -> list:
+    """The refs nested inside the arguments (in lists, tuples, dicts, sets and objects'
+    attributes), not the top-level ones; each once, in the order found.
+
+    ``blob`` is the arguments' pickle: without a pickled ref in it there is nothing to look
+    for, so calls without nested refs pay one substring search.
+    """
+    if not blob or _REF_MARK not in blob:
+        return []
+    found: dict[int, Any] = {}
+    seen: set[int] = set()
+    stack = [v for v in (*args, *kwargs.values()) if not is_ref(v)]
+    budget = _WALK_LIMIT
+    while stack and budget > 0:
+        value = stack.pop()
+        if is_ref(value):
+            found.setdefault(id(value), value)
+            continue
+        if id(value) in seen or isinstance(value, (str, bytes, bytearray, int, float, bool,
+                                                   type(None))):
+            continue
+        seen.add(id(value))
+        budget -= 1
+        if isinstance(value, dict):
+            stack.extend(value.values())
+            stack.extend(value.keys())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack.extend(value)
+        else:
+            attrs = getattr(value, "__dict__", None)
+            if isinstance(attrs, dict):
+                stack.extend(attrs.values())
+            for slot in getattr(type(value), "__slots__", ()):
+                if isinstance(slot, str) and hasattr(value, slot):
+                    stack.append(getattr(value, slot))
+    unique: dict[str, Any] = {}
+    for ref in found.values():
+        unique.setdefault(ref._id, ref)
+    return list(unique.values())
+
+
+def when_entries_ready(entries: list[Entry], then: Any) -> None:
+    """Call ``then`` (on the loop) once every entry in ``entries`` is ready."""
+    if not entries:
+        then()
+        return
+    left = [len(entries)]
+
+    def one() -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            then()
+
+    for entry in entries:
+        entry.add_callback(one)
+
+
+def _nested_failure(task: Task) -> DependencyError | None:
+    """A :class:`DependencyError` naming the first failed nested ref, if one failed."""
+    for ref in task.nested or ():
+        if ref._entry.state == P.ERROR:
+            cause = ref._entry.exception()
+            return dependency_error(
+                f"{task.name} (task {task.task_id}) did not run: the ref {ref._id} nested in "
+                f"its arguments failed (code {DependencyError.code}, DEPENDENCY_FAILED): "
+                f"{type(cause).__name__}: {cause}", ref._id, cause)
+    return None

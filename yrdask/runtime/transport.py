@@ -200,6 +200,12 @@ class DriverConnector:
         except (CommClosedError, OSError, asyncio.CancelledError):
             pass
 
+    def task_output(self, records: Any) -> None:
+        """:class:`yrdask.protocol.TaskOutput`: prints of this job's work, to this driver."""
+        sink = self.rt.output_sink
+        if sink is not None:
+            sink(records)
+
     def revoke_leases(self, lease_ids: list[str]) -> None:
         """:class:`yrdask.protocol.RevokeLeases` from the job stream."""
         self.rt.submitter.revoke(lease_ids)
@@ -207,6 +213,13 @@ class DriverConnector:
     def worker_lost(self, worker: str) -> None:
         """:class:`yrdask.protocol.WorkerLost` from the job stream."""
         self.rt.worker_lost(worker)
+
+    def wait_warning(self, text: str) -> None:
+        """:class:`yrdask.protocol.WaitWarning`: a request of this job waits long.  Logged
+        here unless the scheduler runs in this process (the embedded cluster), where its
+        own log line already reached this process's stderr."""
+        if getattr(self.rt, "cluster", None) is None:
+            logger.warning("yrdask: %s", text)
 
     async def request_lease(self, shape: dict, timeout_ms: int, queue: str,
                             avoid: list[str], affinity: tuple, near: str | None) -> list:

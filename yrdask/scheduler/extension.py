@@ -26,10 +26,13 @@ from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defa
 from yrdask import protocol as P
 from yrdask.stream import StreamSender
 from yrdask.scheduler.instance_manager import InstanceManager
+from yrdask.scheduler.group_adapter import ResourceGroupService
+from yrdask.scheduler.kv import KVServer
 from yrdask.scheduler.figures import SchedulingFigures
 from yrdask.scheduler import leases as LQ
 from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
 from yrdask.scheduler.resources import Ledger, Shape, format_shape
+from yrdask.scheduler.waits import WaitWatch
 
 logger = logging.getLogger("yrdask.scheduler")
 
@@ -67,10 +70,14 @@ class YrSchedulerExtension:
         self.worker_added = asyncio.Event()  # set on each yr worker registration
         self._gone: dict[str, asyncio.Event] = {}  # worker address -> set once removed
         self.figures = SchedulingFigures()
+        self.waits = WaitWatch(self)  # explains waiting requests, warns about long waits
         scheduler.extensions[EXTENSION_NAME] = self
         self.instances = InstanceManager(self)
+        self.kv = KVServer()  # the cluster's KV store (P.KV_RPC)
+        self.rgroups = ResourceGroupService(self)  # resource groups (scheduler/groups.py)
         # One table each, from the protocol: the extension's ops, then the instance manager's.
-        scheduler.handlers.update(P.handlers(P.SCHEDULER_RPC, self, self.instances))
+        scheduler.handlers.update(P.handlers(P.SCHEDULER_RPC, self, self.instances, self.kv,
+                                             self.rgroups))
         scheduler.stream_handlers.update(P.handlers(P.SCHEDULER_STREAM, self, self.instances))
         scheduler.add_plugin(_Hooks(self), name="yrdask-hooks")
 
@@ -85,6 +92,10 @@ class YrSchedulerExtension:
         pc = PeriodicCallback(self.refresh_loads, LOAD_REFRESH_MS)
         self.scheduler.periodic_callbacks["yr-loads"] = pc
         pc.start()
+        waits = PeriodicCallback(self.waits.check, LOAD_REFRESH_MS)
+        self.scheduler.periodic_callbacks["yr-waits"] = waits
+        waits.start()
+        self.kv.start(self.scheduler)
         try:  # monitoring (docs/monitoring.md) must never keep the scheduler from serving yr
             if self.monitoring is not None:
                 self.monitoring(self.scheduler)
@@ -122,6 +133,7 @@ class YrSchedulerExtension:
         # and its waiting requests are refused (the lease queue's WorkerLeft does both).
         self._feed(LQ.WorkerLeft(f"worker-left-{next(self._stimuli)}", address))
         self.instances.on_worker_lost(address)
+        self.rgroups.on_owner_gone(address)  # groups code on that worker created
         gone = self._gone.pop(address, None)
         if gone is not None:
             gone.set()
@@ -179,6 +191,7 @@ class YrSchedulerExtension:
             self.jobs.pop(owner_address, None)
             self._release_owned_by(owner_address)
             self.instances.on_owner_gone(job_id, owner_address)
+            self.rgroups.on_owner_gone(owner_address)
             if not comm.closed():
                 await comm.close()
 
@@ -197,7 +210,10 @@ class YrSchedulerExtension:
         return {"workers": self.ledger.snapshot(), "dashboard": self.dashboard_link(),
                 "counters": dict(self.counters),
                 "instances": self.instances.lifecycle.snapshot() if instances else [],
-                "placement": self.figures.snapshot(), "scheduling": self.worker_scheduling()}
+                "placement": self.figures.snapshot(), "scheduling": self.worker_scheduling(),
+                "waiting": self.waits.rows() if instances else [],
+                "ended": self.instances.lifecycle.ended_rows() if instances else [],
+                "resource_groups": self.rgroups.machine.snapshot()}
 
     def worker_scheduling(self) -> dict[str, dict]:
         """Each worker's last heartbeat report of its yr load and local/forwarded counts."""
@@ -265,7 +281,8 @@ class YrSchedulerExtension:
         try:
             self._feed(LQ.HoldRequested(
                 f"request-{rid}", rid, req.owner, req.kind, req.shape, timeout_ms, req.local,
-                req.queue, req.avoid, req.affinity, req.labels, req.holding_id, loop.time()))
+                req.queue, req.avoid, req.affinity, req.labels, req.holding_id, loop.time(),
+                req.label))
             return await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled() and future.result()[0] is not None:
@@ -328,6 +345,7 @@ class YrSchedulerExtension:
         if gone:
             logger.debug("releasing holdings granted to requesters that went away: %s", gone)
             self.release(gone)
+        self.rgroups.after_feed()  # capacity may have changed: lost bundles, pending groups
 
     def _send_to_owner(self, owner: str, msg: dict) -> None:
         job = self.jobs.get(owner)

@@ -19,6 +19,8 @@ import logging
 import time
 from typing import Any
 
+import dask
+
 from yrdask import protocol as P
 from yrdask.scheduler import lifecycle as L
 from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
@@ -37,7 +39,8 @@ class InstanceManager:
     def __init__(self, ext: Any) -> None:
         self.ext = ext
         self.scheduler = ext.scheduler
-        self.lifecycle = L.Lifecycle()
+        self.lifecycle = L.Lifecycle(ended_kept=int(
+            dask.config.get("yrdask.scheduling.ended-instances-kept", L.ENDED_KEPT)))
         self.waiters: dict[tuple[str, str], list[asyncio.Future]] = {}
         self.requests: dict[str, LeaseRequest] = {}  # instance id -> its waiting acquire
         # Instances whose CancelAcquire came before their acquire task ran (sim finding D).
@@ -48,6 +51,11 @@ class InstanceManager:
         self._ids = 0
         # Its handlers are registered by the extension, in the tables built from the protocol
         # (P.handlers(P.SCHEDULER_RPC, ext, ext.instances), ...).
+
+    def _handle(self, event: Any) -> list:
+        """Feed ``event`` to the lifecycle, stamped with the wall clock (tombstone times)."""
+        self.lifecycle.now = time.time()
+        return self.lifecycle.handle(event)
 
     def _sid(self, what: str) -> str:
         self._ids += 1
@@ -61,7 +69,7 @@ class InstanceManager:
         if owner in self.ended_jobs:  # the rpc came after its job's stream closed
             return [None, f"instance {spec['instance_id']} was not created: its job {owner} "
                           "has ended", None]
-        self._do(self.lifecycle.handle(L.Create(self._sid("create"), spec, time.time())))
+        self._do(self._handle(L.Create(self._sid("create"), spec, time.time())))
         real_id = self.lifecycle.resolve(spec["instance_id"])
         rec = self.lifecycle.instances.get(real_id)
         meta = rec.spec.get("meta") if rec is not None else spec.get("meta")
@@ -88,14 +96,28 @@ class InstanceManager:
         return [status["state"], worker, status["reason"], real_id]
 
     def instance_status(self, instance_id: str) -> dict:
-        """``{state, worker, restarts, reason}`` of an instance, without waiting."""
-        return self.lifecycle.status(instance_id)
+        """``{state, worker, restarts, reason, waiting}`` of an instance, without waiting.
+
+        ``waiting`` is why it is not placed yet (see :meth:`LeaseQueue.explain_wait`: what it
+        needs, what each worker that could run it lacks, which instances hold it), or "".
+        """
+        status = dict(self.lifecycle.status(instance_id))
+        status["waiting"] = self.waiting_reason(self.lifecycle.resolve(instance_id))
+        return status
+
+    def waiting_reason(self, instance_id: str) -> str:
+        """Why the instance waits for a worker (one line), or "" if it does not wait."""
+        req = self.requests.get(instance_id)
+        if req is None or not req.request_id:
+            return ""
+        why = self.ext.leases.explain_wait(req.request_id, asyncio.get_running_loop().time())
+        return why["text"] if why is not None else ""
 
     def save_state(self, instance_id: str, state: bytes) -> None:
         """Keep an instance's checkpoint; a restart resumes from it instead of ``__init__``."""
         if not self.lifecycle.is_live(instance_id):
             raise RuntimeError(f"instance {instance_id} has ended; its state was not saved")
-        self._do(self.lifecycle.handle(L.SaveState(self._sid("save"), instance_id, state)))
+        self._do(self._handle(L.SaveState(self._sid("save"), instance_id, state)))
 
     def load_state(self, instance_id: str) -> bytes | None:
         return self.lifecycle.checkpoint_of(instance_id)
@@ -122,7 +144,7 @@ class InstanceManager:
 
     async def kill_instance(self, instance_id: str, reason: str = "terminated") -> None:
         """End the instance and its non-detached descendants; reply once they are stopped."""
-        stops = self._do(self.lifecycle.handle(L.Kill(self._sid("kill"), instance_id, reason)))
+        stops = self._do(self._handle(L.Kill(self._sid("kill"), instance_id, reason)))
         if stops:
             await asyncio.gather(*stops)
 
@@ -130,7 +152,7 @@ class InstanceManager:
 
     def handle_refs(self, deltas: dict, transit: list = (), arrived: list = (),
                     worker: str | None = None, holder: str | None = None) -> None:
-        self._do(self.lifecycle.handle(L.HandleRefs(
+        self._do(self._handle(L.HandleRefs(
             self._sid("refs"), worker or holder, deltas, transit, arrived, time.time())))
 
     def instance_state(self, instance_id: str, state: str, error: Any = None,
@@ -140,24 +162,24 @@ class InstanceManager:
             event: Any = L.InstanceExited(sid, instance_id, worker)
         else:
             event = L.InstanceStarted(sid, instance_id, worker, error is not None)
-        self._do(self.lifecycle.handle(event))
+        self._do(self._handle(event))
 
     def on_owner_gone(self, owner: str, holder: str | None) -> None:
         self.ended_jobs[owner] = None
         while len(self.ended_jobs) > ENDED_JOBS_KEPT:
             self.ended_jobs.popitem(last=False)
-        self._do(self.lifecycle.handle(L.OwnerGone(self._sid("owner-gone"), owner,
+        self._do(self._handle(L.OwnerGone(self._sid("owner-gone"), owner,
                                                    f"its job {owner} ended")))
         if holder is not None:
-            self._do(self.lifecycle.handle(L.HolderLost(self._sid("holder-lost"), holder,
+            self._do(self._handle(L.HolderLost(self._sid("holder-lost"), holder,
                                                         time.time())))
 
     def on_worker_lost(self, worker: str) -> None:
-        self._do(self.lifecycle.handle(L.WorkerLost(self._sid("worker-lost"), worker,
+        self._do(self._handle(L.WorkerLost(self._sid("worker-lost"), worker,
                                                     time.time())))
 
     def _release_check(self) -> None:
-        self._do(self.lifecycle.handle(L.ReleaseCheck(self._sid("release-check"),
+        self._do(self._handle(L.ReleaseCheck(self._sid("release-check"),
                                                       time.time())))
 
     # -- instructions ----------------------------------------------------------------------
@@ -205,7 +227,7 @@ class InstanceManager:
         if released:
             self.ext.release(released)
         for iid in stopped:
-            self._do(self.lifecycle.handle(L.Stopped(self._sid("stopped"), iid)))
+            self._do(self._handle(L.Stopped(self._sid("stopped"), iid)))
         return stops
 
     async def _acquire(self, ins: L.AcquireResources) -> None:
@@ -213,8 +235,11 @@ class InstanceManager:
         if iid in self.cancelled_early:
             self.cancelled_early.discard(iid)
             return
+        rec = self.lifecycle.instances.get(iid)
+        label = (rec.spec.get("cls_name") or "") if rec is not None else ""
         req = LeaseRequest(iid, shape_of(ins.shape), kind="instance", holding_id=iid,
-                           affinity=freeze(ins.affinity or ()), labels=tuple(ins.labels))
+                           affinity=freeze(ins.affinity or ()), labels=tuple(ins.labels),
+                           label=label)
         self.requests[iid] = req
         try:
             got, where = await self.ext.acquire(req, ins.timeout_ms)
@@ -229,11 +254,11 @@ class InstanceManager:
             event: Any = L.PlacementFailed(sid, iid, where)
         else:
             event = L.Placed(sid, iid, where)
-        self._do(self.lifecycle.handle(event))
+        self._do(self._handle(event))
         if got is not None and where not in self.scheduler.workers:
             # Granted just before Dask removed that worker, whose loss the lifecycle has
             # already handled: the instance is lost with it (restart or end by its budget).
-            self._do(self.lifecycle.handle(L.WorkerLost(self._sid("placed-on-lost"), where,
+            self._do(self._handle(L.WorkerLost(self._sid("placed-on-lost"), where,
                                                         time.time())))
 
     async def _stop(self, ins: L.StopInstance) -> None:
@@ -242,7 +267,7 @@ class InstanceManager:
                             P.StopInstance(ins.instance_id, ins.reason))
         except Exception as e:  # the worker died meanwhile
             logger.debug("stopping %s on %s: %r", ins.instance_id, ins.worker, e)
-        self._do(self.lifecycle.handle(L.Stopped(self._sid("stopped"), ins.instance_id)))
+        self._do(self._handle(L.Stopped(self._sid("stopped"), ins.instance_id)))
 
     async def _wait(self, iid: str, stage: str, timeout: float | None = None) -> tuple:
         """``(worker, "")`` once ``iid`` reached ``stage``, or ``(None, reason)`` if it ended."""

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from yrdask.affinity import Wire
 from yrdask.scheduler.requests import freeze, shape_of
-from yrdask.scheduler.resources import Holding, Ledger, Shape, format_shape
+from yrdask.scheduler.resources import FIX_HINT, Holding, Ledger, Shape, format_shape
 from yrdask.statemachine import Event, Instruction, Story
 
 EXTEND_MIN_MS = 1000  # a request that could be freed waits at least this long more
@@ -67,7 +67,8 @@ class HoldRequested(Event):
     makes a lease id).  ``timeout_ms < 0`` waits forever.  ``local`` is the worker to prefer,
     ``queue`` the owner's task queue a lease serves (never revoked for that same queue),
     ``avoid`` workers never to grant on, ``affinity`` the wire form of
-    :mod:`yrdask.affinity`, ``labels`` an instance's labels.
+    :mod:`yrdask.affinity`, ``labels`` an instance's labels, ``label`` what it is for people
+    (an instance's class name; named in wait explanations and refusals).
     """
 
     request_id: str
@@ -82,6 +83,7 @@ class HoldRequested(Event):
     labels: tuple
     holding_id: str | None
     now: float
+    label: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +171,8 @@ class _Waiter:
     """A request waiting for room."""
 
     __slots__ = ("request_id", "owner", "kind", "shape", "timeout_ms", "local", "queue",
-                 "avoid", "affinity", "labels", "holding_id", "deadline", "revoked")
+                 "avoid", "affinity", "labels", "holding_id", "deadline", "revoked", "label",
+                 "since")
 
     def __init__(self, ev: HoldRequested) -> None:
         self.request_id = ev.request_id
@@ -185,6 +188,15 @@ class _Waiter:
         self.holding_id = ev.holding_id
         self.deadline: float | None = None if ev.timeout_ms < 0 else ev.now + ev.timeout_ms / 1000
         self.revoked: set[str] = set()  # leases already revoked for it
+        self.label = ev.label
+        self.since = ev.now  # when it arrived (the adapter's clock)
+
+    def describe(self) -> str:
+        """``"Counter instance I5"`` / ``"task lease request R3 of tcp://..."``."""
+        if self.kind == "lease":
+            return f"task lease request {self.request_id} of {self.owner}"
+        what = f"{self.label} {self.kind}" if self.label else self.kind
+        return f"{what} {self.holding_id or self.request_id}"
 
     def fit_key(self) -> tuple:
         """Requests with equal keys fit exactly the same workers."""
@@ -210,6 +222,9 @@ class LeaseQueue:
         self.next_wake: float | None = None  # earliest WakeAt not yet answered by a Tick
         self._ids = 0
         self._story = Story(story_len)
+        # Resource groups (scheduler/groups.py GroupMachine, set by the adapter): a request
+        # whose affinity names a bundle is fitted into that bundle's reservation by it.
+        self.bundles: Any = None
         self._handlers: dict[type, Callable[[Any], list[Instruction]]] = {
             HoldRequested: self._requested, HoldingsReleased: self._released,
             LeaseBlocked: self._blocked, LeaseUnblocked: self._unblocked,
@@ -227,6 +242,35 @@ class LeaseQueue:
     def story_text(self, *keys: str) -> str:
         """:meth:`story` (or everything) as text, one entry a line."""
         return self._story.dump(*keys)
+
+    def waiting_longer_than(self, seconds: float, now: float) -> list[str]:
+        """Ids of the requests that have waited at least ``seconds`` at ``now``, oldest
+        first."""
+        return [rid for rid, w in self.pending.items() if now - w.since >= seconds]
+
+    def explain_wait(self, request_id: str, now: float | None = None) -> dict[str, Any] | None:
+        """Why a waiting request waits, or None if it does not wait.
+
+        ``{"request_id", "kind", "label", "what", "owner", "holding_id", "needs", "since",
+        "waited_s", "reasons": [one line per worker], "fix", "text"}``: ``what`` names it for people
+        (``"Counter instance I5"``), ``reasons`` come from :meth:`Ledger.explain_wait`
+        (what each worker that could run it lacks, and which holdings hold it), ``text`` is
+        all of it in one line.
+        """
+        w = self.pending.get(request_id)
+        if w is None:
+            return None
+        reasons = ([self.bundles.explain(w.affinity, w.shape)] if self._in_bundle(w)
+                   else self.ledger.explain_wait(w.shape, w.affinity, w.avoid))
+        waited = None if now is None else max(0.0, now - w.since)
+        head = f"{w.describe()} waits for {format_shape(w.shape)}"
+        if waited is not None:
+            head += f" ({waited:.0f} s so far)"
+        return {"request_id": w.request_id, "kind": w.kind, "label": w.label,
+                "what": w.describe(), "owner": w.owner, "holding_id": w.holding_id,
+                "needs": dict(w.shape), "since": w.since, "waited_s": waited,
+                "reasons": reasons, "fix": FIX_HINT,
+                "text": f"{head}: {'; '.join(reasons)}. {FIX_HINT}"}
 
     def holdings_on(self, worker: str) -> list[Holding]:
         """What ``worker`` holds now (lost with it if it leaves)."""
@@ -321,7 +365,10 @@ class LeaseQueue:
                 continue
             del self.pending[rid]
             self.counters["lease_timeouts"] += 1
-            reason = self.ledger.explain_unfit(w.shape, w.affinity)
+            reason = (self.bundles.explain(w.affinity, w.shape) if self._in_bundle(w)
+                      else self.ledger.explain_unfit(w.shape, w.affinity))
+            if w.kind != "lease":
+                reason = f"{w.describe()}: {reason}"
             if w.avoid:
                 reason += f" (it avoids {', '.join(w.avoid)}, unreachable to its requester)"
             self._story.log(sid, ("refused", rid, reason), (rid, w.owner))
@@ -369,10 +416,23 @@ class LeaseQueue:
             if hid not in self.ledger.holdings:
                 return hid
 
+    def _in_bundle(self, w: _Waiter) -> bool:
+        """True if ``w`` asks for a resource-group bundle (fitted by ``self.bundles``)."""
+        return self.bundles is not None and self.bundles.targets(w.affinity)
+
     def _try_grant(self, w: _Waiter, sid: str, out: list[Instruction]) -> bool:
         """Grant ``w`` if a worker fits it now; True if ``w`` was answered."""
         ledger = self.ledger
-        worker = ledger.choose(w.shape, prefer=w.local, avoid=w.avoid, affinity=w.affinity)
+        bundle = ""
+        if self._in_bundle(w):
+            found = self.bundles.fit(w.affinity, w.shape, w.avoid)
+            if isinstance(found, str):  # it never can: no such group, bundle too small
+                self._story.log(sid, ("refused", w.request_id, found), (w.request_id,))
+                out.append(Refused(sid, w.request_id, found))
+                return True
+            worker, bundle = found if found is not None else (None, "")
+        else:
+            worker = ledger.choose(w.shape, prefer=w.local, avoid=w.avoid, affinity=w.affinity)
         if worker is None:
             return False
         hid = w.holding_id or self._new_id()
@@ -382,7 +442,7 @@ class LeaseQueue:
             out.append(Refused(sid, w.request_id, reason))
             return True
         ledger.hold(Holding(hid, w.kind, worker, w.shape, w.owner, queue=w.queue,
-                            labels=w.labels))
+                            labels=w.labels, label=w.label, bundle=bundle))
         if w.kind == "lease":
             counters = self.counters
             counters["leases_granted"] += 1
@@ -416,6 +476,8 @@ class LeaseQueue:
                 return
 
     def _holders_for(self, w: _Waiter) -> list[Holding]:
+        if self._in_bundle(w):  # only leases inside its bundle(s) can make room for it
+            return self.bundles.lease_holders(w.affinity)
         return self.ledger.lease_holders_on_fitting_workers(w.shape, w.affinity, w.avoid)
 
     def _could_free(self, w: _Waiter) -> bool:
@@ -465,7 +527,7 @@ class LeaseQueue:
             assert h.holding_id == hid, f"holding {hid} filed as {h.holding_id}"
             assert h.worker in ledger.workers, f"holding {hid} on unknown worker {h.worker}"
             assert hid in ledger.workers[h.worker].holdings, f"{h.worker} does not list {hid}"
-            s = sums[h.worker]
+            s = sums[h.worker] if not h.bundle else {}  # bundled: counted in its bundle
             for r, a in h.shape.items():
                 if not (r == "CPU" and h.lent_cpu):
                     s[r] = s.get(r, 0.0) + a
@@ -481,7 +543,8 @@ class LeaseQueue:
         for rid, w in self.pending.items():
             assert w.request_id == rid, f"request {rid} filed as {w.request_id}"
             assert (w.deadline is None) == (w.timeout_ms < 0), f"request {rid}: deadline {w.deadline}"
-            worker = ledger.choose(w.shape, avoid=w.avoid, affinity=w.affinity)
+            worker = (self.bundles.fit(w.affinity, w.shape, w.avoid) if self._in_bundle(w)
+                      else ledger.choose(w.shape, avoid=w.avoid, affinity=w.affinity))
             assert worker is None, f"request {rid} waits though {worker} has room for it"
             if w.deadline is not None:
                 deadlines.append(w.deadline)

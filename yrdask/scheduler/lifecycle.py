@@ -22,11 +22,15 @@ wait for a placement).  The rules (SPEC §4-5, docs/lifetimes.md):
   children end either way: the process that owned them is gone.  Terminate, reference
   release and an owner's end never restart.
 * An ended instance is ``DEAD`` until its worker confirmed the stop (``Stopped``), then it
-  is forgotten; the *graveyard* keeps why it ended (bounded) for later lookups.
+  is forgotten; the *graveyard* keeps why it ended (bounded) for later lookups, and the
+  *tombstones* (``ended``, the newest ``ended_kept``) what it was: class, name, owner and
+  job, worker, why and when it ended (the dashboard's and ``yrdask status``'s "Ended").
+  Times are the latest ``now`` an event carried, or that the adapter set in :attr:`now`.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +40,7 @@ from yrdask.statemachine import Event, Instruction, Story
 RELEASE_GRACE_S = 0.5
 RESTART_TIMEOUT_MS = 60_000  # at least this long to find room for a restarting instance
 GRAVEYARD_MAX = 10_000
+ENDED_KEPT = 1000  # tombstones kept (Dask config yrdask.scheduling.ended-instances-kept)
 EARLY_MAX = 10_000  # handle reports kept for instances whose creation has not arrived yet
 
 # -- events ----------------------------------------------------------------------------------
@@ -245,6 +250,7 @@ class InstanceRecord:
     held: bool = False  # its resources are held in the ledger
     ever_alive: bool = False
     release_at: float | None = None  # unheld: ends at this time if still unheld
+    ended_at: float | None = None  # when it ended (the machine's ``now`` then)
 
     @property
     def can_restart(self) -> bool:
@@ -267,8 +273,12 @@ class Lifecycle:
     """All instances of the cluster and the rules above (see module docstring)."""
 
     def __init__(self, release_grace_s: float = RELEASE_GRACE_S,
-                 story_len: int = 20_000) -> None:
+                 story_len: int = 20_000, ended_kept: int = ENDED_KEPT) -> None:
         self.release_grace_s = release_grace_s
+        self.now = 0.0  # the latest time an event carried (or the adapter set): stamps
+        # Tombstones of forgotten instances, newest last (bounded): see :meth:`ended_rows`.
+        self.ended: deque[dict[str, Any]] = deque(maxlen=max(0, ended_kept))
+        self.job_of_ended: dict[str, str] = {}  # forgotten instance -> its job (bounded)
         self.instances: dict[str, InstanceRecord] = {}
         self.names: dict[tuple[str, str], str] = {}
         self.children: dict[str, set[str]] = {}  # owner id -> instance ids
@@ -349,6 +359,22 @@ class Lifecycle:
     def story_of(self, *keys: str) -> list:
         return self.story.about(*keys)
 
+    def job_of(self, owner: str) -> str:
+        """The job an owner (a job id or an instance id) belongs to, up the owner tree."""
+        seen = 0
+        while seen < 1000:  # owner trees are shallow; never loop on a corrupt one
+            rec = self.instances.get(owner)
+            if rec is None:
+                return self.job_of_ended.get(owner, owner)
+            owner, seen = rec.owner, seen + 1
+        return owner
+
+    def ended_rows(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The tombstones, newest first (at most ``limit``): ``{instance_id, class, name,
+        namespace, owner, job, worker, reason, created_at, ended_at, restarts, detached}``."""
+        rows = list(reversed(self.ended))
+        return rows if limit is None else rows[:limit]
+
     def snapshot(self) -> list[dict[str, Any]]:
         """Every record as a plain dict (``cluster_info``, the dashboard's source)."""
         return [
@@ -366,6 +392,9 @@ class Lifecycle:
     def handle(self, event: Event) -> list[Instruction]:
         """Apply ``event``; returns what the adapter must do, in order."""
         self.last_ended = []
+        now = getattr(event, "now", None)
+        if now:
+            self.now = now
         handler = self._handlers.get(type(event))
         if handler is None:
             self.story.log(event.stimulus_id, ("unknown-event", type(event).__name__), ())
@@ -620,7 +649,7 @@ class Lifecycle:
             if crec is not None and not crec.detached and crec.state != P.DEAD:
                 self._end(crec, f"its owner {iid} ended ({reason})", sid, out)
         never_placed = rec.worker is None and not rec.ever_alive and rec.restarts == 0
-        rec.state, rec.reason = P.DEAD, reason
+        rec.state, rec.reason, rec.ended_at = P.DEAD, reason, self.now
         if rec.name_key is not None and self.names.get(rec.name_key) == iid:
             del self.names[rec.name_key]
         siblings = self.children.get(rec.owner)
@@ -657,9 +686,21 @@ class Lifecycle:
         iid = rec.instance_id
         del self.instances[iid]
         self.graveyard[iid] = rec.reason
+        job = self.job_of(rec.owner)
+        self.job_of_ended[iid] = job
         if len(self.graveyard) > GRAVEYARD_MAX:
             for old in list(self.graveyard)[:GRAVEYARD_MAX // 2]:
                 del self.graveyard[old]
+                self.job_of_ended.pop(old, None)
+        if self.ended.maxlen:
+            self.ended.append({
+                "instance_id": iid, "class": rec.spec.get("cls_name") or "",
+                "name": rec.name_key[1] if rec.name_key else "",
+                "namespace": rec.name_key[0] if rec.name_key else "", "owner": rec.owner,
+                "job": job, "worker": rec.worker or "", "reason": rec.reason,
+                "created_at": rec.created_at,
+                "ended_at": rec.ended_at if rec.ended_at is not None else self.now,
+                "restarts": rec.restarts, "detached": rec.detached})
         if self.aliases:
             for alias in [a for a, real in self.aliases.items() if real == iid]:
                 del self.aliases[alias]

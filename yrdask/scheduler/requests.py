@@ -27,6 +27,7 @@ class LeaseRequest:
     affinity: Wire = ()  # see yrdask.affinity
     labels: tuple[str, ...] = ()  # an instance's labels (targets of INSTANCE affinities)
     request_id: str = ""  # assigned by the extension's acquire()
+    label: str = ""  # what it is for people (an instance's class name), in explanations
 
 
 def shape_of(shape: dict) -> Shape:

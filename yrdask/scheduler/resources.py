@@ -17,6 +17,12 @@ from yrdask.affinity import AffinityKind, Wire, describe, evaluate, parse_labels
 
 EPS = 1e-9
 
+#: How to make a request fit, appended to every "cannot be placed" explanation.
+FIX_HINT = ("To place it: ask for less with InvokeOptions(cpu=..., memory=...) (cpu in "
+            "millicores, 1000 = one core; memory in MB), end instances that hold what it "
+            "needs, or add capacity: yr.init(Config(num_cpus=...)) for the embedded cluster, "
+            "or more or larger workers.")
+
 Shape = dict[str, float]
 
 
@@ -32,6 +38,16 @@ class Holding:
     lent_cpu: bool = False
     queue: str = ""  # for leases: which of the owner's task queues it serves
     labels: tuple[str, ...] = ()  # for instances: their InvokeOptions.labels
+    label: str = ""  # what it is for people: an instance's class name ("" if unknown)
+    bundle: str = ""  # the resource-group bundle (its holding id) it runs in: its shape
+    #                   counts against that bundle's reservation, not the worker's free capacity
+
+    def describe(self) -> str:
+        """``"Counter instance I1"`` / ``"task lease L3 of tcp://..."``: what holds it."""
+        if self.kind == "lease":
+            return f"task lease {self.holding_id} of {self.owner}"
+        return f"{self.label} {self.kind} {self.holding_id}" if self.label \
+            else f"{self.kind} {self.holding_id}"
 
 
 @dataclass
@@ -60,6 +76,8 @@ class Ledger:
     def __init__(self) -> None:
         self.workers: dict[str, WorkerResources] = {}
         self.holdings: dict[str, Holding] = {}
+        # resource groups (scheduler/groups.py): bundle holding id -> what runs in it holds
+        self.bundle_held: dict[str, Shape] = {}
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -77,8 +95,9 @@ class Ledger:
 
     def hold(self, holding: Holding) -> None:
         ws = self.workers[holding.worker]
+        held = self._held_for(holding, ws)
         for r, amount in holding.shape.items():
-            ws.held[r] = ws.held.get(r, 0.0) + amount
+            held[r] = held.get(r, 0.0) + amount
         ws.holdings.add(holding.holding_id)
         self.holdings[holding.holding_id] = holding
 
@@ -91,10 +110,18 @@ class Ledger:
             shape = dict(holding.shape)
             if holding.lent_cpu:
                 shape.pop("CPU", None)
+            held = self._held_for(holding, ws)
             for r, amount in shape.items():
-                ws.held[r] = ws.held.get(r, 0.0) - amount
+                held[r] = held.get(r, 0.0) - amount
             ws.holdings.discard(holding_id)
         return holding
+
+    def _held_for(self, holding: Holding, ws: WorkerResources) -> Shape:
+        """Where ``holding``'s shape is counted: its bundle's use, or the worker's held (a
+        removed bundle's leftovers count nowhere)."""
+        if not holding.bundle:
+            return ws.held
+        return self.bundle_held.get(holding.bundle, {})
 
     def lend_cpu(self, holding_id: str, lent: bool) -> bool:
         """Lend a blocked lease's CPU back (``lent=True``) or take it again; True if changed."""
@@ -104,7 +131,8 @@ class Ledger:
         ws = self.workers.get(holding.worker)
         cpu = holding.shape.get("CPU", 0.0)
         if ws is not None:
-            ws.held["CPU"] = ws.held.get("CPU", 0.0) + (-cpu if lent else cpu)
+            held = self._held_for(holding, ws)
+            held["CPU"] = held.get("CPU", 0.0) + (-cpu if lent else cpu)
         holding.lent_cpu = lent
         return True
 
@@ -185,18 +213,71 @@ class Ledger:
             ) or need
             return (
                 f"request {need} can never be scheduled: no worker offers {what}; "
-                f"a request must fit on one worker process. Workers offer: {offers}"
+                f"a request must fit on one worker process. Workers offer: {offers}. "
+                f"{FIX_HINT}"
             )
         holders = "; ".join(
             f"{ws.address}: capacity {format_shape(ws.capacity)}, held by "
             + (", ".join(
-                f"{self.holdings[h].kind} {h} {format_shape(self.holdings[h].shape)}"
+                f"{self.holdings[h].describe()} {format_shape(self.holdings[h].shape)}"
                 for h in sorted(ws.holdings)
             ) or "nothing")
             for ws in self.workers.values()
             if ws.could_ever_fit(shape)
         )
-        return f"request {need} did not fit in time: the workers that could run it are busy ({holders})"
+        return (f"request {need} did not fit in time: the workers that could run it are busy "
+                f"({holders}). {FIX_HINT}")
+
+    def explain_wait(self, shape: Shape, affinity: Wire = (),
+                     avoid: Collection[str] = ()) -> list[str]:
+        """Why ``shape`` waits, one line per worker: what each worker that could run it lacks
+        now and what holds it (``"worker tcp://..: needs CPU 500, free 0 of 2000 millicores;
+        held by Counter instance I1 {CPU: 500}, ..."``), then a line for the workers that
+        can never run it.  Empty if it fits now."""
+        lines, never = [], []
+        for ws in self.workers.values():
+            if ws.address in avoid:
+                never.append(f"{ws.address} (unreachable to the requester)")
+                continue
+            if not ws.could_ever_fit(shape):
+                never.append(f"{ws.address} (offers {format_shape(ws.capacity)})")
+                continue
+            if not self._allowed(ws, affinity)[0]:
+                never.append(f"{ws.address} (affinity {describe(affinity)})")
+                continue
+            lacks = [f"needs {r} {a:g}, free {max(0.0, ws.free(r)):g} of "
+                     f"{ws.capacity.get(r, 0.0):g}{unit_of(r)}"
+                     for r, a in sorted(shape.items()) if ws.free(r) + EPS < a]
+            if not lacks:
+                continue
+            held = self.holders_text(ws)
+            lines.append(f"worker {ws.address}: {'; '.join(lacks)}; held by "
+                         f"{held or 'nothing (it lent nothing back yet)'}")
+        if not self.workers:
+            lines.append("the cluster has no yr workers")
+        elif never:
+            lines.append(f"can never run it: {', '.join(never)}")
+        return lines
+
+    def holders_text(self, ws: WorkerResources) -> str:
+        """What holds ``ws``'s resources, grouped: ``"3 Counter instances (I1, I2, I3), task
+        lease L4 of tcp://..."``."""
+        groups: dict[tuple[str, str, str], list[str]] = {}
+        for hid in sorted(ws.holdings):
+            h = self.holdings.get(hid)
+            if h is not None:
+                key = (h.kind, h.label, h.owner if h.kind == "lease" else "")
+                groups.setdefault(key, []).append(hid)
+        parts = []
+        for (kind, label, owner), ids in groups.items():
+            what = "task lease" if kind == "lease" else f"{label} {kind}".strip()
+            tail = f" of {owner}" if owner else ""
+            if len(ids) == 1:
+                parts.append(f"{what} {ids[0]}{tail}")
+            else:
+                shown = ", ".join(ids[:8]) + (", ..." if len(ids) > 8 else "")
+                parts.append(f"{len(ids)} {what}s ({shown}){tail}")
+        return ", ".join(parts)
 
     def snapshot(self) -> dict[str, dict[str, Shape]]:
         return {
@@ -208,6 +289,11 @@ class Ledger:
 def _host(address: str) -> str:
     host = address.split("://", 1)[-1].rsplit(":", 1)[0]
     return host.strip("[]")
+
+
+def unit_of(resource: str) -> str:
+    """The unit suffix of a resource in messages (" millicores", " MB", or "")."""
+    return {"CPU": " millicores", "Memory": " MB"}.get(resource, "")
 
 
 def format_shape(shape: Shape) -> str:

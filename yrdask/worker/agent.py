@@ -27,13 +27,17 @@ from distributed.comm.core import CommClosedError
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
 from yrdask.runtime.context import task_context
+from yrdask.runtime.generators import drain
 from yrdask.runtime.runtime import install_worker_runtime, uninstall_worker_runtime
 from yrdask.stream import StreamSender
 from yrdask.worker.hosting import HostedInstance
+from yrdask.options import IsolatedFunction
+from yrdask.worker.isolated import (IsolatedInstance, ProcessDied, ProcessPool, Zygote,
+                                    keep_large, split_returns as _split_returns)
 from yrdask.worker.execution import Execution, current_execution
 from yrdask.worker import lease_gate as G
-from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, YRRuntimeError,
-                           user_traceback)
+from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, TaskCrashedError,
+                           YRRuntimeError, YRValueError, user_traceback)
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
 
 logger = logging.getLogger("yrdask.worker")
@@ -91,8 +95,9 @@ class WorkerAgent:
         self.gate = G.LeaseGate()
         self.gate_lock = threading.Lock()  # task threads end tasks and lend slots
         self.inline_limit = 512 * 1024
-        self.instances: dict[str, HostedInstance] = {}
+        self.instances: dict[str, HostedInstance | IsolatedInstance] = {}
         self.early_calls: dict[str, list] = {}  # calls that beat their START_INSTANCE here
+        self.pool = ProcessPool(self)  # processes for tasks with env_vars (docs/isolation.md)
         self.ended: dict[str, str] = {}  # recently stopped instance -> reason
         worker.handlers.update(P.handlers(P.WORKER_RPC, self))
         worker.stream_handlers.update(P.handlers(P.WORKER_STREAM, self))
@@ -153,6 +158,11 @@ class WorkerAgent:
             self.worker.address, self.capacity(), P.PROTOCOL_VERSION))
 
     async def close(self) -> None:
+        for inst in list(self.instances.values()):  # no isolated process outlives its worker
+            if type(inst) is IsolatedInstance:
+                inst.kill_now()
+        self.pool.close()
+        Zygote.close_current()
         await self.runtime.close()
         uninstall_worker_runtime(self.runtime)
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -274,6 +284,8 @@ class WorkerAgent:
                                      False)
         try:
             fn = self._function(msg["fn_id"])
+            if type(fn) is IsolatedFunction:
+                return self._execute_isolated(ex, fn.isolation)
             args, kwargs = unpack_args(msg["args"], [loads(p) for p in self.payloads(msg["deps"])])
         except BaseException as e:  # noqa: BLE001
             return self._error_reply(task_id, e, traceback.format_exc(), False)
@@ -286,6 +298,8 @@ class WorkerAgent:
             with task_context(msg["lease_id"], msg["owner"]):
                 try:
                     result = fn(*args, **kwargs)
+                    if msg["nret"] < 0:  # P.STREAMING: send each item now, answer the count
+                        result = drain(result, self.item_sender(ex.peer, task_id), ex)
                 finally:
                     ex.disarm()  # if a late cancel interrupts this, the caller disarms again
             results = self.pack_results(task_id, result, msg["nret"])
@@ -294,12 +308,58 @@ class WorkerAgent:
         self.tasks_done += 1
         return P.TaskDone(task_id, results=results, took=time.perf_counter() - t0).to_msg()
 
+    def _execute_isolated(self, ex: Execution, isolation: dict) -> dict:
+        """A task with env_vars/working_dir: it runs in a pooled child process.
+
+        A crash there takes that process only: the task fails with ``TaskCrashedError``
+        naming the exit code or signal, and the worker goes on.
+        """
+        msg, task_id = ex.msg, ex.task_id
+        if msg["nret"] < 0:
+            raise YRValueError("a generator function cannot run in an isolated process "
+                               "(env_vars/runtime_env/isolated): drop those options or "
+                               "return a list")
+        deps = msg["deps"]
+        if deps:
+            deps = [[oid, P.VALUE, wire(p)] for (oid, _k, _p), p in zip(deps, self.payloads(deps))]
+        request = P.RunIsolated(task_id, msg["lease_id"], msg["fn_id"],
+                                self.fn_payloads[msg["fn_id"]], msg["args"], deps,
+                                msg["nret"], msg["owner"]).to_msg()
+        if not ex.arm():
+            return self._error_reply(task_id, CancelledError(f"task {task_id} cancelled"), "",
+                                     False)
+        self.running[task_id] = ex
+        t0 = time.perf_counter()
+        try:
+            try:
+                reply = self.pool.run(isolation, request)
+            finally:
+                ex.disarm()
+        except ProcessDied as e:
+            return self._error_reply(task_id, TaskCrashedError(
+                f"task {msg['name']} ({task_id}): {e.args[0]} while it ran; the worker and "
+                "its other work go on, and the task is not run again"), "", False)
+        except BaseException as e:  # noqa: BLE001 - a cancel
+            return self._error_reply(task_id, e, "", False)
+        if reply.get("results") is not None:
+            reply["results"] = keep_large(self, task_id, reply["results"])
+            self.tasks_done += 1
+        reply["took"] = time.perf_counter() - t0
+        return reply
+
     def _error_reply(self, task_id: str, exc: BaseException, tb: str, retryable: bool) -> dict:
         err = RemoteError.from_exception(exc, tb)
         return P.TaskDone(task_id, error=dumps(err), retryable=retryable).to_msg()
 
     def _reply_error(self, peer: Any, task_id: str, exc: BaseException, tb: str, retryable: bool) -> None:
         peer.reply(self._error_reply(task_id, exc, tb, retryable))
+
+    def item_sender(self, peer: Any, task_id: str) -> Callable[[int, Any], None]:
+        """``emit(index, value)`` for a generator call: stored like a result, sent at once."""
+        def emit(index: int, value: Any) -> None:
+            result = self.pack_results(f"{task_id}.{index}", value, 1)[0]
+            peer.reply(P.GeneratorItem(task_id, index, result).to_msg())
+        return emit
 
     def pack_results(self, task_id: str, result: Any, nret: int) -> list:
         """``[kind, payload]`` per return value; large ones stay in this worker's store."""
@@ -358,7 +418,10 @@ class WorkerAgent:
         if iid in self.ended:  # its STOP (an rpc) overtook this START (on the stream)
             logger.info("not starting instance %s: it was stopped before it started", iid)
             return
-        inst = HostedInstance(self, spec, spec["deps"])
+        if spec.get("isolation") is not None:  # its own process (docs/isolation.md)
+            inst: HostedInstance | IsolatedInstance = IsolatedInstance(self, spec)
+        else:
+            inst = HostedInstance(self, spec, spec["deps"])
         self.instances[iid] = inst
         for peer, msg in self.early_calls.pop(iid, ()):
             inst.call(peer, msg)
@@ -376,29 +439,31 @@ class WorkerAgent:
 
     async def stop_instance(self, instance_id: str, reason: str) -> None:
         inst = self.instances.pop(instance_id, None)
-        self.ended[instance_id] = reason
+        self.ended.setdefault(instance_id, reason)  # an isolated process's death said why
         if len(self.ended) > 10_000:
             for key in list(self.ended)[:5_000]:
                 del self.ended[key]
         if inst is not None:
+            obj = getattr(inst, "obj", None)  # pending calls fail first, then the hook runs
             inst.stop(reason)
+            hook = getattr(inst, "run_shutdown_hook", None)
+            if hook is not None:  # __yr_shutdown__(grace), bounded by the grace period
+                await hook(obj)
         for peer, msg in self.early_calls.pop(instance_id, ()):
             self.call_method(peer, msg)
+
+    def isolated_lost(self, instance_id: str, reason: str) -> None:
+        """An isolated instance's process died with no restart left: it ends (loop thread).
+
+        Its calls fail with ``reason`` (the exit code or signal); the scheduler hears
+        ``EXITED`` and releases its resources.  The worker and its neighbours go on.
+        """
+        inst = self.instances.pop(instance_id, None)
+        self.ended[instance_id] = reason
+        if inst is not None:
+            inst.stop(reason)
+        self.report_state(instance_id, "EXITED", None)
 
     def report_state(self, instance_id: str, state: str, error: bytes | None) -> None:
         self.loop.call_soon_threadsafe(self.runtime.connector.stream_send,
                                        P.InstanceState(instance_id, state, error))
-
-
-def _split_returns(result: Any, nret: int) -> list:
-    try:
-        values = list(result)
-    except TypeError:
-        raise TypeError(f"cannot unpack non-iterable {type(result)} object") from None
-    if len(values) < nret:
-        raise ValueError(f"not enough values to unpack (expected {nret}, got {len(values)})")
-    if len(values) > nret:
-        raise ValueError(f"too many values to unpack (expected {nret}, got {len(values)})")
-    return values
-
-

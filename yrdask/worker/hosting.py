@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from yrdask import protocol as P
 from yrdask.runtime.context import task_context
+from yrdask.runtime.generators import drain, drain_async
 from yrdask.errors import InstanceDiedError, RemoteError, user_traceback
 from yrdask.serialization import dumps, loads, unpack_args
 
@@ -138,12 +139,41 @@ class HostedInstance:
                 result = fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             return self._answer_error(call_id, e)
+        if msg["nret"] < 0:  # P.STREAMING: a generator method sends each item as it comes
+            return self._stream(peer, call_id, result)
         if self.loop is not None and inspect.iscoroutine(result):
             # an ``async def`` method: finish it on the instance's loop.  Only coroutines:
             # other awaitables a method returns (an ObjectRef, a future) are its value.
             return self._finish_async(call_id, result, msg["nret"])
         self._answer_result(call_id, result, msg["nret"])
         return None
+
+    def _stream(self, peer: Any, call_id: str, gen: Any) -> Any:
+        """Run a generator method to its end (an async one on the loop), then answer the count."""
+        send = self.agent.item_sender(peer, call_id)
+
+        def emit(index: int, value: Any) -> None:
+            if self.stopped is not None:  # the call was answered already: stop producing
+                raise InstanceDiedError(f"instance {self.instance_id} has ended: {self.stopped}")
+            send(index, value)
+
+        if inspect.isasyncgen(gen):
+            return self._stream_async(call_id, gen, emit)
+        try:
+            with self._context():
+                count = drain(gen, emit)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            return self._answer_error(call_id, e)
+        self._answer_result(call_id, count, 1)
+        return None
+
+    async def _stream_async(self, call_id: str, agen: Any, emit: Callable) -> None:
+        try:
+            with self._context():
+                count = await drain_async(agen, emit)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            return self._answer_error(call_id, e)
+        self._answer_result(call_id, count, 1)
 
     async def _finish_async(self, call_id: str, awaitable: Any, nret: int) -> None:
         try:
@@ -192,3 +222,47 @@ class HostedInstance:
         elif self.loop is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
         self.obj = None
+
+    async def run_shutdown_hook(self, obj: Any) -> None:
+        """``obj.__yr_shutdown__(grace)`` if its class defines one (yr's graceful shutdown).
+
+        It runs in its own thread (it may use the yr API, e.g. ``yr.kv_write``) and is waited
+        for at most ``grace`` s (``spec["grace_s"]``, default 30); then the stop goes on.
+        """
+        import logging
+
+        hook = getattr(type(obj), "__yr_shutdown__", None) if obj is not None else None
+        if hook is None or self.init_error is not None:
+            return
+        grace = int(self.spec.get("grace_s", 30))
+        log = logging.getLogger("yrdask.worker")
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def finished() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        def run() -> None:
+            try:
+                with task_context(None, self.instance_id):  # holds no slot: nothing to lend
+                    result = obj.__yr_shutdown__(grace)
+                    if inspect.iscoroutine(result):
+                        asyncio.run(result)
+            except BaseException:  # noqa: BLE001 - the stop goes on regardless
+                log.warning("__yr_shutdown__ of instance %s (%s) raised", self.instance_id,
+                            self.cls_name, exc_info=True)
+            finally:
+                try:
+                    loop.call_soon_threadsafe(finished)
+                except RuntimeError:  # the worker's loop is gone
+                    pass
+
+        threading.Thread(target=run, daemon=True,
+                         name=f"yr-shutdown-{self.instance_id}").start()
+        try:
+            await asyncio.wait_for(done, grace)
+        except asyncio.TimeoutError:
+            log.warning("__yr_shutdown__ of instance %s (%s) did not return within its grace "
+                        "period of %d s; the instance is stopped anyway", self.instance_id,
+                        self.cls_name, grace)

@@ -22,12 +22,14 @@ class YrWorkerPlugin(WorkerPlugin):
     idempotent = True
 
     async def setup(self, worker: Any) -> None:
+        from yrdask.worker import output
         from yrdask.worker.agent import WorkerAgent
 
         if AGENT_KEY in worker.extensions:
             return
         agent = WorkerAgent(worker)
         worker.extensions[AGENT_KEY] = agent
+        output.install(agent)  # prints of yr work go to drivers that ask (log_to_driver)
         await agent.register()
 
     async def teardown(self, worker: Any) -> None:
@@ -36,4 +38,7 @@ class YrWorkerPlugin(WorkerPlugin):
         if worker.status.name in ("closing", "closed", "closing_gracefully", "failed"):
             agent = worker.extensions.pop(AGENT_KEY, None)
             if agent is not None:
+                from yrdask.worker import output
+
+                await output.uninstall(agent)
                 await agent.close()

@@ -1,0 +1,133 @@
+"""yrdask.ray generators and placement groups on a real embedded cluster (SPEC §7).
+
+A generator function returns an ``ObjectRefGenerator`` (Ray's default, ``"streaming"``);
+``num_returns="dynamic"`` gives a ref whose value iterates the refs; generator and async
+generator actor methods stream too.  Placement groups reserve bundles in Ray units and place
+tasks and actors in a bundle with ``PlacementGroupSchedulingStrategy``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+
+import cloudpickle
+import pytest
+
+import yrdask.ray as ray
+from yrdask.ray.util.placement_group import (placement_group, placement_group_table,
+                                             remove_placement_group)
+from yrdask.ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def ray_env(cluster):
+    cluster()
+    ray.init(namespace=f"gen-{uuid.uuid4().hex[:6]}")
+    yield ray
+    ray.shutdown()
+
+
+@ray.remote
+def tens(n):
+    for i in range(n):
+        yield i * 10
+
+
+@ray.remote
+def not_a_generator():
+    return 1
+
+
+class Broken(Exception):
+    pass
+
+
+@ray.remote
+def breaks_after_one():
+    yield 1
+    raise Broken("second")
+
+
+def test_generator_task_streams_refs(ray_env):
+    gen = tens.remote(3)
+    assert isinstance(gen, ray.ObjectRefGenerator)
+    assert [ray.get(r) for r in gen] == [0, 10, 20]
+    dyn = tens.options(num_returns="dynamic").remote(3)
+    assert isinstance(dyn, ray.ObjectRef)
+    inner = ray.get(dyn)
+    assert isinstance(inner, ray.DynamicObjectRefGenerator)
+    assert [ray.get(r) for r in inner] == [0, 10, 20]
+    with pytest.raises(ValueError, match="generator function"):
+        not_a_generator.options(num_returns="streaming").remote()
+
+
+def test_generator_error_comes_at_its_item(ray_env):
+    refs = breaks_after_one.remote()
+    assert ray.get(next(refs)) == 1
+    with pytest.raises(Broken):
+        ray.get(next(refs))
+
+
+@ray.remote
+class Streamer:
+    def count(self, n):
+        for i in range(n):
+            yield i
+
+    async def acount(self, n):
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i
+
+
+def test_generator_methods_stream(ray_env):
+    s = Streamer.remote()
+    assert [ray.get(r) for r in s.count.remote(3)] == [0, 1, 2]
+
+    async def main():
+        return [await r async for r in s.acount.remote(3)]
+
+    assert asyncio.run(main()) == [0, 1, 2]
+    ray.kill(s)
+
+
+@ray.remote(num_cpus=1)
+def node_of_task():
+    return ray.get_runtime_context().get_node_id()
+
+
+@ray.remote(num_cpus=1)
+class Pinned:
+    def node(self):
+        return ray.get_runtime_context().get_node_id()
+
+
+def test_placement_group_spread_places_work_in_its_bundles(ray_env):
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+    assert ray.get(pg.ready()) is not None and pg.wait(30)
+    assert placement_group_table(pg)["state"] == "CREATED"
+    assert pg.bundle_count == 2 and pg.bundle_specs == [{"CPU": 1}, {"CPU": 1}]
+    nodes = ray.get([node_of_task.options(
+        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote() for i in range(2)])
+    assert len(set(nodes)) == 2  # one bundle per node
+    actor = Pinned.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)).remote()
+    assert ray.get(actor.node.remote()) == nodes[0]
+    ray.kill(actor)
+    remove_placement_group(pg)
+    assert placement_group_table(pg)["state"] == "REMOVED"
+
+
+def test_placement_group_that_cannot_fit_is_not_ready(ray_env):
+    pg = placement_group([{"CPU": 64}])
+    assert pg.wait(0.5) is False
+    remove_placement_group(pg)
+    with pytest.raises(ValueError, match="strategy"):
+        placement_group([{"CPU": 1}], strategy="EVERYWHERE")
+    with pytest.raises(ValueError, match="bundle_index"):
+        PlacementGroupSchedulingStrategy(pg, 5)

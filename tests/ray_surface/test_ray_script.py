@@ -1,0 +1,64 @@
+"""``python -m yrdask.ray script.py`` runs a Ray program unchanged (SPEC §7): ``import ray``
+and ``from ray.util import ActorPool`` resolve to yrdask.ray in the driver and, through a
+helper module that says ``import ray``, in the workers; a worker crash (``os._exit``) is
+retried, user exceptions are retried with ``retry_exceptions``, ActorPool and async actors
+work, and ``max_retries=0`` runs a crashing task once.  The expected lines are what Ray 2.40 prints for the same program.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+
+SCRIPTS = pathlib.Path(__file__).resolve().parent / "scripts"
+ROOT = SCRIPTS.parents[2]
+
+EXPECTED = [
+    "recovered after a worker crash",
+    "WorkerCrashedError after 1 run(s)",
+    "succeeded on try 2",
+    "helper: 42",
+    "helper actor: 84",
+    "KeyError caught; is RayTaskError: True",
+    "pool: [101, 102, 103, 104]",
+    "async: [1, 2, 3, 4, 5]",
+    "await: 6",
+    "done",
+]
+
+
+def test_ray_program_runs_unchanged(tmp_path):
+    env = dict(os.environ)
+    # workers import the helper module by name, as they would on Ray with a working_dir
+    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), str(ROOT), env.get("PYTHONPATH", "")])
+    env.pop("YR_SERVER_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-m", "yrdask.ray", str(SCRIPTS / "ray_program.py"),
+                          str(tmp_path)], capture_output=True, text=True, timeout=200, env=env,
+                         cwd=str(tmp_path))
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert lines == EXPECTED, out.stderr[-3000:]
+    assert (tmp_path / "crashed").exists() and (tmp_path / "flaky").read_text() == "xxx"
+
+
+def test_no_package_named_ray_is_installed():
+    # without the alias, `ray` is not importable from anything yrdask installed
+    code = ("import importlib.util as u, yrdask, os; s = u.find_spec('ray');"
+            "root = os.path.dirname(os.path.dirname(yrdask.__file__));"
+            "print(s is None or not (s.origin or '').startswith(root))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd="/",
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.stdout.strip() == "True", out.stderr
+
+
+def test_usage_without_a_script():
+    out = subprocess.run([sys.executable, "-m", "yrdask.ray"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "usage: python -m yrdask.ray" in out.stderr

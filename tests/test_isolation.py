@@ -1,0 +1,262 @@
+"""Isolated instances (docs/isolation.md): their own process, env_vars and working_dir, and a
+crash that takes only that process.
+
+Real clusters: the embedded one (one worker process, so every instance is a neighbour of
+every other) and the cli one.  Pids come from the code running in the processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+import yrdask as yr
+from conftest import wait_until
+from yrdask.errors import CallCrashedError, TaskCrashedError
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def small(**kw) -> yr.InvokeOptions:
+    return yr.InvokeOptions(cpu=100, memory=10, **kw)
+
+
+@yr.instance
+class Probe:
+    def __init__(self, start: int = 0) -> None:
+        self.n = start
+
+    def incr(self) -> int:
+        self.n += 1
+        return self.n
+
+    def where(self) -> dict:
+        return {"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
+                "env": os.environ.get("YR_ISOLATION_TEST")}
+
+    def big(self, n: int) -> bytes:
+        return b"x" * n
+
+    def exit(self, code: int) -> None:
+        os._exit(code)
+
+    def segfault(self) -> None:
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    def steps(self, n: int):
+        for _ in range(n):
+            self.n += 1
+            yield self.n
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    return ancestor in [p.pid for p in psutil.Process(pid).parents()]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("kind", ["embedded", "cli"])
+def test_isolated_instance_sees_its_env_vars_and_working_dir(cluster, kind, tmp_path):
+    if kind == "embedded":
+        cluster(kind="embedded", num_cpus=1)
+    else:
+        cluster(kind="cli", workers=[{}])
+    plain = Probe.options(small()).invoke()
+    iso = Probe.options(small(env_vars={"YR_ISOLATION_TEST": "from-env-vars"},
+                              runtime_env={"working_dir": str(tmp_path)})).invoke()
+    here, there = yr.get([plain.where.invoke(), iso.where.invoke()], timeout=60)
+    assert there["env"] == "from-env-vars" and there["cwd"] == str(tmp_path)
+    assert here["env"] is None
+    assert descends_from(there["pid"], here["pid"])  # started by the same worker process
+    assert there["pid"] not in (here["pid"], os.getpid())
+    assert yr.get(iso.big.invoke(2_000_000), timeout=60) == b"x" * 2_000_000  # kept by the agent
+    iso.terminate()
+    wait_until(lambda: gone(there["pid"]), 30, "the isolated process to end on terminate")
+    plain.terminate()
+
+
+def test_crash_takes_only_the_isolated_process(cluster):
+    cluster(kind="embedded", num_cpus=1)
+    plain = Probe.options(small()).invoke(10)
+    other = Probe.options(small(isolated=True)).invoke(20)
+    doomed = Probe.options(small(isolated=True)).invoke(30)
+    worker = yr.get(plain.where.invoke(), timeout=60)["pid"]
+    assert descends_from(yr.get(doomed.where.invoke(), timeout=60)["pid"], worker)
+    with pytest.raises(yr.YRRuntimeError, match="exited with code 7") as info:
+        yr.get(doomed.exit.invoke(7), timeout=60)
+    assert isinstance(info.value, yr.InstanceDiedError)
+    # The neighbours on the same worker go on, state intact; the worker was not restarted.
+    assert yr.get([plain.incr.invoke(), other.incr.invoke()], timeout=60) == [11, 21]
+    assert yr.get(plain.where.invoke(), timeout=60)["pid"] == worker
+    with pytest.raises(yr.InstanceDiedError, match="exited with code 7"):
+        yr.get(doomed.incr.invoke(), timeout=60)
+    for h in (plain, other):
+        h.terminate()
+
+
+def test_restart_rules_apply_to_a_dead_isolated_process(cluster):
+    cluster(kind="embedded", num_cpus=1)
+    h = Probe.options(small(isolated=True, recover_retry_times=3)).invoke(5)
+    first = yr.get(h.where.invoke(), timeout=60)["pid"]
+    poison = h.segfault.invoke()
+    after = h.incr.invoke()  # sent behind the poison call: runs on a restarted process
+    with pytest.raises(CallCrashedError, match="signal 11 .SIGSEGV."):
+        yr.get(poison, timeout=120)
+    assert yr.get(after, timeout=60) == 6  # a fresh __init__(5), then this call
+    assert yr.get(h.where.invoke(), timeout=60)["pid"] != first
+    h.terminate()
+
+
+def test_no_isolated_process_outlives_terminate_or_finalize(cluster):
+    cluster(kind="embedded", num_cpus=1)
+    handles = [Probe.options(small(isolated=True)).invoke() for _ in range(2)]
+    pids = [w["pid"] for w in yr.get([h.where.invoke() for h in handles], timeout=60)]
+    pooled = yr.get(task_env.options(small(isolated=True)).invoke(), timeout=60)["pid"]
+    handles[0].terminate()
+    wait_until(lambda: gone(pids[0]), 30, "the terminated instance's process to end")
+    assert not gone(pids[1]) and not gone(pooled)
+    yr.finalize()  # the next test's cluster() re-initialises
+    wait_until(lambda: gone(pids[1]) and gone(pooled), 30,
+               "the isolated processes to end with their worker")
+
+
+def test_isolated_process_ends_when_its_worker_is_killed(cluster):
+    cluster(kind="embedded", num_cpus=1)
+    plain = Probe.options(small()).invoke()
+    h = Probe.options(small(isolated=True)).invoke()
+    worker = yr.get(plain.where.invoke(), timeout=60)["pid"]
+    child = yr.get(h.where.invoke(), timeout=60)["pid"]
+    assert worker != os.getpid() and descends_from(child, worker)
+    os.kill(worker, signal.SIGKILL)  # no close, no cleanup
+    wait_until(lambda: gone(child), 30, "the orphaned isolated process to exit")
+
+
+def test_idle_pooled_processes_are_reaped(cluster):
+    from yrdask.worker.isolated import POOL_IDLE_S
+
+    cluster(kind="embedded", num_cpus=1)
+    first = yr.get(task_env.options(small(isolated=True)).invoke(), timeout=60)
+    worker = yr.get(task_env.options(small()).invoke(), timeout=60)["pid"]
+    assert descends_from(first["pid"], worker)
+    wait_until(lambda: gone(first["pid"]), POOL_IDLE_S * 4, "the idle pooled process to go")
+    assert not gone(worker)
+
+
+def test_runtime_env_with_packages_is_rejected():
+    with pytest.raises(yr.YRValueError, match="'pip'.*does not install packages"):
+        yr.InvokeOptions(runtime_env={"pip": ["numpy"]})
+    with pytest.raises(yr.YRTypeError):
+        yr.InvokeOptions(isolated="yes")
+
+
+@yr.invoke
+def task_env() -> dict:
+    return {"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
+            "env": os.environ.get("YR_ISOLATION_TEST")}
+
+
+@yr.invoke
+def task_exit(code: int) -> None:
+    os._exit(code)
+
+
+@pytest.mark.parametrize("kind", ["embedded", "cli"])
+def test_tasks_with_env_vars_run_in_pooled_processes(cluster, kind, tmp_path):
+    if kind == "embedded":
+        cluster(kind="embedded", num_cpus=1)
+    else:
+        cluster(kind="cli", workers=[{}])
+    plain = yr.get(task_env.options(small()).invoke(), timeout=60)
+    iso = task_env.options(small(env_vars={"YR_ISOLATION_TEST": "task"},
+                                 runtime_env={"working_dir": str(tmp_path)}))
+    first = yr.get(iso.invoke(), timeout=60)
+    assert first["env"] == "task" and first["cwd"] == str(tmp_path)
+    assert descends_from(first["pid"], plain["pid"]) and plain["env"] is None
+    again = [yr.get(iso.invoke(), timeout=60) for _ in range(3)]
+    assert {r["pid"] for r in again} == {first["pid"]}  # the pooled process is reused
+    with pytest.raises(TaskCrashedError, match="exited with code 9"):
+        yr.get(task_exit.options(small(env_vars={"YR_ISOLATION_TEST": "x"})).invoke(9),
+               timeout=60)
+    after = yr.get(task_env.options(small()).invoke(), timeout=60)
+    assert after["pid"] == plain["pid"]  # the worker was not restarted
+
+
+@yr.instance
+class DiesInInit:
+    def __init__(self) -> None:
+        os._exit(5)
+
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_isolated_init_that_kills_its_process_ends_the_instance(cluster, tmp_path):
+    cluster(kind="embedded", num_cpus=1)
+    h = DiesInInit.options(small(isolated=True)).invoke()
+    with pytest.raises(yr.InstanceDiedError, match="exited with code 5"):
+        yr.get(h.ping.invoke(), timeout=60)
+    missing = Probe.options(small(runtime_env={"working_dir": str(tmp_path / "nope")})).invoke()
+    with pytest.raises(yr.YRValueError, match="does not exist on this worker host"):
+        yr.get(missing.incr.invoke(), timeout=60)
+    missing.terminate()
+
+
+def test_config_working_dir_is_the_default_for_isolated_work(cluster, tmp_path):
+    cli = cluster.cli_processes([{}])
+    job_dir, own_dir = tmp_path / "job", tmp_path / "own"
+    job_dir.mkdir()
+    own_dir.mkdir()
+    yr.init(yr.Config(server_address=cli.address, working_dir=str(job_dir)))
+    try:
+        plain = Probe.options(small()).invoke()
+        default = Probe.options(small(isolated=True)).invoke()
+        named = Probe.options(small(runtime_env={"working_dir": str(own_dir)})).invoke()
+        here, there, own = yr.get([h.where.invoke() for h in (plain, default, named)],
+                                  timeout=60)
+        assert there["cwd"] == str(job_dir) and own["cwd"] == str(own_dir)
+        assert here["cwd"] != str(job_dir)  # in-process work keeps the worker's directory
+        task = yr.get(task_env.options(small(env_vars={"YR_ISOLATION_TEST": "t"})).invoke(),
+                      timeout=60)
+        assert task["cwd"] == str(job_dir)
+    finally:
+        cluster.finalize()
+
+
+def test_generator_method_of_an_isolated_instance_streams(cluster):
+    cluster(kind="embedded", num_cpus=1)
+    h = Probe.options(small(isolated=True)).invoke(0)
+    gen = h.steps.invoke(3)
+    assert isinstance(gen, yr.ObjectRefGenerator)
+    assert yr.get(list(gen), timeout=60) == [1, 2, 3]
+    assert yr.get(h.incr.invoke(), timeout=60) == 4
+    h.terminate()
+
+
+@yr.instance
+class GracefulIsolated:
+    def pid(self) -> int:
+        return os.getpid()
+
+    def __yr_shutdown__(self, grace: int) -> None:
+        with open("shutdown.txt", "w") as f:  # relative: the instance's working_dir
+            f.write(f"grace {grace}")
+
+
+def test_kill_instance_runs_the_isolated_shutdown_hook_then_kills(cluster, tmp_path):
+    cluster(kind="embedded", num_cpus=1)
+    h = GracefulIsolated.options(small(runtime_env={"working_dir": str(tmp_path)})).invoke()
+    sibling = Probe.options(small(runtime_env={"working_dir": str(tmp_path)})).invoke()
+    pid, other = yr.get([h.pid.invoke(), sibling.where.invoke()], timeout=60)
+    yr.kill_instance(h.instance_id)  # synchronous: the hook has run, the process is killed
+    assert (tmp_path / "shutdown.txt").read_text() == "grace 30"
+    wait_until(lambda: gone(pid), 30, "the stopped instance's process to end")
+    assert yr.get(sibling.incr.invoke(), timeout=60) == 1 and not gone(other["pid"])
+    sibling.terminate()

@@ -1,0 +1,227 @@
+"""The owner's stream machine of a generator call (yrdask/runtime/generators.py), no I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import pytest
+
+from yrdask.runtime import generators as G
+from yrdask.runtime.generators import (Abandoned, DropItem, Ended, HandOut, HandOutError,
+                                       ItemArrived, KeepItem, Stop, StreamState, Take, Wait,
+                                       drain, drain_async)
+from .harness import MachineHarness
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def h() -> MachineHarness:
+    return MachineHarness(StreamState("t1"))
+
+
+def kinds(out: list) -> list[type]:
+    return [type(i) for i in out]
+
+
+def test_items_are_handed_out_in_order_then_stop(h):
+    assert kinds(h(Take)) == [Wait]  # nothing yet: the consumer waits
+    assert h(ItemArrived, 0) == [KeepItem("s2", 0)]
+    assert h(ItemArrived, 1, "tcp://w:1") == [KeepItem("s3", 1)]
+    assert h(Take) == [HandOut("s4", 0)]
+    assert h(Ended, 2) == []
+    assert not h.m.finished
+    assert h(Take) == [HandOut("s6", 1)]
+    assert h.m.finished
+    assert kinds(h(Take)) == [Stop]
+    assert kinds(h(Take)) == [Stop]
+
+
+def test_a_rerun_repeats_items_that_are_dropped(h):
+    h(ItemArrived, 0)
+    h(ItemArrived, 1, "tcp://w:1")
+    h(Take)
+    # the worker died; the rerun yields 0 and 1 again, then 2
+    assert h(ItemArrived, 0) == [DropItem("s4", 0, None)]
+    assert h(ItemArrived, 1, "tcp://w:2") == [DropItem("s5", 1, "tcp://w:2")]
+    assert h(ItemArrived, 2) == [KeepItem("s6", 2)]
+    h(Ended, 3)
+    assert [type(i) for i in h(Take)] == [HandOut]
+    assert h(Take) == [HandOut("s9", 2)]
+    assert kinds(h(Take)) == [Stop]
+
+
+def test_an_error_becomes_the_ref_after_the_last_item(h):
+    h(ItemArrived, 0)
+    h(Ended, None, True)
+    assert h(Take) == [HandOut("s3", 0)]
+    assert not h.m.finished
+    assert h(Take) == [HandOutError("s4", 1)]
+    assert h.m.finished
+    assert kinds(h(Take)) == [Stop]
+
+
+def test_an_error_before_any_item_is_the_first_ref(h):
+    h(Ended, None, True)
+    assert h(Take) == [HandOutError("s2", 0)]
+    assert kinds(h(Take)) == [Stop]
+
+
+def test_items_after_the_end_are_dropped_and_a_second_end_is_ignored(h):
+    h(Ended, 0)
+    assert kinds(h(ItemArrived, 0)) == [DropItem]
+    assert h(Ended, None, True) == []
+    assert not h.m.failed
+    assert kinds(h(Take)) == [Stop]
+
+
+def test_abandoning_drops_held_and_later_items(h):
+    h(ItemArrived, 0)
+    h(ItemArrived, 1)
+    assert h(Abandoned) == [DropItem("s3", 0, None), DropItem("s3", 1, None)]
+    assert kinds(h(ItemArrived, 2, "tcp://w:1")) == [DropItem]
+    assert kinds(h(Take)) == [Stop]
+    assert h.m.finished
+
+
+def test_the_story_names_the_stream(h):
+    h(ItemArrived, 0)
+    assert "KeepItem index=0" in h.m.story("t1")
+
+
+def test_unknown_events_are_refused(h):
+    with pytest.raises(TypeError, match="cannot handle"):
+        h.m.handle(G.KeepItem("x", 0))
+
+
+# -- the producer loops ---------------------------------------------------------------------
+
+
+class _Guard:
+    """Records shield/unshield like an Execution record."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def shield(self) -> None:
+        self.calls.append("shield")
+
+    def unshield(self) -> None:
+        self.calls.append("unshield")
+
+
+def test_drain_emits_each_item_with_its_index_under_the_guard():
+    out, guard = [], _Guard()
+    assert drain(iter("abc"), lambda i, v: out.append((i, v)), guard) == 3
+    assert out == [(0, "a"), (1, "b"), (2, "c")]
+    assert guard.calls == ["shield", "unshield"] * 3
+
+
+def test_drain_lets_the_generator_error_through_after_the_items_before_it():
+    def gen():
+        yield 1
+        raise KeyError("k")
+
+    out = []
+    with pytest.raises(KeyError):
+        drain(gen(), lambda i, v: out.append(v))
+    assert out == [1]
+
+
+def test_drain_async():
+    async def agen():
+        for i in range(3):
+            await asyncio.sleep(0)
+            yield i * 2
+
+    out = []
+    assert asyncio.run(drain_async(agen(), lambda i, v: out.append((i, v)))) == 3
+    assert out == [(0, 0), (1, 2), (2, 4)]
+
+
+# -- the owner adapter without a cluster: a fake runtime whose loop is the calling thread ----
+
+
+class _Runtime:
+    """Just what :class:`Stream` touches: streams, on_loop, objects, free_remote, cancel."""
+
+    def __init__(self) -> None:
+        from yrdask.runtime.objects import ObjectTable
+
+        self.streams: dict = {}
+        self.objects = ObjectTable(self, 512 * 1024)
+        self.loop_thread = -1
+        self.closed = False
+        self.address = "tcp://owner:1"
+        self.freed: list = []
+        self.cancelled: list = []
+
+    def on_loop(self, fn, *args):
+        fn(*args)
+
+    def free_remote(self, worker, ids):
+        self.freed.append((worker, list(ids)))
+
+    def cancel(self, refs):
+        self.cancelled.extend(r.id for r in refs)
+
+
+def _stream():
+    from yrdask.runtime.objects import Entry
+
+    rt = _Runtime()
+    end = rt.objects.new_ref("c1", Entry())
+    return rt, end, G.Stream(rt, "c1", end, "function f")
+
+
+def test_stream_adapter_hands_out_refs_and_frees_duplicate_copies():
+    from yrdask import protocol as P
+    from yrdask.serialization import dumps_value
+
+    rt, end, stream = _stream()
+    assert rt.streams == {"c1": stream}
+    stream.on_item(0, [P.VALUE, dumps_value("a")])
+    stream.on_item(1, [P.LOCATION, "tcp://w:1"])
+    G.on_generator_item(rt, {"task_id": "c1", "index": 1, "result": [P.LOCATION, "tcp://w:2"]})
+    assert rt.freed == [("tcp://w:2", ["c1.1"])]  # a rerun's copy elsewhere: freed
+    stream.on_item(1, [P.LOCATION, "tcp://w:1"])
+    assert len(rt.freed) == 1  # same copy the held ref reads: kept
+    first = stream.next(1)
+    assert first.id == "c1.0" and first._entry.get_value() == "a"
+    end._entry.set_result(P.VALUE, dumps_value(2))
+    assert rt.streams == {}
+    second = stream.next(1)
+    assert second.id == "c1.1" and second._entry.location == "tcp://w:1"
+    assert stream.next(1) is None and stream.finished()
+
+
+def test_stream_adapter_error_ref_and_async_waiter():
+    from yrdask.errors import YRTimeoutError
+
+    rt, end, stream = _stream()
+    with pytest.raises(YRTimeoutError, match="yielded no item"):
+        stream.next(0.01)
+
+    loop = asyncio.new_event_loop()
+    try:
+        task = loop.create_task(stream.anext())
+        loop.run_until_complete(asyncio.sleep(0))  # the consumer runs until it waits
+        assert not task.done() and len(stream.waiters) == 1
+        end._entry.set_error(ValueError("broken"))  # the end wakes the waiting coroutine
+        ref = loop.run_until_complete(asyncio.wait_for(task, 10))
+    finally:
+        loop.close()
+    assert ref.id == "c1.0" and ref.is_exception()
+    assert isinstance(ref._entry.exception(), ValueError)
+    assert stream.next(1) is None
+
+
+def test_stream_adapter_cancel_and_abandon():
+    from yrdask import protocol as P
+
+    rt, end, stream = _stream()
+    stream.on_item(0, [P.LOCATION, "tcp://w:1"])
+    stream.cancel()
+    assert rt.cancelled == ["c1"]
+    stream.abandon()
+    assert stream.finished()
+    assert rt.freed == [("tcp://w:1", ["c1.0"])]  # the held ref died: its copy is freed

@@ -1,0 +1,1 @@
+"""``yr.decorator``: the proxy classes behind ``@yr.invoke`` and ``@yr.instance``."""

@@ -1,0 +1,59 @@
+"""The import alias that lets ``import ray`` mean ``import yrdask.ray`` in one process.
+
+``python -m yrdask.ray script.py`` installs it in the driver; work submitted from there
+installs it in the worker processes that run it (task bodies and actor classes carry the
+flag).  Nothing named ``ray`` is installed anywhere: the finder maps ``ray`` and ``ray.X``
+to the very module objects ``yrdask.ray`` and ``yrdask.ray.X``, so pickles of their
+functions and classes still name ``yrdask.ray``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+from typing import Any
+
+_PREFIX = "ray"
+_TARGET = "yrdask.ray"
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def create_module(self, spec: Any) -> Any:
+        module = importlib.import_module(self.target)
+        self.own_spec = module.__spec__
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        # Already executed under its own name; importlib set ``__spec__`` to the alias's.
+        module.__spec__ = self.own_spec
+
+
+class RayAliasFinder(importlib.abc.MetaPathFinder):
+    """Resolves ``ray`` and ``ray.*`` to ``yrdask.ray`` and ``yrdask.ray.*``."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != _PREFIX and not fullname.startswith(_PREFIX + "."):
+            return None
+        real = _TARGET + fullname[len(_PREFIX):]
+        if importlib.util.find_spec(real) is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(real))
+
+
+def installed() -> bool:
+    return any(isinstance(f, RayAliasFinder) for f in sys.meta_path)
+
+
+def install() -> None:
+    """Put the finder first on ``sys.meta_path`` (once per process)."""
+    if installed():
+        return
+    if "ray" in sys.modules and not sys.modules["ray"].__name__.startswith(_TARGET):
+        raise ImportError("the real 'ray' package is already imported in this process; "
+                          "yrdask.ray cannot stand in for it")
+    sys.meta_path.insert(0, RayAliasFinder())

@@ -1,0 +1,68 @@
+"""Who is running: the job's namespace and id, the task or actor, as the ray layer sees them.
+
+A driver keeps its session here (set by ``ray.init``).  Work on workers carries the context
+of the driver that submitted it: task bodies set it for their thread while they run, actor
+classes hold it as a class attribute (``__ray_ctx__``), so ``ray.get_actor`` inside them
+looks in the job's namespace, as on Ray.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from yrdask.runtime.context import current_lease, current_owner, installed_runtime
+
+_local = threading.local()  # .ctx: the context of the task this thread runs
+
+
+class Session:
+    """The driver's ray session: the namespace, whether ``ray.init`` started yr, the alias."""
+
+    def __init__(self, namespace: str, job_id: str, owns_runtime: bool, runtime: Any,
+                 job_env: dict | None = None) -> None:
+        self.namespace = namespace
+        self.job_id = job_id
+        self.owns_runtime = owns_runtime
+        self.runtime = runtime
+        self.job_env = job_env or {}
+        self.alias = False  # True when this process runs under ``python -m yrdask.ray``
+
+    def ctx(self, resources: dict | None = None) -> dict:
+        """The context that work submitted now carries to its workers."""
+        return {"namespace": self.namespace, "job_id": self.job_id, "alias": self.alias,
+                "resources": dict(resources or {})}
+
+
+session: Session | None = None
+
+
+def set_task_ctx(ctx: dict | None) -> Any:
+    """Make ``ctx`` this thread's context; returns the previous one (to restore)."""
+    prev = getattr(_local, "ctx", None)
+    _local.ctx = ctx
+    return prev
+
+
+def hosted_instance() -> Any:
+    """The instance whose method this thread runs (a yr HostedInstance), or None."""
+    rt = installed_runtime()
+    iid = current_owner()
+    if rt is None or rt.agent is None or iid is None or current_lease() != iid:
+        return None
+    return rt.agent.instances.get(iid)
+
+
+def current_ctx() -> dict:
+    """The context of the code running now: a task's, an actor's, or the driver session's."""
+    ctx = getattr(_local, "ctx", None)
+    if ctx is not None:
+        return ctx
+    inst = hosted_instance()
+    if inst is not None and inst.obj is not None:
+        found = getattr(type(inst.obj), "__ray_ctx__", None)
+        if found is not None:
+            return found
+    if session is not None:
+        return session.ctx()
+    return {"namespace": "", "job_id": "", "alias": False, "resources": {}}

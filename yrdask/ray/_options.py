@@ -1,0 +1,276 @@
+"""Ray's ``@ray.remote`` / ``.options()`` keywords checked and turned into ``yr.InvokeOptions``.
+
+One table (:data:`_OPTIONS`) says which keywords exist for tasks, actors and actor methods;
+:func:`to_invoke_options` maps the supported ones to yr's units (``num_cpus=1`` is 1000
+millicores, ``memory`` bytes become MB, ``num_gpus`` the custom resource ``"GPU"``) and raises
+:class:`~yrdask.ray.exceptions.UnsupportedOptionError` naming any Ray option yrdask cannot honour.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from yrdask.affinity import Affinity, AffinityKind, AffinityType, LabelOperator, OperatorType
+from yrdask.options import InvokeOptions
+from yrdask.ray.exceptions import UnsupportedOptionError
+
+TASK, ACTOR, METHOD = "task", "actor", "actor method"
+
+#: Every Ray option, for which kinds it exists, and the Ray default a value must keep when
+#: yrdask does not support the option (``_UNSET``: any value is supported).
+_UNSET = object()
+_OPTIONS: dict[str, tuple[frozenset, Any]] = {
+    "num_cpus": (frozenset({TASK, ACTOR}), _UNSET),
+    "num_gpus": (frozenset({TASK, ACTOR}), _UNSET),
+    "memory": (frozenset({TASK, ACTOR}), _UNSET),
+    "resources": (frozenset({TASK, ACTOR}), _UNSET),
+    "runtime_env": (frozenset({TASK, ACTOR}), _UNSET),
+    "scheduling_strategy": (frozenset({TASK, ACTOR}), _UNSET),
+    "name": (frozenset({TASK, ACTOR, METHOD}), _UNSET),
+    "num_returns": (frozenset({TASK, METHOD}), _UNSET),
+    "max_retries": (frozenset({TASK}), _UNSET),
+    "retry_exceptions": (frozenset({TASK, METHOD}), _UNSET),
+    "max_restarts": (frozenset({ACTOR}), _UNSET),
+    "max_task_retries": (frozenset({ACTOR, METHOD}), _UNSET),
+    "max_concurrency": (frozenset({ACTOR}), _UNSET),
+    "concurrency_groups": (frozenset({ACTOR}), _UNSET),
+    "concurrency_group": (frozenset({METHOD}), _UNSET),
+    "namespace": (frozenset({ACTOR}), _UNSET),
+    "lifetime": (frozenset({ACTOR}), _UNSET),
+    "get_if_exists": (frozenset({ACTOR}), _UNSET),
+    # Ray options yrdask does not support: only their Ray default is accepted.
+    "accelerator_type": (frozenset({TASK, ACTOR}), None),
+    "object_store_memory": (frozenset({TASK, ACTOR}), None),
+    "placement_group": (frozenset({TASK, ACTOR}), "default"),
+    "placement_group_bundle_index": (frozenset({TASK, ACTOR}), -1),
+    "placement_group_capture_child_tasks": (frozenset({TASK, ACTOR}), None),
+    "label_selector": (frozenset({TASK, ACTOR}), None),
+    "_metadata": (frozenset({TASK, ACTOR}), None),
+    "enable_task_events": (frozenset({TASK, ACTOR, METHOD}), True),
+    "max_calls": (frozenset({TASK}), 0),
+    "max_pending_calls": (frozenset({ACTOR}), -1),
+    "allow_out_of_order_execution": (frozenset({ACTOR}), False),
+    "_generator_backpressure_num_objects": (frozenset({TASK, METHOD}), None),
+    "tensor_transport": (frozenset({METHOD}), None),
+}
+
+_WHY = {
+    "accelerator_type": "yrdask has no accelerator types; ask for a custom resource instead "
+                        "(resources={'A100': 1}) on workers started with --resources",
+    "object_store_memory": "yrdask has no separate object store to reserve",
+    "placement_group": "use scheduling_strategy=PlacementGroupSchedulingStrategy(pg, index)",
+    "placement_group_bundle_index": "use scheduling_strategy=PlacementGroupSchedulingStrategy",
+    "placement_group_capture_child_tasks": "child tasks are not captured into a group",
+    "max_calls": "worker processes are not recycled after a number of calls",
+    "max_pending_calls": "yrdask does not bound an actor's queue of pending calls",
+    "allow_out_of_order_execution": "calls from one caller always run in submission order",
+}
+
+
+@dataclass
+class RayOptions:
+    """The result of mapping: yr options plus what the ray layer enforces itself."""
+
+    invoke: InvokeOptions
+    num_returns: Any = 1
+    max_retries: int = 3
+    retry_exceptions: Any = False  # bool or tuple of exception classes
+    concurrency_groups: dict = field(default_factory=dict)
+    resources: dict = field(default_factory=dict)  # Ray units, for get_assigned_resources
+    spread: bool = False
+
+
+def check_keys(options: dict, kind: str) -> None:
+    """ValueError for keywords Ray does not know for ``kind``; UnsupportedOptionError for Ray
+    options yrdask cannot honour (unless given their Ray default)."""
+    for key, value in options.items():
+        entry = _OPTIONS.get(key)
+        if entry is None or kind not in entry[0]:
+            valid = sorted(k for k, (kinds, _) in _OPTIONS.items() if kind in kinds)
+            raise ValueError(f"Invalid option keyword {key} for {kind}s. Valid ones are {valid}.")
+        default = entry[1]
+        if default is not _UNSET and value != default:
+            why = _WHY.get(key, "yrdask does not implement it")
+            raise UnsupportedOptionError(
+                f"the Ray option {key}={value!r} is not supported by yrdask.ray ({why}); "
+                f"leave it at its default {default!r}")
+
+
+def _number(key: str, value: Any, *, allow_none: bool = True) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+            or not math.isfinite(value):
+        raise ValueError(f"The keyword '{key}' only accepts None, 0 or a positive number, "
+                         f"got {value!r}.")
+    return float(value)
+
+
+def _retry_exceptions(value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(t, type) and issubclass(t, BaseException) for t in value):
+        return tuple(value)
+    raise TypeError("retry_exceptions must be either a boolean or a list of exceptions, "
+                    f"got {value!r}")
+
+
+def to_invoke_options(options: dict, kind: str, namespace: str,
+                      job_env: dict | None = None) -> RayOptions:
+    """Map checked Ray options of a task or actor to :class:`RayOptions` (see module doc)."""
+    check_keys(options, kind)
+    is_actor = kind == ACTOR
+    inv = InvokeOptions()
+    out = RayOptions(inv)
+    cpus = _number("num_cpus", options.get("num_cpus"))
+    if cpus is None:
+        cpus = 0.0 if is_actor else 1.0  # Ray: tasks hold 1 CPU, actors 0 while they run
+    inv.cpu = int(round(cpus * 1000))
+    out.resources["CPU"] = cpus
+    memory = _number("memory", options.get("memory"))
+    inv.memory = int(math.ceil((memory or 0) / 2 ** 20))  # Ray reserves no memory unless asked
+    if memory:
+        out.resources["memory"] = memory
+    gpus = _number("num_gpus", options.get("num_gpus"))
+    custom: dict[str, float] = {}
+    if gpus:
+        custom["GPU"] = gpus
+    resources = options.get("resources") or {}
+    if not isinstance(resources, dict):
+        raise TypeError(f"resources must be a dict of name -> amount, got {resources!r}")
+    for key, amount in resources.items():
+        if key in ("CPU", "GPU"):
+            raise ValueError(f"Use the 'num_cpus' and 'num_gpus' keyword instead of '{key}' "
+                             "in 'resources' keyword")
+        if key == "memory":
+            raise ValueError("Use the 'memory' keyword instead of 'memory' in 'resources'")
+        custom[key] = _number(f"resources[{key!r}]", amount, allow_none=False)
+    inv.custom_resources = {k: v for k, v in custom.items() if v}
+    out.resources.update(custom)
+    _runtime_env(options.get("runtime_env"), inv, job_env)
+    _strategy(options.get("scheduling_strategy"), inv, out)
+    if is_actor:
+        _actor_options(options, inv, out, namespace)
+    else:
+        _task_options(options, out)
+    inv.validate()
+    return out
+
+
+def _task_options(options: dict, out: RayOptions) -> None:
+    out.num_returns = check_num_returns(options.get("num_returns", 1))
+    retries = options.get("max_retries", 3)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < -1:
+        raise ValueError(f"The keyword 'max_retries' only accepts -1 (infinite), 0 or a "
+                         f"positive integer, got {retries!r}")
+    out.max_retries = retries
+    out.retry_exceptions = _retry_exceptions(options.get("retry_exceptions", False))
+
+
+def check_num_returns(n: Any) -> Any:
+    """Ray's ``num_returns``: an int >= 0, ``"streaming"`` or ``"dynamic"``."""
+    if n in ("streaming", "dynamic"):
+        return n
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 100:
+        raise ValueError(f"The keyword 'num_returns' only accepts an int in [0, 100], "
+                         f"'streaming' or 'dynamic', got {n!r}")
+    return n
+
+
+def _actor_options(options: dict, inv: InvokeOptions, out: RayOptions, namespace: str) -> None:
+    restarts = options.get("max_restarts", 0)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < -1:
+        raise ValueError(f"The keyword 'max_restarts' only accepts -1, 0 or a positive "
+                         f"integer, got {restarts!r}")
+    inv.recover_retry_times = restarts
+    task_retries = options.get("max_task_retries", 0)
+    if isinstance(task_retries, bool) or not isinstance(task_retries, int) or task_retries < -1:
+        raise ValueError(f"The keyword 'max_task_retries' only accepts -1, 0 or a positive "
+                         f"integer, got {task_retries!r}")
+    out.max_retries = task_retries
+    conc = options.get("max_concurrency")
+    if conc is not None:
+        if isinstance(conc, bool) or not isinstance(conc, int) or not 1 <= conc <= 1000:
+            raise ValueError(f"max_concurrency must be an int in [1, 1000] in yrdask, "
+                             f"got {conc!r}")
+        inv.concurrency = conc
+    groups = options.get("concurrency_groups") or {}
+    if not isinstance(groups, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+            for k, v in groups.items()):
+        raise ValueError(f"concurrency_groups must be a dict of group name -> int >= 1, "
+                         f"got {groups!r}")
+    out.concurrency_groups = dict(groups)
+    name = options.get("name")
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be None or a non-empty string, got {name!r}")
+        inv.name = name
+    ns = options.get("namespace")
+    if ns is not None and (not isinstance(ns, str) or not ns):
+        raise ValueError(f"namespace must be None or a non-empty string, got {ns!r}")
+    inv.namespace = ns or namespace
+    lifetime = options.get("lifetime")
+    if lifetime not in (None, "detached", "non_detached"):
+        raise ValueError("actor `lifetime` argument must be one of 'detached', "
+                         f"'non_detached' and 'None', got {lifetime!r}")
+    if lifetime == "detached":
+        inv.custom_extensions["lifecycle"] = "detached"
+    get_if_exists = options.get("get_if_exists", False)
+    if not isinstance(get_if_exists, bool):
+        raise TypeError(f"get_if_exists must be a bool, got {get_if_exists!r}")
+    if get_if_exists and not name:
+        raise ValueError("The actor name must be specified to use `get_if_exists`.")
+    inv.get_if_exists = get_if_exists
+
+
+def _runtime_env(env: Any, inv: InvokeOptions, job_env: dict | None) -> None:
+    merged: dict = dict(job_env or {})
+    if env is not None:
+        if not isinstance(env, dict):
+            raise TypeError(f"runtime_env must be a dict, got {type(env).__name__}")
+        other = sorted(k for k in env if k != "env_vars")
+        if other:
+            raise UnsupportedOptionError(
+                f"runtime_env keys {other} are not supported by yrdask.ray: only "
+                "runtime_env={'env_vars': {...}} is; install packages and code on the workers")
+        merged.update(env.get("env_vars") or {})
+    if merged:
+        bad = [k for k, v in merged.items() if not isinstance(k, str) or not isinstance(v, str)]
+        if bad:
+            raise TypeError(f"runtime_env['env_vars'] must map str to str (bad key {bad[0]!r})")
+        inv.env_vars = merged
+
+
+def _strategy(strategy: Any, inv: InvokeOptions, out: RayOptions) -> None:
+    from yrdask.ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
+                                                       PlacementGroupSchedulingStrategy)
+
+    if strategy is None or strategy == "DEFAULT":
+        return
+    if strategy == "SPREAD":
+        out.spread = True
+        return
+    if isinstance(strategy, NodeAffinitySchedulingStrategy):
+        kind = AffinityType.PREFERRED if strategy.soft else AffinityType.REQUIRED
+        inv.schedule_affinities = [Affinity(AffinityKind.RESOURCE, kind, [LabelOperator(
+            OperatorType.LABEL_IN, "NODE_ID", [strategy.node_id])])]
+        return
+    if isinstance(strategy, PlacementGroupSchedulingStrategy):
+        strategy.apply(inv)
+        return
+    raise ValueError(f"Invalid scheduling_strategy {strategy!r}: use 'DEFAULT', 'SPREAD', "
+                     "NodeAffinitySchedulingStrategy or PlacementGroupSchedulingStrategy")
+
+
+def node_affinity(node_id: str, soft: bool = True) -> list:
+    """A soft (or hard) affinity for one node, as the ``SPREAD`` strategy places work."""
+    kind = AffinityType.PREFERRED if soft else AffinityType.REQUIRED
+    return [Affinity(AffinityKind.RESOURCE, kind,
+                     [LabelOperator(OperatorType.LABEL_IN, "NODE_ID", [node_id])])]
+
+
+__all__ = ["RayOptions", "to_invoke_options", "check_keys", "check_num_returns", "node_affinity"]

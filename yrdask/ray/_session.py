@@ -1,0 +1,201 @@
+"""The ray session of a driver: ``ray.init`` / ``shutdown`` / auto-init, and failed refs.
+
+Kept below :mod:`yrdask.ray.worker` so that actors and remote functions can auto-init
+without importing the module that imports them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from typing import Any
+
+import yrdask
+from yrdask.runtime import context as _rtctx
+from yrdask.runtime.objects import Entry, ObjectRef
+import yrdask.ray._context as _context
+from yrdask.ray.exceptions import UnsupportedOptionError
+
+_lock = threading.RLock()
+
+__all__ = ["RayContext", "init", "shutdown", "is_initialized", "ensure_init", "failed_ref",
+           "store"]
+
+
+class RayContext(dict):
+    """What ``ray.init`` returns: ``address_info``, ``dashboard_url`` (also as keys)."""
+
+    def __init__(self, address: str, dashboard_url: str | None, namespace: str, job_id: str):
+        super().__init__(address=address, dashboard_url=dashboard_url, namespace=namespace,
+                         job_id=job_id)
+        self.address_info = {"address": address, "gcs_address": address}
+        self.dashboard_url = dashboard_url
+
+    def __enter__(self) -> "RayContext":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        shutdown()
+
+    def disconnect(self) -> None:
+        shutdown()
+
+
+def _address(address: str | None) -> str:
+    """yr's ``server_address`` for Ray's ``address`` ("" = start an embedded cluster)."""
+    if address in (None, "local"):
+        return os.environ.get("YR_SERVER_ADDRESS", "") if address is None else ""
+    if not isinstance(address, str):
+        raise TypeError(f"address must be a str, got {type(address).__name__}")
+    if address == "auto":
+        found = os.environ.get("RAY_ADDRESS") or os.environ.get("YR_SERVER_ADDRESS")
+        if not found:
+            raise ConnectionError("Could not find any running yrdask cluster for address="
+                                  "'auto': set RAY_ADDRESS or YR_SERVER_ADDRESS to its "
+                                  "scheduler (tcp://HOST:8786), or call ray.init() to start one")
+        return found
+    if address.startswith("ray://"):
+        raise UnsupportedOptionError(
+            f"address={address!r}: Ray Client (ray://) is not supported; give the Dask "
+            "scheduler's address, e.g. ray.init(address='tcp://HOST:8786')")
+    return address
+
+
+def init(address: str | None = None, *, num_cpus: int | None = None,
+         num_gpus: int | None = None, resources: dict | None = None,
+         namespace: str | None = None, ignore_reinit_error: bool = False,
+         log_to_driver: bool = True, runtime_env: dict | None = None,
+         logging_level: Any = None, include_dashboard: bool | None = None,
+         **kwargs: Any) -> RayContext:
+    """Start (or join) the cluster this process submits to, as ``ray.init`` does.
+
+    ``address``: None or "local" start an embedded cluster (None joins ``YR_SERVER_ADDRESS``
+    if set), "auto" joins ``RAY_ADDRESS``/``YR_SERVER_ADDRESS``, "tcp://HOST:PORT" joins that
+    Dask scheduler.  If yrdask is already initialised (``yr.init``), the session attaches to
+    it.  Unsupported keywords raise :class:`UnsupportedOptionError` naming them.
+    """
+    unsupported = {k: v for k, v in kwargs.items() if v is not None}
+    if unsupported:
+        raise UnsupportedOptionError(
+            f"ray.init({', '.join(sorted(unsupported))}=...) is not supported by yrdask.ray; "
+            "supported: address, num_cpus, namespace, ignore_reinit_error, log_to_driver, "
+            "runtime_env={'env_vars': ...}, logging_level, include_dashboard (the dashboard "
+            "is built on its first visit, so False costs nothing either way)")
+    if include_dashboard is not None and not isinstance(include_dashboard, bool):
+        raise TypeError(f"include_dashboard must be None or a bool, got {include_dashboard!r}")
+    if not isinstance(log_to_driver, bool):
+        raise TypeError(f"log_to_driver must be a bool, got {log_to_driver!r}")
+    if num_gpus or resources:
+        raise UnsupportedOptionError(
+            "ray.init(num_gpus=/resources=) is not supported: an embedded yrdask cluster offers "
+            "CPU and memory only; start workers with `dask worker ... --preload yrdask "
+            "--resources GPU=1` and join them with ray.init(address=...)")
+    if namespace is not None and (not isinstance(namespace, str) or not namespace):
+        raise TypeError(f"namespace must be None or a non-empty str, got {namespace!r}")
+    job_env: dict = {}
+    if runtime_env:
+        from yrdask.ray._options import _runtime_env
+        from yrdask.options import InvokeOptions
+
+        probe = InvokeOptions()
+        _runtime_env(runtime_env, probe, None)
+        job_env = probe.env_vars
+    with _lock:
+        if _context.session is not None and _rtctx.installed_runtime() is \
+                _context.session.runtime:
+            if ignore_reinit_error:
+                return _context_of(_context.session)
+            raise RuntimeError("Maybe you called ray.init twice by accident? This error can be "
+                               "suppressed by passing in 'ignore_reinit_error=True' or by "
+                               "calling 'ray.shutdown()' prior to 'ray.init()'.")
+        _context.session = None
+        rt = _rtctx.installed_runtime()
+        owns = rt is None
+        if rt is None:
+            if isinstance(logging_level, int):
+                logging_level = logging.getLevelName(logging_level)
+            conf_kwargs: dict = {"server_address": _address(address),
+                                 "log_level": logging_level or "WARNING"}
+            if num_cpus is not None:
+                conf_kwargs["num_cpus"] = int(num_cpus)
+            if "log_to_driver" in yrdask.Config.__dataclass_fields__:
+                conf_kwargs["log_to_driver"] = bool(log_to_driver)
+            yrdask.init(yrdask.Config(**conf_kwargs))
+            rt = _rtctx.installed_runtime()
+        elif num_cpus is not None or address not in (None, "auto"):
+            raise ValueError("When connecting to an existing cluster, num_cpus and address "
+                             "must not be provided (yrdask is already initialised in this "
+                             "process by yr.init)")
+        import yrdask.ray._alias as _alias
+
+        sess = _context.Session(namespace or f"anon-{uuid.uuid4().hex[:12]}",
+                                getattr(rt, "job_id", ""), owns, rt, job_env)
+        sess.alias = _alias.installed()
+        _context.session = sess
+        return _context_of(sess)
+
+
+def _context_of(sess: _context.Session) -> RayContext:
+    info = getattr(sess.runtime, "info", None)
+    return RayContext(getattr(info, "scheduler_address", ""), getattr(info, "dashboard_link", None),
+                      sess.namespace, sess.job_id)
+
+
+def ensure_init() -> None:
+    """Auto-init: start (or attach) a session on first use; workers already have a runtime."""
+    rt = _rtctx.installed_runtime()
+    try:
+        if rt is not None and rt.agent is not None:
+            return
+    except Exception:  # noqa: BLE001 - an isolated process's stand-in runtime says why itself
+        return
+    sess = _context.session
+    if rt is not None and sess is not None and sess.runtime is rt:
+        return
+    with _lock:
+        sess = _context.session
+        rt = _rtctx.installed_runtime()
+        if rt is None or sess is None or sess.runtime is not rt:
+            init()
+
+
+def shutdown() -> None:
+    """End the session; stops the yr runtime if ``ray.init`` started it (``yr.finalize``)."""
+    with _lock:
+        sess, _context.session = _context.session, None
+        if sess is not None and sess.owns_runtime and _rtctx.installed_runtime() is sess.runtime:
+            yrdask.finalize()
+
+
+def is_initialized() -> bool:
+    """True while a yr runtime is installed in this process (driver session or worker)."""
+    return _rtctx.installed_runtime() is not None
+
+
+def store(value: Any) -> ObjectRef:
+    """``ray.put`` without the checks: any picklable value, ``None`` and empty bytes too."""
+    from yrdask.serialization import dumps_value, unpicklable
+
+    rt = _rtctx.current_runtime()
+    if isinstance(value, (bytearray, memoryview)):
+        value = bytes(value)
+    try:
+        payload = dumps_value(value, snapshot=True)
+    except Exception as e:
+        raise unpicklable(value, "ray.put: the value", e) from e
+    entry = Entry()  # settled before its ref exists (runtime/objects.py's rule)
+    entry.payload = payload
+    entry.set_value(value)
+    return rt.objects.new_ref(rt.new_id(), entry)
+
+
+def failed_ref(error: BaseException) -> ObjectRef:
+    """A ref that is already failed with ``error`` (a call on a killed actor)."""
+    rt = _rtctx.current_runtime()
+    entry = Entry()
+    entry.set_error(error)
+    return rt.objects.new_ref(rt.new_id(), entry)
+
+

@@ -1,0 +1,382 @@
+"""``@ray.remote`` classes (actors): ``ActorClass``, ``ActorHandle``, ``ActorMethod``,
+``ray.method`` and ``ray.actor.exit_actor``, over yr's stateful instances.
+
+The class that runs on the worker is a subclass of the user's class made here (the *host
+class*).  It carries the job context (``__ray_ctx__``), turns an ``__init__`` failure into
+Ray's ``ActorDiedError`` for every call, and wraps methods that need it: a method of a
+concurrency group runs under that group's limit (a semaphore per group and instance, Ray's
+``concurrency_groups``; the instance runs up to the sum of the limits at once), and a method
+marked ``@ray.method(retry_exceptions=...)`` reruns after those exceptions up to
+``max_task_retries`` times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import threading
+import traceback
+from typing import Any, Callable
+
+from yrdask.api.instances import (_REDELIVERIES, InstanceCreator, InstanceProxy, MethodProxy,
+                                  _kill)
+from yrdask.runtime.context import current_runtime
+import yrdask.ray._context as _context
+from yrdask.ray._options import ACTOR, METHOD, check_keys, check_num_returns, node_affinity
+from yrdask.ray._options import to_invoke_options
+from yrdask.ray.exceptions import (ActorDiedError, ActorExitRequest, UnsupportedOptionError,
+                                   _CreationFailed)
+from yrdask.ray._util import should_retry
+
+__all__ = ["ActorClass", "ActorHandle", "ActorMethod", "method", "exit_actor"]
+
+_NRET = "__yr_return_nums__"  # what yr's instances read for a method's number of returns
+_GROUP = "__ray_concurrency_group__"
+_RETRY = "__ray_retry_exceptions__"
+_TASK_RETRIES = "__ray_max_task_retries__"
+_DEFAULT_GROUP = "_ray_default_group"
+_SEMS_LOCK = threading.Lock()  # guards the creation of concurrency-group semaphores
+
+
+def method(*args: Any, num_returns: Any = None, concurrency_group: str | None = None,
+           max_task_retries: int | None = None, retry_exceptions: Any = None,
+           **unknown: Any) -> Callable:
+    """Annotate an actor method: ``@ray.method(num_returns=2, concurrency_group="io")``."""
+    if args or not (unknown or num_returns is not None or concurrency_group is not None
+                    or max_task_retries is not None or retry_exceptions is not None):
+        raise TypeError("The @ray.method decorator must be applied using at least one of the "
+                        "arguments num_returns, concurrency_group, max_task_retries, "
+                        "retry_exceptions, e.g. @ray.method(num_returns=2)")
+    check_keys(unknown, METHOD)  # names any other Ray method option
+    if num_returns is not None:
+        num_returns = _method_returns(check_num_returns(num_returns), "@ray.method")
+    if concurrency_group is not None and not isinstance(concurrency_group, str):
+        raise TypeError(f"concurrency_group must be a str, got {concurrency_group!r}")
+    if retry_exceptions is not None:
+        from yrdask.ray._options import _retry_exceptions
+
+        retry_exceptions = _retry_exceptions(retry_exceptions)
+
+    def mark(fn: Callable) -> Callable:
+        is_gen = inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
+        if num_returns is not None and is_gen != (num_returns < 0):
+            raise ValueError(f"@ray.method(num_returns=...) on {fn.__qualname__}: a generator "
+                             "method streams (num_returns='streaming'); other methods return "
+                             "a number of values")
+        if num_returns is not None and not is_gen:
+            setattr(fn, _NRET, num_returns)
+        if concurrency_group is not None:
+            setattr(fn, _GROUP, concurrency_group)
+        if retry_exceptions is not None:
+            setattr(fn, _RETRY, retry_exceptions)
+        if max_task_retries is not None:
+            setattr(fn, _TASK_RETRIES, max_task_retries)
+            setattr(fn, _REDELIVERIES, max_task_retries)  # after a crash, too (yr's bound)
+        return fn
+
+    return mark
+
+
+def _method_returns(n: Any, what: str) -> int:
+    """yr's number of returns of a method for Ray's ``num_returns``."""
+    from yrdask.protocol import STREAMING
+
+    if n == "streaming":
+        return STREAMING
+    if n == "dynamic":
+        raise UnsupportedOptionError(f"{what}: num_returns='dynamic' is not supported for "
+                                     "actor methods by yrdask.ray; use 'streaming'")
+    return n
+
+
+def exit_actor() -> None:
+    """End the actor running this method: this call and later ones raise ActorDiedError."""
+    inst = _context.hosted_instance()
+    if inst is None:
+        raise TypeError("exit_actor API is called on a non-actor worker (call it inside an "
+                        "actor method)")
+    try:
+        from yrdask.api.instances import exit as yr_exit
+    except ImportError:  # older yrdask: end it here
+        _kill(current_runtime(), inst.instance_id, False)
+        raise ActorExitRequest() from None
+    yr_exit()
+
+
+# -- the host class ----------------------------------------------------------------------------
+
+
+def _semaphore(obj: Any, group: str, limit: int, is_async: bool) -> Any:
+    table = type(obj).__dict__["__ray_sems__"]
+    key = (id(obj), group)
+    sem = table.get(key)
+    if sem is None:
+        with _SEMS_LOCK:
+            sem = table.get(key)
+            if sem is None:
+                sem = table[key] = asyncio.Semaphore(limit) if is_async \
+                    else threading.BoundedSemaphore(limit)
+    return sem
+
+
+def _wrap_method(fn: Callable, group: str | None, limit: int, retry: Any,
+                 max_retries: int) -> Callable:
+    def again(e: BaseException, attempt: int) -> bool:
+        return should_retry(e, retry) and (max_retries == -1 or attempt < max_retries)
+
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def run_async(self, *args, **kwargs):
+            sem = _semaphore(self, group, limit, True) if group else None
+            if sem is not None:
+                await sem.acquire()
+            try:
+                attempt = 0
+                while True:
+                    try:
+                        return await fn(self, *args, **kwargs)
+                    except BaseException as e:  # noqa: BLE001
+                        if not again(e, attempt):
+                            raise
+                        attempt += 1
+            finally:
+                if sem is not None:
+                    sem.release()
+        return run_async
+
+    @functools.wraps(fn)
+    def run(self, *args, **kwargs):
+        sem = _semaphore(self, group, limit, False) if group else None
+        if sem is not None:
+            sem.acquire()
+        try:
+            attempt = 0
+            while True:
+                try:
+                    return fn(self, *args, **kwargs)
+                except BaseException as e:  # noqa: BLE001
+                    if not again(e, attempt):
+                        raise
+                    attempt += 1
+        finally:
+            if sem is not None:
+                sem.release()
+    return run
+
+
+class _InstallAlias:
+    """Unpickling this installs the ``ray`` import alias (``python -m yrdask.ray`` runs)."""
+
+    def __reduce__(self):
+        from yrdask.ray._alias import install
+
+        return (install, ())
+
+
+def _alias_metaclass(base: type) -> type:
+    """A metaclass that carries :class:`_InstallAlias`: cloudpickle rebuilds a class's
+    metaclass (and its attributes) before the class's bases, so on a worker the alias is in
+    place before the user's class is imported from a module that says ``import ray``."""
+    return type(f"RayActorMeta({base.__name__})", (base,), {"_ray_alias": _InstallAlias()})
+
+
+def _is_async_class(cls: type) -> bool:
+    return any(inspect.iscoroutinefunction(m) or inspect.isasyncgenfunction(m)
+               for _, m in inspect.getmembers(cls, inspect.isfunction))
+
+
+def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
+               max_task_retries: int) -> tuple[type, int | None]:
+    """The subclass of ``cls`` that runs on the worker, and the instance concurrency it needs."""
+    is_async = _is_async_class(cls)
+    default_limit = max_concurrency or (1000 if is_async else 1)
+    ns: dict[str, Any] = {"__ray_ctx__": ctx, "__ray_sems__": {},
+                          "__module__": cls.__module__, "__doc__": cls.__doc__,
+                          # a call running when the actor's process dies is delivered again
+                          # max_task_retries times (Ray's rule; default 0: it fails)
+                          _REDELIVERIES: max_task_retries}
+    for name, member in inspect.getmembers(cls):
+        raw = inspect.getattr_static(cls, name, None)
+        if not inspect.isfunction(raw) or (name.startswith("__") and name != "__call__"):
+            continue
+        if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
+            continue
+        group = getattr(raw, _GROUP, None)
+        retry = getattr(raw, _RETRY, None)
+        if group is not None and group not in groups:
+            raise ValueError(f"{cls.__name__}.{name} uses concurrency group {group!r}, which "
+                             f"the actor does not define (concurrency_groups={groups})")
+        if groups and group is None:
+            group = _DEFAULT_GROUP
+        if group is None and retry is None:
+            continue
+        limit = groups.get(group, default_limit)
+        ns[name] = _wrap_method(raw, group, limit, retry or False,
+                                getattr(raw, _TASK_RETRIES, max_task_retries))
+    user_init = cls.__init__
+
+    @functools.wraps(user_init)
+    def __init__(self, *args, **kwargs):
+        try:
+            user_init(self, *args, **kwargs)
+        except Exception:  # every call reports it as ActorDiedError (Ray's rule)
+            raise _CreationFailed(traceback.format_exc()) from None
+
+    ns["__init__"] = __init__
+    meta = _alias_metaclass(type(cls)) if ctx.get("alias") else type(cls)
+    host = meta(cls.__name__, (cls,), ns)
+    host.__qualname__ = cls.__qualname__
+    concurrency = max_concurrency
+    if groups:
+        concurrency = min(1000, sum(groups.values()) + default_limit)
+    return host, concurrency
+
+
+# -- classes, handles, methods -----------------------------------------------------------------
+
+
+class ActorClass:
+    """A ``@ray.remote`` class: ``.remote(*args)`` creates an actor, ``.options(**kw)`` a copy
+    with other options."""
+
+    def __init__(self, cls: type, options: dict) -> None:
+        check_keys(options, ACTOR)
+        self._cls = cls
+        self._options = dict(options)
+        self._creator: tuple[int, InstanceCreator, Any] | None = None
+        self.__name__ = cls.__name__
+        self.__qualname__ = cls.__qualname__
+        self.__doc__ = cls.__doc__
+        self.__module__ = cls.__module__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"Actors cannot be instantiated directly. Instead of "
+                        f"'{self.__name__}()', use '{self.__name__}.remote()'.")
+
+    def __reduce__(self):
+        return (ActorClass, (self._cls, self._options))
+
+    def options(self, **options: Any) -> "ActorClass":
+        check_keys(options, ACTOR)
+        return ActorClass(self._cls, {**self._options, **options})
+
+    def _creator_for_session(self) -> tuple[InstanceCreator, Any]:
+        sess = _context.session
+        if self._creator is not None and self._creator[0] == id(sess):
+            return self._creator[1], self._creator[2]
+        ctx = sess.ctx() if sess is not None else dict(_context.current_ctx())
+        ropts = to_invoke_options(self._options, ACTOR, ctx["namespace"],
+                                  sess.job_env if sess is not None else None)
+        ctx = dict(ctx, resources=ropts.resources)
+        host, concurrency = host_class(self._cls, ctx, ropts.concurrency_groups,
+                                       ropts.invoke.concurrency, ropts.max_retries)
+        ropts.invoke.concurrency = concurrency
+        creator = InstanceCreator(host, ropts.invoke.validate())
+        self._creator = (id(sess), creator, ropts)
+        return creator, ropts
+
+    def remote(self, *args: Any, **kwargs: Any) -> "ActorHandle":
+        """Create the actor (asynchronously); returns its handle at once."""
+        from yrdask.ray._session import ensure_init
+
+        ensure_init()
+        creator, ropts = self._creator_for_session()
+        if ropts.spread:
+            from yrdask.ray._util import next_spread_node
+
+            node = next_spread_node()
+            if node is not None:
+                opts = ropts.invoke.copy()
+                opts.schedule_affinities = node_affinity(node, soft=True)
+                creator = creator.options(opts)
+        return ActorHandle(creator.invoke(*args, **kwargs))
+
+
+class ActorID(str):
+    """An actor's id (a str) with Ray's ``hex()``."""
+
+    def hex(self) -> str:  # noqa: A003 - Ray's name
+        return str(self)
+
+
+class ActorHandle:
+    """A handle to an actor: ``handle.method.remote(...)``; picklable, comparable by actor."""
+
+    def __init__(self, proxy: InstanceProxy) -> None:
+        self._proxy = proxy
+        self._killed = False
+
+    def __getattr__(self, name: str) -> "ActorMethod":
+        proxy = self.__dict__.get("_proxy")
+        if proxy is None or name.startswith("__"):
+            raise AttributeError(name)
+        info = proxy._methods.get(name)
+        if info is None:
+            raise AttributeError(f"'ActorHandle' object has no attribute '{name}' "
+                                 f"(actor class {proxy._cls_name})")
+        return ActorMethod(self, name, info[0], info[1], {})
+
+    def __reduce__(self):
+        return (ActorHandle, (self._proxy,))
+
+    def __repr__(self) -> str:
+        return f"Actor({self._proxy._cls_name}, {self._proxy.instance_id})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActorHandle) and \
+            other._proxy.instance_id == self._proxy.instance_id
+
+    def __hash__(self) -> int:
+        return hash(self._proxy.instance_id)
+
+    @property
+    def _actor_id(self) -> ActorID:
+        return ActorID(self._proxy.instance_id)
+
+    def _kill(self) -> None:
+        self._killed = True
+        proxy = self._proxy
+        if not proxy._rt.closed:
+            _kill(proxy._rt, proxy.instance_id, True)
+
+
+class ActorMethod:
+    """One method of an actor handle: ``.remote(*args)``, ``.options(num_returns=...)``."""
+
+    def __init__(self, handle: ActorHandle, name: str, nret: Any, sig: Any,
+                 options: dict) -> None:
+        self._handle, self._name, self._nret, self._sig = handle, name, nret, sig
+        self._options = options
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"Actor methods cannot be called directly. Instead of running "
+                        f"'object.{self._name}()', try 'object.{self._name}.remote()'.")
+
+    def options(self, **options: Any) -> "ActorMethod":
+        """Per-call options: ``num_returns`` (other Ray method options go in @ray.method)."""
+        check_keys(options, METHOD)
+        for key, value in options.items():
+            if key == "num_returns":
+                options = {**options, key: _method_returns(check_num_returns(value),
+                                                           f"{self._name}.options()")}
+            elif key != "enable_task_events" and value is not None:
+                raise UnsupportedOptionError(
+                    f"{self._name}.options({key}=...) per call is not supported by yrdask.ray; "
+                    f"declare it on the method with @ray.method({key}=...)")
+        return ActorMethod(self._handle, self._name, self._nret, self._sig,
+                           {**self._options, **options})
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the method: an ObjectRef (a list of ``num_returns`` of them; None for 0)."""
+        from yrdask.ray._session import ensure_init, failed_ref
+
+        ensure_init()
+        handle = self._handle
+        nret = self._options.get("num_returns", self._nret)
+        if handle._killed:
+            err = ActorDiedError(f"The actor {handle._proxy.instance_id} "
+                                 f"({handle._proxy._cls_name}) was killed with ray.kill().")
+            refs = [failed_ref(err) for _ in range(max(1, nret))]
+            return None if nret == 0 else refs[0] if nret == 1 else refs
+        return MethodProxy(handle._proxy, self._name, nret, self._sig).invoke(*args, **kwargs)

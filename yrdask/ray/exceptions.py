@@ -1,0 +1,184 @@
+"""Ray's exception types (``ray.exceptions``) and the mapping from yrdask's errors to them.
+
+::
+
+    Exception
+    └── RayError
+        ├── RayTaskError            a task or actor method raised; ``ray.get`` raises
+        │                           ``RayTaskError(E)``, an instance of both this and the user's E
+        ├── RayActorError
+        │   ├── ActorDiedError      the actor ended (killed, exited, out of restarts, bad __init__)
+        │   └── ActorUnavailableError
+        ├── GetTimeoutError         (also TimeoutError) ``ray.get`` ran out of time
+        ├── TaskCancelledError      the task was cancelled with ``ray.cancel``
+        ├── WorkerCrashedError      the task's worker process died more often than retries allow
+        ├── ObjectLostError
+        │   └── OwnerDiedError
+        ├── RuntimeEnvSetupError
+        ├── RaySystemError
+        └── UnsupportedOptionError  (yrdask; also ValueError) a Ray option yrdask does not support
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from yrdask import errors as _yr
+
+__all__ = ["RayError", "RayTaskError", "RayActorError", "ActorDiedError",
+           "ActorUnavailableError", "GetTimeoutError", "TaskCancelledError",
+           "WorkerCrashedError", "ObjectLostError", "OwnerDiedError", "RuntimeEnvSetupError",
+           "RaySystemError", "UnsupportedOptionError", "from_yr_error"]
+
+
+class RayError(Exception):
+    """Base of every Ray error."""
+
+
+class RayTaskError(RayError):
+    """A task or actor method raised; ``cause`` is the user's exception.
+
+    ``ray.get`` raises :meth:`as_instanceof_cause`: an instance of a class derived from both
+    this class and the cause's class, so ``except ValueError`` and ``except RayTaskError`` both
+    catch it, as on Ray.
+    """
+
+    def __init__(self, function_name: str = "", traceback_str: str = "",
+                 cause: BaseException | None = None, proctitle: str = "", pid: int = 0,
+                 ip: str = "", actor_repr: str | None = None, actor_id: str | None = None) -> None:
+        self.function_name = function_name
+        self.traceback_str = traceback_str
+        self.cause = cause
+        self.proctitle, self.pid, self.ip = proctitle, pid, ip
+        self.actor_repr, self.actor_id = actor_repr, actor_id
+        RayError.__init__(self, traceback_str or repr(cause))
+
+    def __str__(self) -> str:
+        return self.traceback_str or repr(self.cause)
+
+    def __reduce__(self):
+        return (RayTaskError, (self.function_name, self.traceback_str, self.cause))
+
+    def as_instanceof_cause(self) -> "RayTaskError":
+        """This error as an instance of ``RayTaskError(<cause's class>)`` (see class doc)."""
+        cause = self.cause
+        if cause is None or isinstance(cause, RayTaskError):
+            return self
+        cls = type(cause)
+        dual = _dual_classes.get(cls)
+        if dual is None:
+            def __getattr__(self, name):  # noqa: N807 - the cause's own attributes
+                return getattr(self.__dict__["cause"], name)
+
+            try:
+                dual = type(f"RayTaskError({cls.__name__})", (RayTaskError, cls),
+                            {"__getattr__": __getattr__, "__module__": cls.__module__,
+                             "__str__": RayTaskError.__str__,
+                             "__reduce__": RayTaskError.__reduce__,
+                             "__init__": RayTaskError.__init__})
+            except TypeError:  # the user's class cannot be combined with ours
+                return self
+            _dual_classes[cls] = dual
+        err = dual.__new__(dual)
+        err.__dict__.update(self.__dict__)
+        err.args = (cause,)  # as on Ray: the cause itself is the one argument
+        return err
+
+
+_dual_classes: dict[type, type] = {}
+
+
+class RayActorError(RayError):
+    """An actor could not run the call: it died or is unreachable."""
+
+    def __init__(self, message: str = "The actor died unexpectedly before finishing this task.",
+                 actor_id: str | None = None) -> None:
+        super().__init__(message)
+        self.actor_id = actor_id
+        self.error_msg = message
+
+
+class ActorDiedError(RayActorError):
+    """The actor ended: killed, exited, out of restarts, or its ``__init__`` raised."""
+
+
+class ActorUnavailableError(RayActorError):
+    """The actor is temporarily unreachable (restarting)."""
+
+
+class GetTimeoutError(RayError, TimeoutError):
+    """``ray.get`` / ``ray.wait``-style waits ran out of time."""
+
+
+class TaskCancelledError(RayError):
+    """The task was cancelled by ``ray.cancel``."""
+
+    def __init__(self, task_id: Any = None, error_message: str | None = None) -> None:
+        self.task_id = task_id
+        super().__init__(error_message or f"Task: {task_id} was cancelled.")
+
+
+class WorkerCrashedError(RayError):
+    """The worker process running the task died (more often than the task's retries allow)."""
+
+
+class ObjectLostError(RayError):
+    """An object's value is lost (its keeper died)."""
+
+
+class OwnerDiedError(ObjectLostError):
+    """The process owning an object died."""
+
+
+class RuntimeEnvSetupError(RayError):
+    """The ``runtime_env`` of a task or actor could not be set up."""
+
+
+class RaySystemError(RayError):
+    """An internal failure of the system."""
+
+
+class UnsupportedOptionError(RayError, _yr.YRValueError):
+    """A Ray option or value that yrdask does not support; the message names it and says why."""
+
+
+class ActorExitRequest(Exception):
+    """Raised by ``ray.actor.exit_actor()`` to end the method; callers see ActorDiedError."""
+
+
+def from_yr_error(err: BaseException, what: str = "") -> BaseException:
+    """The Ray error to raise for a yrdask error ``err`` (``err`` itself when none fits)."""
+    if isinstance(err, RayError) and not isinstance(err, _yr.YRInvokeError):
+        return err
+    if isinstance(err, _yr.YRInvokeError):
+        cause = err.cause
+        if isinstance(cause, ActorExitRequest):
+            return ActorDiedError("The actor exited via ray.actor.exit_actor() in this call.")
+        if isinstance(cause, _yr.CancelledError):
+            return TaskCancelledError(error_message=str(cause))
+        if isinstance(cause, RayTaskError) and cause.cause is not None:
+            cause = cause.cause  # a nested ray.get re-raised: keep the original cause
+        if isinstance(cause, RayError):
+            return cause
+        if isinstance(cause, _CreationFailed):
+            return ActorDiedError(
+                "The actor died because of an error raised in its creation task: "
+                f"{cause.traceback_str}")
+        return RayTaskError(what, err.traceback_str, cause).as_instanceof_cause()
+    if isinstance(err, _yr.CancelledError):
+        return TaskCancelledError(error_message=str(err))
+    if isinstance(err, _yr.YRTimeoutError):
+        return GetTimeoutError(str(err))
+    if isinstance(err, _yr.TaskCrashedError):
+        return WorkerCrashedError(str(err))
+    if isinstance(err, (_yr.InstanceDiedError, _yr.CallCrashedError)):
+        return ActorDiedError(str(err))
+    return err
+
+
+class _CreationFailed(Exception):
+    """An actor's ``__init__`` raised (travels from the worker; becomes ActorDiedError)."""
+
+    def __init__(self, traceback_str: str) -> None:
+        super().__init__(traceback_str)
+        self.traceback_str = traceback_str

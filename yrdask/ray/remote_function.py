@@ -1,0 +1,193 @@
+"""``@ray.remote`` functions: ``f.remote(...)`` and ``f.options(...)`` over yr's FunctionProxy.
+
+The function travels inside a :class:`TaskBody`, which on the worker
+
+* installs the ``ray`` import alias first when the driver runs under ``python -m yrdask.ray``
+  (so a body that says ``ray.get`` or ``import ray`` finds yrdask.ray there too);
+* sets the job context (namespace, job id, assigned resources) for ``ray.get_runtime_context``
+  and ``ray.get_actor``;
+* reruns the function after a user exception when ``retry_exceptions`` allows it, up to
+  ``max_retries`` times (Ray's rule; reruns after a lost worker are bounded by the same
+  ``max_retries``, handed to yr's submit queue as the task's own bound).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import pickle
+import uuid
+from typing import Any, Callable
+
+import cloudpickle
+
+from yrdask.api.functions import FunctionProxy
+import yrdask.ray._context as _context
+from yrdask.ray._options import TASK, RayOptions, node_affinity, to_invoke_options
+from yrdask.ray._util import next_spread_node, should_retry
+from yrdask.ray.exceptions import UnsupportedOptionError
+
+__all__ = ["RemoteFunction", "TaskBody", "should_retry"]
+
+
+class TaskBody:
+    """What runs on the worker for one ray task (see module docstring)."""
+
+    def __init__(self, fn: Callable, ctx: dict, retry_exceptions: Any, max_retries: int,
+                 mode: str = "plain") -> None:
+        self.fn, self.ctx = fn, ctx
+        self.retry_exceptions, self.max_retries = retry_exceptions, max_retries
+        self.mode = mode  # "plain", "streaming" (yields), "dynamic" (a generator of refs)
+        self.__name__ = getattr(fn, "__name__", "task")
+        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
+        self.__module__ = getattr(fn, "__module__", None)
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.__signature__ = inspect.signature(fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.mode == "streaming":
+            return self._stream(args, kwargs)
+        ctx = dict(self.ctx, task_id=uuid.uuid4().hex)
+        prev = _context.set_task_ctx(ctx)
+        try:
+            attempt = 0
+            while True:
+                try:
+                    if self.mode == "dynamic":  # values stored here, their refs returned
+                        from yrdask.ray._session import store
+                        from yrdask.ray.generators import DynamicObjectRefGenerator
+
+                        return DynamicObjectRefGenerator(
+                            [store(v) for v in self.fn(*args, **kwargs)])
+                    return self.fn(*args, **kwargs)
+                except BaseException as e:  # noqa: BLE001 - rerun or re-raise
+                    if should_retry(e, self.retry_exceptions) and (
+                            self.max_retries == -1 or attempt < self.max_retries):
+                        attempt += 1
+                        continue
+                    raise
+        finally:
+            _context.set_task_ctx(prev)
+
+    def _stream(self, args: tuple, kwargs: dict) -> Any:
+        """A generator task: the context holds while it yields (the worker iterates it)."""
+        prev = _context.set_task_ctx(dict(self.ctx, task_id=uuid.uuid4().hex))
+        try:
+            yield from self.fn(*args, **kwargs)
+        finally:
+            _context.set_task_ctx(prev)
+
+    def __reduce__(self):
+        state = cloudpickle.dumps((self.fn, self.ctx, self.retry_exceptions, self.max_retries,
+                                   self.mode), protocol=5)
+        return (_rebuild_body, (bool(self.ctx.get("alias")), state))
+
+
+def _rebuild_body(alias: bool, state: bytes) -> TaskBody:
+    if alias:  # before the function is unpickled: its module may say `import ray`
+        import yrdask.ray._alias as _alias
+
+        _alias.install()
+    return TaskBody(*pickle.loads(state))
+
+
+class RemoteFunction:
+    """A ``@ray.remote`` function: ``.remote(*args)`` submits it, ``.options(**kw)`` changes
+    options for the calls made through the returned object only."""
+
+    def __init__(self, fn: Callable, options: dict) -> None:
+        from yrdask.ray._options import check_keys
+
+        check_keys(options, TASK)
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                f"'async def' should not be used for remote tasks ({fn.__qualname__}); "
+                "make it a plain def that calls asyncio.run(...), or an async actor method")
+        self._function = fn
+        self._options = dict(options)
+        self._proxy: tuple[Any, FunctionProxy, RayOptions] | None = None
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        name = getattr(self._function, "__qualname__", "f")
+        raise TypeError(f"Remote functions cannot be called directly. Instead of running "
+                        f"'{name}()', try '{name}.remote()'.")
+
+    def __reduce__(self):
+        return (RemoteFunction, (self._function, self._options))
+
+    def options(self, **options: Any) -> "RemoteFunction":
+        """A copy with ``options`` merged over this function's (Ray's ``.options``)."""
+        from yrdask.ray._options import check_keys
+
+        check_keys(options, TASK)
+        return RemoteFunction(self._function, {**self._options, **options})
+
+    def _proxy_for_session(self) -> tuple[FunctionProxy, RayOptions]:
+        sess = _context.session
+        cached = self._proxy
+        key = id(sess)
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        ctx = _context.current_ctx() if sess is None else None
+        namespace = (sess.namespace if sess is not None else ctx["namespace"])
+        ropts = to_invoke_options(self._options, TASK, namespace,
+                                  sess.job_env if sess is not None else None)
+        if sess is not None:
+            ctx = sess.ctx(ropts.resources)
+        else:
+            ctx = dict(ctx, resources=ropts.resources)
+        nret, mode = self._returns(ropts.num_returns)
+        body = TaskBody(self._function, ctx, ropts.retry_exceptions, ropts.max_retries, mode)
+        proxy = FunctionProxy(body, ropts.invoke, nret)
+        proxy._wait_nested = False  # Ray's rule: refs nested in arguments are not waited for
+        proxy._max_crashes = ropts.max_retries  # reruns after a lost worker (-1: no bound)
+        self._proxy = (key, proxy, ropts)
+        return proxy, ropts
+
+    def _returns(self, num_returns: Any) -> tuple[int, str]:
+        """yr's number of returns and the body's mode for Ray's ``num_returns``."""
+        from yrdask.protocol import STREAMING
+
+        is_gen = inspect.isgeneratorfunction(self._function)
+        if "num_returns" not in self._options and is_gen:
+            num_returns = "streaming"  # Ray's default for generator functions
+        if num_returns in ("streaming", "dynamic") and not is_gen:
+            raise ValueError(f"num_returns={num_returns!r} needs a generator function; "
+                             f"{self.__qualname__} does not yield")
+        if num_returns == "streaming":
+            return STREAMING, "streaming"
+        if num_returns == "dynamic":
+            return 1, "dynamic"
+        if is_gen:
+            raise UnsupportedOptionError(
+                f"num_returns={num_returns} on the generator function {self.__qualname__} is "
+                "not supported by yrdask.ray; use num_returns='streaming' (the default) or "
+                "'dynamic'")
+        return num_returns, "plain"
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Submit one call: an ObjectRef (a list of ``num_returns`` of them; None for 0)."""
+        from yrdask.ray._session import ensure_init
+
+        ensure_init()
+        proxy, ropts = self._proxy_for_session()
+        if ropts.spread:
+            proxy = self._spread(proxy, ropts)
+        return proxy.invoke(*args, **kwargs)
+
+    def _spread(self, proxy: FunctionProxy, ropts: RayOptions) -> FunctionProxy:
+        """``"SPREAD"``: each call prefers the next node in turn (a soft affinity)."""
+        node = next_spread_node()
+        if node is None:
+            return proxy
+        cache = self.__dict__.setdefault("_spread_proxies", {})
+        if cache.get("_for") is not proxy:  # proxies of an older session are stale
+            cache.clear()
+            cache["_for"] = proxy
+        spread = cache.get(node)
+        if spread is None:
+            opts = ropts.invoke.copy()
+            opts.schedule_affinities = node_affinity(node, soft=True)
+            spread = cache[node] = proxy.options(opts)
+        return spread

@@ -1,0 +1,78 @@
+"""``ray.get_runtime_context()``: ids and resources of the code that is running."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from yrdask.runtime.context import current_runtime
+import yrdask.ray._context as _context
+
+__all__ = ["RuntimeContext", "get_runtime_context"]
+
+
+class RuntimeContext:
+    """What is running here: node, job, task or actor, namespace, assigned resources."""
+
+    def get_node_id(self) -> str:
+        """This node's id (a Dask worker address; in a driver, the driver's endpoint)."""
+        return current_runtime().address
+
+    def get_job_id(self) -> str:
+        return _context.current_ctx().get("job_id", "")
+
+    def get_task_id(self) -> str | None:
+        """An id unique to this execution of the task (None outside tasks)."""
+        return _context.current_ctx().get("task_id")
+
+    def get_actor_id(self) -> str | None:
+        """The actor's id inside an actor method, else None."""
+        inst = _context.hosted_instance()
+        return inst.instance_id if inst is not None else None
+
+    def get_actor_name(self) -> str | None:
+        inst = _context.hosted_instance()
+        return (inst.spec.get("name") or None) if inst is not None else None
+
+    @property
+    def namespace(self) -> str:
+        return _context.current_ctx().get("namespace", "")
+
+    def get_namespace(self) -> str:
+        return self.namespace
+
+    def get_assigned_resources(self) -> dict[str, float]:
+        """The resources this task or actor asked for, in Ray units ({} in a driver)."""
+        if _context.hosted_instance() is None and _context.current_ctx().get("task_id") is None:
+            return {}
+        return {k: v for k, v in _context.current_ctx().get("resources", {}).items() if v}
+
+    @property
+    def current_actor(self) -> Any:
+        """A handle to the actor running this method."""
+        from yrdask.api.instances import InstanceProxy
+        from yrdask.ray.actor import ActorHandle
+
+        inst = _context.hosted_instance()
+        if inst is None:
+            raise RuntimeError("This method is only available in an actor.")
+        rt = current_runtime()
+        return ActorHandle(InstanceProxy(inst.instance_id, inst.spec["meta"], rt))
+
+    def was_current_actor_reconstructed(self) -> bool:
+        from yrdask.ray.exceptions import UnsupportedOptionError
+
+        raise UnsupportedOptionError("was_current_actor_reconstructed() is not supported by "
+                                     "yrdask.ray: a restarted actor is not told it restarted")
+
+    def get(self) -> dict:
+        return {"job_id": self.get_job_id(), "node_id": self.get_node_id(),
+                "namespace": self.namespace, "task_id": self.get_task_id(),
+                "actor_id": self.get_actor_id()}
+
+
+def get_runtime_context() -> RuntimeContext:
+    """The runtime context of the caller (starts a session in a driver, as Ray does)."""
+    from yrdask.ray._session import ensure_init
+
+    ensure_init()
+    return RuntimeContext()

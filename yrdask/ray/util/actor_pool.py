@@ -1,0 +1,133 @@
+"""``ray.util.ActorPool``: spread calls over a fixed set of actors, one call per actor at a time."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator
+
+__all__ = ["ActorPool"]
+
+
+class ActorPool:
+    """Run ``fn(actor, value)`` calls on idle actors of ``actors``; results by order or as they
+    finish.  ``fn`` must return the ObjectRef of one actor method call."""
+
+    def __init__(self, actors: list) -> None:
+        from yrdask.ray.actor import ActorHandle
+
+        actors = list(actors)
+        for a in actors:
+            if not isinstance(a, ActorHandle):
+                raise TypeError(f"ActorPool takes actor handles, got {type(a).__name__}")
+        self._idle_actors = actors
+        self._future_to_actor: dict = {}  # ref -> (submit index, actor)
+        self._index_to_future: dict = {}  # submit index -> ref
+        self._next_task_index = 0
+        self._next_return_index = 0
+        self._pending_submits: list = []  # (fn, value) waiting for an idle actor
+
+    def map(self, fn: Callable, values: Iterable) -> Iterator:
+        """Results of ``fn`` over ``values``, in the order of ``values``."""
+        while self.has_next():  # results of earlier submits are dropped, as in Ray
+            try:
+                self.get_next(timeout=0, ignore_if_timedout=True)
+            except TimeoutError:
+                break
+        for v in values:
+            self.submit(fn, v)
+
+        def results() -> Iterator:
+            while self.has_next():
+                yield self.get_next()
+        return results()
+
+    def map_unordered(self, fn: Callable, values: Iterable) -> Iterator:
+        """Results of ``fn`` over ``values``, as they finish."""
+        while self.has_next():
+            try:
+                self.get_next_unordered(timeout=0)
+            except TimeoutError:
+                break
+        for v in values:
+            self.submit(fn, v)
+
+        def results() -> Iterator:
+            while self.has_next():
+                yield self.get_next_unordered()
+        return results()
+
+    def submit(self, fn: Callable, value: Any) -> None:
+        """Run ``fn(actor, value)`` on an idle actor now, or when one becomes idle."""
+        if self._idle_actors:
+            actor = self._idle_actors.pop()
+            ref = fn(actor, value)
+            self._future_to_actor[ref] = (self._next_task_index, actor)
+            self._index_to_future[self._next_task_index] = ref
+            self._next_task_index += 1
+        else:
+            self._pending_submits.append((fn, value))
+
+    def has_next(self) -> bool:
+        """Whether results are still to be returned."""
+        return bool(self._future_to_actor) or bool(self._pending_submits)
+
+    def get_next(self, timeout: float | None = None, ignore_if_timedout: bool = False) -> Any:
+        """The next result in submission order; ``TimeoutError`` after ``timeout`` s."""
+        from yrdask.ray.worker import get, wait
+
+        if not self.has_next():
+            raise StopIteration("No more results to get")
+        if self._next_return_index >= self._next_task_index:
+            raise ValueError("It is not allowed to call get_next() after get_next_unordered().")
+        ref = self._index_to_future[self._next_return_index]
+        if timeout is not None:
+            ready, _ = wait([ref], timeout=timeout)
+            if not ready:
+                if ignore_if_timedout:
+                    return None
+                raise TimeoutError("Timed out waiting for result")
+        del self._index_to_future[self._next_return_index]
+        self._next_return_index += 1
+        _, actor = self._future_to_actor.pop(ref)
+        self._return_actor(actor)
+        return get(ref)
+
+    def get_next_unordered(self, timeout: float | None = None,
+                           ignore_if_timedout: bool = False) -> Any:
+        """The next result to finish; ``TimeoutError`` after ``timeout`` s."""
+        from yrdask.ray.worker import get, wait
+
+        if not self.has_next():
+            raise StopIteration("No more results to get")
+        ready, _ = wait(list(self._future_to_actor), num_returns=1, timeout=timeout)
+        if not ready:
+            if ignore_if_timedout:
+                return None
+            raise TimeoutError("Timed out waiting for result")
+        ref = ready[0]
+        index, actor = self._future_to_actor.pop(ref)
+        self._index_to_future.pop(index, None)
+        self._next_return_index = max(self._next_return_index, index + 1)
+        self._return_actor(actor)
+        return get(ref)
+
+    def _return_actor(self, actor: Any) -> None:
+        self._idle_actors.append(actor)
+        if self._pending_submits:
+            self.submit(*self._pending_submits.pop(0))
+
+    def has_free(self) -> bool:
+        """Whether an actor is idle (and no submit waits for one)."""
+        return bool(self._idle_actors) and not self._pending_submits
+
+    def pop_idle(self) -> Any:
+        """Remove and return an idle actor, or None."""
+        if self.has_free():
+            return self._idle_actors.pop()
+        return None
+
+    def push(self, actor: Any) -> None:
+        """Add an actor to the pool (it must not be in it already)."""
+        busy = [a for _, a in self._future_to_actor.values()]
+        if actor in self._idle_actors or actor in busy:
+            raise ValueError("Actor already belongs to current ActorPool")
+        self._return_actor(actor)

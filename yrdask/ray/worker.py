@@ -1,0 +1,215 @@
+"""Ray's core functions (``ray.init``, ``get``, ``put``, ``wait``, ``cancel``, ``kill``, ...)
+over yrdask's runtime, with Ray's semantics where they differ from ``yr``'s:
+
+* ``get`` waits forever by default (``timeout=None``), ``timeout=0`` only checks, and errors
+  come back as Ray's types (:mod:`yrdask.ray.exceptions`);
+* ``wait`` returns after ``num_returns=1`` ready refs by default, takes float timeouts and
+  ``timeout=0`` returns what is ready now;
+* ``put`` stores ``None`` and empty bytes too; bytes come back as ``bytes``;
+* the first ``.remote()``, ``put``, ``get`` or ``wait`` starts a session (``ray.init()``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import yrdask
+from yrdask.runtime import context as _rtctx
+from yrdask.runtime.objects import ObjectRef, check_live
+import yrdask.ray._context as _context
+from yrdask.ray._session import (RayContext, ensure_init, failed_ref, init, is_initialized,
+                                 shutdown, store)
+from yrdask.ray.exceptions import UnsupportedOptionError, from_yr_error
+
+logger = logging.getLogger("yrdask.ray")
+
+__all__ = ["init", "shutdown", "is_initialized", "get", "put", "wait", "cancel", "kill",
+           "get_actor", "nodes", "cluster_resources", "available_resources", "RayContext",
+           "ensure_init", "failed_ref"]
+
+
+def _refs_of(object_refs: Any, what: str) -> tuple[list, bool]:
+    if isinstance(object_refs, ObjectRef):
+        return [object_refs], True
+    if not isinstance(object_refs, list) or not all(isinstance(r, ObjectRef)
+                                                     for r in object_refs):
+        raise ValueError(f"'object_refs' must either be an ObjectRef or a list of ObjectRefs "
+                         f"({what} got {type(object_refs).__name__})")
+    return object_refs, False
+
+
+def _plain(value: Any) -> Any:
+    return bytes(value) if isinstance(value, memoryview) else value
+
+
+def get(object_refs: Any, *, timeout: float | None = None) -> Any:
+    """Value(s) of ``object_refs``; waits ``timeout`` s (None: forever; 0: only if ready).
+
+    A failed task raises ``RayTaskError(E)`` (also an ``E``); a dead actor ``ActorDiedError``;
+    running out of time ``GetTimeoutError``.
+    """
+    ensure_init()
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or timeout < 0):
+        raise ValueError(f"'timeout' must be None or a non-negative number, got {timeout!r}")
+    refs, single = _refs_of(object_refs, "ray.get")
+    if not refs:
+        return []
+    check_live(refs, "ray.get")
+    rt = _rtctx.current_runtime()
+    try:
+        values = rt.get(refs, -1 if timeout is None else timeout)
+    except BaseException as e:  # noqa: BLE001 - re-raised as Ray's type
+        mapped = from_yr_error(e)
+        if mapped is e:
+            raise
+        raise mapped from None
+    values = [_plain(v) for v in values]
+    return values[0] if single else values
+
+
+def put(value: Any, *, _owner: Any = None) -> ObjectRef:
+    """Store ``value`` (any picklable value, ``None`` included); returns its ObjectRef."""
+    ensure_init()
+    if _owner is not None:
+        raise UnsupportedOptionError("ray.put(_owner=...) is not supported: the caller owns "
+                                     "what it puts")
+    if isinstance(value, ObjectRef):
+        raise TypeError("Calling 'put' on an ray.ObjectRef is not allowed. If you really want "
+                        "to do this, you can wrap the ray.ObjectRef in a list and call 'put' "
+                        "on it.")
+    return store(value)
+
+
+def wait(object_refs: list, *, num_returns: int = 1, timeout: float | None = None,
+         fetch_local: bool = True) -> tuple[list, list]:
+    """``(ready, not_ready)`` once ``num_returns`` refs are ready or ``timeout`` s passed.
+
+    Both lists keep the input order; failed refs count as ready.
+    """
+    ensure_init()
+    if isinstance(object_refs, ObjectRef):
+        raise TypeError("wait() expected a list of ray.ObjectRef, got a single ray.ObjectRef")
+    if not isinstance(object_refs, list):
+        raise TypeError(f"wait() expected a list of ray.ObjectRef, got {type(object_refs)}")
+    if timeout is not None and (isinstance(timeout, bool) or
+                                not isinstance(timeout, (int, float)) or timeout < 0):
+        raise ValueError(f"The 'timeout' argument must be nonnegative. Received {timeout}")
+    if not isinstance(fetch_local, bool):
+        raise TypeError(f"fetch_local must be a bool, got {fetch_local!r}")
+    for ref in object_refs:
+        if not isinstance(ref, ObjectRef):
+            raise TypeError(f"wait() expected a list of ray.ObjectRef, got list containing "
+                            f"{type(ref)}")
+    if not object_refs:
+        return [], []
+    if len(set(object_refs)) != len(object_refs):
+        raise ValueError("Wait requires a list of unique object refs.")
+    if isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns <= 0:
+        raise ValueError(f"Invalid number of objects to return {num_returns}.")
+    if num_returns > len(object_refs):
+        raise ValueError("num_returns cannot be greater than the number of objects provided "
+                         "to ray.wait.")
+    check_live(object_refs, "ray.wait")
+    return _rtctx.current_runtime().wait(object_refs, num_returns, timeout)
+
+
+def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
+    """Cancel a task: ``ray.get`` of its ref raises ``TaskCancelledError``.
+
+    A queued task never runs; a running one is interrupted at its next Python bytecode
+    (``force`` makes no difference).  Calls on actors are not cancelled (as in yr); tasks the
+    cancelled task submitted keep running (``recursive`` has no effect).
+    """
+    ensure_init()
+    if not isinstance(object_ref, ObjectRef):
+        raise TypeError("ray.cancel() only supported for object refs. For actors, try "
+                        f"ray.kill(). Got: {type(object_ref)}.")
+    for name, value in (("force", force), ("recursive", recursive)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+    _rtctx.current_runtime().cancel([object_ref])
+
+
+def kill(actor: Any, *, no_restart: bool = True) -> None:
+    """End ``actor`` now; its pending and later calls raise ``ActorDiedError``."""
+    from yrdask.ray.actor import ActorHandle
+
+    if not isinstance(actor, ActorHandle):
+        raise ValueError("ray.kill() only supported for actors. For tasks, try ray.cancel(). "
+                         f"Got: {type(actor)}.")
+    if no_restart is not True:
+        raise UnsupportedOptionError(
+            "ray.kill(actor, no_restart=False) is not supported by yrdask.ray: a killed actor "
+            "is never restarted; its restarts (max_restarts) apply when its process dies")
+    actor._kill()
+
+
+def get_actor(name: str, namespace: str | None = None) -> Any:
+    """A handle to the live actor ``name`` in ``namespace`` (default: this job's)."""
+    ensure_init()
+    from yrdask.ray.actor import ActorHandle
+
+    if not isinstance(name, str) or not name:
+        raise ValueError("Please supply a non-empty value to get_actor")
+    if namespace is not None and (not isinstance(namespace, str) or not namespace):
+        raise ValueError(f"namespace must be None or a non-empty str, got {namespace!r}")
+    ns = namespace or _context.current_ctx()["namespace"]
+    try:
+        proxy = yrdask.get_instance(name, ns, 60)
+    except yrdask.YRTimeoutError:
+        raise
+    except yrdask.YRRuntimeError:
+        raise ValueError(f"Failed to look up actor with name '{name}'. This could because "
+                         "1. You are trying to look up a named actor you didn't create. "
+                         "2. The named actor died. 3. You did not use a namespace matching "
+                         f"the namespace of the actor (looked in namespace {ns!r}).") from None
+    return ActorHandle(proxy)
+
+
+def nodes() -> list[dict]:
+    """One dict per node (a Dask worker process): NodeID, Alive, NodeManagerAddress,
+    NodeManagerHostname, Resources (Ray units: CPU in cores, memory in bytes)."""
+    ensure_init()
+    from distributed.comm import get_address_host
+
+    out = []
+    for node in yrdask.resources():
+        host = get_address_host(node["id"])
+        out.append({"NodeID": node["id"], "Alive": True, "alive": True,
+                    "NodeManagerAddress": host, "NodeManagerHostname": host,
+                    "NodeName": host, "Resources": _ray_units(node["capacity"]),
+                    "Labels": {}})
+    return out
+
+
+def _ray_units(resources: dict) -> dict:
+    out: dict[str, float] = {}
+    for key, amount in resources.items():
+        if key == "CPU":
+            out["CPU"] = amount / 1000.0
+        elif key == "Memory":
+            out["memory"] = float(amount) * 2 ** 20
+        else:
+            out[key] = float(amount)
+    return out
+
+
+def _sum(field: str) -> dict:
+    ensure_init()
+    total: dict[str, float] = {}
+    for node in yrdask.resources():
+        for key, amount in _ray_units(node[field]).items():
+            total[key] = total.get(key, 0.0) + amount
+    return total
+
+
+def cluster_resources() -> dict:
+    """Total resources of the cluster in Ray units (CPU cores, memory bytes, custom tags)."""
+    return _sum("capacity")
+
+
+def available_resources() -> dict:
+    """What running tasks and live actors leave free, in Ray units."""
+    return _sum("allocatable")

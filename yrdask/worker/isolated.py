@@ -1,0 +1,883 @@
+"""Isolated work: an instance, or a pooled task process, in a child process of the worker.
+
+Why: native code that crashes (``os._exit``, a segfault) must take only its own process
+down, not the worker and every neighbour on it; and work with ``env_vars`` or a
+``working_dir`` needs a process whose ``os.environ`` and current directory are its own.
+
+How (``docs/isolation.md``):
+
+* Each worker keeps one :class:`Zygote` (``python -m yrdask.worker.isolated``, started on
+  first use): a warm interpreter with Dask and yrdask imported that ``fork()``s every child
+  and sets its environment and directory.  A child runs a small Dask ``Server`` on loopback
+  (Dask's comms, no networking of its own) and hosts the instance with the same
+  :class:`~yrdask.worker.hosting.HostedInstance` code (:class:`~yrdask.protocol.StartIsolated`,
+  then ``CALL_METHOD`` / ``TASK_DONE`` on one call channel from the agent), or runs tasks
+  (:class:`~yrdask.protocol.RunIsolated`, :class:`ProcessPool`).
+* Callers still send their calls to the worker: the agent forwards them on that one comm
+  (:class:`IsolatedInstance`), so routing, redelivery and the scheduler are unchanged.
+  Results come back as values; the agent keeps large ones in its own store, as for
+  in-process work, so they outlive the child.
+* No orphans: the agent kills its children on stop and on close; the zygote exits when its
+  stdin closes (the agent closed it, or the worker died) and kills its children first; a
+  child dies with the zygote (``PR_SET_PDEATHSIG``).
+* When an instance's child dies, its restart rules apply as for a lost worker: with
+  ``recover_retry_times`` left, a new child is started on this worker (a fresh ``__init__``)
+  and the calls not answered are delivered again in order, except that each caller's
+  oldest one (the one that was running) is charged a crash (:func:`charge_crash`); without,
+  the instance ends, and its calls fail with ``InstanceDiedError`` naming the exit code or
+  the signal.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import dask
+
+from yrdask import protocol as P
+from yrdask.errors import (CallCrashedError, InstanceDiedError, RemoteError, YRValueError,
+                           user_traceback)
+from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
+
+logger = logging.getLogger("yrdask.worker")
+
+START_TIMEOUT_S = 60.0
+POOL_IDLE_S = 10.0  # a pooled task process unused this long is reaped
+
+
+def describe_exit(pid: int, returncode: int) -> str:
+    """``"its process (pid 12) exited with code 3"`` or ``"... was killed by signal 11
+    (SIGSEGV)"``: the cause every error about a dead isolated process names."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown"
+        return f"its isolated process (pid {pid}) was killed by signal {-returncode} ({name})"
+    return f"its isolated process (pid {pid}) exited with code {returncode}"
+
+
+def split_returns(result: Any, nret: int) -> list:
+    """The ``nret`` values a task or method returned, as Python unpacking would check them."""
+    try:
+        values = list(result)
+    except TypeError:
+        raise TypeError(f"cannot unpack non-iterable {type(result)} object") from None
+    if len(values) < nret:
+        raise ValueError(f"not enough values to unpack (expected {nret}, got {len(values)})")
+    if len(values) > nret:
+        raise ValueError(f"too many values to unpack (expected {nret}, got {len(values)})")
+    return values
+
+
+# -- agent side ------------------------------------------------------------------------------
+
+
+def _child_env(extra: dict | None) -> dict:
+    env = dict(os.environ)
+    env.update(extra or {})
+    # The child imports what the worker imports (user modules pickled by reference).
+    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p or os.getcwd()) for p in sys.path)
+    return env
+
+
+def spawn(isolation: dict) -> tuple[Any, str]:
+    """Start a child with the instance's env and cwd; returns it and its listening address.
+
+    Forked from this worker's zygote (a warm interpreter with Dask and yrdask imported), so
+    a start costs a fork, not an interpreter start.  Blocking (run it in a thread).  A
+    missing working directory raises ``YRValueError``.
+    """
+    cwd = isolation.get("cwd") or None
+    if cwd is not None and not os.path.isdir(cwd):
+        raise YRValueError(f"working_dir {cwd!r} does not exist on this worker host; create it "
+                           "there or give runtime_env={'working_dir': <an existing dir>}")
+    return Zygote.get().fork(_child_env(isolation.get("env")), cwd)
+
+
+class ForkedProcess:
+    """A child forked by the zygote, seen from the agent: ``pid``, ``kill()``, ``wait()``
+    like ``subprocess.Popen`` (the zygote, its parent, reports its exit status)."""
+
+    stdin = None
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+        return self.returncode  # type: ignore[return-value]
+
+    def _exited(self, code: int) -> None:
+        self.returncode = code
+        self._ended.set()
+
+
+class Zygote:
+    """One warm interpreter per worker that forks the isolated processes on request.
+
+    Requests and answers are JSON lines on its stdin and stdout: ``{"id", "env", "cwd"}`` in;
+    ``{"id", "pid", "address"}`` from the forked child once it listens, and ``{"exit": pid,
+    "code": n}`` when the zygote reaps one (``n < 0``: killed by signal ``-n``).  The zygote
+    exits when its stdin closes (the agent closed it, or the worker died) and takes its
+    children with it; a child also dies with the zygote (``PR_SET_PDEATHSIG``).
+    """
+
+    _current: "Zygote | None" = None
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> "Zygote":
+        with cls._lock:
+            z = cls._current
+            if z is None or z.dead:
+                z = cls._current = Zygote()
+            return z
+
+    @classmethod
+    def close_current(cls) -> None:
+        with cls._lock:
+            z, cls._current = cls._current, None
+        if z is not None:
+            z.close()
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "yrdask.worker.isolated", "--zygote"], env=_child_env(None),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.lock = threading.Lock()
+        self.ids = iter(range(1, 1 << 62))
+        self.waiting: dict[int, list] = {}  # request id -> [Event, answer]
+        self.children: dict[int, ForkedProcess] = {}
+        self.early_exits: dict[int, int] = {}  # exits read before their fork's answer
+        self.dead = False
+        threading.Thread(target=self._read, daemon=True, name="yr-zygote-reader").start()
+
+    def fork(self, env: dict, cwd: str | None) -> tuple[ForkedProcess, str]:
+        with self.lock:
+            if self.dead:
+                raise RuntimeError("the worker's zygote process has exited")
+            rid = next(self.ids)
+            slot: list = [threading.Event(), None]
+            self.waiting[rid] = slot
+            line = json.dumps({"id": rid, "env": env, "cwd": cwd}) + "\n"
+            try:
+                self.proc.stdin.write(line.encode())
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self.dead = True
+                raise RuntimeError("the worker's zygote process has exited") from None
+        if not slot[0].wait(START_TIMEOUT_S):
+            raise RuntimeError(f"the isolated process did not start in {START_TIMEOUT_S:g} s")
+        answer = slot[1]
+        if answer is None:
+            raise RuntimeError("the worker's zygote process exited while it forked")
+        if "error" in answer:
+            raise RuntimeError(f"the isolated process did not start: {answer['error']}")
+        return self.children[answer["pid"]], answer["address"]
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            with self.lock:
+                if "exit" in msg:
+                    child = self.children.pop(msg["exit"], None)
+                    if child is None:
+                        self.early_exits[msg["exit"]] = msg["code"]
+                    else:
+                        child._exited(msg["code"])
+                    continue
+                slot = self.waiting.pop(msg.get("id"), None)
+                if "pid" in msg:
+                    child = self.children[msg["pid"]] = ForkedProcess(msg["pid"])
+                    code = self.early_exits.pop(msg["pid"], None)
+                    if code is not None:
+                        self.children.pop(msg["pid"])
+                        child._exited(code)
+            if slot is not None:
+                slot[1] = msg
+                slot[0].set()
+        with self.lock:  # the zygote is gone, and its children with it
+            self.dead = True
+            waiting, self.waiting = self.waiting, {}
+            children, self.children = self.children, {}
+        for slot in waiting.values():
+            slot[0].set()
+        for child in children.values():
+            child._exited(-signal.SIGKILL)
+
+    def close(self) -> None:
+        """Kill every child (the zygote does so when its stdin closes) and reap the zygote."""
+        with self.lock:
+            children = list(self.children.values())
+        for child in children:
+            child.kill()
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - stuck: it goes the hard way
+            self.proc.kill()
+            self.proc.wait()
+
+
+class IsolatedInstance:
+    """The agent's side of one isolated instance (same surface as ``HostedInstance``)."""
+
+    def __init__(self, agent: Any, spec: dict) -> None:
+        self.agent = agent
+        self.spec = spec
+        self.instance_id: str = spec["instance_id"]
+        self.cls_name: str = spec["cls_name"]
+        self.stopped: str | None = None
+        self.pending: dict[str, tuple[Any, dict]] = {}  # forwarded, not answered, in order
+        self.waiting: list[tuple[Any, dict]] = []  # arrived while no child is ready
+        self.crashes: dict[str, int] = {}  # call id -> times it was running when a child died
+        self.calls_done = 0
+        self.restarts = 0
+        self.proc: subprocess.Popen | None = None
+        self.comm: Any = None
+        self.stream: Any = None
+        self.init_error: bytes | None = None
+        self.address: str | None = None
+        self._stopping: asyncio.Task | None = None
+        self.generation = 0
+        agent.loop.create_task(self._start(report=True))
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    async def _start(self, report: bool) -> None:
+        """Start a child, build the instance in it, then forward the calls that waited."""
+        from distributed.comm import connect
+
+        from yrdask.stream import StreamSender
+
+        self.generation += 1
+        gen = self.generation
+        loop = self.agent.loop
+        try:
+            spec = dict(self.spec)
+            deps = spec.get("deps") or []
+            if deps:
+                payloads = await loop.run_in_executor(None, self.agent.payloads, deps)
+                spec["deps"] = [[oid, P.VALUE, wire(p)] for (oid, _k, _p), p in zip(deps, payloads)]
+            proc, address = await loop.run_in_executor(None, spawn, spec["isolation"])
+            if self.stopped is not None:
+                _kill(proc)
+                return
+            self.proc, self.address = proc, address
+            threading.Thread(target=self._watch, args=(proc, gen), daemon=True,
+                             name=f"yr-isolated-watch-{self.instance_id}").start()
+            comm = await connect(address)
+            await comm.write(P.StartIsolated(spec).to_msg())
+            reply = await asyncio.wait_for(comm.read(), START_TIMEOUT_S)
+            if isinstance(reply, dict):  # the child's Server reports its own failure
+                raise RuntimeError(f"the isolated process could not build the instance: "
+                                   f"{reply.get('text') or reply!r}")
+            self.init_error = reply
+            await comm.close()
+            comm = await connect(address)
+            await comm.write(P.OpenChannel(self.agent.worker.address).to_msg())
+        except BaseException as e:  # noqa: BLE001 - every call reports it
+            if self.stopped is not None or gen != self.generation:
+                return
+            if self.proc is not None:
+                # The child died in __init__ (or cannot be reached): make sure it is gone;
+                # the watcher then applies the restart rules with its exit status.
+                _kill(self.proc)
+                return
+            self.init_error = dumps(RemoteError.from_exception(e, ""))
+            if report:
+                self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
+            waiting, self.waiting = self.waiting, []
+            for peer, msg in waiting:
+                self._fail_init(peer, msg)
+            return
+        if self.stopped is not None or gen != self.generation:
+            comm.abort()
+            return
+        self.comm, self.stream = comm, StreamSender(comm)
+        if report:
+            self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
+        loop.create_task(self._read(comm, gen))
+        waiting, self.waiting = self.waiting, []
+        for peer, msg in waiting:
+            self.call(peer, msg)
+
+    def _fail_init(self, peer: Any, msg: dict) -> None:
+        peer.reply(P.TaskDone(msg["task_id"], error=self.init_error).to_msg())
+
+    def call(self, peer: Any, msg: dict) -> None:
+        """``CALL_METHOD`` for this instance (loop thread): forward it, or queue it."""
+        if self.stopped is not None:
+            return self._answer_died(peer, msg["task_id"], self.stopped)
+        if self.stream is None:
+            if self.init_error is not None and self.proc is None:
+                return self._fail_init(peer, msg)
+            self.waiting.append((peer, msg))
+            return
+        self.pending[msg["task_id"]] = (peer, msg)
+        self.stream.send(msg)
+
+    async def _read(self, comm: Any, gen: int) -> None:
+        from distributed.comm.core import CommClosedError
+
+        try:
+            while True:
+                msgs = await comm.read()
+                for msg in msgs if isinstance(msgs, (list, tuple)) else (msgs,):
+                    op = msg.get("op")
+                    if op == P.TASK_DONE:
+                        self._done(msg)
+                    elif op == P.GENERATOR_ITEM:
+                        self._item(msg)
+        except (CommClosedError, OSError):
+            pass  # the watcher reports the exit
+
+    def _done(self, msg: dict) -> None:
+        entry = self.pending.pop(msg["task_id"], None)
+        if entry is None:
+            return
+        peer, _call = entry
+        self.crashes.pop(msg["task_id"], None)
+        results = msg.get("results")
+        if results is not None:
+            msg["results"] = self._keep_large(msg["task_id"], results)
+        self.calls_done += 1
+        peer.reply(msg)
+
+    def _item(self, msg: dict) -> None:
+        """One value of a generator method: kept like a result, passed on at once."""
+        entry = self.pending.get(msg["task_id"])
+        if entry is not None:
+            oid = f"{msg['task_id']}.{msg['index']}"
+            msg["result"] = keep_large(self.agent, oid, [msg["result"]])[0]
+            entry[0].reply(msg)
+
+    def _keep_large(self, call_id: str, results: list) -> list:
+        return keep_large(self.agent, call_id, results)
+
+    def _watch(self, proc: subprocess.Popen, gen: int) -> None:
+        code = proc.wait()
+        try:
+            self.agent.loop.call_soon_threadsafe(self._exited, proc, code, gen)
+        except RuntimeError:  # the loop is closed: the worker is gone
+            pass
+
+    def _exited(self, proc: subprocess.Popen, code: int, gen: int) -> None:
+        """The child died (loop thread): restart it per ``recover_retry_times``, or end."""
+        if self.stopped is not None or gen != self.generation:
+            return
+        cause = describe_exit(proc.pid, code)
+        logger.warning("instance %s (%s): %s", self.instance_id, self.cls_name, cause)
+        if self.comm is not None:
+            self.comm.abort()
+        self.comm = self.stream = None
+        self.proc = None
+        limit = self.spec.get("recover_retry_times") or 0
+        if limit != -1 and self.restarts >= limit:
+            if limit:
+                cause += f" and it had used all its {limit} restarts"
+            self.agent.isolated_lost(self.instance_id, cause)
+            return
+        self.restarts += 1
+        max_redeliveries = int(dask.config.get("yrdask.scheduling.max-call-redeliveries", 1))
+        pending, self.pending = list(self.pending.values()), {}
+        resend, failed = charge_crash(pending, self.crashes, max_redeliveries)
+        for peer, msg, n in failed:
+            cid = msg["task_id"]
+            err = CallCrashedError(
+                f"method {msg['method']!r}: call {cid} on instance {self.instance_id} "
+                f"was running when the instance's process died, {n} times (last: "
+                f"{cause}); it is not delivered again (yrdask.scheduling."
+                f"max-call-redeliveries={max_redeliveries}): it may be what kills the process")
+            peer.reply(P.TaskDone(cid, error=dumps(RemoteError.from_exception(err, ""))).to_msg())
+        self.waiting = resend + self.waiting
+        self.init_error = None
+        self.agent.loop.create_task(self._start(report=False))
+
+    def _answer_died(self, peer: Any, call_id: str, reason: str) -> None:
+        err = InstanceDiedError(
+            f"instance {self.instance_id} ({self.cls_name}) has ended: {reason}")
+        peer.reply(P.TaskDone(call_id, error=dumps(RemoteError.from_exception(err, ""))).to_msg())
+
+    def stop(self, reason: str) -> None:
+        """Fail the calls not answered yet; the child runs ``__yr_shutdown__`` and is killed
+        (no restart).  :meth:`run_shutdown_hook` waits for that."""
+        if self.stopped is not None:
+            return
+        self.stopped = reason
+        calls = list(self.pending.values()) + self.waiting
+        self.pending, self.waiting = {}, []
+        for peer, msg in calls:
+            self._answer_died(peer, msg["task_id"], reason)
+        self._stopping = self.agent.loop.create_task(self._shutdown(reason))
+
+    async def _shutdown(self, reason: str) -> None:
+        from distributed.comm import connect
+
+        proc, address = self.proc, self.address
+        try:
+            if proc is not None and address is not None and self.stream is not None:
+                grace = int(self.spec.get("grace_s", 30))
+                comm = await connect(address)
+                try:
+                    await comm.write(P.StopIsolated(reason).to_msg())
+                    await asyncio.wait_for(comm.read(), grace + 5)
+                finally:
+                    comm.abort()
+        except Exception:  # noqa: BLE001 - the process goes anyway
+            logger.info("instance %s: no graceful stop of its isolated process",
+                        self.instance_id, exc_info=True)
+        finally:
+            if self.comm is not None:
+                self.comm.abort()
+            self.comm = self.stream = None
+            if proc is not None:
+                _kill(proc)
+
+    async def run_shutdown_hook(self, obj: Any) -> None:
+        """Wait until the child ran ``__yr_shutdown__`` (bounded by its grace) and is gone."""
+        if self._stopping is not None:
+            await asyncio.shield(self._stopping)
+
+    def kill_now(self) -> None:
+        """The worker closes: the child goes at once (no shutdown hook), and is reaped."""
+        self.stopped = self.stopped or "its worker closed"
+        if self.proc is not None:
+            _kill(self.proc)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL did not land
+                logger.error("isolated process %s did not exit", self.proc.pid)
+
+
+def charge_crash(pending: list[tuple[Any, dict]], crashes: dict[str, int],
+                 max_redeliveries: int) -> tuple[list[tuple[Any, dict]], list[tuple[Any, dict, int]]]:
+    """An isolated instance's process died with ``pending`` calls (``(peer, msg)`` in the
+    order they were forwarded): ``(to deliver again, in order; to fail, with their count)``.
+
+    Calls of one caller run in order, so each caller's oldest pending call is the one that
+    was running: it is charged a crash in ``crashes`` (call id -> count, updated), and past
+    ``max_redeliveries`` it fails instead; the others had not started and go again.  The
+    same rule as the caller-side one for a lost worker (``runtime/call_order.py``).
+    """
+    resend: list[tuple[Any, dict]] = []
+    failed: list[tuple[Any, dict, int]] = []
+    charged: set[int] = set()
+    for peer, msg in pending:
+        if id(peer) not in charged:
+            charged.add(id(peer))
+            cid = msg["task_id"]
+            n = crashes[cid] = crashes.get(cid, 0) + 1
+            if n > max_redeliveries:
+                del crashes[cid]
+                failed.append((peer, msg, n))
+                continue
+        resend.append((peer, msg))
+    return resend, failed
+
+
+def keep_large(agent: Any, call_id: str, results: list) -> list:
+    """Large values a child sent go to the agent's store (they outlive the child), as the
+    values of in-process work do; small ones travel inline."""
+    out = []
+    ids = [call_id] if len(results) <= 1 else [f"{call_id}.{i}" for i in range(len(results))]
+    for oid, (kind, payload) in zip(ids, results):
+        if kind == P.VALUE and (type(payload) is Frames or len(payload) > agent.inline_limit):
+            agent.store[oid] = payload
+            out.append([P.LOCATION, agent.worker.address])
+        else:
+            out.append([kind, payload])
+    return out
+
+
+class ProcessDied(Exception):
+    """The pooled process running a task died (``args[0]``: :func:`describe_exit`'s text)."""
+
+
+class _PooledProcess:
+    __slots__ = ("proc", "address", "comm", "idle_since")
+
+    def __init__(self, proc: subprocess.Popen, address: str) -> None:
+        self.proc = proc
+        self.address = address
+        self.comm: Any = None
+        self.idle_since = 0.0
+
+    async def request(self, msg: dict) -> dict:
+        from distributed.comm import connect
+        from distributed.comm.core import CommClosedError
+
+        try:
+            if self.comm is None:
+                self.comm = await connect(self.address)
+            await self.comm.write(msg)
+            return await self.comm.read()
+        except (CommClosedError, OSError):
+            loop = asyncio.get_running_loop()
+            code = await loop.run_in_executor(None, self.proc.wait)
+            raise ProcessDied(describe_exit(self.proc.pid, code)) from None
+
+
+class ProcessPool:
+    """Child processes for stateless tasks with env_vars/working_dir, one task at a time
+    each, kept per ``(env, cwd)`` and reused, reaped after ``POOL_IDLE_S`` unused."""
+
+    def __init__(self, agent: Any, idle_s: float = POOL_IDLE_S) -> None:
+        self.agent = agent
+        self.idle_s = idle_s
+        self.lock = threading.Lock()
+        self.idle: dict[str, list[_PooledProcess]] = {}
+        self.every: set[_PooledProcess] = set()
+        self.closed = False
+        self._reaping = False
+
+    def __len__(self) -> int:
+        return len(self.every)
+
+    def run(self, isolation: dict, request: dict) -> dict:
+        """Run one task (blocking, in the task's thread); its ``TASK_DONE`` wire dict.
+
+        Raises :class:`ProcessDied` if the process died under it.  Any other exception
+        here (a cancel of the task) kills the process: it may still be running the code.
+        """
+        key = json.dumps(isolation, sort_keys=True)
+        with self.lock:
+            free = self.idle.get(key)
+            child = free.pop() if free else None
+        if child is None:
+            proc, address = spawn(isolation)
+            child = _PooledProcess(proc, address)
+            with self.lock:
+                if self.closed:
+                    _kill(proc)
+                    raise ProcessDied("its worker is closing")
+                self.every.add(child)
+        loop = self.agent.loop
+        fut = asyncio.run_coroutine_threadsafe(child.request(request), loop)
+        try:
+            reply = fut.result()
+        except BaseException:
+            fut.cancel()
+            self._drop(child)
+            raise
+        with self.lock:
+            if self.closed:
+                self._drop(child)
+                return reply
+            child.idle_since = time.monotonic()
+            self.idle.setdefault(key, []).append(child)
+            if not self._reaping:
+                self._reaping = True
+                loop.call_soon_threadsafe(loop.call_later, self.idle_s, self._reap)
+        return reply
+
+    def _drop(self, child: _PooledProcess) -> None:
+        with self.lock:
+            self.every.discard(child)
+        if child.comm is not None:
+            self.agent.loop.call_soon_threadsafe(child.comm.abort)
+        _kill(child.proc)
+        threading.Thread(target=child.proc.wait, daemon=True).start()  # reap the zombie
+
+    def _reap(self) -> None:
+        """Loop thread: processes idle for ``idle_s`` go; check again while any is left."""
+        now = time.monotonic()
+        doomed = []
+        with self.lock:
+            for key, free in list(self.idle.items()):
+                keep = [c for c in free if now - c.idle_since < self.idle_s]
+                doomed += [c for c in free if now - c.idle_since >= self.idle_s]
+                if keep:
+                    self.idle[key] = keep
+                else:
+                    del self.idle[key]
+            self._reaping = bool(self.idle) and not self.closed
+        for child in doomed:
+            self._drop(child)
+        if self._reaping:
+            self.agent.loop.call_later(self.idle_s / 2, self._reap)
+
+    def close(self) -> None:
+        """The worker closes: every pooled process goes, and is reaped."""
+        with self.lock:
+            self.closed = True
+            every, self.every, self.idle = list(self.every), set(), {}
+        for child in every:
+            if child.comm is not None:
+                child.comm.abort()
+            _kill(child.proc)
+            try:
+                child.proc.wait(5)
+            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL did not land
+                logger.error("isolated process %s did not exit", child.proc.pid)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        proc.kill()
+    except ProcessLookupError:  # pragma: no cover - already gone
+        pass
+    if proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+
+
+# -- the child -------------------------------------------------------------------------------
+
+
+class _ChildPeer:
+    """The agent's call channel, seen from the child: replies from instance threads."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stream: Any) -> None:
+        self.loop = loop
+        self.stream = stream
+
+    def reply(self, msg: dict) -> None:
+        self.loop.call_soon_threadsafe(self._send, msg)
+
+    def _send(self, msg: dict) -> None:
+        from distributed.comm.core import CommClosedError
+
+        try:
+            self.stream.send(msg)
+        except CommClosedError:
+            pass
+
+
+class IsolatedHost:
+    """What ``HostedInstance`` needs of an agent, in the child: values in, values out."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.instance: Any = None
+        self.inline_limit = 0  # every value goes back; the agent decides what it keeps
+        self.functions: dict[str, Any] = {}
+        self._built: asyncio.Future | None = None
+
+    def payloads(self, deps: list) -> list:
+        return [payload for _oid, _kind, payload in deps]
+
+    def pack_results(self, task_id: str, result: Any, nret: int) -> list:
+        values = [result] if nret <= 1 else split_returns(result, nret)
+        return [[P.VALUE, wire(dumps_value(v))] for v in values]
+
+    def report_state(self, instance_id: str, state: str, error: bytes | None) -> None:
+        self.loop.call_soon_threadsafe(self._built.set_result, error)
+
+    def item_sender(self, peer: Any, task_id: str) -> Any:
+        """``emit(index, value)`` for a generator method: each value goes to the agent."""
+        def emit(index: int, value: Any) -> None:
+            result = self.pack_results(task_id, value, 1)[0]
+            peer.reply(P.GeneratorItem(task_id, index, result).to_msg())
+        return emit
+
+    async def start_isolated(self, spec: dict) -> bytes | None:
+        from yrdask.worker.hosting import HostedInstance
+
+        self._built = self.loop.create_future()
+        self.instance = HostedInstance(self, spec, spec.get("deps") or [])
+        return await self._built
+
+    async def stop_isolated(self, reason: str) -> None:
+        """``STOP_ISOLATED``: the instance ends; ``__yr_shutdown__`` runs before the reply."""
+        inst = self.instance
+        if inst is None:
+            return
+        obj = inst.obj
+        inst.stop(reason)
+        hook = getattr(inst, "run_shutdown_hook", None)
+        if hook is not None:
+            await hook(obj)
+
+    async def run_isolated(self, task_id: str, lease_id: str, fn_id: str, fn: bytes,
+                           args: bytes, deps: list, nret: int, owner: str) -> dict:
+        """One stateless task (``RUN_ISOLATED``), in a thread: its ``TASK_DONE`` dict."""
+        return await self.loop.run_in_executor(
+            None, self._run_task, task_id, lease_id, fn_id, fn, args, deps, nret, owner)
+
+    def _run_task(self, task_id: str, lease_id: str, fn_id: str, fn: bytes, args: bytes,
+                  deps: list, nret: int, owner: str) -> dict:
+        from yrdask.runtime.context import task_context
+
+        try:
+            func = self.functions.get(fn_id)
+            if func is None:
+                func = self.functions[fn_id] = loads(fn)
+            a, kw = unpack_args(args, [loads(p) for p in self.payloads(deps)])
+            with task_context(lease_id, owner):
+                result = func(*a, **kw)
+            results = self.pack_results(task_id, result, nret)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            err = dumps(RemoteError.from_exception(e, user_traceback()))
+            return P.TaskDone(task_id, error=err, retryable=True).to_msg()
+        return P.TaskDone(task_id, results=results).to_msg()
+
+    async def open_channel(self, comm: Any, caller: str) -> None:
+        from distributed.comm.core import CommClosedError
+
+        from yrdask.stream import StreamSender
+
+        peer = _ChildPeer(self.loop, StreamSender(comm))
+        try:
+            while True:
+                msgs = await comm.read()
+                for msg in msgs if isinstance(msgs, (list, tuple)) else (msgs,):
+                    if msg.get("op") == P.CALL_METHOD and self.instance is not None:
+                        self.instance.call(peer, msg)
+        except (CommClosedError, OSError):
+            pass
+        finally:
+            os._exit(0)  # the agent let go of this process
+
+
+class _NoRuntime:
+    """This process's "runtime": the yr API is not available in an isolated process."""
+
+    def __getattr__(self, name: str) -> Any:
+        from yrdask.errors import YRRuntimeError
+
+        raise YRRuntimeError(
+            "the yr API (yr.get, .invoke, yr.save_state, ...) is not available inside an "
+            "isolated process (isolated=True, env_vars or runtime_env): call other work from "
+            "the caller, or use an in-process instance for code that drives other work")
+
+
+async def _child_main(announce: Any) -> None:
+    """Serve the agent until it lets go (the channel closes) or the process is killed."""
+    from distributed.core import Server
+
+    from yrdask.runtime.context import install
+    from yrdask.serialization import register_with_dask
+
+    register_with_dask()
+    install(_NoRuntime())
+    host = IsolatedHost()
+    server = Server(P.handlers(P.ISOLATED_RPC, host))
+    await server.listen("tcp://127.0.0.1:0")
+    announce(server.address)
+    await asyncio.Event().wait()  # forever: killed by the agent, or with the zygote
+
+
+def _forked_child(zygote_pid: int, req: dict) -> None:
+    """In the child just forked by the zygote: become the isolated process of ``req``."""
+    import ctypes
+
+    code = 0
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the zygote
+        if os.getppid() != zygote_pid:  # it died before the prctl
+            os._exit(1)
+        global _PROTO_FD
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)  # the zygote's requests are not this process's input
+        _PROTO_FD = os.dup(1)
+        os.dup2(2, 1)  # the user's prints go where the worker's stderr goes, not into the pipe
+        os.environ.clear()
+        os.environ.update(req["env"])
+        if req.get("cwd"):
+            os.chdir(req["cwd"])
+
+        def announce(address: str) -> None:
+            _write_line({"id": req["id"], "pid": os.getpid(), "address": address})
+
+        asyncio.run(_child_main(announce))
+    except BaseException as e:  # noqa: BLE001 - told to the agent, then this process ends
+        _write_line({"id": req["id"], "error": f"{type(e).__name__}: {e}"})
+        code = 1
+    os._exit(code)
+
+
+_PROTO_FD = 1  # where the zygote protocol's lines go (a forked child moves it off stdout)
+
+
+def _write_line(msg: dict) -> None:
+    os.write(_PROTO_FD, (json.dumps(msg) + "\n").encode())  # one write: lines never interleave
+
+
+def _zygote_main() -> None:
+    """Import what a child needs once, then fork one child per request line (see Zygote)."""
+    import select
+
+    import distributed.comm.tcp  # noqa: F401 - what every child uses, imported once here
+    import distributed.core  # noqa: F401
+    import yrdask.runtime.context  # noqa: F401
+    import yrdask.stream  # noqa: F401
+    import yrdask.worker.hosting  # noqa: F401
+
+    import gc
+
+    gc.collect()
+    gc.freeze()  # the children's collections then leave the shared pages alone (less copying)
+    me = os.getpid()
+    children: set[int] = set()
+    fd = sys.stdin.fileno()
+    buf = b""
+    open_ = True
+    while open_:
+        ready, _, _ = select.select([fd], [], [], 0.02)
+        while children:  # reap, and tell the agent how each child ended
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            _write_line({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        if not ready:
+            continue
+        data = os.read(fd, 1 << 16)
+        if not data:
+            open_ = False
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            req = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _forked_child(me, req)
+            children.add(pid)
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in children:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    _zygote_main()
