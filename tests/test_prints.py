@@ -141,6 +141,38 @@ def test_async_method_prints(printing, capsys):
     a.terminate()
 
 
+@yr.invoke(invoke_options=yr.InvokeOptions(cpu=100, memory=10, env_vars={"YR_PRINTS": "1"}))
+def isolated_loud(tag: str) -> int:
+    print(f"iso-task-{tag}")  # runs in a child process of its worker (env_vars)
+    return os.getpid()
+
+
+@yr.instance(invoke_options=yr.InvokeOptions(cpu=100, memory=10, isolated=True))
+class IsolatedTalker:
+    def say(self, tag: str) -> int:
+        print(f"iso-method-{tag}")
+        return os.getpid()
+
+
+def test_prints_of_isolated_processes_reach_the_driver(printing, capsys):
+    tag = uuid.uuid4().hex[:6]
+    task_pid = yr.get(isolated_loud.invoke(tag), T)
+    talker = IsolatedTalker.invoke()
+    method_pid = yr.get(talker.say.invoke(tag), T)
+    nodes = {n["id"] for n in yr.resources()}
+    cap = Captured(capsys)
+    for name, pid, text in (("isolated_loud", task_pid, f"iso-task-{tag}"),
+                            ("IsolatedTalker", method_pid, f"iso-method-{tag}")):
+        def printed(name=name, pid=pid, text=text) -> list[str]:
+            cap.read()
+            return [line for line in cap.out.splitlines()
+                    if line.startswith(f"({name} pid={pid}, node=") and line.endswith(text)]
+        lines = wait_until(printed, T, lambda: f"{text} from pid {pid}; got:\n{cap.out[-2000:]}")
+        node = lines[0].split("node=", 1)[1].split(")", 1)[0]
+        assert node in nodes  # named by its worker, as the worker's own prints are
+    talker.terminate()
+
+
 def test_nested_task_prints_reach_the_job_driver(printing, capsys):
     tag = uuid.uuid4().hex[:6]
     pid, node = yr.get(quiet_outer.invoke(tag), T)

@@ -803,6 +803,8 @@ class RunIsolated(Message):
     deps: list
     nret: int
     owner: str
+    log_to: str | None = None  # where its prints go (RunTask.log_to)
+    name: str = ""  # the function's name, for the prints' prefix
 
 
 # --- call channel -------------------------------------------------------------------------

@@ -17,8 +17,31 @@ def put(obj: Any, create_param: Any = None) -> ObjectRef:
 
     The value is pickled here, so a value that cannot travel fails at this call (``TypeError``)
     rather than in a task that receives it; the pickle is kept for the tasks that do.
+    ``create_param`` (yr's data-system options): objects live in their owner's memory and never
+    change, so ``WriteMode.NONE_L2_CACHE``, ``CacheType.MEMORY`` and either consistency type
+    hold; a second-level cache or a disk tier is refused by name.
     """
-    return current_runtime().put(obj)
+    rt = current_runtime()
+    if create_param is not None:
+        _check_create_param(create_param)
+    return rt.put(obj)
+
+
+def _check_create_param(param: Any) -> None:
+    from yrdask.api.kv import CacheType, CreateParam, WriteMode
+
+    if not isinstance(param, CreateParam):
+        raise YRTypeError(f"yr.put: create_param must be a yr.CreateParam, got "
+                          f"{type(param).__name__}")
+    if param.write_mode is not WriteMode.NONE_L2_CACHE:
+        raise YRValueError(
+            f"yr.put: create_param.write_mode={param.write_mode} is not supported: objects live "
+            "in their owner's memory, with no second-level cache or eviction; use "
+            "WriteMode.NONE_L2_CACHE (the default)")
+    if param.cache_type is not CacheType.MEMORY:
+        raise YRValueError(
+            f"yr.put: create_param.cache_type={param.cache_type} is not supported: objects live "
+            "in their owner's memory; use CacheType.MEMORY (the default)")
 
 
 def get(obj_refs: ObjectRef | list[ObjectRef], timeout: int = 300, allow_partial: bool = False) -> Any:

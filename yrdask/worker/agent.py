@@ -324,7 +324,8 @@ class WorkerAgent:
             deps = [[oid, P.VALUE, wire(p)] for (oid, _k, _p), p in zip(deps, self.payloads(deps))]
         request = P.RunIsolated(task_id, msg["lease_id"], msg["fn_id"],
                                 self.fn_payloads[msg["fn_id"]], msg["args"], deps,
-                                msg["nret"], msg["owner"]).to_msg()
+                                msg["nret"], msg["owner"], msg.get("log_to"),
+                                msg["name"]).to_msg()
         if not ex.arm():
             return self._error_reply(task_id, CancelledError(f"task {task_id} cancelled"), "",
                                      False)

@@ -89,7 +89,7 @@ def _child_env(extra: dict | None) -> dict:
     return env
 
 
-def spawn(isolation: dict) -> tuple[Any, str]:
+def spawn(isolation: dict, node: str = "") -> tuple[Any, str]:
     """Start a child with the instance's env and cwd; returns it and its listening address.
 
     Forked from this worker's zygote (a warm interpreter with Dask and yrdask imported), so
@@ -100,7 +100,7 @@ def spawn(isolation: dict) -> tuple[Any, str]:
     if cwd is not None and not os.path.isdir(cwd):
         raise YRValueError(f"working_dir {cwd!r} does not exist on this worker host; create it "
                            "there or give runtime_env={'working_dir': <an existing dir>}")
-    return Zygote.get().fork(_child_env(isolation.get("env")), cwd)
+    return Zygote.get().fork(_child_env(isolation.get("env")), cwd, node)
 
 
 class ForkedProcess:
@@ -171,14 +171,14 @@ class Zygote:
         self.dead = False
         threading.Thread(target=self._read, daemon=True, name="yr-zygote-reader").start()
 
-    def fork(self, env: dict, cwd: str | None) -> tuple[ForkedProcess, str]:
+    def fork(self, env: dict, cwd: str | None, node: str = "") -> tuple[ForkedProcess, str]:
         with self.lock:
             if self.dead:
                 raise RuntimeError("the worker's zygote process has exited")
             rid = next(self.ids)
             slot: list = [threading.Event(), None]
             self.waiting[rid] = slot
-            line = json.dumps({"id": rid, "env": env, "cwd": cwd}) + "\n"
+            line = json.dumps({"id": rid, "env": env, "cwd": cwd, "node": node}) + "\n"
             try:
                 self.proc.stdin.write(line.encode())
                 self.proc.stdin.flush()
@@ -286,7 +286,8 @@ class IsolatedInstance:
             if deps:
                 payloads = await loop.run_in_executor(None, self.agent.payloads, deps)
                 spec["deps"] = [[oid, P.VALUE, wire(p)] for (oid, _k, _p), p in zip(deps, payloads)]
-            proc, address = await loop.run_in_executor(None, spawn, spec["isolation"])
+            proc, address = await loop.run_in_executor(None, spawn, spec["isolation"],
+                                                       self.agent.worker.address)
             if self.stopped is not None:
                 _kill(proc)
                 return
@@ -572,7 +573,7 @@ class ProcessPool:
             free = self.idle.get(key)
             child = free.pop() if free else None
         if child is None:
-            proc, address = spawn(isolation)
+            proc, address = spawn(isolation, self.agent.worker.address)
             child = _PooledProcess(proc, address)
             with self.lock:
                 if self.closed:
@@ -719,21 +720,25 @@ class IsolatedHost:
             await hook(obj)
 
     async def run_isolated(self, task_id: str, lease_id: str, fn_id: str, fn: bytes,
-                           args: bytes, deps: list, nret: int, owner: str) -> dict:
+                           args: bytes, deps: list, nret: int, owner: str,
+                           log_to: str | None = None, name: str = "") -> dict:
         """One stateless task (``RUN_ISOLATED``), in a thread: its ``TASK_DONE`` dict."""
         return await self.loop.run_in_executor(
-            None, self._run_task, task_id, lease_id, fn_id, fn, args, deps, nret, owner)
+            None, self._run_task, task_id, lease_id, fn_id, fn, args, deps, nret, owner,
+            log_to, name)
 
     def _run_task(self, task_id: str, lease_id: str, fn_id: str, fn: bytes, args: bytes,
-                  deps: list, nret: int, owner: str) -> dict:
+                  deps: list, nret: int, owner: str, log_to: str | None = None,
+                  name: str = "") -> dict:
         from yrdask.runtime.context import task_context
+        from yrdask.worker.output import task_prints_to
 
         try:
             func = self.functions.get(fn_id)
             if func is None:
                 func = self.functions[fn_id] = loads(fn)
             a, kw = unpack_args(args, [loads(p) for p in self.payloads(deps)])
-            with task_context(lease_id, owner):
+            with task_context(lease_id, owner), task_prints_to(log_to, name):
                 result = func(*a, **kw)
             results = self.pack_results(task_id, result, nret)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
@@ -771,18 +776,38 @@ class _NoRuntime:
             "the caller, or use an in-process instance for code that drives other work")
 
 
-async def _child_main(announce: Any) -> None:
+class _OutputAgent:
+    """What :mod:`yrdask.worker.output` needs of an agent, in an isolated process: prints of
+    its instance's methods and of its tasks go to their driver, prefixed with the worker."""
+
+    def __init__(self, host: "IsolatedHost", server: Any, node: str) -> None:
+        import types
+
+        self.loop = host.loop
+        self.host = host
+        self.worker = types.SimpleNamespace(address=node, rpc=server.rpc)
+        self.runtime = types.SimpleNamespace(closed=False, output_target=None)
+
+    @property
+    def instances(self) -> dict:
+        inst = self.host.instance
+        return {} if inst is None else {inst.instance_id: inst}
+
+
+async def _child_main(announce: Any, node: str = "") -> None:
     """Serve the agent until it lets go (the channel closes) or the process is killed."""
     from distributed.core import Server
 
     from yrdask.runtime.context import install
     from yrdask.serialization import register_with_dask
+    from yrdask.worker import output
 
     register_with_dask()
     install(_NoRuntime())
     host = IsolatedHost()
     server = Server(P.handlers(P.ISOLATED_RPC, host))
     await server.listen("tcp://127.0.0.1:0")
+    output.install(_OutputAgent(host, server, node))
     announce(server.address)
     await asyncio.Event().wait()  # forever: killed by the agent, or with the zygote
 
@@ -809,7 +834,7 @@ def _forked_child(zygote_pid: int, req: dict) -> None:
         def announce(address: str) -> None:
             _write_line({"id": req["id"], "pid": os.getpid(), "address": address})
 
-        asyncio.run(_child_main(announce))
+        asyncio.run(_child_main(announce, req.get("node") or ""))
     except BaseException as e:  # noqa: BLE001 - told to the agent, then this process ends
         _write_line({"id": req["id"], "error": f"{type(e).__name__}: {e}"})
         code = 1

@@ -13,11 +13,12 @@ once.  A task that does not print pays nothing but one more ``None`` field in it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
 import threading
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 from yrdask import protocol as P
 from yrdask.runtime import context
@@ -120,12 +121,30 @@ _outbox: _Outbox | None = None
 _install_lock = threading.Lock()
 
 
+_task_prints = threading.local()  # .target: (driver, name) of a task run outside an Execution
+
+
+@contextlib.contextmanager
+def task_prints_to(driver: str | None, name: str) -> Iterator[None]:
+    """Prints of the calling thread go to ``driver`` as task ``name``'s while this holds (a
+    task run by an isolated process, which has no :class:`Execution`)."""
+    prev = getattr(_task_prints, "target", None)
+    _task_prints.target = None if driver is None else (driver, name)
+    try:
+        yield
+    finally:
+        _task_prints.target = prev
+
+
 def _target() -> tuple[_Outbox, str, str] | None:
     """``(outbox, driver, source)`` when the calling thread runs yr work whose prints go to a
     driver, else None."""
     outbox = _outbox
     if outbox is None:
         return None
+    direct = getattr(_task_prints, "target", None)
+    if direct is not None:
+        return outbox, direct[0], f"{direct[1]} pid={outbox.pid}, node={outbox.node}"
     ex = current_execution()
     if ex is not None:  # a task's user code runs in this thread
         driver = ex.msg.get("log_to")
