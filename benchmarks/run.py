@@ -167,7 +167,11 @@ def run_one(system: str, figure: str, params: dict, timeout: float,
     cmd = [sys.executable, "-m", "benchmarks._one", "yrdask" if system == BASELINE else system,
            figure, json.dumps(params)]
     t = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(env, system), stdin=subprocess.DEVNULL,
+    # `python -m` and the workers' `python -c` put their working directory first on sys.path:
+    # a baseline run starts in the shadow directory, so it imports the other checkout's yrdask
+    # (the harness itself comes from PYTHONPATH), not the one in ROOT.
+    cwd = _baseline_path[0] if system == BASELINE else ROOT
+    proc = subprocess.Popen(cmd, cwd=cwd, env=child_env(env, system), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     timed_out = False

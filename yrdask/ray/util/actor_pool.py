@@ -27,24 +27,20 @@ class ActorPool:
 
     def map(self, fn: Callable, values: Iterable) -> Iterator:
         """Results of ``fn`` over ``values``, in the order of ``values``."""
-        while self.has_next():  # results of earlier submits are dropped, as in Ray
-            try:
-                self.get_next(timeout=0, ignore_if_timedout=True)
-            except TimeoutError:
-                break
-        for v in values:
-            self.submit(fn, v)
-
-        def results() -> Iterator:
-            while self.has_next():
-                yield self.get_next()
-        return results()
+        return self._map(fn, values, ordered=True)
 
     def map_unordered(self, fn: Callable, values: Iterable) -> Iterator:
         """Results of ``fn`` over ``values``, as they finish."""
+        return self._map(fn, values, ordered=False)
+
+    def _map(self, fn: Callable, values: Iterable, ordered: bool) -> Iterator:
+        """Drop what earlier submits left unread (as Ray does), submit all, then yield."""
         while self.has_next():
             try:
-                self.get_next_unordered(timeout=0)
+                if ordered:
+                    self.get_next(timeout=0, ignore_if_timedout=True)
+                else:
+                    self.get_next_unordered(timeout=0)
             except TimeoutError:
                 break
         for v in values:
@@ -52,7 +48,7 @@ class ActorPool:
 
         def results() -> Iterator:
             while self.has_next():
-                yield self.get_next_unordered()
+                yield self.get_next() if ordered else self.get_next_unordered()
         return results()
 
     def submit(self, fn: Callable, value: Any) -> None:
