@@ -98,6 +98,10 @@ def test_crash_takes_only_the_isolated_process(cluster):
     assert yr.get(plain.where.invoke(), timeout=60)["pid"] == worker
     with pytest.raises(yr.InstanceDiedError, match="exited with code 7"):
         yr.get(doomed.incr.invoke(), timeout=60)
+    # The scheduler keeps why it ended (yrdask status, the dashboard's ended list).
+    status = wait_until(lambda: (st := doomed.status())["state"] == "DEAD" and st, 30,
+                        lambda: f"the instance DEAD at the scheduler: {doomed.status()}")
+    assert "exited with code 7" in status["reason"], status
     for h in (plain, other):
         h.terminate()
 

@@ -616,13 +616,14 @@ class HandleRefs(Message):
 class InstanceState(Message):
     """worker -> scheduler.  ``state`` is ``"ALIVE"`` after ``__init__``, ``"FAILED"`` if
     ``__init__`` raised, ``"EXITED"`` after it stopped; ``error`` a pickled RemoteError or
-    ``None``."""
+    ``None``; ``reason`` why it exited, when the worker knows (its isolated process died)."""
 
     op: ClassVar[str] = INSTANCE_STATE
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM,)
     instance_id: str
     state: str
     error: bytes | None = None
+    reason: str = ""
 
 
 @_message

@@ -156,10 +156,10 @@ class InstanceManager:
             self._sid("refs"), worker or holder, deltas, transit, arrived, time.time())))
 
     def instance_state(self, instance_id: str, state: str, error: Any = None,
-                       worker: str | None = None) -> None:
+                       worker: str | None = None, reason: str = "") -> None:
         sid = self._sid(f"state-{state}")
         if state == "EXITED":
-            event: Any = L.InstanceExited(sid, instance_id, worker)
+            event: Any = L.InstanceExited(sid, instance_id, worker, reason)
         else:
             event = L.InstanceStarted(sid, instance_id, worker, error is not None)
         self._do(self._handle(event))

@@ -87,6 +87,7 @@ class InstanceExited(Event):
 
     instance_id: str
     worker: str | None = None
+    why: str = ""  # what the worker knows of it (an isolated process's exit code or signal)
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,7 +494,7 @@ class Lifecycle:
                 or (ev.worker is not None and rec.worker != ev.worker)):
             self._log(ev.stimulus_id, "exited-ignored", ev.instance_id, ev.worker)
             return
-        self._end(rec, "it exited", ev.stimulus_id, out)
+        self._end(rec, ev.why or "it exited", ev.stimulus_id, out)
 
     def _kill(self, ev: Kill, out: list) -> None:
         rec = self.instances.get(self.resolve(ev.instance_id))

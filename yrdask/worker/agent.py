@@ -463,8 +463,9 @@ class WorkerAgent:
         self.ended[instance_id] = reason
         if inst is not None:
             inst.stop(reason)
-        self.report_state(instance_id, "EXITED", None)
+        self.report_state(instance_id, "EXITED", None, reason)
 
-    def report_state(self, instance_id: str, state: str, error: bytes | None) -> None:
+    def report_state(self, instance_id: str, state: str, error: bytes | None,
+                     reason: str = "") -> None:
         self.loop.call_soon_threadsafe(self.runtime.connector.stream_send,
-                                       P.InstanceState(instance_id, state, error))
+                                       P.InstanceState(instance_id, state, error, reason))
