@@ -132,7 +132,7 @@ def test_a_call_that_kills_its_process_fails_and_the_calls_behind_it_run(faults_
         yr.get(poison, timeout=90)
     text = str(err.value)
     assert "'crash'" in text and h.instance_id in text and "2 times" in text, text
-    assert "max-call-redeliveries" in text, text
+    assert "max-call-redeliveries" in text and "its process exited with code 3" in text, text
     # Run once more after the first death (at least once), not a third time: the instance
     # restarted twice and keeps its third restart; the calls behind it run on a fresh one.
     assert yr.get(behind, timeout=90) == [1, 2, 3]
@@ -254,6 +254,36 @@ def test_task_whose_worker_dies_is_rerun_without_using_retries(faults_cluster, t
     ref = die_once.options(yr.InvokeOptions(retry_times=0)).invoke(marker)
     assert yr.get(ref, timeout=90).startswith("ran on")
     assert os.path.exists(marker)
+
+
+@yr.invoke
+def exits_every_time(path: str) -> None:
+    with open(path, "a") as f:
+        f.write("x")
+    os._exit(3)  # as a segfault or the OOM killer would: the whole worker process goes
+
+
+@yr.invoke
+def plus_one(x: int) -> int:
+    return x + 1
+
+
+@pytest.mark.parametrize("kind", ["embedded", "cli"])
+def test_a_task_that_kills_its_process_fails_after_its_bound_naming_the_exit(cluster, kind,
+                                                                             tmp_path):
+    if kind == "embedded":
+        cluster(kind="embedded", num_cpus=NUM_CPUS)
+    else:
+        cluster(kind="cli", workers=[{}, {}])
+    runs = tmp_path / "runs"
+    with pytest.raises(yr.TaskCrashedError) as info:
+        yr.get(exits_every_time.options(small(retry_times=1)).invoke(str(runs)), timeout=120)
+    text = str(info.value)
+    # yrdask.scheduling.max-task-crashes=3: four runs, then the typed error; retry_times (for
+    # exceptions the code raises) does not add runs; the nanny told how the process ended.
+    assert runs.read_text() == "xxxx" and "exits_every_time" in text and "4 times" in text
+    assert "its process exited with code 3" in text, text
+    assert yr.get(plus_one.invoke(1), timeout=60) == 2  # the cluster goes on
 
 
 def test_killed_worker_comes_back_and_runs_work(faults_cluster):

@@ -56,6 +56,8 @@ SAMPLES: list[P.Message] = [
     P.RevokeLeases(("l-3",)),
     P.WorkerLost("tcp://w:2"),
     P.WaitWarning("Counter instance i-1 waits for {CPU: 500} (6 s so far): ..."),
+    P.WorkerExited("tcp://n:1", -9),
+    P.WorkerExit("tcp://w:2", "was killed by signal 9 (SIGKILL)"),
     P.OpenChannel("tcp://o:1"),
     P.FetchObject("t-1.0", timeout=None),
     P.FreeObjects(("t-1.0", "t-2")),
@@ -124,14 +126,17 @@ def test_channel_groups_are_derived_from_the_table():
                                     P.GET_NAMED, P.LIST_NAMED, P.KILL_INSTANCE,
                                     P.INSTANCE_STATUS, P.SAVE_STATE, P.LOAD_STATE,
                                     P.CREATE_RESOURCE_GROUP, P.REMOVE_RESOURCE_GROUP,
-                                    P.WAIT_RESOURCE_GROUP, P.KV_PUT, P.KV_GET, P.KV_DEL}
+                                    P.WAIT_RESOURCE_GROUP, P.KV_PUT, P.KV_GET, P.KV_DEL,
+                                    P.WORKER_EXITED}
     assert set(P.SCHEDULER_STREAM) == {P.RETURN_LEASES, P.LEASE_BLOCKED, P.LEASE_UNBLOCKED,
                                        P.HANDLE_REFS, P.INSTANCE_STATE}
     assert set(P.JOB_STREAM) == {P.RETURN_LEASES, P.HANDLE_REFS}
-    assert set(P.DRIVER_STREAM) == {P.REVOKE_LEASES, P.WORKER_LOST, P.WAIT_WARNING}
+    assert set(P.DRIVER_STREAM) == {P.REVOKE_LEASES, P.WORKER_LOST, P.WAIT_WARNING,
+                                    P.WORKER_EXIT}
     assert set(P.WORKER_RPC) == {P.OPEN_CHANNEL, P.FETCH_OBJECT, P.FREE_OBJECTS,
                                  P.STOP_INSTANCE}
-    assert set(P.WORKER_STREAM) == {P.REVOKE_LEASES, P.START_INSTANCE, P.WORKER_LOST}
+    assert set(P.WORKER_STREAM) == {P.REVOKE_LEASES, P.START_INSTANCE, P.WORKER_LOST,
+                                    P.WORKER_EXIT}
     assert P.OWNER_RPC == (P.FETCH_OBJECT, P.TASK_OUTPUT)
     assert set(P.CHANNEL_TO_WORKER) == {P.RUN_TASK, P.CANCEL_TASK, P.CALL_METHOD}
     assert set(P.ISOLATED_RPC) == {P.OPEN_CHANNEL, P.START_ISOLATED, P.STOP_ISOLATED,
@@ -193,6 +198,9 @@ class _Handlers:
     def wait_warning(self, text):
         self.seen.append(("wait", text))
 
+    def worker_exit(self, worker, how):
+        self.seen.append(("exit", worker, how))
+
 
 class _More:
     def run_task(self, peer, **fields):
@@ -203,7 +211,7 @@ def test_handlers_maps_ops_to_declared_methods_of_the_first_target_that_has_them
     a, b = _Handlers(), _More()
     table = P.handlers(P.DRIVER_STREAM, a, b)
     assert table == {P.REVOKE_LEASES: a.revoke_leases, P.WORKER_LOST: a.worker_lost,
-                     P.WAIT_WARNING: a.wait_warning}
+                     P.WAIT_WARNING: a.wait_warning, P.WORKER_EXIT: a.worker_exit}
     both = P.handlers((P.WORKER_LOST, P.RUN_TASK), b, a)
     assert both[P.RUN_TASK] == b.run_task and both[P.WORKER_LOST] == a.worker_lost
     with pytest.raises(LookupError, match="cancel_task"):

@@ -84,7 +84,15 @@ class InstanceDiedError(YRRuntimeError):
 
 class CallCrashedError(YRRuntimeError):
     """A method call was running each time its instance's process died, more often than
-    ``yrdask.scheduling.max-call-redeliveries`` allows: it is not delivered again."""
+    ``yrdask.scheduling.max-call-redeliveries`` allows: it is not delivered again.
+    ``worker`` is the last worker it was lost with (when a worker process died)."""
+
+    def __init__(self, message: str = "", worker: str = "") -> None:
+        super().__init__(message)
+        self.worker = worker
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (str(self), self.worker))
 
 
 class TaskCrashedError(YRRuntimeError):

@@ -641,6 +641,8 @@ class CloseStream(Message):
 REVOKE_LEASES = "yr_revoke_leases"
 WORKER_LOST = "yr_worker_lost"
 WAIT_WARNING = "yr_wait_warning"
+WORKER_EXITED = "yr_worker_exited"
+WORKER_EXIT = "yr_worker_exit"
 
 
 @_message
@@ -663,6 +665,32 @@ class WorkerLost(Message):
     op: ClassVar[str] = WORKER_LOST
     channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
     worker: str
+
+
+@_message
+class WorkerExited(Message):
+    """nanny -> scheduler (rpc).  The worker process of the nanny at ``nanny`` exited with
+    ``exitcode`` (negative: killed by that signal).  The scheduler knows which worker that
+    nanny ran last (the nanny may not: a worker that dies before it reported its address
+    leaves the nanny with the previous one).  Reply: ``None``."""
+
+    op: ClassVar[str] = WORKER_EXITED
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = type(None)
+    nanny: str
+    exitcode: int
+
+
+@_message
+class WorkerExit(Message):
+    """scheduler -> every driver (job stream) and worker (worker stream): how the process of
+    ``worker`` ended (``how``: "exited with code 3", "was killed by signal 9 (SIGKILL)"), so
+    errors about work lost with it can say so."""
+
+    op: ClassVar[str] = WORKER_EXIT
+    channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
+    worker: str
+    how: str
 
 
 @_message

@@ -12,7 +12,7 @@ from distributed import Scheduler, Worker
 
 from yrdask.dashboard import install as install_dashboard
 from yrdask.scheduler.extension import EXTENSION_NAME, YrSchedulerExtension
-from yrdask.worker.plugin import YrWorkerPlugin
+from yrdask.worker.plugin import YrNannyPlugin, YrWorkerPlugin
 
 
 def install_scheduler(scheduler: Any) -> YrSchedulerExtension:
@@ -20,7 +20,7 @@ def install_scheduler(scheduler: Any) -> YrSchedulerExtension:
     ext = scheduler.extensions.get(EXTENSION_NAME)
     if ext is None:
         ext = YrSchedulerExtension(scheduler, worker_plugin=YrWorkerPlugin(),
-                                   monitoring=install_dashboard)
+                                   monitoring=install_dashboard, nanny_plugin=YrNannyPlugin())
     return ext
 
 

@@ -367,7 +367,7 @@ class CallOrder:
                         f"call {head.call_id} on instance {head.instance_id} was running when "
                         f"the instance's process died, {head.crashes} times (last on "
                         f"{ev.worker}); it is not delivered again ({why}): "
-                        "it may be what kills the process"), ev.stimulus_id, out)
+                        "it may be what kills the process", ev.worker), ev.stimulus_id, out)
             route.queue.extendleft(reversed(resend))  # in the order they were sent
             route.worker, route.lost = None, ev.worker
             self.story.log(ev.stimulus_id, ("lost", route.instance_id, ev.worker,

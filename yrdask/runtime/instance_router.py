@@ -19,7 +19,7 @@ from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defa
 from yrdask import protocol as P
 from yrdask.errors import CallCrashedError
 from yrdask.runtime import call_order as C
-from yrdask.runtime.objects import dep_of, failed_dep, pending_owned, when_ready
+from yrdask.runtime.objects import dep_of, failed_dep, failing_entries, pending_owned, when_ready
 
 
 @dataclass(eq=False, slots=True)
@@ -131,7 +131,9 @@ class InstanceRouter:
                 call = self.calls.pop(ins.call_id)
                 error = ins.error
                 if type(error) is CallCrashedError:  # the machine knows ids, not methods
-                    error = CallCrashedError(f"method {call.method!r}: {error}")
+                    error = CallCrashedError(f"method {call.method!r}: {error}", error.worker)
+                    self.rt.with_exit_reason(error, failing_entries(call.entries))
+                    continue
                 for entry in call.entries:
                     entry.set_error(error)
             elif kind is C.FlushSoon:

@@ -414,3 +414,11 @@ class ObjectTable:
 
 def _rebuild_ref(object_id: str, owner: str, snap: list | None) -> ObjectRef:
     return current_runtime().objects.borrow(object_id, owner, snap)
+
+
+def failing_entries(entries: list) -> Callable[[BaseException], None]:
+    """``fail(error)``: set ``error`` on every entry of ``entries`` (one call's refs)."""
+    def fail(error: BaseException) -> None:
+        for entry in entries:
+            entry.set_error(error)
+    return fail

@@ -74,6 +74,9 @@ class Runtime:
         self.router = InstanceRouter(self)
         self.channels: dict[str, Any] = {}
         self.streams: dict[str, Stream] = {}  # generator calls whose end has not come
+        # how recently lost worker processes ended (WORKER_EXIT), and who waits to know
+        self.exits: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._exit_waiters: dict[str, list[Callable[[], None]]] = {}
         self._prefix = uuid.uuid4().hex[:10]
         self._counter = itertools.count()
         self._inbox: collections.deque = collections.deque()  # (fn, args) from user threads
@@ -156,6 +159,34 @@ class Runtime:
                 self.submitter.on_task_done(done)
         elif msg["op"] == P.GENERATOR_ITEM:
             on_generator_item(self, msg)
+
+    def worker_exit(self, worker: str, how: str) -> None:
+        """``WORKER_EXIT``: how the process of ``worker`` ended (its nanny told the scheduler)."""
+        self.exits[worker] = how
+        while len(self.exits) > EXITS_KEPT:
+            self.exits.popitem(last=False)
+        for wake in self._exit_waiters.pop(worker, ()):
+            wake()
+
+    def with_exit_reason(self, error: BaseException, fail: Callable[[BaseException], None]
+                         ) -> None:
+        """Fail with ``error`` (a crash error naming ``error.worker``) once it can say how that
+        worker's process ended: at once if known, else when the nanny's report arrives, or
+        after :data:`EXIT_REASON_WAIT_S` without it (a lost host has no nanny to tell)."""
+        worker = getattr(error, "worker", "")
+        if not worker or worker in self.exits:
+            fail(_with_exit(error, self.exits.get(worker)))
+            return
+        done = False
+
+        def settle() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                fail(_with_exit(error, self.exits.get(worker)))
+
+        self._exit_waiters.setdefault(worker, []).append(settle)
+        self.loop.call_later(EXIT_REASON_WAIT_S, settle)
 
     def worker_lost(self, address: str) -> None:
         """The scheduler removed a worker: treat a channel to it as lost, socket or not."""
@@ -422,6 +453,18 @@ class Runtime:
 
 def _no_target() -> None:
     return None
+
+
+EXITS_KEPT = 1000  # worker processes whose end this runtime remembers
+EXIT_REASON_WAIT_S = 0.5  # how long a crash error waits to learn how the process ended
+
+
+def _with_exit(error: BaseException, how: str | None) -> BaseException:
+    """``error`` with "; its process <how>" added to its message, same type and fields."""
+    if not how:
+        return error
+    args = error.__reduce__()[1]  # (message, *fields) of the crash errors
+    return type(error)(f"{args[0]}; its process {how}", *args[1:])
 
 
 def _safe_call(callback: Callable, ref: ObjectRef) -> None:

@@ -31,9 +31,10 @@ import dask
 
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
-from yrdask.errors import CancelledError, DependencyError, dependency_error
+from yrdask.errors import CancelledError, DependencyError, TaskCrashedError, dependency_error
 from yrdask.runtime import submit_queue as M
-from yrdask.runtime.objects import Entry, dep_of, failed_dep, pending_owned, when_ready
+from yrdask.runtime.objects import (Entry, dep_of, failed_dep, failing_entries, pending_owned,
+                                    when_ready)
 from yrdask.serialization import loads
 
 logger = logging.getLogger("yrdask.submitter")
@@ -228,6 +229,9 @@ class Submitter:
             error = ins.error
             if isinstance(error, (bytes, bytearray, memoryview)):
                 error = loads(error)
+            if type(error) is TaskCrashedError:  # say how the process ended, when known
+                self.rt.with_exit_reason(error, failing_entries(task.entries))
+                return
             for entry in task.entries:
                 entry.set_error(error)
         elif kind is M.RequestLease:

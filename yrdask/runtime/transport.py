@@ -214,6 +214,10 @@ class DriverConnector:
         """:class:`yrdask.protocol.WorkerLost` from the job stream."""
         self.rt.worker_lost(worker)
 
+    def worker_exit(self, worker: str, how: str) -> None:
+        """:class:`yrdask.protocol.WorkerExit` from the job stream."""
+        self.rt.worker_exit(worker, how)
+
     def wait_warning(self, text: str) -> None:
         """:class:`yrdask.protocol.WaitWarning`: a request of this job waits long.  Logged
         here unless the scheduler runs in this process (the embedded cluster), where its

@@ -53,11 +53,14 @@ class YrSchedulerExtension:
     """Global scheduler + registries of yr on the Dask scheduler (see module docstring)."""
 
     def __init__(self, scheduler: Any, worker_plugin: Any = None,
-                 monitoring: Callable[[Any], Any] | None = None) -> None:
+                 monitoring: Callable[[Any], Any] | None = None,
+                 nanny_plugin: Any = None) -> None:
         self.scheduler = scheduler
-        # Both handed in by the composition root (yrdask.deploy): the scheduler never imports
+        # Handed in by the composition root (yrdask.deploy): the scheduler never imports
         # the worker agent or the dashboard.
         self.worker_plugin = worker_plugin  # installed on every worker at start
+        self.nanny_plugin = nanny_plugin  # on every nanny: reports how worker processes end
+        self.worker_of_nanny: dict[str, str] = {}  # nanny address -> its latest worker
         self.monitoring = monitoring  # called with the scheduler at start (dashboard pages)
         # Every lease and instance holding is decided by this pure machine (leases.py); the
         # methods of the "leases" section below only feed it events and carry out its answers.
@@ -86,6 +89,10 @@ class YrSchedulerExtension:
         if self.worker_plugin is not None:
             await self.scheduler.register_worker_plugin(
                 None, pickle_dumps(self.worker_plugin), name=self.worker_plugin.name,
+                idempotent=True)
+        if self.nanny_plugin is not None:
+            await self.scheduler.register_nanny_plugin(
+                None, pickle_dumps(self.nanny_plugin), name=self.nanny_plugin.name,
                 idempotent=True)
         from tornado.ioloop import PeriodicCallback
 
@@ -123,6 +130,9 @@ class YrSchedulerExtension:
         self.worker_added.set()
 
     def on_add_worker(self, address: str) -> None:
+        ws = self.scheduler.workers.get(address)
+        if ws is not None and ws.nanny:  # a nanny's exit report may only name itself
+            self.worker_of_nanny[ws.nanny] = address
         capacity = self.pending_workers.pop(address, None)
         if capacity is not None:
             self._add_worker(address, capacity)
@@ -144,6 +154,21 @@ class YrSchedulerExtension:
         for worker in self.scheduler.workers:
             if worker != address:
                 self._send_to_owner(worker, lost.to_msg())
+
+    def worker_exited(self, nanny: str, exitcode: int) -> None:
+        """:class:`yrdask.protocol.WorkerExited` from a nanny: tell every driver and worker
+        how that process ended, for the errors of the work lost with it."""
+        worker = self.worker_of_nanny.get(nanny, "")
+        if not worker:
+            return
+        how = describe_exitcode(exitcode)
+        logger.info("yrdask: worker process %s %s", worker, how)
+        msg = P.WorkerExit(worker, how)
+        for job in list(self.jobs.values()):
+            self._send_to_owner(job.owner, msg.to_msg())
+        for address in self.scheduler.workers:
+            if address != worker:
+                self._send_to_owner(address, msg.to_msg())
 
     async def worker_gone(self, address: str, timeout: float) -> bool:
         """Wait until Dask has removed ``address`` (a caller lost its channel to it).
@@ -385,3 +410,16 @@ class _Hooks(SchedulerPlugin):
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         self.ext.on_remove_worker(worker)
+
+
+def describe_exitcode(exitcode: int) -> str:
+    """``"exited with code 3"`` or ``"was killed by signal 9 (SIGKILL)"``."""
+    import signal
+
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "unknown"
+        return f"was killed by signal {-exitcode} ({name})"
+    return f"exited with code {exitcode}"

@@ -409,6 +409,9 @@ class WorkerAgent:
     def worker_lost(self, worker: str) -> None:
         self.runtime.worker_lost(worker)
 
+    def worker_exit(self, worker: str, how: str) -> None:
+        self.runtime.worker_exit(worker, how)
+
     def revoke_leases(self, lease_ids: list[str]) -> None:
         self.runtime.submitter.revoke(lease_ids)
 

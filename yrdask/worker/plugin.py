@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
 
 AGENT_KEY = "yr"
 
@@ -42,3 +42,36 @@ class YrWorkerPlugin(WorkerPlugin):
 
                 await output.uninstall(agent)
                 await agent.close()
+
+
+class YrNannyPlugin(NannyPlugin):
+    """Tells the scheduler how each worker process of its nanny ended (exit code or signal),
+    so that errors about work lost with it can say why (``WORKER_EXITED``)."""
+
+    name = "yrdask-nanny"
+    idempotent = True
+
+    async def setup(self, nanny: Any) -> None:
+        from yrdask import protocol as P
+
+        original = nanny._on_worker_exit_sync  # what each new worker process calls at exit
+        if getattr(original, "_yrdask", False):
+            return
+
+        def on_exit(exitcode: int) -> None:
+            if exitcode:  # sent before the nanny starts the next worker process
+                nanny.loop.add_callback(_report, nanny, P.WorkerExited(nanny.address,
+                                                                       int(exitcode)))
+            original(exitcode)
+
+        on_exit._yrdask = True  # type: ignore[attr-defined]
+        nanny._on_worker_exit_sync = on_exit
+
+
+async def _report(nanny: Any, msg: Any) -> None:
+    from yrdask import protocol as P
+
+    try:
+        await P.request(nanny.scheduler, msg)
+    except Exception:  # noqa: BLE001 - the scheduler is gone or has no yrdask: nothing to tell
+        pass
