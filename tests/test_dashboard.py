@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 import yrdask as yr
-from conftest import CORE_KINDS, Greeter, pending_greeter, wait_until
+from conftest import CORE_KINDS, Greeter, pending_greeter, wait_for_file, wait_until
 from yrdask.runtime.context import current_runtime
 from yrdask.cli import fetch_cluster_info
 
@@ -50,13 +50,11 @@ def fan_out(n: int) -> int:
 
 @yr.instance
 class Busy:
-    """Its ``work`` call runs until the test creates ``path`` (bounded by ``limit`` s)."""
+    """Its ``work`` call runs until the test creates ``path``."""
 
-    def work(self, path: str, limit: float = 60) -> bool:
-        deadline = time.monotonic() + limit
-        while not os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return os.path.exists(path)
+    def work(self, path: str) -> bool:
+        wait_for_file(path)
+        return True
 
 
 # --------------------------------------------------------------------------- helpers

@@ -82,27 +82,49 @@ class InstanceDiedError(YRRuntimeError):
     """The instance a call was made on has ended; the message says which and why."""
 
 
-class CallCrashedError(YRRuntimeError):
-    """A method call was running each time its instance's process died, more often than
-    ``yrdask.scheduling.max-call-redeliveries`` allows: it is not delivered again.
-    ``worker`` is the last worker it was lost with (when a worker process died)."""
+def describe_exit(returncode: int) -> str:
+    """``"exited with code 3"`` or ``"was killed by signal 11 (SIGSEGV)"`` (a process's
+    return code as ``subprocess`` and Dask's nanny give it: negative for a signal)."""
+    import signal
+
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown"
+        return f"was killed by signal {-returncode} ({name})"
+    return f"exited with code {returncode}"
+
+
+class _CrashError(YRRuntimeError):
+    """Work lost with a process that died: ``worker`` is the last worker it was lost with."""
 
     def __init__(self, message: str = "", worker: str = "") -> None:
         super().__init__(message)
         self.worker = worker
 
+    def with_exit(self, how: str) -> "_CrashError":
+        """The same error, its message ending with how the process ended (``how``)."""
+        args = self.__reduce__()[1]
+        return type(self)(f"{args[0]}; its process {how}", *args[1:])
+
     def __reduce__(self) -> tuple:
         return (type(self), (str(self), self.worker))
 
 
-class TaskCrashedError(YRRuntimeError):
+class CallCrashedError(_CrashError):
+    """A method call was running each time its instance's process died, more often than
+    ``yrdask.scheduling.max-call-redeliveries`` allows: it is not delivered again."""
+
+
+class TaskCrashedError(_CrashError):
     """A stateless task's process died each time it ran, more often than its bound of reruns
     (``yrdask.scheduling.max-task-crashes``, or Ray's ``max_retries``) allows.  ``crashes`` is
     how often, ``worker`` the last worker it was lost with."""
 
     def __init__(self, message: str = "", crashes: int = 0, worker: str = "") -> None:
-        super().__init__(message)
-        self.crashes, self.worker = crashes, worker
+        super().__init__(message, worker)
+        self.crashes = crashes
 
     def __reduce__(self) -> tuple:
         return (type(self), (str(self), self.crashes, self.worker))

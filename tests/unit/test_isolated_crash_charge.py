@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from yrdask.worker.isolated import charge_crash, describe_exit
+from yrdask.errors import CallCrashedError, TaskCrashedError, describe_exit
+from yrdask.worker.isolated import charge_crash, describe_exit_of
 
 
 def calls(*spec: tuple[object, str]) -> list:
@@ -38,6 +39,17 @@ def test_zero_redeliveries_fails_the_running_call_at_once():
 
 
 def test_exit_descriptions_name_the_code_or_the_signal():
-    assert describe_exit(12, 3) == "its isolated process (pid 12) exited with code 3"
-    assert describe_exit(12, -11) == ("its isolated process (pid 12) was killed by signal 11 "
-                                      "(SIGSEGV)")
+    assert describe_exit_of(12, 3) == "its isolated process (pid 12) exited with code 3"
+    assert describe_exit_of(12, -11) == ("its isolated process (pid 12) was killed by signal "
+                                         "11 (SIGSEGV)")
+    assert describe_exit(-9) == "was killed by signal 9 (SIGKILL)"
+
+
+def test_crash_errors_keep_their_type_and_fields_when_they_learn_the_exit():
+    task = TaskCrashedError("task t (f) was lost with its worker 4 times", 4, "tcp://w:1")
+    told = task.with_exit(describe_exit(3))
+    assert type(told) is TaskCrashedError and (told.crashes, told.worker) == (4, "tcp://w:1")
+    assert str(told) == "task t (f) was lost with its worker 4 times; its process exited with code 3"
+    call = CallCrashedError("method 'm': call c ...", "tcp://w:2").with_exit(describe_exit(-11))
+    assert type(call) is CallCrashedError and call.worker == "tcp://w:2"
+    assert str(call).endswith("; its process was killed by signal 11 (SIGSEGV)")

@@ -547,14 +547,7 @@ def test_random_event_sequences_keep_the_invariants(seed):
         d.drain()
 
 
-# -- refs nested in arguments (yr's dependency resolver; submitter.nested_refs) --------------
-
-
-class _Ref:
-    """Stands for an ObjectRef: only its id and its identity matter to the scan."""
-
-    def __init__(self, oid: str) -> None:
-        self._id = oid
+# -- refs nested in arguments (yr's dependency resolver; objects.pack_recording_refs) -------
 
 
 class _Holder:
@@ -568,38 +561,52 @@ class _Slotted:
     def __init__(self, ref) -> None:
         self.ref = ref
 
-
-def _is_ref(v) -> bool:
-    return type(v) is _Ref
-
-
-MARKED = b"...yrdask.runtime.objects._rebuild_ref..."  # what a pickle holding a ref contains
+    def __reduce__(self):
+        return (_Slotted, (self.ref,))
 
 
-def test_nested_refs_are_found_in_containers_and_objects_but_not_at_top_level():
-    from yrdask.runtime.submitter import nested_refs
+def _refs(*ids: str) -> list:
+    """Real ObjectRefs of a stand-in runtime (pickling a ref asks its runtime's table)."""
+    import types
 
-    top, a, b, c, d, e = (_Ref(x) for x in "tabcde")
+    from yrdask.runtime.objects import ObjectTable
+
+    rt = types.SimpleNamespace(address="tcp://me:1", closed=False)
+    rt.objects = ObjectTable(rt, 1024)
+    return [rt.objects.new_ref(i) for i in ids]
+
+
+def _pack(args: tuple, kwargs: dict) -> list[str]:
+    from yrdask.runtime.objects import ObjectRef, pack_recording_refs
+    from yrdask.serialization import pack_args
+
+    (_blob, _top), nested = pack_recording_refs(pack_args, args, kwargs,
+                                                lambda v: isinstance(v, ObjectRef))
+    return sorted(r._id for r in nested)
+
+
+def test_nested_refs_are_the_ones_pickled_inside_the_arguments_not_at_top_level():
+    top, a, b, c, d, e = _refs(*"tabcde")
     args = (top, [a, (b, {"k": c})], _Holder(_Holder(d)))
     kwargs = {"x": {frozenset([1]): [e, a]}, "y": _Slotted(a), "z": top}
-    found = nested_refs(MARKED, args, kwargs, _is_ref)
-    assert sorted(r._id for r in found) == ["a", "b", "c", "d", "e"]  # each once, no "t"
+    assert _pack(args, kwargs) == ["a", "b", "c", "d", "e"]  # each once, no "t"
 
 
-def test_no_pickled_ref_means_no_scan():
-    from yrdask.runtime.submitter import nested_refs
+def test_no_nested_ref_records_nothing_and_recording_ends_with_the_pack():
+    import pickle
 
-    a = _Ref("a")
-    # the pickle says no ref is inside: nothing is walked (the fast path for every call)
-    assert nested_refs(b"plain pickle", ([a],), {}, _is_ref) == []
-    assert nested_refs(b"", ([a],), {}, _is_ref) == []
+    from yrdask.runtime import objects
+
+    (a,) = _refs("a")
+    assert _pack((a, 1, "x", [2, 3]), {"k": {"v": 4}}) == []
+    pickle.dumps([a])  # outside a pack: nothing records
+    assert getattr(objects._pickled, "refs", None) is None
 
 
-def test_cycles_and_shared_containers_are_walked_once():
-    from yrdask.runtime.submitter import nested_refs
-
-    a = _Ref("a")
+def test_cycles_and_shared_containers_record_a_ref_once():
+    (a,) = _refs("a")
     loop: list = [a]
     loop.append(loop)
     shared = [a]
-    assert [r._id for r in nested_refs(MARKED, (loop, shared, shared), {}, _is_ref)] == ["a"]
+    assert _pack((loop, shared, shared), {}) == ["a"]
+

@@ -42,6 +42,7 @@ MAX_TIMEOUT = 0x7FFFFFFF
 #: Guards ``ObjectTable.entries``, ``Entry.refs``/``escaped`` and the value caches.
 #: Re-entrant: the garbage collector may run ``ObjectRef.__del__`` while a thread holds it.
 REFS_LOCK = threading.RLock()
+_pickled = threading.local()  # .refs: {id: ref} of refs this thread pickles, while recording
 
 
 def check_timeout(timeout: Any) -> None:
@@ -387,6 +388,9 @@ class ObjectTable:
             self.runtime.free_remote(entry.location, [object_id])
 
     def reduce_ref(self, ref: ObjectRef):
+        recorded = getattr(_pickled, "refs", None)
+        if recorded is not None:  # see pack_recording_refs
+            recorded.setdefault(ref._id, ref)
         entry = ref._entry
         owner = entry.owner or self.runtime.address
         snap = entry.snapshot(self.inline_limit)
@@ -422,3 +426,15 @@ def failing_entries(entries: list) -> Callable[[BaseException], None]:
         for entry in entries:
             entry.set_error(error)
     return fail
+
+
+def pack_recording_refs(pack: Callable[..., tuple], *args: Any) -> tuple[Any, list]:
+    """``(pack(*args), refs)``: ``refs`` are the ObjectRefs the pickler met while packing,
+    each once (the refs nested in a call's arguments; top-level ones become slots first).
+    The pickler already visits every ref wherever it sits, so nothing walks the values."""
+    _pickled.refs = found = {}
+    try:
+        packed = pack(*args)
+    finally:
+        _pickled.refs = None
+    return packed, list(found.values())

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from yrdask import protocol as P
 from yrdask.runtime import context
 from yrdask.runtime.context import current_lease, current_owner
-from yrdask.runtime.objects import REFS_LOCK, Entry, ObjectRef, ObjectTable
+from yrdask.runtime.objects import REFS_LOCK, Entry, ObjectRef, ObjectTable, pack_recording_refs
 from yrdask.runtime.instance_router import Call, InstanceRouter
-from yrdask.runtime.submitter import Submitter, Task, nested_refs
+from yrdask.runtime.submitter import Submitter, Task
 from yrdask.runtime.generators import Stream, on_generator_item
 from yrdask.errors import (RemoteError, YRRuntimeError, YRTimeoutError, YRTypeError,
                            YRValueError)
@@ -168,22 +168,23 @@ class Runtime:
         for wake in self._exit_waiters.pop(worker, ()):
             wake()
 
-    def with_exit_reason(self, error: BaseException, fail: Callable[[BaseException], None]
-                         ) -> None:
+    def with_exit_reason(self, error: Any, fail: Callable[[BaseException], None]) -> None:
         """Fail with ``error`` (a crash error naming ``error.worker``) once it can say how that
         worker's process ended: at once if known, else when the nanny's report arrives, or
         after :data:`EXIT_REASON_WAIT_S` without it (a lost host has no nanny to tell)."""
-        worker = getattr(error, "worker", "")
-        if not worker or worker in self.exits:
-            fail(_with_exit(error, self.exits.get(worker)))
-            return
+        worker = error.worker
         done = False
 
         def settle() -> None:
             nonlocal done
             if not done:
                 done = True
-                fail(_with_exit(error, self.exits.get(worker)))
+                how = self.exits.get(worker)
+                fail(error.with_exit(how) if how else error)
+
+        if not worker or worker in self.exits:
+            settle()
+            return
 
         self._exit_waiters.setdefault(worker, []).append(settle)
         self.loop.call_later(EXIT_REASON_WAIT_S, settle)
@@ -223,8 +224,10 @@ class Runtime:
         start (yr's dependency resolver); the Ray surface turns it off (Ray's rule).
         ``max_crashes``: reruns after its worker is lost (None: ``max-task-crashes``; -1: no
         bound), which the Ray surface sets from ``max_retries``."""
-        blob, dep_refs = pack_args(args, kwargs, _is_ref)
-        nested = nested_refs(blob, args, kwargs, _is_ref) if wait_nested else None
+        if wait_nested:  # yr's rule: refs nested in the arguments gate the start
+            (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
+        else:
+            (blob, dep_refs), nested = pack_args(args, kwargs, _is_ref), None
         task_id = self.new_id()
         if nret <= 1:
             ids = [task_id]
@@ -458,13 +461,6 @@ def _no_target() -> None:
 EXITS_KEPT = 1000  # worker processes whose end this runtime remembers
 EXIT_REASON_WAIT_S = 0.5  # how long a crash error waits to learn how the process ended
 
-
-def _with_exit(error: BaseException, how: str | None) -> BaseException:
-    """``error`` with "; its process <how>" added to its message, same type and fields."""
-    if not how:
-        return error
-    args = error.__reduce__()[1]  # (message, *fields) of the crash errors
-    return type(error)(f"{args[0]}; its process {how}", *args[1:])
 
 
 def _safe_call(callback: Callable, ref: ObjectRef) -> None:

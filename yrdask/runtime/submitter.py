@@ -281,53 +281,6 @@ class Submitter:
         self._handle(M.Tick("tick", time.monotonic()))
 
 
-# --- refs nested in arguments (yr's dependency resolver) ---------------------------------------
-
-_REF_MARK = b"_rebuild_ref"  # in a pickle that holds an ObjectRef (its reduce function's name)
-_WALK_LIMIT = 100_000  # containers and objects looked into, at most, per call
-
-
-def nested_refs(blob: bytes, args: tuple, kwargs: dict, is_ref: Any) -> list:
-    """The refs nested inside the arguments (in lists, tuples, dicts, sets and objects'
-    attributes), not the top-level ones; each once, in the order found.
-
-    ``blob`` is the arguments' pickle: without a pickled ref in it there is nothing to look
-    for, so calls without nested refs pay one substring search.
-    """
-    if not blob or _REF_MARK not in blob:
-        return []
-    found: dict[int, Any] = {}
-    seen: set[int] = set()
-    stack = [v for v in (*args, *kwargs.values()) if not is_ref(v)]
-    budget = _WALK_LIMIT
-    while stack and budget > 0:
-        value = stack.pop()
-        if is_ref(value):
-            found.setdefault(id(value), value)
-            continue
-        if id(value) in seen or isinstance(value, (str, bytes, bytearray, int, float, bool,
-                                                   type(None))):
-            continue
-        seen.add(id(value))
-        budget -= 1
-        if isinstance(value, dict):
-            stack.extend(value.values())
-            stack.extend(value.keys())
-        elif isinstance(value, (list, tuple, set, frozenset)):
-            stack.extend(value)
-        else:
-            attrs = getattr(value, "__dict__", None)
-            if isinstance(attrs, dict):
-                stack.extend(attrs.values())
-            for slot in getattr(type(value), "__slots__", ()):
-                if isinstance(slot, str) and hasattr(value, slot):
-                    stack.append(getattr(value, slot))
-    unique: dict[str, Any] = {}
-    for ref in found.values():
-        unique.setdefault(ref._id, ref)
-    return list(unique.values())
-
-
 def when_entries_ready(entries: list[Entry], then: Any) -> None:
     """Call ``then`` (on the loop) once every entry in ``entries`` is ready."""
     if not entries:

@@ -24,6 +24,7 @@ from distributed.protocol.pickle import dumps as pickle_dumps
 
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
+from yrdask.errors import describe_exit
 from yrdask.stream import StreamSender
 from yrdask.scheduler.instance_manager import InstanceManager
 from yrdask.scheduler.group_adapter import ResourceGroupService
@@ -161,7 +162,7 @@ class YrSchedulerExtension:
         worker = self.worker_of_nanny.get(nanny, "")
         if not worker:
             return
-        how = describe_exitcode(exitcode)
+        how = describe_exit(exitcode)
         logger.info("yrdask: worker process %s %s", worker, how)
         msg = P.WorkerExit(worker, how)
         for job in list(self.jobs.values()):
@@ -410,16 +411,3 @@ class _Hooks(SchedulerPlugin):
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         self.ext.on_remove_worker(worker)
-
-
-def describe_exitcode(exitcode: int) -> str:
-    """``"exited with code 3"`` or ``"was killed by signal 9 (SIGKILL)"``."""
-    import signal
-
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = "unknown"
-        return f"was killed by signal {-exitcode} ({name})"
-    return f"exited with code {exitcode}"

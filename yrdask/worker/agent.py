@@ -269,6 +269,15 @@ class WorkerAgent:
         return [payload if kind == P.VALUE else self.runtime.fetch_payload(oid, payload)
                 for oid, kind, payload in deps]
 
+    def deps_by_value(self, deps: list) -> list:
+        """``deps`` with every value in the message (for an isolated process, which cannot
+        fetch from owners); fetches remote ones (not on the loop)."""
+        return [[oid, P.VALUE, wire(p)] for (oid, _k, _p), p in zip(deps, self.payloads(deps))]
+
+    def _cancelled(self, task_id: str) -> dict:
+        return self._error_reply(task_id, CancelledError(f"task {task_id} cancelled"), "",
+                                 False)
+
     def _function(self, fn_id: str) -> Callable:
         fn = self.functions.get(fn_id)
         if fn is None:
@@ -280,8 +289,7 @@ class WorkerAgent:
         msg = ex.msg
         task_id = ex.task_id
         if ex.cancelled:  # cancelled while it waited: it never runs
-            return self._error_reply(task_id, CancelledError(f"task {task_id} cancelled"), "",
-                                     False)
+            return self._cancelled(task_id)
         try:
             fn = self._function(msg["fn_id"])
             if type(fn) is IsolatedFunction:
@@ -290,8 +298,7 @@ class WorkerAgent:
         except BaseException as e:  # noqa: BLE001
             return self._error_reply(task_id, e, traceback.format_exc(), False)
         if not ex.arm():
-            return self._error_reply(task_id, CancelledError(f"task {task_id} cancelled"), "",
-                                     False)
+            return self._cancelled(task_id)
         self.running[task_id] = ex
         t0 = time.perf_counter()
         try:
@@ -315,20 +322,20 @@ class WorkerAgent:
         naming the exit code or signal, and the worker goes on.
         """
         msg, task_id = ex.msg, ex.task_id
-        if msg["nret"] < 0:
-            raise YRValueError("a generator function cannot run in an isolated process "
-                               "(env_vars/runtime_env/isolated): drop those options or "
-                               "return a list")
-        deps = msg["deps"]
-        if deps:
-            deps = [[oid, P.VALUE, wire(p)] for (oid, _k, _p), p in zip(deps, self.payloads(deps))]
+        if msg["nret"] < 0:  # refused at .invoke() already; a reply, should one come anyway
+            return self._error_reply(task_id, YRValueError(
+                "a generator function cannot run in an isolated process (env_vars/runtime_env/"
+                "isolated): drop those options or return a list"), "", False)
+        try:
+            deps = self.deps_by_value(msg["deps"])
+        except BaseException as e:  # noqa: BLE001 - a ref argument could not be fetched
+            return self._error_reply(task_id, e, traceback.format_exc(), False)
         request = P.RunIsolated(task_id, msg["lease_id"], msg["fn_id"],
                                 self.fn_payloads[msg["fn_id"]], msg["args"], deps,
                                 msg["nret"], msg["owner"], msg.get("log_to"),
                                 msg["name"]).to_msg()
         if not ex.arm():
-            return self._error_reply(task_id, CancelledError(f"task {task_id} cancelled"), "",
-                                     False)
+            return self._cancelled(task_id)
         self.running[task_id] = ex
         t0 = time.perf_counter()
         try:

@@ -44,7 +44,7 @@ import dask
 
 from yrdask import protocol as P
 from yrdask.errors import (CallCrashedError, InstanceDiedError, RemoteError, YRValueError,
-                           user_traceback)
+                           describe_exit, user_traceback)
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
 
 logger = logging.getLogger("yrdask.worker")
@@ -53,16 +53,10 @@ START_TIMEOUT_S = 60.0
 POOL_IDLE_S = 10.0  # a pooled task process unused this long is reaped
 
 
-def describe_exit(pid: int, returncode: int) -> str:
-    """``"its process (pid 12) exited with code 3"`` or ``"... was killed by signal 11
-    (SIGSEGV)"``: the cause every error about a dead isolated process names."""
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = "unknown"
-        return f"its isolated process (pid {pid}) was killed by signal {-returncode} ({name})"
-    return f"its isolated process (pid {pid}) exited with code {returncode}"
+def describe_exit_of(pid: int, returncode: int) -> str:
+    """``"its isolated process (pid 12) exited with code 3"`` (or ``was killed by signal 11
+    (SIGSEGV)``): the cause every error about a dead isolated process names."""
+    return f"its isolated process (pid {pid}) {describe_exit(returncode)}"
 
 
 def split_returns(result: Any, nret: int) -> list:
@@ -282,10 +276,9 @@ class IsolatedInstance:
         loop = self.agent.loop
         try:
             spec = dict(self.spec)
-            deps = spec.get("deps") or []
-            if deps:
-                payloads = await loop.run_in_executor(None, self.agent.payloads, deps)
-                spec["deps"] = [[oid, P.VALUE, wire(p)] for (oid, _k, _p), p in zip(deps, payloads)]
+            if spec.get("deps"):
+                spec["deps"] = await loop.run_in_executor(None, self.agent.deps_by_value,
+                                                          spec["deps"])
             proc, address = await loop.run_in_executor(None, spawn, spec["isolation"],
                                                        self.agent.worker.address)
             if self.stopped is not None:
@@ -394,7 +387,7 @@ class IsolatedInstance:
         """The child died (loop thread): restart it per ``recover_retry_times``, or end."""
         if self.stopped is not None or gen != self.generation:
             return
-        cause = describe_exit(proc.pid, code)
+        cause = describe_exit_of(proc.pid, code)
         logger.warning("instance %s (%s): %s", self.instance_id, self.cls_name, cause)
         if self.comm is not None:
             self.comm.abort()
@@ -519,7 +512,7 @@ def keep_large(agent: Any, call_id: str, results: list) -> list:
 
 
 class ProcessDied(Exception):
-    """The pooled process running a task died (``args[0]``: :func:`describe_exit`'s text)."""
+    """The pooled process running a task died (``args[0]``: :func:`describe_exit_of`'s text)."""
 
 
 class _PooledProcess:
@@ -543,7 +536,7 @@ class _PooledProcess:
         except (CommClosedError, OSError):
             loop = asyncio.get_running_loop()
             code = await loop.run_in_executor(None, self.proc.wait)
-            raise ProcessDied(describe_exit(self.proc.pid, code)) from None
+            raise ProcessDied(describe_exit_of(self.proc.pid, code)) from None
 
 
 class ProcessPool:
