@@ -47,21 +47,46 @@ def _describe(obj: Any) -> tuple:
 
 
 class Story:
-    """A bounded log of ``(stimulus_id, what, keys)`` entries, searchable by key."""
+    """A bounded log of ``(stimulus_id, what, keys)`` entries, searchable by key.
 
-    def __init__(self, maxlen: int = 100_000) -> None:
-        self.entries: deque[tuple[str, tuple, frozenset]] = deque(maxlen=maxlen)
+    Entries are cheap to keep, because every machine logs on its hot path: ``keys`` is a
+    plain tuple (no set per entry), and an entry made only of strings and numbers leaves the
+    garbage collector's lists after the first collection it survives.  A machine may append
+    to :attr:`entries` itself, on its hot path: ``(stimulus_id, event_or_instruction, keys)``
+    (the object as is, described only when asked), or the bare event or instruction; for an
+    entry whose ``keys`` is ``None`` or a bare object, ``keys_of(obj)`` gives them when the
+    story is read.
+    """
+
+    def __init__(self, maxlen: int = 100_000, keys_of: Any = None) -> None:
+        self.entries: deque[tuple[str, Any, tuple | None]] = deque(maxlen=maxlen)
+        self.keys_of = keys_of
 
     def log(self, stimulus_id: str, what: Any, keys: Iterable[str]) -> None:
         if not isinstance(what, tuple):
             what = _describe(what)
-        self.entries.append((stimulus_id, what, frozenset(k for k in keys if k)))
+        self.entries.append((stimulus_id, what, keys if type(keys) is tuple else tuple(keys)))
 
     def about(self, *keys: str) -> list[tuple[str, tuple]]:
-        wanted = set(keys)
-        return [(sid, what) for sid, what, ks in self.entries if ks & wanted]
+        wanted = {k for k in keys if k}
+        out = []
+        for entry in self.entries:
+            sid, what, ks = _unpack(entry)
+            if ks is None:
+                ks = self.keys_of(what)
+            if not wanted.isdisjoint(ks):
+                out.append((sid, what if type(what) is tuple else (what,)))
+        return out
 
     def dump(self, *keys: str) -> str:
         """The story of ``keys`` (or everything) as text, one entry a line."""
-        rows = self.about(*keys) if keys else [(s, w) for s, w, _ in self.entries]
+        rows = self.about(*keys) if keys else [
+            (s, w if type(w) is tuple else (w,)) for s, w, _ in map(_unpack, self.entries)]
         return "\n".join(f"{sid:>24}  {' '.join(map(str, what))}" for sid, what in rows)
+
+
+def _unpack(entry: Any) -> tuple:
+    """``(stimulus_id, what, keys)`` of a story entry (a bare event or instruction: no keys)."""
+    if type(entry) is tuple:
+        return entry
+    return entry.stimulus_id, entry, None

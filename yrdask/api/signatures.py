@@ -23,13 +23,25 @@ def _positional_range(sig: inspect.Signature) -> tuple[int, int] | None:
     return required, len(params)
 
 
+#: id(signature) -> (signature, span): hashing a Signature walks its parameters, so the
+#: per-call lookup goes by identity (the signature is kept, so its id is never reused)
+_spans: dict[int, tuple[inspect.Signature, tuple[int, int] | None]] = {}
+
+
 def check_call(sig: inspect.Signature, args: tuple, kwargs: dict) -> None:
     """Raise ``TypeError`` (as ``sig.bind`` would) if ``args, kwargs`` do not fit ``sig``."""
     if not kwargs:
-        try:
-            span = _positional_range(sig)
-        except TypeError:  # an unhashable default: no cache
-            span = None
+        hit = _spans.get(id(sig))
+        if hit is not None and hit[0] is sig:
+            span = hit[1]
+        else:
+            try:
+                span = _positional_range(sig)
+            except TypeError:  # an unhashable default: no cache
+                span = None
+            if len(_spans) >= 4096:
+                _spans.clear()
+            _spans[id(sig)] = (sig, span)
         if span is not None and span[0] <= len(args) <= span[1]:
             return
     sig.bind(*args, **kwargs)

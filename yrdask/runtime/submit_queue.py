@@ -193,12 +193,13 @@ QUEUED, PUSHED = "queued", "pushed"
 class _Task:
     """What the machine knows of one task: ids, counters and where it is."""
 
-    __slots__ = ("task_id", "key", "name", "data_home", "retries_left", "crashes", "state",
-                 "lease", "settled", "runs", "max_crashes")
+    __slots__ = ("task_id", "key", "q", "name", "data_home", "retries_left", "crashes",
+                 "state", "lease", "settled", "runs", "max_crashes")
 
-    def __init__(self, ev: TaskQueued) -> None:
+    def __init__(self, ev: TaskQueued, q: "_Queue") -> None:
         self.task_id = ev.task_id
         self.key = ev.key
+        self.q = q  # its queue (a key of nested tuples is slow to hash on the hot path)
         self.name = ev.name
         self.data_home = ev.data_home
         self.retries_left = ev.retries
@@ -213,12 +214,13 @@ class _Task:
 class _Lease:
     """The right to run ``slots`` tasks of one queue at once on ``worker``."""
 
-    __slots__ = ("lease_id", "worker", "key", "slots", "tasks", "idle_since", "revoked")
+    __slots__ = ("lease_id", "worker", "key", "q", "slots", "tasks", "idle_since", "revoked")
 
-    def __init__(self, lease_id: str, worker: str, key: Any, slots: int, now: float) -> None:
+    def __init__(self, lease_id: str, worker: str, q: "_Queue", slots: int, now: float) -> None:
         self.lease_id = lease_id
         self.worker = worker
-        self.key = key
+        self.key = q.key
+        self.q = q
         self.slots = slots
         self.tasks: dict[str, _Task] = {}  # pushed, in push order
         self.idle_since = now
@@ -277,7 +279,7 @@ class SubmitQueue:
         self._idle: list[_Lease] = []  # leases left without tasks: a timer if they stay so
         self._out: list = []
         self._sid = ""
-        self.log = Story(story_len)
+        self.log = Story(story_len, keys_of=_event_keys)
         self._entries = self.log.entries  # appended to directly: the hot path
 
     # -- queries ---------------------------------------------------------------------------
@@ -304,7 +306,7 @@ class SubmitQueue:
         if handler is None:
             self.log.log(ev.stimulus_id, ("ignored: unknown event", ev), ())
             return out
-        self._entries.append((ev.stimulus_id, (ev,), _event_keys(ev)))
+        self._entries.append(ev)  # bare: its keys are worked out when the story is read
         if self.closed and type(ev) is not LeaseGranted:
             self._note("ignored: closed")
             return out
@@ -328,10 +330,10 @@ class SubmitQueue:
         q = self.queues.get(ev.key)
         if q is None:
             q = self.queues[ev.key] = _Queue(ev, f"q{len(self.queues)}")
-        task = self.tasks[ev.task_id] = _Task(ev)
+        task = self.tasks[ev.task_id] = _Task(ev, q)
         q.tasks.append(task)
         q.backoff = False
-        self._dirty[q.key] = q
+        self._dirty[q.name] = q
 
     def _lease_granted(self, ev: LeaseGranted) -> None:
         self._clock(ev.now)
@@ -349,20 +351,20 @@ class SubmitQueue:
             return
         if ev.lease_id in self.leases:  # granted twice: the one it has stays
             self._note("ignored: lease already held", ev.request_id, ev.lease_id)
-            self._dirty[q.key] = q
+            self._dirty[q.name] = q
             return
         if not q.tasks or self._avoided(ev.worker):
             # the backlog went elsewhere meanwhile (don't sit on resources), or the worker
             # was just lost and the scheduler may not know yet
             self._emit(ReturnLeases(self._sid, (ev.lease_id,)), ev.lease_id, ev.request_id)
-            self._dirty[q.key] = q
+            self._dirty[q.name] = q
             return
-        lease = _Lease(ev.lease_id, ev.worker, q.key, q.slots, ev.now)
+        lease = _Lease(ev.lease_id, ev.worker, q, q.slots, ev.now)
         self.leases[lease.lease_id] = lease
         q.leases[lease.lease_id] = lease
         q.free[lease.lease_id] = lease
         self._note("lease", ev.request_id, ev.lease_id, ev.worker)
-        self._dirty[q.key] = q
+        self._dirty[q.name] = q
 
     def _lease_refused(self, ev: LeaseRefused) -> None:
         q = self.requests.pop(ev.request_id, None)
@@ -375,7 +377,7 @@ class SubmitQueue:
             # requests wait for new work (no loop of refusals); with only busy revoked
             # leases left, the dispatch asks again: they hold what the request needs
             q.backoff = True
-            self._dirty[q.key] = q
+            self._dirty[q.name] = q
             return
         error = ScheduleError(ev.reason)
         while q.tasks:
@@ -388,7 +390,7 @@ class SubmitQueue:
         if task is None:
             self._note("ignored: task not in flight", ev.task_id)
             return
-        q = self.queues[task.key]
+        q = task.q
         lease = task.lease
         if task.state == QUEUED:
             # requeued after its worker was lost, but its answer came through after all
@@ -413,7 +415,7 @@ class SubmitQueue:
         else:
             self._finish(task, ev)
         self._lease_freed(lease, ev.now)
-        self._dirty[q.key] = q
+        self._dirty[q.name] = q
 
     def _cancel_requested(self, ev: CancelRequested) -> None:
         task = self.tasks.get(ev.task_id)
@@ -422,10 +424,10 @@ class SubmitQueue:
             return
         error = CancelledError(f"task {task.task_id} ({task.name}) has been cancelled")
         if task.state == QUEUED:
-            q = self.queues[task.key]
+            q = task.q
             q.tasks.remove(task)
             self._fail(task, error)
-            self._dirty[q.key] = q
+            self._dirty[q.name] = q
             return
         self._emit(SendCancel(self._sid, task.task_id, task.lease.worker), task.task_id)
         task.settled = True
@@ -438,12 +440,12 @@ class SubmitQueue:
             if lease is None or lease.revoked:
                 continue
             lease.revoked = True
-            q = self.queues[lease.key]
+            q = lease.q
             q.free.pop(lease_id, None)
             if not lease.tasks:
                 self._drop(lease)
                 back.append(lease_id)
-            self._dirty[q.key] = q
+            self._dirty[q.name] = q
         if back:
             self._emit(ReturnLeases(self._sid, tuple(back)), *back)
 
@@ -479,10 +481,10 @@ class SubmitQueue:
                 else:
                     back.append(task)
             if back:
-                self._requeue(self.queues[lease.key], back)
+                self._requeue(lease.q, back)
         for q in self.queues.values():  # requests may now avoid the worker; refill leases
             q.backoff = False
-            self._dirty[q.key] = q
+            self._dirty[q.name] = q
 
     def _tick(self, ev: Tick) -> None:
         self._clock(ev.now)
@@ -493,7 +495,7 @@ class SubmitQueue:
                 if not l.tasks and l.idle_since + self.lease_idle_s <= ev.now]
         for lease in idle:
             self._drop(lease)
-            self._dirty[lease.key] = self.queues[lease.key]
+            self._dirty[lease.q.name] = lease.q
         if idle:
             ids = tuple(l.lease_id for l in idle)
             self._emit(ReturnLeases(self._sid, ids), *ids)
@@ -549,7 +551,11 @@ class SubmitQueue:
 
     def _pipeline(self, q: _Queue) -> None:
         """Short tasks with a backlog: up to ``pipeline_depth`` per slot, round robin."""
-        leases = [l for l in q.leases.values() if not l.revoked]
+        depth = self.pipeline_depth
+        leases = [l for l in q.leases.values()
+                  if not l.revoked and len(l.tasks) < l.slots * depth]
+        if not leases:  # the usual case with a backlog: every lease is as deep as it goes
+            return
         tasks = q.tasks
         for depth in range(2, self.pipeline_depth + 1):
             for lease in leases:
@@ -565,10 +571,11 @@ class SubmitQueue:
         task.runs += 1
         lease.tasks[task.task_id] = task
         if len(lease.tasks) >= lease.slots:
-            self.queues[lease.key].free.pop(lease.lease_id, None)
+            lease.q.free.pop(lease.lease_id, None)
         self.counts["local" if lease.worker == self.local_worker else "forwarded"] += 1
-        self._emit(PushTask(self._sid, task.task_id, lease.lease_id, lease.worker, lease.slots),
-                   task.task_id, lease.lease_id)
+        ins = PushTask(self._sid, task.task_id, lease.lease_id, lease.worker, lease.slots)
+        self._out.append(ins)
+        self._entries.append(ins)  # bare (the hot path): keys from _KEYS
 
     def _unpush(self, task: _Task) -> None:
         """Take a pushed task off its lease (it ended, or its worker is gone)."""
@@ -578,7 +585,7 @@ class SubmitQueue:
         del lease.tasks[task.task_id]
         if (not lease.revoked and len(lease.tasks) < lease.slots
                 and lease.lease_id in self.leases):
-            self.queues[lease.key].free[lease.lease_id] = lease
+            lease.q.free[lease.lease_id] = lease
 
     def _lease_freed(self, lease: _Lease, now: float) -> None:
         """A task left the lease: a revoked one goes back after its last task."""
@@ -596,12 +603,14 @@ class SubmitQueue:
         for task in reversed(tasks):
             task.state = QUEUED
             q.tasks.appendleft(task)
-        self._dirty[q.key] = q
+        self._dirty[q.name] = q
 
     def _finish(self, task: _Task, ev: TaskFinished) -> None:
         del self.tasks[task.task_id]
         if ev.outcome == "ok":
-            self._emit(TaskSucceeded(self._sid, task.task_id), task.task_id)
+            ins = TaskSucceeded(self._sid, task.task_id)
+            self._out.append(ins)
+            self._entries.append(ins)  # bare (the hot path): keys from _KEYS
         else:
             self._emit(TaskFailed(self._sid, task.task_id, ev.error), task.task_id)
 
@@ -611,7 +620,7 @@ class SubmitQueue:
 
     def _drop(self, lease: _Lease) -> None:
         del self.leases[lease.lease_id]
-        q = self.queues[lease.key]
+        q = lease.q
         q.leases.pop(lease.lease_id, None)
         q.free.pop(lease.lease_id, None)
 
@@ -641,10 +650,10 @@ class SubmitQueue:
 
     def _emit(self, ins: Instruction, *keys: str) -> None:
         self._out.append(ins)
-        self._entries.append((self._sid, (ins,), frozenset(keys)))
+        self._entries.append((self._sid, ins, keys))
 
     def _note(self, what: str, *keys: str) -> None:
-        self._entries.append((self._sid, (what, *keys), frozenset(keys)))
+        self._entries.append((self._sid, (what, *keys), keys))
 
     # -- invariants ------------------------------------------------------------------------
 
@@ -683,7 +692,7 @@ class SubmitQueue:
         for request_id, q in self.requests.items():
             assert request_id in q.requests
         for lease_id, lease in self.leases.items():
-            assert lease_id in self.queues[lease.key].leases
+            assert lease_id in lease.q.leases
             assert len(lease.tasks) <= lease.slots * self.pipeline_depth
             assert not (lease.revoked and not lease.tasks), f"{lease_id} revoked, idle, kept"
             for task_id, task in lease.tasks.items():
@@ -701,12 +710,13 @@ class SubmitQueue:
                 "no timer to forget a lost worker"
 
 
-def _event_keys(ev: Event) -> frozenset:
-    """The ids the story entry of ``ev`` is found by."""
+def _event_keys(ev: Event | Instruction) -> tuple:
+    """The ids the story entry of ``ev`` (an event, or an instruction logged bare) is found
+    by, worked out when the story is read."""
     keys = [v for v in (getattr(ev, f) for f in _KEYS[type(ev)]) if v]
     if type(ev) is LeasesRevoked:
         keys.extend(ev.lease_ids)
-    return frozenset(keys)
+    return tuple(keys)
 
 
 #: the fields of each event that its story entry is found by
@@ -720,6 +730,8 @@ _KEYS = {
     WorkerLost: ("worker",),
     Tick: (),
     Closing: (),
+    PushTask: ("task_id", "lease_id"),
+    TaskSucceeded: ("task_id",),
 }
 
 _HANDLERS = {

@@ -95,7 +95,10 @@ class Submitter:
         self.tasks[task.task_id] = task
         self.waiting += 1
         if not task.nested:
-            when_ready(task.dep_refs, lambda: self._deps_ready(task))
+            if task.dep_refs:
+                when_ready(task.dep_refs, lambda: self._deps_ready(task))
+            else:  # no ref arguments: queued at once (the common case, kept cheap)
+                self._deps_ready(task)
             return
         for ref in task.nested:  # a borrowed one: ask its owner, who answers once it is ready
             if ref._entry.owner is not None:
@@ -108,23 +111,26 @@ class Submitter:
         if task.cancelled or self.closed:
             return
         self.waiting -= 1
-        error = failed_dep(task.dep_refs)
-        if error is None and task.nested:
-            error = _nested_failure(task)
-        task.nested = None  # their values exist now; the task reads them through its refs
-        if error is not None:
-            self.tasks.pop(task.task_id, None)
-            for entry in task.entries:
-                entry.set_error(error)
-            return
-        deps = task.deps = [dep_of(ref) for ref in task.dep_refs]
-        task.dep_refs = []
-        task.queued = True
         data_home = None
-        for _oid, kind, payload in deps:
-            if kind == P.LOCATION:  # leasing where large arguments live saves moving them
-                data_home = payload
-                break
+        if task.dep_refs or task.nested:
+            error = failed_dep(task.dep_refs)
+            if error is None and task.nested:
+                error = _nested_failure(task)
+            task.nested = None  # their values exist now; the task reads them through its refs
+            if error is not None:
+                self.tasks.pop(task.task_id, None)
+                for entry in task.entries:
+                    entry.set_error(error)
+                return
+            deps = task.deps = [dep_of(ref) for ref in task.dep_refs]
+            task.dep_refs = []
+            for _oid, kind, payload in deps:
+                if kind == P.LOCATION:  # leasing where large arguments live saves moving them
+                    data_home = payload
+                    break
+        else:
+            task.deps = []
+        task.queued = True
         _resources, _timeout, slots, affinity = task.shape_key
         self._handle(M.TaskQueued("submit", task.task_id, task.shape_key, task.shape,
                                   task.timeout_ms, slots, affinity, task.retries, data_home,
