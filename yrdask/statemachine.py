@@ -22,6 +22,7 @@ simulation in ``tests/sim`` drives the same machines through thousands of interl
 from __future__ import annotations
 
 from collections import deque
+import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, Iterable
 
@@ -38,6 +39,41 @@ class Instruction:
     """Something a machine asks its adapter to do."""
 
     stimulus_id: str
+
+
+def fast_init(*classes: type) -> None:
+    """Give frozen slotted event/instruction dataclasses a faster ``__init__``.
+
+    A frozen dataclass sets each field through ``object.__setattr__``; the machines build
+    several events and instructions per task, so the generated ``__init__`` writes the slots
+    through their descriptors instead (same signature, same defaults, still immutable
+    afterwards).  Classes with a ``__post_init__``, a default factory or a field that is not
+    a slot keep their own ``__init__``.
+    """
+    for cls in classes:
+        if not dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__"):
+            continue
+        flds = dataclasses.fields(cls)
+        ns: dict[str, Any] = {}
+        params, sets = [], []
+        for f in flds:
+            slot = next((c.__dict__[f.name] for c in cls.__mro__ if f.name in c.__dict__), None)
+            if f.default_factory is not dataclasses.MISSING or not hasattr(slot, "__set__") \
+                    or type(slot).__name__ != "member_descriptor":
+                break
+            ns[f"S_{f.name}"] = slot.__set__
+            if f.default is dataclasses.MISSING:
+                params.append(f.name)
+            else:
+                ns[f"D_{f.name}"] = f.default
+                params.append(f"{f.name}=D_{f.name}")
+            sets.append(f"    S_{f.name}(self, {f.name})\n")
+        else:
+            exec(f"def __init__(self, {', '.join(params)}):\n{''.join(sets) or '    pass'}\n",
+                 ns)  # noqa: S102 - generated once per class from its own field names
+            init = ns["__init__"]
+            init.__qualname__ = f"{cls.__name__}.__init__"
+            cls.__init__ = init
 
 
 def _describe(obj: Any) -> tuple:

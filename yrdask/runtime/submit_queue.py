@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError
-from yrdask.statemachine import Event, Instruction, Story
+from yrdask.statemachine import Event, Instruction, Story, fast_init
 
 # -- events ----------------------------------------------------------------------------------
 
@@ -745,3 +745,7 @@ _HANDLERS = {
     Tick: SubmitQueue._tick,
     Closing: SubmitQueue._closing,
 }
+
+# built per task on the hot path: slots written directly (statemachine.fast_init)
+fast_init(*[c for c in list(globals().values())
+            if isinstance(c, type) and issubclass(c, (Event, Instruction))])

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from yrdask.statemachine import Event, Instruction, Story
+from yrdask.statemachine import Event, Instruction, Story, fast_init
 
 PATIENCE_S = 0.05
 
@@ -253,3 +253,7 @@ class LeaseGate:
                 assert self.next_wake is not None and self.next_wake <= lease.waiting[0][0], \
                     f"lease {lease_id} has waiting tasks and no timer"
         assert seen == self.lease_of, "lease_of disagrees with the leases"
+
+# built per task on the hot path: slots written directly (statemachine.fast_init)
+fast_init(*[c for c in list(globals().values())
+            if isinstance(c, type) and issubclass(c, (Event, Instruction))])
