@@ -23,8 +23,6 @@ from yrdask import protocol as P
 from yrdask.runtime import context
 from yrdask.runtime.context import current_lease, current_owner
 from yrdask.runtime.objects import REFS_LOCK, Entry, ObjectRef, ObjectTable, pack_recording_refs
-from yrdask.runtime.instance_router import Call, InstanceRouter
-from yrdask.runtime.submitter import Submitter, Task
 from yrdask.runtime.generators import Stream, on_generator_item
 from yrdask.errors import (RemoteError, YRRuntimeError, YRTimeoutError, YRTypeError,
                            YRValueError)
@@ -69,6 +67,7 @@ class Runtime:
         self.connector: Any = None
         self.agent: "LocalNode | None" = None  # the worker agent, when this runtime lives in a worker
         register_with_dask()  # large values travel as Dask frames (serialization.Frames)
+        _load_machines()
         self.objects = ObjectTable(self, INLINE_LIMIT)
         self.submitter = Submitter(self)
         self.router = InstanceRouter(self)
@@ -458,6 +457,22 @@ def _no_target() -> None:
     return None
 
 
+# The submitter and the instance router (with their machines, and Dask's config) are
+# imported when the first runtime is built, not by ``import yrdask``: in a driver that is
+# after the embedded cluster's launcher started, so these imports overlap its own.
+Submitter: Any = None
+Task: Any = None
+InstanceRouter: Any = None
+Call: Any = None
+
+
+def _load_machines() -> None:
+    global Submitter, Task, InstanceRouter, Call
+    if Submitter is None:
+        from yrdask.runtime.instance_router import Call, InstanceRouter
+        from yrdask.runtime.submitter import Submitter, Task
+
+
 EXITS_KEPT = 1000  # worker processes whose end this runtime remembers
 EXIT_REASON_WAIT_S = 0.5  # how long a crash error waits to learn how the process ended
 
@@ -509,8 +524,17 @@ class DriverRuntime(Runtime):
     """A driver's runtime: owns the loop thread, and the embedded cluster if it started one."""
 
     def __init__(self, conf: Config, cluster: "LocalCluster | None" = None) -> None:
-        self.loop_runner = _LoopThread()
-        super().__init__(self.loop_runner.loop, conf.job_id)
+        if cluster is not None:
+            cluster.launch()  # first: its launcher imports while this process builds the rest
+        try:
+            self.loop_runner = _LoopThread()
+            super().__init__(self.loop_runner.loop, conf.job_id)
+        except BaseException:
+            proc = getattr(cluster, "proc", None)
+            if proc is not None:  # it only waits for an address: nothing else to stop
+                proc.kill()
+                proc.wait()
+            raise
         self.loop_thread = self.loop_runner.thread.ident
         self.conf = conf
         self.cluster = cluster  # the embedded cluster to start (no server_address), if any

@@ -29,6 +29,10 @@ from yrdask import protocol as P
 from yrdask.runtime.context import task_context
 from yrdask.runtime.generators import drain
 from yrdask.runtime.runtime import install_worker_runtime, uninstall_worker_runtime
+# A driver imports these when its runtime is built; a worker with its agent, so that the
+# embedded cluster's launcher imports them once, before it forks the workers.
+from yrdask.runtime import instance_router as _instance_router  # noqa: F401
+from yrdask.runtime import submitter as _submitter  # noqa: F401
 from yrdask.stream import StreamSender
 from yrdask.worker.hosting import HostedInstance
 from yrdask.options import IsolatedFunction
