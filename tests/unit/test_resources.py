@@ -1,6 +1,6 @@
 """Unit tests of yrdask.scheduler.resources.Ledger: holdings, placement choice and fit checks.
 
-SPEC §6: a request must fit on one worker process; an instance holds its request for its
+SPEC §6: a request must fit on one node (the worker processes of one host together); an instance holds its request for its
 whole life, a task lease while it runs (and lends its CPU back while blocked); a request
 that cannot be met fails with a message naming what it needs and what holds the cluster.
 """
@@ -81,7 +81,8 @@ def test_release_after_the_worker_is_gone(two):
 def test_snapshot_shows_capacity_and_held(two):
     two.hold(inst("i1", B, shape(1000, 500)))
     snap = two.snapshot()
-    assert snap[A] == {"capacity": shape(1000, 4096), "held": {}}
+    assert snap[A]["capacity"] == shape(1000, 4096) and snap[A]["held"] == {}
+    assert snap[A]["processes"] == [A] and snap[A]["gpus"] == {}
     assert snap[B]["held"] == shape(1000, 500)
     assert snap[B]["capacity"] == shape(1000, 4096)
 
@@ -176,9 +177,9 @@ def test_release_of_a_lent_lease_does_not_give_the_cpu_back_twice(two):
 # --------------------------------------------------------------------------- fit checks and explanations
 
 
-def test_could_ever_fit_needs_one_worker_for_the_whole_request(two):
+def test_could_ever_fit_needs_one_node_for_the_whole_request(two):
     assert two.could_ever_fit(shape(1000, 4096))
-    assert not two.could_ever_fit(shape(1500))  # 2000 in total, but not on one worker
+    assert not two.could_ever_fit(shape(1500))  # 2000 in total, but on two nodes
     assert not two.could_ever_fit(shape(100, 5000))
     assert not two.could_ever_fit(shape(100, 100, gpu=1))
     two.hold(inst("i", A, shape(1000)))
@@ -208,7 +209,7 @@ def test_explain_never_fits_names_the_missing_cpu_and_the_offers(two):
     assert "largest offer: 1000" in msg
     assert "Memory=" not in msg  # memory is not what is missing
     assert A in msg and B in msg  # what the workers offer
-    assert "one worker" in msg
+    assert "one node" in msg
 
 
 def test_explain_never_fits_names_a_missing_custom_tag(two):
