@@ -433,3 +433,17 @@ def test_gpu_lease_ids_carry_their_devices():
     q.validate()
     assert q.ledger.workers["n1"].gpu_used == {"0": 0.0, "1": 1.0}
     assert P.lease_devices("L9") == ("", 0.0)
+
+
+def test_cpu_work_fills_each_processs_own_share_before_doubling_up():
+    """Two 1-CPU tasks on a node of two 1-CPU processes run in different processes (one GIL
+    each), even when one submitter prefers its own; a blocked task lends its share back."""
+    led = node_of_two()
+    led.hold(lease("L1", led.choose(shape(1000), prefer=P1), shape(1000)))
+    assert led.holdings["L1"].worker == P1
+    assert led.choose(shape(1000), prefer=P1) == P2
+    led.lend_cpu("L1", True)
+    assert led.choose(shape(1000), prefer=P1) == P1
+    led.lend_cpu("L1", False)
+    led.release("L1")
+    assert led.processes[P1].cpu_held == pytest.approx(0)

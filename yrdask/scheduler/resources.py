@@ -88,6 +88,12 @@ class ProcessOffer:
     shared: Shape = field(default_factory=dict)
     load: float = 0.0  # queued yr work the process last reported (heartbeat)
     holdings: set[str] = field(default_factory=set)
+    cpu_held: float = 0.0  # CPU of the work running in it (lent CPU not counted)
+
+    def cpu_free(self) -> float:
+        """What is left of its own CPU share: work beyond it would share its cores (and its
+        GIL) with the work already there."""
+        return self.capacity.get("CPU", 0.0) - self.cpu_held
 
 
 @dataclass
@@ -145,8 +151,13 @@ class NodeResources:
         shortest reported queue).  A GPU request needs a process that sees free devices.
         """
         gpus = shape.get("GPU", 0.0)
+        cpu = shape.get("CPU", 0.0)
+        # A process whose own CPU share still has room first (CPU-bound work in one process
+        # shares one GIL), the requester's own among them; then the most own CPU left, the
+        # fewest holdings, the shortest queue.
         order = sorted(self.processes.values(),
-                       key=lambda p: (p.address != prefer, len(p.holdings), p.load, p.address))
+                       key=lambda p: (p.cpu_free() + EPS < cpu, p.address != prefer,
+                                      -p.cpu_free(), len(p.holdings), p.load, p.address))
         for p in order:
             if p.address in avoid:
                 continue
@@ -226,6 +237,7 @@ class Ledger:
             offer.gpus = tuple(str(i) for i in range(int(capacity["GPU"] + EPS)))
         if known is not None:  # registered again: it keeps what it holds
             offer.holdings, offer.load = known.holdings, known.load
+            offer.cpu_held = known.cpu_held
         self.processes[address] = ns.processes[address] = offer
         self._sum(ns)
 
@@ -286,8 +298,9 @@ class Ledger:
             used = self._gpu_used_for(holding, ns)
             used[g] = used.get(g, 0.0) + a
         ns.holdings.add(holding.holding_id)
-        if proc is not None:
+        if proc is not None and holding.kind != "bundle":
             proc.holdings.add(holding.holding_id)
+            proc.cpu_held += holding.shape.get("CPU", 0.0)
         self.holdings[holding.holding_id] = holding
 
     def plan_gpus(self, shape: Shape, worker: str, bundle: str = "") -> tuple:
@@ -348,8 +361,10 @@ class Ledger:
         if holding.kind == "bundle":
             self.bundle_gpus.pop(holding_id, None)
         proc = self.processes.get(holding.worker)
-        if proc is not None:
+        if proc is not None and holding_id in proc.holdings:
             proc.holdings.discard(holding_id)
+            if not holding.lent_cpu:
+                proc.cpu_held -= holding.shape.get("CPU", 0.0)
         return holding
 
     def _held_for(self, holding: Holding, ws: NodeResources) -> Shape:
@@ -369,6 +384,9 @@ class Ledger:
         if ws is not None:
             held = self._held_for(holding, ws)
             held["CPU"] = held.get("CPU", 0.0) + (-cpu if lent else cpu)
+        proc = self.processes.get(holding.worker)
+        if proc is not None and holding_id in proc.holdings:
+            proc.cpu_held += -cpu if lent else cpu
         holding.lent_cpu = lent
         return True
 
