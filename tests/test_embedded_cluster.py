@@ -40,9 +40,9 @@ MEET = yr.InvokeOptions(cpu=1000, memory=100)
 def process_address() -> str:
     """Inside a task: the Dask address of the worker process running it (the embedded cluster
     is one node, docs/nodes.md, so the node id does not tell its processes apart)."""
-    from distributed import get_worker
+    from yrdask.runtime.context import current_runtime
 
-    return get_worker().address
+    return current_runtime().address
 
 
 @yr.invoke
@@ -137,9 +137,9 @@ def test_script_without_main_guard_runs_once(tmp_path):
 
         @yr.invoke
         def where():
-            from distributed import get_worker
+            from yrdask.runtime.context import current_runtime
 
-            return os.getpid(), get_worker().address
+            return os.getpid(), current_runtime().address
 
         def nodes():
             from yrdask.api.nodes import nodes_info

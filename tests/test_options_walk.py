@@ -274,6 +274,13 @@ def shout(text: str) -> int:
 
 
 @yr.instance
+class Shouter:
+    def shout(self, text: str) -> int:
+        print(text)
+        return os.getpid()
+
+
+@yr.instance
 class Probe:
     def __init__(self) -> None:
         self.seen: list[int] = []
@@ -331,7 +338,7 @@ class Walk:
         self.workdir.mkdir()
         (self.workdir / "marker.txt").write_text("job working dir")
         self.job_id = f"job-walk-{uuid.uuid4().hex[:6]}"
-        self.conf = yr.Config(num_cpus=2, num_gpus=1, resources={"walk_tag": 3},
+        self.conf = yr.Config(num_cpus=2, num_gpus=1, resources={"walk_node_tag": 3},
                               auto=True, local_mode=True, job_id=self.job_id,
                               log_level="INFO",
                               logger=self.logger, env_file=str(tmp / "walk.env"),
@@ -621,7 +628,7 @@ def check_num_gpus(w: Walk) -> None:
 
 def check_resources(w: Walk) -> None:
     (node,) = yr.resources()
-    assert node["capacity"]["walk_tag"] == 3.0  # once per node, not once per process
+    assert node["capacity"]["walk_node_tag"] == 3.0  # once per node, not once per process
 
 
 def check_log_to_driver(w: Walk, capsys: Any = None) -> None:
@@ -639,10 +646,13 @@ def check_log_to_driver(w: Walk, capsys: Any = None) -> None:
 
 def check_dedup_logs(w: Walk, capsys: Any = None) -> None:
     text = f"walk-same-{uuid.uuid4().hex[:6]}"
-    nodes = sorted(n["id"] for n in yr.resources())
-    pins = [yr.InvokeOptions(**SMALL, schedule_affinities=node_affinity(
-        yr.AffinityKind.RESOURCE, "NODE_ID", [n])) for n in nodes]
-    yr.get([shout.options(p).invoke(text) for p in pins], T)  # same line, two processes
+    # Two instances of one CPU each fill the node's two worker processes, one in each.
+    shouters = [Shouter.options(yr.InvokeOptions(cpu=1000, memory=10)).invoke()
+                for _ in range(2)]
+    pids = yr.get([s.shout.invoke(text) for s in shouters], T)  # same line, two processes
+    assert len(set(pids)) == 2, pids
+    for s in shouters:
+        s.terminate()
     out: list[str] = []
 
     def summarised() -> bool:
