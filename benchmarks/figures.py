@@ -192,10 +192,52 @@ add(Figure(
 ))
 
 
+# -- scale: sized to the machine (python -m benchmarks --cpus N --only scale) ---------------
+# N worker processes (one per core); not part of a run without --only (they take long).
+
+add(Figure(
+    "scale_init_s", "scale", "s", False,
+    "init_s with N worker processes: import + init until the first trivial task's result "
+    "is back, from the first line of a fresh interpreter",
+))
+add(Figure(
+    "scale_tasks_per_s", "scale", "tasks/s", True,
+    "20 000 trivial tasks submitted, then all gathered, on N worker processes: N / seconds",
+    params={"tasks": 20_000, "warmup": 200}, quick={"tasks": 2_000, "warmup": 20},
+))
+add(Figure(
+    "scale_cpu_tasks_efficiency", "scale", "ratio", True,
+    "100·N tasks of 10 ms busy CPU each (one core each) submitted then gathered: the ideal "
+    "time (100 × 10 ms, all cores busy) / the time taken; 1.0 is perfect",
+    params={"tasks_per_cpu": 100, "ms": 10}, quick={"tasks_per_cpu": 20, "ms": 10},
+))
+add(Figure(
+    "scale_nested_efficiency", "scale", "ratio", True,
+    "nested fan-out: N tasks, each submitting 20 tasks of 10 ms busy CPU and gathering them: "
+    "the ideal time (N × 20 × 10 ms over N cores) / the time taken",
+    params={"children": 20, "ms": 10}, quick={"children": 10, "ms": 10},
+))
+add(Figure(
+    "scale_actor_calls_per_s", "scale", "calls/s", True,
+    "N actors (one per core), 2000 pipelined calls each, all submitted then gathered: "
+    "calls / seconds",
+    params={"calls": 2_000}, quick={"calls": 200},
+))
+add(Figure(
+    "scale_actors_per_s", "scale", "actors/s", True,
+    "20·N small actors created and each called once, all gathered: actors / seconds",
+    params={"per_cpu": 20}, quick={"per_cpu": 5},
+))
+
+#: groups a run without --only leaves out
+OPT_IN_GROUPS = ("scale",)
+
+
 def select(only: str | None) -> list[Figure]:
-    """Figures named (or whose group is named) in the comma-separated ``only``; all if None."""
+    """Figures named (or whose group is named) in the comma-separated ``only``; without it,
+    all except the opt-in groups (``scale``)."""
     if not only:
-        return list(FIGURES.values())
+        return [f for f in FIGURES.values() if f.group not in OPT_IN_GROUPS]
     names = [n.strip() for n in only.split(",") if n.strip()]
     chosen: list[Figure] = []
     for n in names:

@@ -30,7 +30,9 @@ SYSTEM_MODULES = {
 }
 SYSTEMS = list(SYSTEM_MODULES)
 
-N_WORKERS = 2  # the machine has 2 cores: every cluster has 2 worker processes
+#: worker processes of every cluster (one per core): ``python -m benchmarks --cpus N`` sets
+#: ``YRDASK_BENCH_CPUS`` for the measuring processes; 2 (this machine's cores) by default
+N_WORKERS = max(1, int(os.environ.get("YRDASK_BENCH_CPUS", "2")))
 
 #: the hyperparameters of the two supervisors of examples/training_tree.py
 SEED_CONFIGS = [{"lr": 0.01}, {"lr": 0.001}]
@@ -130,6 +132,16 @@ class System:
 
     def submit_isolated(self, i: int) -> Any:
         """The trivial task, with an env var set (so it runs in a process with that env)."""
+        raise NotImplementedError
+
+    # Scale (--cpus N): CPU work and nested fan-out.
+
+    def submit_spin(self, ms: float) -> Any:
+        """A task that keeps one CPU busy for ``ms`` ms (one core each)."""
+        raise NotImplementedError
+
+    def submit_fan_out(self, children: int, ms: float) -> Any:
+        """A task (one core) that submits ``children`` spin tasks of ``ms`` and gathers them."""
         raise NotImplementedError
 
     def trivial_call(self) -> Any:
@@ -365,6 +377,54 @@ class System:
             self.destroy(h)
         return (after - before) / n, {**extra, "create_and_call_seconds": created,
                                       "pss_before_mb": before, "pss_after_mb": after, **info}
+
+    # -- scale figures (python -m benchmarks --cpus N --only scale) ----------------------
+
+    @measures("scale_tasks_per_s")
+    def scale_tasks(self, p: dict) -> tuple[float, dict]:
+        n, extra = self.capped("tasks", p)
+        return self._throughput(self.submit, p["warmup"], n, {**extra, "cpus": N_WORKERS})
+
+    def _efficiency(self, submit: Callable[[], Any], n: int, cpu_s: float,
+                    extra: dict) -> tuple[float, dict]:
+        """``n`` submissions gathered; efficiency = the ideal time (``cpu_s`` of CPU work
+        spread over every core) / the time taken (1.0 is perfect)."""
+        self.gather([submit() for _ in range(min(n, N_WORKERS))])  # warm: every worker
+        t = time.perf_counter()
+        self.gather([submit() for _ in range(n)])
+        dt = time.perf_counter() - t
+        ideal = cpu_s / N_WORKERS
+        return ideal / dt, {**extra, "cpus": N_WORKERS, "seconds": dt, "ideal_seconds": ideal}
+
+    @measures("scale_cpu_tasks_efficiency")
+    def scale_cpu_tasks(self, p: dict) -> tuple[float, dict]:
+        n, ms = p["tasks_per_cpu"] * N_WORKERS, p["ms"]
+        return self._efficiency(lambda: self.submit_spin(ms), n, n * ms / 1000.0,
+                                {"tasks": n, "ms": ms})
+
+    @measures("scale_nested_efficiency")
+    def scale_nested(self, p: dict) -> tuple[float, dict]:
+        parents, children, ms = N_WORKERS, p["children"], p["ms"]
+        return self._efficiency(lambda: self.submit_fan_out(children, ms), parents,
+                                parents * children * ms / 1000.0,
+                                {"parents": parents, "children_each": children, "ms": ms})
+
+    @measures("scale_actor_calls_per_s")
+    def scale_actor_calls(self, p: dict) -> tuple[float, dict]:
+        calls, extra = self.capped("calls", p)
+        actors = [self.create("counter") for _ in range(N_WORKERS)]
+        self.gather([self.call(a, "inc", 0) for a in actors])
+        t = time.perf_counter()
+        out = self.gather([self.call(a, "inc", i) for i in range(calls) for a in actors])
+        dt = time.perf_counter() - t
+        assert out[-1] == calls
+        return calls * N_WORKERS / dt, {**extra, "actors": N_WORKERS, "seconds": dt}
+
+    @measures("scale_actors_per_s")
+    def scale_actors(self, p: dict) -> tuple[float, dict]:
+        n, extra = self.capped("instances", {**p, "instances": p["per_cpu"] * N_WORKERS})
+        _, dt = self._counters(n)
+        return n / dt, {**extra, "cpus": N_WORKERS, "seconds": dt}
 
     def figures(self) -> dict[str, Callable[[dict], tuple[float, dict]]]:
         out = {}

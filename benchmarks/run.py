@@ -5,7 +5,8 @@ that starts its own 2-worker-process cluster and prints one JSON line; this pare
 ``--runs`` times (interleaving systems, so slow drift of the machine hits all alike), takes the
 median, prints a table and writes the raw runs, medians and machine info as JSON.
 
-Conventions: every cluster has 2 worker processes (1 thread each); latencies are medians per
+Conventions: every cluster has 2 worker processes (1 thread each; ``--cpus N``: N, which
+also sizes the ``scale`` group, run with ``--only scale``); latencies are medians per
 call (``task_rtt_ms``: 2000 calls, cut at 5 s once 200 are done); the 100 MB figures count
 both directions (200 MB / seconds of put + get, Ray's benchmark convention); ratios are
 yrdask / other, so for ``*_per_s`` figures above 1 is better for yrdask and for ``*_ms``,
@@ -62,9 +63,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "run: a hot-path change shows its before/after")
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds one measurement may take (default: per figure)")
+    ap.add_argument("--cpus", type=int, default=None, metavar="N",
+                    help="worker processes per cluster, one per core (default 2; the scale "
+                         "group, --only scale, is sized by it)")
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be at least 1")
+    if args.cpus is not None:
+        if args.cpus < 1:
+            ap.error("--cpus must be at least 1")
+        os.environ["YRDASK_BENCH_CPUS"] = str(args.cpus)  # the measuring processes read it
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if args.baseline is not None:
         if not (args.baseline / "yrdask" / "__init__.py").is_file():
@@ -129,7 +137,7 @@ def child_env(extra: dict | None = None, system: str = "") -> dict:
 
 
 #: figures the harness (benchmarks._one) measures for every system itself
-HARNESS_FIGURES = {"init_s", "idle_pss_mb"}
+HARNESS_FIGURES = {"init_s", "idle_pss_mb", "scale_init_s"}
 
 
 def _load(system: str):
@@ -307,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": args.runs,
         "quick": args.quick,
         "machine": info,
+        "cpus": int(os.environ.get("YRDASK_BENCH_CPUS", "2")),
         "systems": systems,
         "unavailable": unavailable,
         "figures": {},

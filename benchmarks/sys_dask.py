@@ -34,6 +34,14 @@ def nested_burst(warmup, n):
                                       submit_whoami=_submitter(c, whoami), get=c.gather)
 
 
+def fan_out(children, ms):
+    from distributed import worker_client
+
+    with worker_client() as c:  # secedes: the thread's core goes to the children meanwhile
+        return workloads.fan_out(children, ms, submit_spin=_submitter(c, workloads.spin),
+                                 get=c.gather)
+
+
 def nbytes_of(box):
     return box[0].nbytes  # Dask resolves futures nested in arguments before the call
 
@@ -149,6 +157,12 @@ class Dask(System):
         if handle.actor is None:  # future.result() is a round trip to the client's loop
             handle.actor = handle.future.result()
         return getattr(handle.actor, method)(*args)
+
+    def submit_spin(self, ms: float):
+        return self.client.submit(workloads.spin, ms, pure=False)
+
+    def submit_fan_out(self, children: int, ms: float):
+        return self.client.submit(fan_out, children, ms, pure=False)
 
 
 SYSTEM = Dask()

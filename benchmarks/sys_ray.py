@@ -28,6 +28,12 @@ def _define() -> SimpleNamespace:
         return workloads.nested_burst(warmup, n, submit_inc=inc.remote,
                                       submit_whoami=whoami.remote, get=ray.get)
 
+    spin = ray.remote(num_cpus=1)(workloads.spin)
+
+    @ray.remote(num_cpus=1)
+    def fan_out(children, ms):
+        return workloads.fan_out(children, ms, submit_spin=spin.remote, get=ray.get)
+
     @ray.remote
     def nbytes_of(box):
         return ray.get(box[0]).nbytes  # box: a list, so Ray does not resolve the ref itself
@@ -49,6 +55,7 @@ def _define() -> SimpleNamespace:
 
     return SimpleNamespace(
         ray=ray, inc=inc, nested=nested, nested_burst=nested_burst, nbytes_of=nbytes_of,
+        spin=spin, fan_out=fan_out,
         kinds={"counter": Counter, "supervisor": TrainingSupervisor},
         sizes={"small": 0.01, "tiny": 0})
 
@@ -118,6 +125,13 @@ class Ray(System):
 
     def submit_isolated(self, i: int):
         return self.d.inc.options(runtime_env=self._ENV).remote(i)
+
+
+    def submit_spin(self, ms: float):
+        return self.d.spin.remote(ms)
+
+    def submit_fan_out(self, children: int, ms: float):
+        return self.d.fan_out.remote(children, ms)
 
 
 SYSTEM = Ray()

@@ -43,6 +43,12 @@ def _define() -> SimpleNamespace:
         return {**workloads.nested_burst(warmup, n, submit_inc=inc.invoke,
                                          submit_whoami=whoami.invoke, get=yr.get), **probe()}
 
+    spin = yr.invoke(invoke_options=yr.InvokeOptions(cpu=1000, memory=0))(workloads.spin)
+
+    @yr.invoke(invoke_options=yr.InvokeOptions(cpu=1000, memory=0))
+    def fan_out(children, ms):
+        return workloads.fan_out(children, ms, submit_spin=spin.invoke, get=yr.get)
+
     @yr.invoke
     def nbytes_of(box):
         return yr.get(box[0]).nbytes  # box: a list, so the ref is not resolved before the call
@@ -65,6 +71,7 @@ def _define() -> SimpleNamespace:
 
     return SimpleNamespace(
         yr=yr, inc=inc, nested=nested, nested_burst=nested_burst, nbytes_of=nbytes_of,
+        spin=spin, fan_out=fan_out,
         kinds={"counter": Counter, "supervisor": TrainingSupervisor},
         sizes={"small": small, "tiny": yr.InvokeOptions(cpu=0, memory=0)})
 
@@ -138,6 +145,13 @@ class Yrdask(System):
             opts.env_vars = {"YR_BENCH_ISOLATED": "1"}
             self.creators["inc_isolated"] = self.d.inc.options(opts)
         return self.creators["inc_isolated"].invoke(i)
+
+
+    def submit_spin(self, ms: float):
+        return self.d.spin.invoke(ms)
+
+    def submit_fan_out(self, children: int, ms: float):
+        return self.d.fan_out.invoke(children, ms)
 
 
 SYSTEM = Yrdask()

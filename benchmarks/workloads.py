@@ -24,6 +24,21 @@ def whoami(i):
     return os.getpid()
 
 
+def spin(ms):
+    """Busy CPU for ``ms`` milliseconds (holds the GIL, as pure-Python work does)."""
+    end = time.perf_counter() + ms / 1000.0
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
+def fan_out(children: int, ms: float, *, submit_spin: Callable[[float], Any],
+            get: Callable[[list], list]) -> int:
+    """Inside a task: ``children`` tasks of ``ms`` ms CPU each, gathered (nested fan-out)."""
+    return len(get([submit_spin(ms) for _ in range(children)]))
+
+
 def _same_process_fraction(pids: list[int]) -> float:
     me = os.getpid()
     return sum(p == me for p in pids) / len(pids)

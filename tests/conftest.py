@@ -181,7 +181,10 @@ class CliCluster:
     def worker_pids(self) -> set[int]:
         return set().union(*(w.pids() for w in self.workers))
 
-    def _launch_worker(self, resources: str = "", nthreads: int = 1, name: str | None = None):
+    def _launch_worker(self, resources: str = "", nthreads: int = 1, name: str | None = None,
+                       node: str | None = None):
+        """Start a ``dask worker``; it plays the host ``node`` (default: a node of its own,
+        ``node-<name>``, as Ray's cluster_utils adds nodes; docs/nodes.md)."""
         self._counter += 1
         name = name or f"w{self._counter}"
         log = self.workdir / f"worker-{name}.log"
@@ -193,7 +196,8 @@ class CliCluster:
             cmd += ["--resources", resources]
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir,
+                env={**os.environ, "YRDASK_NODE_ID": node or f"node-{name}"},
             )
         worker = WorkerProc(name=name, resources=resources, proc=proc, log=log)
         self.workers.append(worker)
@@ -209,9 +213,10 @@ class CliCluster:
             logs = "\n".join(f"--- {w.name} (rc={w.proc.poll()})\n{_tail(w.log)}" for w in self.workers)
             raise RuntimeError(f"cli workers did not join {self.address}: {exc!r}\n{logs}") from exc
 
-    def add_worker(self, resources: str = "", nthreads: int = 1, name: str | None = None) -> WorkerProc:
+    def add_worker(self, resources: str = "", nthreads: int = 1, name: str | None = None,
+                   node: str | None = None) -> WorkerProc:
         """Start one more worker and wait until the scheduler lists it."""
-        worker = self._launch_worker(resources, nthreads, name)
+        worker = self._launch_worker(resources, nthreads, name, node)
         self._wait_for_workers(len(self.workers))
         return worker
 
@@ -247,7 +252,8 @@ class CliCluster:
                     raise RuntimeError(f"dask scheduler wrote no {sched_file}:\n{_tail(log)}")
                 time.sleep(0.1)
             for spec in workers:
-                cluster._launch_worker(spec.get("resources", ""), spec.get("nthreads", 1), spec.get("name"))
+                cluster._launch_worker(spec.get("resources", ""), spec.get("nthreads", 1), spec.get("name"),
+                                       spec.get("node"))
             cluster._wait_for_workers(len(workers))
         except BaseException:
             cluster.stop()

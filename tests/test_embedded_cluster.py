@@ -37,9 +37,17 @@ ONE_CPU = yr.InvokeOptions(cpu=1000)  # one per worker process of a num_cpus=2 c
 MEET = yr.InvokeOptions(cpu=1000, memory=100)
 
 
+def process_address() -> str:
+    """Inside a task: the Dask address of the worker process running it (the embedded cluster
+    is one node, docs/nodes.md, so the node id does not tell its processes apart)."""
+    from yrdask.runtime.context import current_runtime
+
+    return current_runtime().address
+
+
 @yr.invoke
 def where() -> tuple[int, str]:
-    return os.getpid(), yr.get_node_id()
+    return os.getpid(), process_address()
 
 
 @yr.invoke
@@ -51,7 +59,7 @@ def meet(folder: str, n: int) -> tuple[int, str]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"only {os.listdir(folder)} checked in")
         time.sleep(0.01)
-    return os.getpid(), yr.get_node_id()
+    return os.getpid(), process_address()
 
 
 @yr.invoke
@@ -86,11 +94,14 @@ def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 
 def node_ids() -> set[str]:
-    return {n["id"] for n in yr.resources()}
+    """The worker processes of the cluster's node, as the scheduler lists them."""
+    from yrdask.api.nodes import nodes_info
+
+    return {p for n in nodes_info() for p in n["processes"]}
 
 
 def replaced(node: str) -> set[str] | None:
-    """The node ids once two workers are up again and ``node`` is not one of them."""
+    """The worker processes once two are up again and ``node`` is not one of them."""
     ids = node_ids()
     return ids if len(ids) == 2 and node not in ids else None
 
@@ -126,10 +137,14 @@ def test_script_without_main_guard_runs_once(tmp_path):
 
         @yr.invoke
         def where():
-            return os.getpid(), yr.get_node_id()
+            from yrdask.runtime.context import current_runtime
+
+            return os.getpid(), current_runtime().address
 
         def nodes():
-            return {{n["id"] for n in yr.resources()}}
+            from yrdask.api.nodes import nodes_info
+
+            return {{p for n in nodes_info() for p in n["processes"]}}
 
         yr.init(yr.Config(num_cpus=2))
         pid, node = yr.get(where.invoke(), timeout=60)

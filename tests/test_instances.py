@@ -526,7 +526,8 @@ def test_instance_holds_its_resources_for_its_life(embedded):
     info = cluster_info()
     rec = next(i for i in info["instances"] if i["instance_id"] == c.instance_id)
     assert rec["resources"]["CPU"] == 700 and rec["resources"]["Memory"] == 300
-    held = info["workers"][rec["worker"]]["held"]
+    # Resources are held on the node (docs/nodes.md) of the worker process hosting it.
+    held = next(n for n in info["workers"].values() if rec["worker"] in n["processes"])["held"]
     assert held["CPU"] == 700 and held["Memory"] == 300
     iid = c.instance_id
     c.terminate()

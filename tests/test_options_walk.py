@@ -149,6 +149,8 @@ DECISIONS: dict[tuple[str, str], Rejected | Honoured] = {
     ("Config", "runtime_public_key_path"): R("/k"),
     ("Config", "runtime_private_key_path"): R("/k"),
     ("Config", "num_cpus"): H("size of the embedded cluster"),
+    ("Config", "num_gpus"): H("GPUs the embedded cluster's node offers (declared)"),
+    ("Config", "resources"): H("node-wide resources of the embedded cluster"),
     ("Config", "runtime_env"): R({"env_vars": {"A": "1"}}),
     ("Config", "log_to_driver"): H("prints of tasks and methods reach the driver"),
     ("Config", "dedup_logs"): H("repeated lines from several processes collapse"),
@@ -272,6 +274,13 @@ def shout(text: str) -> int:
 
 
 @yr.instance
+class Shouter:
+    def shout(self, text: str) -> int:
+        print(text)
+        return os.getpid()
+
+
+@yr.instance
 class Probe:
     def __init__(self) -> None:
         self.seen: list[int] = []
@@ -329,7 +338,8 @@ class Walk:
         self.workdir.mkdir()
         (self.workdir / "marker.txt").write_text("job working dir")
         self.job_id = f"job-walk-{uuid.uuid4().hex[:6]}"
-        self.conf = yr.Config(num_cpus=2, auto=True, local_mode=True, job_id=self.job_id,
+        self.conf = yr.Config(num_cpus=2, num_gpus=1, resources={"walk_node_tag": 3},
+                              auto=True, local_mode=True, job_id=self.job_id,
                               log_level="INFO",
                               logger=self.logger, env_file=str(tmp / "walk.env"),
                               working_dir=str(self.workdir), log_to_driver=True,
@@ -609,6 +619,18 @@ def check_num_cpus(w: Walk) -> None:
     assert sum(n["capacity"]["CPU"] for n in yr.resources()) == pytest.approx(2000)
 
 
+def check_num_gpus(w: Walk) -> None:
+    (node,) = yr.resources()  # the embedded cluster is one node
+    assert node["capacity"]["GPU"] == 1.0
+    gpu = yr.InvokeOptions(custom_resources={"GPU": 1}, **SMALL)
+    assert yr.get(env_of.options(gpu).invoke("CUDA_VISIBLE_DEVICES"), T) == "0"
+
+
+def check_resources(w: Walk) -> None:
+    (node,) = yr.resources()
+    assert node["capacity"]["walk_node_tag"] == 3.0  # once per node, not once per process
+
+
 def check_log_to_driver(w: Walk, capsys: Any = None) -> None:
     text = f"walk-print-{uuid.uuid4().hex[:6]}"
     pid = yr.get(shout.invoke(text), T)
@@ -624,10 +646,13 @@ def check_log_to_driver(w: Walk, capsys: Any = None) -> None:
 
 def check_dedup_logs(w: Walk, capsys: Any = None) -> None:
     text = f"walk-same-{uuid.uuid4().hex[:6]}"
-    nodes = sorted(n["id"] for n in yr.resources())
-    pins = [yr.InvokeOptions(**SMALL, schedule_affinities=node_affinity(
-        yr.AffinityKind.RESOURCE, "NODE_ID", [n])) for n in nodes]
-    yr.get([shout.options(p).invoke(text) for p in pins], T)  # same line, two processes
+    # Two instances of one CPU each fill the node's two worker processes, one in each.
+    shouters = [Shouter.options(yr.InvokeOptions(cpu=1000, memory=10)).invoke()
+                for _ in range(2)]
+    pids = yr.get([s.shout.invoke(text) for s in shouters], T)  # same line, two processes
+    assert len(set(pids)) == 2, pids
+    for s in shouters:
+        s.terminate()
     out: list[str] = []
 
     def summarised() -> bool:
@@ -701,6 +726,8 @@ CHECKS: dict[tuple[str, str], Callable[..., None]] = {
     ("Config", "verify_file_path"): check_tls_fields("verify_file_path"),
     ("Config", "working_dir"): check_working_dir,
     ("Config", "num_cpus"): check_num_cpus,
+    ("Config", "num_gpus"): check_num_gpus,
+    ("Config", "resources"): check_resources,
     ("Config", "log_to_driver"): check_log_to_driver,
     ("Config", "dedup_logs"): check_dedup_logs,
     ("Config", "security"): check_security,

@@ -88,6 +88,35 @@ _STR_DICT = _Spec((dict,), "a dict[str, str]", keys=(str,), items=(str,))
 _DICT = _Spec((dict,), "a dict")
 
 
+#: How much of a node's ``accelerator_type:<model>`` (1 per node) a request for that model
+#: takes: any request fits, so the tag only chooses nodes (Ray's rule).
+ACCELERATOR_SHARE = 0.001
+
+
+def gpu_resource(key: str, amount: float) -> dict[str, float]:
+    """yr's GPU keys in the ledger's terms: ``"GPU/.+/count"`` (any model) is ``GPU``;
+    ``"GPU/H200/count"`` is ``GPU`` on a node whose GPUs are H200s
+    (``accelerator_type:H200``, docs/nodes.md).  Other keys are returned as they are."""
+    parts = key.split("/")
+    if len(parts) == 3 and parts[0] == "GPU" and parts[2] == "count":
+        model = parts[1]
+        if model in (".+", ".*", "*", ""):
+            return {"GPU": amount}
+        return {"GPU": amount, f"accelerator_type:{model}": ACCELERATOR_SHARE}
+    return {key: amount}
+
+
+def _check_node_resources(v: dict) -> str | None:
+    for reserved, fld in (("CPU", "num_cpus"), ("GPU", "num_gpus"), ("Memory", "")):
+        if reserved in v:
+            return (f"not contain {reserved!r}; set Config.{fld} instead" if fld else
+                    f"not contain {reserved!r}: workers offer their memory limit")
+    negative = [k for k, amount in v.items() if isinstance(amount, bool) or amount < 0]
+    if negative:
+        return f"hold amounts >= 0 (key {negative[0]!r})"
+    return None
+
+
 def _check_custom_resources(v: dict) -> str | None:
     for reserved, fld in (("CPU", "cpu (millicores)"), ("Memory", "memory (MB)")):
         if reserved in v:
@@ -469,7 +498,10 @@ class InvokeOptions:
     def resource_shape(self) -> dict[str, float]:
         """The resources one call needs, keyed like Dask worker resources (zero entries dropped)."""
         shape = {"CPU": float(self.cpu), "Memory": float(self.memory)}
-        shape.update({k: float(v) for k, v in self.custom_resources.items() if v})
+        for k, v in self.custom_resources.items():
+            if v:
+                for name, amount in gpu_resource(k, float(v)).items():
+                    shape[name] = shape.get(name, 0.0) + amount
         return shape
 
     @property
@@ -617,6 +649,12 @@ class Config:
     runtime_public_key_path: str = _opt(_no(_STR, _NO_DS, _TLS), "")
     runtime_private_key_path: str = _opt(_no(_STR, _NO_DS, _TLS), "")
     num_cpus: int | None = _opt(_int(1, none_ok=True), None)
+    # yrdask extensions (Ray's ray.init(num_gpus=, resources=)): what the embedded cluster's
+    # node offers besides its CPUs; GPUs declared here need no hardware (docs/nodes.md).
+    num_gpus: int | None = _opt(_int(0, none_ok=True), None)
+    resources: dict = _opt(_Spec((dict,), "a dict[str, float]", keys=(str,),
+                                 items=(int, float), check=_check_node_resources),
+                           factory=dict)
     runtime_env: dict | None = _opt(_no(
         _Spec((dict, _NoneType), "None or a dict"), "a job-wide runtime environment is not "
         "implemented", "give InvokeOptions(runtime_env=...) to the functions and classes "
@@ -700,6 +738,13 @@ def check_config(conf: Any) -> Config:
             f"Config.num_cpus sizes only the embedded cluster, but server_address="
             f"{conf.server_address!r} joins an existing one (got num_cpus={conf.num_cpus}); "
             "drop one of them (the cluster's size is its dask workers')")
+    for name in ("num_gpus", "resources"):
+        if conf.server_address and getattr(conf, name):
+            raise YRValueError(
+                f"Config.{name} declares what the embedded cluster offers, but server_address="
+                f"{conf.server_address!r} joins an existing one (got {name}="
+                f"{getattr(conf, name)!r}); declare them on its workers instead (dask worker "
+                f"--resources, or DASK_YRDASK__WORKER__GPUS) and drop {name}")
     return conf.resolved()
 
 

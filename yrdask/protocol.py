@@ -281,13 +281,44 @@ class ConnectJob(Message):
 @_message
 class RegisterWorker(Message):
     """worker -> scheduler rpc.  ``capacity`` is {resource: amount}.  Reply: ``None``.
-    Makes the worker eligible for yr work."""
+    Makes the worker eligible for yr work.  ``node`` the node (host) whose pool it joins
+    (``""``: its address is a node of its own), ``gpus`` the device ids it can run work on,
+    ``shared`` node-wide amounts that do not add up over the node's processes (docs/nodes.md)."""
 
     op: ClassVar[str] = REGISTER_WORKER
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
     address: str
     capacity: dict[str, float]
     protocol_version: int
+    node: str = ""
+    gpus: tuple = ()
+    shared: Any = None
+
+
+#: A lease that holds GPUs names its device ids after this mark: ``"L7#GPU=0,1"``.  The
+#: submitter treats lease ids as opaque, so the ids reach the worker with every push of the
+#: lease at no cost to other leases (:func:`lease_devices`).
+DEVICES_MARK = "#GPU="
+
+
+CPUS_MARK = "#CPU="
+
+
+def with_devices(lease_id: str, gpu_ids: Any, cpus: float = 1.0) -> str:
+    """The id of a lease that holds the devices ``gpu_ids`` and ``cpus`` cores."""
+    if not gpu_ids:
+        return lease_id
+    return (f"{lease_id}{DEVICES_MARK}{','.join(str(g) for g in gpu_ids)}"
+            f"{CPUS_MARK}{cpus:g}")
+
+
+def lease_devices(lease_id: str) -> tuple[str, float]:
+    """``(CUDA_VISIBLE_DEVICES value, cores)`` of a lease; ``("", 0)`` if it holds no GPU."""
+    i = lease_id.find(DEVICES_MARK)
+    if i < 0:
+        return "", 0.0
+    devices, _, cpus = lease_id[i + len(DEVICES_MARK):].partition(CPUS_MARK)
+    return devices, float(cpus or 1)
 
 
 @_message

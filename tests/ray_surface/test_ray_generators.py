@@ -109,13 +109,18 @@ class Pinned:
 
 
 def test_placement_group_spread_places_work_in_its_bundles(ray_env):
-    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+    # The embedded cluster is one node: SPREAD (a preference) puts both bundles on it, and
+    # STRICT_SPREAD would wait for a second node, as on Ray.
+    strict = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+    assert strict.wait(0.5) is False
+    remove_placement_group(strict)
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="SPREAD")
     assert ray.get(pg.ready()) is not None and pg.wait(30)
     assert placement_group_table(pg)["state"] == "CREATED"
     assert pg.bundle_count == 2 and pg.bundle_specs == [{"CPU": 1}, {"CPU": 1}]
     nodes = ray.get([node_of_task.options(
         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote() for i in range(2)])
-    assert len(set(nodes)) == 2  # one bundle per node
+    assert len(set(nodes)) == 1 and nodes[0] == ray.nodes()[0]["NodeID"]
     actor = Pinned.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)).remote()
     assert ray.get(actor.node.remote()) == nodes[0]
     ray.kill(actor)

@@ -207,7 +207,9 @@ class CallWorld:
         self.procs[w.name] = w
         cap = {"CPU": float(self.rng.choice([1000, 2000, 4000])), "Memory": 4000.0}
         self.registered.add(w.name)
-        self.lq_do(LQ.WorkerJoined(f"joined-{w.name}", w.name, cap))
+        # Nodes are hosts (docs/nodes.md): in odd seeds the workers pair up on hosts.
+        host = f"h{(self.nworkers - 1) // 2}" if self.seed % 2 else w.name
+        self.lq_do(LQ.WorkerJoined(f"joined-{w.name}", w.name, cap, host))
         return w.name
 
     # -- the process adapter (runtime/instance_router.py) -----------------------------------

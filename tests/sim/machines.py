@@ -70,9 +70,12 @@ def check_ledger(queue: Any) -> None:
     ledger = _ledger(queue)
     sums: dict[str, dict[str, float]] = {w: {} for w in ledger.workers}
     for hid, h in ledger.holdings.items():
-        assert h.worker in ledger.workers, f"holding {hid} on unknown worker {h.worker}"
-        assert hid in ledger.workers[h.worker].holdings, f"holding {hid} not listed on {h.worker}"
-        s = sums[h.worker]
+        node = getattr(h, "node", "") or h.worker  # nodes are hosts (docs/nodes.md)
+        assert node in ledger.workers, f"holding {hid} on unknown node {node}"
+        assert hid in ledger.workers[node].holdings, f"holding {hid} not listed on {node}"
+        if h.kind != "bundle" and hasattr(ledger, "processes"):
+            assert h.worker in ledger.processes, f"holding {hid} in unknown process {h.worker}"
+        s = sums[node]
         for r, a in h.shape.items():
             if r == "CPU" and h.lent_cpu:
                 continue

@@ -50,7 +50,7 @@ class SQ:
 class LQ:
     """Namespace shaped like ``yrdask.scheduler.leases``."""
 
-    WorkerJoined = _ev("WorkerJoined", "worker", "capacity")
+    WorkerJoined = _ev("WorkerJoined", "worker", "capacity", "node")
     WorkerLeft = _ev("WorkerLeft", "worker")
     HoldRequested = _ev("HoldRequested", "request_id", "owner", "kind", "shape", "timeout_ms",
                         "local", "queue", "avoid", "affinity", "labels", "holding_id", "now")
@@ -283,7 +283,7 @@ class StandinLeaseQueue:
         out.append(LQ.Granted("s", req.request_id, hid, w))
 
     def _WorkerJoined(self, ev, out):
-        self.ledger.add_worker(ev.worker, ev.capacity)
+        self.ledger.add_worker(ev.worker, ev.capacity, ev.node or None)
         self._grant_pending(out)
 
     def _WorkerLeft(self, ev, out):

@@ -327,7 +327,8 @@ class World:
             self.sched_handle(lq.OwnerGone(stimulus_id=sid, owner=src))
         elif op == "WORKER_JOINED":
             self.sched_handle(lq.WorkerJoined(stimulus_id=sid, worker=msg["worker"],
-                                              capacity=dict(msg["capacity"])))
+                                              capacity=dict(msg["capacity"]),
+                                              node=self.host_of(msg["worker"])))
         elif op == "WORKER_LEFT":
             w = msg["worker"]
             self.sched_handle(lq.WorkerLeft(stimulus_id=sid, worker=w))
@@ -617,14 +618,22 @@ class World:
 
     # -- faults and membership ---------------------------------------------------------------
 
+    def host_of(self, name: str) -> str:
+        """The node (host) a worker process belongs to (docs/nodes.md): in odd seeds the
+        workers pair up, w0 and w1 on host h0, w2 and w3 on h1, so leases take from a pool
+        of several processes; in even seeds each process is a host of its own."""
+        if self.sc.seed % 2 and name[1:].isdigit():
+            return f"h{int(name[1:]) // 2}"
+        return name
+
     def _add_worker(self, name: str, cap: dict, at_start: bool) -> None:
         node = ProcNode(name, True, cap, self.sc.sq_kwargs)
         self.nodes[name] = node
         if at_start:
             self.sched_handle(M.lq.WorkerJoined(stimulus_id=f"join-{name}", worker=name,
-                                                capacity=dict(cap)))
+                                                capacity=dict(cap), node=self.host_of(name)))
         else:
-            self.say(name, ("joins", cap))
+            self.say(name, ("joins", cap, self.host_of(name)))
             self.send("cluster", SCHED, "ctl", {"op": "WORKER_JOINED", "worker": name,
                                                 "capacity": cap})
 

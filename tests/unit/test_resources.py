@@ -1,6 +1,6 @@
 """Unit tests of yrdask.scheduler.resources.Ledger: holdings, placement choice and fit checks.
 
-SPEC §6: a request must fit on one worker process; an instance holds its request for its
+SPEC §6: a request must fit on one node (the worker processes of one host together); an instance holds its request for its
 whole life, a task lease while it runs (and lends its CPU back while blocked); a request
 that cannot be met fails with a message naming what it needs and what holds the cluster.
 """
@@ -81,7 +81,8 @@ def test_release_after_the_worker_is_gone(two):
 def test_snapshot_shows_capacity_and_held(two):
     two.hold(inst("i1", B, shape(1000, 500)))
     snap = two.snapshot()
-    assert snap[A] == {"capacity": shape(1000, 4096), "held": {}}
+    assert snap[A]["capacity"] == shape(1000, 4096) and snap[A]["held"] == {}
+    assert snap[A]["processes"] == [A] and snap[A]["gpus"] == {}
     assert snap[B]["held"] == shape(1000, 500)
     assert snap[B]["capacity"] == shape(1000, 4096)
 
@@ -176,9 +177,9 @@ def test_release_of_a_lent_lease_does_not_give_the_cpu_back_twice(two):
 # --------------------------------------------------------------------------- fit checks and explanations
 
 
-def test_could_ever_fit_needs_one_worker_for_the_whole_request(two):
+def test_could_ever_fit_needs_one_node_for_the_whole_request(two):
     assert two.could_ever_fit(shape(1000, 4096))
-    assert not two.could_ever_fit(shape(1500))  # 2000 in total, but not on one worker
+    assert not two.could_ever_fit(shape(1500))  # 2000 in total, but on two nodes
     assert not two.could_ever_fit(shape(100, 5000))
     assert not two.could_ever_fit(shape(100, 100, gpu=1))
     two.hold(inst("i", A, shape(1000)))
@@ -208,7 +209,7 @@ def test_explain_never_fits_names_the_missing_cpu_and_the_offers(two):
     assert "largest offer: 1000" in msg
     assert "Memory=" not in msg  # memory is not what is missing
     assert A in msg and B in msg  # what the workers offer
-    assert "one worker" in msg
+    assert "one node" in msg
 
 
 def test_explain_never_fits_names_a_missing_custom_tag(two):
@@ -274,3 +275,175 @@ def test_explanations_name_classes_and_suggest_the_fix(two):
     assert Ledger().explain_wait(shape()) == ["the cluster has no yr workers"]
     two.release("i3")
     assert [line for line in two.explain_wait(shape(500)) if B in line] == []  # B fits now
+
+
+# --------------------------------------------------------------------------- nodes are hosts
+# docs/nodes.md: the worker processes of one host pool their offers; a request takes from the
+# pool and runs in one process of it; GPUs are leased by device id.
+
+P1, P2 = "tcp://10.0.0.1:1", "tcp://10.0.0.1:2"
+
+
+def node_of_two(**gpu):
+    """One node ``n1`` of two 1-CPU processes (4 GB each), ``gpu`` passed to both."""
+    led = Ledger()
+    led.add_worker(P1, shape(1000, 4096), "n1", **gpu)
+    led.add_worker(P2, shape(1000, 4096), "n1", **gpu)
+    return led
+
+
+def test_processes_of_a_node_pool_their_offers():
+    led = node_of_two()
+    assert list(led.workers) == ["n1"] and set(led.processes) == {P1, P2}
+    node = led.workers["n1"]
+    assert node.capacity == shape(2000, 8192)
+    assert led.could_ever_fit(shape(2000))  # a 2-CPU request fits the node of two 1-CPU ones
+    where = led.choose(shape(2000))
+    assert where in (P1, P2)
+    led.hold(lease("L1", where, shape(2000)))
+    assert led.holdings["L1"].node == "n1" and node.free("CPU") == pytest.approx(0)
+    assert led.choose(shape(100)) is None
+
+
+def test_work_goes_to_the_least_loaded_process_unless_its_own_fits():
+    led = node_of_two()
+    led.hold(inst("i1", P1, shape(500)))
+    assert led.choose(shape(500)) == P2  # P1 already runs something
+    assert led.choose(shape(500), prefer=P1) == P1  # local first: the submitter's process
+    assert led.choose(shape(500), avoid=[P2]) == P1
+
+
+def test_a_process_leaving_takes_its_work_and_its_share():
+    led = node_of_two()
+    led.hold(inst("i1", P1, shape(500)))
+    led.hold(inst("i2", P2, shape(500)))
+    lost = led.remove_worker(P1)
+    assert [h.holding_id for h in lost] == ["i1"]
+    node = led.workers["n1"]
+    assert node.capacity["CPU"] == 1000 and node.held["CPU"] == pytest.approx(500)
+    assert [h.holding_id for h in led.remove_worker(P2)] == ["i2"]
+    assert led.workers == {} and led.holdings == {}
+
+
+def test_registering_again_keeps_what_the_process_holds():
+    led = node_of_two()
+    led.hold(inst("i1", P1, shape(500)))
+    led.add_worker(P1, shape(3000, 4096), "n1")
+    assert led.workers["n1"].capacity["CPU"] == 4000
+    assert "i1" in led.holdings and led.processes[P1].holdings == {"i1"}
+
+
+def test_shared_resources_do_not_add_up_over_processes():
+    led = node_of_two(gpus=("0",), shared={"accelerator_type:H200": 1.0})
+    cap = led.workers["n1"].capacity
+    assert cap["accelerator_type:H200"] == 1.0
+    assert cap["GPU"] == 1.0  # both processes see the same device
+
+
+def test_whole_gpus_take_distinct_device_ids():
+    led = node_of_two(gpus=("0", "1"))
+    got = []
+    for hid in ("L1", "L2"):
+        where = led.choose({"CPU": 100.0, "GPU": 1.0})
+        h = lease(hid, where, {"CPU": 100.0, "GPU": 1.0})
+        led.hold(h)
+        got.append(h.gpu_ids)
+    assert got == [["0"], ["1"]]
+    assert led.choose({"CPU": 100.0, "GPU": 1.0}) is None  # no device left
+    assert led.choose({"CPU": 100.0, "GPU": 0.5}) is None
+    led.release("L1")
+    h = lease("L3", P1, {"CPU": 100.0, "GPU": 1.0})
+    led.hold(h)
+    assert h.gpu_ids == ["0"]
+
+
+def test_fractions_pack_onto_one_device_and_leave_whole_ones_free():
+    led = node_of_two(gpus=("0", "1"))
+    halves = [lease(f"H{i}", P1, {"GPU": 0.5}) for i in range(2)]
+    for h in halves:
+        led.hold(h)
+    assert [h.gpus for h in halves] == [(("0", 0.5),), (("0", 0.5),)]
+    assert led.workers["n1"].gpu_used == {"0": 1.0, "1": 0.0}
+    whole = lease("W", P2, {"GPU": 1.0})
+    led.hold(whole)
+    assert whole.gpu_ids == ["1"]
+    assert led.choose({"GPU": 0.1}) is None
+    led.release("H0")
+    assert led.choose({"GPU": 0.5}) is not None and led.choose({"GPU": 1.0}) is None
+
+
+def test_two_gpus_need_two_free_devices_not_two_halves():
+    led = node_of_two(gpus=("0", "1"))
+    led.hold(lease("H", P1, {"GPU": 0.5}))
+    assert led.workers["n1"].free("GPU") == pytest.approx(1.5)
+    assert led.choose({"GPU": 1.0}) is not None
+    assert led.choose({"GPU": 2.0}) is None  # 1.5 free in total, but one whole device
+    assert led.could_ever_fit({"GPU": 2.0})
+
+
+def test_gpu_work_runs_in_a_process_that_sees_the_device():
+    """dask-cuda style: each process of the host sees one device of its own."""
+    led = Ledger()
+    led.add_worker(P1, shape(1000), "n1", gpus=("0",))
+    led.add_worker(P2, shape(1000), "n1", gpus=("1",))
+    assert led.workers["n1"].capacity["GPU"] == 2.0
+    first = lease("L1", led.choose({"GPU": 1.0}), {"GPU": 1.0})
+    led.hold(first)
+    second_where = led.choose({"GPU": 1.0})
+    assert second_where != first.worker
+    second = lease("L2", second_where, {"GPU": 1.0})
+    led.hold(second)
+    assert {first.worker: first.gpu_ids, second.worker: second.gpu_ids} == {P1: ["0"], P2: ["1"]}
+
+
+def test_a_gpu_count_without_ids_offers_ids_from_zero():
+    led = Ledger()
+    led.add_worker(P1, {"CPU": 1000.0, "GPU": 2.0}, "n1")
+    assert led.processes[P1].gpus == ("0", "1") and led.workers["n1"].capacity["GPU"] == 2.0
+
+
+def test_assign_gpus_rules():
+    from yrdask.scheduler.resources import assign_gpus
+
+    assert assign_gpus({"0": 1.0, "1": 1.0}, 2) == (("0", 1.0), ("1", 1.0))
+    assert assign_gpus({"0": 0.5, "1": 1.0}, 1) == (("1", 1.0),)
+    assert assign_gpus({"0": 0.5, "1": 0.75}, 0.5) == (("0", 0.5),)  # the fullest that fits
+    assert assign_gpus({"0": 0.25}, 0.5) is None
+    assert assign_gpus({}, 0) == ()
+
+
+def test_gpu_lease_ids_carry_their_devices():
+    from yrdask import protocol as P
+    from yrdask.scheduler import leases as LQ
+
+    q = LQ.LeaseQueue()
+    q.handle(LQ.WorkerJoined("j1", P1, shape(1000), "n1", ("0", "1")))
+    q.handle(LQ.WorkerJoined("j2", P2, shape(1000), "n1", ("0", "1")))
+    granted = []
+    for i in range(2):
+        out = q.handle(LQ.HoldRequested(f"r{i}", f"R{i}", "tcp://d:1", "lease",
+                                        {"CPU": 1000.0, "GPU": 1.0}, 1000, None, "q", (), (),
+                                        (), None, 0.0))
+        (g,) = out
+        granted.append(g)
+        q.validate()
+    assert [P.lease_devices(g.holding_id) for g in granted] == [("0", 1.0), ("1", 1.0)]
+    assert {g.worker for g in granted} == {P1, P2}
+    q.handle(LQ.HoldingsReleased("rel", (granted[0].holding_id,)))
+    q.validate()
+    assert q.ledger.workers["n1"].gpu_used == {"0": 0.0, "1": 1.0}
+    assert P.lease_devices("L9") == ("", 0.0)
+
+
+def test_cpu_work_fills_each_processs_own_share_before_doubling_up():
+    """Two 1-CPU tasks on a node of two 1-CPU processes run in different processes (one GIL
+    each), even when one submitter prefers its own; a blocked task lends its share back."""
+    led = node_of_two()
+    led.hold(lease("L1", led.choose(shape(1000), prefer=P1), shape(1000)))
+    assert led.holdings["L1"].worker == P1
+    assert led.choose(shape(1000), prefer=P1) == P2
+    led.lend_cpu("L1", True)
+    assert led.choose(shape(1000), prefer=P1) == P1
+    led.lend_cpu("L1", False)
+    led.release("L1")
+    assert led.processes[P1].cpu_held == pytest.approx(0)

@@ -1,14 +1,13 @@
 """``yr.get_node_id``, ``yr.get_node_ip_address`` and ``yr.resources``: what the cluster is made of.
 
-A *node* is one Dask worker process: it is the unit that offers resources (SPEC §6), so it is
-the unit these calls describe.  Its **node id is the worker's Dask address**
-(``tcp://10.0.0.5:40123``).  The address is unique in the cluster, every process sees the same
-string for the same worker (the scheduler, the driver, the worker itself), it is what Dask
-tools take (``Client.run(workers=[...])``, the dashboard), and it carries the node's IP.  It
-lasts as long as the worker process: a worker that its nanny restarts comes back on a new port,
-as a new node, like a restarted raylet in Ray.
+A *node* is a machine (SPEC §6, docs/nodes.md): the resources of all yr worker processes on
+one host form one pool.  Its **node id is the host's IP** as the cluster reaches it
+(``10.0.0.5``; ``127.0.0.1`` for the embedded cluster), unless its worker processes are given
+another with ``YRDASK_NODE_ID`` / the Dask config key ``yrdask.worker.node`` (several "nodes"
+on one machine, as Ray's ``cluster_utils`` makes).  Every process sees the same string for
+the same node, and a worker process that its nanny restarts joins the same node again.
 
-Inside a task or an instance method the calls describe the worker running it.  In a driver,
+Inside a task or an instance method the calls describe the node running it.  In a driver,
 which is not a node (it offers no resources), ``get_node_id`` returns the driver's own endpoint,
 the address of its owner server, and ``get_node_ip_address`` the IP the cluster reaches the
 driver on.  Before ``yr.init`` all three raise ``YRRuntimeError`` ("system not initialized"),
@@ -25,11 +24,13 @@ NODE_OK = 0
 
 
 def get_node_id() -> str:
-    """The id of the node this code runs on: the Dask address of its worker process.
+    """The id of the node (host) this code runs on.
 
-    In a driver: the driver's own endpoint (its owner server), which is no worker's id.
+    In a driver: the driver's own endpoint (its owner server), which is no node's id.
     """
-    return current_runtime().address
+    rt = current_runtime()
+    agent = getattr(rt, "agent", None)
+    return getattr(agent, "node_id", None) or rt.address
 
 
 def get_node_ip_address() -> str:
@@ -42,17 +43,28 @@ def get_node_ip_address() -> str:
 def resources() -> list[dict]:
     """Every node's resources, as openYuanrong reports them, sorted by id::
 
-        [{"id": "tcp://10.0.0.5:40123", "status": 0,
+        [{"id": "10.0.0.5", "status": 0,
           "capacity": {"CPU": 2000.0, "Memory": 7890.0, "host_a": 1.0},
           "allocatable": {"CPU": 1500.0, "Memory": 7390.0, "host_a": 1.0}}, ...]
 
-    ``capacity`` is what the worker process offers (CPU in millicores, Memory in MB, its
-    ``--resources`` tags); ``allocatable`` is what running tasks and live instances leave free.
+    ``capacity`` is what the node's worker processes offer together (CPU in millicores,
+    Memory in MB, ``GPU`` devices, their ``--resources`` tags); ``allocatable`` is what running tasks and live instances leave free.
     A task blocked in ``yr.get`` lends its CPU back, so that CPU counts as free meanwhile.
     """
+    return [{k: v for k, v in n.items() if k in ("id", "status", "capacity", "allocatable")}
+            for n in nodes_info()]
+
+
+def nodes_info() -> list[dict]:
+    """:func:`resources`, with each node's ``host`` and worker ``processes`` besides."""
     info = current_runtime().scheduler_call(P.CLUSTER_INFO, instances=False)
-    return [_node(address, w["capacity"], w["held"])
-            for address, w in sorted(info["workers"].items())]
+    out = []
+    for address, w in sorted(info["workers"].items()):
+        node = _node(address, w["capacity"], w["held"])
+        node["host"] = w.get("host") or address
+        node["processes"] = list(w.get("processes") or ())
+        out.append(node)
+    return out
 
 
 def _node(address: str, capacity: dict, held: dict) -> dict:

@@ -42,7 +42,8 @@ def init(conf: Config | None = None) -> ClientInfo:
         if not conf.server_address:
             from yrdask.deploy.embedded import EmbeddedCluster
 
-            cluster = EmbeddedCluster(conf.num_cpus)
+            cluster = EmbeddedCluster(conf.num_cpus, num_gpus=conf.num_gpus,
+                                      resources=conf.resources)
         rt = DriverRuntime(conf, cluster)
         if conf.log_to_driver:
             rt.output_sink = _Printer(conf.dedup_logs, rt.loop_runner.loop)

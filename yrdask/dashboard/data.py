@@ -222,7 +222,8 @@ def resources_view(src: Sources) -> dict[str, Any]:
     workers, rows = [], []
     totals: dict[str, dict[str, float]] = {}
     ledger = src.ledger
-    kinds = Counter((h.worker, h.kind) for h in ledger.holdings.values())  # one pass
+    # one pass; rows are nodes (hosts: docs/nodes.md), so count by the holding's node
+    kinds = Counter((h.node or h.worker, h.kind) for h in ledger.holdings.values())
     for addr, ws in sorted(ledger.workers.items()):
         names = sorted(set(ws.capacity) | set(ws.held))
         held = {r: ws.held.get(r, 0.0) for r in names}

@@ -61,8 +61,11 @@ class EmbeddedCluster:
     launcher its address and waits for the workers), :meth:`close` stops both.
     """
 
-    def __init__(self, num_cpus: int | None, security: Any = None) -> None:
+    def __init__(self, num_cpus: int | None, security: Any = None,
+                 num_gpus: int | None = None, resources: dict | None = None) -> None:
         self.num_cpus = num_cpus
+        self.num_gpus = num_gpus  # None: the GPUs detected on this host
+        self.resources = dict(resources or {})  # offered once by the node
         self.security = security  # a distributed.security.Security: the cluster uses TLS
         self.scheduler = None
         self.proc: subprocess.Popen | None = None
@@ -113,7 +116,7 @@ class EmbeddedCluster:
         await self.scheduler
         address = self.scheduler.address
         # All nannies of one `dask worker` share its options; equal CPU offers per process.
-        env = {"DASK_YRDASK__WORKER__CPU": str(cpus[-1]), **tls_env}
+        env = {"DASK_YRDASK__WORKER__CPU": str(cpus[-1]), **self.node_env(), **tls_env}
         argv = [address, "--nworkers", str(nprocs), "--nthreads", "1", "--no-dashboard",
                 "--preload", "yrdask", "--name", "yr-embedded"]
         try:
@@ -123,7 +126,7 @@ class EmbeddedCluster:
             pass  # it exited: reported below
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STARTUP_TIMEOUT_S
-        while len(ext.ledger.workers) < nprocs:
+        while len(ext.ledger.processes) < nprocs:
             if self.proc.poll() is not None:
                 raise YRRuntimeError(
                     f"the embedded cluster's workers exited with code {self.proc.returncode}")
@@ -145,6 +148,24 @@ class EmbeddedCluster:
                 raise YRRuntimeError("the embedded cluster's nannies did not start")
             await asyncio.sleep(0.01)
         return address
+
+    def node_env(self) -> dict[str, str]:
+        """What every worker process offers to the one node the cluster is (docs/nodes.md):
+        the GPUs declared (``num_gpus``) or detected here once, their model, and the
+        declared ``resources``, all node-wide (they do not add up over the processes)."""
+        from yrdask.worker.devices import declared_ids, detect_gpus
+
+        ids, model = detect_gpus()  # declared GPUs keep the model of the ones found
+        if self.num_gpus is not None:
+            ids = declared_ids(self.num_gpus)
+            model = model if ids else ""
+        env = {"DASK_YRDASK__WORKER__GPUS": repr(list(ids))}
+        if model:
+            env["DASK_YRDASK__WORKER__ACCELERATOR_TYPE"] = repr(model)
+        if self.resources:
+            env["DASK_YRDASK__WORKER__NODE_RESOURCES"] = repr(
+                {str(k): float(v) for k, v in self.resources.items()})
+        return env
 
     async def close(self) -> None:
         """Stop the workers, then the scheduler; no process of the cluster is left after it.

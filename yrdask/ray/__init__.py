@@ -20,7 +20,8 @@ from yrdask.ray.generators import DynamicObjectRefGenerator
 from yrdask.ray.remote_function import RemoteFunction
 from yrdask.ray.runtime_context import get_runtime_context
 from yrdask.ray.worker import (available_resources, cancel, cluster_resources, get, get_actor,
-                               init, is_initialized, kill, nodes, put, shutdown, wait)
+                               get_gpu_ids, init, is_initialized, kill, nodes, put, shutdown,
+                               wait)
 
 __version__ = "2.0.0+yrdask"
 
@@ -53,6 +54,6 @@ def remote(*args: Any, **options: Any) -> Any:
 __all__ = sorted([
     "ActorClass", "ActorHandle", "DynamicObjectRefGenerator", "ObjectID", "ObjectRef",
     "ObjectRefGenerator", "RemoteFunction", "actor", "available_resources", "cancel", "cluster_resources",
-    "exceptions", "get", "get_actor", "get_runtime_context", "init", "is_initialized", "kill",
+    "exceptions", "get", "get_actor", "get_gpu_ids", "get_runtime_context", "init", "is_initialized", "kill",
     "method", "nodes", "put", "remote", "shutdown", "util", "wait",
 ])

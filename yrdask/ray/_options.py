@@ -57,12 +57,13 @@ _OPTIONS: dict[str, tuple[frozenset, Any]] = {
 }
 
 _WHY = {
-    "accelerator_type": "yrdask has no accelerator types; ask for a custom resource instead "
-                        "(resources={'A100': 1}) on workers started with --resources",
+    "accelerator_type": "ask for the node resource instead: resources={'accelerator_type:A100': "
+                        "0.001} (nodes with detected GPUs offer accelerator_type:<model>)",
     "object_store_memory": "yrdask has no separate object store to reserve",
     "placement_group": "use scheduling_strategy=PlacementGroupSchedulingStrategy(pg, index)",
     "placement_group_bundle_index": "use scheduling_strategy=PlacementGroupSchedulingStrategy",
-    "placement_group_capture_child_tasks": "child tasks are not captured into a group",
+    "placement_group_capture_child_tasks": "use scheduling_strategy=PlacementGroupSchedulingStrategy("
+                                           "pg, placement_group_capture_child_tasks=True)",
     "max_calls": "worker processes are not recycled after a number of calls",
     "max_pending_calls": "yrdask does not bound an actor's queue of pending calls",
     "allow_out_of_order_execution": "calls from one caller always run in submission order",
@@ -80,6 +81,7 @@ class RayOptions:
     concurrency_groups: dict = field(default_factory=dict)
     resources: dict = field(default_factory=dict)  # Ray units, for get_assigned_resources
     spread: bool = False
+    capture: Any = None  # the placement group whose child tasks this work captures
 
 
 def check_keys(options: dict, kind: str) -> None:
@@ -261,6 +263,8 @@ def _strategy(strategy: Any, inv: InvokeOptions, out: RayOptions) -> None:
         return
     if isinstance(strategy, PlacementGroupSchedulingStrategy):
         strategy.apply(inv)
+        if strategy.placement_group_capture_child_tasks:
+            out.capture = strategy.placement_group
         return
     raise ValueError(f"Invalid scheduling_strategy {strategy!r}: use 'DEFAULT', 'SPREAD', "
                      "NodeAffinitySchedulingStrategy or PlacementGroupSchedulingStrategy")

@@ -80,18 +80,25 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     if unsupported:
         raise UnsupportedOptionError(
             f"ray.init({', '.join(sorted(unsupported))}=...) is not supported by yrdask.ray; "
-            "supported: address, num_cpus, namespace, ignore_reinit_error, log_to_driver, "
+            "supported: address, num_cpus, num_gpus, resources, namespace, ignore_reinit_error, log_to_driver, "
             "runtime_env={'env_vars': ...}, logging_level, include_dashboard (the dashboard "
             "is built on its first visit, so False costs nothing either way)")
     if include_dashboard is not None and not isinstance(include_dashboard, bool):
         raise TypeError(f"include_dashboard must be None or a bool, got {include_dashboard!r}")
     if not isinstance(log_to_driver, bool):
         raise TypeError(f"log_to_driver must be a bool, got {log_to_driver!r}")
-    if num_gpus or resources:
-        raise UnsupportedOptionError(
-            "ray.init(num_gpus=/resources=) is not supported: an embedded yrdask cluster offers "
-            "CPU and memory only; start workers with `dask worker ... --preload yrdask "
-            "--resources GPU=1` and join them with ray.init(address=...)")
+    if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int)
+                                 or num_gpus < 0):
+        raise TypeError(f"num_gpus must be None or an int >= 0, got {num_gpus!r}")
+    if resources is not None:
+        if not isinstance(resources, dict) or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                for k, v in resources.items()):
+            raise TypeError(f"resources must be a dict of name -> number, got {resources!r}")
+        for key in ("CPU", "GPU"):
+            if key in resources:
+                raise ValueError(f"Use the 'num_cpus' and 'num_gpus' keyword instead of "
+                                 f"'{key}' in 'resources' keyword")
     if namespace is not None and (not isinstance(namespace, str) or not namespace):
         raise TypeError(f"namespace must be None or a non-empty str, got {namespace!r}")
     job_env: dict = {}
@@ -120,14 +127,19 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
                                  "log_level": logging_level or "WARNING"}
             if num_cpus is not None:
                 conf_kwargs["num_cpus"] = int(num_cpus)
+            if num_gpus is not None:  # declared GPUs need no hardware (docs/nodes.md)
+                conf_kwargs["num_gpus"] = num_gpus
+            if resources:
+                conf_kwargs["resources"] = {k: float(v) for k, v in resources.items()}
             if "log_to_driver" in yrdask.Config.__dataclass_fields__:
                 conf_kwargs["log_to_driver"] = bool(log_to_driver)
             yrdask.init(yrdask.Config(**conf_kwargs))
             rt = _rtctx.installed_runtime()
-        elif num_cpus is not None or address not in (None, "auto"):
-            raise ValueError("When connecting to an existing cluster, num_cpus and address "
-                             "must not be provided (yrdask is already initialised in this "
-                             "process by yr.init)")
+        elif num_cpus is not None or num_gpus is not None or resources or \
+                address not in (None, "auto"):
+            raise ValueError("When connecting to an existing cluster, num_cpus, num_gpus, "
+                             "resources and address must not be provided (yrdask is already "
+                             "initialised in this process by yr.init)")
         import yrdask.ray._alias as _alias
 
         sess = _context.Session(namespace or f"anon-{uuid.uuid4().hex[:12]}",

@@ -43,3 +43,34 @@ def next_spread_node() -> str | None:
             return None
         _spread["next"] = (_spread["next"] + 1) % len(nodes)
         return nodes[_spread["next"]]
+
+
+def captured_group(options: dict) -> Any:
+    """The placement group that captures work created now with ``options``: the one the
+    running task or actor was placed in with ``placement_group_capture_child_tasks=True``,
+    when ``options`` name no scheduling strategy (Ray's rule); else None."""
+    if options.get("scheduling_strategy") is not None:
+        return None
+    import yrdask.ray._context as _context
+
+    if getattr(_context._local, "ctx", None) is None and _context.hosted_instance() is None:
+        return None  # a driver's work is never captured
+    return _context.current_ctx().get("placement_group")
+
+
+def with_capture(ctx: dict, group: Any) -> dict:
+    """``ctx`` for work placed with ``group`` captured (or none): its children inherit it."""
+    ctx = dict(ctx)
+    if group is None:
+        ctx.pop("placement_group", None)
+    else:
+        ctx["placement_group"] = group
+    return ctx
+
+
+def in_captured_group(options: dict, group: Any) -> dict:
+    """``options`` placing work into ``group`` (any bundle) and capturing its children."""
+    from yrdask.ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {**options, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+        group, -1, placement_group_capture_child_tasks=True)}

@@ -23,6 +23,7 @@ from yrdask.api.instances import (_REDELIVERIES, InstanceCreator, InstanceProxy,
                                   _kill)
 from yrdask.runtime.context import current_runtime
 import yrdask.ray._context as _context
+from yrdask.ray._util import captured_group, in_captured_group, with_capture
 from yrdask.ray._options import ACTOR, METHOD, check_keys, check_num_returns, node_affinity
 from yrdask.ray._options import to_invoke_options
 from yrdask.ray.exceptions import (ActorDiedError, ActorExitRequest, UnsupportedOptionError,
@@ -268,7 +269,7 @@ class ActorClass:
         ctx = sess.ctx() if sess is not None else dict(_context.current_ctx())
         ropts = to_invoke_options(self._options, ACTOR, ctx["namespace"],
                                   sess.job_env if sess is not None else None)
-        ctx = dict(ctx, resources=ropts.resources)
+        ctx = with_capture(dict(ctx, resources=ropts.resources), ropts.capture)
         host, concurrency = host_class(self._cls, ctx, ropts.concurrency_groups,
                                        ropts.invoke.concurrency, ropts.max_retries)
         ropts.invoke.concurrency = concurrency
@@ -281,6 +282,10 @@ class ActorClass:
         from yrdask.ray._session import ensure_init
 
         ensure_init()
+        group = captured_group(self._options)
+        if group is not None:  # created by work whose group captures its children
+            return ActorClass(self._cls, in_captured_group(self._options, group)).remote(
+                *args, **kwargs)
         creator, ropts = self._creator_for_session()
         if ropts.spread:
             from yrdask.ray._util import next_spread_node

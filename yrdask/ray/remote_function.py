@@ -24,7 +24,8 @@ import cloudpickle
 from yrdask.api.functions import FunctionProxy
 import yrdask.ray._context as _context
 from yrdask.ray._options import TASK, RayOptions, node_affinity, to_invoke_options
-from yrdask.ray._util import next_spread_node, should_retry
+from yrdask.ray._util import (captured_group, in_captured_group, next_spread_node,
+                              should_retry, with_capture)
 from yrdask.ray.exceptions import UnsupportedOptionError
 
 __all__ = ["RemoteFunction", "TaskBody", "should_retry"]
@@ -137,6 +138,7 @@ class RemoteFunction:
             ctx = sess.ctx(ropts.resources)
         else:
             ctx = dict(ctx, resources=ropts.resources)
+        ctx = with_capture(ctx, ropts.capture)
         nret, mode = self._returns(ropts.num_returns)
         body = TaskBody(self._function, ctx, ropts.retry_exceptions, ropts.max_retries, mode)
         proxy = FunctionProxy(body, ropts.invoke, nret)
@@ -171,10 +173,23 @@ class RemoteFunction:
         from yrdask.ray._session import ensure_init
 
         ensure_init()
+        group = captured_group(self._options)
+        if group is not None:  # a child of work whose group captures its children
+            return self._captured(group).remote(*args, **kwargs)
         proxy, ropts = self._proxy_for_session()
         if ropts.spread:
             proxy = self._spread(proxy, ropts)
         return proxy.invoke(*args, **kwargs)
+
+    def _captured(self, group: Any) -> "RemoteFunction":
+        """This function placed into ``group`` (one copy per group, keeping its cache)."""
+        cache = self.__dict__.setdefault("_captured_copies", {})
+        key = getattr(group, "id", None) or id(group)
+        fn = cache.get(key)
+        if fn is None:
+            fn = cache[key] = RemoteFunction(self._function,
+                                             in_captured_group(self._options, group))
+        return fn
 
     def _spread(self, proxy: FunctionProxy, ropts: RayOptions) -> FunctionProxy:
         """``"SPREAD"``: each call prefers the next node in turn (a soft affinity)."""

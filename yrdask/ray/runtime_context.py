@@ -14,8 +14,15 @@ class RuntimeContext:
     """What is running here: node, job, task or actor, namespace, assigned resources."""
 
     def get_node_id(self) -> str:
-        """This node's id (a Dask worker address; in a driver, the driver's endpoint)."""
-        return current_runtime().address
+        """This node's id (its host, docs/nodes.md; in a driver, the driver's endpoint)."""
+        from yrdask.api.nodes import get_node_id
+
+        return get_node_id()
+
+    def get_accelerator_ids(self) -> dict[str, list[str]]:
+        """``{"GPU": ["0"]}``: the accelerator ids this task or actor holds (strings, as Ray
+        gives them); ``{"GPU": []}`` elsewhere."""
+        return {"GPU": assigned_gpus()}
 
     def get_job_id(self) -> str:
         return _context.current_ctx().get("job_id", "")
@@ -68,6 +75,17 @@ class RuntimeContext:
         return {"job_id": self.get_job_id(), "node_id": self.get_node_id(),
                 "namespace": self.namespace, "task_id": self.get_task_id(),
                 "actor_id": self.get_actor_id()}
+
+
+def assigned_gpus() -> list[str]:
+    """The device ids of the GPUs the running work holds: yrdask runs such work in a process
+    whose ``CUDA_VISIBLE_DEVICES`` names exactly them (docs/nodes.md)."""
+    import os
+
+    ids = os.environ.get("YRDASK_GPU_IDS")
+    if not ids or os.environ.get("CUDA_VISIBLE_DEVICES") != ids:
+        return []
+    return [g for g in ids.split(",") if g]
 
 
 def get_runtime_context() -> RuntimeContext:

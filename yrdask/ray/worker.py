@@ -169,19 +169,29 @@ def get_actor(name: str, namespace: str | None = None) -> Any:
 
 
 def nodes() -> list[dict]:
-    """One dict per node (a Dask worker process): NodeID, Alive, NodeManagerAddress,
-    NodeManagerHostname, Resources (Ray units: CPU in cores, memory in bytes)."""
+    """One dict per node (a host: all its worker processes together, docs/nodes.md): NodeID,
+    Alive, NodeManagerAddress, NodeManagerHostname, Resources (Ray units: CPU in cores,
+    memory in bytes, GPU in devices)."""
     ensure_init()
-    from distributed.comm import get_address_host
+    from yrdask.api.nodes import nodes_info
 
     out = []
-    for node in yrdask.resources():
-        host = get_address_host(node["id"])
+    for node in nodes_info():
+        host = node["host"]
         out.append({"NodeID": node["id"], "Alive": True, "alive": True,
                     "NodeManagerAddress": host, "NodeManagerHostname": host,
                     "NodeName": host, "Resources": _ray_units(node["capacity"]),
                     "Labels": {}})
     return out
+
+
+def get_gpu_ids() -> list[int]:
+    """The GPU ids the calling task or actor holds (Ray's ``ray.get_gpu_ids()``): those in
+    its ``CUDA_VISIBLE_DEVICES``, as ints where they are numbers.  ``[]`` in work that
+    holds no GPU and in a driver."""
+    from yrdask.ray.runtime_context import assigned_gpus
+
+    return [int(g) if g.isdigit() else g for g in assigned_gpus()]
 
 
 def _ray_units(resources: dict) -> dict:

@@ -70,7 +70,8 @@ class YrSchedulerExtension:
         self._request_ids = itertools.count(1)
         self._stimuli = itertools.count(1)
         self.jobs: dict[str, Job] = {}  # owner address -> job
-        self.pending_workers: dict[str, Shape] = {}  # registered with yr before Dask knew them
+        # registered with yr before Dask knew them: (capacity, node, gpus, shared)
+        self.pending_workers: dict[str, tuple] = {}
         self.worker_added = asyncio.Event()  # set on each yr worker registration
         self._gone: dict[str, asyncio.Event] = {}  # worker address -> set once removed
         self.figures = SchedulingFigures()
@@ -113,30 +114,35 @@ class YrSchedulerExtension:
 
     # -- workers ---------------------------------------------------------------------------
 
-    def register_worker(self, address: str, capacity: Shape, protocol_version: int) -> None:
+    def register_worker(self, address: str, capacity: Shape, protocol_version: int,
+                        node: str = "", gpus: Any = (), shared: Any = None) -> None:
         if protocol_version != P.PROTOCOL_VERSION:
             raise RuntimeError(
                 f"yrdask protocol mismatch: worker {address} speaks {protocol_version}, "
                 f"scheduler speaks {P.PROTOCOL_VERSION}; install the same yrdask everywhere"
             )
+        offer = (capacity, node, tuple(gpus or ()), dict(shared or {}))
         if address in self.scheduler.workers:
-            self._add_worker(address, capacity)
+            self._add_worker(address, *offer)
         else:
-            self.pending_workers[address] = capacity
+            self.pending_workers[address] = offer
 
-    def _add_worker(self, address: str, capacity: Shape) -> None:
-        logger.info("yr worker %s offers %s", address, format_shape(capacity))
+    def _add_worker(self, address: str, capacity: Shape, node: str = "", gpus: tuple = (),
+                    shared: Shape | None = None) -> None:
+        gpus, shared = tuple(gpus or ()), shared or {}
+        logger.info("yr worker %s offers %s to node %s%s", address, format_shape(capacity),
+                    node or address, f" (GPUs {','.join(gpus)})" if gpus else "")
         self._feed(LQ.WorkerJoined(f"worker-joined-{next(self._stimuli)}", address,
-                                   shape_of(capacity)))
+                                   shape_of(capacity), node, gpus, shape_of(shared)))
         self.worker_added.set()
 
     def on_add_worker(self, address: str) -> None:
         ws = self.scheduler.workers.get(address)
         if ws is not None and ws.nanny:  # a nanny's exit report may only name itself
             self.worker_of_nanny[ws.nanny] = address
-        capacity = self.pending_workers.pop(address, None)
-        if capacity is not None:
-            self._add_worker(address, capacity)
+        offer = self.pending_workers.pop(address, None)
+        if offer is not None:
+            self._add_worker(address, *offer)
 
     def on_remove_worker(self, address: str) -> None:
         self.pending_workers.pop(address, None)
@@ -252,7 +258,7 @@ class YrSchedulerExtension:
 
     def refresh_loads(self) -> None:
         """Copy the queue lengths workers report with their heartbeats into the ledger."""
-        for address, wr in self.ledger.workers.items():
+        for address, wr in self.ledger.processes.items():
             ws = self.scheduler.workers.get(address)
             report = (ws.metrics or {}).get("yr") if ws is not None else None
             if report:

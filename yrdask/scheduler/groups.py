@@ -1,8 +1,8 @@
 """Resource groups (yr's placement groups): where each bundle's reservation lives, as a pure machine.
 
-A group reserves ``bundles`` ({resource: amount} each) on workers, all at once or not at all,
-under a strategy: ``STRICT_PACK`` (every bundle on one worker), ``STRICT_SPREAD`` (each bundle
-on its own worker) are hard; ``PACK`` / ``SPREAD`` (and ``None``) are preferences.  A group
+A group reserves ``bundles`` ({resource: amount} each) on nodes (hosts: docs/nodes.md; the
+"workers" below are nodes), all at once or not at all, under a strategy: ``STRICT_PACK``
+(every bundle on one node), ``STRICT_SPREAD`` (each bundle on its own node) are hard; ``PACK`` / ``SPREAD`` (and ``None``) are preferences.  A group
 that cannot be placed now waits and is tried again whenever the cluster changes.
 
 The machine shares the lease queue's :class:`~yrdask.scheduler.resources.Ledger` and writes
@@ -125,7 +125,7 @@ class EndHolding(Instruction):
 class Bundle:
     index: int
     shape: Shape
-    worker: str | None = None  # where it is reserved, None while pending
+    worker: str | None = None  # the node it is reserved on, None while pending
     holding_id: str = ""
 
 
@@ -183,7 +183,7 @@ class GroupMachine:
 
     def fit(self, affinity: Any, shape: Shape,
             avoid: Collection[str] = ()) -> tuple[str, str] | str | None:
-        """Where a request for a bundle fits now: ``(worker, bundle holding id)``; a reason
+        """Where a request for a bundle fits now: ``(worker process, bundle holding id)``; a reason
         string if it never can (no such group, index out of range, larger than the bundle);
         ``None`` to wait (the bundle is pending, or its reservation is in use)."""
         name, index = bundle_target(affinity)  # type: ignore[misc]
@@ -201,10 +201,20 @@ class GroupMachine:
                     f"bundles {', '.join(format_shape(b.shape) for b in bundles)}; ask for "
                     "less (InvokeOptions(cpu=..., memory=...)) or reserve more in the bundle")
         for b in bundles:
-            if b.worker is None or b.worker in avoid:
+            if b.worker is None or not _fits(self.remaining(b), shape):
                 continue
-            if _fits(self.remaining(b), shape):
-                return b.worker, b.holding_id
+            node = self.ledger.workers.get(b.worker)
+            if node is None:
+                continue
+            if not node.processes:  # a ledger of nodes without processes (unit tests)
+                if b.worker not in avoid:
+                    return b.worker, b.holding_id
+                continue
+            # The bundle reserves on its node; the work runs in its least-loaded process.
+            where = node.process_for({r: a for r, a in shape.items() if r != "GPU"}, None,
+                                     avoid)
+            if where is not None:
+                return where[0], b.holding_id
         return None
 
     def lease_holders(self, affinity: Any) -> list[Holding]:
@@ -347,7 +357,7 @@ class GroupMachine:
             b.worker = found[b.index]
             b.holding_id = f"B{next(self._ids)}:{g.name}#{b.index}"
             self.ledger.hold(Holding(b.holding_id, "bundle", b.worker, dict(b.shape), g.owner,
-                                     label=g.name))
+                                     label=g.name, node=b.worker))
             self.ledger.bundle_held[b.holding_id] = {}
             self.by_holding[b.holding_id] = (g.name, b.index)
             self._story.log(sid, ("reserved", g.name, b.index, b.worker),
@@ -505,7 +515,7 @@ def explain_unplaced(strategy: str, bundles: list[Bundle], fixed: Mapping[int, s
     for b in pending:
         if not any(_fits(c, b.shape) for c in capacity.values()):
             return (f"bundle {b.index} {format_shape(b.shape)} can never be placed: no worker "
-                    f"offers that much (a bundle must fit on one worker process). Workers: {offers}")
+                    f"offers that much (a bundle must fit on one node). Workers: {offers}")
     if strategy == "STRICT_SPREAD":
         able = [w for w, c in capacity.items() if any(_fits(c, b.shape) for b in pending)]
         if len(bundles) > len(capacity) or len(pending) > len(set(able) - set(fixed.values())):

@@ -206,6 +206,10 @@ class InstanceManager:
                 if ins.incarnation:
                     logger.info("restarting instance %s (%s), restart %d", ins.instance_id,
                                 spec.get("cls_name"), ins.incarnation)
+                held = self.ext.ledger.holdings.get(ins.instance_id)
+                if held is not None and held.gpus:  # the devices it holds (docs/nodes.md)
+                    spec = {**spec, "devices": ",".join(held.gpu_ids),
+                            "cpus": held.shape.get("CPU", 0.0) / 1000}
                 self._send_worker(ins.worker, P.StartInstance(spec).to_msg())
             elif kind is L.StopInstance:
                 if ins.worker in self.scheduler.workers:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from yrdask.affinity import Wire
+from yrdask.protocol import with_devices
 from yrdask.scheduler.requests import freeze, shape_of
 from yrdask.scheduler.resources import FIX_HINT, Holding, Ledger, Shape, format_shape
 from yrdask.statemachine import Event, Instruction, Story
@@ -45,10 +46,15 @@ TOLERANCE = 1e-6  # float slack of the ledger checks
 
 @dataclass(frozen=True, slots=True)
 class WorkerJoined(Event):
-    """A yr worker offers ``capacity`` ({resource: amount})."""
+    """A yr worker process offers ``capacity`` ({resource: amount}) to its ``node`` (its
+    own address if empty): ``gpus`` the device ids it can run work on, ``shared`` node-wide
+    amounts that do not add up over the node's processes (``docs/nodes.md``)."""
 
     worker: str
     capacity: Shape
+    node: str = ""
+    gpus: tuple = ()
+    shared: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,8 +280,10 @@ class LeaseQueue:
 
     def holdings_on(self, worker: str) -> list[Holding]:
         """What ``worker`` holds now (lost with it if it leaves)."""
-        ws = self.ledger.workers.get(worker)
-        return [] if ws is None else [self.ledger.holdings[h] for h in sorted(ws.holdings)]
+        p = self.ledger.processes.get(worker)
+        ws = p if p is not None else self.ledger.workers.get(worker)
+        return [] if ws is None else [self.ledger.holdings[h] for h in sorted(ws.holdings)
+                                      if h in self.ledger.holdings]
 
     # -- events ----------------------------------------------------------------------------
 
@@ -381,14 +389,12 @@ class LeaseQueue:
 
     def _worker_joined(self, ev: WorkerJoined) -> list[Instruction]:
         sid, worker = ev.stimulus_id, ev.worker
-        known = self.ledger.workers.get(worker)
-        if known is not None:  # registered again: keep what it holds, take the new offer
-            known.capacity = shape_of(ev.capacity)
-            self._story.log(sid, ("worker-capacity", worker, format_shape(known.capacity)),
-                            (worker,))
-        else:
-            self.ledger.add_worker(worker, shape_of(ev.capacity))
-            self._story.log(sid, ("worker-joined", worker, format_shape(ev.capacity)), (worker,))
+        known = worker in self.ledger.processes  # registered again: it keeps what it holds
+        self.ledger.add_worker(worker, shape_of(ev.capacity), ev.node or None, ev.gpus,
+                               shape_of(ev.shared or {}))
+        node = self.ledger.node_of(worker)
+        self._story.log(sid, ("worker-capacity" if known else "worker-joined", worker,
+                              format_shape(ev.capacity), node), (worker, node))
         out: list[Instruction] = []
         self._grant_pending(sid, out)
         return out
@@ -436,13 +442,17 @@ class LeaseQueue:
         if worker is None:
             return False
         hid = w.holding_id or self._new_id()
+        gpus = ledger.plan_gpus(w.shape, worker, bundle)
+        if gpus and not w.holding_id:
+            # The lease id carries its devices to the worker (protocol.lease_devices).
+            hid = with_devices(hid, [g for g, _ in gpus], w.shape.get("CPU", 0.0) / 1000)
         if hid in ledger.holdings:  # the same instance placed twice: never count it twice
             reason = f"holding {hid} already holds resources on {ledger.holdings[hid].worker}"
             self._story.log(sid, ("refused", w.request_id, reason), (w.request_id, hid))
             out.append(Refused(sid, w.request_id, reason))
             return True
         ledger.hold(Holding(hid, w.kind, worker, w.shape, w.owner, queue=w.queue,
-                            labels=w.labels, label=w.label, bundle=bundle))
+                            labels=w.labels, label=w.label, bundle=bundle, gpus=gpus))
         if w.kind == "lease":
             counters = self.counters
             counters["leases_granted"] += 1
@@ -523,11 +533,20 @@ class LeaseQueue:
         """Check the queue's invariants (the simulation calls this after every step)."""
         ledger = self.ledger
         sums: dict[str, dict[str, float]] = {w: {} for w in ledger.workers}
+        gpus: dict[str, dict[str, float]] = {w: {} for w in ledger.workers}
         for hid, h in ledger.holdings.items():
             assert h.holding_id == hid, f"holding {hid} filed as {h.holding_id}"
-            assert h.worker in ledger.workers, f"holding {hid} on unknown worker {h.worker}"
-            assert hid in ledger.workers[h.worker].holdings, f"{h.worker} does not list {hid}"
-            s = sums[h.worker] if not h.bundle else {}  # bundled: counted in its bundle
+            assert h.node in ledger.workers, f"holding {hid} on unknown node {h.node}"
+            assert hid in ledger.workers[h.node].holdings, f"{h.node} does not list {hid}"
+            if h.kind != "bundle":
+                assert h.worker in ledger.processes or h.worker in ledger.workers, \
+                    f"holding {hid} runs in unknown worker process {h.worker}"
+            assert abs(sum(a for _, a in h.gpus) - h.shape.get("GPU", 0.0)) < TOLERANCE \
+                or not ledger.workers[h.node].gpu_used, f"{hid} holds GPUs {h.gpus} for {h.shape}"
+            if not h.bundle:
+                for g, a in h.gpus:
+                    gpus[h.node][g] = gpus[h.node].get(g, 0.0) + a
+            s = sums[h.node] if not h.bundle else {}  # bundled: counted in its bundle
             for r, a in h.shape.items():
                 if not (r == "CPU" and h.lent_cpu):
                     s[r] = s.get(r, 0.0) + a
@@ -539,6 +558,11 @@ class LeaseQueue:
                 assert abs(held - due) < TOLERANCE, \
                     f"{address} holds {r}={held:g} but its holdings sum to {due:g}"
                 assert held > -TOLERANCE, f"{address} holds a negative {r}={held:g}"
+            for g, used in ws.gpu_used.items():
+                due = gpus[address].get(g, 0.0)
+                assert abs(used - due) < TOLERANCE, \
+                    f"{address} GPU {g} used {used:g} but its holdings sum to {due:g}"
+                assert used < 1.0 + TOLERANCE, f"{address} GPU {g} over-committed: {used:g}"
         deadlines = []
         for rid, w in self.pending.items():
             assert w.request_id == rid, f"request {rid} filed as {w.request_id}"

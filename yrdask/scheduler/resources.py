@@ -1,9 +1,15 @@
-"""Resource accounting by worker and tag: capacities, what is held and by whom, and fit checks.
+"""Resource accounting by node and tag: capacities, what is held and by whom, and fit checks.
+
+A *node* is a host (docs/nodes.md): the offers of all its worker processes form one pool.
+A request takes what it asks from one node's pool and runs in one process there; GPUs are
+tracked by device id, whole or shared by fractions (:func:`assign_gpus`).
 
 Pure logic (no Dask, no I/O), so it is unit-tested without a cluster.  Amounts are floats:
-``CPU`` in millicores, ``Memory`` in MB, custom tags in the units the worker declared.
+``CPU`` in millicores, ``Memory`` in MB, ``GPU`` in devices, custom tags in the units the
+worker declared.
 
-A *holding* is anything that keeps resources of one worker: a task lease or an instance.
+A *holding* is anything that keeps resources of one node: a task lease or an instance
+(both run in one worker process of it) or a resource-group bundle (a reservation).
 Holdings of kind ``"lease"`` can be lent back while their task is blocked in ``yr.get``
 (:meth:`Ledger.lend_cpu`); that is what lets nested work finish on a one-CPU cluster.
 """
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 from yrdask.affinity import AffinityKind, Wire, describe, evaluate, parse_labels
 
@@ -28,10 +35,16 @@ Shape = dict[str, float]
 
 @dataclass
 class Holding:
-    """Resources one lease or instance holds on one worker."""
+    """Resources one lease, instance or bundle holds on one node.
+
+    ``worker`` is the worker process it runs in (leases and instances; a bundle reserves on
+    the node only, so its ``worker`` is the node id).  ``node`` is filled in by
+    :meth:`Ledger.hold`; ``gpus`` too: the device ids it holds and how much of each
+    (``(("0", 1.0),)``, ``(("1", 0.5),)``).
+    """
 
     holding_id: str
-    kind: str  # "lease" | "instance"
+    kind: str  # "lease" | "instance" | "bundle"
     worker: str
     shape: Shape
     owner: str
@@ -40,7 +53,9 @@ class Holding:
     labels: tuple[str, ...] = ()  # for instances: their InvokeOptions.labels
     label: str = ""  # what it is for people: an instance's class name ("" if unknown)
     bundle: str = ""  # the resource-group bundle (its holding id) it runs in: its shape
-    #                   counts against that bundle's reservation, not the worker's free capacity
+    #                   counts against that bundle's reservation, not the node's free capacity
+    node: str = ""  # the node (host) it holds on; set by Ledger.hold
+    gpus: tuple = ()  # ((device id, amount), ...) it holds; set by Ledger.hold
 
     def describe(self) -> str:
         """``"Counter instance I1"`` / ``"task lease L3 of tcp://..."``: what holds it."""
@@ -49,75 +64,311 @@ class Holding:
         return f"{self.label} {self.kind} {self.holding_id}" if self.label \
             else f"{self.kind} {self.holding_id}"
 
+    @property
+    def gpu_ids(self) -> list[str]:
+        """The device ids it holds, in order (``CUDA_VISIBLE_DEVICES`` of its work)."""
+        return [g for g, _ in self.gpus]
+
 
 @dataclass
-class WorkerResources:
-    """Capacity and current use of one worker process."""
+class ProcessOffer:
+    """One worker process: what it adds to its node, and where its work may run.
+
+    ``capacity`` adds up over the node's processes (CPU, Memory, ``--resources`` tags);
+    ``gpus`` are the device ids it can run work on (a node's GPUs are the union: processes
+    that see the same devices share them); ``shared`` are node-wide amounts that do not add
+    up (``accelerator_type:<model>``, resources declared for the whole node): the node
+    offers the largest any of its processes reports.
+    """
 
     address: str
+    node: str
+    capacity: Shape
+    gpus: tuple[str, ...] = ()
+    shared: Shape = field(default_factory=dict)
+    load: float = 0.0  # queued yr work the process last reported (heartbeat)
+    holdings: set[str] = field(default_factory=set)
+    cpu_held: float = 0.0  # CPU of the work running in it (lent CPU not counted)
+
+    def cpu_free(self) -> float:
+        """What is left of its own CPU share: work beyond it would share its cores (and its
+        GIL) with the work already there."""
+        return self.capacity.get("CPU", 0.0) - self.cpu_held
+
+
+@dataclass
+class NodeResources:
+    """Capacity and current use of one node (a host): the pool of its worker processes."""
+
+    address: str  # the node id
     capacity: Shape
     held: Shape = field(default_factory=dict)
     holdings: set[str] = field(default_factory=set)
-    load: float = 0.0  # queued yr work the worker last reported (heartbeat)
+    processes: dict[str, ProcessOffer] = field(default_factory=dict)
+    gpu_used: dict[str, float] = field(default_factory=dict)  # device id -> amount held
+    host: str = ""
+
+    @property
+    def node_id(self) -> str:
+        return self.address
+
+    @property
+    def load(self) -> float:
+        return sum(p.load for p in self.processes.values())
+
+    @load.setter
+    def load(self, value: float) -> None:  # a node that is one process (unit tests)
+        procs = list(self.processes.values())
+        if procs:
+            procs[0].load = value
 
     def free(self, resource: str) -> float:
         return self.capacity.get(resource, 0.0) - self.held.get(resource, 0.0)
 
     def could_ever_fit(self, shape: Shape) -> bool:
-        return all(self.capacity.get(r, 0.0) + EPS >= amount for r, amount in shape.items())
+        if not all(self.capacity.get(r, 0.0) + EPS >= amount for r, amount in shape.items()):
+            return False
+        gpus = shape.get("GPU", 0.0)
+        if gpus <= EPS or not self.gpu_used:
+            return True
+        return any(assign_gpus({g: 1.0 for g in p.gpus}, gpus) is not None
+                   for p in self.processes.values())
 
     def fits_now(self, shape: Shape) -> bool:
-        return all(self.free(r) + EPS >= amount for r, amount in shape.items())
+        if not all(self.free(r) + EPS >= amount for r, amount in shape.items()):
+            return False
+        return self.process_for(shape) is not None or not self.processes
+
+    def gpu_free(self, ids: Collection[str]) -> dict[str, float]:
+        """What is free of each of ``ids`` now (1.0 = the whole device)."""
+        return {g: 1.0 - self.gpu_used.get(g, 0.0) for g in ids}
+
+    def process_for(self, shape: Shape, prefer: str | None = None,
+                    avoid: Collection[str] = ()) -> tuple[str, tuple] | None:
+        """The process to run ``shape`` in, and the GPU ids it would take, or None.
+
+        ``prefer`` first if it can, then the least-loaded process (fewest holdings, then the
+        shortest reported queue).  A GPU request needs a process that sees free devices.
+        """
+        gpus = shape.get("GPU", 0.0)
+        cpu = shape.get("CPU", 0.0)
+        # A process whose own CPU share still has room first (CPU-bound work in one process
+        # shares one GIL), the requester's own among them; then the most own CPU left, the
+        # fewest holdings, the shortest queue.
+        order = sorted(self.processes.values(),
+                       key=lambda p: (p.cpu_free() + EPS < cpu, p.address != prefer,
+                                      -p.cpu_free(), len(p.holdings), p.load, p.address))
+        for p in order:
+            if p.address in avoid:
+                continue
+            if gpus <= EPS or not self.gpu_used:
+                return p.address, ()
+            got = assign_gpus(self.gpu_free(p.gpus), gpus)
+            if got is not None:
+                return p.address, got
+        return None
+
+
+#: Before nodes were hosts, a node was one worker process: the old name of the node record.
+WorkerResources = NodeResources
+
+
+def assign_gpus(free: dict[str, float], amount: float) -> tuple | None:
+    """Which device ids ``amount`` GPUs take from ``free`` ({id: free share}), or None.
+
+    Whole GPUs (``amount >= 1``) take that many wholly free devices, in id order; a fraction
+    takes a share of one device, the fullest one it still fits on (so fractions pack and
+    whole devices stay free), as Ray does.
+    """
+    if amount <= EPS:
+        return ()
+    if amount >= 1.0 - EPS:
+        whole = int(amount + 1.0 - EPS) if abs(amount - round(amount)) > EPS else round(amount)
+        ids = [g for g, f in free.items() if f >= 1.0 - EPS][:whole]
+        if len(ids) < whole:
+            return None
+        left = amount
+        out = []
+        for g in ids:
+            take = min(1.0, left)
+            out.append((g, take))
+            left -= take
+        return tuple(out)
+    fitting = [(f, i, g) for i, (g, f) in enumerate(free.items()) if f + EPS >= amount]
+    if not fitting:
+        return None
+    _, _, g = min(fitting)
+    return ((g, amount),)
 
 
 class Ledger:
-    """Every worker's capacity and every holding, with the placement choice among fits."""
+    """Every node's pooled capacity and every holding, with the placement choice among fits.
+
+    ``workers`` (also ``nodes``) maps node id -> :class:`NodeResources`; ``processes`` maps
+    a worker process's address -> its :class:`ProcessOffer`.  A process that names no node
+    is a node of its own (its address is the node id), as in the unit tests.
+    """
 
     def __init__(self) -> None:
-        self.workers: dict[str, WorkerResources] = {}
+        self.workers: dict[str, NodeResources] = {}
+        self.nodes = self.workers  # the same table, by its proper name
+        self.processes: dict[str, ProcessOffer] = {}
         self.holdings: dict[str, Holding] = {}
         # resource groups (scheduler/groups.py): bundle holding id -> what runs in it holds
         self.bundle_held: dict[str, Shape] = {}
 
     # -- workers ---------------------------------------------------------------------------
 
-    def add_worker(self, address: str, capacity: Shape) -> None:
-        self.workers[address] = WorkerResources(address, dict(capacity))
+    def add_worker(self, address: str, capacity: Shape, node: str | None = None,
+                   gpus: Collection[str] = (), shared: Shape | None = None) -> None:
+        """A worker process joins (or offers again): its node's pool grows by its offer."""
+        known = self.processes.get(address)
+        node = node or (known.node if known is not None else address)
+        if known is not None and known.node != node:
+            self._drop_process(address)
+            known = None
+        ns = self.workers.get(node)
+        if ns is None:
+            ns = self.workers[node] = NodeResources(node, {}, host=_host(address))
+        offer = ProcessOffer(address, node,
+                             {r: float(a) for r, a in capacity.items() if r != "GPU"},
+                             tuple(str(g) for g in gpus), dict(shared or {}))
+        if "GPU" in capacity and not gpus:  # a GPU count without ids: ids 0..n-1
+            offer.gpus = tuple(str(i) for i in range(int(capacity["GPU"] + EPS)))
+        if known is not None:  # registered again: it keeps what it holds
+            offer.holdings, offer.load = known.holdings, known.load
+            offer.cpu_held = known.cpu_held
+        self.processes[address] = ns.processes[address] = offer
+        self._sum(ns)
+
+    def _sum(self, ns: NodeResources) -> None:
+        """A node's capacity from its processes' offers (after one joined or left)."""
+        cap: Shape = {}
+        ids: dict[str, None] = {}
+        for p in ns.processes.values():
+            for r, a in p.capacity.items():
+                cap[r] = cap.get(r, 0.0) + a
+            for r, a in p.shared.items():
+                cap[r] = max(cap.get(r, 0.0), a)
+            ids.update(dict.fromkeys(p.gpus))
+        if ids:
+            cap["GPU"] = float(len(ids))
+        ns.capacity = cap
+        ns.gpu_used = {g: ns.gpu_used.get(g, 0.0) for g in ids}
+
+    def _drop_process(self, address: str) -> list[Holding]:
+        p = self.processes.pop(address, None)
+        if p is None:
+            return []
+        ns = self.workers[p.node]
+        ns.processes.pop(address, None)
+        lost = [self.holdings[h] for h in sorted(p.holdings) if h in self.holdings]
+        for h in lost:
+            self.release(h.holding_id)
+        if not ns.processes:  # the node is gone, with its bundles
+            lost += [self.holdings.pop(h) for h in sorted(ns.holdings) if h in self.holdings]
+            del self.workers[p.node]
+        else:
+            self._sum(ns)
+        return lost
 
     def remove_worker(self, address: str) -> list[Holding]:
-        """Forget a worker; returns the holdings that lived on it (now gone)."""
-        ws = self.workers.pop(address, None)
-        if ws is None:
-            return []
-        return [self.holdings.pop(h) for h in ws.holdings if h in self.holdings]
+        """Forget a worker process; returns the holdings that lived on it (now gone): its
+        leases and instances, and its node's bundles if it was the node's last process."""
+        return self._drop_process(address)
+
+    def node_of(self, address: str) -> str | None:
+        """The node id of a worker process (None if it is unknown)."""
+        p = self.processes.get(address)
+        return p.node if p is not None else (address if address in self.workers else None)
 
     # -- holdings --------------------------------------------------------------------------
 
     def hold(self, holding: Holding) -> None:
-        ws = self.workers[holding.worker]
-        held = self._held_for(holding, ws)
+        proc = self.processes.get(holding.worker)
+        node = holding.node or (proc.node if proc is not None else holding.worker)
+        holding.node = node
+        ns = self.workers[node]
+        if holding.shape.get("GPU", 0.0) > EPS and not holding.gpus:
+            holding.gpus = self._take_gpus(holding.shape, ns, proc, holding.bundle) or ()
+        held = self._held_for(holding, ns)
         for r, amount in holding.shape.items():
             held[r] = held.get(r, 0.0) + amount
-        ws.holdings.add(holding.holding_id)
+        for g, a in holding.gpus:
+            used = self._gpu_used_for(holding, ns)
+            used[g] = used.get(g, 0.0) + a
+        ns.holdings.add(holding.holding_id)
+        if proc is not None and holding.kind != "bundle":
+            proc.holdings.add(holding.holding_id)
+            proc.cpu_held += holding.shape.get("CPU", 0.0)
         self.holdings[holding.holding_id] = holding
+
+    def plan_gpus(self, shape: Shape, worker: str, bundle: str = "") -> tuple:
+        """The GPU ids (with shares) a request of ``shape`` placed on process ``worker``
+        (inside ``bundle``, if any) would take now; ``()`` if it asks for no GPU."""
+        if shape.get("GPU", 0.0) <= EPS:
+            return ()
+        proc = self.processes.get(worker)
+        ns = self.workers.get(proc.node if proc is not None else worker)
+        if ns is None:
+            return ()
+        return self._take_gpus(shape, ns, proc, bundle) or ()
+
+    def _take_gpus(self, shape: Shape, ns: NodeResources, proc: ProcessOffer | None,
+                   bundle: str) -> tuple | None:
+        if bundle:  # from the devices its bundle reserved
+            b = self.holdings.get(bundle)
+            if b is None:
+                return ()
+            used = self.bundle_gpus.get(bundle, {})
+            free = {g: a - used.get(g, 0.0) for g, a in b.gpus}
+            if proc is not None and proc.gpus:
+                free = {g: f for g, f in free.items() if g in proc.gpus}
+            return assign_gpus(free, shape["GPU"])
+        ids = proc.gpus if proc is not None and proc.node == ns.address else tuple(ns.gpu_used)
+        return assign_gpus(ns.gpu_free(ids), shape["GPU"])
+
+    @property
+    def bundle_gpus(self) -> dict[str, dict[str, float]]:
+        """Bundle holding id -> device id -> share held by what runs inside it."""
+        d = self.__dict__.get("_bundle_gpus")
+        if d is None:
+            d = self.__dict__["_bundle_gpus"] = {}
+        return d
+
+    def _gpu_used_for(self, holding: Holding, ns: NodeResources) -> dict[str, float]:
+        if not holding.bundle:
+            return ns.gpu_used
+        return self.bundle_gpus.setdefault(holding.bundle, {})
 
     def release(self, holding_id: str) -> Holding | None:
         holding = self.holdings.pop(holding_id, None)
         if holding is None:
             return None
-        ws = self.workers.get(holding.worker)
-        if ws is not None:
+        ns = self.workers.get(holding.node)
+        if ns is not None:
             shape = dict(holding.shape)
             if holding.lent_cpu:
                 shape.pop("CPU", None)
-            held = self._held_for(holding, ws)
+            held = self._held_for(holding, ns)
             for r, amount in shape.items():
                 held[r] = held.get(r, 0.0) - amount
-            ws.holdings.discard(holding_id)
+            used = self._gpu_used_for(holding, ns)
+            for g, a in holding.gpus:
+                if g in used:
+                    used[g] = max(0.0, used[g] - a)
+            ns.holdings.discard(holding_id)
+        if holding.kind == "bundle":
+            self.bundle_gpus.pop(holding_id, None)
+        proc = self.processes.get(holding.worker)
+        if proc is not None and holding_id in proc.holdings:
+            proc.holdings.discard(holding_id)
+            if not holding.lent_cpu:
+                proc.cpu_held -= holding.shape.get("CPU", 0.0)
         return holding
 
-    def _held_for(self, holding: Holding, ws: WorkerResources) -> Shape:
-        """Where ``holding``'s shape is counted: its bundle's use, or the worker's held (a
+    def _held_for(self, holding: Holding, ws: NodeResources) -> Shape:
+        """Where ``holding``'s shape is counted: its bundle's use, or the node's held (a
         removed bundle's leftovers count nowhere)."""
         if not holding.bundle:
             return ws.held
@@ -128,49 +379,65 @@ class Ledger:
         holding = self.holdings.get(holding_id)
         if holding is None or holding.lent_cpu == lent:
             return False
-        ws = self.workers.get(holding.worker)
+        ws = self.workers.get(holding.node)
         cpu = holding.shape.get("CPU", 0.0)
         if ws is not None:
             held = self._held_for(holding, ws)
             held["CPU"] = held.get("CPU", 0.0) + (-cpu if lent else cpu)
+        proc = self.processes.get(holding.worker)
+        if proc is not None and holding_id in proc.holdings:
+            proc.cpu_held += -cpu if lent else cpu
         holding.lent_cpu = lent
         return True
 
     # -- placement -------------------------------------------------------------------------
 
-    def labels(self, ws: WorkerResources) -> dict[int, dict[str, set[str]]]:
-        """A worker's labels by affinity kind (see :mod:`yrdask.affinity`)."""
-        own = {"NODE_ID": {ws.address}, "NODE_IP": {_host(ws.address)}}
+    def labels(self, ws: NodeResources) -> dict[int, dict[str, set[str]]]:
+        """A node's labels by affinity kind (see :mod:`yrdask.affinity`)."""
+        own = {"NODE_ID": {ws.address}, "NODE_IP": {ws.host or _host(ws.address)}}
         own.update({r: {f"{a:g}"} for r, a in ws.capacity.items()})
         inst = parse_labels(label for h in ws.holdings if h in self.holdings
                             for label in self.holdings[h].labels)
         return {AffinityKind.RESOURCE: own, AffinityKind.INSTANCE: inst}
 
-    def _allowed(self, ws: WorkerResources, affinity: Wire) -> tuple[bool, int]:
+    def _allowed(self, ws: NodeResources, affinity: Wire) -> tuple[bool, int]:
         return evaluate(affinity, self.labels(ws)) if affinity else (True, 0)
 
     def choose(self, shape: Shape, prefer: str | None = None, avoid: Collection[str] = (),
                affinity: Wire = ()) -> str | None:
-        """The worker to place ``shape`` on now, or None if nothing fits at the moment.
+        """The worker process to place ``shape`` on now, or None if nothing fits now.
 
-        Hard affinities filter; then soft affinities rank.  Among the best, ``prefer`` (the
-        submitter's own worker, or where its large arguments are) wins when it fits: nested
-        work stays local.  Otherwise the worker with the largest free CPU fraction and the
-        shortest reported queue, which spreads load.  ``avoid`` lists workers the requester
-        just lost its channel to (dying, not yet gone).
+        Nodes are ranked: hard affinities filter; then soft affinities rank.  Among the
+        best, the node of ``prefer`` (the submitter's own worker, or where its large
+        arguments are) wins when it fits: nested work stays local.  Otherwise the node with
+        the largest free CPU fraction and the shortest reported queue, which spreads load.
+        Inside the node, ``prefer`` runs it if it can, else the least-loaded process
+        (:meth:`NodeResources.process_for`).  ``avoid`` lists worker processes the
+        requester just lost its channel to (dying, not yet gone).
         """
+        found = self.choose_with_gpus(shape, prefer, avoid, affinity)
+        return found[0] if found is not None else None
+
+    def choose_with_gpus(self, shape: Shape, prefer: str | None = None,
+                         avoid: Collection[str] = (),
+                         affinity: Wire = ()) -> tuple[str, tuple] | None:
+        """:meth:`choose`, with the GPU ids the process would take."""
         best, best_key = None, None
+        prefer_node = self.node_of(prefer) if prefer else None
         for ws in self.workers.values():
-            if ws.address in avoid or not ws.fits_now(shape):
+            if not ws.fits_now(shape):
                 continue
             allowed, preference = self._allowed(ws, affinity)
             if not allowed:
                 continue
+            where = ws.process_for(shape, prefer, avoid)
+            if where is None:
+                continue
             cap = ws.capacity.get("CPU", 0.0) or 1.0
-            key = (preference, ws.address == prefer, ws.free("CPU") / cap, -ws.load,
+            key = (preference, ws.address == prefer_node, ws.free("CPU") / cap, -ws.load,
                    -len(ws.holdings))
             if best_key is None or key > best_key:
-                best, best_key = ws.address, key
+                best, best_key = where, key
         return best
 
     def could_ever_fit(self, shape: Shape, affinity: Wire = ()) -> bool:
@@ -184,7 +451,7 @@ class Ledger:
         return [
             self.holdings[h]
             for ws in self.workers.values()
-            if ws.address not in avoid and ws.could_ever_fit(shape)
+            if _reachable(ws, avoid) and ws.could_ever_fit(shape)
             and self._allowed(ws, affinity)[0]
             for h in sorted(ws.holdings)
             if self.holdings[h].kind == "lease"
@@ -213,7 +480,8 @@ class Ledger:
             ) or need
             return (
                 f"request {need} can never be scheduled: no worker offers {what}; "
-                f"a request must fit on one worker process. Workers offer: {offers}. "
+                f"a request must fit on one node (one host's worker processes together). "
+                f"Nodes offer: {offers}. "
                 f"{FIX_HINT}"
             )
         holders = "; ".join(
@@ -236,7 +504,7 @@ class Ledger:
         can never run it.  Empty if it fits now."""
         lines, never = [], []
         for ws in self.workers.values():
-            if ws.address in avoid:
+            if not _reachable(ws, avoid):
                 never.append(f"{ws.address} (unreachable to the requester)")
                 continue
             if not ws.could_ever_fit(shape):
@@ -279,11 +547,24 @@ class Ledger:
                 parts.append(f"{len(ids)} {what}s ({shown}){tail}")
         return ", ".join(parts)
 
-    def snapshot(self) -> dict[str, dict[str, Shape]]:
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Each node's capacity, what is held, its worker processes and its GPUs in use."""
         return {
-            a: {"capacity": dict(ws.capacity), "held": dict(ws.held)}
+            a: {"capacity": dict(ws.capacity), "held": dict(ws.held),
+                "processes": sorted(ws.processes), "host": ws.host,
+                "gpus": dict(ws.gpu_used)}
             for a, ws in self.workers.items()
         }
+
+
+def _reachable(ws: NodeResources, avoid: Collection[str]) -> bool:
+    """True if some process of the node is not in ``avoid`` (a node of no processes, as
+    in tests of the ledger alone, counts by its own id)."""
+    if not avoid:
+        return True
+    if not ws.processes:
+        return ws.address not in avoid
+    return any(p not in avoid for p in ws.processes)
 
 
 def _host(address: str) -> str:

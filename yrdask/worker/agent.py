@@ -38,6 +38,7 @@ from yrdask.worker.hosting import HostedInstance
 from yrdask.options import IsolatedFunction
 from yrdask.worker.isolated import (IsolatedInstance, ProcessDied, ProcessPool, Zygote,
                                     keep_large, split_returns as _split_returns)
+from yrdask.worker.devices import device_isolation, gpu_offer, node_id
 from yrdask.worker.execution import Execution, current_execution
 from yrdask.worker import lease_gate as G
 from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, TaskCrashedError,
@@ -107,18 +108,33 @@ class WorkerAgent:
         worker.stream_handlers.update(P.handlers(P.WORKER_STREAM, self))
         # Call channel handlers take (peer, wire dict): the hot path keeps the dict it read.
         self.channel_handlers = P.handlers(P.CHANNEL_TO_WORKER, self)
+        self.node_id = node_id(worker.address)  # the node (host) this process belongs to
         self.runtime = install_worker_runtime(self)
         self.tasks_done = 0
         worker.metrics["yr"] = lambda _worker: self.metrics()
 
     def capacity(self) -> dict[str, float]:
-        """What this worker offers: CPU millicores, Memory MB and its --resources tags."""
+        """What this worker offers: CPU millicores, Memory MB and its --resources tags
+        (a ``GPU`` entry becomes device ids: :meth:`offer`)."""
         cpu = dask.config.get("yrdask.worker.cpu", None)
         cpu = float(cpu) if cpu is not None else self.worker.state.nthreads * 1000.0
         limit = self.worker.memory_manager.memory_limit or psutil.virtual_memory().total
         cap = {"CPU": cpu, "Memory": float(limit // 2**20)}
-        cap.update({k: float(v) for k, v in self.worker.state.total_resources.items()})
+        cap.update({k: float(v) for k, v in self.worker.state.total_resources.items()
+                    if k != "GPU"})
         return cap
+
+    def offer(self) -> P.RegisterWorker:
+        """What this process adds to its node (docs/nodes.md): its capacity, the node it
+        belongs to, the GPU ids it can run work on, and node-wide resources (the GPUs'
+        ``accelerator_type:<model>``, resources declared for the whole node)."""
+        gpus, model = gpu_offer(self.worker.state.total_resources)
+        shared = {str(k): float(v) for k, v in
+                  (dask.config.get("yrdask.worker.node-resources", None) or {}).items()}
+        if gpus and model:
+            shared.setdefault(f"accelerator_type:{model}", 1.0)
+        return P.RegisterWorker(self.worker.address, self.capacity(), P.PROTOCOL_VERSION,
+                                self.node_id, tuple(gpus), shared)
 
     def lend_slot(self, holding_id: str, blocked: bool) -> None:
         """A task of this lease waits in ``yr.get``: let the gate start the next one.
@@ -158,8 +174,7 @@ class WorkerAgent:
         }
 
     async def register(self) -> None:
-        await P.request(self.worker.scheduler, P.RegisterWorker(
-            self.worker.address, self.capacity(), P.PROTOCOL_VERSION))
+        await P.request(self.worker.scheduler, self.offer())
 
     async def close(self) -> None:
         for inst in list(self.instances.values()):  # no isolated process outlives its worker
@@ -297,7 +312,13 @@ class WorkerAgent:
         try:
             fn = self._function(msg["fn_id"])
             if type(fn) is IsolatedFunction:
-                return self._execute_isolated(ex, fn.isolation)
+                isolation = fn.isolation
+                if P.DEVICES_MARK in msg["lease_id"]:
+                    isolation = device_isolation(isolation, *P.lease_devices(msg["lease_id"]))
+                return self._execute_isolated(ex, isolation)
+            if P.DEVICES_MARK in msg["lease_id"]:  # it holds GPUs: a process that sees them
+                return self._execute_isolated(ex, device_isolation(
+                    None, *P.lease_devices(msg["lease_id"])))
             args, kwargs = unpack_args(msg["args"], [loads(p) for p in self.payloads(msg["deps"])])
         except BaseException as e:  # noqa: BLE001
             return self._error_reply(task_id, e, traceback.format_exc(), False)
@@ -433,6 +454,9 @@ class WorkerAgent:
         if iid in self.ended:  # its STOP (an rpc) overtook this START (on the stream)
             logger.info("not starting instance %s: it was stopped before it started", iid)
             return
+        if spec.get("devices"):  # it holds GPUs: its own process that sees exactly them
+            spec = {**spec, "isolation": device_isolation(spec.get("isolation"),
+                                                          spec["devices"], spec["cpus"])}
         if spec.get("isolation") is not None:  # its own process (docs/isolation.md)
             inst: HostedInstance | IsolatedInstance = IsolatedInstance(self, spec)
         else:

@@ -126,8 +126,12 @@ def remove_placement_group(placement_group: PlacementGroup) -> None:
 
 
 def get_current_placement_group() -> PlacementGroup | None:
-    """The group the calling task runs in: always None (child tasks are not captured)."""
-    return None
+    """The group the calling task or actor was placed in with
+    ``placement_group_capture_child_tasks=True`` (None elsewhere, and in a driver): the group
+    its children go to."""
+    from yrdask.ray._util import captured_group
+
+    return captured_group({})
 
 
 def placement_group_table(placement_group: PlacementGroup | None = None) -> dict:

@@ -31,7 +31,11 @@ class NodeAffinitySchedulingStrategy:
 
 
 class PlacementGroupSchedulingStrategy:
-    """Run inside bundle ``placement_group_bundle_index`` (-1: any) of a placement group."""
+    """Run inside bundle ``placement_group_bundle_index`` (-1: any) of a placement group.
+
+    ``placement_group_capture_child_tasks=True``: the tasks and actors this work creates
+    without a scheduling strategy of their own run in the same group (any bundle), and so
+    do theirs, as in Ray."""
 
     def __init__(self, placement_group: Any, placement_group_bundle_index: int = -1,
                  placement_group_capture_child_tasks: bool | None = None) -> None:
@@ -44,10 +48,9 @@ class PlacementGroupSchedulingStrategy:
                 -1 <= index < placement_group.bundle_count:
             raise ValueError(f"placement_group_bundle_index must be -1 or in [0, "
                              f"{placement_group.bundle_count}), got {index!r}")
-        if placement_group_capture_child_tasks:
-            raise UnsupportedOptionError(
-                "placement_group_capture_child_tasks=True is not supported by yrdask.ray: "
-                "child tasks are not placed into the parent's group; pass the strategy to them")
+        if placement_group_capture_child_tasks not in (None, True, False):
+            raise TypeError("placement_group_capture_child_tasks must be a bool or None, got "
+                            f"{placement_group_capture_child_tasks!r}")
         self.placement_group = placement_group
         self.placement_group_bundle_index = index
         self.placement_group_capture_child_tasks = placement_group_capture_child_tasks
