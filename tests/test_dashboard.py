@@ -349,8 +349,9 @@ def test_scheduling_json_counts_nested_work(population):
     assert {"local_per_s", "forwarded_per_s", "tasks_queued"} <= set(view["series"])
     for kind, fig in view["placement"].items():  # the scheduler's placement latencies
         assert fig["count"] >= 1 and fig["p99_ms"] >= fig["p50_ms"] >= 0, (kind, fig)
+    # Scheduling figures are per worker process, resources per node (a host, docs/nodes.md).
     assert {w["worker"] for w in view["workers"]} == {
-        w["worker"] for w in api("/yr/api/resources")["workers"]}
+        p for w in api("/yr/api/resources")["workers"] for p in w["processes"]}
 
 
 def test_scheduling_counts_instance_calls_as_running(population, tmp_path):
@@ -394,7 +395,8 @@ def test_prometheus_metrics(population):
         assert value("dask_yr_resource_capacity", resource="CPU", worker=w["worker"]) == \
             w["capacity"]["CPU"]
         assert value("dask_yr_resource_held", resource="CPU", worker=w["worker"]) >= 0
-        assert value("dask_yr_instance_calls_running", worker=w["worker"]) >= 0
+        for process in w["processes"]:  # load is reported per worker process of the node
+            assert value("dask_yr_instance_calls_running", worker=process) >= 0
     assert "dask_scheduler_workers" in body  # Dask's own collectors are still there
 
 
@@ -423,7 +425,7 @@ def test_instances_page(population, browser, cluster_kind):
 def test_resources_page(population, browser, cluster_kind):
     view = api("/yr/api/resources")
     browser.open("/yr-resources")
-    short = [w["worker"].split("://", 1)[1] for w in view["workers"]]
+    short = [w["worker"].split("://", 1)[-1] for w in view["workers"]]  # node ids (hosts)
     capacity = view["totals"]["CPU"]["capacity"]
     text, _ = browser.wait_for(f"{len(view['workers'])} yr workers", "CPU held", "Used %",
                                *short)

@@ -59,6 +59,13 @@ class Counter:
 
 
 @yr.instance(invoke_options=SMALL)
+class Loud:
+    def loud(self, tag: str) -> tuple[int, str]:
+        print(f"out-{tag}-0")
+        return os.getpid(), yr.get_node_id()
+
+
+@yr.instance(invoke_options=SMALL)
 class AsyncTalker:
     async def say(self, tag: str) -> tuple[int, str]:
         await asyncio.sleep(0)
@@ -218,15 +225,15 @@ def test_without_log_to_driver_prints_stay_in_the_worker(cluster, kind, capsys):
 
 def test_dedup_collapses_a_line_printed_by_several_processes(printing, capsys):
     tag = uuid.uuid4().hex[:6]
-    nodes = sorted(n["id"] for n in yr.resources())
-    assert len(nodes) >= 2
-    pins = [yr.InvokeOptions(cpu=100, memory=10, schedule_affinities=[yr.Affinity(
-        yr.AffinityKind.RESOURCE, yr.AffinityType.REQUIRED,
-        [yr.LabelOperator(yr.OperatorType.LABEL_IN, "NODE_ID", [n])])]) for n in nodes[:2]]
-    done = yr.get([loud.options(p).invoke(tag) for p in pins], T)
+    # Two instances of a whole CPU each: one in each of the two worker processes (one node
+    # of two processes on the embedded cluster, two nodes on the cli one).
+    talkers = [Loud.options(yr.InvokeOptions(cpu=1000, memory=10)).invoke() for _ in range(2)]
+    done = yr.get([t.loud.invoke(tag) for t in talkers], T)
+    for t in talkers:
+        t.terminate()
     assert len({pid for pid, _ in done}) == 2
     cap = Captured(capsys)
-    summary = [f"({'loud'} pid={pid}, node={node}) out-{tag}-0 [repeated 1x across cluster]"
+    summary = [f"(Loud pid={pid}, node={node}) out-{tag}-0 [repeated 1x across cluster]"
                for pid, node in done]
 
     def summarised() -> bool:

@@ -14,6 +14,7 @@ import asyncio
 import datetime
 import ipaddress
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -110,9 +111,10 @@ class TLSCluster:
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
         log = self.workdir / f"{name}.log"
-        with open(log, "wb") as out:
+        with open(log, "wb") as out:  # each worker a node of its own (YRDASK_NODE_ID)
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, cwd=self.workdir)
+                                    stderr=subprocess.STDOUT, cwd=self.workdir,
+                                    env={**os.environ, "YRDASK_NODE_ID": f"tls-{name}"})
         self.procs.append((name, proc, log))
         return proc
 
@@ -165,7 +167,9 @@ def tls_cluster(cluster, pki, tmp_path_factory) -> TLSCluster:
         try:
             nodes = wait_until(lambda: len(yr.resources()) == 2 and yr.resources(), STARTUP_TIMEOUT,
                                lambda: f"2 TLS workers registered with yr\n{tc.logs()}")
-            tc.workers = [n["id"] for n in nodes]
+            from yrdask.api.nodes import nodes_info
+
+            tc.workers = [p for n in nodes_info() for p in n["processes"]]
         finally:
             yr.finalize()
         yield tc
@@ -188,9 +192,17 @@ def tls_driver(tls_cluster, pki):
 TAGGED = yr.InvokeOptions(custom_resources={"tls_tag": 1})
 
 
+def worker_address() -> str:
+    """Inside a task: the TLS address of the worker process running it (node ids are hosts,
+    docs/nodes.md; these tests check the processes' endpoints)."""
+    from yrdask.runtime.context import current_runtime
+
+    return current_runtime().address
+
+
 @yr.invoke
 def where():
-    return yr.get_node_id()
+    return worker_address()
 
 
 @yr.invoke
@@ -214,7 +226,7 @@ def nested_on_tagged(x):
     inner = plus_one.options(TAGGED).invoke(x)
     node = where.options(TAGGED).invoke()
     big = make_blob.options(TAGGED).invoke(2 << 20)  # kept on the tagged worker, fetched here
-    return yr.get(inner), yr.get(node), len(yr.get(big)), yr.get_node_id()
+    return yr.get(inner), yr.get(node), len(yr.get(big)), worker_address()
 
 
 @yr.instance
@@ -227,12 +239,12 @@ class Counter:
         return self.n
 
     def node(self):
-        return yr.get_node_id()
+        return worker_address()
 
 
 @yr.invoke
 def call_instance(counter, k):
-    return yr.get(counter.add.invoke(k)), yr.get_node_id()
+    return yr.get(counter.add.invoke(k)), worker_address()
 
 
 # --------------------------------------------------------------------------- tests
@@ -379,7 +391,7 @@ def test_embedded_cluster_with_security_uses_tls(cluster):
     try:
         assert info.scheduler_address.startswith("tls://")
         node = yr.get(where.invoke(), T)
-        assert node.startswith("tls://") and node in {n["id"] for n in yr.resources()}
+        assert node.startswith("tls://") and len(yr.resources()) == 1
         assert yr.get(length.invoke(yr.put(b"z" * (1 << 20))), T) == 1 << 20
     finally:
         yr.finalize()

@@ -29,11 +29,14 @@ DRIVER = textwrap.dedent('''
 
     yr.init(yr.Config(num_cpus=2))
     address = current_runtime().info.scheduler_address
-    before = set(asyncio.run(fetch_cluster_info(address, 30))["workers"])
+    def processes(info):  # the worker processes of every node (a node is a host)
+        return {p for node in info["workers"].values() for p in node["processes"]}
+
+    before = processes(asyncio.run(fetch_cluster_info(address, 30)))
     os.kill(yr.get(where.invoke(), 60), signal.SIGKILL)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:  # polls the scheduler's state in another process
-        now = set(asyncio.run(fetch_cluster_info(address, 30))["workers"])
+        now = processes(asyncio.run(fetch_cluster_info(address, 30)))
         if len(now) == len(before) and now != before:
             break
         time.sleep(0.1)

@@ -229,7 +229,8 @@ def resources_view(src: Sources) -> dict[str, Any]:
         held = {r: ws.held.get(r, 0.0) for r in names}
         free = {r: ws.capacity.get(r, 0.0) - held[r] for r in names}
         load = src.metrics.get(addr) or {}
-        workers.append({"worker": addr, "capacity": dict(ws.capacity), "held": held,
+        workers.append({"worker": addr, "processes": sorted(getattr(ws, "processes", ())),
+                        "capacity": dict(ws.capacity), "held": held,
                         "free": free, "leases": kinds[addr, "lease"],
                         "instances": kinds[addr, "instance"],
                         "tasks_running": load.get("tasks_running"),

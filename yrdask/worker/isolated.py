@@ -83,6 +83,11 @@ def _child_env(extra: dict | None) -> dict:
     return env
 
 
+def _node_name(agent: Any) -> str:
+    """What the prints of an isolated process name as their node (its worker's node)."""
+    return getattr(agent, "node_id", None) or agent.worker.address
+
+
 def spawn(isolation: dict, node: str = "") -> tuple[Any, str]:
     """Start a child with the instance's env and cwd; returns it and its listening address.
 
@@ -280,7 +285,7 @@ class IsolatedInstance:
                 spec["deps"] = await loop.run_in_executor(None, self.agent.deps_by_value,
                                                           spec["deps"])
             proc, address = await loop.run_in_executor(None, spawn, spec["isolation"],
-                                                       self.agent.worker.address)
+                                                       _node_name(self.agent))
             if self.stopped is not None:
                 _kill(proc)
                 return
@@ -566,7 +571,7 @@ class ProcessPool:
             free = self.idle.get(key)
             child = free.pop() if free else None
         if child is None:
-            proc, address = spawn(isolation, self.agent.worker.address)
+            proc, address = spawn(isolation, _node_name(self.agent))
             child = _PooledProcess(proc, address)
             with self.lock:
                 if self.closed:

@@ -36,7 +36,8 @@ class _Outbox:
     def __init__(self, agent: Any) -> None:
         self.agent = agent
         self.loop: asyncio.AbstractEventLoop = agent.loop
-        self.node = agent.worker.address
+        # The node (host) prints are prefixed with, as yr.get_node_id() names it there.
+        self.node = getattr(agent, "node_id", None) or agent.worker.address
         self.pid = os.getpid()
         self.lock = threading.Lock()
         self.pending: dict[str, list[list[str]]] = {}  # driver -> [[source, stream, text]]
