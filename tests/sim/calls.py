@@ -53,23 +53,18 @@ LOST_WORKER_WAIT_S = 30.0  # instance_manager.LOST_WORKER_WAIT_S
 UNFIT = {"CPU": 64000.0, "Memory": 100.0}
 
 
-# Failures the simulation found in machines or adapters this package does not own: message
-# prefix -> the FINDINGS.md section.  The instance test fails on any other failure, and an
-# xfail test reports while these still occur.
-KNOWN_FINDINGS = {
-    "orphan:": "BUG (worker agent): STOP_INSTANCE overtakes START_INSTANCE",
-    "creation overtaken:": "BUG (Lifecycle): handles and locates that overtake CREATE_INSTANCE",
-    "placed on a lost worker:": "BUG (Lifecycle + InstanceManager): Placed after WorkerLost",
-    "acquire after its cancel:": "BUG (InstanceManager): CancelAcquire before the acquire task ran",
-    "created after its job ended:": "Contract gap: CREATE_INSTANCE after the job's stream closed",
-}
+# Failures the simulation found that are still open, by their exact seeds: seed -> (the
+# start of the failure message, the FINDINGS.md section).  A failure is known only if both
+# its seed and its message match; any other failure (a new seed, or a known seed failing
+# differently) fails the run.  All findings of FINDINGS.md are fixed: none is listed.
+KNOWN_FINDINGS: dict[int, tuple[str, str]] = {}
 
 
-def known_finding(message: str) -> str | None:
-    """The FINDINGS.md section a failure message belongs to, if it is a known one."""
-    for prefix, section in KNOWN_FINDINGS.items():
-        if message.startswith(prefix):
-            return section
+def known_finding(seed: int, message: str) -> str | None:
+    """The FINDINGS.md section of a failure, if this exact seed is a known finding."""
+    entry = KNOWN_FINDINGS.get(seed)
+    if entry is not None and message.startswith(entry[0]):
+        return entry[1]
     return None
 
 
@@ -131,7 +126,6 @@ class CallWorld:
         self.stops: dict[str, set] = {}  # worker -> iids with a STOP rpc out
         self.cancel_early: set[str] = set()  # CancelAcquire before its acquire task ran
         self.ended_jobs: set[str] = set()  # InstanceManager.ended_jobs
-        self.tags: dict[str, str] = {}  # instance -> the known finding it ran into
         self.latency = rng.choice([0.0, 0.02, 0.1])
         # the scenario
         nworkers = rng.randint(1, 3)
@@ -192,12 +186,6 @@ class CallWorld:
         self.busy[key] = None
 
     def fail(self, message: str) -> None:
-        first = message.split("\n")[0]
-        if not known_finding(message):
-            for i in re.findall(r"\bi\d+\b", first):
-                if i in self.tags:
-                    message = self.tags[i] + " " + message
-                    break
         self.failure = message
         raise SimFailure(message, self)  # type: ignore[arg-type]
 
@@ -672,7 +660,6 @@ class CallWorld:
                                                     *(i for i, _ in msg[3])]
             for i in ids:
                 if i not in lc.instances and i not in lc.aliases and i not in lc.graveyard:
-                    self.tags.setdefault(i, "creation overtaken:")
                     self.say(SCHED, "creation overtaken by", op, i)
         if op == "CREATE":
             spec = msg[1]
@@ -682,7 +669,6 @@ class CallWorld:
                 self.send(SCHED, src, chan, ("CREATE_FAILED", iid, "its job has ended"))
                 return
             if spec["owner"].startswith("job-") and src not in self.jobs:
-                self.tags.setdefault(iid, "created after its job ended:")
                 self.say(SCHED, "creation after the job ended", iid)
             lc_spec = {k: v for k, v in spec.items() if v is not None}
             self.lc_do(L.Create(sid, lc_spec, self.now))
@@ -694,6 +680,15 @@ class CallWorld:
             self.wait_stage(real, L.PLACED, created)
         elif op == "LOCATE":
             _, iid, lost = msg
+            if lc.unknown(lc.resolve(iid)):  # locate_instance: wait for its creation
+                def created(_worker: str | None, reason: str) -> None:
+                    if reason:
+                        self.send(SCHED, src, chan, ("LOCATED", iid, P.DEAD, None, reason, iid))
+                    else:
+                        self.at_sched(src, chan, msg)
+                self.waiters.setdefault((iid, L.CREATED), []).append(created)
+                self.lc_do(L.AwaitCreation(sid, iid, self.now))
+                return
             real = lc.resolve(iid)
 
             def answer(worker: str | None, reason: str) -> None:

@@ -162,15 +162,24 @@ def test_instance_scenarios(chunk: int) -> None:
     assert f"{b - a} call seeds in" in proc.stdout, proc.stdout + proc.stderr
 
 
-# One recorded seed per known finding of the instance world (FINDINGS.md) still open.
-KNOWN_FINDING_SEEDS = {
-    "creation overtaken:": 45,  # A, its locate half: a LOCATE that overtakes CREATE_INSTANCE
-}
+# The exact seeds of the instance world's findings still open (calls.KNOWN_FINDINGS,
+# FINDINGS.md): message prefix -> seed.
+def _known_seeds() -> dict[str, int]:
+    try:
+        from tests.sim.calls import KNOWN_FINDINGS
+    except ImportError:
+        return {}
+    return {prefix: seed for seed, (prefix, _section) in KNOWN_FINDINGS.items()}
+
+
+KNOWN_FINDING_SEEDS = _known_seeds()
 
 # The recorded seeds of findings that are fixed: they must run clean (regressions).
 FIXED_FINDING_SEEDS = {
     "creation overtaken (handle reports):": 22,  # A, its handle half
     "creation overtaken (holder re-added):": 243,
+    "creation overtaken (locate):": 45,  # A, its locate half
+    "creation overtaken (locate, 2):": 338,
     "orphan:": 90,  # B
     "placed on a lost worker:": 1552,  # C
     "acquire after its cancel:": 5283,  # D
