@@ -44,6 +44,7 @@ from yrdask.runtime import call_order as C
 from yrdask.scheduler import leases as LQ
 from yrdask.scheduler import lifecycle as L
 
+from tests.sim import machines as M
 from tests.sim.world import SimFailure
 
 SCHED = "sched"
@@ -618,6 +619,11 @@ class CallWorld:
             if kind is LQ.Granted or kind is LQ.Refused:
                 rid = ins.request_id
                 granted = kind is LQ.Granted
+                if granted:
+                    try:
+                        M.check_grant(self.lq, ins.holding_id)
+                    except AssertionError as e:
+                        self.fail(str(e))
                 if rid in self.acq_rid:  # the acquire task resumes later
                     iid = self.acq_rid.pop(rid)
                     self.send(SCHED, SCHED, f"acquired-{rid}", (
@@ -870,6 +876,8 @@ class CallWorld:
         try:
             self.lc.validate()
             self.lq.validate()
+            M.check_ledger(self.lq)
+            M.check_capacity(self.lq)
             for p in self.procs.values():
                 if p.alive:
                     p.order.validate()

@@ -88,6 +88,56 @@ def check_ledger(queue: Any) -> None:
             assert hid in ledger.holdings, f"{w} lists holding {hid} the ledger forgot"
 
 
+def _used(ledger: Any, ws: Any) -> dict[str, float]:
+    """What the holdings on a worker use, summed from the holdings themselves (not from the
+    ledger's own ``held``): a lease's CPU lent while its task is blocked is not counted; a
+    holding inside a resource-group bundle counts against the bundle, not the worker."""
+    used: dict[str, float] = {}
+    for hid in ws.holdings:
+        h = ledger.holdings.get(hid)
+        if h is None or getattr(h, "bundle", ""):
+            continue
+        for r, a in h.shape.items():
+            if r == "CPU" and h.lent_cpu:
+                continue
+            used[r] = used.get(r, 0.0) + a
+    return used
+
+
+def check_capacity(queue: Any, reclaimed: Any = ()) -> None:
+    """Held <= offered on every worker and resource.  The one legitimate overdraft is
+    accounted explicitly: a lease whose task came back from ``yr.get`` takes its lent CPU
+    back even over capacity (``LeaseUnblocked``), so the CPU of the leases in ``reclaimed``
+    (every lease that was ever unblocked) is allowed above the offer, nothing else."""
+    ledger = _ledger(queue)
+    for w, ws in ledger.workers.items():
+        used = _used(ledger, ws)
+        for r, a in used.items():
+            allowance = 0.0
+            if r == "CPU" and reclaimed:
+                allowance = sum(ledger.holdings[h].shape.get("CPU", 0.0) for h in ws.holdings
+                                if h in reclaimed and h in ledger.holdings)
+            assert a <= ws.capacity.get(r, 0.0) + allowance + EPS, \
+                f"capacity: {w} holds {r}={a:g} of {ws.capacity.get(r, 0.0):g} offered " \
+                f"(reclaimed overdraft allowed: {allowance:g}) in {sorted(ws.holdings)}"
+
+
+def check_grant(queue: Any, holding_id: str) -> None:
+    """A grant only takes what is free: right after it, every resource the holding asks
+    for is within the worker's offer (blocked leases' lent CPU not counted)."""
+    ledger = _ledger(queue)
+    h = ledger.holdings.get(holding_id)
+    if h is None or getattr(h, "bundle", ""):
+        return
+    ws = ledger.workers[h.worker]
+    used = _used(ledger, ws)
+    for r, a in h.shape.items():
+        if a > EPS:
+            assert used.get(r, 0.0) <= ws.capacity.get(r, 0.0) + EPS, \
+                f"capacity: granted {holding_id} {r}={a:g} on {h.worker}, which then holds " \
+                f"{used.get(r, 0.0):g} of {ws.capacity.get(r, 0.0):g}"
+
+
 def ledger_summary(queue: Any) -> str:
     ledger = _ledger(queue)
     parts = []

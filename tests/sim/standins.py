@@ -288,7 +288,7 @@ class StandinLeaseQueue:
 
     def _WorkerLeft(self, ev, out):
         self.ledger.remove_worker(ev.worker)
-        self._grant_pending(out)
+        self._OwnerGone(LQ.OwnerGone(ev.stimulus_id, ev.worker), out)  # its submitter too
 
     def _HoldRequested(self, ev, out):
         shape = {r: float(a) for r, a in ev.shape.items()}

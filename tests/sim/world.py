@@ -131,6 +131,7 @@ class World:
         self.kills = 0
         self.replacements = 0
         self.touched: list = []
+        self.reclaimed: set[str] = set()  # leases ever unblocked (check_capacity)
         self.sched = SchedNode()
         self.nodes[SCHED] = self.sched
         for name, cap in scenario.workers:
@@ -222,6 +223,7 @@ class World:
                 at, _seq, node, kind, data = heapq.heappop(self.timers)
                 self.fire(node, kind, data)
             self.validate_touched()
+            self.check_conservation()
         self.check_quiescent()
 
     def _idle(self) -> bool:
@@ -322,6 +324,7 @@ class World:
         elif op == "LEASE_BLOCKED":
             self.sched_handle(lq.LeaseBlocked(stimulus_id=sid, lease_id=msg["lease_id"]))
         elif op == "LEASE_UNBLOCKED":
+            self.reclaimed.add(msg["lease_id"])  # may take its CPU back over capacity
             self.sched_handle(lq.LeaseUnblocked(stimulus_id=sid, lease_id=msg["lease_id"]))
         elif op == "OWNER_GONE":
             self.sched_handle(lq.OwnerGone(stimulus_id=sid, owner=src))
@@ -331,9 +334,9 @@ class World:
                                               node=self.host_of(msg["worker"])))
         elif op == "WORKER_LEFT":
             w = msg["worker"]
+            # as extension.on_remove_worker: WorkerLeft alone (the lease queue also releases
+            # the leases a submitter on that worker held elsewhere)
             self.sched_handle(lq.WorkerLeft(stimulus_id=sid, worker=w))
-            # leases a submitter on that worker held elsewhere die with it
-            self.sched_handle(lq.OwnerGone(stimulus_id=sid, owner=w))
             for name, node in self.nodes.items():
                 if name != SCHED and name != w and node.alive:
                     self.send(SCHED, name, "stream", {"op": "WORKER_LOST", "worker": w})
@@ -345,6 +348,10 @@ class World:
         for ins in self.sched.queue.handle(event):
             name = type(ins).__name__
             if name == "Granted":
+                try:
+                    M.check_grant(self.sched.queue, ins.holding_id)
+                except AssertionError as e:
+                    raise SimFailure(str(e), self, (ins.holding_id,)) from e
                 owner, rid = self.sched.requests.pop(ins.request_id)
                 onode = self.nodes.get(owner)
                 if onode is None or not onode.alive or getattr(onode, "closed", False):
@@ -702,6 +709,7 @@ class World:
                 if node is self.sched:
                     node.queue.validate()
                     M.check_ledger(node.queue)
+                    M.check_capacity(node.queue, self.reclaimed)
                 else:
                     if not node.closed:
                         node.submit.validate()
@@ -711,6 +719,69 @@ class World:
                 raise SimFailure(f"{node.name}: validate() failed after step {self.step}: {e}",
                                  self) from e
         touched.clear()
+
+    def in_flight_lease_ids(self) -> set[str]:
+        """Lease ids named by a message still on a link (a grant on its way to its owner,
+        a return, a revoke)."""
+        out: set[str] = set()
+        for key in self.busy:
+            for msg in self.links[key]:
+                if "lease_id" in msg:
+                    out.add(msg["lease_id"])
+                out.update(msg.get("lease_ids", ()))
+        return out
+
+    def gone(self, name: str) -> bool:
+        node = self.nodes.get(name)
+        return node is None or not node.alive or getattr(node, "closed", False)
+
+    def check_conservation(self) -> None:
+        """Ledger, submitters and gates agree, up to the messages in flight:
+
+        * every task lease the ledger holds is known to its owner's SubmitQueue, or on its way
+          (a grant or return in flight), or its owner or worker is gone (its OwnerGone or
+          WorkerLeft releases it);
+        * every lease a live submitter holds is in the ledger, or on the way back, or on a
+          worker that is gone (the scheduler dropped it with the worker);
+        * every task a worker runs under a lease runs under a lease the ledger holds, or one
+          whose owner is gone, or one being returned;
+        * a lease's CPU is lent in the ledger iff one of its tasks is blocked in ``yr.get``.
+        """
+        ledger = M._ledger(self.sched.queue)
+        suspects = []
+        for hid, h in ledger.holdings.items():
+            if h.kind != "lease" or self.gone(h.owner) or self.gone(h.worker):
+                continue  # its OwnerGone / WorkerLeft (in flight or due) releases it
+            owner = self.nodes[h.owner]
+            if hid not in getattr(owner.submit, "leases", {hid: None}):
+                suspects.append(("ledger holds, owner does not know", hid, h.owner))
+            # lending while blocked, accounted: the CPU is lent iff a task of the lease is
+            # blocked in yr.get on its worker (up to a LEASE_(UN)BLOCKED in flight)
+            blocked = self.nodes[h.worker].blocked.get(hid, 0) > 0
+            if h.lent_cpu != blocked:
+                suspects.append((f"lent_cpu={h.lent_cpu} but {'a' if blocked else 'no'} task "
+                                 "of it is blocked", hid, h.worker))
+        for name, node in self.nodes.items():
+            if not isinstance(node, ProcNode) or self.gone(name):
+                continue
+            for lid, lease in getattr(node.submit, "leases", {}).items():
+                if lid not in ledger.holdings and not self.gone(lease.worker) \
+                        and lease.worker in ledger.workers:
+                    suspects.append(("submitter holds, ledger does not", lid, name))
+            if node.worker:
+                for tid, run in node.runs.items():
+                    if run.phase != "done" and run.lease_id not in ledger.holdings \
+                            and not self.gone(run.caller):
+                        suspects.append(("runs under a lease the ledger lost", run.lease_id,
+                                         f"{name}:{tid}"))
+        if not suspects:
+            return
+        flying = self.in_flight_lease_ids()
+        bad = [s for s in suspects if s[1] not in flying]
+        if bad:
+            what, lid, where = bad[0]
+            raise SimFailure(f"conservation: {what}: {lid} ({where}) at step {self.step}; "
+                             f"ledger {M.ledger_summary(self.sched.queue)}", self, (lid,))
 
     def unsettled(self) -> tuple:
         return tuple(t for t, r in self.tasks.items() if not r.settled and not r.abandoned)
