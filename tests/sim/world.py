@@ -731,16 +731,18 @@ class World:
                 out.update(msg.get("lease_ids", ()))
         return out
 
-    def gone(self, name: str) -> bool:
-        node = self.nodes.get(name)
-        return node is None or not node.alive or getattr(node, "closed", False)
+    def _live_procs(self) -> set[str]:
+        """Drivers and workers that are alive and not closed."""
+        return {name for name, node in self.nodes.items()
+                if isinstance(node, ProcNode) and node.alive and not node.closed}
 
     def check_conservation(self) -> None:
         """Ledger, submitters and gates agree, up to the messages in flight:
 
         * every task lease the ledger holds is known to its owner's SubmitQueue, or on its way
           (a grant or return in flight), or its owner or worker is gone (its OwnerGone or
-          WorkerLeft releases it);
+          WorkerLeft releases it); once the scheduler has processed a worker's WorkerLeft, no
+          lease of that worker's submitter is left anywhere;
         * every lease a live submitter holds is in the ledger, or on the way back, or on a
           worker that is gone (the scheduler dropped it with the worker);
         * every task a worker runs under a lease runs under a lease the ledger holds, or one
@@ -748,30 +750,42 @@ class World:
         * a lease's CPU is lent in the ledger iff one of its tasks is blocked in ``yr.get``.
         """
         ledger = M._ledger(self.sched.queue)
+        holdings = ledger.holdings
+        workers = ledger.workers
+        nodes = self.nodes
+        live = self._live_procs()
         suspects = []
-        for hid, h in ledger.holdings.items():
-            if h.kind != "lease" or self.gone(h.owner) or self.gone(h.worker):
+        for hid, h in holdings.items():
+            if h.kind != "lease":
+                continue
+            if h.owner not in live:
+                onode = nodes.get(h.owner)
+                if isinstance(onode, ProcNode) and onode.worker and h.owner not in workers:
+                    # the scheduler has processed its WorkerLeft: that released it
+                    raise SimFailure(f"conservation: lease {hid} of {h.owner} outlives its "
+                                     f"owner's WorkerLeft; ledger "
+                                     f"{M.ledger_summary(self.sched.queue)}", self, (hid,))
                 continue  # its OwnerGone / WorkerLeft (in flight or due) releases it
-            owner = self.nodes[h.owner]
-            if hid not in getattr(owner.submit, "leases", {hid: None}):
+            if h.worker not in live:
+                continue  # its WorkerLeft (in flight or due) drops it
+            leases = getattr(nodes[h.owner].submit, "leases", None)
+            if leases is not None and hid not in leases:
                 suspects.append(("ledger holds, owner does not know", hid, h.owner))
             # lending while blocked, accounted: the CPU is lent iff a task of the lease is
             # blocked in yr.get on its worker (up to a LEASE_(UN)BLOCKED in flight)
-            blocked = self.nodes[h.worker].blocked.get(hid, 0) > 0
+            blocked = hid in nodes[h.worker].blocked
             if h.lent_cpu != blocked:
                 suspects.append((f"lent_cpu={h.lent_cpu} but {'a' if blocked else 'no'} task "
                                  "of it is blocked", hid, h.worker))
-        for name, node in self.nodes.items():
-            if not isinstance(node, ProcNode) or self.gone(name):
-                continue
+        for name in live:
+            node = nodes[name]
             for lid, lease in getattr(node.submit, "leases", {}).items():
-                if lid not in ledger.holdings and not self.gone(lease.worker) \
-                        and lease.worker in ledger.workers:
+                if lid not in holdings and lease.worker in live and lease.worker in workers:
                     suspects.append(("submitter holds, ledger does not", lid, name))
             if node.worker:
                 for tid, run in node.runs.items():
-                    if run.phase != "done" and run.lease_id not in ledger.holdings \
-                            and not self.gone(run.caller):
+                    if run.lease_id not in holdings and run.phase != "done" \
+                            and run.caller in live:
                         suspects.append(("runs under a lease the ledger lost", run.lease_id,
                                          f"{name}:{tid}"))
         if not suspects:
