@@ -168,6 +168,12 @@ def _locate_answers_unknown_at_once(patch: Patch) -> None:
     patch(L.Lifecycle, "_await_creation", await_creation)
 
 
+def _gone_requester_served(patch: Patch) -> None:
+    from yrdask.scheduler.lease_service import LeaseService
+
+    patch(LeaseService, "requester_gone", lambda self, owner: None)
+
+
 LQ_V = ("yrdask.scheduler.leases", "LeaseQueue")
 SQ_V = ("yrdask.runtime.submit_queue", "SubmitQueue")
 GATE_V = ("yrdask.worker.lease_gate", "LeaseGate")
@@ -201,6 +207,9 @@ MUTATIONS: list[Mutation] = [
     Mutation("gate-never-bounces", "tasks",
              "the lease gate never hands back a task that waited too long (lifecycle of a "
              "pushed task)", _gate_never_bounces, 400, (GATE_V,)),
+    Mutation("adapter-serves-gone-requester", "tasks",
+             "the scheduler adapter (LeaseService, production code) asks for a lease of a "
+             "requester whose job already ended", _gone_requester_served, 1000),
     Mutation("calls-requeue-behind", "calls",
              "calls lost with a worker are redelivered behind the queued ones (order)",
              _requeue_behind, 3000, (CO_V,)),

@@ -8,9 +8,10 @@ queue per (sender, receiver, channel), like a TCP connection; each lease request
 answer travel on a link of their own, as Dask's pooled rpc connections do not keep order with
 the streams.  Every step, ``random.Random(seed)`` picks the head of a random non-empty link,
 a due timer (a machine's ``WakeAt``, a task computing, a planned submission or fault) or a
-jump of the clock.  The adapters below translate messages into the machines' events and
-their instructions into messages, as ``runtime/submitter.py``, ``scheduler/extension.py``
-and ``worker/agent.py`` do.
+jump of the clock.  The scheduler runs the production lease adapter
+(``scheduler/lease_service.py``, as ``scheduler/extension.py`` does) on a simulated edge; the
+submitter and worker adapters below translate messages into the machines' events and their
+instructions into messages, as ``runtime/submitter.py`` and ``worker/agent.py`` do.
 """
 
 from __future__ import annotations
@@ -83,10 +84,50 @@ class Node:
 
 
 class SchedNode(Node):
-    def __init__(self) -> None:
+    """The scheduler: the production lease adapter (``LeaseService``, which
+    ``scheduler/extension.py`` runs) around the lease queue, on a simulated edge."""
+
+    def __init__(self, world: "World") -> None:
         super().__init__(SCHED)
+        from yrdask.scheduler.lease_service import LeaseService
+
         self.queue = M.new_lease_queue()
-        self.requests: dict[str, tuple[str, str]] = {}  # sched request id -> (owner, own id)
+        self.jobs: set[str] = set()  # drivers whose job stream is open (extension.jobs)
+        self.workers: set[str] = set()  # workers not removed (scheduler.workers)
+        self.service = LeaseService(_SchedEdge(world, self), self.queue)
+
+
+class _SchedEdge:
+    """The lease service's I/O edge in the simulation: the virtual clock and timers, the
+    links, and the scheduler's view of jobs and workers (as ``extension._LoopEdge``)."""
+
+    def __init__(self, world: "World", sched: SchedNode) -> None:
+        self.world = world
+        self.sched = sched
+
+    def now(self) -> float:
+        return self.world.now
+
+    def call_at(self, at: float, fn: Any) -> None:
+        self.world.arm(self.sched, "sched", at)  # the wake calls service.tick, which fn is
+
+    def send_to_owner(self, owner: str, msg: dict) -> None:
+        if owner not in self.sched.jobs and owner not in self.sched.workers:
+            return  # no stream to it (extension._send_to_owner)
+        from yrdask import protocol as P
+
+        if msg["op"] == P.REVOKE_LEASES:
+            msg = {"op": "REVOKE_LEASES", "lease_ids": tuple(msg["lease_ids"])}
+        self.world.send(SCHED, owner, "stream", msg)
+
+    def has_job(self, owner: str) -> bool:
+        return owner in self.sched.jobs
+
+    def is_worker(self, owner: str) -> bool:
+        return owner in self.sched.workers
+
+    def after_feed(self) -> None:
+        self.world.touched.append(self.sched)
 
 
 class ProcNode(Node):
@@ -132,13 +173,14 @@ class World:
         self.replacements = 0
         self.touched: list = []
         self.reclaimed: set[str] = set()  # leases ever unblocked (check_capacity)
-        self.sched = SchedNode()
+        self.sched = SchedNode(self)
         self.nodes[SCHED] = self.sched
         for name, cap in scenario.workers:
             self._add_worker(name, cap, at_start=True)
         for d in scenario.drivers:
             node = ProcNode(d.name, False, None, scenario.sq_kwargs)
             self.nodes[d.name] = node
+            self.sched.jobs.add(d.name)  # its job stream is open
             for t, progs in d.batches:
                 node.planned += 1
                 self.timer(t, d.name, "submit", progs)
@@ -243,7 +285,7 @@ class World:
             what, at = data
             node.wake.discard((what, at))
             if what == "sched":
-                self.sched_handle(M.lq.Tick(stimulus_id=f"tick-{self.step}", now=self.now))
+                self.sched.service.tick()
             elif what == "sq":
                 if not node.closed:
                     self.sq_handle(node, M.sq.Tick(stimulus_id=f"tick-{self.step}", now=self.now))
@@ -308,73 +350,57 @@ class World:
     # -- scheduler adapter (scheduler/extension.py) -----------------------------------------
 
     def sched_message(self, src: str, msg: dict) -> None:
+        """The scheduler's handlers (``extension.request_lease``, ``return_leases``, ...):
+        each goes to the production ``LeaseService``."""
         op = msg["op"]
-        sid = f"{op.lower()}-{self.step}"
-        lq = M.lq
+        service = self.sched.service
         if op == "REQUEST_LEASE":
-            rid = f"{src}/{msg['request_id']}"
-            self.sched.requests[rid] = (src, msg["request_id"])
-            self.sched_handle(lq.HoldRequested(
-                stimulus_id=sid, request_id=rid, owner=src, kind="lease", shape=msg["shape"],
-                timeout_ms=msg["timeout_ms"], local=msg["local"], queue=msg["queue"],
-                avoid=msg["avoid"], affinity=msg["affinity"], labels=(), holding_id=None,
-                now=self.now))
+            own_id, chan = msg["request_id"], f"rpc:{src}/{msg['request_id']}"
+            gone = service.requester_gone(src)
+            if gone is not None:
+                self.send(SCHED, src, chan, {"op": "REFUSE", "request_id": own_id,
+                                            "reason": gone})
+                return
+            from yrdask.scheduler.requests import LeaseRequest, freeze
+
+            req = LeaseRequest(src, dict(msg["shape"]), local=msg["local"], queue=msg["queue"],
+                               avoid=tuple(msg["avoid"] or ()), affinity=freeze(msg["affinity"]))
+
+            def answer(result: list) -> None:  # the rpc's reply
+                if result[0] is None:
+                    self.send(SCHED, src, chan, {"op": "REFUSE", "request_id": own_id,
+                                                "reason": result[1]})
+                    return
+                try:
+                    M.check_grant(self.sched.queue, result[0])
+                except AssertionError as e:
+                    raise SimFailure(str(e), self, (result[0],)) from e
+                self.send(SCHED, src, chan, {"op": "GRANT", "request_id": own_id,
+                                            "lease_id": result[0], "worker": result[1]})
+            service.open(req, msg["timeout_ms"], answer)
         elif op == "RETURN_LEASES":
-            self.sched_handle(lq.HoldingsReleased(stimulus_id=sid, holding_ids=tuple(msg["lease_ids"])))
+            service.release(tuple(msg["lease_ids"]), "return")
         elif op == "LEASE_BLOCKED":
-            self.sched_handle(lq.LeaseBlocked(stimulus_id=sid, lease_id=msg["lease_id"]))
+            service.lease_blocked(msg["lease_id"])
         elif op == "LEASE_UNBLOCKED":
             self.reclaimed.add(msg["lease_id"])  # may take its CPU back over capacity
-            self.sched_handle(lq.LeaseUnblocked(stimulus_id=sid, lease_id=msg["lease_id"]))
-        elif op == "OWNER_GONE":
-            self.sched_handle(lq.OwnerGone(stimulus_id=sid, owner=src))
+            service.lease_unblocked(msg["lease_id"])
+        elif op == "OWNER_GONE":  # connect_job's finally
+            self.sched.jobs.discard(src)
+            service.owner_gone(src)
         elif op == "WORKER_JOINED":
-            self.sched_handle(lq.WorkerJoined(stimulus_id=sid, worker=msg["worker"],
-                                              capacity=dict(msg["capacity"]),
-                                              node=self.host_of(msg["worker"])))
-        elif op == "WORKER_LEFT":
+            self.sched.workers.add(msg["worker"])
+            service.worker_joined(msg["worker"], dict(msg["capacity"]),
+                                  node=self.host_of(msg["worker"]))
+        elif op == "WORKER_LEFT":  # extension.on_remove_worker
             w = msg["worker"]
-            # as extension.on_remove_worker: WorkerLeft alone (the lease queue also releases
-            # the leases a submitter on that worker held elsewhere)
-            self.sched_handle(lq.WorkerLeft(stimulus_id=sid, worker=w))
+            self.sched.workers.discard(w)
+            service.worker_left(w)
             for name, node in self.nodes.items():
                 if name != SCHED and name != w and node.alive:
                     self.send(SCHED, name, "stream", {"op": "WORKER_LOST", "worker": w})
         else:
             raise AssertionError(f"unknown message to the scheduler: {msg}")
-
-    def sched_handle(self, event: Any) -> None:
-        self.touched.append(self.sched)
-        for ins in self.sched.queue.handle(event):
-            name = type(ins).__name__
-            if name == "Granted":
-                try:
-                    M.check_grant(self.sched.queue, ins.holding_id)
-                except AssertionError as e:
-                    raise SimFailure(str(e), self, (ins.holding_id,)) from e
-                owner, rid = self.sched.requests.pop(ins.request_id)
-                onode = self.nodes.get(owner)
-                if onode is None or not onode.alive or getattr(onode, "closed", False):
-                    # the rpc's comm is gone: nobody will use or return this lease
-                    self.say(SCHED, ("grant to a gone requester: released", ins.holding_id),
-                             ins.holding_id)
-                    self.sched_handle(M.lq.HoldingsReleased(
-                        stimulus_id=f"gone-{self.step}", holding_ids=(ins.holding_id,)))
-                    continue
-                self.send(SCHED, owner, f"rpc:{rid}", {"op": "GRANT", "request_id": rid,
-                                                      "lease_id": ins.holding_id,
-                                                      "worker": ins.worker})
-            elif name == "Refused":
-                owner, rid = self.sched.requests.pop(ins.request_id)
-                self.send(SCHED, owner, f"rpc:{rid}", {"op": "REFUSE", "request_id": rid,
-                                                      "reason": ins.reason})
-            elif name == "Revoke":
-                self.send(SCHED, ins.owner, "stream", {"op": "REVOKE_LEASES",
-                                                       "lease_ids": tuple(ins.lease_ids)})
-            elif name == "WakeAt":
-                self.arm(self.sched, "sched", ins.at)
-            else:
-                raise AssertionError(f"unknown scheduler instruction {ins}")
 
     # -- submitter adapter (runtime/submitter.py) -------------------------------------------
 
@@ -637,8 +663,8 @@ class World:
         node = ProcNode(name, True, cap, self.sc.sq_kwargs)
         self.nodes[name] = node
         if at_start:
-            self.sched_handle(M.lq.WorkerJoined(stimulus_id=f"join-{name}", worker=name,
-                                                capacity=dict(cap), node=self.host_of(name)))
+            self.sched.workers.add(name)
+            self.sched.service.worker_joined(name, dict(cap), node=self.host_of(name))
         else:
             self.say(name, ("joins", cap, self.host_of(name)))
             self.send("cluster", SCHED, "ctl", {"op": "WORKER_JOINED", "worker": name,
