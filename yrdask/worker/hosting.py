@@ -122,10 +122,10 @@ class HostedInstance:
         except BaseException as e:  # noqa: BLE001 - every call will report it
             self.init_error = dumps(RemoteError.from_exception(e, user_traceback()))
         with self._gate:  # under the lock: a call arriving now queues behind the early ones
-            self.constructed = True
             early, self._early = self._early, []
             for job in early:
                 self._submit_live(job)
+            self.constructed = True  # after the flush: call() may then skip the lock
         self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
 
     def call(self, peer: Any, msg: dict) -> None:
@@ -134,6 +134,9 @@ class HostedInstance:
             return self._answer_died(peer, call_id)
         self.pending[call_id] = peer
         job = lambda: self._run_call(peer, msg)  # noqa: E731
+        if self.constructed:  # set once, after the early calls went: no lock needed
+            self._submit_live(job)
+            return None
         with self._gate:
             if not self.constructed:
                 self._early.append(job)
