@@ -79,10 +79,14 @@ class LeaseService:
         be called before this returns (a request that fits now is granted at once)."""
         rid = req.request_id = f"R{next(self._request_ids)}"
         self._answers[rid] = (answer, req)
-        self.feed(LQ.HoldRequested(
-            f"request-{rid}", rid, req.owner, req.kind, req.shape, timeout_ms, req.local,
-            req.queue, req.avoid, req.affinity, req.labels, req.holding_id, self.edge.now(),
-            req.label))
+        try:
+            self.feed(LQ.HoldRequested(
+                f"request-{rid}", rid, req.owner, req.kind, req.shape, timeout_ms, req.local,
+                req.queue, req.avoid, req.affinity, req.labels, req.holding_id,
+                self.edge.now(), req.label))
+        except BaseException:
+            self._answers.pop(rid, None)
+            raise
         return rid
 
     def close(self, request_id: str) -> None:
