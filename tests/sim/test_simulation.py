@@ -39,14 +39,14 @@ def _run_chunks(argvs: list[list[str]]) -> list[subprocess.CompletedProcess]:
 
     def run(argv: list[str]) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "tests.sim", *argv], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=280)
+                              capture_output=True, text=True, timeout=580)
 
     with ThreadPoolExecutor(max(1, min(len(argvs), os.cpu_count() or 1))) as pool:
         return list(pool.map(run, argvs))
 
 
 @needs_machines
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # about 50 s of CPU; the bound leaves room for a loaded machine
 def test_seeded_scenarios() -> None:
     """Every scenario (``TOTAL`` seeds, 20 000 by default, in ``CHUNKS`` processes run side
     by side) ends with every task settled once, as expected, nothing held or pending; each
@@ -154,7 +154,7 @@ needs_instance_machines = pytest.mark.skipif(
 
 
 @needs_instance_machines
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # about 20 s of CPU
 def test_instance_scenarios() -> None:
     """Instances through the real CallOrder, Lifecycle and LeaseQueue (owner tree, names,
     handles in transit, releases, kills, worker deaths and restarts, driver exits, task
