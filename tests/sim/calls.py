@@ -140,6 +140,7 @@ class CallWorld:
         self.lq = LQ.LeaseQueue()
         # the production lease adapter (scheduler/lease_service.py) on a simulated edge
         self.leases = LeaseService(_CallEdge(self), self.lq)
+        self.shrunk: set[str] = set()  # holdings on a node when it lost a process
         self.procs: dict[str, Proc] = {}
         self.specs: dict[str, dict] = {}  # route id -> creation spec (creator side)
         self.create_boom: set[str] = set()  # creations whose argument failed
@@ -794,6 +795,7 @@ class CallWorld:
         """Dask removed the worker: extension.on_remove_worker."""
         self.registered.discard(wname)
         sid = f"left-{wname}"
+        self.shrunk |= M.shrinking(self.lq, wname)  # its node's pool shrinks
         self.leases.worker_left(wname)
         self.lc_do(L.WorkerLost(sid, wname, self.now))
         for resume in self.gone_waiters.pop(wname, ()):
@@ -886,7 +888,7 @@ class CallWorld:
             self.lc.validate()
             self.lq.validate()
             M.check_ledger(self.lq)
-            M.check_capacity(self.lq)
+            M.check_capacity(self.lq, (), self.shrunk)
             for p in self.procs.values():
                 if p.alive:
                     p.order.validate()

@@ -47,9 +47,10 @@ def _filter_out(cls: Any, instruction: str, patch: Patch, double: bool = False) 
 
 
 def _fits_ever(patch: Patch) -> None:
-    from yrdask.scheduler.resources import WorkerResources
+    from yrdask.scheduler import resources as R
 
-    patch(WorkerResources, "fits_now", lambda self, shape: self.could_ever_fit(shape))
+    cls = getattr(R, "NodeResources", None) or R.WorkerResources
+    patch(cls, "fits_now", lambda self, shape: self.could_ever_fit(shape))
 
 
 def _lost_worker_leases_kept(patch: Patch) -> None:
@@ -73,7 +74,7 @@ def _release_keeps_held(patch: Patch) -> None:
 
     def release(self, holding_id):
         h = self.holdings.get(holding_id)
-        ws = self.workers.get(h.worker) if h is not None else None
+        ws = self.workers.get(getattr(h, "node", "") or h.worker) if h is not None else None
         before = dict(ws.held) if ws is not None else None
         out = real(self, holding_id)
         if ws is not None:

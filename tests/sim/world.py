@@ -173,6 +173,7 @@ class World:
         self.replacements = 0
         self.touched: list = []
         self.reclaimed: set[str] = set()  # leases ever unblocked (check_capacity)
+        self.shrunk: set[str] = set()  # holdings on a node when it lost a process
         self.sched = SchedNode(self)
         self.nodes[SCHED] = self.sched
         for name, cap in scenario.workers:
@@ -395,6 +396,7 @@ class World:
         elif op == "WORKER_LEFT":  # extension.on_remove_worker
             w = msg["worker"]
             self.sched.workers.discard(w)
+            self.shrunk |= M.shrinking(self.sched.queue, w)  # its node's pool shrinks
             service.worker_left(w)
             for name, node in self.nodes.items():
                 if name != SCHED and name != w and node.alive:
@@ -735,7 +737,7 @@ class World:
                 if node is self.sched:
                     node.queue.validate()
                     M.check_ledger(node.queue)
-                    M.check_capacity(node.queue, self.reclaimed)
+                    M.check_capacity(node.queue, self.reclaimed, self.shrunk)
                 else:
                     if not node.closed:
                         node.submit.validate()
@@ -777,7 +779,7 @@ class World:
         """
         ledger = M._ledger(self.sched.queue)
         holdings = ledger.holdings
-        workers = ledger.workers
+        workers = getattr(ledger, "processes", ledger.workers)  # worker processes it knows
         nodes = self.nodes
         live = self._live_procs()
         suspects = []
