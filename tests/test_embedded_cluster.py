@@ -228,6 +228,47 @@ def test_killed_driver_takes_its_cluster_down(tmp_path):
             proc.wait(10)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_driver_takes_every_descendant_down_at_once(tmp_path, sig):
+    """Also while a worker runs a task that never returns (so its worker cannot exit by
+    itself): the launcher sees the driver's end of its stdin close, however the driver
+    ended, and kills its whole tree within seconds."""
+    started = str(tmp_path / "started")
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, sys, threading
+        import yrdask as yr
+
+        @yr.invoke
+        def stuck(started):
+            open(started, "w").close()
+            threading.Event().wait()  # never returns
+
+        yr.init(yr.Config(num_cpus=2))
+        ref = stuck.invoke({started!r})
+        done = threading.Event()
+        while not os.path.exists({started!r}):  # bounded by the test's readline time-out
+            done.wait(0.01)
+        print("READY", flush=True)
+        sys.stdin.read()  # until the test kills us
+    """)], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    tree: list[psutil.Process] = []
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert len(tree) >= 3, tree  # the launcher and its two workers (and more)
+        os.kill(proc.pid, sig)
+        proc.wait(10)
+        wait_until(lambda: not alive(tree), 5,
+                   lambda: f"every process of a killed driver's cluster to exit: {alive(tree)}")
+    finally:
+        if proc.poll() is None:
+            tree += psutil.Process(proc.pid).children(recursive=True)
+            proc.kill()
+            proc.wait(10)
+        for p in alive(tree):
+            p.kill()
+
+
 def test_killed_launcher_takes_its_workers_down(own_cluster):
     """Forked workers hold copies of each other's pipes; all still exit with the launcher,
     also a worker forked later (a nanny restart), and finalize still cleans up."""

@@ -630,6 +630,28 @@ def test_p11_concurrency_two(yr_cluster):
     assert tuple(yr.get([r1, r2], T)) in [(1, 3), (3, 2)]
 
 
+@yr.instance(invoke_options=yr.InvokeOptions(concurrency=2))
+class SlowInitSet:
+    def __init__(self):
+        time.sleep(0.5)  # the first calls reach the worker while __init__ still runs
+        self.seen = set()
+
+    def add(self, x):
+        self.seen.add(x)
+        return len(self.seen)
+
+
+def test_concurrency_two_calls_wait_for_init(yr_cluster):
+    """A named instance with concurrency=2 (openYuanrong's named-instance system test): its
+    first calls, sent at once, run only after ``__init__`` finished."""
+    name = uniq("slow-init-")
+    ins = SlowInitSet.options(yr.InvokeOptions(name=name, concurrency=2)).invoke()
+    try:
+        assert sorted(yr.get([ins.add.invoke(i) for i in range(4)], T)) == [1, 2, 3, 4]
+    finally:
+        ins.terminate()
+
+
 # --------------------------------------------------------------------------- P12: handles in tasks, static/class methods
 
 

@@ -44,6 +44,10 @@ from yrdask.runtime import call_order as C
 from yrdask.scheduler import leases as LQ
 from yrdask.scheduler import lifecycle as L
 
+from yrdask.scheduler.lease_service import LeaseService
+from yrdask.scheduler.requests import LeaseRequest, freeze
+
+from tests.sim import machines as M
 from tests.sim.world import SimFailure
 
 SCHED = "sched"
@@ -53,23 +57,18 @@ LOST_WORKER_WAIT_S = 30.0  # instance_manager.LOST_WORKER_WAIT_S
 UNFIT = {"CPU": 64000.0, "Memory": 100.0}
 
 
-# Failures the simulation found in machines or adapters this package does not own: message
-# prefix -> the FINDINGS.md section.  The instance test fails on any other failure, and an
-# xfail test reports while these still occur.
-KNOWN_FINDINGS = {
-    "orphan:": "BUG (worker agent): STOP_INSTANCE overtakes START_INSTANCE",
-    "creation overtaken:": "BUG (Lifecycle): handles and locates that overtake CREATE_INSTANCE",
-    "placed on a lost worker:": "BUG (Lifecycle + InstanceManager): Placed after WorkerLost",
-    "acquire after its cancel:": "BUG (InstanceManager): CancelAcquire before the acquire task ran",
-    "created after its job ended:": "Contract gap: CREATE_INSTANCE after the job's stream closed",
-}
+# Failures the simulation found that are still open, by their exact seeds: seed -> (the
+# start of the failure message, the FINDINGS.md section).  A failure is known only if both
+# its seed and its message match; any other failure (a new seed, or a known seed failing
+# differently) fails the run.  All findings of FINDINGS.md are fixed: none is listed.
+KNOWN_FINDINGS: dict[int, tuple[str, str]] = {}
 
 
-def known_finding(message: str) -> str | None:
-    """The FINDINGS.md section a failure message belongs to, if it is a known one."""
-    for prefix, section in KNOWN_FINDINGS.items():
-        if message.startswith(prefix):
-            return section
+def known_finding(seed: int, message: str) -> str | None:
+    """The FINDINGS.md section of a failure, if this exact seed is a known finding."""
+    entry = KNOWN_FINDINGS.get(seed)
+    if entry is not None and message.startswith(entry[0]):
+        return entry[1]
     return None
 
 
@@ -97,6 +96,32 @@ class Proc:
         self.ended: dict[str, str] = {}  # iid -> why it was stopped here
 
 
+class _CallEdge:
+    """The lease service's I/O edge in the instance world (as ``extension._LoopEdge``)."""
+
+    def __init__(self, world: "CallWorld") -> None:
+        self.world = world
+
+    def now(self) -> float:
+        return self.world.now
+
+    def call_at(self, at: float, fn: Any) -> None:
+        self.world.timer(max(at, self.world.now), "lq-tick", None)  # fn is service.tick
+
+    def send_to_owner(self, owner: str, msg: dict) -> None:
+        if owner in self.world.jobs and "lease_ids" in msg:
+            self.world.send(SCHED, owner, "stream", ("REVOKE", tuple(msg["lease_ids"])))
+
+    def has_job(self, owner: str) -> bool:
+        return owner in self.world.jobs
+
+    def is_worker(self, owner: str) -> bool:
+        return owner in self.world.registered
+
+    def after_feed(self) -> None:
+        pass
+
+
 class CallWorld:
     """One seeded scenario of instances (see module docstring)."""
 
@@ -113,6 +138,9 @@ class CallWorld:
         self.log: list[tuple] = []
         self.lc = L.Lifecycle(release_grace_s=rng.choice([0.2, 0.5]))
         self.lq = LQ.LeaseQueue()
+        # the production lease adapter (scheduler/lease_service.py) on a simulated edge
+        self.leases = LeaseService(_CallEdge(self), self.lq)
+        self.shrunk: set[str] = set()  # holdings on a node when it lost a process
         self.procs: dict[str, Proc] = {}
         self.specs: dict[str, dict] = {}  # route id -> creation spec (creator side)
         self.create_boom: set[str] = set()  # creations whose argument failed
@@ -126,12 +154,9 @@ class CallWorld:
         self.waiters: dict[tuple, list] = {}  # (iid, stage) -> callbacks
         self.gone_waiters: dict[str, list] = {}  # worker -> locate continuations
         self.acq: dict[str, str] = {}  # iid -> request id of its acquire (until answered)
-        self.acq_rid: dict[str, str] = {}  # request id -> iid
-        self.lease_reqs: dict[str, tuple] = {}  # request id -> (driver, its id)
         self.stops: dict[str, set] = {}  # worker -> iids with a STOP rpc out
         self.cancel_early: set[str] = set()  # CancelAcquire before its acquire task ran
         self.ended_jobs: set[str] = set()  # InstanceManager.ended_jobs
-        self.tags: dict[str, str] = {}  # instance -> the known finding it ran into
         self.latency = rng.choice([0.0, 0.02, 0.1])
         # the scenario
         nworkers = rng.randint(1, 3)
@@ -192,12 +217,6 @@ class CallWorld:
         self.busy[key] = None
 
     def fail(self, message: str) -> None:
-        first = message.split("\n")[0]
-        if not known_finding(message):
-            for i in re.findall(r"\bi\d+\b", first):
-                if i in self.tags:
-                    message = self.tags[i] + " " + message
-                    break
         self.failure = message
         raise SimFailure(message, self)  # type: ignore[arg-type]
 
@@ -209,7 +228,7 @@ class CallWorld:
         self.registered.add(w.name)
         # Nodes are hosts (docs/nodes.md): in odd seeds the workers pair up on hosts.
         host = f"h{(self.nworkers - 1) // 2}" if self.seed % 2 else w.name
-        self.lq_do(LQ.WorkerJoined(f"joined-{w.name}", w.name, cap, host))
+        self.leases.worker_joined(w.name, cap, host)
         return w.name
 
     # -- the process adapter (runtime/instance_router.py) -----------------------------------
@@ -606,7 +625,7 @@ class CallWorld:
                 if rid is None:  # the acquire task has not started: nothing to cancel yet
                     self.cancel_early.add(ins.instance_id)
                 else:
-                    self.lq_do(LQ.RequestCancelled(f"cancel-{rid}", rid))
+                    self.leases.cancel(rid)
             elif kind is L.WakeAt:
                 self.timer(max(ins.at, self.now), "release-check", None)
             else:
@@ -619,42 +638,16 @@ class CallWorld:
                     self.fail(f"released too early: {rec.instance_id} ended for lack of handles "
                               f"though {holders} hold(s) it")
         if released:
-            self.lq_do(LQ.HoldingsReleased(f"release-{self.step}", tuple(released)))
+            self.leases.release(released)
         for iid in stopped:
             self.lc_do(L.Stopped(f"stopped-{self.step}", iid))
 
-    def lq_do(self, event: Any) -> None:
-        gone: list[str] = []
-        for ins in self.lq.handle(event):
-            kind = type(ins)
-            if kind is LQ.Granted or kind is LQ.Refused:
-                rid = ins.request_id
-                granted = kind is LQ.Granted
-                if rid in self.acq_rid:  # the acquire task resumes later
-                    iid = self.acq_rid.pop(rid)
-                    self.send(SCHED, SCHED, f"acquired-{rid}", (
-                        "ACQUIRED", iid, rid, ins.worker if granted else None,
-                        "" if granted else ins.reason))
-                elif rid in self.lease_reqs:
-                    d, drid = self.lease_reqs.pop(rid)
-                    if granted and d not in self.jobs:  # granted to a requester that is gone
-                        gone.append(ins.holding_id)
-                    elif granted:
-                        self.send(SCHED, d, f"rpc-lease-{drid}", ("GRANT", drid, ins.holding_id))
-                    else:
-                        self.send(SCHED, d, f"rpc-lease-{drid}", ("REFUSED", drid, ins.reason))
-                elif granted:
-                    gone.append(ins.holding_id)
-            elif kind is LQ.Revoke:
-                if ins.owner in self.jobs:
-                    self.send(SCHED, ins.owner, "stream", ("REVOKE", ins.lease_ids))
-            elif kind is LQ.WakeAt:
-                self.timer(max(ins.at, self.now), "lq-tick", None)
-            else:
-                self.fail(f"unknown LeaseQueue instruction {ins}")
-        if gone:
-            self.say(SCHED, "grant to a gone requester: released", *gone)
-            self.lq_do(LQ.HoldingsReleased(f"gone-{self.step}", tuple(gone)))
+    def granted(self, holding_id: str) -> None:
+        """Every grant only takes what is free (checked right after it)."""
+        try:
+            M.check_grant(self.lq, holding_id)
+        except AssertionError as e:
+            self.fail(str(e))
 
     def wait_stage(self, iid: str, stage: str, cb: Any) -> None:
         ans = self.lc.answer(iid, stage)
@@ -672,7 +665,6 @@ class CallWorld:
                                                     *(i for i, _ in msg[3])]
             for i in ids:
                 if i not in lc.instances and i not in lc.aliases and i not in lc.graveyard:
-                    self.tags.setdefault(i, "creation overtaken:")
                     self.say(SCHED, "creation overtaken by", op, i)
         if op == "CREATE":
             spec = msg[1]
@@ -682,7 +674,6 @@ class CallWorld:
                 self.send(SCHED, src, chan, ("CREATE_FAILED", iid, "its job has ended"))
                 return
             if spec["owner"].startswith("job-") and src not in self.jobs:
-                self.tags.setdefault(iid, "created after its job ended:")
                 self.say(SCHED, "creation after the job ended", iid)
             lc_spec = {k: v for k, v in spec.items() if v is not None}
             self.lc_do(L.Create(sid, lc_spec, self.now))
@@ -694,6 +685,15 @@ class CallWorld:
             self.wait_stage(real, L.PLACED, created)
         elif op == "LOCATE":
             _, iid, lost = msg
+            if lc.unknown(lc.resolve(iid)):  # locate_instance: wait for its creation
+                def created(_worker: str | None, reason: str) -> None:
+                    if reason:
+                        self.send(SCHED, src, chan, ("LOCATED", iid, P.DEAD, None, reason, iid))
+                    else:
+                        self.at_sched(src, chan, msg)
+                self.waiters.setdefault((iid, L.CREATED), []).append(created)
+                self.lc_do(L.AwaitCreation(sid, iid, self.now))
+                return
             real = lc.resolve(iid)
 
             def answer(worker: str | None, reason: str) -> None:
@@ -740,32 +740,43 @@ class CallWorld:
         elif op == "CLOSE":  # connect_job's finally
             self.jobs.discard(src)
             self.ended_jobs.add(self.procs[src].job)
-            self.lq_do(LQ.OwnerGone(sid, src))
+            self.leases.owner_gone(src)
             self.lc_do(L.OwnerGone(sid, self.procs[src].job, f"its job {src} ended"))
             self.lc_do(L.HolderLost(sid, src, self.now))
         elif op == "REQUEST_LEASE":
-            _, drid, shape, timeout = msg
-            if src not in self.jobs:
-                self.send(SCHED, src, chan, ("REFUSED", drid, "the requester is gone"))
+            _, drid, shape, timeout = msg  # extension.request_lease
+            gone = self.leases.requester_gone(src)
+            if gone is not None:
+                self.send(SCHED, src, chan, ("REFUSED", drid, gone))
                 return
-            rid = self.new_id("R")
-            self.lease_reqs[rid] = (src, drid)
-            self.lq_do(LQ.HoldRequested(sid, rid, src, "lease", shape, timeout, None, "q",
-                                        (), (), (), None, self.now))
+
+            def answer(result: list) -> None:
+                if result[0] is None:
+                    self.send(SCHED, src, chan, ("REFUSED", drid, result[1]))
+                else:
+                    self.granted(result[0])
+                    self.send(SCHED, src, chan, ("GRANT", drid, result[0]))
+            self.leases.open(LeaseRequest(src, dict(shape), queue="q"), timeout, answer)
         elif op == "RETURN":
-            self.lq_do(LQ.HoldingsReleased(sid, tuple(msg[1])))
+            self.leases.release(tuple(msg[1]), "return")
         elif op == "ACQUIRE":  # InstanceManager._acquire starts
             ins = msg[1]
             iid = ins.instance_id
-            rid = self.new_id("R")
             if iid in self.cancel_early:  # InstanceManager._acquire returns (finding D, fixed)
                 self.cancel_early.discard(iid)
                 self.say(SCHED, "acquire skipped: cancelled before it ran", iid)
                 return
-            self.acq[iid] = rid
-            self.acq_rid[rid] = iid
-            self.lq_do(LQ.HoldRequested(sid, rid, iid, "instance", ins.shape, ins.timeout_ms,
-                                        None, "", (), ins.affinity, ins.labels, iid, self.now))
+            req = LeaseRequest(iid, dict(ins.shape), kind="instance", holding_id=iid,
+                               affinity=freeze(ins.affinity or ()), labels=tuple(ins.labels))
+
+            def answer(result: list) -> None:  # ext.acquire's future: the task resumes later
+                if result[0] is not None:
+                    self.granted(result[0])
+                got = req.request_id  # set by open() before it feeds the request
+                self.send(SCHED, SCHED, f"acquired-{got}", (
+                    "ACQUIRED", iid, got, result[1] if result[0] is not None else None,
+                    "" if result[0] is not None else result[1]))
+            self.acq[iid] = self.leases.open(req, ins.timeout_ms, answer)
         elif op == "ACQUIRED":  # ... and resumes with the answer
             _, iid, rid, worker, reason = msg
             if self.acq.get(iid) == rid:
@@ -784,7 +795,8 @@ class CallWorld:
         """Dask removed the worker: extension.on_remove_worker."""
         self.registered.discard(wname)
         sid = f"left-{wname}"
-        self.lq_do(LQ.WorkerLeft(sid, wname))
+        self.shrunk |= M.shrinking(self.lq, wname)  # its node's pool shrinks
+        self.leases.worker_left(wname)
         self.lc_do(L.WorkerLost(sid, wname, self.now))
         for resume in self.gone_waiters.pop(wname, ()):
             resume()
@@ -852,7 +864,7 @@ class CallWorld:
         elif kind == "release-check":
             self.lc_do(L.ReleaseCheck(f"release-check-{self.step}", self.now))
         elif kind == "lq-tick":
-            self.lq_do(LQ.Tick(f"tick-{self.step}", self.now))
+            self.leases.tick()
         elif kind == "gone-timeout":
             data()
         elif kind == "return-lease":
@@ -875,6 +887,8 @@ class CallWorld:
         try:
             self.lc.validate()
             self.lq.validate()
+            M.check_ledger(self.lq)
+            M.check_capacity(self.lq, (), self.shrunk)
             for p in self.procs.values():
                 if p.alive:
                     p.order.validate()
@@ -939,7 +953,9 @@ class CallWorld:
             out.append(f"holding {hid} ({h.kind} of {h.owner} on {h.worker}) never released")
         if self.lq.pending:
             out.append(f"requests still pending: {list(self.lq.pending)}")
-        for what in ("waiters", "gone_waiters", "acq", "acq_rid", "lease_reqs"):
+        if self.leases._answers:
+            out.append(f"lease requests never answered: {sorted(self.leases._answers)}")
+        for what in ("waiters", "gone_waiters", "acq"):
             left = {k: v for k, v in getattr(self, what).items() if v}
             if left:
                 out.append(f"adapter {what} left: {sorted(map(str, left))}")

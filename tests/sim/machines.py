@@ -88,6 +88,81 @@ def check_ledger(queue: Any) -> None:
             assert hid in ledger.holdings, f"{w} lists holding {hid} the ledger forgot"
 
 
+def _used(ledger: Any, ws: Any) -> dict[str, float]:
+    """What the holdings on a worker use, summed from the holdings themselves (not from the
+    ledger's own ``held``): a lease's CPU lent while its task is blocked is not counted; a
+    holding inside a resource-group bundle counts against the bundle, not the worker."""
+    used: dict[str, float] = {}
+    for hid in ws.holdings:
+        h = ledger.holdings.get(hid)
+        if h is None or getattr(h, "bundle", ""):
+            continue
+        for r, a in h.shape.items():
+            if r == "CPU" and h.lent_cpu:
+                continue
+            used[r] = used.get(r, 0.0) + a
+    return used
+
+
+def check_capacity(queue: Any, reclaimed: Any = (), shrunk: Any = ()) -> None:
+    """Held <= offered on every node (a host's pool of worker processes) and resource.
+
+    Two overdrafts are legitimate, and accounted explicitly: a lease whose task came back
+    from ``yr.get`` takes its lent CPU back even over capacity (``LeaseUnblocked``), so the
+    CPU of the leases in ``reclaimed`` (every lease ever unblocked) may exceed the offer; and
+    when a process of a node leaves, the node's pool shrinks under what its other processes
+    already hold, so the holdings in ``shrunk`` (those on a node when it lost a process) may
+    exceed it.  Nothing else may."""
+    ledger = _ledger(queue)
+    for w, ws in ledger.workers.items():
+        used = _used(ledger, ws)
+        for r, a in used.items():
+            cap = ws.capacity.get(r, 0.0)
+            if a <= cap + EPS:
+                continue
+            allowance = 0.0
+            for hid in ws.holdings:
+                h = ledger.holdings.get(hid)
+                if h is None or getattr(h, "bundle", ""):
+                    continue
+                if hid in shrunk and not (r == "CPU" and h.lent_cpu):
+                    allowance += h.shape.get(r, 0.0)
+                elif r == "CPU" and hid in reclaimed:
+                    allowance += h.shape.get("CPU", 0.0)
+            assert a <= cap + allowance + EPS, \
+                f"capacity: {w} holds {r}={a:g} of {cap:g} offered (overdraft allowed for " \
+                f"reclaimed CPU and a shrunk pool: {allowance:g}) in {sorted(ws.holdings)}"
+
+
+def shrinking(queue: Any, worker: str) -> set[str]:
+    """The holdings on ``worker``'s node that stay when ``worker`` leaves (call it before
+    the lease queue hears of the loss): its pool shrinks under them."""
+    ledger = _ledger(queue)
+    node_of = getattr(ledger, "node_of", None)
+    node = node_of(worker) if node_of is not None else worker
+    ws = ledger.workers.get(node) if node is not None else None
+    if ws is None:
+        return set()
+    return {hid for hid in ws.holdings
+            if hid in ledger.holdings and ledger.holdings[hid].worker != worker}
+
+
+def check_grant(queue: Any, holding_id: str) -> None:
+    """A grant only takes what is free: right after it, every resource the holding asks
+    for is within the worker's offer (blocked leases' lent CPU not counted)."""
+    ledger = _ledger(queue)
+    h = ledger.holdings.get(holding_id)
+    if h is None or getattr(h, "bundle", ""):
+        return
+    ws = ledger.workers[getattr(h, "node", "") or h.worker]  # nodes are hosts
+    used = _used(ledger, ws)
+    for r, a in h.shape.items():
+        if a > EPS:
+            assert used.get(r, 0.0) <= ws.capacity.get(r, 0.0) + EPS, \
+                f"capacity: granted {holding_id} {r}={a:g} on {h.worker}, which then holds " \
+                f"{used.get(r, 0.0):g} of {ws.capacity.get(r, 0.0):g}"
+
+
 def ledger_summary(queue: Any) -> str:
     ledger = _ledger(queue)
     parts = []

@@ -133,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main_calls(args) -> int:
     """The instance world (``calls.py``): one seed with its story, or a range.
 
-    Failures that are known findings (``calls.KNOWN_FINDINGS``, FINDINGS.md) are listed by
-    finding and fail the run only with ``--strict``; any other failure fails it.
+    Failures that are known findings (``calls.KNOWN_FINDINGS``: exact seeds and messages,
+    FINDINGS.md) are listed by finding and fail the run only with ``--strict``; any other
+    failure fails it.
     """
     if os.environ.get("PYTHONHASHSEED") != "0":  # the lifecycle iterates sets of ids
         os.environ["PYTHONHASHSEED"] = "0"
@@ -149,7 +150,7 @@ def _main_calls(args) -> int:
         try:
             world = run_call_seed(seed)
         except SimFailure as e:
-            section = known_finding(e.message)
+            section = known_finding(seed, e.message)
             if section is not None and not args.strict and args.seed is None:
                 known.setdefault(section, []).append(seed)
                 continue

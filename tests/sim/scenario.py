@@ -66,7 +66,10 @@ def make_scenario(seed: int) -> Scenario:
             plan.batches.append((t, progs))
         ntops = sum(len(p) for _, p in plan.batches)
         if rng.random() < 0.06:
-            plan.exit_at = rng.uniform(0.0, 3.0)
+            # half of them exit right after a submission, with its lease requests in flight
+            # (they can reach the scheduler after the job stream's end)
+            plan.exit_at = rng.uniform(0.0, 3.0) if rng.random() < 0.5 \
+                else plan.batches[-1][0]
         if rng.random() < 0.08:
             plan.cancels.append((rng.uniform(0.0, 2.0), rng.randrange(ntops)))
         drivers.append(plan)

@@ -47,23 +47,9 @@ class SQ:
     WakeAt = _ins("WakeAt", "at")
 
 
-class LQ:
-    """Namespace shaped like ``yrdask.scheduler.leases``."""
-
-    WorkerJoined = _ev("WorkerJoined", "worker", "capacity", "node")
-    WorkerLeft = _ev("WorkerLeft", "worker")
-    HoldRequested = _ev("HoldRequested", "request_id", "owner", "kind", "shape", "timeout_ms",
-                        "local", "queue", "avoid", "affinity", "labels", "holding_id", "now")
-    HoldingsReleased = _ev("HoldingsReleased", "holding_ids")
-    LeaseBlocked = _ev("LeaseBlocked", "lease_id")
-    LeaseUnblocked = _ev("LeaseUnblocked", "lease_id")
-    OwnerGone = _ev("OwnerGone", "owner")
-    RequestCancelled = _ev("RequestCancelled", "request_id")
-    Tick = _ev("Tick", "now")
-    Granted = _ins("Granted", "request_id", "holding_id", "worker")
-    Refused = _ins("Refused", "request_id", "reason")
-    Revoke = _ins("Revoke", "owner", "lease_ids")
-    WakeAt = _ins("WakeAt", "at")
+# The lease queue's events and instructions are the real ones: the simulation's scheduler
+# runs the production adapter (scheduler/lease_service.py), which knows only those.
+from yrdask.scheduler import leases as LQ  # noqa: E402
 
 
 @dataclass(eq=False)
@@ -288,7 +274,7 @@ class StandinLeaseQueue:
 
     def _WorkerLeft(self, ev, out):
         self.ledger.remove_worker(ev.worker)
-        self._grant_pending(out)
+        self._OwnerGone(LQ.OwnerGone(ev.stimulus_id, ev.worker), out)  # its submitter too
 
     def _HoldRequested(self, ev, out):
         shape = {r: float(a) for r, a in ev.shape.items()}

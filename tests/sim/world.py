@@ -8,9 +8,10 @@ queue per (sender, receiver, channel), like a TCP connection; each lease request
 answer travel on a link of their own, as Dask's pooled rpc connections do not keep order with
 the streams.  Every step, ``random.Random(seed)`` picks the head of a random non-empty link,
 a due timer (a machine's ``WakeAt``, a task computing, a planned submission or fault) or a
-jump of the clock.  The adapters below translate messages into the machines' events and
-their instructions into messages, as ``runtime/submitter.py``, ``scheduler/extension.py``
-and ``worker/agent.py`` do.
+jump of the clock.  The scheduler runs the production lease adapter
+(``scheduler/lease_service.py``, as ``scheduler/extension.py`` does) on a simulated edge; the
+submitter and worker adapters below translate messages into the machines' events and their
+instructions into messages, as ``runtime/submitter.py`` and ``worker/agent.py`` do.
 """
 
 from __future__ import annotations
@@ -83,10 +84,50 @@ class Node:
 
 
 class SchedNode(Node):
-    def __init__(self) -> None:
+    """The scheduler: the production lease adapter (``LeaseService``, which
+    ``scheduler/extension.py`` runs) around the lease queue, on a simulated edge."""
+
+    def __init__(self, world: "World") -> None:
         super().__init__(SCHED)
+        from yrdask.scheduler.lease_service import LeaseService
+
         self.queue = M.new_lease_queue()
-        self.requests: dict[str, tuple[str, str]] = {}  # sched request id -> (owner, own id)
+        self.jobs: set[str] = set()  # drivers whose job stream is open (extension.jobs)
+        self.workers: set[str] = set()  # workers not removed (scheduler.workers)
+        self.service = LeaseService(_SchedEdge(world, self), self.queue)
+
+
+class _SchedEdge:
+    """The lease service's I/O edge in the simulation: the virtual clock and timers, the
+    links, and the scheduler's view of jobs and workers (as ``extension._LoopEdge``)."""
+
+    def __init__(self, world: "World", sched: SchedNode) -> None:
+        self.world = world
+        self.sched = sched
+
+    def now(self) -> float:
+        return self.world.now
+
+    def call_at(self, at: float, fn: Any) -> None:
+        self.world.arm(self.sched, "sched", at)  # the wake calls service.tick, which fn is
+
+    def send_to_owner(self, owner: str, msg: dict) -> None:
+        if owner not in self.sched.jobs and owner not in self.sched.workers:
+            return  # no stream to it (extension._send_to_owner)
+        from yrdask import protocol as P
+
+        if msg["op"] == P.REVOKE_LEASES:
+            msg = {"op": "REVOKE_LEASES", "lease_ids": tuple(msg["lease_ids"])}
+        self.world.send(SCHED, owner, "stream", msg)
+
+    def has_job(self, owner: str) -> bool:
+        return owner in self.sched.jobs
+
+    def is_worker(self, owner: str) -> bool:
+        return owner in self.sched.workers
+
+    def after_feed(self) -> None:
+        self.world.touched.append(self.sched)
 
 
 class ProcNode(Node):
@@ -131,13 +172,16 @@ class World:
         self.kills = 0
         self.replacements = 0
         self.touched: list = []
-        self.sched = SchedNode()
+        self.reclaimed: set[str] = set()  # leases ever unblocked (check_capacity)
+        self.shrunk: set[str] = set()  # holdings on a node when it lost a process
+        self.sched = SchedNode(self)
         self.nodes[SCHED] = self.sched
         for name, cap in scenario.workers:
             self._add_worker(name, cap, at_start=True)
         for d in scenario.drivers:
             node = ProcNode(d.name, False, None, scenario.sq_kwargs)
             self.nodes[d.name] = node
+            self.sched.jobs.add(d.name)  # its job stream is open
             for t, progs in d.batches:
                 node.planned += 1
                 self.timer(t, d.name, "submit", progs)
@@ -222,6 +266,7 @@ class World:
                 at, _seq, node, kind, data = heapq.heappop(self.timers)
                 self.fire(node, kind, data)
             self.validate_touched()
+            self.check_conservation()
         self.check_quiescent()
 
     def _idle(self) -> bool:
@@ -241,7 +286,7 @@ class World:
             what, at = data
             node.wake.discard((what, at))
             if what == "sched":
-                self.sched_handle(M.lq.Tick(stimulus_id=f"tick-{self.step}", now=self.now))
+                self.sched.service.tick()
             elif what == "sq":
                 if not node.closed:
                     self.sq_handle(node, M.sq.Tick(stimulus_id=f"tick-{self.step}", now=self.now))
@@ -306,68 +351,58 @@ class World:
     # -- scheduler adapter (scheduler/extension.py) -----------------------------------------
 
     def sched_message(self, src: str, msg: dict) -> None:
+        """The scheduler's handlers (``extension.request_lease``, ``return_leases``, ...):
+        each goes to the production ``LeaseService``."""
         op = msg["op"]
-        sid = f"{op.lower()}-{self.step}"
-        lq = M.lq
+        service = self.sched.service
         if op == "REQUEST_LEASE":
-            rid = f"{src}/{msg['request_id']}"
-            self.sched.requests[rid] = (src, msg["request_id"])
-            self.sched_handle(lq.HoldRequested(
-                stimulus_id=sid, request_id=rid, owner=src, kind="lease", shape=msg["shape"],
-                timeout_ms=msg["timeout_ms"], local=msg["local"], queue=msg["queue"],
-                avoid=msg["avoid"], affinity=msg["affinity"], labels=(), holding_id=None,
-                now=self.now))
+            own_id, chan = msg["request_id"], f"rpc:{src}/{msg['request_id']}"
+            gone = service.requester_gone(src)
+            if gone is not None:
+                self.send(SCHED, src, chan, {"op": "REFUSE", "request_id": own_id,
+                                            "reason": gone})
+                return
+            from yrdask.scheduler.requests import LeaseRequest, freeze
+
+            req = LeaseRequest(src, dict(msg["shape"]), local=msg["local"], queue=msg["queue"],
+                               avoid=tuple(msg["avoid"] or ()), affinity=freeze(msg["affinity"]))
+
+            def answer(result: list) -> None:  # the rpc's reply
+                if result[0] is None:
+                    self.send(SCHED, src, chan, {"op": "REFUSE", "request_id": own_id,
+                                                "reason": result[1]})
+                    return
+                try:
+                    M.check_grant(self.sched.queue, result[0])
+                except AssertionError as e:
+                    raise SimFailure(str(e), self, (result[0],)) from e
+                self.send(SCHED, src, chan, {"op": "GRANT", "request_id": own_id,
+                                            "lease_id": result[0], "worker": result[1]})
+            service.open(req, msg["timeout_ms"], answer)
         elif op == "RETURN_LEASES":
-            self.sched_handle(lq.HoldingsReleased(stimulus_id=sid, holding_ids=tuple(msg["lease_ids"])))
+            service.release(tuple(msg["lease_ids"]), "return")
         elif op == "LEASE_BLOCKED":
-            self.sched_handle(lq.LeaseBlocked(stimulus_id=sid, lease_id=msg["lease_id"]))
+            service.lease_blocked(msg["lease_id"])
         elif op == "LEASE_UNBLOCKED":
-            self.sched_handle(lq.LeaseUnblocked(stimulus_id=sid, lease_id=msg["lease_id"]))
-        elif op == "OWNER_GONE":
-            self.sched_handle(lq.OwnerGone(stimulus_id=sid, owner=src))
+            self.reclaimed.add(msg["lease_id"])  # may take its CPU back over capacity
+            service.lease_unblocked(msg["lease_id"])
+        elif op == "OWNER_GONE":  # connect_job's finally
+            self.sched.jobs.discard(src)
+            service.owner_gone(src)
         elif op == "WORKER_JOINED":
-            self.sched_handle(lq.WorkerJoined(stimulus_id=sid, worker=msg["worker"],
-                                              capacity=dict(msg["capacity"]),
-                                              node=self.host_of(msg["worker"])))
-        elif op == "WORKER_LEFT":
+            self.sched.workers.add(msg["worker"])
+            service.worker_joined(msg["worker"], dict(msg["capacity"]),
+                                  node=self.host_of(msg["worker"]))
+        elif op == "WORKER_LEFT":  # extension.on_remove_worker
             w = msg["worker"]
-            self.sched_handle(lq.WorkerLeft(stimulus_id=sid, worker=w))
-            # leases a submitter on that worker held elsewhere die with it
-            self.sched_handle(lq.OwnerGone(stimulus_id=sid, owner=w))
+            self.sched.workers.discard(w)
+            self.shrunk |= M.shrinking(self.sched.queue, w)  # its node's pool shrinks
+            service.worker_left(w)
             for name, node in self.nodes.items():
                 if name != SCHED and name != w and node.alive:
                     self.send(SCHED, name, "stream", {"op": "WORKER_LOST", "worker": w})
         else:
             raise AssertionError(f"unknown message to the scheduler: {msg}")
-
-    def sched_handle(self, event: Any) -> None:
-        self.touched.append(self.sched)
-        for ins in self.sched.queue.handle(event):
-            name = type(ins).__name__
-            if name == "Granted":
-                owner, rid = self.sched.requests.pop(ins.request_id)
-                onode = self.nodes.get(owner)
-                if onode is None or not onode.alive or getattr(onode, "closed", False):
-                    # the rpc's comm is gone: nobody will use or return this lease
-                    self.say(SCHED, ("grant to a gone requester: released", ins.holding_id),
-                             ins.holding_id)
-                    self.sched_handle(M.lq.HoldingsReleased(
-                        stimulus_id=f"gone-{self.step}", holding_ids=(ins.holding_id,)))
-                    continue
-                self.send(SCHED, owner, f"rpc:{rid}", {"op": "GRANT", "request_id": rid,
-                                                      "lease_id": ins.holding_id,
-                                                      "worker": ins.worker})
-            elif name == "Refused":
-                owner, rid = self.sched.requests.pop(ins.request_id)
-                self.send(SCHED, owner, f"rpc:{rid}", {"op": "REFUSE", "request_id": rid,
-                                                      "reason": ins.reason})
-            elif name == "Revoke":
-                self.send(SCHED, ins.owner, "stream", {"op": "REVOKE_LEASES",
-                                                       "lease_ids": tuple(ins.lease_ids)})
-            elif name == "WakeAt":
-                self.arm(self.sched, "sched", ins.at)
-            else:
-                raise AssertionError(f"unknown scheduler instruction {ins}")
 
     # -- submitter adapter (runtime/submitter.py) -------------------------------------------
 
@@ -630,8 +665,8 @@ class World:
         node = ProcNode(name, True, cap, self.sc.sq_kwargs)
         self.nodes[name] = node
         if at_start:
-            self.sched_handle(M.lq.WorkerJoined(stimulus_id=f"join-{name}", worker=name,
-                                                capacity=dict(cap), node=self.host_of(name)))
+            self.sched.workers.add(name)
+            self.sched.service.worker_joined(name, dict(cap), node=self.host_of(name))
         else:
             self.say(name, ("joins", cap, self.host_of(name)))
             self.send("cluster", SCHED, "ctl", {"op": "WORKER_JOINED", "worker": name,
@@ -702,6 +737,7 @@ class World:
                 if node is self.sched:
                     node.queue.validate()
                     M.check_ledger(node.queue)
+                    M.check_capacity(node.queue, self.reclaimed, self.shrunk)
                 else:
                     if not node.closed:
                         node.submit.validate()
@@ -711,6 +747,83 @@ class World:
                 raise SimFailure(f"{node.name}: validate() failed after step {self.step}: {e}",
                                  self) from e
         touched.clear()
+
+    def in_flight_lease_ids(self) -> set[str]:
+        """Lease ids named by a message still on a link (a grant on its way to its owner,
+        a return, a revoke)."""
+        out: set[str] = set()
+        for key in self.busy:
+            for msg in self.links[key]:
+                if "lease_id" in msg:
+                    out.add(msg["lease_id"])
+                out.update(msg.get("lease_ids", ()))
+        return out
+
+    def _live_procs(self) -> set[str]:
+        """Drivers and workers that are alive and not closed."""
+        return {name for name, node in self.nodes.items()
+                if isinstance(node, ProcNode) and node.alive and not node.closed}
+
+    def check_conservation(self) -> None:
+        """Ledger, submitters and gates agree, up to the messages in flight:
+
+        * every task lease the ledger holds is known to its owner's SubmitQueue, or on its way
+          (a grant or return in flight), or its owner or worker is gone (its OwnerGone or
+          WorkerLeft releases it); once the scheduler has processed a worker's WorkerLeft, no
+          lease of that worker's submitter is left anywhere;
+        * every lease a live submitter holds is in the ledger, or on the way back, or on a
+          worker that is gone (the scheduler dropped it with the worker);
+        * every task a worker runs under a lease runs under a lease the ledger holds, or one
+          whose owner is gone, or one being returned;
+        * a lease's CPU is lent in the ledger iff one of its tasks is blocked in ``yr.get``.
+        """
+        ledger = M._ledger(self.sched.queue)
+        holdings = ledger.holdings
+        workers = getattr(ledger, "processes", ledger.workers)  # worker processes it knows
+        nodes = self.nodes
+        live = self._live_procs()
+        suspects = []
+        for hid, h in holdings.items():
+            if h.kind != "lease":
+                continue
+            if h.owner not in live:
+                onode = nodes.get(h.owner)
+                if isinstance(onode, ProcNode) and onode.worker and h.owner not in workers:
+                    # the scheduler has processed its WorkerLeft: that released it
+                    raise SimFailure(f"conservation: lease {hid} of {h.owner} outlives its "
+                                     f"owner's WorkerLeft; ledger "
+                                     f"{M.ledger_summary(self.sched.queue)}", self, (hid,))
+                continue  # its OwnerGone / WorkerLeft (in flight or due) releases it
+            if h.worker not in live:
+                continue  # its WorkerLeft (in flight or due) drops it
+            leases = getattr(nodes[h.owner].submit, "leases", None)
+            if leases is not None and hid not in leases:
+                suspects.append(("ledger holds, owner does not know", hid, h.owner))
+            # lending while blocked, accounted: the CPU is lent iff a task of the lease is
+            # blocked in yr.get on its worker (up to a LEASE_(UN)BLOCKED in flight)
+            blocked = hid in nodes[h.worker].blocked
+            if h.lent_cpu != blocked:
+                suspects.append((f"lent_cpu={h.lent_cpu} but {'a' if blocked else 'no'} task "
+                                 "of it is blocked", hid, h.worker))
+        for name in live:
+            node = nodes[name]
+            for lid, lease in getattr(node.submit, "leases", {}).items():
+                if lid not in holdings and lease.worker in live and lease.worker in workers:
+                    suspects.append(("submitter holds, ledger does not", lid, name))
+            if node.worker:
+                for tid, run in node.runs.items():
+                    if run.lease_id not in holdings and run.phase != "done" \
+                            and run.caller in live:
+                        suspects.append(("runs under a lease the ledger lost", run.lease_id,
+                                         f"{name}:{tid}"))
+        if not suspects:
+            return
+        flying = self.in_flight_lease_ids()
+        bad = [s for s in suspects if s[1] not in flying]
+        if bad:
+            what, lid, where = bad[0]
+            raise SimFailure(f"conservation: {what}: {lid} ({where}) at step {self.step}; "
+                             f"ledger {M.ledger_summary(self.sched.queue)}", self, (lid,))
 
     def unsettled(self) -> tuple:
         return tuple(t for t, r in self.tasks.items() if not r.settled and not r.abandoned)

@@ -577,3 +577,41 @@ def test_tombstones_are_bounded_newest_kept():
     none.add(spec("x"))
     none.handle(L.PlacementFailed("s", "x", "no room"))
     assert none.ended_rows() == [] and none.graveyard["x"] == "no room"
+
+
+# --------------------------------------------------------------------------- a locate before the creation
+
+
+def test_a_locate_that_overtakes_the_creation_waits_for_it(h):
+    """LOCATE_INSTANCE (its own rpc) can reach the scheduler before the creator's
+    CREATE_INSTANCE: the id is unknown, not ended; the locate waits for the creation."""
+    assert h.m.unknown("a")
+    out = h(L.AwaitCreation, "a", 1.0)
+    assert [w.at for w in of(out, L.WakeAt)] == [1.0 + L.CREATION_WAIT_S]
+    assert not of(out, L.AnswerWaiters)
+    out = h.create("a", now=2.0)
+    assert [(a.instance_id, a.stage, a.reason) for a in of(out, L.AnswerWaiters)] == [
+        ("a", L.CREATED, "")]
+    assert not h.m.awaited and not h.m.unknown("a")
+    assert h.m.answer("a", L.PLACED) is None  # then it waits for the placement as usual
+
+
+def test_a_locate_for_an_id_never_created_gives_up_after_the_bound(h):
+    h(L.AwaitCreation, "ghost", 1.0)
+    h(L.AwaitCreation, "ghost", 5.0)  # a second locate: same deadline
+    assert not of(h(L.ReleaseCheck, 1.0 + L.CREATION_WAIT_S - 0.1), L.AnswerWaiters)
+    out = h(L.ReleaseCheck, 1.0 + L.CREATION_WAIT_S)
+    [ans] = of(out, L.AnswerWaiters)
+    assert (ans.instance_id, ans.stage, ans.worker) == ("ghost", L.CREATED, None)
+    assert "does not exist" in ans.reason and not h.m.awaited
+
+
+def test_a_locate_for_a_known_or_ended_id_does_not_wait(h):
+    h.running("a")
+    out = h(L.AwaitCreation, "a", 1.0)
+    assert [(a.stage, a.reason) for a in of(out, L.AnswerWaiters)] == [(L.CREATED, "")]
+    h(L.Kill, "a", "terminated")
+    h(L.Stopped, "a")
+    assert not h.m.unknown("a")  # the graveyard knows why it ended
+    out = h(L.AwaitCreation, "a", 2.0)
+    assert of(out, L.AnswerWaiters) and not h.m.awaited

@@ -19,6 +19,15 @@ a worker, also one a nanny restarts after a crash, starts in milliseconds and sh
 launcher's imported modules (PSS).  Neither can re-run the user's script: the launcher never
 imported it, so no ``if __name__ == "__main__"`` guard is needed.  The dashboard's Bokeh pages
 are mounted at its first request (:class:`LazyDashboard`).
+
+Lifetime: the cluster's processes end when the driver ends, however it ends (SIGKILL
+included).  The driver holds the write end of the launcher's stdin and never writes to it
+after the start order; the launcher reads it to its end in a thread (:func:`_die_with_driver`),
+and EOF (the driver's process is gone, so the kernel closed its end; or :meth:`close` is
+done) makes it kill its whole process tree (nannies' workers, their zygotes and isolated
+children) and exit.  A worker also exits when its nanny's process dies (Dask's parent pipe),
+and a zygote when its worker dies.  ``PR_SET_PDEATHSIG`` is not used for the launcher: it
+fires when the driver *thread* that started it ends, not the process.
 """
 
 from __future__ import annotations
@@ -360,12 +369,40 @@ def serve_workers() -> None:
     if not line:
         return  # the driver went away before its scheduler started
     order = json.loads(line)
+    import threading
+
+    threading.Thread(target=_die_with_driver, daemon=True, name="yr-driver-watch").start()
     os.environ.update(order["env"])
     dask.config.refresh()
     from yrdask.deploy import nanny_log
 
     nanny_log.install()  # one line naming the worker per worker death, on the driver's stderr
     dask_worker.main(order["argv"], prog_name="dask worker")
+
+
+def _die_with_driver() -> None:
+    """In the launcher: wait for EOF on stdin (the driver is gone), then take every
+    descendant down with SIGKILL and exit.  A normal :meth:`EmbeddedCluster.close` has
+    stopped the workers before it closes stdin, so this only finds stragglers then."""
+    # The raw descriptor, not sys.stdin: a forked worker closes sys.stdin (multiprocessing
+    # does), which would wait forever on the buffer's lock held by this thread at the fork.
+    try:
+        while os.read(0, 65536):
+            pass
+    except OSError:
+        pass
+    import psutil
+
+    try:
+        tree = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        tree = []
+    for p in tree:  # a worker's zygote and isolated children are found here too
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    os._exit(1)
 
 
 def _fresh_signal_handlers() -> None:

@@ -30,7 +30,7 @@ from yrdask.scheduler.instance_manager import InstanceManager
 from yrdask.scheduler.group_adapter import ResourceGroupService
 from yrdask.scheduler.kv import KVServer
 from yrdask.scheduler.figures import SchedulingFigures
-from yrdask.scheduler import leases as LQ
+from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
 from yrdask.scheduler.resources import Ledger, Shape, format_shape
 from yrdask.scheduler.waits import WaitWatch
@@ -63,11 +63,11 @@ class YrSchedulerExtension:
         self.nanny_plugin = nanny_plugin  # on every nanny: reports how worker processes end
         self.worker_of_nanny: dict[str, str] = {}  # nanny address -> its latest worker
         self.monitoring = monitoring  # called with the scheduler at start (dashboard pages)
-        # Every lease and instance holding is decided by this pure machine (leases.py); the
-        # methods of the "leases" section below only feed it events and carry out its answers.
-        self.leases = LQ.LeaseQueue()
-        self._answers: dict[str, tuple[asyncio.Future, LeaseRequest]] = {}  # by request id
-        self._request_ids = itertools.count(1)
+        # Every lease and instance holding is decided by this pure machine (leases.py); what
+        # the adapter does with its answers is decided by LeaseService (lease_service.py,
+        # which the simulation drives too); _LoopEdge below is its I/O edge.
+        self.lease_service = LeaseService(_LoopEdge(self))
+        self.leases = self.lease_service.leases
         self._stimuli = itertools.count(1)
         self.jobs: dict[str, Job] = {}  # owner address -> job
         # registered with yr before Dask knew them: (capacity, node, gpus, shared)
@@ -132,8 +132,8 @@ class YrSchedulerExtension:
         gpus, shared = tuple(gpus or ()), shared or {}
         logger.info("yr worker %s offers %s to node %s%s", address, format_shape(capacity),
                     node or address, f" (GPUs {','.join(gpus)})" if gpus else "")
-        self._feed(LQ.WorkerJoined(f"worker-joined-{next(self._stimuli)}", address,
-                                   shape_of(capacity), node, gpus, shape_of(shared)))
+        self.lease_service.worker_joined(address, shape_of(capacity), node, gpus,
+                                         shape_of(shared))
         self.worker_added.set()
 
     def on_add_worker(self, address: str) -> None:
@@ -148,7 +148,7 @@ class YrSchedulerExtension:
         self.pending_workers.pop(address, None)
         # What it held is lost; leases a submitter on that worker held elsewhere die with it
         # and its waiting requests are refused (the lease queue's WorkerLeft does both).
-        self._feed(LQ.WorkerLeft(f"worker-left-{next(self._stimuli)}", address))
+        self.lease_service.worker_left(address)
         self.instances.on_worker_lost(address)
         self.rgroups.on_owner_gone(address)  # groups code on that worker created
         gone = self._gone.pop(address, None)
@@ -291,9 +291,9 @@ class YrSchedulerExtension:
 
         Reply: ``[lease_id, worker]``, or ``[None, reason]`` when it cannot be met in time.
         """
-        if owner not in self.jobs and owner not in self.scheduler.workers:
-            # Its job stream (or its worker) is gone already: nobody would use or return it.
-            return [None, f"the requester {owner} is gone"]
+        gone = self.lease_service.requester_gone(owner)
+        if gone is not None:  # its job stream (or its worker) is gone already
+            return [None, gone]
         return await self.acquire(LeaseRequest(
             owner, shape_of(shape), local=local, queue=queue, avoid=tuple(avoid or ()),
             affinity=freeze(affinity)), timeout_ms)
@@ -306,39 +306,38 @@ class YrSchedulerExtension:
         meanwhile is released).
         """
         t0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        rid = req.request_id = f"R{next(self._request_ids)}"
-        future = loop.create_future()
-        self._answers[rid] = (future, req)
+        future = asyncio.get_running_loop().create_future()
+
+        def answer(result: list) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        rid = ""
         try:
-            self._feed(LQ.HoldRequested(
-                f"request-{rid}", rid, req.owner, req.kind, req.shape, timeout_ms, req.local,
-                req.queue, req.avoid, req.affinity, req.labels, req.holding_id, loop.time(),
-                req.label))
+            rid = self.lease_service.open(req, timeout_ms, answer)
             return await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled() and future.result()[0] is not None:
                 self.release([future.result()[0]])  # granted to a caller that went away
-            elif rid in self.leases.pending:
-                self._feed(LQ.RequestCancelled(f"withdrawn-{rid}", rid))
             raise
         finally:
-            self._answers.pop(rid, None)
+            if rid:
+                self.lease_service.close(rid)
             self.figures.placed(req.kind, time.perf_counter() - t0)
 
     def release(self, holding_ids: list[str]) -> None:
         """Give holdings back (ended instances, returned leases) and grant what now fits."""
-        self._feed(LQ.HoldingsReleased(f"release-{next(self._stimuli)}", tuple(holding_ids)))
+        self.lease_service.release(holding_ids)
 
     def cancel_request(self, req: LeaseRequest) -> None:
         """Withdraw a waiting request (its instance ended): its acquire() answers
         ``[None, reason]``.  A request already answered is left alone."""
         if req.request_id:
-            self._feed(LQ.RequestCancelled(f"cancel-{req.request_id}", req.request_id))
+            self.lease_service.cancel(req.request_id)
 
     def _grant_pending(self) -> None:
         """Grant what fits now (after a direct ``ledger.release``; prefer :meth:`release`)."""
-        self._feed(LQ.Tick(f"tick-{next(self._stimuli)}", self._loop().time()))
+        self.lease_service.tick()
 
     @staticmethod
     def _loop() -> asyncio.AbstractEventLoop:
@@ -347,37 +346,9 @@ class YrSchedulerExtension:
         except RuntimeError:
             return asyncio.get_event_loop()
 
-    def _tick(self) -> None:
-        self._feed(LQ.Tick(f"tick-{next(self._stimuli)}", self._loop().time()))
-
     def _feed(self, event: Any) -> None:
         """Hand ``event`` to the lease queue and carry out its instructions."""
-        gone: list[str] = []
-        for ins in self.leases.handle(event):
-            kind = type(ins)
-            if kind is LQ.Granted:
-                answer = self._answers.get(ins.request_id)
-                future, req = answer if answer is not None else (None, None)
-                if future is None or future.done():
-                    gone.append(ins.holding_id)  # its caller went away
-                elif req.kind == "lease" and req.owner not in self.jobs \
-                        and req.owner not in self.scheduler.workers:
-                    gone.append(ins.holding_id)
-                    future.set_result([None, f"the requester {req.owner} is gone"])
-                else:
-                    future.set_result([ins.holding_id, ins.worker])
-            elif kind is LQ.Refused:
-                answer = self._answers.get(ins.request_id)
-                if answer is not None and not answer[0].done():
-                    answer[0].set_result([None, ins.reason])
-            elif kind is LQ.Revoke:
-                self._send_to_owner(ins.owner, P.RevokeLeases(list(ins.lease_ids)).to_msg())
-            elif kind is LQ.WakeAt:
-                self._loop().call_at(ins.at, self._tick)
-        if gone:
-            logger.debug("releasing holdings granted to requesters that went away: %s", gone)
-            self.release(gone)
-        self.rgroups.after_feed()  # capacity may have changed: lost bundles, pending groups
+        self.lease_service.feed(event)
 
     def _send_to_owner(self, owner: str, msg: dict) -> None:
         job = self.jobs.get(owner)
@@ -390,17 +361,45 @@ class YrSchedulerExtension:
             pass
 
     def return_leases(self, lease_ids: list[str], worker: str | None = None) -> None:
-        self._feed(LQ.HoldingsReleased(f"return-{next(self._stimuli)}", tuple(lease_ids)))
+        self.lease_service.release(lease_ids, "return")
 
     def _release_owned_by(self, owner: str) -> None:
         """The owner's job ended: its leases are released, its waiting requests refused."""
-        self._feed(LQ.OwnerGone(f"owner-gone-{next(self._stimuli)}", owner))
+        self.lease_service.owner_gone(owner)
 
     def lease_blocked(self, lease_id: str, worker: str | None = None) -> None:
-        self._feed(LQ.LeaseBlocked(f"blocked-{next(self._stimuli)}", lease_id))
+        self.lease_service.lease_blocked(lease_id)
 
     def lease_unblocked(self, lease_id: str, worker: str | None = None) -> None:
-        self._feed(LQ.LeaseUnblocked(f"unblocked-{next(self._stimuli)}", lease_id))
+        self.lease_service.lease_unblocked(lease_id)
+
+
+class _LoopEdge:
+    """The lease service's I/O edge in the scheduler: the event loop's clock and timers, the
+    job and worker streams, Dask's view of the workers, resource groups after each event."""
+
+    def __init__(self, ext: YrSchedulerExtension) -> None:
+        self.ext = ext
+
+    def now(self) -> float:
+        return self.ext._loop().time()
+
+    def call_at(self, at: float, fn: Callable[[], None]) -> None:
+        self.ext._loop().call_at(at, fn)
+
+    def send_to_owner(self, owner: str, msg: dict) -> None:
+        self.ext._send_to_owner(owner, msg)
+
+    def has_job(self, owner: str) -> bool:
+        return owner in self.ext.jobs
+
+    def is_worker(self, owner: str) -> bool:
+        return owner in self.ext.scheduler.workers
+
+    def after_feed(self) -> None:
+        rgroups = getattr(self.ext, "rgroups", None)
+        if rgroups is not None:  # capacity may have changed: lost bundles, pending groups
+            rgroups.after_feed()
 
 
 class _Hooks(SchedulerPlugin):

@@ -85,6 +85,16 @@ class InstanceManager:
         recorded there, wait until Dask confirms the worker gone (it then restarts or ends).
         """
         lc = self.lifecycle
+        if lc.unknown(lc.resolve(instance_id)):
+            # never seen: its CREATE_INSTANCE (an rpc of its own) may still be on the way,
+            # behind the handle that reached this caller; wait for it, within a bound
+            fut = asyncio.get_running_loop().create_future()
+            self.waiters.setdefault((instance_id, L.CREATED), []).append(fut)
+            self._do(self._handle(L.AwaitCreation(self._sid("await"), instance_id,
+                                                  time.time())))
+            _worker, reason = await fut
+            if reason:
+                return [P.DEAD, None, reason, instance_id]
         real_id = lc.resolve(instance_id)
         rec = lc.instances.get(real_id)
         if rec is not None and lost is not None and rec.worker == lost:

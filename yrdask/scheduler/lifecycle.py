@@ -42,6 +42,9 @@ RESTART_TIMEOUT_MS = 60_000  # at least this long to find room for a restarting 
 GRAVEYARD_MAX = 10_000
 ENDED_KEPT = 1000  # tombstones kept (Dask config yrdask.scheduling.ended-instances-kept)
 EARLY_MAX = 10_000  # handle reports kept for instances whose creation has not arrived yet
+#: How long a locate of an id never seen waits for its ``CREATE_INSTANCE`` (which travels on
+#: its own rpc and can come after a handle's first call), before it answers "does not exist".
+CREATION_WAIT_S = 30.0
 
 # -- events ----------------------------------------------------------------------------------
 
@@ -142,6 +145,16 @@ class ReleaseCheck(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class AwaitCreation(Event):
+    """A locate of an id this machine has never seen (:meth:`Lifecycle.unknown`): its
+    creation may still be on the way.  Answered by ``AnswerWaiters(iid, "created")`` at
+    its ``Create`` or, with the reason, ``creation_wait_s`` after ``now``."""
+
+    instance_id: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class SaveState(Event):
     """``yr.save_state()``: the pickled instance, to restart from."""
 
@@ -225,7 +238,7 @@ class AnswerWaiters(Instruction):
     reason: str = ""
 
 
-PLACED, ALIVE_STAGE = "placed", "alive"
+PLACED, ALIVE_STAGE, CREATED = "placed", "alive", "created"
 
 # -- records ---------------------------------------------------------------------------------
 
@@ -274,8 +287,12 @@ class Lifecycle:
     """All instances of the cluster and the rules above (see module docstring)."""
 
     def __init__(self, release_grace_s: float = RELEASE_GRACE_S,
-                 story_len: int = 20_000, ended_kept: int = ENDED_KEPT) -> None:
+                 story_len: int = 20_000, ended_kept: int = ENDED_KEPT,
+                 creation_wait_s: float = CREATION_WAIT_S) -> None:
         self.release_grace_s = release_grace_s
+        self.creation_wait_s = creation_wait_s
+        # ids never seen that a locate waits for (AwaitCreation) -> when it gives up
+        self.awaited: dict[str, float] = {}
         self.now = 0.0  # the latest time an event carried (or the adapter set): stamps
         # Tombstones of forgotten instances, newest last (bounded): see :meth:`ended_rows`.
         self.ended: deque[dict[str, Any]] = deque(maxlen=max(0, ended_kept))
@@ -300,7 +317,7 @@ class Lifecycle:
             OwnerGone: self._owner_gone, WorkerLost: self._worker_lost,
             HandleRefs: self._handle_refs, HolderLost: self._holder_lost,
             ReleaseCheck: self._release_check, SaveState: self._save_state,
-            Stopped: self._stopped,
+            Stopped: self._stopped, AwaitCreation: self._await_creation,
         }
 
     # -- queries ---------------------------------------------------------------------------
@@ -348,6 +365,12 @@ class Lifecycle:
         if stage == PLACED:
             return (rec.worker, "") if rec.worker is not None else None
         return (rec.worker, "") if rec.ever_alive else None
+
+    def unknown(self, iid: str) -> bool:
+        """Never seen here: not live, not an alias, not in the graveyard (its creation may
+        not have arrived yet, or it ended so long ago that the graveyard forgot it)."""
+        return iid not in self.instances and iid not in self.aliases \
+            and iid not in self.graveyard
 
     def is_live(self, iid: str) -> bool:
         rec = self.instances.get(iid)
@@ -413,6 +436,9 @@ class Lifecycle:
         if iid in self.instances or iid in self.aliases or iid in self.graveyard:
             self._log(sid, "create-ignored", iid)
             return
+        if self.awaited.pop(iid, None) is not None:  # locates that overtook it: go on
+            self._log(sid, "awaited-created", iid)
+            out.append(AnswerWaiters(sid, iid, CREATED, None, ""))
         name = spec.get("name")
         name_key = (spec.get("namespace") or "", name) if name else None
         if name_key is not None:
@@ -603,8 +629,26 @@ class Lifecycle:
     def _holder_lost(self, ev: HolderLost, out: list) -> None:
         self._drop_holder(ev.holder, ev.now, ev.stimulus_id, out)
 
+    def _await_creation(self, ev: AwaitCreation, out: list) -> None:
+        iid, sid = ev.instance_id, ev.stimulus_id
+        if not self.unknown(iid):  # created meanwhile: the locate goes on at once
+            self._log(sid, "await-ignored", iid)
+            out.append(AnswerWaiters(sid, iid, CREATED, None, ""))
+            return
+        if iid not in self.awaited:
+            self.awaited[iid] = ev.now + self.creation_wait_s
+            self._log(sid, "await-creation", iid, self.awaited[iid])
+        self._wake(sid, out)
+
     def _release_check(self, ev: ReleaseCheck, out: list) -> None:
         self.next_wake = None  # the timer that brought this check is spent
+        for iid in [i for i, at in self.awaited.items() if at <= ev.now]:
+            del self.awaited[iid]
+            self._log(ev.stimulus_id, "await-gave-up", iid)
+            out.append(AnswerWaiters(
+                ev.stimulus_id, iid, CREATED, None,
+                f"instance {iid} does not exist (it has ended, or its creation did not reach "
+                f"the scheduler within {self.creation_wait_s:g} s)"))
         for iid in [i for i, at in self.release_due.items() if at <= ev.now]:
             if self.release_due.pop(iid, None) is None:
                 continue  # ended meanwhile, with its owner
@@ -731,9 +775,9 @@ class Lifecycle:
             self._wake(sid, out)
 
     def _wake(self, sid: str, out: list) -> None:
-        if not self.release_due:
+        if not self.release_due and not self.awaited:
             return
-        earliest = min(self.release_due.values())
+        earliest = min([*self.release_due.values(), *self.awaited.values()])
         if self.next_wake is not None and self.next_wake <= earliest:
             return
         self.next_wake = earliest
@@ -816,3 +860,7 @@ class Lifecycle:
         if self.release_due:
             assert self.next_wake is not None and self.next_wake <= min(
                 self.release_due.values()), "releases due with no timer"
+        for iid, at in self.awaited.items():
+            assert self.unknown(iid), f"{iid} is awaited though its creation came"
+            assert self.next_wake is not None and self.next_wake <= at, \
+                f"a locate awaits {iid} with no timer"

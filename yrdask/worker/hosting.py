@@ -6,8 +6,9 @@
 * Async class (any ``async def`` method): an event loop in its own thread runs up to
   ``concurrency`` (default 1000) calls at once.
 
-``__init__`` runs first in the same executor, so calls that arrive early wait behind it; if
-it raises, every call answers with that error.
+``__init__`` runs first in the same executor; calls that arrive before it has finished are
+held and handed to the executor, in arrival order, once it has (with a pool or an event loop
+they would otherwise run beside it).  If it raises, every call answers with that error.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ class HostedInstance:
         self.stopped: str | None = None
         self.pending: dict[str, Any] = {}  # call id -> peer, for calls not answered yet
         self.calls_done = 0
+        # calls that came before __init__ finished: handed to the executor by _construct
+        self._gate = threading.Lock()
+        self.constructed = False
+        self._early: list[Callable[[], Any]] = []
         is_async = bool(spec.get("is_async"))
         self.concurrency = spec.get("concurrency") or (1000 if is_async else 1)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -116,6 +121,11 @@ class HostedInstance:
                     self.obj = cls(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - every call will report it
             self.init_error = dumps(RemoteError.from_exception(e, user_traceback()))
+        with self._gate:  # under the lock: a call arriving now queues behind the early ones
+            early, self._early = self._early, []
+            for job in early:
+                self._submit_live(job)
+            self.constructed = True  # after the flush: call() may then skip the lock
         self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
 
     def call(self, peer: Any, msg: dict) -> None:
@@ -123,7 +133,26 @@ class HostedInstance:
         if self.stopped is not None:
             return self._answer_died(peer, call_id)
         self.pending[call_id] = peer
-        self._submit(lambda: self._run_call(peer, msg))
+        job = lambda: self._run_call(peer, msg)  # noqa: E731
+        if self.constructed:  # set once, after the early calls went: no lock needed
+            self._submit_live(job)
+            return None
+        with self._gate:
+            if not self.constructed:
+                self._early.append(job)
+                return None
+            self._submit_live(job)
+        return None
+
+    def _submit_live(self, job: Callable[[], Any]) -> None:
+        """Hand a call to the executor unless the instance has stopped (its pool or loop is
+        gone; stop() has answered the call already)."""
+        if self.stopped is not None:
+            return
+        try:
+            self._submit(job)
+        except RuntimeError:  # the pool shut down or the loop closed meanwhile: stop() answers
+            pass
 
     def _run_call(self, peer: Any, msg: dict) -> Any:
         call_id = msg["task_id"]

@@ -1,0 +1,311 @@
+"""The checker's power, tested: rule-breaking changes the simulation must catch.
+
+Each :class:`Mutation` breaks one rule of a machine (or of the rule an adapter relies on)
+by patching the class in this process (``apply(patch)``, with ``patch(obj, name, value)``
+as ``pytest``'s ``monkeypatch.setattr``), and names the world that must catch it (the task
+world, ``world.py``, or the instance world, ``calls.py``) within ``budget`` seeds.  The
+mutated machine's own ``validate()`` is switched off (``validate_off``), so what catches the
+mutation is the world's independent checks (capacity and conservation, exactly-once
+settlement, order, the end state), not the machine checking itself.
+
+``python -m tests.sim.mutations`` runs every mutation and prints the first seed that caught
+it; ``tests/sim/test_mutations.py`` holds each to its budget in CI.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+Patch = Callable[[Any, str, Any], None]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    world: str  # "tasks" | "calls"
+    what: str  # the rule it breaks
+    apply: Callable[[Patch], None]
+    budget: int  # seeds within which the simulation must catch it
+    validate_off: tuple = ()  # (module, class name) whose validate() is switched off
+
+
+def _filter_out(cls: Any, instruction: str, patch: Patch, double: bool = False) -> None:
+    """``cls.handle`` drops (or, ``double``, repeats) every instruction named ``instruction``."""
+    real = cls.handle
+
+    def handle(self, event):
+        out = real(self, event)
+        if double:
+            return out + [i for i in out if type(i).__name__ == instruction]
+        return [i for i in out if type(i).__name__ != instruction]
+    patch(cls, "handle", handle)
+
+
+# -- the mutations ---------------------------------------------------------------------------
+
+
+def _fits_ever(patch: Patch) -> None:
+    from yrdask.scheduler import resources as R
+
+    cls = getattr(R, "NodeResources", None) or R.WorkerResources
+    patch(cls, "fits_now", lambda self, shape: self.could_ever_fit(shape))
+
+
+def _lost_worker_leases_kept(patch: Patch) -> None:
+    from yrdask.scheduler.leases import LeaseQueue
+
+    real = LeaseQueue._worker_left
+
+    def worker_left(self, ev):
+        self._drop_owner = lambda *a, **k: None  # the leases its submitter held elsewhere stay
+        try:
+            return real(self, ev)
+        finally:
+            del self._drop_owner
+    patch(LeaseQueue, "_worker_left", worker_left)
+
+
+def _release_keeps_held(patch: Patch) -> None:
+    from yrdask.scheduler.resources import Ledger
+
+    real = Ledger.release
+
+    def release(self, holding_id):
+        h = self.holdings.get(holding_id)
+        ws = self.workers.get(getattr(h, "node", "") or h.worker) if h is not None else None
+        before = dict(ws.held) if ws is not None else None
+        out = real(self, holding_id)
+        if ws is not None:
+            ws.held.clear()
+            ws.held.update(before)  # forgets the holding but keeps its resources held
+        return out
+    patch(Ledger, "release", release)
+
+
+def _blocked_lends_nothing(patch: Patch) -> None:
+    from yrdask.scheduler.leases import LeaseQueue
+
+    patch(LeaseQueue, "_blocked", lambda self, ev: [])
+
+
+def _unblock_forgotten(patch: Patch) -> None:
+    from yrdask.scheduler.leases import LeaseQueue
+
+    patch(LeaseQueue, "_unblocked", lambda self, ev: [])
+
+
+def _submit_drops_failures(patch: Patch) -> None:
+    from yrdask.runtime.submit_queue import SubmitQueue
+
+    _filter_out(SubmitQueue, "TaskFailed", patch)
+
+
+def _submit_settles_twice(patch: Patch) -> None:
+    from yrdask.runtime.submit_queue import SubmitQueue
+
+    _filter_out(SubmitQueue, "TaskSucceeded", patch, double=True)
+
+
+def _gate_never_bounces(patch: Patch) -> None:
+    from yrdask.worker.lease_gate import LeaseGate
+
+    _filter_out(LeaseGate, "BounceTask", patch)
+
+
+def _grant_twice(patch: Patch) -> None:
+    from yrdask.scheduler.leases import LeaseQueue
+
+    _filter_out(LeaseQueue, "Granted", patch, double=True)
+
+
+def _requeue_behind(patch: Patch) -> None:
+    from yrdask.runtime.call_order import CallOrder
+
+    def channel_lost(self, ev, out):
+        for route in list(self.routes.values()):
+            if route.worker == ev.worker:
+                resend = list(route.inflight.values())
+                route.inflight.clear()
+                route.queue.extend(resend)  # behind the queued calls, not in front
+                route.worker, route.lost = None, ev.worker
+                self._pump(route, ev.stimulus_id, out)
+    patch(CallOrder, "_channel_lost", channel_lost)
+
+
+def _calls_drop_failures(patch: Patch) -> None:
+    from yrdask.runtime.call_order import CallOrder
+
+    _filter_out(CallOrder, "CallFailed", patch)
+
+
+def _release_ignores_holders(patch: Patch) -> None:
+    from yrdask.scheduler.lifecycle import Lifecycle
+
+    patch(Lifecycle, "releasable", lambda self, iid: (
+        iid in self.instances and self.instances[iid].state != "DEAD"
+        and self.instances[iid].refcounted))
+
+
+def _owner_gone_ignored(patch: Patch) -> None:
+    from yrdask.scheduler.lifecycle import Lifecycle
+
+    patch(Lifecycle, "_owner_gone", lambda self, ev, out: None)
+
+
+def _worker_lost_ignored(patch: Patch) -> None:
+    from yrdask.scheduler.lifecycle import Lifecycle
+
+    patch(Lifecycle, "_worker_lost", lambda self, ev, out: None)
+
+
+def _locate_answers_unknown_at_once(patch: Patch) -> None:
+    from yrdask.scheduler import lifecycle as L
+
+    def await_creation(self, ev, out):
+        out.append(L.AnswerWaiters(ev.stimulus_id, ev.instance_id, L.CREATED, None,
+                                   f"instance {ev.instance_id} does not exist"))
+    patch(L.Lifecycle, "_await_creation", await_creation)
+
+
+def _gone_requester_served(patch: Patch) -> None:
+    from yrdask.scheduler.lease_service import LeaseService
+
+    patch(LeaseService, "requester_gone", lambda self, owner: None)
+
+
+LQ_V = ("yrdask.scheduler.leases", "LeaseQueue")
+SQ_V = ("yrdask.runtime.submit_queue", "SubmitQueue")
+GATE_V = ("yrdask.worker.lease_gate", "LeaseGate")
+CO_V = ("yrdask.runtime.call_order", "CallOrder")
+LC_V = ("yrdask.scheduler.lifecycle", "Lifecycle")
+
+MUTATIONS: list[Mutation] = [
+    Mutation("ledger-fits-ever", "tasks",
+             "Ledger.choose places on a worker that could ever fit the shape, not one where it "
+             "fits now", _fits_ever, 200, (LQ_V,)),
+    Mutation("lost-worker-leases-kept", "tasks",
+             "WorkerLeft(w) forgets w's holdings but not the leases w's submitter holds "
+             "elsewhere", _lost_worker_leases_kept, 200, (LQ_V,)),
+    Mutation("release-keeps-held", "tasks",
+             "releasing a holding forgets it but keeps its resources held",
+             _release_keeps_held, 50, (LQ_V,)),
+    Mutation("blocked-lends-nothing", "tasks",
+             "LeaseBlocked does not lend the blocked task's CPU (nested work deadlocks)",
+             _blocked_lends_nothing, 400, (LQ_V,)),
+    Mutation("unblock-forgotten", "tasks",
+             "LeaseUnblocked does not take the lent CPU back (over-commit)",
+             _unblock_forgotten, 400, (LQ_V,)),
+    Mutation("grant-twice", "tasks",
+             "a request is answered twice (exactly-once of grants)", _grant_twice, 50, (LQ_V,)),
+    Mutation("submit-drops-failures", "tasks",
+             "the submit queue never settles a failed task (exactly-once: lost)",
+             _submit_drops_failures, 200, (SQ_V,)),
+    Mutation("submit-settles-twice", "tasks",
+             "the submit queue settles a successful task twice (exactly-once: doubled)",
+             _submit_settles_twice, 50, (SQ_V,)),
+    Mutation("gate-never-bounces", "tasks",
+             "the lease gate never hands back a task that waited too long (lifecycle of a "
+             "pushed task)", _gate_never_bounces, 400, (GATE_V,)),
+    Mutation("adapter-serves-gone-requester", "tasks",
+             "the scheduler adapter (LeaseService, production code) asks for a lease of a "
+             "requester whose job already ended", _gone_requester_served, 1000),
+    Mutation("calls-requeue-behind", "calls",
+             "calls lost with a worker are redelivered behind the queued ones (order)",
+             _requeue_behind, 3000, (CO_V,)),
+    Mutation("calls-drop-failures", "calls",
+             "a failed call is never settled (exactly-once)", _calls_drop_failures, 400, (CO_V,)),
+    Mutation("release-ignores-holders", "calls",
+             "an instance ends for lack of handles while processes hold it",
+             _release_ignores_holders, 500, (LC_V,)),
+    Mutation("owner-gone-ignored", "calls",
+             "a job's end does not end its non-detached instances (lifecycle)",
+             _owner_gone_ignored, 400, (LC_V,)),
+    Mutation("worker-lost-ignored", "calls",
+             "instances on a lost worker neither restart nor end (lifecycle)",
+             _worker_lost_ignored, 400, (LC_V,)),
+    Mutation("locate-unknown-at-once", "calls",
+             "a locate that overtook the creation answers 'does not exist' (the race of "
+             "FINDINGS.md A)", _locate_answers_unknown_at_once, 1500, (LC_V,)),
+]
+
+
+def _no_validate(self) -> None:
+    return None
+
+
+def apply(mutation: Mutation, patch: Patch) -> None:
+    """Apply ``mutation`` (and switch off the mutated machines' validate()) with ``patch``."""
+    import importlib
+
+    for module, cls in mutation.validate_off:
+        patch(getattr(importlib.import_module(module), cls), "validate", _no_validate)
+    mutation.apply(patch)
+
+
+def first_catch(mutation: Mutation, seeds: range) -> tuple[int | None, str]:
+    """The first seed of ``seeds`` whose run fails with the mutation applied (it must already
+    be applied), and the failure's first line."""
+    from tests.sim.world import SimFailure
+
+    if mutation.world == "calls":
+        from tests.sim.calls import run_call_seed as run
+    else:
+        from tests.sim.replay import run_seed as run
+    for seed in seeds:
+        try:
+            run(seed)
+        except SimFailure as e:
+            return seed, e.message.split("\n")[0]
+    return None, ""
+
+
+class _Patcher:
+    """``monkeypatch.setattr`` for the command line: records and undoes."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[Any, str, Any]] = []
+
+    def __call__(self, obj: Any, name: str, value: Any) -> None:
+        self.saved.append((obj, name, obj.__dict__.get(name, _MISSING)))
+        setattr(obj, name, value)
+
+    def undo(self) -> None:
+        for obj, name, old in reversed(self.saved):
+            if old is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+        self.saved.clear()
+
+
+_MISSING = object()
+
+
+def main() -> int:
+    import os
+    import sys
+
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable, "-m", "tests.sim.mutations", *sys.argv[1:]])
+    missed = 0
+    for m in MUTATIONS:
+        p = _Patcher()
+        apply(m, p)
+        t0 = time.perf_counter()
+        try:
+            seed, line = first_catch(m, range(m.budget))
+        finally:
+            p.undo()
+        took = time.perf_counter() - t0
+        if seed is None:
+            missed += 1
+        print(f"{m.name:28s} {m.world:5s} caught at seed {seed} ({took:.1f} s, budget "
+              f"{m.budget}): {line[:110]}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

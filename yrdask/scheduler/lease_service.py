@@ -1,0 +1,165 @@
+"""The lease adapter's decisions, apart from its I/O: what the scheduler extension does with the
+lease queue's answers.
+
+``scheduler/leases.py`` (:class:`~yrdask.scheduler.leases.LeaseQueue`) decides who gets what;
+this class decides what the adapter around it does: which requests it refuses before asking
+(a requester with no job stream that is no worker), which grants it releases at once (the
+caller stopped waiting, or the requester is gone), where answers, revocations and timers go.
+It does no I/O itself: a small :class:`LeaseEdge` carries out the edge (the clock, timers,
+sends to an owner, who is connected).  The Dask extension (``scheduler/extension.py``) plugs in
+its loop and streams; the simulation (``tests/sim/world.py``) plugs in its virtual clock and
+links, so it drives this very code.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Protocol
+
+from yrdask import protocol as P
+from yrdask.scheduler import leases as LQ
+from yrdask.scheduler.requests import LeaseRequest
+from yrdask.scheduler.resources import Shape
+
+Answer = Callable[[list], None]
+
+
+class LeaseEdge(Protocol):
+    """What :class:`LeaseService` needs of the world around it."""
+
+    def now(self) -> float:
+        """The clock the lease queue's deadlines are in."""
+
+    def call_at(self, at: float, fn: Callable[[], None]) -> None:
+        """Call ``fn`` at (or after) ``at`` on that clock."""
+
+    def send_to_owner(self, owner: str, msg: dict) -> None:
+        """Send ``msg`` on ``owner``'s job stream (a driver) or worker stream; drop it if
+        there is none."""
+
+    def has_job(self, owner: str) -> bool:
+        """``owner`` is a driver whose job stream is open."""
+
+    def is_worker(self, owner: str) -> bool:
+        """``owner`` is a worker the cluster has not removed."""
+
+    def after_feed(self) -> None:
+        """Called after every event (capacity may have changed: resource groups)."""
+
+
+class LeaseService:
+    """Feeds the lease queue and carries out its instructions through a :class:`LeaseEdge`.
+
+    A request is opened with :meth:`open` and an ``answer`` callback, called exactly once
+    with ``[holding_id, worker]`` or ``[None, reason]`` unless the caller :meth:`close`\\ s it
+    first (it stopped waiting); a grant that finds no one waiting is released at once.
+    """
+
+    def __init__(self, edge: LeaseEdge, leases: LQ.LeaseQueue | None = None) -> None:
+        self.edge = edge
+        self.leases = leases if leases is not None else LQ.LeaseQueue()
+        self._answers: dict[str, tuple[Answer, LeaseRequest]] = {}  # by request id
+        self._request_ids = itertools.count(1)
+        self._stimuli = itertools.count(1)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def requester_gone(self, owner: str) -> str | None:
+        """Why a lease request of ``owner`` is refused before it is asked, or None.
+
+        A request travels on a pooled rpc connection, not on the job stream, so it can come
+        after its owner's job ended (or its worker left): nobody would use or return a grant.
+        """
+        if self.edge.has_job(owner) or self.edge.is_worker(owner):
+            return None
+        return f"the requester {owner} is gone"
+
+    def open(self, req: LeaseRequest, timeout_ms: int, answer: Answer) -> str:
+        """Ask for ``req``'s resources; sets and returns ``req.request_id``.  ``answer`` may
+        be called before this returns (a request that fits now is granted at once)."""
+        rid = req.request_id = f"R{next(self._request_ids)}"
+        self._answers[rid] = (answer, req)
+        try:
+            self.feed(LQ.HoldRequested(
+                f"request-{rid}", rid, req.owner, req.kind, req.shape, timeout_ms, req.local,
+                req.queue, req.avoid, req.affinity, req.labels, req.holding_id,
+                self.edge.now(), req.label))
+        except BaseException:
+            self._answers.pop(rid, None)
+            raise
+        return rid
+
+    def close(self, request_id: str) -> None:
+        """The caller stopped waiting for ``request_id``: a later grant is released, and a
+        request still waiting is withdrawn."""
+        self._answers.pop(request_id, None)
+        if request_id in self.leases.pending:
+            self.feed(LQ.RequestCancelled(f"withdrawn-{request_id}", request_id))
+
+    def cancel(self, request_id: str) -> None:
+        """Withdraw a waiting request (its instance ended): its answer is ``[None, reason]``.
+        A request already answered is left alone."""
+        self.feed(LQ.RequestCancelled(f"cancel-{request_id}", request_id))
+
+    # -- other events ----------------------------------------------------------------------
+
+    def release(self, holding_ids: list[str] | tuple[str, ...], what: str = "release") -> None:
+        """Give holdings back (ended instances, returned leases); grant what now fits."""
+        self.feed(LQ.HoldingsReleased(f"{what}-{next(self._stimuli)}", tuple(holding_ids)))
+
+    def worker_joined(self, address: str, capacity: Shape, node: str = "", gpus: tuple = (),
+                      shared: Any = None) -> None:
+        """A worker process offers ``capacity`` to its ``node`` (see ``LQ.WorkerJoined``)."""
+        self.feed(LQ.WorkerJoined(f"worker-joined-{next(self._stimuli)}", address, capacity,
+                                  node, tuple(gpus or ()), shared))
+
+    def worker_left(self, address: str) -> None:
+        """What it held is lost; the leases a submitter on it held elsewhere die with it and
+        its waiting requests are refused (the lease queue's ``WorkerLeft`` does both)."""
+        self.feed(LQ.WorkerLeft(f"worker-left-{next(self._stimuli)}", address))
+
+    def owner_gone(self, owner: str) -> None:
+        """The owner's job ended: its leases are released, its waiting requests refused."""
+        self.feed(LQ.OwnerGone(f"owner-gone-{next(self._stimuli)}", owner))
+
+    def lease_blocked(self, lease_id: str) -> None:
+        self.feed(LQ.LeaseBlocked(f"blocked-{next(self._stimuli)}", lease_id))
+
+    def lease_unblocked(self, lease_id: str) -> None:
+        self.feed(LQ.LeaseUnblocked(f"unblocked-{next(self._stimuli)}", lease_id))
+
+    def tick(self) -> None:
+        self.feed(LQ.Tick(f"tick-{next(self._stimuli)}", self.edge.now()))
+
+    # -- the machine's instructions --------------------------------------------------------
+
+    def feed(self, event: Any) -> None:
+        """Hand ``event`` to the lease queue and carry out its instructions."""
+        gone: list[str] = []
+        edge = self.edge
+        for ins in self.leases.handle(event):
+            kind = type(ins)
+            if kind is LQ.Granted:
+                entry = self._answers.pop(ins.request_id, None)
+                if entry is None:
+                    gone.append(ins.holding_id)  # its caller went away (or it was answered)
+                    continue
+                answer, req = entry
+                if req.kind == "lease" and self.requester_gone(req.owner) is not None:
+                    gone.append(ins.holding_id)
+                    answer([None, f"the requester {req.owner} is gone"])
+                else:
+                    answer([ins.holding_id, ins.worker])
+            elif kind is LQ.Refused:
+                entry = self._answers.pop(ins.request_id, None)
+                if entry is not None:
+                    entry[0]([None, ins.reason])
+            elif kind is LQ.Revoke:
+                edge.send_to_owner(ins.owner, P.RevokeLeases(list(ins.lease_ids)).to_msg())
+            elif kind is LQ.WakeAt:
+                edge.call_at(ins.at, self.tick)
+            else:  # pragma: no cover - a new instruction nobody taught the adapter
+                raise AssertionError(f"unknown lease queue instruction {ins!r}")
+        if gone:
+            self.release(gone, "gone")
+        edge.after_feed()
