@@ -504,7 +504,7 @@ def keep_large(agent: Any, call_id: str, results: list) -> list:
     ids = [call_id] if len(results) <= 1 else [f"{call_id}.{i}" for i in range(len(results))]
     for oid, (kind, payload) in zip(ids, results):
         if kind == P.VALUE and (type(payload) is Frames or len(payload) > agent.inline_limit):
-            agent.store[oid] = payload
+            agent.keep(oid, payload)
             out.append([P.LOCATION, agent.worker.address])
         else:
             out.append([kind, payload])
