@@ -405,7 +405,10 @@ class ObjectTable:
             recorded.setdefault(ref._id, ref)
         entry = ref._entry
         owner = entry.owner or self.runtime.address
-        snap = entry.snapshot(self.inline_limit)
+        if entry.stored:  # in this node's store: readers map it there, or pull it once
+            snap: list | None = [P.LOCATION, owner]
+        else:
+            snap = entry.snapshot(self.inline_limit)
         if entry.owner is None and (snap is None or snap[0] == P.LOCATION):
             with REFS_LOCK:
                 entry.escaped = True  # a reader may come back to us for it

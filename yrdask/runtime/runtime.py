@@ -24,6 +24,7 @@ from yrdask.runtime import context
 from yrdask.runtime.context import current_lease, current_owner
 from yrdask.runtime.objects import REFS_LOCK, Entry, ObjectRef, ObjectTable, pack_recording_refs
 from yrdask.runtime.store import close_node_store, node_store
+from yrdask.runtime.store import configure as configure_store
 from yrdask.runtime.generators import Stream, on_generator_item
 from yrdask.errors import (RemoteError, YRRuntimeError, YRTimeoutError, YRTypeError,
                            YRValueError)
@@ -562,6 +563,7 @@ class DriverRuntime(Runtime):
 
     async def start(self) -> ClientInfo:
         conf = self.conf
+        configure_store(conf.object_store_memory, "Config.object_store_memory")
         if self.cluster is not None:
             self.cluster.launch()  # its launcher imports distributed while this process does
         from distributed.utils import get_ip

@@ -28,6 +28,7 @@ its holder dies).
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import shutil
 import socket
@@ -42,7 +43,7 @@ from yrdask.errors import YRValueError
 from yrdask.serialization import Frames
 
 __all__ = ["node_id", "node_store", "NodeStore", "set_capacity", "close_node_store",
-           "drop_local_copy"]
+           "drop_local_copy", "configure"]
 
 MAGIC = b"YRDS0001"
 ALIGN = 64  # every buffer starts on a cache line (NumPy's SIMD loops like that)
@@ -104,6 +105,7 @@ def _alive(tag: str) -> bool:
     return now is not None and (start == now or now == "0")
 
 
+@functools.lru_cache(maxsize=1)
 def default_capacity() -> int:
     """Ray's default: 30 % of the machine's memory, and no more than the shared-memory mount."""
     try:
@@ -172,8 +174,9 @@ class NodeStore:
         """Register this process (and start a reaper if none watches the store)."""
         fd = self._locked()
         try:
-            os.makedirs(self.objects, exist_ok=True)
-            os.makedirs(self.pids, exist_ok=True)
+            for sub in (self.objects, self.pids, os.path.join(self.dir, "dying"),
+                        os.path.join(self.dir, "free")):
+                os.makedirs(sub, exist_ok=True)
             open(os.path.join(self.pids, self.tag), "wb").close()
             if not self._reaper_alive():
                 self._start_reaper()
@@ -290,7 +293,12 @@ class NodeStore:
             target = self._make_room(size)
         path = os.path.join(target, object_id)
         tmp = os.path.join(target, f".{object_id}.{self.pid}.{threading.get_ident()}")
-        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        if target is self.objects:
+            _reclaim(self.dir)
+        if target is self.objects and _from_pool(self.dir, size, tmp):
+            fd = os.open(tmp, os.O_WRONLY)
+        else:
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         try:
             _write_all(fd, memoryview(header), 0)
             off = _aligned(len(header))
@@ -347,15 +355,27 @@ class NodeStore:
         return True
 
     def get(self, object_id: str) -> Frames | None:
-        """The stored frames of ``object_id`` as read-only views of its mapping, or None."""
+        """The stored frames of ``object_id`` as read-only views of its mapping, or None.
+
+        The mapping holds a shared ``flock`` on its file for as long as it lives (``mmap``
+        keeps a duplicate of the descriptor): :meth:`delete` recycles a file's pages only
+        when nobody holds one.
+        """
         import mmap
 
         for where in (self.objects, self.spill):
+            path = os.path.join(where, object_id)
             try:
-                fd = os.open(os.path.join(where, object_id), os.O_RDONLY)
+                fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
                 continue
             try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                try:  # recycled between our open and our lock: it is gone
+                    if os.stat(path).st_ino != os.fstat(fd).st_ino:
+                        continue
+                except FileNotFoundError:
+                    continue
                 m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
                 if where is self.objects:
                     try:
@@ -375,8 +395,91 @@ class NodeStore:
     def delete(self, object_id: str) -> None:
         """Drop the node's copy of ``object_id`` (idempotent).  Readers keep their mappings;
         the memory goes back once the last of them is dropped."""
-        _unlink(os.path.join(self.objects, object_id))
-        _unlink(os.path.join(self.spill, object_id))
+        _delete(self.dir, self.spill, object_id)
+
+
+def _delete(directory: str, spill: str, object_id: str) -> None:
+    """Drop a value's files.  A shared-memory one moves to ``dying``: once nobody maps it
+    any more, :func:`_reclaim` puts it in the ``free`` pool, whose pages the next write of
+    a similar size reuses (allocating and zeroing fresh tmpfs pages costs more than the
+    copy itself, and freeing them costs again)."""
+    path = os.path.join(directory, "objects", object_id)
+    dying = os.path.join(directory, "dying")
+    try:
+        os.rename(path, os.path.join(dying, object_id))
+    except FileNotFoundError:
+        if os.path.isdir(os.path.join(directory, "objects")) and not os.path.isdir(dying):
+            os.makedirs(dying, exist_ok=True)
+            try:
+                os.rename(path, os.path.join(dying, object_id))
+            except FileNotFoundError:
+                pass
+    _unlink(os.path.join(spill, object_id))
+    _reclaim(directory)
+
+
+POOL_FILES = 4  # freed files kept for reuse, per node
+POOL_BYTES = 512 << 20  # and their bytes at most
+
+
+def _reclaim(directory: str) -> None:
+    """Files in ``dying`` that no process maps any more go to the pool (or are unlinked)."""
+    dying = os.path.join(directory, "dying")
+    pool = os.path.join(directory, "free")
+    for name in _listdir(dying):
+        path = os.path.join(dying, name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # still mapped by a reader
+                continue
+            size = os.fstat(fd).st_size
+            if size > POOL_BYTES:
+                _unlink(path)
+                continue
+            os.makedirs(pool, exist_ok=True)
+            kept = sorted(_listdir(pool))
+            total = sum(_pool_size(n) for n in kept)
+            while kept and (len(kept) >= POOL_FILES or total + size > POOL_BYTES):
+                total -= _pool_size(kept[0])
+                _unlink(os.path.join(pool, kept.pop(0)))  # oldest out
+            import time
+
+            try:
+                os.rename(path, os.path.join(pool, f"{time.monotonic_ns():020d}-{size}-{os.getpid()}"))
+            except FileNotFoundError:
+                pass
+        finally:
+            os.close(fd)
+
+
+def _pool_size(name: str) -> int:
+    try:
+        return int(name.split("-")[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _from_pool(directory: str, size: int, tmp: str) -> bool:
+    """Claim a freed file of about ``size`` bytes as ``tmp`` (its pages are kept)."""
+    pool = os.path.join(directory, "free")
+    try:
+        names = os.listdir(pool)
+    except FileNotFoundError:
+        return False
+    for name in names:
+        have = _pool_size(name)
+        if size <= have <= size + size // 2:
+            try:
+                os.rename(os.path.join(pool, name), tmp)  # atomic: one claimer wins
+                return True
+            except FileNotFoundError:
+                continue
+    return False
 
 
 def _frames(m: Any) -> Frames:
@@ -532,14 +635,26 @@ def node_store() -> NodeStore:
     return st
 
 
+def configure(explicit: Any = None, what: str = "object_store_memory") -> None:
+    """Size this node's store from ``explicit`` (``Config``/``ray.init``) or the Dask key
+    ``yrdask.object-store.memory``; nothing set keeps the node's size (default 30 %)."""
+    value = explicit
+    if value is None:
+        import dask
+
+        value = dask.config.get("yrdask.object-store.memory", None)
+        what = "the Dask config key yrdask.object-store.memory"
+    nbytes = check_capacity(value, what)
+    if nbytes is not None:
+        set_capacity(nbytes)
+
+
 def drop_local_copy(object_id: str) -> None:
     """Free this node's copy of ``object_id``, shared memory or spilled (idempotent; no
     need to be attached: unlinking a name is enough, mappings keep their pages alive)."""
     st = _store
     if st is None or st.pid != os.getpid():
-        base, spill = store_dir(), spill_dir()
-        _unlink(os.path.join(base, "objects", object_id))
-        _unlink(os.path.join(spill, object_id))
+        _delete(store_dir(), spill_dir(), object_id)
         return
     st.delete(object_id)
 

@@ -33,6 +33,7 @@ from yrdask.runtime.runtime import install_worker_runtime, uninstall_worker_runt
 # embedded cluster's launcher imports them once, before it forks the workers.
 from yrdask.runtime import instance_router as _instance_router  # noqa: F401
 from yrdask.runtime import submitter as _submitter  # noqa: F401
+from yrdask.runtime.store import configure as configure_store
 from yrdask.runtime.store import drop_local_copy, node_store
 from yrdask.stream import StreamSender
 from yrdask.worker.hosting import HostedInstance
@@ -110,6 +111,7 @@ class WorkerAgent:
         # Call channel handlers take (peer, wire dict): the hot path keeps the dict it read.
         self.channel_handlers = P.handlers(P.CHANNEL_TO_WORKER, self)
         self.node_id = node_id(worker.address)  # the node (host) this process belongs to
+        configure_store()  # yrdask.object-store.memory, when this worker's config sets it
         self.runtime = install_worker_runtime(self)
         self.tasks_done = 0
         worker.metrics["yr"] = lambda _worker: self.metrics()
