@@ -245,12 +245,11 @@ class NodeStore:
     def used(self) -> int:
         """Bytes of values held in shared memory now (spilled ones not counted)."""
         total = 0
-        for e in _scandir(self.objects):
-            if not e.name.startswith("."):
-                try:
-                    total += e.stat().st_size
-                except OSError:
-                    pass
+        for e in _scandir(self.objects):  # values being written count: their size is reserved
+            try:
+                total += e.stat().st_size
+            except OSError:
+                pass
         return total
 
     def pull(self, object_id: str, fetch: Callable[[], Any]) -> Any:
@@ -288,55 +287,65 @@ class NodeStore:
         header = struct.pack(f"<8sI{len(views)}Q", MAGIC, len(views), *(v.nbytes for v in views))
         size = _aligned(len(header)) + sum(_aligned(v.nbytes) for v in views)
         self.ensure_attached()
-        target = self.objects
-        if self.used() + size > self.capacity():
-            target = self._make_room(size)
-        path = os.path.join(target, object_id)
-        tmp = os.path.join(target, f".{object_id}.{self.pid}.{threading.get_ident()}")
-        if target is self.objects:
-            _reclaim(self.dir)
-        if target is self.objects and _from_pool(self.dir, size, tmp):
-            fd = os.open(tmp, os.O_WRONLY)
-        else:
-            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        lock = self._locked()  # room is made and reserved (the file's size) under the lock
+        try:
+            target = self.objects
+            if self.used() + size > self.capacity():
+                target = self._make_room(size)
+            tmp = os.path.join(target, f".{object_id}.{self.pid}.{threading.get_ident()}")
+            if target is self.objects:
+                _reclaim(self.dir)
+            if target is self.objects and _from_pool(self.dir, size, tmp):
+                fd = os.open(tmp, os.O_WRONLY)
+            else:
+                fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            try:
+                os.ftruncate(fd, size)
+            except BaseException:
+                os.close(fd)
+                raise
+        finally:
+            os.close(lock)
         try:
             _write_all(fd, memoryview(header), 0)
             off = _aligned(len(header))
             for v in views:
                 _write_all(fd, v, off)
                 off += _aligned(v.nbytes)
-            os.ftruncate(fd, size)
+        except BaseException:
+            _unlink(tmp)
+            raise
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp, os.path.join(target, object_id))
         self.stats["written"] += 1
         return self.get(object_id)
 
     def _make_room(self, size: int) -> str:
-        """Spill least recently used values until ``size`` fits; the directory to write to."""
+        """Spill least recently used values until ``size`` fits (the caller holds the lock);
+        the directory to write to."""
         cap = self.capacity()
         if size > cap:
             os.makedirs(self.spill, mode=0o700, exist_ok=True)
             return self.spill
-        fd = self._locked()
-        try:
-            entries = []
-            for e in _scandir(self.objects):
-                if not e.name.startswith("."):
-                    try:
-                        st = e.stat()
-                    except OSError:
-                        continue
-                    entries.append((st.st_mtime_ns, st.st_size, e.name))
-            used = sum(s for _, s, _n in entries)
-            entries.sort()
-            for _, nbytes, name in entries:
-                if used + size <= cap:
-                    break
-                if self._spill_one(name):
-                    used -= nbytes
-        finally:
-            os.close(fd)
+        entries = []
+        for e in _scandir(self.objects):
+            if not e.name.startswith("."):  # not the ones being written
+                try:
+                    st = e.stat()
+                except OSError:
+                    continue
+                entries.append((st.st_mtime_ns, st.st_size, e.name))
+        used = self.used()
+        entries.sort()
+        for _, nbytes, name in entries:
+            if used + size <= cap:
+                break
+            if self._spill_one(name):
+                used -= nbytes
+        if used + size > cap:  # what is left is being written: this one goes to disk
+            os.makedirs(self.spill, mode=0o700, exist_ok=True)
+            return self.spill
         return self.objects
 
     def _spill_one(self, object_id: str) -> bool:
