@@ -56,6 +56,15 @@ def make(n, k):
     return np.full(n, float(k))
 
 
+@yr.instance
+class Holder:
+    def __init__(self, x) -> None:
+        self.first = float(x[0])
+
+    def read(self, x):
+        return self.first, float(x[0]), bool(x.flags.writeable), os.getpid()
+
+
 def _own_node(monkeypatch, name: str) -> str:
     S.close_node_store()  # this process's handle follows the node id
     monkeypatch.setenv("YRDASK_NODE_ID", name)
@@ -113,6 +122,19 @@ def test_a_large_argument_goes_by_reference(capped):
     assert sum(sent) == 0  # no value in any push (6 x 20 MiB before)
     assert yr.get(read.invoke(yr.put(np.arange(10.0))), T) == (80, True, 0.0)  # a copy
     assert sum(sent) < 2048  # a small one still travels inline
+
+
+def test_an_isolated_process_maps_large_arguments_from_the_store(capped):
+    r1, r2 = yr.put(np.full(MiB, 1.0)), yr.put(np.full(MiB, 2.0))
+    iso = yr.InvokeOptions(cpu=100, memory=10, env_vars={"YR_STORE_TEST": "1"})
+    assert yr.get(read.options(iso).invoke(r1), T) == (8 * MiB, False, 1.0)
+    h = Holder.options(iso).invoke(r1)
+    try:
+        first, second, writeable, pid = yr.get(h.read.invoke(r2), T)
+        assert (first, second, writeable) == (1.0, 2.0, False)
+        assert pid != os.getpid()
+    finally:
+        h.terminate()
 
 
 def test_put_is_a_snapshot_in_driver_and_task(capped):

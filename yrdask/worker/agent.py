@@ -50,6 +50,7 @@ from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args,
 logger = logging.getLogger("yrdask.worker")
 
 MAX_THREADS = 4096
+STORED = "stored"  # a dep kind between an agent and its isolated children only
 
 
 class Peer:
@@ -292,9 +293,11 @@ class WorkerAgent:
                 for oid, kind, payload in deps]
 
     def deps_by_value(self, deps: list) -> list:
-        """``deps`` with every value in the message (for an isolated process, which cannot
-        fetch from owners); fetches remote ones (not on the loop)."""
-        return [[oid, P.VALUE, wire(p)] for (oid, _k, _p), p in zip(deps, self.payloads(deps))]
+        """``deps`` for an isolated process, which cannot fetch from owners: small values in
+        the message, large ones as ``[id, STORED, None]`` (now in this node's store, which
+        the child maps itself); fetches remote ones (not on the loop)."""
+        return [[oid, STORED, None] if type(p) is Frames else [oid, P.VALUE, wire(p)]
+                for (oid, _k, _p), p in zip(deps, self.payloads(deps))]
 
     def _cancelled(self, task_id: str) -> dict:
         return self._error_reply(task_id, CancelledError(f"task {task_id} cancelled"), "",

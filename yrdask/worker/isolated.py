@@ -43,8 +43,8 @@ from typing import Any
 import dask
 
 from yrdask import protocol as P
-from yrdask.errors import (CallCrashedError, InstanceDiedError, RemoteError, YRValueError,
-                           describe_exit, user_traceback)
+from yrdask.errors import (CallCrashedError, InstanceDiedError, RemoteError, YRRuntimeError,
+                           YRValueError, describe_exit, user_traceback)
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
 
 logger = logging.getLogger("yrdask.worker")
@@ -667,6 +667,18 @@ class _ChildPeer:
             pass
 
 
+def _stored(object_id: str) -> Any:
+    from yrdask.runtime.store import node_store
+
+    payload = node_store().get(object_id)
+    if payload is None:
+        raise YRRuntimeError(
+            f"object {object_id} is not in this node's store: an isolated process reads large "
+            "arguments from its node only (pass values made on another node to a task first, "
+            "or give the instance its data at creation)")
+    return payload
+
+
 class IsolatedHost:
     """What ``HostedInstance`` needs of an agent, in the child: values in, values out."""
 
@@ -678,7 +690,9 @@ class IsolatedHost:
         self._built: asyncio.Future | None = None
 
     def payloads(self, deps: list) -> list:
-        return [payload for _oid, _kind, payload in deps]
+        """Small values came in the message; large ones are mapped from the node's store
+        (a method call's large arguments come as locations: on this node, they are there)."""
+        return [payload if kind == P.VALUE else _stored(oid) for oid, kind, payload in deps]
 
     def pack_results(self, task_id: str, result: Any, nret: int) -> list:
         values = [result] if nret <= 1 else split_returns(result, nret)
