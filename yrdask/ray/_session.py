@@ -191,19 +191,10 @@ def is_initialized() -> bool:
 
 def store(value: Any) -> ObjectRef:
     """``ray.put`` without the checks: any picklable value, ``None`` and empty bytes too."""
-    from yrdask.serialization import dumps_value, unpicklable
-
     rt = _rtctx.current_runtime()
     if isinstance(value, (bytearray, memoryview)):
         value = bytes(value)
-    try:
-        payload = dumps_value(value, snapshot=True)
-    except Exception as e:
-        raise unpicklable(value, "ray.put: the value", e) from e
-    entry = Entry()  # settled before its ref exists (runtime/objects.py's rule)
-    entry.payload = payload
-    entry.set_value(value)
-    return rt.objects.new_ref(rt.new_id(), entry)
+    return rt.put_value(value, "ray.put")  # a snapshot; large ones in the node's store
 
 
 def failed_ref(error: BaseException) -> ObjectRef:

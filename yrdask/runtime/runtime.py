@@ -303,10 +303,15 @@ class Runtime:
                 "put it inside a list: yr.put([ref])")
         if isinstance(obj, (bytes, bytearray, memoryview)):
             obj = bytes(obj)
+        return self.put_value(obj, "yr.put")
+
+    def put_value(self, obj: Any, what: str = "yr.put") -> ObjectRef:
+        """``put`` without the argument checks (``ray.put`` takes None too): pickled now, a
+        snapshot; a large value's one copy goes to the node's store."""
         try:
             payload = dumps_value(obj)
         except Exception as e:
-            raise unpicklable(obj, "yr.put: the value", e) from e
+            raise unpicklable(obj, f"{what}: the value", e) from e
         object_id = self.new_id()
         entry = Entry()
         if type(payload) is Frames:  # large: its one copy goes to the node's shared memory
