@@ -50,7 +50,6 @@ from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args,
 logger = logging.getLogger("yrdask.worker")
 
 MAX_THREADS = 4096
-STORED = "stored"  # a dep kind between an agent and its isolated children only
 
 
 class Peer:
@@ -296,7 +295,7 @@ class WorkerAgent:
         """``deps`` for an isolated process, which cannot fetch from owners: small values in
         the message, large ones as ``[id, STORED, None]`` (now in this node's store, which
         the child maps itself); fetches remote ones (not on the loop)."""
-        return [[oid, STORED, None] if type(p) is Frames else [oid, P.VALUE, wire(p)]
+        return [[oid, P.STORED, None] if type(p) is Frames else [oid, P.VALUE, wire(p)]
                 for (oid, _k, _p), p in zip(deps, self.payloads(deps))]
 
     def _cancelled(self, task_id: str) -> dict:
