@@ -64,6 +64,13 @@ class Holder:
     def read(self, x):
         return self.first, float(x[0]), bool(x.flags.writeable), os.getpid()
 
+    def big(self, k):
+        return np.full(MiB, float(k))
+
+    def bigs(self, n):
+        for k in range(n):
+            yield np.full(MiB, float(k))
+
 
 def _own_node(monkeypatch, name: str) -> str:
     S.close_node_store()  # this process's handle follows the node id
@@ -133,6 +140,10 @@ def test_an_isolated_process_maps_large_arguments_from_the_store(capped):
         first, second, writeable, pid = yr.get(h.read.invoke(r2), T)
         assert (first, second, writeable) == (1.0, 2.0, False)
         assert pid != os.getpid()
+        # large results: the child writes them to the store itself, they outlive it
+        assert yr.get(h.big.invoke(5), T)[0] == 5.0
+        assert [v[0] for v in yr.get(list(h.bigs.invoke(2)), T)] == [0.0, 1.0]
+        assert yr.get(make.options(iso).invoke(MiB, 6), T)[0] == 6.0
     finally:
         h.terminate()
 
