@@ -16,13 +16,16 @@ comes back as a read-only view of the shared pages (no copy, as on Ray).  Why fi
 * spilling is a copy to a file on disk and an unlink; reading the spilled file maps it the
   same way (page cache), so a spilled value is restored transparently.
 
-Cleanup.  Every process that uses the store registers its pid (with its start time, so a
-reused pid is not mistaken for it) under ``pids/``.  A tiny *reaper* process (``python -I
+Freed files are recycled: a file nobody maps any more (every mapping holds a shared
+``flock`` on it) goes to a small pool whose pages the next write of a similar size reuses.
+
+Cleanup.  Every process that writes to the store registers its pid (with its start time, so
+a reused pid is not mistaken for it) under ``pids/``.  A tiny *reaper* process (``python -I
 -S``, detached) watches those pids and removes the whole directory, and the node's spill
 directory, once none is alive: the last process ending by ``SIGKILL`` leaves nothing behind.
 A process that attaches checks the reaper too and starts a new one if it died.  Changes of
-the registry, and spilling, happen under an ``flock`` on ``lock`` (dropped by the kernel if
-its holder dies).
+the registry, reserving room for a write, and spilling happen under an ``flock`` on ``lock``
+(dropped by the kernel if its holder dies).
 """
 
 from __future__ import annotations
@@ -152,7 +155,6 @@ class NodeStore:
         self.pid = os.getpid()
         self.tag = f"{self.pid}-{_start_time(self.pid) or '0'}"
         self.attached = False
-        self.stats = {"written": 0, "spilled": 0, "read": 0}
 
     # -- registry --------------------------------------------------------------------------
 
@@ -318,7 +320,6 @@ class NodeStore:
         finally:
             os.close(fd)
         os.replace(tmp, os.path.join(target, object_id))
-        self.stats["written"] += 1
         return self.get(object_id)
 
     def _make_room(self, size: int) -> str:
@@ -360,7 +361,6 @@ class NodeStore:
         except FileNotFoundError:  # freed meanwhile
             _unlink(tmp)
             return False
-        self.stats["spilled"] += 1
         return True
 
     def get(self, object_id: str) -> Frames | None:
@@ -393,7 +393,6 @@ class NodeStore:
                         pass
             finally:
                 os.close(fd)
-            self.stats["read"] += 1
             return _frames(m)
         return None
 
