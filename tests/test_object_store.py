@@ -199,8 +199,8 @@ def test_a_value_moves_to_another_node_once(cluster, monkeypatch, tmp_path):
         return await real(self, object_id, timeout)
 
     monkeypatch.setattr(Runtime, "handle_fetch", counting)
-    node_b = _own_node(monkeypatch, f"b-{uuid.uuid4().hex[:8]}")
-    cli = CliCluster.start([{}, {}], tmp_path / "cli")
+    node_b = f"b-{uuid.uuid4().hex[:8]}"
+    cli = CliCluster.start([{"node": node_b}, {"node": node_b}], tmp_path / "cli")
     try:
         node_a = _own_node(monkeypatch, f"a-{uuid.uuid4().hex[:8]}")
         yr.init(yr.Config(server_address=cli.address))

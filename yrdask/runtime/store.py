@@ -56,11 +56,14 @@ REAPER_POLL_S = 0.5
 
 
 def node_id() -> str:
-    """The node whose store this process uses: ``YRDASK_NODE_ID`` if set, else the host name.
-
-    One helper on purpose: everything that means "this node" for objects asks it.
-    """
-    return os.environ.get("YRDASK_NODE_ID") or socket.gethostname()
+    """The node whose store this process uses: ``YRDASK_NODE_ID`` if set, else the Dask key
+    ``yrdask.worker.node`` (as the scheduler groups worker processes, docs/nodes.md), else
+    the host name.  One helper on purpose: everything that means "this node" for objects
+    asks it."""
+    named = os.environ.get("YRDASK_NODE_ID")
+    if not named and "dask" in sys.modules:  # never imports Dask itself
+        named = sys.modules["dask"].config.get("yrdask.worker.node", None)
+    return str(named) if named else socket.gethostname()
 
 
 def _safe(name: str) -> str:
