@@ -95,6 +95,14 @@ add(Figure(
     target=(">=", 1500),
 ))
 add(Figure(
+    "broadcast_100mb_8_tasks_s", "objects", "s", False,
+    "one 100 MB numpy array put in the driver, then 8 tasks on the 2 workers each get it "
+    "(ref passed inside a list) and return its nbytes: seconds from the put to the last "
+    "result; median over repeats",
+    params={"size_mb": 100, "tasks": 8, "warmup": 1, "repeats": 5}, quick={"repeats": 2},
+    target=("<=", 0.1),
+))
+add(Figure(
     "nested_task_ms", "nested", "ms", False,
     "inside one task, sequential nested get(g.invoke(i)) round trips: median per call",
     params={"warmup": 20, "calls": 200}, quick={"warmup": 5, "calls": 50},

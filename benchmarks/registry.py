@@ -14,6 +14,7 @@ import functools
 import importlib
 import os
 import signal
+import statistics
 import time
 from typing import Any, Callable
 
@@ -222,6 +223,25 @@ class System:
         value, extra = put_get_result(secs, p["size_mb"], kind)
         extra["semantics"] = self.object_semantics
         return value, extra
+
+    @measures("broadcast_100mb_8_tasks_s")
+    def broadcast(self, p: dict) -> tuple[float, dict]:
+        """One put, then ``tasks`` tasks (spread over the 2 workers) each read it: seconds
+        from the put to the last result; median over repeats."""
+        arr, kind = payload(p["size_mb"])
+        secs = []
+        for k in range(p["warmup"] + p["repeats"]):
+            t = time.perf_counter()
+            handle = self.put(arr)
+            sizes = self.gather([self.read_in_task(handle) for _ in range(p["tasks"])])
+            dt = time.perf_counter() - t
+            assert sizes == [p["size_mb"] * 10**6] * p["tasks"], sizes
+            del handle
+            if k >= p["warmup"]:
+                secs.append(dt)
+        med = statistics.median(secs)
+        return med, {"repeats": len(secs), "runs_s": secs, "tasks": p["tasks"],
+                     "payload": kind, "semantics": self.object_semantics}
 
     @measures("nested_task_ms")
     def nested_calls(self, p: dict) -> tuple[float, dict]:

@@ -79,11 +79,11 @@ def _define() -> SimpleNamespace:
 class Yrdask(System):
     name = "yrdask"
     object_semantics = (
-        "yr.put pickles the value at once (cloudpickle protocol 5, in band: one copy) and "
-        "keeps both the object and its pickle in the driver's owner table; a driver get "
-        "returns the very same object (extra.get_returned_same_object). A task that gets the "
-        "ref (passed inside a list) fetches the pickle from the driver's owner server over "
-        "TCP (FETCH_OBJECT, Dask comm framing) and unpickles it")
+        "yr.put pickles the value at once (cloudpickle protocol 5, buffers out of band) and "
+        "writes its one copy into the node's shared-memory store (a file under /dev/shm); a "
+        "driver get maps it zero-copy (read-only numpy view). A task that gets the ref "
+        "(passed inside a list) maps the same file on the same node: no copy, no socket "
+        "transfer (a task on another node would pull it once for its node)")
 
     def start(self) -> None:
         self.d = _define()

@@ -151,6 +151,7 @@ DECISIONS: dict[tuple[str, str], Rejected | Honoured] = {
     ("Config", "num_cpus"): H("size of the embedded cluster"),
     ("Config", "num_gpus"): H("GPUs the embedded cluster's node offers (declared)"),
     ("Config", "resources"): H("node-wide resources of the embedded cluster"),
+    ("Config", "object_store_memory"): H("size of the node's shared-memory object store"),
     ("Config", "runtime_env"): R({"env_vars": {"A": "1"}}),
     ("Config", "log_to_driver"): H("prints of tasks and methods reach the driver"),
     ("Config", "dedup_logs"): H("repeated lines from several processes collapse"),
@@ -343,7 +344,7 @@ class Walk:
                               log_level="INFO",
                               logger=self.logger, env_file=str(tmp / "walk.env"),
                               working_dir=str(self.workdir), log_to_driver=True,
-                              dedup_logs=True)
+                              dedup_logs=True, object_store_memory=STORE_BYTES)
         self.info: Any = None
 
 
@@ -629,6 +630,15 @@ def check_num_gpus(w: Walk) -> None:
 def check_resources(w: Walk) -> None:
     (node,) = yr.resources()
     assert node["capacity"]["walk_node_tag"] == 3.0  # once per node, not once per process
+STORE_BYTES = 2 * 10**9
+
+
+def check_object_store_memory(w: Walk) -> None:
+    from yrdask.runtime.store import node_store
+
+    assert node_store().capacity() == STORE_BYTES
+    big = bytes(range(256)) * 8192  # 2 MiB: stored in the node's store, read back whole
+    assert bytes(yr.get(yr.put(big), T)) == big
 
 
 def check_log_to_driver(w: Walk, capsys: Any = None) -> None:
@@ -728,6 +738,7 @@ CHECKS: dict[tuple[str, str], Callable[..., None]] = {
     ("Config", "num_cpus"): check_num_cpus,
     ("Config", "num_gpus"): check_num_gpus,
     ("Config", "resources"): check_resources,
+    ("Config", "object_store_memory"): check_object_store_memory,
     ("Config", "log_to_driver"): check_log_to_driver,
     ("Config", "dedup_logs"): check_dedup_logs,
     ("Config", "security"): check_security,

@@ -655,6 +655,9 @@ class Config:
     resources: dict = _opt(_Spec((dict,), "a dict[str, float]", keys=(str,),
                                  items=(int, float), check=_check_node_resources),
                            factory=dict)
+    # Bytes of shared memory the node's object store may hold before it spills to disk
+    # (docs/objects.md); None: the Dask key yrdask.object-store.memory, else 30 % of memory.
+    object_store_memory: int | None = _opt(_int(1, note="bytes", none_ok=True), None)
     runtime_env: dict | None = _opt(_no(
         _Spec((dict, _NoneType), "None or a dict"), "a job-wide runtime environment is not "
         "implemented", "give InvokeOptions(runtime_env=...) to the functions and classes "

@@ -47,6 +47,7 @@ DEAD = "DEAD"
 VALUE = "value"
 ERROR = "error"
 LOCATION = "location"
+STORED = "stored"  # agent -> its isolated child only: the value is in their node's store
 
 # --- channel tags (what ``Message.channels`` holds) ---------------------------------------
 

@@ -53,11 +53,12 @@ class Frames:
         return (Frames, ([pickle.PickleBuffer(f) for f in self.frames],))
 
 
-def dumps_value(obj: Any, snapshot: bool = False) -> bytes | Frames:
+def dumps_value(obj: Any) -> bytes | Frames:
     """Pickle a value that may be stored and fetched: bytes if small, else :class:`Frames`.
 
-    The frames of a large value share its buffers' memory unless ``snapshot``: ``yr.put``
-    asks for a copy, so changing the array afterwards does not change the stored object.
+    The frames of a large value share its buffers' memory (no copy): ``yr.put`` and large
+    results then write them once into the node's store (``runtime/store.py``), and that
+    copy is the snapshot.
     """
     if type(obj) in _PLAIN:
         return dumps(obj)
@@ -67,7 +68,7 @@ def dumps_value(obj: Any, snapshot: bool = False) -> bytes | Frames:
     size = len(head) + sum(r.nbytes for r in raws)
     if size <= FRAMES_OVER:
         return dumps(obj) if raws else head  # small: one in-band blob travels inline
-    return Frames([head, *(bytes(r) if snapshot else r for r in raws)])
+    return Frames([head, *raws])
 
 
 def loads(payload: Any) -> Any:

@@ -59,7 +59,8 @@ _OPTIONS: dict[str, tuple[frozenset, Any]] = {
 _WHY = {
     "accelerator_type": "ask for the node resource instead: resources={'accelerator_type:A100': "
                         "0.001} (nodes with detected GPUs offer accelerator_type:<model>)",
-    "object_store_memory": "yrdask has no separate object store to reserve",
+    "object_store_memory": "the node's object store is sized once per node "
+                           "(ray.init(object_store_memory=)); a task reserves no share of it",
     "placement_group": "use scheduling_strategy=PlacementGroupSchedulingStrategy(pg, index)",
     "placement_group_bundle_index": "use scheduling_strategy=PlacementGroupSchedulingStrategy",
     "placement_group_capture_child_tasks": "use scheduling_strategy=PlacementGroupSchedulingStrategy("

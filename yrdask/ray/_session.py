@@ -68,7 +68,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
          namespace: str | None = None, ignore_reinit_error: bool = False,
          log_to_driver: bool = True, runtime_env: dict | None = None,
          logging_level: Any = None, include_dashboard: bool | None = None,
-         **kwargs: Any) -> RayContext:
+         object_store_memory: int | None = None, **kwargs: Any) -> RayContext:
     """Start (or join) the cluster this process submits to, as ``ray.init`` does.
 
     ``address``: None or "local" start an embedded cluster (None joins ``YR_SERVER_ADDRESS``
@@ -80,7 +80,8 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     if unsupported:
         raise UnsupportedOptionError(
             f"ray.init({', '.join(sorted(unsupported))}=...) is not supported by yrdask.ray; "
-            "supported: address, num_cpus, num_gpus, resources, namespace, ignore_reinit_error, log_to_driver, "
+            "supported: address, num_cpus, num_gpus, resources, object_store_memory, "
+            "namespace, ignore_reinit_error, log_to_driver, "
             "runtime_env={'env_vars': ...}, logging_level, include_dashboard (the dashboard "
             "is built on its first visit, so False costs nothing either way)")
     if include_dashboard is not None and not isinstance(include_dashboard, bool):
@@ -131,15 +132,17 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
                 conf_kwargs["num_gpus"] = num_gpus
             if resources:
                 conf_kwargs["resources"] = {k: float(v) for k, v in resources.items()}
+            if object_store_memory is not None:  # the node's shared-memory store size
+                conf_kwargs["object_store_memory"] = object_store_memory
             if "log_to_driver" in yrdask.Config.__dataclass_fields__:
                 conf_kwargs["log_to_driver"] = bool(log_to_driver)
             yrdask.init(yrdask.Config(**conf_kwargs))
             rt = _rtctx.installed_runtime()
         elif num_cpus is not None or num_gpus is not None or resources or \
-                address not in (None, "auto"):
+                object_store_memory is not None or address not in (None, "auto"):
             raise ValueError("When connecting to an existing cluster, num_cpus, num_gpus, "
-                             "resources and address must not be provided (yrdask is already "
-                             "initialised in this process by yr.init)")
+                             "resources, object_store_memory and address must not be provided "
+                             "(yrdask is already initialised in this process by yr.init)")
         import yrdask.ray._alias as _alias
 
         sess = _context.Session(namespace or f"anon-{uuid.uuid4().hex[:12]}",
@@ -188,19 +191,10 @@ def is_initialized() -> bool:
 
 def store(value: Any) -> ObjectRef:
     """``ray.put`` without the checks: any picklable value, ``None`` and empty bytes too."""
-    from yrdask.serialization import dumps_value, unpicklable
-
     rt = _rtctx.current_runtime()
     if isinstance(value, (bytearray, memoryview)):
         value = bytes(value)
-    try:
-        payload = dumps_value(value, snapshot=True)
-    except Exception as e:
-        raise unpicklable(value, "ray.put: the value", e) from e
-    entry = Entry()  # settled before its ref exists (runtime/objects.py's rule)
-    entry.payload = payload
-    entry.set_value(value)
-    return rt.objects.new_ref(rt.new_id(), entry)
+    return rt.put_value(value, "ray.put")  # a snapshot; large ones in the node's store
 
 
 def failed_ref(error: BaseException) -> ObjectRef:

@@ -63,6 +63,9 @@ class InstanceRouter:
         error = failed_dep(dep_refs)
         if error is None:
             spec["deps"] = [dep_of(ref) for ref in dep_refs]
+            for ref in dep_refs:  # a restart reads them again, whenever: keep them
+                if ref._entry.stored:
+                    ref._entry.escaped = True
         else:
             del self.specs[iid]
         self._do(self.order.handle(C.CreateDepsReady(iid, iid, error)))
@@ -153,7 +156,8 @@ class InstanceRouter:
         call = self.calls[ins.call_id]
         if call.deps is None:
             call.deps = [dep_of(r) for r in call.dep_refs] if call.dep_refs else []
-            call.dep_refs = []
+            # refs to values in the store stay held until the call is done (read by reference)
+            call.dep_refs = [r for r in call.dep_refs if r._entry.stored]
         self.rt.channel(ins.worker).send(P.CallMethod(
             call.call_id, ins.instance_id, call.method, call.args, call.deps, call.nret))
 

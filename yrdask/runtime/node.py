@@ -23,8 +23,8 @@ class LocalNode(Protocol):
     def local_peer(self, on_message: Callable[[dict], None]) -> LocalPeer:
         """A peer that takes this process's own call-channel messages (no socket)."""
 
-    def store_get(self, object_id: str) -> bytes:
-        """The pickled large value this worker keeps for ``object_id``."""
+    def store_get(self, object_id: str) -> Any:
+        """The pickled large value this worker keeps for ``object_id`` (its store frames)."""
 
     def prefers_local(self) -> bool:
         """Whether work submitted here should be leased on this worker first."""

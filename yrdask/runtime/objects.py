@@ -34,6 +34,7 @@ from typing import Any, Callable
 from yrdask import protocol as P
 from yrdask.errors import RemoteError, YRRuntimeError, YRTypeError, YRValueError
 from yrdask.runtime.context import current_runtime
+from yrdask.runtime.store import drop_local_copy
 from yrdask.serialization import dumps, dumps_value, loads, wire
 
 PENDING = "pending"
@@ -67,7 +68,7 @@ class Entry:
     """One object as its process knows it (see module docstring for the states)."""
 
     __slots__ = ("state", "value", "has_value", "payload", "location", "error", "event",
-                 "callbacks", "refs", "escaped", "owner", "fetching")
+                 "callbacks", "refs", "escaped", "owner", "fetching", "stored")
 
     def __init__(self, owner: str | None = None) -> None:
         self.state = PENDING
@@ -82,6 +83,7 @@ class Entry:
         self.escaped = False
         self.owner = owner  # None when this process owns the object
         self.fetching = False
+        self.stored = False  # payload is this node's store copy of the value (store.py)
 
     @property
     def ready(self) -> bool:
@@ -174,7 +176,7 @@ class Entry:
         with REFS_LOCK:
             if not self.has_value:
                 self.value, self.has_value = value, True
-                if not self.escaped:
+                if not self.escaped and not self.stored:
                     self.payload = None
             return self.value
 
@@ -239,10 +241,17 @@ def failed_dep(refs: list) -> BaseException | RemoteError | None:
 
 
 def dep_of(ref: "ObjectRef") -> list:
-    """``[id, kind, payload]`` telling a worker where a ref argument's value is."""
+    """``[id, kind, payload]`` telling a worker where a ref argument's value is.
+
+    A value in this node's store goes by reference (its owner's address): a worker on this
+    node maps it from the store, one elsewhere pulls it once for its node.  The caller keeps
+    the ref alive until the call is done (or marks it escaped).
+    """
     entry = ref._entry
     if entry.state == P.LOCATION:
         return [ref._id, P.LOCATION, entry.location]
+    if entry.stored:
+        return [ref._id, P.LOCATION, entry.owner or ref._runtime.address]
     if entry.state == P.VALUE:
         return [ref._id, P.VALUE, wire(entry.get_payload())]
     return [ref._id, P.LOCATION, entry.owner]  # borrowed, not read here yet: ask its owner
@@ -384,6 +393,9 @@ class ObjectTable:
             if self.entries.get(object_id) is entry:
                 del self.entries[object_id]
             free = entry.owner is None and entry.state == P.LOCATION
+            stored = entry.owner is None and (entry.stored or free)
+        if stored:  # this node's copy (a put, or a result pulled or written here)
+            drop_local_copy(object_id)
         if free:
             self.runtime.free_remote(entry.location, [object_id])
 
@@ -393,7 +405,10 @@ class ObjectTable:
             recorded.setdefault(ref._id, ref)
         entry = ref._entry
         owner = entry.owner or self.runtime.address
-        snap = entry.snapshot(self.inline_limit)
+        if entry.stored:  # in this node's store: readers map it there, or pull it once
+            snap: list | None = [P.LOCATION, owner]
+        else:
+            snap = entry.snapshot(self.inline_limit)
         if entry.owner is None and (snap is None or snap[0] == P.LOCATION):
             with REFS_LOCK:
                 entry.escaped = True  # a reader may come back to us for it

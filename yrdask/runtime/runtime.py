@@ -23,12 +23,14 @@ from yrdask import protocol as P
 from yrdask.runtime import context
 from yrdask.runtime.context import current_lease, current_owner
 from yrdask.runtime.objects import REFS_LOCK, Entry, ObjectRef, ObjectTable, pack_recording_refs
+from yrdask.runtime.store import close_node_store, node_store
+from yrdask.runtime.store import configure as configure_store
 from yrdask.runtime.generators import Stream, on_generator_item
 from yrdask.errors import (RemoteError, YRRuntimeError, YRTimeoutError, YRTypeError,
                            YRValueError)
 from yrdask.options import Config, resolve_security
-from yrdask.serialization import (dumps, dumps_value, loads, pack_args, register_with_dask,
-                                  unpicklable, wire)
+from yrdask.serialization import (Frames, dumps, dumps_value, loads, pack_args,
+                                  register_with_dask, unpicklable, wire)
 
 if TYPE_CHECKING:
     from yrdask.runtime.node import LocalNode
@@ -301,14 +303,24 @@ class Runtime:
                 "put it inside a list: yr.put([ref])")
         if isinstance(obj, (bytes, bytearray, memoryview)):
             obj = bytes(obj)
+        return self.put_value(obj, "yr.put")
+
+    def put_value(self, obj: Any, what: str = "yr.put") -> ObjectRef:
+        """``put`` without the argument checks (``ray.put`` takes None too): pickled now, a
+        snapshot; a large value's one copy goes to the node's store."""
         try:
-            payload = dumps_value(obj, snapshot=True)
+            payload = dumps_value(obj)
         except Exception as e:
-            raise unpicklable(obj, "yr.put: the value", e) from e
+            raise unpicklable(obj, f"{what}: the value", e) from e
+        object_id = self.new_id()
         entry = Entry()
-        entry.payload = payload
-        entry.set_value(obj)
-        return self.objects.new_ref(self.new_id(), entry)
+        if type(payload) is Frames:  # large: its one copy goes to the node's shared memory
+            entry.payload = node_store().put(object_id, payload)
+            entry.stored = True
+        else:  # small: the pickle is the snapshot; a get unpickles it (once)
+            entry.payload = payload
+        entry.settle(P.VALUE)
+        return self.objects.new_ref(object_id, entry)
 
     def get(self, refs: Sequence[ObjectRef], timeout: float, allow_partial: bool = False) -> list:
         deadline = None if timeout == -1 else time.monotonic() + timeout
@@ -360,6 +372,15 @@ class Runtime:
     def fetch_payload(self, object_id: str, address: str) -> bytes:
         """Pickled value of an object, asking ``address`` (its owner, or the worker keeping it)
         and following the owner's answer to the worker that keeps it.  Not on the loop."""
+        store = node_store()
+        local = store.get(object_id)
+        if local is not None:  # on this node already: mapped, not copied
+            return local
+        return store.pull(object_id, lambda: self._pull(object_id, address))
+
+    def _pull(self, object_id: str, address: str) -> Any:
+        """The payload of an object from another process (following the owner's redirect
+        to the worker that keeps it); peer to peer, never through the scheduler."""
         while True:
             if self.agent is not None and address == self.address:
                 return self.agent.store_get(object_id)
@@ -451,6 +472,7 @@ class Runtime:
             await chan.close()
         self.channels.clear()
         await self.connector.close()
+        close_node_store()  # the last process of the node removes its store
 
 
 def _no_target() -> None:
@@ -546,6 +568,7 @@ class DriverRuntime(Runtime):
 
     async def start(self) -> ClientInfo:
         conf = self.conf
+        configure_store(conf.object_store_memory, "Config.object_store_memory")
         if self.cluster is not None:
             self.cluster.launch()  # its launcher imports distributed while this process does
         from distributed.utils import get_ip

@@ -49,7 +49,8 @@ class Task:
     fn_payload: bytes
     name: str
     args: bytes
-    dep_refs: list  # ObjectRefs of top-level ref arguments (kept alive until queued)
+    dep_refs: list  # ObjectRefs of top-level ref arguments (kept alive until queued; those
+    # read by reference from the node store until the task is done)
     entries: list[Entry]  # one per return value
     ref_ids: list[str]
     nret: int
@@ -123,9 +124,12 @@ class Submitter:
                     entry.set_error(error)
                 return
             deps = task.deps = [dep_of(ref) for ref in task.dep_refs]
-            task.dep_refs = []
+            # refs to values in the store stay held until the task is done (read by reference)
+            task.dep_refs = [r for r in task.dep_refs if r._entry.stored]
             for _oid, kind, payload in deps:
-                if kind == P.LOCATION:  # leasing where large arguments live saves moving them
+                # leasing where large arguments live saves moving them (our own puts are in
+                # this node's store: local first already prefers it)
+                if kind == P.LOCATION and payload != self.rt.address:
                     data_home = payload
                     break
         else:

@@ -33,6 +33,8 @@ from yrdask.runtime.runtime import install_worker_runtime, uninstall_worker_runt
 # embedded cluster's launcher imports them once, before it forks the workers.
 from yrdask.runtime import instance_router as _instance_router  # noqa: F401
 from yrdask.runtime import submitter as _submitter  # noqa: F401
+from yrdask.runtime.store import configure as configure_store
+from yrdask.runtime.store import drop_local_copy, node_store
 from yrdask.stream import StreamSender
 from yrdask.worker.hosting import HostedInstance
 from yrdask.options import IsolatedFunction
@@ -91,7 +93,7 @@ class WorkerAgent:
     def __init__(self, worker: Any) -> None:
         self.worker = worker
         self.loop = asyncio.get_running_loop()
-        self.store: dict[str, bytes] = {}
+        self.store: dict[str, bool] = {}  # ids of large values this worker wrote (store.py)
         self.fn_payloads: dict[str, bytes] = {}
         self.functions: dict[str, Callable] = {}
         self.tasks: dict[str, Execution] = {}  # pushed here and not ended (or bounced) yet
@@ -109,6 +111,7 @@ class WorkerAgent:
         # Call channel handlers take (peer, wire dict): the hot path keeps the dict it read.
         self.channel_handlers = P.handlers(P.CHANNEL_TO_WORKER, self)
         self.node_id = node_id(worker.address)  # the node (host) this process belongs to
+        configure_store()  # yrdask.object-store.memory, when this worker's config sets it
         self.runtime = install_worker_runtime(self)
         self.tasks_done = 0
         worker.metrics["yr"] = lambda _worker: self.metrics()
@@ -289,9 +292,11 @@ class WorkerAgent:
                 for oid, kind, payload in deps]
 
     def deps_by_value(self, deps: list) -> list:
-        """``deps`` with every value in the message (for an isolated process, which cannot
-        fetch from owners); fetches remote ones (not on the loop)."""
-        return [[oid, P.VALUE, wire(p)] for (oid, _k, _p), p in zip(deps, self.payloads(deps))]
+        """``deps`` for an isolated process, which cannot fetch from owners: small values in
+        the message, large ones as ``[id, STORED, None]`` (now in this node's store, which
+        the child maps itself); fetches remote ones (not on the loop)."""
+        return [[oid, P.STORED, None] if type(p) is Frames else [oid, P.VALUE, wire(p)]
+                for (oid, _k, _p), p in zip(deps, self.payloads(deps))]
 
     def _cancelled(self, task_id: str) -> dict:
         return self._error_reply(task_id, CancelledError(f"task {task_id} cancelled"), "",
@@ -405,11 +410,18 @@ class WorkerAgent:
         for oid, value in zip(ids, values):
             payload = dumps_value(value)
             if type(payload) is Frames or len(payload) > self.inline_limit:
-                self.store[oid] = payload
+                self.keep(oid, payload)
                 out.append([P.LOCATION, self.worker.address])
             else:
                 out.append([P.VALUE, payload])
         return out
+
+    def keep(self, object_id: str, payload: Any) -> None:
+        """Keep a large value here for its owner: written once to the node's shared store."""
+        if type(payload) is not Frames:
+            payload = Frames([payload])
+        node_store().put(object_id, payload)
+        self.store[object_id] = True
 
     def cancel_task(self, peer: Any, msg: dict) -> None:
         """``CANCEL_TASK`` (loop thread): a task not started yet never runs; a running one is
@@ -421,22 +433,34 @@ class WorkerAgent:
 
     # -- objects ---------------------------------------------------------------------------
 
-    def store_get(self, object_id: str) -> bytes:
-        try:
-            return self.store[object_id]
-        except KeyError:
+    def store_get(self, object_id: str) -> Frames:
+        payload = node_store().get(object_id)
+        if payload is None:
             raise YRRuntimeError(f"object {object_id} is no longer on worker "
-                                 f"{self.worker.address}") from None
+                                 f"{self.worker.address} (nor in its node's store)")
+        return payload
 
     async def fetch_object(self, object_id: str, timeout: float | None = None) -> list:
-        payload = self.store.get(object_id)
+        """``FETCH_OBJECT``: a value in this node's store is served from it (a peer pulls it
+        once for its node); else this process owns the object and answers when it exists."""
+        payload = node_store().get(object_id)
         if payload is not None:
             return [P.VALUE, wire(payload)]
         return await self.runtime.handle_fetch(object_id, timeout)
 
     def free_objects(self, object_ids: list[str]) -> None:
         for oid in object_ids:
-            self.store.pop(oid, None)
+            self.drop_local_copy(oid)
+
+    def drop_local_copy(self, object_id: str) -> None:
+        """Drop this node's copy of ``object_id`` (shared memory or spilled; idempotent).
+
+        The one place the agent frees a value's bytes: the owner's free (``FREE_OBJECTS``)
+        and the reference-counting protocol call it.  Processes still reading it keep their
+        mappings; the memory goes back when they drop them.
+        """
+        self.store.pop(object_id, None)
+        drop_local_copy(object_id)
 
     def worker_lost(self, worker: str) -> None:
         self.runtime.worker_lost(worker)

@@ -43,8 +43,8 @@ from typing import Any
 import dask
 
 from yrdask import protocol as P
-from yrdask.errors import (CallCrashedError, InstanceDiedError, RemoteError, YRValueError,
-                           describe_exit, user_traceback)
+from yrdask.errors import (CallCrashedError, InstanceDiedError, RemoteError, YRRuntimeError,
+                           YRValueError, describe_exit, user_traceback)
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
 
 logger = logging.getLogger("yrdask.worker")
@@ -503,13 +503,17 @@ def charge_crash(pending: list[tuple[Any, dict]], crashes: dict[str, int],
 
 
 def keep_large(agent: Any, call_id: str, results: list) -> list:
-    """Large values a child sent go to the agent's store (they outlive the child), as the
-    values of in-process work do; small ones travel inline."""
+    """Large values a child wrote to the node's store (they outlive the child) are kept for
+    their owner by this worker, as the values of in-process work are; small ones travel
+    inline."""
     out = []
     ids = [call_id] if len(results) <= 1 else [f"{call_id}.{i}" for i in range(len(results))]
     for oid, (kind, payload) in zip(ids, results):
-        if kind == P.VALUE and (type(payload) is Frames or len(payload) > agent.inline_limit):
-            agent.store[oid] = payload
+        if kind == P.STORED:  # the child wrote it to the node's store already
+            agent.store[oid] = True
+            out.append([P.LOCATION, agent.worker.address])
+        elif kind == P.VALUE and (type(payload) is Frames or len(payload) > agent.inline_limit):
+            agent.keep(oid, payload)
             out.append([P.LOCATION, agent.worker.address])
         else:
             out.append([kind, payload])
@@ -672,6 +676,18 @@ class _ChildPeer:
             pass
 
 
+def _stored(object_id: str) -> Any:
+    from yrdask.runtime.store import node_store
+
+    payload = node_store().get(object_id)
+    if payload is None:
+        raise YRRuntimeError(
+            f"object {object_id} is not in this node's store: an isolated process reads large "
+            "arguments from its node only (pass values made on another node to a task first, "
+            "or give the instance its data at creation)")
+    return payload
+
+
 class IsolatedHost:
     """What ``HostedInstance`` needs of an agent, in the child: values in, values out."""
 
@@ -683,11 +699,26 @@ class IsolatedHost:
         self._built: asyncio.Future | None = None
 
     def payloads(self, deps: list) -> list:
-        return [payload for _oid, _kind, payload in deps]
+        """Small values came in the message; large ones are mapped from the node's store
+        (a method call's large arguments come as locations: on this node, they are there)."""
+        return [payload if kind == P.VALUE else _stored(oid) for oid, kind, payload in deps]
 
     def pack_results(self, task_id: str, result: Any, nret: int) -> list:
+        """Small values go back in the reply; large ones are written to the node's store
+        here (the agent records them: :func:`keep_large`), not sent through the socket."""
+        from yrdask.runtime.store import node_store
+
         values = [result] if nret <= 1 else split_returns(result, nret)
-        return [[P.VALUE, wire(dumps_value(v))] for v in values]
+        ids = [task_id] if len(values) <= 1 else [f"{task_id}.{i}" for i in range(len(values))]
+        out = []
+        for oid, v in zip(ids, values):
+            payload = dumps_value(v)
+            if type(payload) is Frames:
+                node_store().put(oid, payload)
+                out.append([P.STORED, None])
+            else:
+                out.append([P.VALUE, payload])
+        return out
 
     def report_state(self, instance_id: str, state: str, error: bytes | None) -> None:
         self.loop.call_soon_threadsafe(self._built.set_result, error)
@@ -695,7 +726,7 @@ class IsolatedHost:
     def item_sender(self, peer: Any, task_id: str) -> Any:
         """``emit(index, value)`` for a generator method: each value goes to the agent."""
         def emit(index: int, value: Any) -> None:
-            result = self.pack_results(task_id, value, 1)[0]
+            result = self.pack_results(f"{task_id}.{index}", value, 1)[0]
             peer.reply(P.GeneratorItem(task_id, index, result).to_msg())
         return emit
 
