@@ -23,9 +23,9 @@ def main(argv: list[str]) -> int:
     if not os.path.isfile(script):
         print(f"python -m yrdask.ray: no such script: {script}", file=sys.stderr)
         return 2
-    import yrdask.ray._alias as _alias
+    from yrdask.ray._alias import install
 
-    _alias.install()
+    install()
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     runpy.run_path(script, run_name="__main__")

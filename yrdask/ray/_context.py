@@ -34,7 +34,18 @@ class Session:
                 "resources": dict(resources or {})}
 
 
-session: Session | None = None
+class _State:
+    """The process's ray state, one object so that modules import it by name (see below)."""
+
+    session: Session | None = None
+
+
+#: ``STATE.session``: the driver's session.  Submodules of yrdask.ray import names
+#: (``from yrdask.ray._context import STATE``), never ``import yrdask.ray._context as ...``:
+#: that form waits for the package ``yrdask.ray`` to finish initialising, and a thread that
+#: unpickles a task body (importing a submodule) while another imports the package then
+#: deadlocks with it (Python hands one of them a half-initialised module).
+STATE = _State()
 
 
 def set_task_ctx(ctx: dict | None) -> Any:
@@ -63,6 +74,6 @@ def current_ctx() -> dict:
         found = getattr(type(inst.obj), "__ray_ctx__", None)
         if found is not None:
             return found
-    if session is not None:
-        return session.ctx()
+    if STATE.session is not None:
+        return STATE.session.ctx()
     return {"namespace": "", "job_id": "", "alias": False, "resources": {}}

@@ -15,7 +15,7 @@ from typing import Any
 import yrdask
 from yrdask.runtime import context as _rtctx
 from yrdask.runtime.objects import Entry, ObjectRef
-import yrdask.ray._context as _context
+from yrdask.ray._context import STATE, Session
 from yrdask.ray.exceptions import UnsupportedOptionError
 
 _lock = threading.RLock()
@@ -111,14 +111,14 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         _runtime_env(runtime_env, probe, None)
         job_env = probe.env_vars
     with _lock:
-        if _context.session is not None and _rtctx.installed_runtime() is \
-                _context.session.runtime:
+        if STATE.session is not None and _rtctx.installed_runtime() is \
+                STATE.session.runtime:
             if ignore_reinit_error:
-                return _context_of(_context.session)
+                return _context_of(STATE.session)
             raise RuntimeError("Maybe you called ray.init twice by accident? This error can be "
                                "suppressed by passing in 'ignore_reinit_error=True' or by "
                                "calling 'ray.shutdown()' prior to 'ray.init()'.")
-        _context.session = None
+        STATE.session = None
         rt = _rtctx.installed_runtime()
         owns = rt is None
         if rt is None:
@@ -143,16 +143,16 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
             raise ValueError("When connecting to an existing cluster, num_cpus, num_gpus, "
                              "resources, object_store_memory and address must not be provided "
                              "(yrdask is already initialised in this process by yr.init)")
-        import yrdask.ray._alias as _alias
+        from yrdask.ray._alias import installed
 
-        sess = _context.Session(namespace or f"anon-{uuid.uuid4().hex[:12]}",
-                                getattr(rt, "job_id", ""), owns, rt, job_env)
-        sess.alias = _alias.installed()
-        _context.session = sess
+        sess = Session(namespace or f"anon-{uuid.uuid4().hex[:12]}",
+                       getattr(rt, "job_id", ""), owns, rt, job_env)
+        sess.alias = installed()
+        STATE.session = sess
         return _context_of(sess)
 
 
-def _context_of(sess: _context.Session) -> RayContext:
+def _context_of(sess: Session) -> RayContext:
     info = getattr(sess.runtime, "info", None)
     return RayContext(getattr(info, "scheduler_address", ""), getattr(info, "dashboard_link", None),
                       sess.namespace, sess.job_id)
@@ -166,11 +166,11 @@ def ensure_init() -> None:
             return
     except Exception:  # noqa: BLE001 - an isolated process's stand-in runtime says why itself
         return
-    sess = _context.session
+    sess = STATE.session
     if rt is not None and sess is not None and sess.runtime is rt:
         return
     with _lock:
-        sess = _context.session
+        sess = STATE.session
         rt = _rtctx.installed_runtime()
         if rt is None or sess is None or sess.runtime is not rt:
             init()
@@ -179,7 +179,7 @@ def ensure_init() -> None:
 def shutdown() -> None:
     """End the session; stops the yr runtime if ``ray.init`` started it (``yr.finalize``)."""
     with _lock:
-        sess, _context.session = _context.session, None
+        sess, STATE.session = STATE.session, None
         if sess is not None and sess.owns_runtime and _rtctx.installed_runtime() is sess.runtime:
             yrdask.finalize()
 

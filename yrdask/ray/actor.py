@@ -22,7 +22,7 @@ from typing import Any, Callable
 from yrdask.api.instances import (_REDELIVERIES, InstanceCreator, InstanceProxy, MethodProxy,
                                   _kill)
 from yrdask.runtime.context import current_runtime
-import yrdask.ray._context as _context
+from yrdask.ray._context import STATE, current_ctx, hosted_instance
 from yrdask.ray._util import captured_group, in_captured_group, with_capture
 from yrdask.ray._options import ACTOR, METHOD, check_keys, check_num_returns, node_affinity
 from yrdask.ray._options import to_invoke_options
@@ -93,7 +93,7 @@ def _method_returns(n: Any, what: str) -> int:
 
 def exit_actor() -> None:
     """End the actor running this method: this call and later ones raise ActorDiedError."""
-    inst = _context.hosted_instance()
+    inst = hosted_instance()
     if inst is None:
         raise TypeError("exit_actor API is called on a non-actor worker (call it inside an "
                         "actor method)")
@@ -263,10 +263,10 @@ class ActorClass:
         return ActorClass(self._cls, {**self._options, **options})
 
     def _creator_for_session(self) -> tuple[InstanceCreator, Any]:
-        sess = _context.session
+        sess = STATE.session
         if self._creator is not None and self._creator[0] == id(sess):
             return self._creator[1], self._creator[2]
-        ctx = sess.ctx() if sess is not None else dict(_context.current_ctx())
+        ctx = sess.ctx() if sess is not None else dict(current_ctx())
         ropts = to_invoke_options(self._options, ACTOR, ctx["namespace"],
                                   sess.job_env if sess is not None else None)
         ctx = with_capture(dict(ctx, resources=ropts.resources), ropts.capture)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from yrdask.api.functions import FunctionProxy
-import yrdask.ray._context as _context
+from yrdask.ray._context import STATE, current_ctx, set_task_ctx
 from yrdask.ray._options import TASK, RayOptions, node_affinity, to_invoke_options
 from yrdask.ray._util import (captured_group, in_captured_group, next_spread_node,
                               should_retry, with_capture)
@@ -49,7 +49,7 @@ class TaskBody:
         if self.mode == "streaming":
             return self._stream(args, kwargs)
         ctx = dict(self.ctx, task_id=uuid.uuid4().hex)
-        prev = _context.set_task_ctx(ctx)
+        prev = set_task_ctx(ctx)
         try:
             attempt = 0
             while True:
@@ -68,15 +68,15 @@ class TaskBody:
                         continue
                     raise
         finally:
-            _context.set_task_ctx(prev)
+            set_task_ctx(prev)
 
     def _stream(self, args: tuple, kwargs: dict) -> Any:
         """A generator task: the context holds while it yields (the worker iterates it)."""
-        prev = _context.set_task_ctx(dict(self.ctx, task_id=uuid.uuid4().hex))
+        prev = set_task_ctx(dict(self.ctx, task_id=uuid.uuid4().hex))
         try:
             yield from self.fn(*args, **kwargs)
         finally:
-            _context.set_task_ctx(prev)
+            set_task_ctx(prev)
 
     def __reduce__(self):
         state = cloudpickle.dumps((self.fn, self.ctx, self.retry_exceptions, self.max_retries,
@@ -86,9 +86,9 @@ class TaskBody:
 
 def _rebuild_body(alias: bool, state: bytes) -> TaskBody:
     if alias:  # before the function is unpickled: its module may say `import ray`
-        import yrdask.ray._alias as _alias
+        from yrdask.ray._alias import install
 
-        _alias.install()
+        install()
     return TaskBody(*pickle.loads(state))
 
 
@@ -125,12 +125,12 @@ class RemoteFunction:
         return RemoteFunction(self._function, {**self._options, **options})
 
     def _proxy_for_session(self) -> tuple[FunctionProxy, RayOptions]:
-        sess = _context.session
+        sess = STATE.session
         cached = self._proxy
         key = id(sess)
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
-        ctx = _context.current_ctx() if sess is None else None
+        ctx = current_ctx() if sess is None else None
         namespace = (sess.namespace if sess is not None else ctx["namespace"])
         ropts = to_invoke_options(self._options, TASK, namespace,
                                   sess.job_env if sess is not None else None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from yrdask.runtime.context import current_runtime
-import yrdask.ray._context as _context
+from yrdask.ray._context import current_ctx, hosted_instance
 
 __all__ = ["RuntimeContext", "get_runtime_context"]
 
@@ -25,33 +25,33 @@ class RuntimeContext:
         return {"GPU": assigned_gpus()}
 
     def get_job_id(self) -> str:
-        return _context.current_ctx().get("job_id", "")
+        return current_ctx().get("job_id", "")
 
     def get_task_id(self) -> str | None:
         """An id unique to this execution of the task (None outside tasks)."""
-        return _context.current_ctx().get("task_id")
+        return current_ctx().get("task_id")
 
     def get_actor_id(self) -> str | None:
         """The actor's id inside an actor method, else None."""
-        inst = _context.hosted_instance()
+        inst = hosted_instance()
         return inst.instance_id if inst is not None else None
 
     def get_actor_name(self) -> str | None:
-        inst = _context.hosted_instance()
+        inst = hosted_instance()
         return (inst.spec.get("name") or None) if inst is not None else None
 
     @property
     def namespace(self) -> str:
-        return _context.current_ctx().get("namespace", "")
+        return current_ctx().get("namespace", "")
 
     def get_namespace(self) -> str:
         return self.namespace
 
     def get_assigned_resources(self) -> dict[str, float]:
         """The resources this task or actor asked for, in Ray units ({} in a driver)."""
-        if _context.hosted_instance() is None and _context.current_ctx().get("task_id") is None:
+        if hosted_instance() is None and current_ctx().get("task_id") is None:
             return {}
-        return {k: v for k, v in _context.current_ctx().get("resources", {}).items() if v}
+        return {k: v for k, v in current_ctx().get("resources", {}).items() if v}
 
     @property
     def current_actor(self) -> Any:
@@ -59,7 +59,7 @@ class RuntimeContext:
         from yrdask.api.instances import InstanceProxy
         from yrdask.ray.actor import ActorHandle
 
-        inst = _context.hosted_instance()
+        inst = hosted_instance()
         if inst is None:
             raise RuntimeError("This method is only available in an actor.")
         rt = current_runtime()

@@ -17,7 +17,7 @@ from typing import Any
 import yrdask
 from yrdask.runtime import context as _rtctx
 from yrdask.runtime.objects import ObjectRef, check_live
-import yrdask.ray._context as _context
+from yrdask.ray._context import current_ctx
 from yrdask.ray._session import (RayContext, ensure_init, failed_ref, init, is_initialized,
                                  shutdown, store)
 from yrdask.ray.exceptions import UnsupportedOptionError, from_yr_error
@@ -155,7 +155,7 @@ def get_actor(name: str, namespace: str | None = None) -> Any:
         raise ValueError("Please supply a non-empty value to get_actor")
     if namespace is not None and (not isinstance(namespace, str) or not namespace):
         raise ValueError(f"namespace must be None or a non-empty str, got {namespace!r}")
-    ns = namespace or _context.current_ctx()["namespace"]
+    ns = namespace or current_ctx()["namespace"]
     try:
         proxy = yrdask.get_instance(name, ns, 60)
     except yrdask.YRTimeoutError:
