@@ -166,6 +166,30 @@ def _wrap_method(fn: Callable, group: str | None, limit: int, retry: Any,
     return run
 
 
+def _call_with_options(self: Any, name: str, options: dict, *args: Any, **kwargs: Any) -> Any:
+    """Run method ``name`` with per-call options (``actor.method.options(...)``): Ray's
+    ``retry_exceptions``, ``max_task_retries`` and ``concurrency_group`` for this call only,
+    over the method's own (``@ray.method``) and the actor's.  Returns what the method returns
+    (a coroutine for an ``async def`` one, which the instance's loop finishes)."""
+    cls = type(self)
+    raw = cls.__ray_raw__[name]
+    group = options.get("concurrency_group", getattr(raw, _GROUP, None))
+    groups = cls.__ray_groups__
+    if group is not None and group not in groups:
+        raise ValueError(f"{cls.__name__}.{name}.options(concurrency_group={group!r}): the "
+                         f"actor defines no such concurrency group (concurrency_groups="
+                         f"{groups})")
+    if groups and group is None:
+        group = _DEFAULT_GROUP
+    retry = options.get("retry_exceptions", getattr(raw, _RETRY, None)) or False
+    max_retries = options.get("max_task_retries",
+                              getattr(raw, _TASK_RETRIES, cls.__ray_max_task_retries__))
+    if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
+        return raw(self, *args, **kwargs)  # streams; checked by the caller (no retries)
+    limit = groups.get(group, cls.__ray_default_limit__)
+    return _wrap_method(raw, group, limit, retry, max_retries)(self, *args, **kwargs)
+
+
 class _InstallAlias:
     """Unpickling this installs the ``ray`` import alias (``python -m yrdask.ray`` runs)."""
 
@@ -197,10 +221,12 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
                           # a call running when the actor's process dies is delivered again
                           # max_task_retries times (Ray's rule; default 0: it fails)
                           _REDELIVERIES: max_task_retries}
+    raw_methods: dict[str, Callable] = {}
     for name, member in inspect.getmembers(cls):
         raw = inspect.getattr_static(cls, name, None)
         if not inspect.isfunction(raw) or (name.startswith("__") and name != "__call__"):
             continue
+        raw_methods[name] = raw
         if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
             continue
         group = getattr(raw, _GROUP, None)
@@ -215,6 +241,11 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
         limit = groups.get(group, default_limit)
         ns[name] = _wrap_method(raw, group, limit, retry or False,
                                 getattr(raw, _TASK_RETRIES, max_task_retries))
+    ns["__ray_raw__"] = raw_methods
+    ns["__ray_groups__"] = dict(groups)
+    ns["__ray_default_limit__"] = default_limit
+    ns["__ray_max_task_retries__"] = max_task_retries
+    ns["__ray_call__"] = _call_with_options
     user_init = cls.__init__
 
     @functools.wraps(user_init)
@@ -359,18 +390,31 @@ class ActorMethod:
                         f"'object.{self._name}()', try 'object.{self._name}.remote()'.")
 
     def options(self, **options: Any) -> "ActorMethod":
-        """Per-call options: ``num_returns`` (other Ray method options go in @ray.method)."""
+        """Per-call options (Ray's): ``num_returns``, ``max_task_retries``,
+        ``retry_exceptions``, ``concurrency_group``, ``name``; they override the method's
+        ``@ray.method`` options and the actor's for calls made through the returned object."""
         check_keys(options, METHOD)
+        checked: dict = {}
         for key, value in options.items():
             if key == "num_returns":
-                options = {**options, key: _method_returns(check_num_returns(value),
-                                                           f"{self._name}.options()")}
-            elif key != "enable_task_events" and value is not None:
-                raise UnsupportedOptionError(
-                    f"{self._name}.options({key}=...) per call is not supported by yrdask.ray; "
-                    f"declare it on the method with @ray.method({key}=...)")
+                value = _method_returns(check_num_returns(value), f"{self._name}.options()")
+            elif key == "max_task_retries":
+                if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                    raise ValueError("The keyword 'max_task_retries' only accepts -1, 0 or a "
+                                     f"positive integer, got {value!r}")
+            elif key == "retry_exceptions":
+                from yrdask.ray._options import _retry_exceptions
+
+                value = _retry_exceptions(value)
+            elif key == "concurrency_group":
+                if not isinstance(value, str):
+                    raise TypeError(f"concurrency_group must be a str, got {value!r}")
+            elif key == "name":
+                if not isinstance(value, str):
+                    raise TypeError(f"name must be a str, got {value!r}")
+            checked[key] = value
         return ActorMethod(self._handle, self._name, self._nret, self._sig,
-                           {**self._options, **options})
+                           {**self._options, **checked})
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Call the method: an ObjectRef (a list of ``num_returns`` of them; None for 0)."""
@@ -384,4 +428,43 @@ class ActorMethod:
                                  f"({handle._proxy._cls_name}) was killed with ray.kill().")
             refs = [failed_ref(err) for _ in range(max(1, nret))]
             return None if nret == 0 else refs[0] if nret == 1 else refs
-        return MethodProxy(handle._proxy, self._name, nret, self._sig).invoke(*args, **kwargs)
+        per_call = {k: v for k, v in self._options.items()
+                    if k in ("max_task_retries", "retry_exceptions", "concurrency_group")}
+        if not per_call:
+            return MethodProxy(handle._proxy, self._name, nret, self._sig).invoke(*args,
+                                                                                  **kwargs)
+        return self._call_with_options(nret, per_call, args, kwargs)
+
+    def _call_with_options(self, nret: int, per_call: dict, args: tuple, kwargs: dict) -> Any:
+        """Send the call to the actor's ``__ray_call__`` with its per-call options; a call
+        running when the actor's process dies is delivered again up to this call's
+        ``max_task_retries`` times."""
+        from yrdask.protocol import STREAMING
+
+        proxy = self._handle._proxy
+        if nret == STREAMING and (per_call.get("retry_exceptions") or
+                                  per_call.get("max_task_retries")):
+            raise UnsupportedOptionError(
+                f"{self._name}.options(max_task_retries=/retry_exceptions=): a generator "
+                "method is not retried by yrdask.ray; call it without them")
+        if self._sig is not None:
+            from yrdask.api.signatures import check_call
+
+            try:
+                check_call(self._sig, args, kwargs)
+            except TypeError as e:
+                raise TypeError(f"{proxy._cls_name}.{self._name}.remote(): {e}") from None
+        redeliveries = per_call.get("max_task_retries",
+                                    proxy._redeliveries.get(self._name))
+        if proxy._terminated or proxy._rt.closed:
+            return MethodProxy(proxy, self._name, nret, None).invoke()  # raises, says why
+        method_args = (self._name, per_call, *args)
+        refs = proxy._rt.call_method(proxy.instance_id, "__ray_call__", method_args, kwargs,
+                                     nret, redeliveries)
+        if nret == 0:
+            return None
+        if nret == STREAMING:
+            from yrdask.api.generators import ObjectRefGenerator
+
+            return ObjectRefGenerator(refs[0])
+        return refs[0] if nret == 1 else refs
