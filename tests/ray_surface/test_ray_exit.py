@@ -25,3 +25,4 @@ def test_program_ending_with_work_in_flight_is_quiet(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["first", "[0.0]", "timed", "out", "shut", "down"], out.stdout
     assert "Traceback" not in out.stderr and "Error" not in out.stderr, out.stderr[-3000:]
+    assert "WARNING" not in out.stderr, out.stderr[-3000:]  # no worker death reported

@@ -78,3 +78,34 @@ def test_per_call_concurrency_group(ray_env):
     assert ray.get(g.thread.options(concurrency_group="io").remote())
     with pytest.raises(ValueError, match="no such concurrency group"):
         ray.get(g.thread.options(concurrency_group="nope").remote())
+
+
+# -- cancel(force=True) -------------------------------------------------------------------------
+
+
+@ray.remote
+def blocked_in_c(path):
+    with open(path, "a") as f:
+        f.write("x")
+    time.sleep(600)  # in C: no Python bytecode runs, so no exception can reach it
+
+
+@ray.remote
+def quick():
+    return "ran"
+
+
+def test_force_cancel_ends_the_worker_process_of_a_task_blocked_in_c(ray_env, tmp_path):
+    marks = [tmp_path / "a", tmp_path / "b"]
+    refs = [blocked_in_c.remote(str(m)) for m in marks]  # both CPUs of the cluster
+    for m in marks:
+        wait_for_file(str(m))
+    for ref in refs:
+        ray.cancel(ref, force=True)
+    for ref in refs:
+        with pytest.raises(ray.exceptions.TaskCancelledError):
+            ray.get(ref, timeout=10)  # at once, not after the sleep
+    # the CPUs are free: a new task runs now (it would wait 600 s behind the sleepers)
+    assert ray.get(quick.remote(), timeout=60) == "ran"
+    # a forced cancel is not a crash of the task: it is not run again on the new process
+    assert [m.read_text() for m in marks] == ["x", "x"]

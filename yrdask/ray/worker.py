@@ -116,11 +116,12 @@ def wait(object_refs: list, *, num_returns: int = 1, timeout: float | None = Non
 
 
 def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
-    """Cancel a task: ``ray.get`` of its ref raises ``TaskCancelledError``.
+    """Cancel a task: ``ray.get`` of its ref raises ``TaskCancelledError`` at once.
 
-    A queued task never runs; a running one is interrupted at its next Python bytecode
-    (``force`` makes no difference).  Calls on actors are not cancelled (as in yr); tasks the
-    cancelled task submitted keep running (``recursive`` has no effect).
+    A queued task never runs; a running one is interrupted at its next Python bytecode, or
+    with ``force=True`` its worker process is ended (as on Ray: code blocked in C stops too,
+    and the CPU is free at once; the nanny starts a fresh process).  Calls on actors are not
+    cancelled (as in yr); tasks the cancelled task submitted keep running.
     """
     ensure_init()
     if not isinstance(object_ref, ObjectRef):
@@ -129,7 +130,7 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
     for name, value in (("force", force), ("recursive", recursive)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {value!r}")
-    _rtctx.current_runtime().cancel([object_ref])
+    _rtctx.current_runtime().cancel([object_ref], force)
 
 
 def kill(actor: Any, *, no_restart: bool = True) -> None:

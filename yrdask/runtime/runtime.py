@@ -459,9 +459,11 @@ class Runtime:
             (ready if ref._entry.ready and len(ready) < wait_num else not_ready).append(ref)
         return ready, not_ready
 
-    def cancel(self, refs: list[ObjectRef]) -> None:
+    def cancel(self, refs: list[ObjectRef], force: bool = False) -> None:
+        """Cancel the tasks of ``refs``; ``force``: a running one ends with its worker
+        process (see :class:`~yrdask.protocol.CancelTask`)."""
         for ref in refs:
-            self.on_loop(self.submitter.cancel, ref._id)
+            self.on_loop(self.submitter.cancel, ref._id, force)
 
     # -- shutdown --------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import traceback
@@ -444,8 +445,16 @@ class WorkerAgent:
         interrupted in its user code.  Unknown ids (ended, bounced) are dropped: a cancel
         always follows its task's ``RUN_TASK`` on the same channel."""
         ex = self.tasks.get(msg["task_id"])
-        if ex is not None:
-            ex.cancel()
+        if ex is None:
+            return
+        if msg.get("force") and self.running.get(ex.task_id) is ex:
+            # Ray's cancel(force=True): the task may be blocked in C (time.sleep, a socket
+            # read), where no exception reaches it.  End this process; the nanny starts a
+            # fresh one, the caller settled the task already (no crash is counted for it).
+            logger.info("cancel(force=True) of task %s: ending worker process %d",
+                        ex.task_id, os.getpid())
+            os._exit(P.FORCED_CANCEL_EXIT)
+        ex.cancel()
 
     # -- objects ---------------------------------------------------------------------------
 

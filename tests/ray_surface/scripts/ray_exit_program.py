@@ -1,7 +1,8 @@
 """A Ray program that ends with work in flight; on Ray it ends quietly with exit code 0.
 
-``asyncio.run`` gives up on awaited refs (a time-out, then the loop closes), and
-``ray.shutdown()`` runs while tasks still sleep in the workers.
+``asyncio.run`` gives up on awaited refs (a time-out, then the loop closes), a task is
+cancelled with ``force=True`` (its worker process ends), and ``ray.shutdown()`` runs while
+tasks still sleep in the workers.
 """
 
 import asyncio
@@ -28,6 +29,9 @@ async def main():
 
 ray.init(num_cpus=2)
 asyncio.run(main())
+forced = sleepy.remote(600)
+ray.wait([forced], timeout=0.5)
+ray.cancel(forced, force=True)  # its worker process ends: not reported as a death
 in_flight = [sleepy.remote(1.0) for _ in range(4)]
 ray.wait(in_flight, timeout=0.5)
 ray.shutdown()
