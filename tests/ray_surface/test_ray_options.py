@@ -126,7 +126,7 @@ def test_direct_calls_say_what_to_do():
         f()
     with pytest.raises(TypeError, match=r"C.remote\(\)"):
         C()
-    with pytest.raises(TypeError, match="async def"):
+    with pytest.raises(ValueError, match="async def"):
         @ray.remote
         async def g():
             return 1

@@ -109,3 +109,192 @@ def test_force_cancel_ends_the_worker_process_of_a_task_blocked_in_c(ray_env, tm
     assert ray.get(quick.remote(), timeout=60) == "ran"
     # a forced cancel is not a crash of the task: it is not run again on the new process
     assert [m.read_text() for m in marks] == ["x", "x"]
+
+
+# -- names Ray programs use ---------------------------------------------------------------------
+
+
+@ray.remote(num_returns=3)
+def three_yields(n):
+    for i in range(n):
+        yield i * 10
+
+
+def test_int_num_returns_on_a_generator_function(ray_env):
+    # Ray: the yielded values are the returns; another count is the task's ValueError
+    assert ray.get(list(three_yields.remote(3))) == [0, 10, 20]
+    with pytest.raises(ValueError, match="returned 2 objects, but num_returns=3"):
+        ray.get(three_yields.remote(2)[0])
+
+
+@ray.remote
+def names():
+    ctx = ray.get_runtime_context()
+    return ctx.get_task_name(), ctx.get_task_function_name(), ctx.is_canceled()
+
+
+@ray.remote
+def note_cancel(start, out):
+    open(start, "w").close()
+    try:
+        while True:
+            time.sleep(0.01)
+    except BaseException:  # the cancel lands here; the task may still look at its context
+        with open(out, "w") as f:
+            f.write(str(ray.get_runtime_context().is_canceled()))
+        raise
+
+
+@ray.remote
+class Named:
+    def names(self):
+        ctx = ray.get_runtime_context()
+        return ctx.get_task_name(), ctx.get_task_function_name()
+
+    async def async_names(self):
+        return ray.get_runtime_context().get_task_name()
+
+
+def test_runtime_context_names_and_ids(ray_env, tmp_path):
+    mod = __name__
+    assert ray.get(names.remote()) == ("names", f"{mod}.names", False)
+    assert ray.get(names.options(name="custom").remote())[0] == "custom"
+    a = Named.remote()
+    assert ray.get(a.names.remote()) == ("Named.names", f"{mod}.Named.names")
+    assert ray.get(a.async_names.remote()) == "Named.async_names"
+    ctx = ray.get_runtime_context()
+    assert ctx.get_task_name() is None and ctx.node_id.hex() == ctx.get_node_id()
+    # in a driver, Ray's get() leaves task_id and actor_id out rather than None
+    assert set(ctx.get()) == {"job_id", "node_id", "namespace"}
+    start, out = tmp_path / "started", tmp_path / "out"
+    ref = note_cancel.remote(str(start), str(out))
+    wait_for_file(str(start))
+    ray.cancel(ref)
+    wait_for_file(str(out))
+    assert out.read_text() == "True"
+    ray.kill(a)
+
+
+def test_actor_proxy_job_config_and_max_concurrency(ray_env):
+    from yrdask.ray.actor import ActorProxy
+
+    handle: ActorProxy[Named] = Named.options(max_concurrency=5000).remote()  # Ray: no bound
+    assert isinstance(handle, ActorProxy)
+    assert ray.get(handle.names.remote())[0] == "Named.names"
+    ray.kill(handle)
+    ns = f"jc-{uuid.uuid4().hex[:6]}"
+    ray.shutdown()
+    ray.init(job_config=ray.job_config.JobConfig(ray_namespace=ns))
+    assert ray.get_runtime_context().namespace == ns
+    with pytest.raises(ray.exceptions.UnsupportedOptionError, match="metadata"):
+        ray.job_config.JobConfig(metadata={"a": "b"})
+
+
+# -- Ray's error types and wording -------------------------------------------------------------
+
+
+def test_errors_typed_and_worded_as_rays(ray_env):
+    from yrdask.ray.util.queue import Queue
+
+    with pytest.raises(TypeError, match="name must be None or a string"):
+        Named.options(name=5).remote()
+    with pytest.raises(ValueError, match="cannot be an empty string"):
+        Named.options(name="").remote()
+    with pytest.raises(TypeError):
+        Queue(maxsize="3")
+    q = Queue()
+    with pytest.raises(TypeError, match="Iterable"):
+        q.put_nowait_batch(5)
+    q.put_nowait_batch(iter([1, 2]))  # any iterable, as on Ray
+    with pytest.raises(TypeError, match="must be an int"):
+        q.get_nowait_batch("2")
+    assert q.get_nowait_batch(2) == [1, 2]
+    q.shutdown()
+    slow = blocked_in_c.remote(os.devnull)
+    with pytest.raises(ray.exceptions.GetTimeoutError, match="timeout=None"):
+        ray.get(slow, timeout=0.1)
+    ray.cancel(slow, force=True)
+    a = Named.remote()
+    ray.get(a.names.remote())
+    ray.kill(a)
+    with pytest.raises(ray.exceptions.ActorDiedError,
+                       match=r"(?s)The actor is dead because.*class_name: Named"):
+        ray.get(a.names.remote())
+
+
+def test_available_resources_leave_out_what_is_used_up(ray_env):
+    hogs = [Named.options(num_cpus=1).remote() for _ in range(2)]  # both workers' CPU
+    ray.get([h.names.remote() for h in hogs])
+    assert "CPU" not in ray.available_resources()
+    assert ray.cluster_resources()["CPU"] == 2
+    for h in hogs:
+        ray.kill(h)
+
+
+# -- ActorPool, dynamic generators --------------------------------------------------------------
+
+
+@ray.remote
+class Echo:
+    def echo(self, v):
+        return v
+
+
+def test_actor_pool_map_unordered_drops_earlier_unread_submissions(ray_env):
+    from yrdask.ray.util import ActorPool
+
+    pool = ActorPool([Echo.remote()])
+    pool.submit(lambda a, v: a.echo.remote(v), "earlier")
+    assert sorted(pool.map_unordered(lambda a, v: a.echo.remote(v), [1, 2])) == [1, 2]
+    pool.submit(lambda a, v: a.echo.remote(v), "earlier")
+    assert list(pool.map(lambda a, v: a.echo.remote(v), [3, 4])) == [3, 4]
+
+
+@ray.remote(num_returns="dynamic")
+def two_then_fail():
+    yield 1
+    yield 2
+    raise KeyError("third")
+
+
+def test_dynamic_generator_that_raised_gives_its_refs_and_an_error_ref(ray_env):
+    refs = list(ray.get(two_then_fail.remote()))
+    assert len(refs) == 3
+    assert ray.get(refs[:2]) == [1, 2]
+    with pytest.raises(KeyError):
+        ray.get(refs[2])
+
+
+# -- ray.init() and python -m yrdask.ray ---------------------------------------------------------
+
+
+def test_init_joins_ray_address(monkeypatch):
+    from yrdask.ray._session import _address
+
+    monkeypatch.setenv("RAY_ADDRESS", "tcp://10.0.0.1:8786")
+    assert _address(None) == "tcp://10.0.0.1:8786"  # Ray: ray.init() joins RAY_ADDRESS
+    assert _address("auto") == "tcp://10.0.0.1:8786"
+    assert _address("local") == ""
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    monkeypatch.delenv("YR_SERVER_ADDRESS", raising=False)
+    with pytest.raises(ConnectionError):
+        _address(None)
+
+
+def test_python_m_yrdask_ray_takes_a_module_and_code(tmp_path):
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), root,
+                                                       os.environ.get("PYTHONPATH", "")]))
+    env.pop("YR_SERVER_ADDRESS", None)
+    env.pop("RAY_ADDRESS", None)
+    (tmp_path / "prog.py").write_text(
+        "import sys, ray\nfrom ray.util import ActorPool\nprint(sys.argv[1:], ray.__name__)\n")
+    out = subprocess.run([sys.executable, "-m", "yrdask.ray", "-m", "prog", "x"], env=env,
+                         capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert out.returncode == 0 and out.stdout.strip() == "['x'] yrdask.ray", out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-m", "yrdask.ray", "-c",
+                          "import sys, ray; print(sys.argv, ray.__name__)", "y"], env=env,
+                         capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert out.returncode == 0 and out.stdout.strip() == "['-c', 'y'] yrdask.ray", out.stderr

@@ -22,6 +22,9 @@ from yrdask.serialization import dumps, dumps_definition
 
 _RETURN_NUMS = "__yr_return_nums__"
 _REDELIVERIES = "__yr_max_redeliveries__"  # see _ClassInfo.redeliveries
+#: A class attribute that raises the instance's concurrency above yr's bound of 1000 (the Ray
+#: surface's ``max_concurrency``, which has no bound).
+_CONCURRENCY = "__yr_concurrency__"
 DEFAULT_GRACE_S = 30  # __yr_shutdown__'s default grace period, as in yr
 REAL_ID_WAIT_S = 30  # InstanceProxy.real_id waits this long for a placement, as in yr
 
@@ -184,7 +187,8 @@ class InstanceCreator:
             "cls": info.payload, "cls_name": info.name, "meta": info.meta,
             "shape": opts.resource_shape(), "timeout_ms": opts.schedule_timeout_ms,
             "name": opts.name, "namespace": opts.namespace, "detached": opts.is_detached,
-            "concurrency": opts.concurrency, "is_async": info.is_async,
+            "concurrency": getattr(info.cls, _CONCURRENCY, None) or opts.concurrency,
+            "is_async": info.is_async,
             "recover_retry_times": opts.recover_retry_times,
             "affinity": to_wire(opts.schedule_affinities) + bundle_wire_of(opts),
             "labels": list(opts.labels),

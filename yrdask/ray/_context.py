@@ -8,12 +8,15 @@ looks in the job's namespace, as on Ray.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from typing import Any
 
 from yrdask.runtime.context import current_lease, current_owner, installed_runtime
 
 _local = threading.local()  # .ctx: the context of the task this thread runs
+#: ``Class.method`` of the actor method running now (set by the host class's wrappers).
+current_method: contextvars.ContextVar = contextvars.ContextVar("ray_method", default=None)
 
 
 class Session:
@@ -27,6 +30,7 @@ class Session:
         self.runtime = runtime
         self.job_env = job_env or {}
         self.alias = False  # True when this process runs under ``python -m yrdask.ray``
+        self.default_lifetime: str | None = None  # JobConfig(default_actor_lifetime=)
 
     def ctx(self, resources: dict | None = None) -> dict:
         """The context that work submitted now carries to its workers."""

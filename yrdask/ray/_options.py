@@ -83,6 +83,7 @@ class RayOptions:
     resources: dict = field(default_factory=dict)  # Ray units, for get_assigned_resources
     spread: bool = False
     capture: Any = None  # the placement group whose child tasks this work captures
+    max_concurrency: int | None = None  # Ray's, which may exceed yr's concurrency bound
 
 
 def check_keys(options: dict, kind: str) -> None:
@@ -196,10 +197,10 @@ def _actor_options(options: dict, inv: InvokeOptions, out: RayOptions, namespace
     out.max_retries = task_retries
     conc = options.get("max_concurrency")
     if conc is not None:
-        if isinstance(conc, bool) or not isinstance(conc, int) or not 1 <= conc <= 1000:
-            raise ValueError(f"max_concurrency must be an int in [1, 1000] in yrdask, "
-                             f"got {conc!r}")
-        inv.concurrency = conc
+        if isinstance(conc, bool) or not isinstance(conc, int) or conc < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {conc!r}")
+        inv.concurrency = min(conc, 1000)  # yr's bound; the host class carries more (actor.py)
+        out.max_concurrency = conc
     groups = options.get("concurrency_groups") or {}
     if not isinstance(groups, dict) or not all(
             isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
@@ -209,8 +210,10 @@ def _actor_options(options: dict, inv: InvokeOptions, out: RayOptions, namespace
     out.concurrency_groups = dict(groups)
     name = options.get("name")
     if name is not None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"name must be None or a non-empty string, got {name!r}")
+        if not isinstance(name, str):
+            raise TypeError(f"name must be None or a string, got: '{type(name)}'.")
+        if not name:
+            raise ValueError("Actor name cannot be an empty string.")
         inv.name = name
     ns = options.get("namespace")
     if ns is not None and (not isinstance(ns, str) or not ns):

@@ -45,12 +45,16 @@ class RayContext(dict):
 
 def _address(address: str | None) -> str:
     """yr's ``server_address`` for Ray's ``address`` ("" = start an embedded cluster)."""
+    if address is None and os.environ.get("RAY_ADDRESS"):  # Ray joins it
+        return _address(os.environ["RAY_ADDRESS"])
     if address in (None, "local"):
         return os.environ.get("YR_SERVER_ADDRESS", "") if address is None else ""
     if not isinstance(address, str):
         raise TypeError(f"address must be a str, got {type(address).__name__}")
     if address == "auto":
-        found = os.environ.get("RAY_ADDRESS") or os.environ.get("YR_SERVER_ADDRESS")
+        found = next((v for v in (os.environ.get("RAY_ADDRESS"),
+                                  os.environ.get("YR_SERVER_ADDRESS"))
+                      if v and v not in ("auto", "local")), None)
         if not found:
             raise ConnectionError("Could not find any running yrdask cluster for address="
                                   "'auto': set RAY_ADDRESS or YR_SERVER_ADDRESS to its "
@@ -68,7 +72,8 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
          namespace: str | None = None, ignore_reinit_error: bool = False,
          log_to_driver: bool = True, runtime_env: dict | None = None,
          logging_level: Any = None, include_dashboard: bool | None = None,
-         object_store_memory: int | None = None, **kwargs: Any) -> RayContext:
+         object_store_memory: int | None = None, job_config: Any = None,
+         **kwargs: Any) -> RayContext:
     """Start (or join) the cluster this process submits to, as ``ray.init`` does.
 
     ``address``: None or "local" start an embedded cluster (None joins ``YR_SERVER_ADDRESS``
@@ -81,7 +86,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         raise UnsupportedOptionError(
             f"ray.init({', '.join(sorted(unsupported))}=...) is not supported by yrdask.ray; "
             "supported: address, num_cpus, num_gpus, resources, object_store_memory, "
-            "namespace, ignore_reinit_error, log_to_driver, "
+            "namespace, ignore_reinit_error, log_to_driver, job_config, "
             "runtime_env={'env_vars': ...}, logging_level, include_dashboard (the dashboard "
             "is built on its first visit, so False costs nothing either way)")
     if include_dashboard is not None and not isinstance(include_dashboard, bool):
@@ -102,6 +107,14 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
                                  f"'{key}' in 'resources' keyword")
     if namespace is not None and (not isinstance(namespace, str) or not namespace):
         raise TypeError(f"namespace must be None or a non-empty str, got {namespace!r}")
+    default_lifetime = None
+    if job_config is not None:  # ray.job_config.JobConfig: namespace, env, actor lifetime
+        from yrdask.ray.job_config import _apply
+
+        job_config = _apply(job_config)
+        namespace = namespace or job_config.ray_namespace
+        runtime_env = {**(job_config.runtime_env or {}), **(runtime_env or {})}
+        default_lifetime = job_config.default_actor_lifetime
     job_env: dict = {}
     if runtime_env:
         from yrdask.ray._options import _runtime_env
@@ -148,6 +161,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         sess = Session(namespace or f"anon-{uuid.uuid4().hex[:12]}",
                        getattr(rt, "job_id", ""), owns, rt, job_env)
         sess.alias = installed()
+        sess.default_lifetime = default_lifetime
         STATE.session = sess
         return _context_of(sess)
 

@@ -17,20 +17,21 @@ import functools
 import inspect
 import threading
 import traceback
+import types
 from typing import Any, Callable
 
-from yrdask.api.instances import (_REDELIVERIES, InstanceCreator, InstanceProxy, MethodProxy,
-                                  _kill)
+from yrdask.api.instances import (_CONCURRENCY, _REDELIVERIES, InstanceCreator, InstanceProxy,
+                                  MethodProxy, _kill)
 from yrdask.runtime.context import current_runtime
-from yrdask.ray._context import STATE, current_ctx, hosted_instance
+from yrdask.ray._context import STATE, current_ctx, current_method, hosted_instance
 from yrdask.ray._util import captured_group, in_captured_group, with_capture
 from yrdask.ray._options import ACTOR, METHOD, check_keys, check_num_returns, node_affinity
 from yrdask.ray._options import to_invoke_options
-from yrdask.ray.exceptions import (ActorDiedError, ActorExitRequest, UnsupportedOptionError,
-                                   _CreationFailed)
+from yrdask.ray.exceptions import (ActorExitRequest, UnsupportedOptionError, _CreationFailed,
+                                   actor_died)
 from yrdask.ray._util import should_retry
 
-__all__ = ["ActorClass", "ActorHandle", "ActorMethod", "method", "exit_actor"]
+__all__ = ["ActorClass", "ActorHandle", "ActorMethod", "ActorProxy", "method", "exit_actor"]
 
 _NRET = "__yr_return_nums__"  # what yr's instances read for a method's number of returns
 _GROUP = "__ray_concurrency_group__"
@@ -121,14 +122,28 @@ def _semaphore(obj: Any, group: str, limit: int, is_async: bool) -> Any:
     return sem
 
 
+def _enter(names: tuple[str, str]) -> Any:
+    """Mark the running actor method (a module function: the host class's wrappers are
+    pickled by value, and a ContextVar cannot be)."""
+    return current_method.set(names)
+
+
+def _leave(token: Any) -> None:
+    current_method.reset(token)
+
+
 def _wrap_method(fn: Callable, group: str | None, limit: int, retry: Any,
-                 max_retries: int) -> Callable:
+                 max_retries: int, names: tuple[str, str]) -> Callable:
+    """The method as the host class runs it: under its group's limit, rerun after the
+    exceptions ``retry`` names, with ``names`` (``Class.method``, its full name) as the
+    running task's names for ``get_runtime_context()``."""
     def again(e: BaseException, attempt: int) -> bool:
         return should_retry(e, retry) and (max_retries == -1 or attempt < max_retries)
 
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def run_async(self, *args, **kwargs):
+            token = _enter(names)
             sem = _semaphore(self, group, limit, True) if group else None
             if sem is not None:
                 await sem.acquire()
@@ -144,10 +159,12 @@ def _wrap_method(fn: Callable, group: str | None, limit: int, retry: Any,
             finally:
                 if sem is not None:
                     sem.release()
+                _leave(token)
         return run_async
 
     @functools.wraps(fn)
     def run(self, *args, **kwargs):
+        token = _enter(names)
         sem = _semaphore(self, group, limit, False) if group else None
         if sem is not None:
             sem.acquire()
@@ -163,7 +180,13 @@ def _wrap_method(fn: Callable, group: str | None, limit: int, retry: Any,
         finally:
             if sem is not None:
                 sem.release()
+            _leave(token)
     return run
+
+
+def _names(cls: type, name: str) -> tuple[str, str]:
+    """Ray's task name and task function name of method ``name`` of ``cls``."""
+    return f"{cls.__name__}.{name}", f"{cls.__module__}.{cls.__qualname__}.{name}"
 
 
 def _call_with_options(self: Any, name: str, options: dict, *args: Any, **kwargs: Any) -> Any:
@@ -187,7 +210,8 @@ def _call_with_options(self: Any, name: str, options: dict, *args: Any, **kwargs
     if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
         return raw(self, *args, **kwargs)  # streams; checked by the caller (no retries)
     limit = groups.get(group, cls.__ray_default_limit__)
-    return _wrap_method(raw, group, limit, retry, max_retries)(self, *args, **kwargs)
+    return _wrap_method(raw, group, limit, retry, max_retries,
+                        _names(cls.__mro__[1], name))(self, *args, **kwargs)
 
 
 class _InstallAlias:
@@ -236,11 +260,9 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
                              f"the actor does not define (concurrency_groups={groups})")
         if groups and group is None:
             group = _DEFAULT_GROUP
-        if group is None and retry is None:
-            continue
         limit = groups.get(group, default_limit)
         ns[name] = _wrap_method(raw, group, limit, retry or False,
-                                getattr(raw, _TASK_RETRIES, max_task_retries))
+                                getattr(raw, _TASK_RETRIES, max_task_retries), _names(cls, name))
     ns["__ray_raw__"] = raw_methods
     ns["__ray_groups__"] = dict(groups)
     ns["__ray_default_limit__"] = default_limit
@@ -261,7 +283,10 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
     host.__qualname__ = cls.__qualname__
     concurrency = max_concurrency
     if groups:
-        concurrency = min(1000, sum(groups.values()) + default_limit)
+        concurrency = sum(groups.values()) + default_limit
+    if concurrency is not None and concurrency > 1000:  # above yr's bound: the class says it
+        setattr(host, _CONCURRENCY, concurrency)
+        concurrency = 1000
     return host, concurrency
 
 
@@ -298,11 +323,14 @@ class ActorClass:
         if self._creator is not None and self._creator[0] == id(sess):
             return self._creator[1], self._creator[2]
         ctx = sess.ctx() if sess is not None else dict(current_ctx())
-        ropts = to_invoke_options(self._options, ACTOR, ctx["namespace"],
+        options = self._options
+        if sess is not None and sess.default_lifetime and options.get("lifetime") is None:
+            options = dict(options, lifetime=sess.default_lifetime)
+        ropts = to_invoke_options(options, ACTOR, ctx["namespace"],
                                   sess.job_env if sess is not None else None)
         ctx = with_capture(dict(ctx, resources=ropts.resources), ropts.capture)
         host, concurrency = host_class(self._cls, ctx, ropts.concurrency_groups,
-                                       ropts.invoke.concurrency, ropts.max_retries)
+                                       ropts.max_concurrency, ropts.max_retries)
         ropts.invoke.concurrency = concurrency
         creator = InstanceCreator(host, ropts.invoke.validate())
         self._creator = (id(sess), creator, ropts)
@@ -366,6 +394,10 @@ class ActorHandle:
     def __hash__(self) -> int:
         return hash(self._proxy.instance_id)
 
+    def __class_getitem__(cls, item: Any) -> Any:
+        """``ActorHandle[Counter]`` / ``ActorProxy[Counter]`` in type hints, as on Ray."""
+        return types.GenericAlias(cls, item)
+
     @property
     def _actor_id(self) -> ActorID:
         return ActorID(self._proxy.instance_id)
@@ -375,6 +407,10 @@ class ActorHandle:
         proxy = self._proxy
         if not proxy._rt.closed:
             _kill(proxy._rt, proxy.instance_id, True)
+
+
+#: Ray's name for a typed actor handle in type hints (``counter: ActorProxy[Counter]``).
+ActorProxy = ActorHandle
 
 
 class ActorMethod:
@@ -424,8 +460,8 @@ class ActorMethod:
         handle = self._handle
         nret = self._options.get("num_returns", self._nret)
         if handle._killed:
-            err = ActorDiedError(f"The actor {handle._proxy.instance_id} "
-                                 f"({handle._proxy._cls_name}) was killed with ray.kill().")
+            err = actor_died("it was killed by `ray.kill`", handle._proxy.instance_id,
+                             handle._proxy._cls_name)
             refs = [failed_ref(err) for _ in range(max(1, nret))]
             return None if nret == 0 else refs[0] if nret == 1 else refs
         per_call = {k: v for k, v in self._options.items()

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from yrdask.runtime.context import current_runtime
-from yrdask.ray._context import current_ctx, hosted_instance
+from yrdask.runtime.context import current_runtime, current_task_cancelled
+from yrdask.ray._context import current_ctx, current_method, hosted_instance
 
 __all__ = ["RuntimeContext", "get_runtime_context"]
+
+
+class _ID(str):
+    """An id (a str) with Ray's ``hex()``."""
+
+    def hex(self) -> str:  # noqa: A003 - Ray's name
+        return str(self)
 
 
 class RuntimeContext:
@@ -23,6 +30,32 @@ class RuntimeContext:
         """``{"GPU": ["0"]}``: the accelerator ids this task or actor holds (strings, as Ray
         gives them); ``{"GPU": []}`` elsewhere."""
         return {"GPU": assigned_gpus()}
+
+    @property
+    def node_id(self) -> _ID:
+        """This node's id (Ray's deprecated property; ``.hex()`` gives the str)."""
+        return _ID(self.get_node_id())
+
+    def get_task_name(self) -> str | None:
+        """The running task's name: its ``options(name=)`` or its function's name; in an
+        actor method ``Class.method``; None in a driver."""
+        names = current_method.get()
+        if names is not None:
+            return names[0]
+        return current_ctx().get("task_name")
+
+    def get_task_function_name(self) -> str | None:
+        """The running task's function as ``module.qualname`` (``module.Class.method`` in an
+        actor method); None in a driver."""
+        names = current_method.get()
+        if names is not None:
+            return names[1]
+        return current_ctx().get("function_name")
+
+    def is_canceled(self) -> bool:
+        """Whether the running task has been cancelled (``ray.cancel``).  A cancelled task
+        is interrupted at its next Python bytecode, so code rarely sees True here."""
+        return current_task_cancelled()
 
     def get_job_id(self) -> str:
         return current_ctx().get("job_id", "")
@@ -72,9 +105,13 @@ class RuntimeContext:
                                      "yrdask.ray: a restarted actor is not told it restarted")
 
     def get(self) -> dict:
-        return {"job_id": self.get_job_id(), "node_id": self.get_node_id(),
-                "namespace": self.namespace, "task_id": self.get_task_id(),
-                "actor_id": self.get_actor_id()}
+        """Ray's (deprecated) dict: ``task_id`` and ``actor_id`` only where there are ones."""
+        out = {"job_id": self.get_job_id(), "node_id": self.get_node_id(),
+               "namespace": self.namespace}
+        for key, value in (("task_id", self.get_task_id()), ("actor_id", self.get_actor_id())):
+            if value is not None:
+                out[key] = value
+        return out
 
 
 def assigned_gpus() -> list[str]:

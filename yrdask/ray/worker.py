@@ -20,7 +20,8 @@ from yrdask.runtime.objects import ObjectRef, check_live
 from yrdask.ray._context import current_ctx
 from yrdask.ray._session import (RayContext, ensure_init, failed_ref, init, is_initialized,
                                  shutdown, store)
-from yrdask.ray.exceptions import UnsupportedOptionError, from_yr_error
+from yrdask.errors import YRTimeoutError
+from yrdask.ray.exceptions import GetTimeoutError, UnsupportedOptionError, from_yr_error
 
 logger = logging.getLogger("yrdask.ray")
 
@@ -60,6 +61,10 @@ def get(object_refs: Any, *, timeout: float | None = None) -> Any:
     rt = _rtctx.current_runtime()
     try:
         values = rt.get(refs, -1 if timeout is None else timeout)
+    except YRTimeoutError:
+        raise GetTimeoutError(
+            f"Get timed out: some object(s) not ready after {timeout} s; pass a longer "
+            "timeout, or timeout=None to wait until they are") from None
     except BaseException as e:  # noqa: BLE001 - re-raised as Ray's type
         mapped = from_yr_error(e)
         if mapped is e:
@@ -222,5 +227,6 @@ def cluster_resources() -> dict:
 
 
 def available_resources() -> dict:
-    """What running tasks and live actors leave free, in Ray units."""
-    return _sum("allocatable")
+    """What running tasks and live actors leave free, in Ray units; a resource all used up
+    is left out, as on Ray."""
+    return {k: v for k, v in _sum("allocatable").items() if v > 0}

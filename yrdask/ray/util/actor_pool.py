@@ -34,15 +34,19 @@ class ActorPool:
         return self._map(fn, values, ordered=False)
 
     def _map(self, fn: Callable, values: Iterable, ordered: bool) -> Iterator:
-        """Drop what earlier submits left unread (as Ray does), submit all, then yield."""
+        """Drop what earlier submits left unread (as Ray does), submit all, then yield.
+
+        ``map`` drops them at once; ``map_unordered`` lets them finish first and drops their
+        results (Ray polls for them; waiting for the next one is the same without spinning).
+        """
         while self.has_next():
             try:
                 if ordered:
                     self.get_next(timeout=0, ignore_if_timedout=True)
                 else:
-                    self.get_next_unordered(timeout=0)
+                    self.get_next_unordered()
             except TimeoutError:
-                break
+                pass
         for v in values:
             self.submit(fn, v)
 
@@ -75,16 +79,20 @@ class ActorPool:
         if self._next_return_index >= self._next_task_index:
             raise ValueError("It is not allowed to call get_next() after get_next_unordered().")
         ref = self._index_to_future[self._next_return_index]
+        ignored = False
         if timeout is not None:
             ready, _ = wait([ref], timeout=timeout)
             if not ready:
-                if ignore_if_timedout:
-                    return None
-                raise TimeoutError("Timed out waiting for result")
+                if not ignore_if_timedout:
+                    raise TimeoutError("Timed out waiting for result")
+                ignored = True
         del self._index_to_future[self._next_return_index]
         self._next_return_index += 1
         _, actor = self._future_to_actor.pop(ref)
         self._return_actor(actor)
+        if ignored:  # Ray: the task is dropped, and the caller told so
+            raise TimeoutError(f"Timed out waiting for result. The task {ref} has been "
+                               "ignored.")
         return get(ref)
 
     def get_next_unordered(self, timeout: float | None = None,
@@ -96,9 +104,15 @@ class ActorPool:
             raise StopIteration("No more results to get")
         ready, _ = wait(list(self._future_to_actor), num_returns=1, timeout=timeout)
         if not ready:
-            if ignore_if_timedout:
-                return None
-            raise TimeoutError("Timed out waiting for result")
+            if not ignore_if_timedout:
+                raise TimeoutError("Timed out waiting for result")
+            ref = next(iter(self._future_to_actor))  # Ray: the first pending one is dropped
+            index, actor = self._future_to_actor.pop(ref)
+            self._index_to_future.pop(index, None)
+            self._next_return_index = max(self._next_return_index, index + 1)
+            self._return_actor(actor)
+            raise TimeoutError(f"Timed out waiting for result. The task {ref} has been "
+                               "ignored.")
         ref = ready[0]
         index, actor = self._future_to_actor.pop(ref)
         self._index_to_future.pop(index, None)
