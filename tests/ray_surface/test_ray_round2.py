@@ -298,3 +298,55 @@ def test_python_m_yrdask_ray_takes_a_module_and_code(tmp_path):
                           "import sys, ray; print(sys.argv, ray.__name__)", "y"], env=env,
                          capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
     assert out.returncode == 0 and out.stdout.strip() == "['-c', 'y'] yrdask.ray", out.stderr
+
+
+# -- async actor ordering -----------------------------------------------------------------------
+
+
+@ray.remote
+def value_after(path, value):
+    wait_for_file(path)
+    return value
+
+
+@ray.remote
+class AsyncRecorder:
+    def __init__(self):
+        self.seen = []
+
+    async def record(self, x):
+        self.seen.append(x)
+        return x
+
+    async def seen_so_far(self):
+        return self.seen
+
+
+@ray.remote
+class SyncRecorder:
+    def __init__(self):
+        self.seen = []
+
+    def record(self, x):
+        self.seen.append(x)
+        return x
+
+    def seen_so_far(self):
+        return self.seen
+
+
+def test_async_actor_runs_a_later_call_whose_argument_is_ready_first(ray_env, tmp_path):
+    gate = tmp_path / "gate"
+    a = AsyncRecorder.remote()
+    first = a.record.remote(value_after.remote(str(gate), 2))
+    assert ray.get(a.record.remote(3), timeout=60) == 3  # Ray prints 3 then 2
+    gate.touch()
+    assert ray.get(first) == 2 and ray.get(a.seen_so_far.remote()) == [3, 2]
+    # a sync (single-threaded) actor keeps the caller's order, as on Ray
+    gate2 = tmp_path / "gate2"
+    s = SyncRecorder.remote()
+    first = s.record.remote(value_after.remote(str(gate2), 2))
+    second = s.record.remote(3)
+    assert ray.wait([second], timeout=0.5) == ([], [second])
+    gate2.touch()
+    assert ray.get([first, second]) == [2, 3] and ray.get(s.seen_so_far.remote()) == [2, 3]

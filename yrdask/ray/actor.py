@@ -20,8 +20,8 @@ import traceback
 import types
 from typing import Any, Callable
 
-from yrdask.api.instances import (_CONCURRENCY, _REDELIVERIES, InstanceCreator, InstanceProxy,
-                                  MethodProxy, _kill)
+from yrdask.api.instances import (_CONCURRENCY, _REDELIVERIES, _UNORDERED, InstanceCreator,
+                                  InstanceProxy, MethodProxy, _kill)
 from yrdask.runtime.context import current_runtime
 from yrdask.ray._context import STATE, current_ctx, current_method, hosted_instance
 from yrdask.ray._util import captured_group, in_captured_group, with_capture
@@ -284,6 +284,10 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
     concurrency = max_concurrency
     if groups:
         concurrency = sum(groups.values()) + default_limit
+    if is_async or (concurrency or 1) > 1:
+        # Ray runs the calls of async and threaded actors as their arguments resolve: a
+        # later call whose arguments are ready does not wait behind an earlier one's
+        setattr(host, _UNORDERED, True)
     if concurrency is not None and concurrency > 1000:  # above yr's bound: the class says it
         setattr(host, _CONCURRENCY, concurrency)
         concurrency = 1000
@@ -496,7 +500,7 @@ class ActorMethod:
             return MethodProxy(proxy, self._name, nret, None).invoke()  # raises, says why
         method_args = (self._name, per_call, *args)
         refs = proxy._rt.call_method(proxy.instance_id, "__ray_call__", method_args, kwargs,
-                                     nret, redeliveries)
+                                     nret, redeliveries, proxy._unordered)
         if nret == 0:
             return None
         if nret == STREAMING:
