@@ -193,7 +193,7 @@ def test_actor_proxy_job_config_and_max_concurrency(ray_env):
 # -- Ray's error types and wording -------------------------------------------------------------
 
 
-def test_errors_typed_and_worded_as_rays(ray_env):
+def test_errors_typed_and_worded_as_rays(ray_env, tmp_path):
     from yrdask.ray.util.queue import Queue
 
     with pytest.raises(TypeError, match="name must be None or a string"):
@@ -210,10 +210,12 @@ def test_errors_typed_and_worded_as_rays(ray_env):
         q.get_nowait_batch("2")
     assert q.get_nowait_batch(2) == [1, 2]
     q.shutdown()
-    slow = blocked_in_c.remote(os.devnull)
+    gate = tmp_path / "gate"
+    slow = value_after.remote(str(gate), 1)
     with pytest.raises(ray.exceptions.GetTimeoutError, match="timeout=None"):
         ray.get(slow, timeout=0.1)
-    ray.cancel(slow, force=True)
+    gate.touch()
+    assert ray.get(slow) == 1
     a = Named.remote()
     ray.get(a.names.remote())
     ray.kill(a)
@@ -350,3 +352,60 @@ def test_async_actor_runs_a_later_call_whose_argument_is_ready_first(ray_env, tm
     assert ray.wait([second], timeout=0.5) == ([], [second])
     gate2.touch()
     assert ray.get([first, second]) == [2, 3] and ray.get(s.seen_so_far.remote()) == [2, 3]
+
+
+# -- concurrency groups -------------------------------------------------------------------------
+
+
+@ray.remote(concurrency_groups={"io": 1, "compute": 2})
+class AsyncGroups:
+    def __init__(self):
+        self.release = None
+
+    @ray.method(concurrency_group="io")
+    async def hold(self):
+        self.release = asyncio.Event()  # on the io group's loop
+        self.loop = asyncio.get_running_loop()
+        await self.release.wait()
+        return threading.current_thread().name
+
+    @ray.method(concurrency_group="compute")
+    def sync_in_group(self):  # Ray: a sync method of an async actor's group runs there
+        return threading.current_thread().name
+
+    @ray.method(concurrency_group="compute")
+    async def let_go(self):
+        self.loop.call_soon_threadsafe(self.release.set)
+        return threading.current_thread().name
+
+    async def default(self):
+        return threading.current_thread().name
+
+
+@ray.remote(concurrency_groups={"io": 1}, max_concurrency=1)
+class ThreadedGroups:
+    @ray.method(concurrency_group="io")
+    def io(self, path):
+        wait_for_file(path)
+        return threading.current_thread().name
+
+    def default(self):
+        return threading.current_thread().name
+
+
+def test_each_concurrency_group_has_its_own_executor(ray_env, tmp_path):
+    a = AsyncGroups.remote()
+    assert ray.get(a.default.remote())  # constructed
+    held = a.hold.remote()  # occupies io, the only slot of its group
+    names = ray.get([a.sync_in_group.remote(), a.default.remote()], timeout=30)
+    assert names[0].startswith("ray-group-compute") and not names[1].startswith("ray-group")
+    assert ray.get(a.let_go.remote(), timeout=30).startswith("ray-group-compute")
+    assert ray.get(held, timeout=30).startswith("ray-group-io")
+    t = ThreadedGroups.remote()
+    gate = tmp_path / "gate"
+    blocked = t.io.remote(str(gate))  # io's one thread waits; the default group goes on
+    assert not ray.get(t.default.remote(), timeout=30).startswith("ray-group-io")
+    gate.touch()
+    assert ray.get(blocked, timeout=30).startswith("ray-group-io")
+    ray.kill(a)
+    ray.kill(t)

@@ -3,12 +3,13 @@
 
 The class that runs on the worker is a subclass of the user's class made here (the *host
 class*).  It carries the job context (``__ray_ctx__``), turns an ``__init__`` failure into
-Ray's ``ActorDiedError`` for every call, and wraps methods that need it: a method of a
-concurrency group runs under that group's limit (a semaphore per group and instance, Ray's
-``concurrency_groups``; the instance runs up to the sum of the limits at once), and a method
-marked ``@ray.method(retry_exceptions=...)`` reruns after those exceptions up to
-``max_task_retries`` times.
-"""
+Ray's ``ActorDiedError`` for every call, and wraps every method: it names the running task
+(``get_runtime_context().get_task_name()``), reruns after the exceptions
+``@ray.method(retry_exceptions=...)`` names up to ``max_task_retries`` times, and with
+``concurrency_groups`` runs it in its group's own executor, as Ray does: a thread pool of the
+group's size in a threaded actor, an event loop thread in an async actor (whose default group
+is the actor's own loop).  ``__ray_call__`` runs a method with per-call options
+(``actor.method.options(...)``)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ import inspect
 import threading
 import traceback
 import types
+import weakref
 from typing import Any, Callable
 
 from yrdask.api.instances import (_CONCURRENCY, _REDELIVERIES, _UNORDERED, InstanceCreator,
                                   InstanceProxy, MethodProxy, _kill)
-from yrdask.runtime.context import current_runtime
+from yrdask.runtime.context import current_lease, current_owner, current_runtime, task_context
 from yrdask.ray._context import STATE, current_ctx, current_method, hosted_instance
 from yrdask.ray._util import captured_group, in_captured_group, with_capture
 from yrdask.ray._options import ACTOR, METHOD, check_keys, check_num_returns, node_affinity
@@ -184,6 +186,103 @@ def _wrap_method(fn: Callable, group: str | None, limit: int, retry: Any,
     return run
 
 
+def _runner(raw: Callable, group: str | None, limit: int, retry: Any, max_retries: int,
+            names: tuple[str, str], actor_async: bool) -> Callable:
+    """How the host class runs a method.  Without concurrency groups: in the instance's
+    executor.  With them, as Ray: each group has its own executor (a thread pool of its
+    limit in a threaded actor, an event loop thread in an async actor, where the default
+    group is the actor's own loop), and a method, sync or async, runs in its group's."""
+    if group is None or (actor_async and group == _DEFAULT_GROUP):
+        return _wrap_method(raw, group, limit, retry, max_retries, names)
+    return _in_group(_wrap_method(raw, None, 0, retry, max_retries, names), group, limit,
+                     actor_async)
+
+
+def _in_group(inner: Callable, group: str, limit: int, actor_async: bool) -> Callable:
+    @functools.wraps(inner)
+    async def in_group(self, *args, **kwargs):
+        executor = _group_executor(self, group, limit, actor_async)
+        return await executor.run(inner, self, args, kwargs)
+
+    return in_group
+
+
+class _GroupThreads:
+    """A concurrency group of a threaded actor: ``limit`` threads of its own."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(limit, thread_name_prefix=f"ray-group-{name}")
+
+    async def run(self, fn: Callable, obj: Any, args: tuple, kwargs: dict) -> Any:
+        ctx = task_context(current_lease(), current_owner())  # nested calls: this actor's
+        return await asyncio.wrap_future(self.pool.submit(_in_context, ctx, fn, obj, args,
+                                                          kwargs))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+
+
+def _in_context(ctx: Any, fn: Callable, obj: Any, args: tuple, kwargs: dict) -> Any:
+    with ctx:
+        return fn(obj, *args, **kwargs)
+
+
+class _GroupLoop:
+    """A concurrency group of an async actor: an event loop in a thread of its own, running
+    up to ``limit`` of the group's calls at once (sync methods run on that thread too)."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        self.limit = limit
+        self.loop = asyncio.new_event_loop()
+        self.sem: asyncio.Semaphore | None = None
+        threading.Thread(target=self.loop.run_forever, daemon=True,
+                         name=f"ray-group-{name}").start()
+
+    async def run(self, fn: Callable, obj: Any, args: tuple, kwargs: dict) -> Any:
+        ctx = task_context(current_lease(), current_owner())
+        done = asyncio.run_coroutine_threadsafe(self._call(ctx, fn, obj, args, kwargs),
+                                                self.loop)
+        return await asyncio.wrap_future(done)
+
+    async def _call(self, ctx: Any, fn: Callable, obj: Any, args: tuple, kwargs: dict) -> Any:
+        if self.sem is None:
+            self.sem = asyncio.Semaphore(self.limit)
+        async with self.sem:
+            with ctx:
+                result = fn(obj, *args, **kwargs)
+                if inspect.iscoroutine(result):
+                    result = await result
+            return result
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def _group_executor(obj: Any, group: str, limit: int, actor_async: bool) -> Any:
+    table = type(obj).__dict__["__ray_sems__"]
+    key = (id(obj), "executor", group)
+    executor = table.get(key)
+    if executor is None:
+        with _SEMS_LOCK:
+            executor = table.get(key)
+            if executor is None:
+                executor = table[key] = (_GroupLoop if actor_async else _GroupThreads)(
+                    group, limit)
+                try:  # the actor ended: its groups' threads go too
+                    weakref.finalize(obj, _close_executor, table, key)
+                except TypeError:  # an object without weak references: they stay idle
+                    pass
+    return executor
+
+
+def _close_executor(table: dict, key: tuple) -> None:
+    executor = table.pop(key, None)
+    if executor is not None:
+        executor.close()
+
+
 def _names(cls: type, name: str) -> tuple[str, str]:
     """Ray's task name and task function name of method ``name`` of ``cls``."""
     return f"{cls.__name__}.{name}", f"{cls.__module__}.{cls.__qualname__}.{name}"
@@ -210,8 +309,8 @@ def _call_with_options(self: Any, name: str, options: dict, *args: Any, **kwargs
     if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
         return raw(self, *args, **kwargs)  # streams; checked by the caller (no retries)
     limit = groups.get(group, cls.__ray_default_limit__)
-    return _wrap_method(raw, group, limit, retry, max_retries,
-                        _names(cls.__mro__[1], name))(self, *args, **kwargs)
+    return _runner(raw, group, limit, retry, max_retries, _names(cls.__mro__[1], name),
+                   cls.__ray_async__)(self, *args, **kwargs)
 
 
 class _InstallAlias:
@@ -261,8 +360,10 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
         if groups and group is None:
             group = _DEFAULT_GROUP
         limit = groups.get(group, default_limit)
-        ns[name] = _wrap_method(raw, group, limit, retry or False,
-                                getattr(raw, _TASK_RETRIES, max_task_retries), _names(cls, name))
+        ns[name] = _runner(raw, group, limit, retry or False,
+                           getattr(raw, _TASK_RETRIES, max_task_retries), _names(cls, name),
+                           is_async)
+    ns["__ray_async__"] = is_async
     ns["__ray_raw__"] = raw_methods
     ns["__ray_groups__"] = dict(groups)
     ns["__ray_default_limit__"] = default_limit
@@ -282,8 +383,8 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
     host = meta(cls.__name__, (cls,), ns)
     host.__qualname__ = cls.__qualname__
     concurrency = max_concurrency
-    if groups:
-        concurrency = sum(groups.values()) + default_limit
+    if groups:  # the groups' own executors bound their calls; the instance only hands over
+        concurrency = max(1000, sum(groups.values()) + default_limit)
     if is_async or (concurrency or 1) > 1:
         # Ray runs the calls of async and threaded actors as their arguments resolve: a
         # later call whose arguments are ready does not wait behind an earlier one's
