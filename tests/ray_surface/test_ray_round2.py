@@ -19,7 +19,7 @@ import cloudpickle
 import pytest
 
 import yrdask.ray as ray
-from conftest import wait_for_file
+from conftest import wait_for_file, wait_until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -109,6 +109,8 @@ def test_force_cancel_ends_the_worker_process_of_a_task_blocked_in_c(ray_env, tm
     assert ray.get(quick.remote(), timeout=60) == "ran"
     # a forced cancel is not a crash of the task: it is not run again on the new process
     assert [m.read_text() for m in marks] == ["x", "x"]
+    # the nannies' fresh processes join: the cluster is whole again for the next tests
+    wait_until(lambda: ray.available_resources().get("CPU") == 2, 60, "both CPUs back")
 
 
 # -- names Ray programs use ---------------------------------------------------------------------
