@@ -411,3 +411,19 @@ def test_each_concurrency_group_has_its_own_executor(ray_env, tmp_path):
     assert ray.get(blocked, timeout=30).startswith("ray-group-io")
     ray.kill(a)
     ray.kill(t)
+
+
+# -- max_calls ----------------------------------------------------------------------------------
+
+
+@ray.remote(max_calls=1)
+def pid_once():
+    return os.getpid()
+
+
+def test_max_calls_recycles_the_process(ray_env):
+    # Ray: the process ends after max_calls calls of the function; the next runs in a new one
+    pids = [ray.get(pid_once.remote(), timeout=60) for _ in range(3)]
+    assert len(set(pids)) == 3
+    with pytest.raises(ValueError, match="max_calls"):
+        pid_once.options(max_calls=-1).remote()

@@ -185,6 +185,13 @@ class RemoteFunction:
         proxy = FunctionProxy(body, ropts.invoke, nret)
         proxy._wait_nested = False  # Ray's rule: refs nested in arguments are not waited for
         proxy._max_crashes = ropts.max_retries  # reruns after a lost worker (-1: no bound)
+        if ropts.max_calls:
+            if mode == "streaming":
+                raise UnsupportedOptionError(
+                    f"max_calls on the generator function {self.__qualname__} is not supported "
+                    "by yrdask.ray (max_calls runs it in processes of its own, which do not "
+                    "stream); drop max_calls or use num_returns='dynamic'")
+            proxy._max_calls = ropts.max_calls  # its isolated processes end after as many
         self._proxy = (key, proxy, ropts)
         return proxy, ropts
 
