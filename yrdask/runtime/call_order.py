@@ -494,12 +494,14 @@ class CallOrder:
                 out.append(SendLocate(sid, route.instance_id, route.lost))
             return
         target = route.real_id or route.instance_id
-        passed: list[_Call] = []  # unordered calls still waiting for their arguments
+        passed: list[_Call] | None = None  # unordered calls still waiting for their arguments
         while queue:
             call = queue[0]
             if not call.ready:
                 if not call.unordered:
                     break  # later calls wait behind it: calls leave in submission order
+                if passed is None:
+                    passed = []
                 passed.append(queue.popleft())
                 continue
             queue.popleft()
@@ -509,7 +511,8 @@ class CallOrder:
             route.inflight[call.call_id] = call
             self.story.log(sid, ("send", call.call_id, target, worker), (call.call_id,))
             out.append(SendCall(sid, call.call_id, target, worker))
-        queue.extendleft(reversed(passed))  # they keep their places, in submission order
+        if passed:
+            queue.extendleft(reversed(passed))  # they keep their places, in submission order
 
     def _fail(self, call: _Call, error: Any, sid: str, out: list) -> None:
         del self.calls[call.call_id]
