@@ -164,6 +164,7 @@ def test_runtime_context_names_and_ids(ray_env, tmp_path):
     a = Named.remote()
     assert ray.get(a.names.remote()) == ("Named.names", f"{mod}.Named.names")
     assert ray.get(a.async_names.remote()) == "Named.async_names"
+    assert ray.get(a.names.options(name="renamed").remote())[0] == "renamed"
     ctx = ray.get_runtime_context()
     assert ctx.get_task_name() is None and ctx.node_id.hex() == ctx.get_node_id()
     # in a driver, Ray's get() leaves task_id and actor_id out rather than None

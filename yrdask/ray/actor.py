@@ -40,6 +40,8 @@ _GROUP = "__ray_concurrency_group__"
 _RETRY = "__ray_retry_exceptions__"
 _TASK_RETRIES = "__ray_max_task_retries__"
 _DEFAULT_GROUP = "_ray_default_group"
+#: Per-call method options that go to the actor with the call (``__ray_call__``).
+_PER_CALL = ("max_task_retries", "retry_exceptions", "concurrency_group", "name")
 _SEMS_LOCK = threading.Lock()  # guards the creation of concurrency-group semaphores
 
 
@@ -309,7 +311,10 @@ def _call_with_options(self: Any, name: str, options: dict, *args: Any, **kwargs
     if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
         return raw(self, *args, **kwargs)  # streams; checked by the caller (no retries)
     limit = groups.get(group, cls.__ray_default_limit__)
-    return _runner(raw, group, limit, retry, max_retries, _names(cls.__mro__[1], name),
+    names = _names(cls.__mro__[1], name)
+    if options.get("name"):  # .options(name=): the task name get_task_name() gives
+        names = (options["name"], names[1])
+    return _runner(raw, group, limit, retry, max_retries, names,
                    cls.__ray_async__)(self, *args, **kwargs)
 
 
@@ -569,8 +574,7 @@ class ActorMethod:
                              handle._proxy._cls_name)
             refs = [failed_ref(err) for _ in range(max(1, nret))]
             return None if nret == 0 else refs[0] if nret == 1 else refs
-        per_call = {k: v for k, v in self._options.items()
-                    if k in ("max_task_retries", "retry_exceptions", "concurrency_group")}
+        per_call = {k: v for k, v in self._options.items() if k in _PER_CALL}
         if not per_call:
             return MethodProxy(handle._proxy, self._name, nret, self._sig).invoke(*args,
                                                                                   **kwargs)
