@@ -68,8 +68,8 @@ def test_node_affinity_soft_and_hard():
     assert to_invoke_options({"scheduling_strategy": "SPREAD"}, TASK, "ns").spread
 
 
-@pytest.mark.parametrize("key, value", [("accelerator_type", "A100"), ("max_calls", 5),
-                                        ("object_store_memory", 10),
+@pytest.mark.parametrize("key, value", [("accelerator_type", "A100"),
+                                        ("label_selector", {"a": "b"}), ("object_store_memory", 10),
                                         ("placement_group_bundle_index", 0)])
 def test_unsupported_ray_options_are_named(key, value):
     def f():
