@@ -253,6 +253,9 @@ def test_actor_pool_map_unordered_drops_earlier_unread_submissions(ray_env):
     assert sorted(pool.map_unordered(lambda a, v: a.echo.remote(v), [1, 2])) == [1, 2]
     pool.submit(lambda a, v: a.echo.remote(v), "earlier")
     assert list(pool.map(lambda a, v: a.echo.remote(v), [3, 4])) == [3, 4]
+    # a call of several returns (a list of refs) is one submission, as on Ray
+    pairs = pool.map(lambda a, v: a.echo.options(num_returns=2).remote((v, -v)), [5, 6])
+    assert list(pairs) == [[5, -5], [6, -6]]
 
 
 @ray.remote(num_returns="dynamic")
