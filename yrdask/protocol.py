@@ -872,6 +872,8 @@ class RunIsolated(Message):
 
 RUN_TASK = "yr_run_task"
 CANCEL_TASK = "yr_cancel_task"
+#: The exit code of a worker process ended by a forced cancel (``CancelTask(force=True)``).
+FORCED_CANCEL_EXIT = 77
 TASK_DONE = "yr_task_done"
 CALL_METHOD = "yr_call_method"
 
@@ -902,11 +904,13 @@ class RunTask(Message):
 
 @_message
 class CancelTask(Message):
-    """caller -> worker.  Interrupts the task if it is still running."""
+    """caller -> worker.  Interrupts the task if it is still running; ``force``: ends the
+    worker process running it instead (Ray's ``cancel(force=True)``: code blocked in C)."""
 
     op: ClassVar[str] = CANCEL_TASK
     channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_WORKER,)
     task_id: str
+    force: bool = False
 
 
 @_message

@@ -68,8 +68,8 @@ def test_node_affinity_soft_and_hard():
     assert to_invoke_options({"scheduling_strategy": "SPREAD"}, TASK, "ns").spread
 
 
-@pytest.mark.parametrize("key, value", [("accelerator_type", "A100"), ("max_calls", 5),
-                                        ("object_store_memory", 10),
+@pytest.mark.parametrize("key, value", [("accelerator_type", "A100"),
+                                        ("label_selector", {"a": "b"}), ("object_store_memory", 10),
                                         ("placement_group_bundle_index", 0)])
 def test_unsupported_ray_options_are_named(key, value):
     def f():
@@ -126,7 +126,7 @@ def test_direct_calls_say_what_to_do():
         f()
     with pytest.raises(TypeError, match=r"C.remote\(\)"):
         C()
-    with pytest.raises(TypeError, match="async def"):
+    with pytest.raises(ValueError, match="async def"):
         @ray.remote
         async def g():
             return 1

@@ -73,6 +73,16 @@ def test_a_call_waits_for_its_arguments_and_holds_later_calls_back(h):
     assert sent(h(C.CallDepsReady, "c1")) == ["c1", "c2", "c3"]
 
 
+def test_unordered_calls_leave_as_their_arguments_are_ready(h):
+    # Ray's async and threaded actors: a later call whose arguments are ready runs first
+    h.created("i")
+    assert sent(h(C.CallSubmitted, "c1", "i", False, None, None, True)) == []
+    assert sent(h(C.CallSubmitted, "c2", "i", True, None, None, True)) == ["c2"]
+    assert sent(h(C.CallSubmitted, "c3", "i", False, None, None, True)) == []
+    assert sent(h(C.CallDepsReady, "c3")) == ["c3"]
+    assert sent(h(C.CallDepsReady, "c1")) == ["c1"]
+
+
 def test_interleaved_readiness_keeps_submission_order(h):
     h.created("i")
     for k in range(6):

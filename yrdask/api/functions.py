@@ -90,6 +90,8 @@ class FunctionProxy:
                     "yet (env_vars, runtime_env or isolated=True ask for one); drop those "
                     "options, or return a list instead of yielding")
             if iso is not None:
+                if getattr(self, "_max_calls", 0):  # the Ray surface's max_calls
+                    iso = {**iso, "max_calls": self._max_calls}
                 target = IsolatedFunction(target, rt.with_working_dir(iso))
             self._payload = dumps_definition(target, f"the function {self._name}")
             self._fn_id = function_id(self._payload, self._name)

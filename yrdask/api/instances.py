@@ -22,6 +22,12 @@ from yrdask.serialization import dumps, dumps_definition
 
 _RETURN_NUMS = "__yr_return_nums__"
 _REDELIVERIES = "__yr_max_redeliveries__"  # see _ClassInfo.redeliveries
+#: A class attribute that raises the instance's concurrency above yr's bound of 1000 (the Ray
+#: surface's ``max_concurrency``, which has no bound).
+_CONCURRENCY = "__yr_concurrency__"
+#: A class attribute: a call may pass earlier calls whose ref arguments are not ready yet (the
+#: Ray surface's async and threaded actors, whose calls Ray runs as their arguments resolve).
+_UNORDERED = "__yr_unordered_calls__"
 DEFAULT_GRACE_S = 30  # __yr_shutdown__'s default grace period, as in yr
 REAL_ID_WAIT_S = 30  # InstanceProxy.real_id waits this long for a placement, as in yr
 
@@ -89,7 +95,8 @@ class _ClassInfo:
         except (TypeError, ValueError):
             self.init_sig = None
         self.meta = dumps({"name": self.name, "methods": self.methods,
-                           "redeliveries": self.redeliveries})
+                           "redeliveries": self.redeliveries,
+                           "unordered": bool(getattr(cls, _UNORDERED, False))})
 
 
 class InstanceCreator:
@@ -184,7 +191,8 @@ class InstanceCreator:
             "cls": info.payload, "cls_name": info.name, "meta": info.meta,
             "shape": opts.resource_shape(), "timeout_ms": opts.schedule_timeout_ms,
             "name": opts.name, "namespace": opts.namespace, "detached": opts.is_detached,
-            "concurrency": opts.concurrency, "is_async": info.is_async,
+            "concurrency": getattr(info.cls, _CONCURRENCY, None) or opts.concurrency,
+            "is_async": info.is_async,
             "recover_retry_times": opts.recover_retry_times,
             "affinity": to_wire(opts.schedule_affinities) + bundle_wire_of(opts),
             "labels": list(opts.labels),
@@ -230,6 +238,7 @@ class InstanceProxy:
         self._cls_name: str = info["name"]
         self._methods: dict = info["methods"]
         self._redeliveries: dict = info.get("redeliveries", {})
+        self._unordered: bool = info.get("unordered", False)
         self._rt = runtime
         self._terminated = False
         runtime.on_loop(runtime.router.incref, instance_id)
@@ -346,7 +355,7 @@ class MethodProxy:
             except TypeError as e:
                 raise TypeError(f"{h._cls_name}.{self._name}.invoke(): {e}") from None
         refs = h._rt.call_method(h.instance_id, self._name, args, kwargs, self._nret,
-                                 h._redeliveries.get(self._name))
+                                 h._redeliveries.get(self._name), h._unordered)
         if self._nret == 0:
             return None
         if self._nret == P.STREAMING:

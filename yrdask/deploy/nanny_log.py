@@ -6,7 +6,9 @@ more when it has to kill one): lines that name no worker and alarm users althoug
 handles the death (the nanny starts a new process; yrdask restarts or ends the instances it
 hosted and runs its tasks again).  :func:`install` rewrites the nanny's restart warning into
 one line that names the worker, and keeps every other record as it is: errors (a nanny that
-cannot start a worker) still show, and yrdask's own loggers are not touched.
+cannot start a worker) still show, and yrdask's own loggers are not touched.  A process
+that ended on purpose for ``cancel(force=True)`` (exit code ``FORCED_CANCEL_EXIT``) is not
+reported at all: the user asked for it.
 """
 
 from __future__ import annotations
@@ -15,21 +17,24 @@ import logging
 import sys
 from typing import Any
 
+from yrdask.protocol import FORCED_CANCEL_EXIT
+
 RESTARTING = "Restarting worker"
 MAX_FRAMES = 12  # how far up the logging call to look for the nanny
 
 
-def _nanny_of_caller() -> Any:
-    """The Nanny whose method is logging now (found on the call stack), or None."""
+def _nanny_of_caller() -> tuple[Any, int | None]:
+    """The Nanny whose method is logging now (found on the call stack), or None, and the
+    exit code of its worker process that the method was handed (``_on_worker_exit``)."""
     frame = sys._getframe(1)
     for _ in range(MAX_FRAMES):
         if frame is None:
-            return None
+            return None, None
         owner = frame.f_locals.get("self")
         if owner is not None and type(owner).__name__ == "Nanny":
-            return owner
+            return owner, frame.f_locals.get("exitcode")
         frame = frame.f_back
-    return None
+    return None, None
 
 
 class WorkerDeathLine(logging.Filter):
@@ -38,7 +43,9 @@ class WorkerDeathLine(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno != logging.WARNING or not str(record.msg).startswith(RESTARTING):
             return True
-        nanny = _nanny_of_caller()
+        nanny, exitcode = _nanny_of_caller()
+        if exitcode == FORCED_CANCEL_EXIT:
+            return False  # ended on purpose by cancel(force=True): nothing to report
         worker = getattr(nanny, "worker_address", None) or "?"
         where = getattr(nanny, "address_safe", None) or getattr(nanny, "address", None) or "?"
         record.msg = ("yrdask: worker process %s died; its nanny %s is starting a new one "

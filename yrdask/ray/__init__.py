@@ -14,7 +14,7 @@ from typing import Any
 
 from yrdask.api.generators import ObjectRefGenerator
 from yrdask.runtime.objects import ObjectRef
-from yrdask.ray import actor, exceptions, util
+from yrdask.ray import actor, exceptions, job_config, util
 from yrdask.ray.actor import ActorClass, ActorHandle, method
 from yrdask.ray.generators import DynamicObjectRefGenerator
 from yrdask.ray.remote_function import RemoteFunction
@@ -54,6 +54,7 @@ def remote(*args: Any, **options: Any) -> Any:
 __all__ = sorted([
     "ActorClass", "ActorHandle", "DynamicObjectRefGenerator", "ObjectID", "ObjectRef",
     "ObjectRefGenerator", "RemoteFunction", "actor", "available_resources", "cancel", "cluster_resources",
-    "exceptions", "get", "get_actor", "get_gpu_ids", "get_runtime_context", "init", "is_initialized", "kill",
+    "exceptions", "get", "get_actor", "get_gpu_ids", "get_runtime_context", "init",
+    "is_initialized", "job_config", "kill",
     "method", "nodes", "put", "remote", "shutdown", "util", "wait",
 ])

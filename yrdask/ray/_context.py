@@ -8,12 +8,15 @@ looks in the job's namespace, as on Ray.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from typing import Any
 
 from yrdask.runtime.context import current_lease, current_owner, installed_runtime
 
 _local = threading.local()  # .ctx: the context of the task this thread runs
+#: ``Class.method`` of the actor method running now (set by the host class's wrappers).
+current_method: contextvars.ContextVar = contextvars.ContextVar("ray_method", default=None)
 
 
 class Session:
@@ -27,6 +30,7 @@ class Session:
         self.runtime = runtime
         self.job_env = job_env or {}
         self.alias = False  # True when this process runs under ``python -m yrdask.ray``
+        self.default_lifetime: str | None = None  # JobConfig(default_actor_lifetime=)
 
     def ctx(self, resources: dict | None = None) -> dict:
         """The context that work submitted now carries to its workers."""
@@ -34,7 +38,18 @@ class Session:
                 "resources": dict(resources or {})}
 
 
-session: Session | None = None
+class _State:
+    """The process's ray state, one object so that modules import it by name (see below)."""
+
+    session: Session | None = None
+
+
+#: ``STATE.session``: the driver's session.  Submodules of yrdask.ray import names
+#: (``from yrdask.ray._context import STATE``), never ``import yrdask.ray._context as ...``:
+#: that form waits for the package ``yrdask.ray`` to finish initialising, and a thread that
+#: unpickles a task body (importing a submodule) while another imports the package then
+#: deadlocks with it (Python hands one of them a half-initialised module).
+STATE = _State()
 
 
 def set_task_ctx(ctx: dict | None) -> Any:
@@ -63,6 +78,6 @@ def current_ctx() -> dict:
         found = getattr(type(inst.obj), "__ray_ctx__", None)
         if found is not None:
             return found
-    if session is not None:
-        return session.ctx()
+    if STATE.session is not None:
+        return STATE.session.ctx()
     return {"namespace": "", "job_id": "", "alias": False, "resources": {}}

@@ -49,7 +49,7 @@ _OPTIONS: dict[str, tuple[frozenset, Any]] = {
     "label_selector": (frozenset({TASK, ACTOR}), None),
     "_metadata": (frozenset({TASK, ACTOR}), None),
     "enable_task_events": (frozenset({TASK, ACTOR, METHOD}), True),
-    "max_calls": (frozenset({TASK}), 0),
+    "max_calls": (frozenset({TASK}), _UNSET),
     "max_pending_calls": (frozenset({ACTOR}), -1),
     "allow_out_of_order_execution": (frozenset({ACTOR}), False),
     "_generator_backpressure_num_objects": (frozenset({TASK, METHOD}), None),
@@ -65,7 +65,6 @@ _WHY = {
     "placement_group_bundle_index": "use scheduling_strategy=PlacementGroupSchedulingStrategy",
     "placement_group_capture_child_tasks": "use scheduling_strategy=PlacementGroupSchedulingStrategy("
                                            "pg, placement_group_capture_child_tasks=True)",
-    "max_calls": "worker processes are not recycled after a number of calls",
     "max_pending_calls": "yrdask does not bound an actor's queue of pending calls",
     "allow_out_of_order_execution": "calls from one caller always run in submission order",
 }
@@ -83,6 +82,8 @@ class RayOptions:
     resources: dict = field(default_factory=dict)  # Ray units, for get_assigned_resources
     spread: bool = False
     capture: Any = None  # the placement group whose child tasks this work captures
+    max_concurrency: int | None = None  # Ray's, which may exceed yr's concurrency bound
+    max_calls: int = 0  # Ray's: a process runs this many calls of the function, then ends
 
 
 def check_keys(options: dict, kind: str) -> None:
@@ -159,6 +160,8 @@ def to_invoke_options(options: dict, kind: str, namespace: str,
         _actor_options(options, inv, out, namespace)
     else:
         _task_options(options, out)
+        if out.max_calls:  # Ray recycles the worker process: run it in processes that end
+            inv.isolated = True
     inv.validate()
     return out
 
@@ -171,6 +174,11 @@ def _task_options(options: dict, out: RayOptions) -> None:
                          f"positive integer, got {retries!r}")
     out.max_retries = retries
     out.retry_exceptions = _retry_exceptions(options.get("retry_exceptions", False))
+    max_calls = options.get("max_calls", 0)
+    if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 0:
+        raise ValueError(f"The keyword 'max_calls' only accepts 0 or a positive integer, "
+                         f"got {max_calls!r}")
+    out.max_calls = max_calls
 
 
 def check_num_returns(n: Any) -> Any:
@@ -196,10 +204,10 @@ def _actor_options(options: dict, inv: InvokeOptions, out: RayOptions, namespace
     out.max_retries = task_retries
     conc = options.get("max_concurrency")
     if conc is not None:
-        if isinstance(conc, bool) or not isinstance(conc, int) or not 1 <= conc <= 1000:
-            raise ValueError(f"max_concurrency must be an int in [1, 1000] in yrdask, "
-                             f"got {conc!r}")
-        inv.concurrency = conc
+        if isinstance(conc, bool) or not isinstance(conc, int) or conc < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {conc!r}")
+        inv.concurrency = min(conc, 1000)  # yr's bound; the host class carries more (actor.py)
+        out.max_concurrency = conc
     groups = options.get("concurrency_groups") or {}
     if not isinstance(groups, dict) or not all(
             isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
@@ -209,8 +217,10 @@ def _actor_options(options: dict, inv: InvokeOptions, out: RayOptions, namespace
     out.concurrency_groups = dict(groups)
     name = options.get("name")
     if name is not None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"name must be None or a non-empty string, got {name!r}")
+        if not isinstance(name, str):
+            raise TypeError(f"name must be None or a string, got: '{type(name)}'.")
+        if not name:
+            raise ValueError("Actor name cannot be an empty string.")
         inv.name = name
     ns = options.get("namespace")
     if ns is not None and (not isinstance(ns, str) or not ns):

@@ -15,7 +15,7 @@ from typing import Any
 import yrdask
 from yrdask.runtime import context as _rtctx
 from yrdask.runtime.objects import Entry, ObjectRef
-import yrdask.ray._context as _context
+from yrdask.ray._context import STATE, Session
 from yrdask.ray.exceptions import UnsupportedOptionError
 
 _lock = threading.RLock()
@@ -45,12 +45,16 @@ class RayContext(dict):
 
 def _address(address: str | None) -> str:
     """yr's ``server_address`` for Ray's ``address`` ("" = start an embedded cluster)."""
+    if address is None and os.environ.get("RAY_ADDRESS"):  # Ray joins it
+        return _address(os.environ["RAY_ADDRESS"])
     if address in (None, "local"):
         return os.environ.get("YR_SERVER_ADDRESS", "") if address is None else ""
     if not isinstance(address, str):
         raise TypeError(f"address must be a str, got {type(address).__name__}")
     if address == "auto":
-        found = os.environ.get("RAY_ADDRESS") or os.environ.get("YR_SERVER_ADDRESS")
+        found = next((v for v in (os.environ.get("RAY_ADDRESS"),
+                                  os.environ.get("YR_SERVER_ADDRESS"))
+                      if v and v not in ("auto", "local")), None)
         if not found:
             raise ConnectionError("Could not find any running yrdask cluster for address="
                                   "'auto': set RAY_ADDRESS or YR_SERVER_ADDRESS to its "
@@ -68,7 +72,8 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
          namespace: str | None = None, ignore_reinit_error: bool = False,
          log_to_driver: bool = True, runtime_env: dict | None = None,
          logging_level: Any = None, include_dashboard: bool | None = None,
-         object_store_memory: int | None = None, **kwargs: Any) -> RayContext:
+         object_store_memory: int | None = None, job_config: Any = None,
+         **kwargs: Any) -> RayContext:
     """Start (or join) the cluster this process submits to, as ``ray.init`` does.
 
     ``address``: None or "local" start an embedded cluster (None joins ``YR_SERVER_ADDRESS``
@@ -81,7 +86,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         raise UnsupportedOptionError(
             f"ray.init({', '.join(sorted(unsupported))}=...) is not supported by yrdask.ray; "
             "supported: address, num_cpus, num_gpus, resources, object_store_memory, "
-            "namespace, ignore_reinit_error, log_to_driver, "
+            "namespace, ignore_reinit_error, log_to_driver, job_config, "
             "runtime_env={'env_vars': ...}, logging_level, include_dashboard (the dashboard "
             "is built on its first visit, so False costs nothing either way)")
     if include_dashboard is not None and not isinstance(include_dashboard, bool):
@@ -102,6 +107,14 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
                                  f"'{key}' in 'resources' keyword")
     if namespace is not None and (not isinstance(namespace, str) or not namespace):
         raise TypeError(f"namespace must be None or a non-empty str, got {namespace!r}")
+    default_lifetime = None
+    if job_config is not None:  # ray.job_config.JobConfig: namespace, env, actor lifetime
+        from yrdask.ray.job_config import _apply
+
+        job_config = _apply(job_config)
+        namespace = namespace or job_config.ray_namespace
+        runtime_env = {**(job_config.runtime_env or {}), **(runtime_env or {})}
+        default_lifetime = job_config.default_actor_lifetime
     job_env: dict = {}
     if runtime_env:
         from yrdask.ray._options import _runtime_env
@@ -111,14 +124,14 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         _runtime_env(runtime_env, probe, None)
         job_env = probe.env_vars
     with _lock:
-        if _context.session is not None and _rtctx.installed_runtime() is \
-                _context.session.runtime:
+        if STATE.session is not None and _rtctx.installed_runtime() is \
+                STATE.session.runtime:
             if ignore_reinit_error:
-                return _context_of(_context.session)
+                return _context_of(STATE.session)
             raise RuntimeError("Maybe you called ray.init twice by accident? This error can be "
                                "suppressed by passing in 'ignore_reinit_error=True' or by "
                                "calling 'ray.shutdown()' prior to 'ray.init()'.")
-        _context.session = None
+        STATE.session = None
         rt = _rtctx.installed_runtime()
         owns = rt is None
         if rt is None:
@@ -143,16 +156,17 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
             raise ValueError("When connecting to an existing cluster, num_cpus, num_gpus, "
                              "resources, object_store_memory and address must not be provided "
                              "(yrdask is already initialised in this process by yr.init)")
-        import yrdask.ray._alias as _alias
+        from yrdask.ray._alias import installed
 
-        sess = _context.Session(namespace or f"anon-{uuid.uuid4().hex[:12]}",
-                                getattr(rt, "job_id", ""), owns, rt, job_env)
-        sess.alias = _alias.installed()
-        _context.session = sess
+        sess = Session(namespace or f"anon-{uuid.uuid4().hex[:12]}",
+                       getattr(rt, "job_id", ""), owns, rt, job_env)
+        sess.alias = installed()
+        sess.default_lifetime = default_lifetime
+        STATE.session = sess
         return _context_of(sess)
 
 
-def _context_of(sess: _context.Session) -> RayContext:
+def _context_of(sess: Session) -> RayContext:
     info = getattr(sess.runtime, "info", None)
     return RayContext(getattr(info, "scheduler_address", ""), getattr(info, "dashboard_link", None),
                       sess.namespace, sess.job_id)
@@ -166,11 +180,11 @@ def ensure_init() -> None:
             return
     except Exception:  # noqa: BLE001 - an isolated process's stand-in runtime says why itself
         return
-    sess = _context.session
+    sess = STATE.session
     if rt is not None and sess is not None and sess.runtime is rt:
         return
     with _lock:
-        sess = _context.session
+        sess = STATE.session
         rt = _rtctx.installed_runtime()
         if rt is None or sess is None or sess.runtime is not rt:
             init()
@@ -179,7 +193,7 @@ def ensure_init() -> None:
 def shutdown() -> None:
     """End the session; stops the yr runtime if ``ray.init`` started it (``yr.finalize``)."""
     with _lock:
-        sess, _context.session = _context.session, None
+        sess, STATE.session = STATE.session, None
         if sess is not None and sess.owns_runtime and _rtctx.installed_runtime() is sess.runtime:
             yrdask.finalize()
 

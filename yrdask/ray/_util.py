@@ -51,11 +51,11 @@ def captured_group(options: dict) -> Any:
     when ``options`` name no scheduling strategy (Ray's rule); else None."""
     if options.get("scheduling_strategy") is not None:
         return None
-    import yrdask.ray._context as _context
+    from yrdask.ray._context import _local, current_ctx, hosted_instance
 
-    if getattr(_context._local, "ctx", None) is None and _context.hosted_instance() is None:
+    if getattr(_local, "ctx", None) is None and hosted_instance() is None:
         return None  # a driver's work is never captured
-    return _context.current_ctx().get("placement_group")
+    return current_ctx().get("placement_group")
 
 
 def with_capture(ctx: dict, group: Any) -> dict:

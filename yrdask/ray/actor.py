@@ -3,12 +3,13 @@
 
 The class that runs on the worker is a subclass of the user's class made here (the *host
 class*).  It carries the job context (``__ray_ctx__``), turns an ``__init__`` failure into
-Ray's ``ActorDiedError`` for every call, and wraps methods that need it: a method of a
-concurrency group runs under that group's limit (a semaphore per group and instance, Ray's
-``concurrency_groups``; the instance runs up to the sum of the limits at once), and a method
-marked ``@ray.method(retry_exceptions=...)`` reruns after those exceptions up to
-``max_task_retries`` times.
-"""
+Ray's ``ActorDiedError`` for every call, and wraps every method: it names the running task
+(``get_runtime_context().get_task_name()``), reruns after the exceptions
+``@ray.method(retry_exceptions=...)`` names up to ``max_task_retries`` times, and with
+``concurrency_groups`` runs it in its group's own executor, as Ray does: a thread pool of the
+group's size in a threaded actor, an event loop thread in an async actor (whose default group
+is the actor's own loop).  ``__ray_call__`` runs a method with per-call options
+(``actor.method.options(...)``)."""
 
 from __future__ import annotations
 
@@ -17,26 +18,30 @@ import functools
 import inspect
 import threading
 import traceback
+import types
+import weakref
 from typing import Any, Callable
 
-from yrdask.api.instances import (_REDELIVERIES, InstanceCreator, InstanceProxy, MethodProxy,
-                                  _kill)
-from yrdask.runtime.context import current_runtime
-import yrdask.ray._context as _context
+from yrdask.api.instances import (_CONCURRENCY, _REDELIVERIES, _UNORDERED, InstanceCreator,
+                                  InstanceProxy, MethodProxy, _kill)
+from yrdask.runtime.context import current_lease, current_owner, current_runtime, task_context
+from yrdask.ray._context import STATE, current_ctx, current_method, hosted_instance
 from yrdask.ray._util import captured_group, in_captured_group, with_capture
 from yrdask.ray._options import ACTOR, METHOD, check_keys, check_num_returns, node_affinity
 from yrdask.ray._options import to_invoke_options
-from yrdask.ray.exceptions import (ActorDiedError, ActorExitRequest, UnsupportedOptionError,
-                                   _CreationFailed)
+from yrdask.ray.exceptions import (ActorExitRequest, UnsupportedOptionError, _CreationFailed,
+                                   actor_died)
 from yrdask.ray._util import should_retry
 
-__all__ = ["ActorClass", "ActorHandle", "ActorMethod", "method", "exit_actor"]
+__all__ = ["ActorClass", "ActorHandle", "ActorMethod", "ActorProxy", "method", "exit_actor"]
 
 _NRET = "__yr_return_nums__"  # what yr's instances read for a method's number of returns
 _GROUP = "__ray_concurrency_group__"
 _RETRY = "__ray_retry_exceptions__"
 _TASK_RETRIES = "__ray_max_task_retries__"
 _DEFAULT_GROUP = "_ray_default_group"
+#: Per-call method options that go to the actor with the call (``__ray_call__``).
+_PER_CALL = ("max_task_retries", "retry_exceptions", "concurrency_group", "name")
 _SEMS_LOCK = threading.Lock()  # guards the creation of concurrency-group semaphores
 
 
@@ -93,7 +98,7 @@ def _method_returns(n: Any, what: str) -> int:
 
 def exit_actor() -> None:
     """End the actor running this method: this call and later ones raise ActorDiedError."""
-    inst = _context.hosted_instance()
+    inst = hosted_instance()
     if inst is None:
         raise TypeError("exit_actor API is called on a non-actor worker (call it inside an "
                         "actor method)")
@@ -121,14 +126,28 @@ def _semaphore(obj: Any, group: str, limit: int, is_async: bool) -> Any:
     return sem
 
 
+def _enter(names: tuple[str, str]) -> Any:
+    """Mark the running actor method (a module function: the host class's wrappers are
+    pickled by value, and a ContextVar cannot be)."""
+    return current_method.set(names)
+
+
+def _leave(token: Any) -> None:
+    current_method.reset(token)
+
+
 def _wrap_method(fn: Callable, group: str | None, limit: int, retry: Any,
-                 max_retries: int) -> Callable:
+                 max_retries: int, names: tuple[str, str]) -> Callable:
+    """The method as the host class runs it: under its group's limit, rerun after the
+    exceptions ``retry`` names, with ``names`` (``Class.method``, its full name) as the
+    running task's names for ``get_runtime_context()``."""
     def again(e: BaseException, attempt: int) -> bool:
         return should_retry(e, retry) and (max_retries == -1 or attempt < max_retries)
 
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def run_async(self, *args, **kwargs):
+            token = _enter(names)
             sem = _semaphore(self, group, limit, True) if group else None
             if sem is not None:
                 await sem.acquire()
@@ -144,10 +163,12 @@ def _wrap_method(fn: Callable, group: str | None, limit: int, retry: Any,
             finally:
                 if sem is not None:
                     sem.release()
+                _leave(token)
         return run_async
 
     @functools.wraps(fn)
     def run(self, *args, **kwargs):
+        token = _enter(names)
         sem = _semaphore(self, group, limit, False) if group else None
         if sem is not None:
             sem.acquire()
@@ -163,7 +184,138 @@ def _wrap_method(fn: Callable, group: str | None, limit: int, retry: Any,
         finally:
             if sem is not None:
                 sem.release()
+            _leave(token)
     return run
+
+
+def _runner(raw: Callable, group: str | None, limit: int, retry: Any, max_retries: int,
+            names: tuple[str, str], actor_async: bool) -> Callable:
+    """How the host class runs a method.  Without concurrency groups: in the instance's
+    executor.  With them, as Ray: each group has its own executor (a thread pool of its
+    limit in a threaded actor, an event loop thread in an async actor, where the default
+    group is the actor's own loop), and a method, sync or async, runs in its group's."""
+    if group is None or (actor_async and group == _DEFAULT_GROUP):
+        return _wrap_method(raw, group, limit, retry, max_retries, names)
+    return _in_group(_wrap_method(raw, None, 0, retry, max_retries, names), group, limit,
+                     actor_async)
+
+
+def _in_group(inner: Callable, group: str, limit: int, actor_async: bool) -> Callable:
+    @functools.wraps(inner)
+    async def in_group(self, *args, **kwargs):
+        executor = _group_executor(self, group, limit, actor_async)
+        return await executor.run(inner, self, args, kwargs)
+
+    return in_group
+
+
+class _GroupThreads:
+    """A concurrency group of a threaded actor: ``limit`` threads of its own."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(limit, thread_name_prefix=f"ray-group-{name}")
+
+    async def run(self, fn: Callable, obj: Any, args: tuple, kwargs: dict) -> Any:
+        ctx = task_context(current_lease(), current_owner())  # nested calls: this actor's
+        return await asyncio.wrap_future(self.pool.submit(_in_context, ctx, fn, obj, args,
+                                                          kwargs))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+
+
+def _in_context(ctx: Any, fn: Callable, obj: Any, args: tuple, kwargs: dict) -> Any:
+    with ctx:
+        return fn(obj, *args, **kwargs)
+
+
+class _GroupLoop:
+    """A concurrency group of an async actor: an event loop in a thread of its own, running
+    up to ``limit`` of the group's calls at once (sync methods run on that thread too)."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        self.limit = limit
+        self.loop = asyncio.new_event_loop()
+        self.sem: asyncio.Semaphore | None = None
+        threading.Thread(target=self.loop.run_forever, daemon=True,
+                         name=f"ray-group-{name}").start()
+
+    async def run(self, fn: Callable, obj: Any, args: tuple, kwargs: dict) -> Any:
+        ctx = task_context(current_lease(), current_owner())
+        done = asyncio.run_coroutine_threadsafe(self._call(ctx, fn, obj, args, kwargs),
+                                                self.loop)
+        return await asyncio.wrap_future(done)
+
+    async def _call(self, ctx: Any, fn: Callable, obj: Any, args: tuple, kwargs: dict) -> Any:
+        if self.sem is None:
+            self.sem = asyncio.Semaphore(self.limit)
+        async with self.sem:
+            with ctx:
+                result = fn(obj, *args, **kwargs)
+                if inspect.iscoroutine(result):
+                    result = await result
+            return result
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def _group_executor(obj: Any, group: str, limit: int, actor_async: bool) -> Any:
+    table = type(obj).__dict__["__ray_sems__"]
+    key = (id(obj), "executor", group)
+    executor = table.get(key)
+    if executor is None:
+        with _SEMS_LOCK:
+            executor = table.get(key)
+            if executor is None:
+                executor = table[key] = (_GroupLoop if actor_async else _GroupThreads)(
+                    group, limit)
+                try:  # the actor ended: its groups' threads go too
+                    weakref.finalize(obj, _close_executor, table, key)
+                except TypeError:  # an object without weak references: they stay idle
+                    pass
+    return executor
+
+
+def _close_executor(table: dict, key: tuple) -> None:
+    executor = table.pop(key, None)
+    if executor is not None:
+        executor.close()
+
+
+def _names(cls: type, name: str) -> tuple[str, str]:
+    """Ray's task name and task function name of method ``name`` of ``cls``."""
+    return f"{cls.__name__}.{name}", f"{cls.__module__}.{cls.__qualname__}.{name}"
+
+
+def _call_with_options(self: Any, name: str, options: dict, *args: Any, **kwargs: Any) -> Any:
+    """Run method ``name`` with per-call options (``actor.method.options(...)``): Ray's
+    ``retry_exceptions``, ``max_task_retries`` and ``concurrency_group`` for this call only,
+    over the method's own (``@ray.method``) and the actor's.  Returns what the method returns
+    (a coroutine for an ``async def`` one, which the instance's loop finishes)."""
+    cls = type(self)
+    raw = cls.__ray_raw__[name]
+    group = options.get("concurrency_group", getattr(raw, _GROUP, None))
+    groups = cls.__ray_groups__
+    if group is not None and group not in groups:
+        raise ValueError(f"{cls.__name__}.{name}.options(concurrency_group={group!r}): the "
+                         f"actor defines no such concurrency group (concurrency_groups="
+                         f"{groups})")
+    if groups and group is None:
+        group = _DEFAULT_GROUP
+    retry = options.get("retry_exceptions", getattr(raw, _RETRY, None)) or False
+    max_retries = options.get("max_task_retries",
+                              getattr(raw, _TASK_RETRIES, cls.__ray_max_task_retries__))
+    if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
+        return raw(self, *args, **kwargs)  # streams; checked by the caller (no retries)
+    limit = groups.get(group, cls.__ray_default_limit__)
+    names = _names(cls.__mro__[1], name)
+    if options.get("name"):  # .options(name=): the task name get_task_name() gives
+        names = (options["name"], names[1])
+    return _runner(raw, group, limit, retry, max_retries, names,
+                   cls.__ray_async__)(self, *args, **kwargs)
 
 
 class _InstallAlias:
@@ -197,10 +349,12 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
                           # a call running when the actor's process dies is delivered again
                           # max_task_retries times (Ray's rule; default 0: it fails)
                           _REDELIVERIES: max_task_retries}
+    raw_methods: dict[str, Callable] = {}
     for name, member in inspect.getmembers(cls):
         raw = inspect.getattr_static(cls, name, None)
         if not inspect.isfunction(raw) or (name.startswith("__") and name != "__call__"):
             continue
+        raw_methods[name] = raw
         if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
             continue
         group = getattr(raw, _GROUP, None)
@@ -210,11 +364,16 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
                              f"the actor does not define (concurrency_groups={groups})")
         if groups and group is None:
             group = _DEFAULT_GROUP
-        if group is None and retry is None:
-            continue
         limit = groups.get(group, default_limit)
-        ns[name] = _wrap_method(raw, group, limit, retry or False,
-                                getattr(raw, _TASK_RETRIES, max_task_retries))
+        ns[name] = _runner(raw, group, limit, retry or False,
+                           getattr(raw, _TASK_RETRIES, max_task_retries), _names(cls, name),
+                           is_async)
+    ns["__ray_async__"] = is_async
+    ns["__ray_raw__"] = raw_methods
+    ns["__ray_groups__"] = dict(groups)
+    ns["__ray_default_limit__"] = default_limit
+    ns["__ray_max_task_retries__"] = max_task_retries
+    ns["__ray_call__"] = _call_with_options
     user_init = cls.__init__
 
     @functools.wraps(user_init)
@@ -229,8 +388,15 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
     host = meta(cls.__name__, (cls,), ns)
     host.__qualname__ = cls.__qualname__
     concurrency = max_concurrency
-    if groups:
-        concurrency = min(1000, sum(groups.values()) + default_limit)
+    if groups:  # the groups' own executors bound their calls; the instance only hands over
+        concurrency = max(1000, sum(groups.values()) + default_limit)
+    if is_async or (concurrency or 1) > 1:
+        # Ray runs the calls of async and threaded actors as their arguments resolve: a
+        # later call whose arguments are ready does not wait behind an earlier one's
+        setattr(host, _UNORDERED, True)
+    if concurrency is not None and concurrency > 1000:  # above yr's bound: the class says it
+        setattr(host, _CONCURRENCY, concurrency)
+        concurrency = 1000
     return host, concurrency
 
 
@@ -263,15 +429,18 @@ class ActorClass:
         return ActorClass(self._cls, {**self._options, **options})
 
     def _creator_for_session(self) -> tuple[InstanceCreator, Any]:
-        sess = _context.session
+        sess = STATE.session
         if self._creator is not None and self._creator[0] == id(sess):
             return self._creator[1], self._creator[2]
-        ctx = sess.ctx() if sess is not None else dict(_context.current_ctx())
-        ropts = to_invoke_options(self._options, ACTOR, ctx["namespace"],
+        ctx = sess.ctx() if sess is not None else dict(current_ctx())
+        options = self._options
+        if sess is not None and sess.default_lifetime and options.get("lifetime") is None:
+            options = dict(options, lifetime=sess.default_lifetime)
+        ropts = to_invoke_options(options, ACTOR, ctx["namespace"],
                                   sess.job_env if sess is not None else None)
         ctx = with_capture(dict(ctx, resources=ropts.resources), ropts.capture)
         host, concurrency = host_class(self._cls, ctx, ropts.concurrency_groups,
-                                       ropts.invoke.concurrency, ropts.max_retries)
+                                       ropts.max_concurrency, ropts.max_retries)
         ropts.invoke.concurrency = concurrency
         creator = InstanceCreator(host, ropts.invoke.validate())
         self._creator = (id(sess), creator, ropts)
@@ -335,6 +504,10 @@ class ActorHandle:
     def __hash__(self) -> int:
         return hash(self._proxy.instance_id)
 
+    def __class_getitem__(cls, item: Any) -> Any:
+        """``ActorHandle[Counter]`` / ``ActorProxy[Counter]`` in type hints, as on Ray."""
+        return types.GenericAlias(cls, item)
+
     @property
     def _actor_id(self) -> ActorID:
         return ActorID(self._proxy.instance_id)
@@ -344,6 +517,10 @@ class ActorHandle:
         proxy = self._proxy
         if not proxy._rt.closed:
             _kill(proxy._rt, proxy.instance_id, True)
+
+
+#: Ray's name for a typed actor handle in type hints (``counter: ActorProxy[Counter]``).
+ActorProxy = ActorHandle
 
 
 class ActorMethod:
@@ -359,18 +536,31 @@ class ActorMethod:
                         f"'object.{self._name}()', try 'object.{self._name}.remote()'.")
 
     def options(self, **options: Any) -> "ActorMethod":
-        """Per-call options: ``num_returns`` (other Ray method options go in @ray.method)."""
+        """Per-call options (Ray's): ``num_returns``, ``max_task_retries``,
+        ``retry_exceptions``, ``concurrency_group``, ``name``; they override the method's
+        ``@ray.method`` options and the actor's for calls made through the returned object."""
         check_keys(options, METHOD)
+        checked: dict = {}
         for key, value in options.items():
             if key == "num_returns":
-                options = {**options, key: _method_returns(check_num_returns(value),
-                                                           f"{self._name}.options()")}
-            elif key != "enable_task_events" and value is not None:
-                raise UnsupportedOptionError(
-                    f"{self._name}.options({key}=...) per call is not supported by yrdask.ray; "
-                    f"declare it on the method with @ray.method({key}=...)")
+                value = _method_returns(check_num_returns(value), f"{self._name}.options()")
+            elif key == "max_task_retries":
+                if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                    raise ValueError("The keyword 'max_task_retries' only accepts -1, 0 or a "
+                                     f"positive integer, got {value!r}")
+            elif key == "retry_exceptions":
+                from yrdask.ray._options import _retry_exceptions
+
+                value = _retry_exceptions(value)
+            elif key == "concurrency_group":
+                if not isinstance(value, str):
+                    raise TypeError(f"concurrency_group must be a str, got {value!r}")
+            elif key == "name":
+                if not isinstance(value, str):
+                    raise TypeError(f"name must be a str, got {value!r}")
+            checked[key] = value
         return ActorMethod(self._handle, self._name, self._nret, self._sig,
-                           {**self._options, **options})
+                           {**self._options, **checked})
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Call the method: an ObjectRef (a list of ``num_returns`` of them; None for 0)."""
@@ -380,8 +570,46 @@ class ActorMethod:
         handle = self._handle
         nret = self._options.get("num_returns", self._nret)
         if handle._killed:
-            err = ActorDiedError(f"The actor {handle._proxy.instance_id} "
-                                 f"({handle._proxy._cls_name}) was killed with ray.kill().")
+            err = actor_died("it was killed by `ray.kill`", handle._proxy.instance_id,
+                             handle._proxy._cls_name)
             refs = [failed_ref(err) for _ in range(max(1, nret))]
             return None if nret == 0 else refs[0] if nret == 1 else refs
-        return MethodProxy(handle._proxy, self._name, nret, self._sig).invoke(*args, **kwargs)
+        per_call = {k: v for k, v in self._options.items() if k in _PER_CALL}
+        if not per_call:
+            return MethodProxy(handle._proxy, self._name, nret, self._sig).invoke(*args,
+                                                                                  **kwargs)
+        return self._call_with_options(nret, per_call, args, kwargs)
+
+    def _call_with_options(self, nret: int, per_call: dict, args: tuple, kwargs: dict) -> Any:
+        """Send the call to the actor's ``__ray_call__`` with its per-call options; a call
+        running when the actor's process dies is delivered again up to this call's
+        ``max_task_retries`` times."""
+        from yrdask.protocol import STREAMING
+
+        proxy = self._handle._proxy
+        if nret == STREAMING and (per_call.get("retry_exceptions") or
+                                  per_call.get("max_task_retries")):
+            raise UnsupportedOptionError(
+                f"{self._name}.options(max_task_retries=/retry_exceptions=): a generator "
+                "method is not retried by yrdask.ray; call it without them")
+        if self._sig is not None:
+            from yrdask.api.signatures import check_call
+
+            try:
+                check_call(self._sig, args, kwargs)
+            except TypeError as e:
+                raise TypeError(f"{proxy._cls_name}.{self._name}.remote(): {e}") from None
+        redeliveries = per_call.get("max_task_retries",
+                                    proxy._redeliveries.get(self._name))
+        if proxy._terminated or proxy._rt.closed:
+            return MethodProxy(proxy, self._name, nret, None).invoke()  # raises, says why
+        method_args = (self._name, per_call, *args)
+        refs = proxy._rt.call_method(proxy.instance_id, "__ray_call__", method_args, kwargs,
+                                     nret, redeliveries, proxy._unordered)
+        if nret == 0:
+            return None
+        if nret == STREAMING:
+            from yrdask.api.generators import ObjectRefGenerator
+
+            return ObjectRefGenerator(refs[0])
+        return refs[0] if nret == 1 else refs

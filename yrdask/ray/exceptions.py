@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from yrdask import errors as _yr
@@ -91,8 +92,9 @@ _dual_classes: dict[type, type] = {}
 class RayActorError(RayError):
     """An actor could not run the call: it died or is unreachable."""
 
-    def __init__(self, message: str = "The actor died unexpectedly before finishing this task.",
-                 actor_id: str | None = None) -> None:
+    BASE_ERROR_MSG = "The actor died unexpectedly before finishing this task."
+
+    def __init__(self, message: str = BASE_ERROR_MSG, actor_id: str | None = None) -> None:
         super().__init__(message)
         self.actor_id = actor_id
         self.error_msg = message
@@ -172,8 +174,40 @@ def from_yr_error(err: BaseException, what: str = "") -> BaseException:
     if isinstance(err, _yr.TaskCrashedError):
         return WorkerCrashedError(str(err))
     if isinstance(err, (_yr.InstanceDiedError, _yr.CallCrashedError)):
-        return ActorDiedError(str(err))
+        return actor_died(str(err))
     return err
+
+
+_ENDED = re.compile(r"instance (?P<id>\S+) \((?P<cls>[^)]*)\) has ended: (?P<why>.*)", re.S)
+_UNAVAILABLE = re.compile(r"instance (?P<id>\S+) is not available: (?P<why>.*)", re.S)
+_CRASHED = re.compile(r"call \S+ on instance (?P<id>\S+) was running when", re.S)
+
+
+def actor_died(message: str, actor_id: str | None = None,
+               class_name: str | None = None) -> "ActorDiedError":
+    """``ActorDiedError`` worded as Ray's ("The actor is dead because ...", or for a call
+    its actor's death cut short "The actor died unexpectedly before finishing this task."),
+    then the actor's class and id, from yr's message about the instance."""
+    first = f"The actor is dead because {message.rstrip('.')}."
+    detail = None
+    for pattern in (_ENDED, _UNAVAILABLE, _CRASHED):
+        found = pattern.search(message)
+        if found:
+            actor_id = actor_id or found.group("id")
+            class_name = class_name or found.groupdict().get("cls")
+            if pattern is _CRASHED:
+                first, detail = RayActorError.BASE_ERROR_MSG, message
+            else:
+                first = f"The actor is dead because {found.group('why').rstrip('.')}."
+            break
+    lines = [first]
+    if class_name:
+        lines.append(f"\tclass_name: {class_name}")
+    if actor_id:
+        lines.append(f"\tactor_id: {actor_id}")
+    if detail:
+        lines.append(f"\tdetail: {detail}")
+    return ActorDiedError("\n".join(lines), actor_id=actor_id)
 
 
 class _CreationFailed(Exception):

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from yrdask.api.functions import FunctionProxy
-import yrdask.ray._context as _context
+from yrdask.ray._context import STATE, current_ctx, set_task_ctx
 from yrdask.ray._options import TASK, RayOptions, node_affinity, to_invoke_options
 from yrdask.ray._util import (captured_group, in_captured_group, next_spread_node,
                               should_retry, with_capture)
@@ -35,10 +35,13 @@ class TaskBody:
     """What runs on the worker for one ray task (see module docstring)."""
 
     def __init__(self, fn: Callable, ctx: dict, retry_exceptions: Any, max_retries: int,
-                 mode: str = "plain") -> None:
+                 mode: str = "plain", num_returns: int = 1) -> None:
         self.fn, self.ctx = fn, ctx
         self.retry_exceptions, self.max_retries = retry_exceptions, max_retries
-        self.mode = mode  # "plain", "streaming" (yields), "dynamic" (a generator of refs)
+        # "plain", "streaming" (yields), "dynamic" (a generator of refs), "collect" (a
+        # generator function with num_returns=n: its n yielded values are the n returns)
+        self.mode = mode
+        self.num_returns = num_returns
         self.__name__ = getattr(fn, "__name__", "task")
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
         self.__module__ = getattr(fn, "__module__", None)
@@ -49,17 +52,15 @@ class TaskBody:
         if self.mode == "streaming":
             return self._stream(args, kwargs)
         ctx = dict(self.ctx, task_id=uuid.uuid4().hex)
-        prev = _context.set_task_ctx(ctx)
+        prev = set_task_ctx(ctx)
         try:
             attempt = 0
             while True:
                 try:
                     if self.mode == "dynamic":  # values stored here, their refs returned
-                        from yrdask.ray._session import store
-                        from yrdask.ray.generators import DynamicObjectRefGenerator
-
-                        return DynamicObjectRefGenerator(
-                            [store(v) for v in self.fn(*args, **kwargs)])
+                        return self._dynamic(args, kwargs, attempt)
+                    if self.mode == "collect":
+                        return self._collect(self.fn(*args, **kwargs))
                     return self.fn(*args, **kwargs)
                 except BaseException as e:  # noqa: BLE001 - rerun or re-raise
                     if should_retry(e, self.retry_exceptions) and (
@@ -68,27 +69,58 @@ class TaskBody:
                         continue
                     raise
         finally:
-            _context.set_task_ctx(prev)
+            set_task_ctx(prev)
+
+    def _dynamic(self, args: tuple, kwargs: dict, attempt: int) -> Any:
+        """``num_returns="dynamic"``: the refs of the yielded values.  If the generator
+        raises (and is not retried), Ray's rule: the refs yielded so far and then one ref
+        that holds the error."""
+        from yrdask.ray._session import failed_ref, store
+        from yrdask.ray.exceptions import RayTaskError
+        from yrdask.ray.generators import DynamicObjectRefGenerator
+
+        refs = []
+        try:
+            for value in self.fn(*args, **kwargs):
+                refs.append(store(value))
+        except Exception as e:  # noqa: BLE001 - becomes the last ref, or a rerun
+            if should_retry(e, self.retry_exceptions) and (
+                    self.max_retries == -1 or attempt < self.max_retries):
+                raise
+            import traceback
+
+            refs.append(failed_ref(RayTaskError(self.__qualname__, traceback.format_exc(),
+                                                e).as_instanceof_cause()))
+        return DynamicObjectRefGenerator(refs)
+
+    def _collect(self, gen: Any) -> Any:
+        """The ``num_returns`` values a generator yielded, as the task's returns (Ray's rule
+        for a generator function with an int ``num_returns``)."""
+        values = list(gen)
+        n = self.num_returns
+        if len(values) != n:
+            raise ValueError(f"Task returned {len(values)} objects, but num_returns={n}.")
+        return None if n == 0 else values[0] if n == 1 else tuple(values)
 
     def _stream(self, args: tuple, kwargs: dict) -> Any:
         """A generator task: the context holds while it yields (the worker iterates it)."""
-        prev = _context.set_task_ctx(dict(self.ctx, task_id=uuid.uuid4().hex))
+        prev = set_task_ctx(dict(self.ctx, task_id=uuid.uuid4().hex))
         try:
             yield from self.fn(*args, **kwargs)
         finally:
-            _context.set_task_ctx(prev)
+            set_task_ctx(prev)
 
     def __reduce__(self):
         state = cloudpickle.dumps((self.fn, self.ctx, self.retry_exceptions, self.max_retries,
-                                   self.mode), protocol=5)
+                                   self.mode, self.num_returns), protocol=5)
         return (_rebuild_body, (bool(self.ctx.get("alias")), state))
 
 
 def _rebuild_body(alias: bool, state: bytes) -> TaskBody:
     if alias:  # before the function is unpickled: its module may say `import ray`
-        import yrdask.ray._alias as _alias
+        from yrdask.ray._alias import install
 
-        _alias.install()
+        install()
     return TaskBody(*pickle.loads(state))
 
 
@@ -101,9 +133,10 @@ class RemoteFunction:
 
         check_keys(options, TASK)
         if inspect.iscoroutinefunction(fn):
-            raise TypeError(
-                f"'async def' should not be used for remote tasks ({fn.__qualname__}); "
-                "make it a plain def that calls asyncio.run(...), or an async actor method")
+            raise ValueError(  # Ray's type and advice
+                f"'async def' should not be used for remote tasks ({fn.__qualname__}). You can "
+                "wrap the async function with `asyncio.run(f())`, or make it an async actor "
+                "method")
         self._function = fn
         self._options = dict(options)
         self._proxy: tuple[Any, FunctionProxy, RayOptions] | None = None
@@ -125,12 +158,12 @@ class RemoteFunction:
         return RemoteFunction(self._function, {**self._options, **options})
 
     def _proxy_for_session(self) -> tuple[FunctionProxy, RayOptions]:
-        sess = _context.session
+        sess = STATE.session
         cached = self._proxy
         key = id(sess)
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
-        ctx = _context.current_ctx() if sess is None else None
+        ctx = current_ctx() if sess is None else None
         namespace = (sess.namespace if sess is not None else ctx["namespace"])
         ropts = to_invoke_options(self._options, TASK, namespace,
                                   sess.job_env if sess is not None else None)
@@ -139,11 +172,26 @@ class RemoteFunction:
         else:
             ctx = dict(ctx, resources=ropts.resources)
         ctx = with_capture(ctx, ropts.capture)
+        fn = self._function
+        name = self._options.get("name")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
+        ctx["task_name"] = name or getattr(fn, "__name__", "task")  # Ray's get_task_name()
+        ctx["function_name"] = (f"{getattr(fn, '__module__', None)}."
+                                f"{getattr(fn, '__qualname__', ctx['task_name'])}")
         nret, mode = self._returns(ropts.num_returns)
-        body = TaskBody(self._function, ctx, ropts.retry_exceptions, ropts.max_retries, mode)
+        body = TaskBody(self._function, ctx, ropts.retry_exceptions, ropts.max_retries, mode,
+                        nret if mode == "collect" else 1)
         proxy = FunctionProxy(body, ropts.invoke, nret)
         proxy._wait_nested = False  # Ray's rule: refs nested in arguments are not waited for
         proxy._max_crashes = ropts.max_retries  # reruns after a lost worker (-1: no bound)
+        if ropts.max_calls:
+            if mode == "streaming":
+                raise UnsupportedOptionError(
+                    f"max_calls on the generator function {self.__qualname__} is not supported "
+                    "by yrdask.ray (max_calls runs it in processes of its own, which do not "
+                    "stream); drop max_calls or use num_returns='dynamic'")
+            proxy._max_calls = ropts.max_calls  # its isolated processes end after as many
         self._proxy = (key, proxy, ropts)
         return proxy, ropts
 
@@ -161,11 +209,8 @@ class RemoteFunction:
             return STREAMING, "streaming"
         if num_returns == "dynamic":
             return 1, "dynamic"
-        if is_gen:
-            raise UnsupportedOptionError(
-                f"num_returns={num_returns} on the generator function {self.__qualname__} is "
-                "not supported by yrdask.ray; use num_returns='streaming' (the default) or "
-                "'dynamic'")
+        if is_gen:  # Ray: the generator's yielded values are the num_returns returns
+            return num_returns, "collect"
         return num_returns, "plain"
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from yrdask.runtime.context import current_runtime
-import yrdask.ray._context as _context
+from yrdask.runtime.context import current_runtime, current_task_cancelled
+from yrdask.ray._context import current_ctx, current_method, hosted_instance
 
 __all__ = ["RuntimeContext", "get_runtime_context"]
+
+
+class _ID(str):
+    """An id (a str) with Ray's ``hex()``."""
+
+    def hex(self) -> str:  # noqa: A003 - Ray's name
+        return str(self)
 
 
 class RuntimeContext:
@@ -24,34 +31,60 @@ class RuntimeContext:
         gives them); ``{"GPU": []}`` elsewhere."""
         return {"GPU": assigned_gpus()}
 
+    @property
+    def node_id(self) -> _ID:
+        """This node's id (Ray's deprecated property; ``.hex()`` gives the str)."""
+        return _ID(self.get_node_id())
+
+    def get_task_name(self) -> str | None:
+        """The running task's name: its ``options(name=)`` or its function's name; in an
+        actor method ``Class.method``; None in a driver."""
+        names = current_method.get()
+        if names is not None:
+            return names[0]
+        return current_ctx().get("task_name")
+
+    def get_task_function_name(self) -> str | None:
+        """The running task's function as ``module.qualname`` (``module.Class.method`` in an
+        actor method); None in a driver."""
+        names = current_method.get()
+        if names is not None:
+            return names[1]
+        return current_ctx().get("function_name")
+
+    def is_canceled(self) -> bool:
+        """Whether the running task has been cancelled (``ray.cancel``).  A cancelled task
+        is interrupted at its next Python bytecode, so code rarely sees True here."""
+        return current_task_cancelled()
+
     def get_job_id(self) -> str:
-        return _context.current_ctx().get("job_id", "")
+        return current_ctx().get("job_id", "")
 
     def get_task_id(self) -> str | None:
         """An id unique to this execution of the task (None outside tasks)."""
-        return _context.current_ctx().get("task_id")
+        return current_ctx().get("task_id")
 
     def get_actor_id(self) -> str | None:
         """The actor's id inside an actor method, else None."""
-        inst = _context.hosted_instance()
+        inst = hosted_instance()
         return inst.instance_id if inst is not None else None
 
     def get_actor_name(self) -> str | None:
-        inst = _context.hosted_instance()
+        inst = hosted_instance()
         return (inst.spec.get("name") or None) if inst is not None else None
 
     @property
     def namespace(self) -> str:
-        return _context.current_ctx().get("namespace", "")
+        return current_ctx().get("namespace", "")
 
     def get_namespace(self) -> str:
         return self.namespace
 
     def get_assigned_resources(self) -> dict[str, float]:
         """The resources this task or actor asked for, in Ray units ({} in a driver)."""
-        if _context.hosted_instance() is None and _context.current_ctx().get("task_id") is None:
+        if hosted_instance() is None and current_ctx().get("task_id") is None:
             return {}
-        return {k: v for k, v in _context.current_ctx().get("resources", {}).items() if v}
+        return {k: v for k, v in current_ctx().get("resources", {}).items() if v}
 
     @property
     def current_actor(self) -> Any:
@@ -59,7 +92,7 @@ class RuntimeContext:
         from yrdask.api.instances import InstanceProxy
         from yrdask.ray.actor import ActorHandle
 
-        inst = _context.hosted_instance()
+        inst = hosted_instance()
         if inst is None:
             raise RuntimeError("This method is only available in an actor.")
         rt = current_runtime()
@@ -72,9 +105,13 @@ class RuntimeContext:
                                      "yrdask.ray: a restarted actor is not told it restarted")
 
     def get(self) -> dict:
-        return {"job_id": self.get_job_id(), "node_id": self.get_node_id(),
-                "namespace": self.namespace, "task_id": self.get_task_id(),
-                "actor_id": self.get_actor_id()}
+        """Ray's (deprecated) dict: ``task_id`` and ``actor_id`` only where there are ones."""
+        out = {"job_id": self.get_job_id(), "node_id": self.get_node_id(),
+               "namespace": self.namespace}
+        for key, value in (("task_id", self.get_task_id()), ("actor_id", self.get_actor_id())):
+            if value is not None:
+                out[key] = value
+        return out
 
 
 def assigned_gpus() -> list[str]:

@@ -17,10 +17,11 @@ from typing import Any
 import yrdask
 from yrdask.runtime import context as _rtctx
 from yrdask.runtime.objects import ObjectRef, check_live
-import yrdask.ray._context as _context
+from yrdask.ray._context import current_ctx
 from yrdask.ray._session import (RayContext, ensure_init, failed_ref, init, is_initialized,
                                  shutdown, store)
-from yrdask.ray.exceptions import UnsupportedOptionError, from_yr_error
+from yrdask.errors import YRTimeoutError
+from yrdask.ray.exceptions import GetTimeoutError, UnsupportedOptionError, from_yr_error
 
 logger = logging.getLogger("yrdask.ray")
 
@@ -60,6 +61,10 @@ def get(object_refs: Any, *, timeout: float | None = None) -> Any:
     rt = _rtctx.current_runtime()
     try:
         values = rt.get(refs, -1 if timeout is None else timeout)
+    except YRTimeoutError:
+        raise GetTimeoutError(
+            f"Get timed out: some object(s) not ready after {timeout} s; pass a longer "
+            "timeout, or timeout=None to wait until they are") from None
     except BaseException as e:  # noqa: BLE001 - re-raised as Ray's type
         mapped = from_yr_error(e)
         if mapped is e:
@@ -116,11 +121,12 @@ def wait(object_refs: list, *, num_returns: int = 1, timeout: float | None = Non
 
 
 def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
-    """Cancel a task: ``ray.get`` of its ref raises ``TaskCancelledError``.
+    """Cancel a task: ``ray.get`` of its ref raises ``TaskCancelledError`` at once.
 
-    A queued task never runs; a running one is interrupted at its next Python bytecode
-    (``force`` makes no difference).  Calls on actors are not cancelled (as in yr); tasks the
-    cancelled task submitted keep running (``recursive`` has no effect).
+    A queued task never runs; a running one is interrupted at its next Python bytecode, or
+    with ``force=True`` its worker process is ended (as on Ray: code blocked in C stops too,
+    and the CPU is free at once; the nanny starts a fresh process).  Calls on actors are not
+    cancelled (as in yr); tasks the cancelled task submitted keep running.
     """
     ensure_init()
     if not isinstance(object_ref, ObjectRef):
@@ -129,7 +135,7 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
     for name, value in (("force", force), ("recursive", recursive)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {value!r}")
-    _rtctx.current_runtime().cancel([object_ref])
+    _rtctx.current_runtime().cancel([object_ref], force)
 
 
 def kill(actor: Any, *, no_restart: bool = True) -> None:
@@ -155,7 +161,7 @@ def get_actor(name: str, namespace: str | None = None) -> Any:
         raise ValueError("Please supply a non-empty value to get_actor")
     if namespace is not None and (not isinstance(namespace, str) or not namespace):
         raise ValueError(f"namespace must be None or a non-empty str, got {namespace!r}")
-    ns = namespace or _context.current_ctx()["namespace"]
+    ns = namespace or current_ctx()["namespace"]
     try:
         proxy = yrdask.get_instance(name, ns, 60)
     except yrdask.YRTimeoutError:
@@ -221,5 +227,6 @@ def cluster_resources() -> dict:
 
 
 def available_resources() -> dict:
-    """What running tasks and live actors leave free, in Ray units."""
-    return _sum("allocatable")
+    """What running tasks and live actors leave free, in Ray units; a resource all used up
+    is left out, as on Ray."""
+    return {k: v for k, v in _sum("allocatable").items() if v > 0}

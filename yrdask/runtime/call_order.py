@@ -10,7 +10,9 @@ Rules:
 * Per instance there is one *route* holding this process's calls in submission order.  A
   call leaves (``SendCall``) only when every earlier call of the route has left and its own
   ref arguments are ready (the adapter says so with ``CallDepsReady``); a call whose
-  argument failed fails in its turn, and the ones behind it go on.
+  argument failed fails in its turn, and the ones behind it go on.  An *unordered* call
+  (the Ray surface's async and threaded actors) leaves as soon as its arguments are ready,
+  past earlier calls still waiting for theirs, as on Ray.
 * A route learns where its instance is from its creation (``CREATE_INSTANCE``: a worker, the
   real id when a named creation bound an existing instance, or a failure) or by asking
   (``LOCATE_INSTANCE``), which it does when it has calls and no worker.
@@ -95,6 +97,7 @@ class CallSubmitted(Event):
     ready: bool = True
     error: Any = None
     max_redeliveries: int | None = None  # its own bound (None: the machine's; -1: none)
+    unordered: bool = False  # may leave before earlier calls whose arguments are not ready
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,10 +225,12 @@ LOCATING = "locating"  # the LOCATE_INSTANCE answer
 
 class _Call:
     __slots__ = ("call_id", "instance_id", "seq", "ready", "error", "crashes",
-                 "max_redeliveries")
+                 "max_redeliveries", "unordered")
 
     def __init__(self, call_id: str, instance_id: str, seq: int, ready: bool,
-                 error: Any, max_redeliveries: int | None = None) -> None:
+                 error: Any, max_redeliveries: int | None = None,
+                 unordered: bool = False) -> None:
+        self.unordered = unordered
         self.call_id = call_id
         self.instance_id = instance_id
         self.seq = seq  # submission order, for validate()
@@ -308,7 +313,8 @@ class CallOrder:
         route = self.routes.get(iid)
         if route is None:
             route = self.routes[iid] = _Route(iid)
-        call = _Call(cid, iid, next(self._seq), ev.ready, ev.error, ev.max_redeliveries)
+        call = _Call(cid, iid, next(self._seq), ev.ready, ev.error, ev.max_redeliveries,
+                     ev.unordered)
         self.calls[cid] = call
         if (route.worker is None or route.queue or not ev.ready or ev.error is not None
                 or route.dead is not None):  # it waits (a call sent at once: "send" says it)
@@ -326,7 +332,7 @@ class CallOrder:
         self.story.log(ev.stimulus_id, ("deps-ready", ev.call_id, ev.error is None),
                        (ev.call_id, call.instance_id))
         route = self.routes[call.instance_id]
-        if route.queue and route.queue[0] is call:
+        if route.queue and (route.queue[0] is call or call.unordered):
             self._pump(route, ev.stimulus_id, out)
 
     def _done(self, ev: CallDone, out: list) -> None:
@@ -488,10 +494,16 @@ class CallOrder:
                 out.append(SendLocate(sid, route.instance_id, route.lost))
             return
         target = route.real_id or route.instance_id
+        passed: list[_Call] | None = None  # unordered calls still waiting for their arguments
         while queue:
             call = queue[0]
             if not call.ready:
-                return  # later calls wait behind it: calls leave in submission order
+                if not call.unordered:
+                    break  # later calls wait behind it: calls leave in submission order
+                if passed is None:
+                    passed = []
+                passed.append(queue.popleft())
+                continue
             queue.popleft()
             if call.error is not None:
                 self._fail(call, call.error, sid, out)
@@ -499,6 +511,8 @@ class CallOrder:
             route.inflight[call.call_id] = call
             self.story.log(sid, ("send", call.call_id, target, worker), (call.call_id,))
             out.append(SendCall(sid, call.call_id, target, worker))
+        if passed:
+            queue.extendleft(reversed(passed))  # they keep their places, in submission order
 
     def _fail(self, call: _Call, error: Any, sid: str, out: list) -> None:
         del self.calls[call.call_id]
@@ -568,9 +582,12 @@ class CallOrder:
                 seen.add(call.call_id)
                 assert self.calls.get(call.call_id) is call, f"call {call.call_id} unknown"
                 assert call.instance_id == iid, (call.call_id, iid)
-            seqs = [c.seq for c in sent + queued]
+            ordered = [c for c in sent + queued if not c.unordered]
+            seqs = [c.seq for c in ordered]
             assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), \
-                f"route {iid} out of submission order: {[c.call_id for c in sent + queued]}"
+                f"route {iid} out of submission order: {[c.call_id for c in ordered]}"
+            assert [c.seq for c in queued] == sorted(c.seq for c in queued), \
+                f"route {iid} queue out of submission order"
             for call in sent:
                 assert call.ready and call.error is None, f"{call.call_id} sent unready"
             if sent:

@@ -38,6 +38,17 @@ def install(rt: Any) -> None:
     _runtime = rt
 
 
+#: Set by the worker layer (``worker/execution.py``): whether the task this thread runs has
+#: been cancelled.  None in processes that run no tasks.
+cancel_probe: Any = None
+
+
+def current_task_cancelled() -> bool:
+    """Whether the task the current thread runs has been cancelled (False outside tasks)."""
+    probe = cancel_probe
+    return bool(probe is not None and probe())
+
+
 def current_owner() -> str | None:
     """The lifetime owner that work created by this thread belongs to."""
     return getattr(_ctx, "owner", None)

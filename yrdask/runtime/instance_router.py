@@ -36,6 +36,7 @@ class Call:
     deps: list | None = None  # as first sent, kept for a redelivery
     results: list | None = None  # of its TASK_DONE, until CallSucceeded
     max_redeliveries: int | None = None  # its own bound after crashes (None: the default)
+    unordered: bool = False  # may pass earlier calls still waiting for their arguments
 
 
 class InstanceRouter:
@@ -76,13 +77,14 @@ class InstanceRouter:
         refs = call.dep_refs
         if refs and pending_owned(refs):
             self._do(self.order.handle(C.CallSubmitted(cid, cid, call.instance_id, False,
-                                                       None, call.max_redeliveries)))
+                                                       None, call.max_redeliveries,
+                                                       call.unordered)))
             when_ready(refs, lambda: self._do(self.order.handle(
                 C.CallDepsReady(cid, cid, failed_dep(refs)))))
         else:
             error = failed_dep(refs) if refs else None
             self._do(self.order.handle(C.CallSubmitted(cid, cid, call.instance_id, True, error,
-                                                       call.max_redeliveries)))
+                                                       call.max_redeliveries, call.unordered)))
 
     def on_done(self, msg: P.TaskDone) -> bool:
         """Settle a method call's refs; False if ``msg`` is not for a method call."""

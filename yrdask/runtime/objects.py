@@ -343,6 +343,8 @@ class ObjectRef:
         rt = self._runtime
 
         def resolve(_ref: ObjectRef) -> None:
+            if not fut.set_running_or_notify_cancel():
+                return  # the waiter gave up (a time-out, or asyncio.run ending): no one to tell
             try:
                 fut.set_result(rt.get([self], -1)[0])
             except BaseException as e:  # noqa: BLE001 - handed to the future

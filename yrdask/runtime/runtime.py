@@ -266,10 +266,12 @@ class Runtime:
         return spec["instance_id"]
 
     def call_method(self, instance_id: str, method: str, args: tuple, kwargs: dict,
-                    nret: int, max_redeliveries: int | None = None) -> list[ObjectRef]:
+                    nret: int, max_redeliveries: int | None = None,
+                    unordered: bool = False) -> list[ObjectRef]:
         """Send a method call.  ``max_redeliveries``: how often it is delivered again after
         its instance's process died while it ran (None: ``max-call-redeliveries``; -1: no
-        bound), which the Ray surface sets from ``max_task_retries``."""
+        bound), which the Ray surface sets from ``max_task_retries``.  ``unordered``: it may
+        leave before earlier calls whose ref arguments are not ready (Ray's async actors)."""
         blob, dep_refs = pack_args(args, kwargs, _is_ref)
         call_id = self.new_id()
         ids = [call_id] if nret <= 1 else [f"{call_id}.{i}" for i in range(nret)]
@@ -280,7 +282,7 @@ class Runtime:
         else:
             entries = [r._entry for r in refs]
         call = Call(call_id, instance_id, method, blob, dep_refs, entries, nret,
-                    max_redeliveries=max_redeliveries)
+                    max_redeliveries=max_redeliveries, unordered=unordered)
         self.on_loop(self.router.call, call)
         return refs
 
@@ -459,9 +461,11 @@ class Runtime:
             (ready if ref._entry.ready and len(ready) < wait_num else not_ready).append(ref)
         return ready, not_ready
 
-    def cancel(self, refs: list[ObjectRef]) -> None:
+    def cancel(self, refs: list[ObjectRef], force: bool = False) -> None:
+        """Cancel the tasks of ``refs``; ``force``: a running one ends with its worker
+        process (see :class:`~yrdask.protocol.CancelTask`)."""
         for ref in refs:
-            self.on_loop(self.submitter.cancel, ref._id)
+            self.on_loop(self.submitter.cancel, ref._id, force)
 
     # -- shutdown --------------------------------------------------------------------------
 

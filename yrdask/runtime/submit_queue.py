@@ -88,9 +88,10 @@ class TaskFinished(Event):
 
 @dataclass(frozen=True, slots=True)
 class CancelRequested(Event):
-    """``yr.cancel`` of the task."""
+    """``yr.cancel`` of the task (``force``: end the worker process running it)."""
 
     task_id: str
+    force: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +154,7 @@ class SendCancel(Instruction):
 
     task_id: str
     worker: str
+    force: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,7 +431,8 @@ class SubmitQueue:
             self._fail(task, error)
             self._dirty[q.name] = q
             return
-        self._emit(SendCancel(self._sid, task.task_id, task.lease.worker), task.task_id)
+        self._emit(SendCancel(self._sid, task.task_id, task.lease.worker, ev.force),
+                   task.task_id)
         task.settled = True
         self._emit(TaskFailed(self._sid, task.task_id, error), task.task_id)
 

@@ -159,15 +159,17 @@ class Submitter:
         if outcome == "ok":
             self._results.pop(task_id, None)
 
-    def cancel(self, object_id: str) -> None:
-        """``yr.cancel``: a task still waiting for its arguments is failed here."""
+    def cancel(self, object_id: str, force: bool = False) -> None:
+        """``yr.cancel``: a task still waiting for its arguments is failed here.  ``force``:
+        the worker running it ends its process (the task is settled here, so its loss with
+        that worker is not counted as a crash of it)."""
         task_id = object_id.split(".", 1)[0]
         task = self.tasks.get(task_id)
         if task is None or task.cancelled:
             return
         task.cancelled = True
         if task.queued:
-            self._handle(M.CancelRequested("cancel", task_id))
+            self._handle(M.CancelRequested("cancel", task_id, force))
             return
         self.tasks.pop(task_id, None)
         self.waiting -= 1
@@ -249,7 +251,7 @@ class Submitter:
         elif kind is M.ReturnLeases:
             self.rt.connector.return_leases(list(ins.lease_ids))
         elif kind is M.SendCancel:
-            self.rt.channel(ins.worker).send(P.CancelTask(ins.task_id))
+            self.rt.channel(ins.worker).send(P.CancelTask(ins.task_id, ins.force))
         elif kind is M.WakeAt:
             self._wake_at(ins.at)
         else:

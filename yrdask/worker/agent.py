@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import traceback
@@ -52,6 +53,12 @@ logger = logging.getLogger("yrdask.worker")
 MAX_THREADS = 4096
 
 
+def _loop_closed(on_loop: Callable) -> bool:
+    """Whether the loop behind a runtime's bound ``on_loop`` is closed (the worker closed)."""
+    rt = getattr(on_loop, "__self__", None)
+    return rt is not None and rt.loop.is_closed()
+
+
 class Peer:
     """A caller connected by a call channel; replies go back on the same comm.
 
@@ -64,7 +71,13 @@ class Peer:
         self.stream = stream
 
     def reply(self, msg: dict) -> None:
-        self.on_loop(self._send, msg)
+        try:
+            self.on_loop(self._send, msg)
+        except RuntimeError:
+            if not _loop_closed(self.on_loop):
+                raise
+            # The worker is closing: its loop and the caller's comm are gone, and the caller
+            # learns the worker's end from Dask; a task that ends now has no one to answer.
 
     def _send(self, msg: dict) -> None:
         try:
@@ -84,7 +97,11 @@ class LocalPeer:
         self.agent.dispatch(self, msg)
 
     def reply(self, msg: dict) -> None:
-        self.agent.runtime.on_loop_later(self.on_message, msg)
+        try:
+            self.agent.runtime.on_loop_later(self.on_message, msg)
+        except RuntimeError:
+            if not self.agent.runtime.loop.is_closed():
+                raise  # else the worker is closing, and so is the caller in it (see Peer)
 
 
 class WorkerAgent:
@@ -428,8 +445,16 @@ class WorkerAgent:
         interrupted in its user code.  Unknown ids (ended, bounced) are dropped: a cancel
         always follows its task's ``RUN_TASK`` on the same channel."""
         ex = self.tasks.get(msg["task_id"])
-        if ex is not None:
-            ex.cancel()
+        if ex is None:
+            return
+        if msg.get("force") and self.running.get(ex.task_id) is ex:
+            # Ray's cancel(force=True): the task may be blocked in C (time.sleep, a socket
+            # read), where no exception reaches it.  End this process; the nanny starts a
+            # fresh one, the caller settled the task already (no crash is counted for it).
+            logger.info("cancel(force=True) of task %s: ending worker process %d",
+                        ex.task_id, os.getpid())
+            os._exit(P.FORCED_CANCEL_EXIT)
+        ex.cancel()
 
     # -- objects ---------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ import threading
 from typing import Any
 
 from yrdask.errors import CancelledError
+from yrdask.runtime import context as _rtctx
 
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
 _current = threading.local()  # .ex: the Execution armed in this thread, if any
@@ -36,6 +37,14 @@ _current = threading.local()  # .ex: the Execution armed in this thread, if any
 def current_execution() -> "Execution | None":
     """The task record whose user code this thread runs now, if any."""
     return getattr(_current, "ex", None)
+
+
+def _current_cancelled() -> bool:
+    ex = getattr(_current, "ex", None)
+    return ex is not None and ex.cancelled
+
+
+_rtctx.cancel_probe = _current_cancelled  # ray's RuntimeContext.is_canceled() asks it
 
 
 class Execution:

@@ -525,13 +525,14 @@ class ProcessDied(Exception):
 
 
 class _PooledProcess:
-    __slots__ = ("proc", "address", "comm", "idle_since")
+    __slots__ = ("proc", "address", "comm", "idle_since", "calls")
 
     def __init__(self, proc: subprocess.Popen, address: str) -> None:
         self.proc = proc
         self.address = address
         self.comm: Any = None
         self.idle_since = 0.0
+        self.calls = 0  # tasks it ran, for ``max_calls``
 
     async def request(self, msg: dict) -> dict:
         from distributed.comm import connect
@@ -590,15 +591,19 @@ class ProcessPool:
             fut.cancel()
             self._drop(child)
             raise
+        child.calls += 1
+        max_calls = isolation.get("max_calls") or 0
         with self.lock:
-            if self.closed:
-                self._drop(child)
-                return reply
-            child.idle_since = time.monotonic()
-            self.idle.setdefault(key, []).append(child)
-            if not self._reaping:
-                self._reaping = True
-                loop.call_soon_threadsafe(loop.call_later, self.idle_s, self._reap)
+            # closing, or it ran its max_calls (Ray's recycling): it ends, outside the lock
+            done = self.closed or bool(max_calls and child.calls >= max_calls)
+            if not done:
+                child.idle_since = time.monotonic()
+                self.idle.setdefault(key, []).append(child)
+                if not self._reaping:
+                    self._reaping = True
+                    loop.call_soon_threadsafe(loop.call_later, self.idle_s, self._reap)
+        if done:
+            self._drop(child)  # takes the lock itself
         return reply
 
     def _drop(self, child: _PooledProcess) -> None:

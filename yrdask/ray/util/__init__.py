@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import yrdask.ray.util.scheduling_strategies as scheduling_strategies
+from yrdask.ray.util import scheduling_strategies
 from yrdask.ray.util.actor_pool import ActorPool
 from yrdask.ray.util.placement_group import (PlacementGroup, get_current_placement_group,
                                              placement_group, placement_group_table,
@@ -20,7 +20,7 @@ def list_named_actors(all_namespaces: bool = False) -> list:
     """Names of live named actors in this job's namespace, or ``[{"name", "namespace"}]``
     over all namespaces."""
     import yrdask
-    import yrdask.ray._context as _context
+    from yrdask.ray._context import current_ctx
     from yrdask.ray._session import ensure_init
 
     ensure_init()
@@ -29,7 +29,7 @@ def list_named_actors(all_namespaces: bool = False) -> list:
     pairs = yrdask.list_named_instances(all_namespaces=True)
     if all_namespaces:
         return pairs
-    ns = _context.current_ctx()["namespace"]
+    ns = current_ctx()["namespace"]
     return [p["name"] for p in pairs if p["namespace"] == ns]
 
 

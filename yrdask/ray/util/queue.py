@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import queue as _queue
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["Queue", "Empty", "Full"]
@@ -88,8 +89,10 @@ class Queue:
     def __init__(self, maxsize: int = 0, actor_options: dict | None = None) -> None:
         from yrdask.ray.actor import ActorClass
 
-        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 0:
-            raise ValueError(f"maxsize must be an int >= 0, got {maxsize!r}")
+        if isinstance(maxsize, bool) or not isinstance(maxsize, int):
+            raise TypeError(f"maxsize must be an int, got {maxsize!r}")
+        if maxsize < 0:
+            raise ValueError(f"maxsize must be >= 0 (0: unbounded), got {maxsize!r}")
         self.maxsize = maxsize
         self.actor = ActorClass(_QueueActor, dict(actor_options or {})).remote(maxsize)
 
@@ -162,8 +165,9 @@ class Queue:
 
     def put_nowait_batch(self, items: list) -> None:
         """Add all ``items`` at once, or raise Full and add none."""
-        if not isinstance(items, list):
-            raise TypeError("Argument 'items' must be a list")
+        if not isinstance(items, Iterable):
+            raise TypeError("Argument 'items' must be an Iterable")
+        items = list(items)
         if not self._get(self.actor.put_nowait_batch.remote(items)):
             raise Full(f"Cannot add {len(items)} items to queue of size {self.size()} and "
                        f"maxsize {self.maxsize}.")
@@ -173,8 +177,10 @@ class Queue:
 
     def get_nowait_batch(self, num_items: int) -> list:
         """Remove and return ``num_items`` items at once, or raise Empty and remove none."""
-        if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 0:
-            raise ValueError("'num_items' must be a nonnegative integer")
+        if isinstance(num_items, bool) or not isinstance(num_items, int):
+            raise TypeError("Argument 'num_items' must be an int")
+        if num_items < 0:
+            raise ValueError("'num_items' must be nonnegative")
         ok, items = self._get(self.actor.get_nowait_batch.remote(num_items))
         if not ok:
             raise Empty(f"Cannot get {num_items} items from queue of size {self.size()}.")
