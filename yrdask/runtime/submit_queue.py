@@ -333,8 +333,15 @@ class SubmitQueue:
         if q is None:
             q = self.queues[ev.key] = _Queue(ev, f"q{len(self.queues)}")
         task = self.tasks[ev.task_id] = _Task(ev, q)
-        q.tasks.append(task)
+        tasks = q.tasks
         q.backoff = False
+        if tasks:
+            # a backlog already: the last dispatch left no lease with room (it stops only
+            # when the tasks run out), and nothing changed since but the backlog's size
+            tasks.append(task)
+            self._ask(q, tasks)
+            return
+        tasks.append(task)
         self._dirty[q.name] = q
 
     def _lease_granted(self, ev: LeaseGranted) -> None:
@@ -533,8 +540,11 @@ class SubmitQueue:
                     break
         if tasks and q.avg_s is not None and q.avg_s <= self.pipeline_below_s:
             self._pipeline(q)
-        if not tasks:
-            return
+        if tasks:
+            self._ask(q, tasks)
+
+    def _ask(self, q: _Queue, tasks: deque) -> None:
+        """Make sure leases are coming for the queue's backlog ``tasks`` (not empty)."""
         if q.backoff and (q.requests or any(not l.revoked for l in q.leases.values())):
             return  # after a refusal: only what keeps the queue from stalling
         needed = -(-len(tasks) // q.slots)  # leases to run the backlog at once
