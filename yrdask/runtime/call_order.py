@@ -270,6 +270,7 @@ class CallOrder:
         self._flush_asked = False
         self._seq = itertools.count()
         self.story = Story(story_len)
+        self._entries = self.story.entries  # the hot path appends plain tuples itself
         self._handlers = {
             CallSubmitted: self._submitted, CallDepsReady: self._deps_ready,
             CallDone: self._done, ChannelLost: self._channel_lost,
@@ -319,7 +320,11 @@ class CallOrder:
         if (route.worker is None or route.queue or not ev.ready or ev.error is not None
                 or route.dead is not None):  # it waits (a call sent at once: "send" says it)
             self.story.log(ev.stimulus_id, ("call", cid, iid, ev.ready), (cid, iid))
-        self._incref(iid, ev.stimulus_id, out)  # a pending call counts as a handle
+        n = self.counts.get(iid)
+        if n:  # a pending call counts as a handle (the instance is counted already)
+            self.counts[iid] = n + 1
+        else:
+            self._incref(iid, ev.stimulus_id, out)
         route.queue.append(call)
         self._pump(route, ev.stimulus_id, out)
 
@@ -343,13 +348,18 @@ class CallOrder:
             self.story.log(ev.stimulus_id, ("done-ignored", cid), (cid,))
             return
         del self.calls[cid]
+        iid = call.instance_id
         if ev.error is None:
-            self.story.log(ev.stimulus_id, ("succeeded", cid), (cid, call.instance_id))
+            self._entries.append((ev.stimulus_id, ("succeeded", cid), (cid, iid)))
             out.append(CallSucceeded(ev.stimulus_id, cid))
         else:
-            self.story.log(ev.stimulus_id, ("failed", cid), (cid, call.instance_id))
+            self.story.log(ev.stimulus_id, ("failed", cid), (cid, iid))
             out.append(CallFailed(ev.stimulus_id, cid, ev.error))
-        self._decref(call.instance_id, ev.stimulus_id, out)
+        n = self.counts.get(iid)
+        if n is not None and n > 1:  # other calls or handles still count the instance
+            self.counts[iid] = n - 1
+        else:
+            self._decref(iid, ev.stimulus_id, out)
 
     def _channel_lost(self, ev: ChannelLost, out: list) -> None:
         for route in list(self.routes.values()):
@@ -508,9 +518,10 @@ class CallOrder:
             if call.error is not None:
                 self._fail(call, call.error, sid, out)
                 continue
-            route.inflight[call.call_id] = call
-            self.story.log(sid, ("send", call.call_id, target, worker), (call.call_id,))
-            out.append(SendCall(sid, call.call_id, target, worker))
+            cid = call.call_id
+            route.inflight[cid] = call
+            self._entries.append((sid, ("send", cid, target, worker), (cid,)))
+            out.append(SendCall(sid, cid, target, worker))
         if passed:
             queue.extendleft(reversed(passed))  # they keep their places, in submission order
 
