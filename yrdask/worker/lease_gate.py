@@ -112,6 +112,7 @@ class LeaseGate:
         self.lease_of: dict[str, str] = {}  # task id (waiting or running) -> lease id
         self.next_wake: float | None = None  # earliest WakeAt not yet answered by a Tick
         self.story = Story(story_len)
+        self._entries = self.story.entries  # the hot path appends plain tuples itself
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -144,24 +145,26 @@ class LeaseGate:
         return []
 
     def _arrived(self, ev: TaskArrived) -> list[Instruction]:
-        log = self.story.log
-        if ev.task_id in self.lease_of:
-            log(ev.stimulus_id, ("duplicate-ignored", ev.task_id, ev.lease_id),
-                (ev.task_id, ev.lease_id))
+        task_id, lease_id, sid = ev.task_id, ev.lease_id, ev.stimulus_id
+        if task_id in self.lease_of:
+            self.story.log(sid, ("duplicate-ignored", task_id, lease_id), (task_id, lease_id))
             return []
-        lease = self.leases.get(ev.lease_id)
+        lease = self.leases.get(lease_id)
         if lease is None:
-            lease = self.leases[ev.lease_id] = _Lease(ev.slots)
-        self.lease_of[ev.task_id] = ev.lease_id
-        log(ev.stimulus_id, ("arrived", ev.task_id, ev.lease_id), (ev.task_id, ev.lease_id))
-        if not lease.waiting and lease.free():
-            lease.running.add(ev.task_id)
-            log(ev.stimulus_id, ("start", ev.task_id), (ev.task_id, ev.lease_id))
-            return [StartTask(ev.stimulus_id, ev.task_id)]
+            lease = self.leases[lease_id] = _Lease(ev.slots)
+        self.lease_of[task_id] = lease_id
+        running = lease.running
+        if not lease.waiting and len(running) - lease.blocked < lease.slots:  # free()
+            running.add(task_id)
+            # one entry for the common case (the hot path): it arrived and started at once
+            self._entries.append((sid, ("arrived-start", task_id, lease_id),
+                                  (task_id, lease_id)))
+            return [StartTask(sid, task_id)]
+        self._entries.append((sid, ("arrived", task_id, lease_id), (task_id, lease_id)))
         deadline = ev.now + self.patience_s
-        lease.waiting.append((deadline, ev.task_id))
-        log(ev.stimulus_id, ("wait", ev.task_id, deadline), (ev.task_id, ev.lease_id))
-        return self._wake(ev.stimulus_id, deadline)
+        lease.waiting.append((deadline, task_id))
+        self.story.log(sid, ("wait", task_id, deadline), (task_id, lease_id))
+        return self._wake(sid, deadline)
 
     def _ended(self, ev: TaskEnded) -> list[Instruction]:
         lease_id = self.lease_of.get(ev.task_id)
@@ -173,10 +176,12 @@ class LeaseGate:
         del self.lease_of[ev.task_id]
         if lease.blocked > len(lease.running):  # a blocked task ended without unblocking
             lease.blocked = len(lease.running)
-        self.story.log(ev.stimulus_id, ("ended", ev.task_id), (ev.task_id, lease_id))
-        out = self._admit(ev.stimulus_id, lease_id, lease)
-        self._forget_if_idle(lease_id, lease)
-        return out
+        self._entries.append((ev.stimulus_id, ("ended", ev.task_id), (ev.task_id, lease_id)))
+        if lease.waiting:
+            return self._admit(ev.stimulus_id, lease_id, lease)
+        if not lease.running:  # _forget_if_idle, inline (the hot path)
+            del self.leases[lease_id]
+        return []
 
     def _lent(self, ev: SlotLent) -> list[Instruction]:
         lease = self.leases.get(ev.lease_id)
