@@ -222,10 +222,11 @@ class LeaseGate:
 
     def _admit(self, stimulus_id: str, lease_id: str, lease: _Lease) -> list[Instruction]:
         out: list[Instruction] = []
-        while lease.waiting and lease.free():
-            _, task_id = lease.waiting.popleft()
-            lease.running.add(task_id)
-            self.story.log(stimulus_id, ("start", task_id), (task_id, lease_id))
+        waiting, running, slots = lease.waiting, lease.running, lease.slots
+        while waiting and len(running) - lease.blocked < slots:  # free(), inline
+            _, task_id = waiting.popleft()
+            running.add(task_id)
+            self._entries.append((stimulus_id, ("start", task_id), (task_id, lease_id)))
             out.append(StartTask(stimulus_id, task_id))
         return out
 
