@@ -341,7 +341,9 @@ class WorkerAgent:
             if P.DEVICES_MARK in msg["lease_id"]:  # it holds GPUs: a process that sees them
                 return self._execute_isolated(ex, device_isolation(
                     None, *P.lease_devices(msg["lease_id"])))
-            args, kwargs = unpack_args(msg["args"], [loads(p) for p in self.payloads(msg["deps"])])
+            deps = msg["deps"]
+            args, kwargs = unpack_args(msg["args"], [loads(p) for p in self.payloads(deps)]
+                                       if deps else [])
         except BaseException as e:  # noqa: BLE001
             return self._error_reply(task_id, e, traceback.format_exc(), False)
         if not ex.arm():
