@@ -339,7 +339,8 @@ class SubmitQueue:
             # a backlog already: the last dispatch left no lease with room (it stops only
             # when the tasks run out), and nothing changed since but the backlog's size
             tasks.append(task)
-            self._ask(q, tasks)
+            if len(q.requests) < self.max_pending_requests:  # else _ask wants none
+                self._ask(q, tasks)
             return
         tasks.append(task)
         self._dirty[q.name] = q
@@ -394,7 +395,8 @@ class SubmitQueue:
             self._fail(task, error)
 
     def _task_finished(self, ev: TaskFinished) -> None:
-        self._clock(ev.now)
+        if ev.now > self.now:  # _clock, inline (the hot path)
+            self.now = ev.now
         task = self.tasks.get(ev.task_id)
         if task is None:
             self._note("ignored: task not in flight", ev.task_id)
@@ -423,7 +425,8 @@ class SubmitQueue:
             self._requeue(q, [task])
         else:
             self._finish(task, ev)
-        self._lease_freed(lease, ev.now)
+        if not lease.tasks:  # else _lease_freed has nothing to do (pipelined: the usual)
+            self._lease_freed(lease, ev.now)
         self._dirty[q.name] = q
 
     def _cancel_requested(self, ev: CancelRequested) -> None:
@@ -540,7 +543,7 @@ class SubmitQueue:
                     break
         if tasks and q.avg_s is not None and q.avg_s <= self.pipeline_below_s:
             self._pipeline(q)
-        if tasks:
+        if tasks and len(q.requests) < self.max_pending_requests:  # else _ask wants none
             self._ask(q, tasks)
 
     def _ask(self, q: _Queue, tasks: deque) -> None:
