@@ -197,9 +197,11 @@ class LeaseGate:
                 self.story.log(ev.stimulus_id, ("unlend-ignored", ev.lease_id), (ev.lease_id,))
                 return []
             lease.blocked -= 1
-        self.story.log(ev.stimulus_id, ("lent" if ev.blocked else "unlent", ev.lease_id,
-                                        lease.blocked), (ev.lease_id,))
-        return self._admit(ev.stimulus_id, ev.lease_id, lease) if ev.blocked else []
+        self._entries.append((ev.stimulus_id, ("lent" if ev.blocked else "unlent", ev.lease_id,
+                                               lease.blocked), (ev.lease_id,)))
+        if ev.blocked and lease.waiting:  # else _admit has nobody to start
+            return self._admit(ev.stimulus_id, ev.lease_id, lease)
+        return []
 
     def _tick(self, ev: Tick) -> list[Instruction]:
         self.next_wake = None  # the timer that brought this Tick is spent
