@@ -157,9 +157,12 @@ class InstanceRouter:
     def _send_call(self, ins: C.SendCall) -> None:
         call = self.calls[ins.call_id]
         if call.deps is None:
-            call.deps = [dep_of(r) for r in call.dep_refs] if call.dep_refs else []
-            # refs to values in the store stay held until the call is done (read by reference)
-            call.dep_refs = [r for r in call.dep_refs if r._entry.stored]
+            if call.dep_refs:
+                call.deps = [dep_of(r) for r in call.dep_refs]
+                # refs to values in the store stay held until the call is done (by reference)
+                call.dep_refs = [r for r in call.dep_refs if r._entry.stored]
+            else:
+                call.deps = []
         self.rt.channel(ins.worker).send(P.CallMethod(
             call.call_id, ins.instance_id, call.method, call.args, call.deps, call.nret))
 
