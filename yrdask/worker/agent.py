@@ -283,7 +283,9 @@ class WorkerAgent:
             reply = self._execute(ex)
         except CancelledError:
             reply = None
-        while True:  # in this frame: a CancelledError raised on entering disarm lands here
+        # in this frame: a CancelledError raised on entering disarm lands here.  _execute's
+        # own disarm leaves it neither armed nor shielded unless a cancel cut it short
+        while ex.armed or ex.shielded:
             try:
                 ex.disarm()
                 break
