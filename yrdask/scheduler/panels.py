@@ -70,19 +70,27 @@ class DaskPanels:
     def add(self, worker: str, records: Iterable[Sequence[Any]], running: Mapping[str, int],
             queued: Mapping[str, int], now: float | None = None) -> None:
         """One worker's batch: records of ended calls, and its running/queued counts now."""
+        added = 0  # records, for the plugin's index (its readers count from it)
         now = time.time() if now is None else now
         plugin = self.task_stream()
-        added = 0
+        append = plugin.buffer.append
+        per_name: dict[str, list] = {}  # name -> [done, erred, seconds]: one prefix update
         for name, call_id, start, stop, thread, ok in records:
-            plugin.buffer.append({
-                "key": f"{name}-{call_id}", "worker": worker, "thread": thread,
-                "status": "OK" if ok else "error",
-                "startstops": [{"action": "compute", "start": start, "stop": stop}]})
+            append({"key": f"{name}-{call_id}", "worker": worker, "thread": thread,
+                    "status": "OK" if ok else "error",
+                    "startstops": [{"action": "compute", "start": start, "stop": stop}]})
+            agg = per_name.get(name)
+            if agg is None:
+                agg = per_name[name] = [0, 0, 0.0]
+            agg[0 if ok else 1] += 1
+            agg[2] += stop - start
+        for name, (done, erred, seconds) in per_name.items():
             tp = self.prefix(name)
-            tp.states["memory" if ok else "erred"] += 1
-            tp.add_duration("compute", start, stop)
+            tp.states["memory"] += done
+            tp.states["erred"] += erred
+            tp.add_duration("compute", 0.0, seconds)  # adds to "Compute time per key"
             self.active_at[name] = now
-            added += 1
+            added += done + erred
         plugin.index += added
         self.records += added
         before = self.counts.get(worker, ({}, {}))
