@@ -48,6 +48,22 @@ def fan_out(n: int) -> int:
     return sum(yr.get([leaf.invoke(i) for i in range(n)], 60))
 
 
+@yr.invoke
+def crunch(ms: float) -> int:
+    """Busy for ``ms`` milliseconds: wide enough to see on the Task Stream and to be
+    sampled by Dask's profiler."""
+    return spin(ms)
+
+
+def spin(ms: float) -> int:
+    """(Dask's profiler counts a sample on the caller of the deepest Python frame.)"""
+    end = time.perf_counter() + ms / 1000
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
 @yr.instance
 class Busy:
     """Its ``work`` call runs until the test creates ``path``."""
@@ -190,26 +206,13 @@ walk(document.body);
 return grids;
 """
 
-#: The text of the Bokeh Div widgets (summaries, the waiting list), in page order.
-DIVS_JS = """
-const out = [];
-const walk = (n) => {
-  if (n.nodeName === "STYLE" || n.nodeName === "SCRIPT") return;
-  if (n.classList && n.classList.contains("bk-clearfix")) { out.push(n.textContent); return; }
-  if (n.shadowRoot) walk(n.shadowRoot);
-  for (const c of n.childNodes) walk(c);
-};
-walk(document.body);
-return out;
-"""
-
-
-SRC_JS = """
+#: The values of one column over every Bokeh data source of the page that has it.
+COLUMN_JS = """
 const out = [];
 for (const doc of (window.Bokeh && Bokeh.documents) || [])
   for (const m of doc._all_models.values())
-    if (typeof m.get_column === "function" && m.get_column("instance_id") != null)
-      out.push(Array.from(m.get_column("instance_id")));
+    if (typeof m.get_column === "function" && m.get_column(arguments[0]) != null)
+      out.push(...Array.from(m.get_column(arguments[0])).map(String));
 return out;
 """
 
@@ -235,6 +238,10 @@ class Browser:
             self.text()), timeout, lambda: f"{needles} on the page; it shows: {self.text()[:3000]}")
         return text, time.perf_counter() - t0
 
+    def column(self, name: str) -> list[str]:
+        """Every value of column ``name`` in the page's Bokeh sources (what its plots draw)."""
+        return self.driver.execute_script(COLUMN_JS, name)
+
     def grids(self) -> list[list[str]]:
         """The rows each data table draws now (see :data:`GRIDS_JS`)."""
         return self.driver.execute_script(GRIDS_JS)
@@ -244,7 +251,7 @@ class Browser:
         t0 = time.perf_counter()
         wait_until(lambda: check(self), seconds,
                    lambda: f"{what} within {seconds} s; the page shows: {self.text()[:3000]} "
-                           f"tables: {self.grids()}; sources: {self.driver.execute_script(SRC_JS)}")
+                           f"tables: {self.grids()}")
         return time.perf_counter() - t0
 
     def series_ms(self) -> list[float] | None:
@@ -644,3 +651,25 @@ def test_scheduling_page_follows_changes(population, browser, cluster_kind):
     after = wait_until(lambda: (lambda n: n if n >= before + 6 else None)(pushed_api()), T,
                        "the workers' pushes counted")
     browser.within(LIVE, lambda b: pushed_page(b) >= after, f"{after} tasks pushed")
+
+
+# --------------------------------------------------------------------------- Dask's own pages
+
+
+def test_dask_pages_show_yr_work(population, browser, cluster_kind):
+    """Dask's Task Stream, Progress and Profile pages draw yr tasks and method calls."""
+    assert all(yr.get([crunch.invoke(40) for _ in range(30)], T))
+    greeter = population.alive[0]
+    yr.get([greeter.hello.invoke() for _ in range(20)], T)
+    browser.open("/status")
+    browser.within(T, lambda b: "crunch" in b.column("name")
+                   and "Greeter.hello" in b.column("name"), "yr work on the Task Stream")
+    browser.within(T, lambda b: {"crunch", "Greeter.hello", "Greeter"} <= set(
+        b.column("show-name")), "yr work on Progress")
+    browser.shot(f"dask-status-yr-{cluster_kind}")
+    browser.open("/individual-task-stream")
+    browser.within(T, lambda b: "crunch" in b.column("name"), "the Task Stream panel")
+    browser.open("/profile")
+    browser.within(T, lambda b: any("crunch" in n for n in b.column("name")),
+                   "crunch in the Profile")
+    browser.shot(f"dask-profile-yr-{cluster_kind}")

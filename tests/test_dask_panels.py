@@ -25,6 +25,11 @@ T = 60
 @yr.invoke
 def spin_a_while(ms: float) -> int:
     """Busy for ``ms`` milliseconds (for the profiler's 10 ms samples)."""
+    return spin(ms)
+
+
+def spin(ms: float) -> int:
+    """(Dask's profiler counts each sample on the caller of the deepest Python frame.)"""
     end = time.perf_counter() + ms / 1000
     n = 0
     while time.perf_counter() < end:
@@ -52,6 +57,12 @@ def client(cluster, cluster_kind):
     c = cluster(**CORE_KINDS[cluster_kind])
     with Client(c.address, timeout=T) as dask_client:
         yield dask_client
+
+
+def samples(state: dict, name: str) -> int:
+    """Profiler samples of function ``name`` in a ``client.profile()`` tree."""
+    own = state["count"] if state["description"].get("name") == name else 0
+    return own + sum(samples(child, name) for child in state["children"].values())
 
 
 def names_in(stream: list[dict]) -> dict[str, int]:
@@ -88,11 +99,11 @@ def test_task_stream_and_profile_hold_yr_work(client):
         if name == "spin_a_while":
             assert ss["stop"] - ss["start"] >= 0.029, rec
 
-    # Dask's profiler sampled the task threads: the function is in client.profile().
-    def profiled() -> bool:
-        return "spin_a_while" in repr(client.profile())
-    wait_until(profiled, T, "spin_a_while in client.profile()")
-    assert "spin_a_while" in repr(client.profile(key="spin_a_while"))
+    # Dask's profiler sampled the task threads: the function is in client.profile(), with
+    # samples, and in the profile of its key alone.
+    wait_until(lambda: samples(client.profile(), "spin_a_while") >= 5, T,
+               lambda: f"samples of spin_a_while in client.profile(): {client.profile()}")
+    assert samples(client.profile(key="spin_a_while"), "spin_a_while") >= 5
 
     # Progress (Dask's task prefixes): done / erred per function, instances per class.
     def progress() -> dict:
