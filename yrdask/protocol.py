@@ -277,6 +277,7 @@ class ConnectJob(Message):
     job_id: str
     owner_address: str
     protocol_version: int
+    api: str = "yr"  # "ray" for a yrdask.ray driver: messages to it use Ray's words
 
 
 @_message

@@ -40,7 +40,7 @@ SCHEDULING_WINDOW = 300  # samples on the scheduling plots: 5 minutes
 
 
 def _set(source: ColumnDataSource, cols: dict[str, list], table: DataTable | None = None,
-         fit: bool = False) -> None:
+         fit: bool = False, most: int = 20) -> None:
     """Replace a source's data only when it changed (no websocket traffic otherwise).
 
     ``table``: the DataTable showing ``source``.  Bokeh's table redraws its grid only when
@@ -48,7 +48,7 @@ def _set(source: ColumnDataSource, cols: dict[str, list], table: DataTable | Non
     same number (an instance replaced by another, held amounts changing) would stay unseen
     until a reload.  So when the row count stays the same, the table's view gets a fresh
     (equal) filter, which makes it redraw (keeping its sort order).  ``fit``: make the table
-    as tall as its rows (up to 20 of them).
+    as tall as its rows (up to ``most`` of them).
     """
     if source.data != cols:
         rows_before = len(next(iter(source.data.values()), ()))
@@ -56,7 +56,7 @@ def _set(source: ColumnDataSource, cols: dict[str, list], table: DataTable | Non
         if table is not None and rows_before == len(next(iter(cols.values()), ())):
             table.view.filter = AllIndices()
     if fit and table is not None:
-        height = 32 + 26 * min(20, max(1, len(next(iter(cols.values()), ()))))
+        height = 32 + 26 * min(most, max(1, len(next(iter(cols.values()), ()))))
         if table.height != height:
             table.height = height
 
@@ -145,7 +145,8 @@ class InstancesPanel(_Panel):
         # A full page fits the table to its rows (no blank area above "Ended"); the
         # JupyterLab panel (stretch_both) fills its window instead.
         self.fit = kw.get("sizing_mode") != "stretch_both"
-        self.table = _table(self.source, self.COLUMNS, **kw)
+        self.table = _table(self.source, self.COLUMNS, **kw,
+                            **({} if self.fit else {"min_height": 300}))
         for widget in (self.state, self.cls, self.size):
             widget.on_change("value", self._refilter)
         self.text.on_change("value_input", self._refilter)
@@ -206,23 +207,32 @@ class InstancesPanel(_Panel):
         ended = data.ended_view(src, self.ENDED_SHOWN)
         _set(self.ended, _columns([
             {**t, "ended": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t["ended_at"]))}
-            for t in ended["ended"]], self.ENDED_KEYS), self.ended_table, fit=True)
+            for t in ended["ended"]], self.ENDED_KEYS), self.ended_table, fit=True,
+            most=20 if self.fit else 6)  # the JupyterLab panel keeps room for the instances
         title = (f"<h3>Ended ({ended['total']})</h3>newest first; the last {ended['kept']} "
                  "ended instances are kept (yrdask.scheduling.ended-instances-kept)")
         if self.ended_title.text != title:
             self.ended_title.text = title
 
     def _show_waiting(self, waiting: list[dict], total: int) -> None:
-        """Why requests wait: one line each (what, for how long, what each worker lacks)."""
+        """Why requests wait: one line each (what, for how long, what each worker lacks),
+        for the waits that can be a problem; ordinary queueing behind a job's own work is
+        one count (``problem`` "", scheduler/waits.py)."""
+        queued = sum(1 for w in waiting if not w.get("problem", True))
+        waiting = [w for w in waiting if w.get("problem", True)]
+        total = max(len(waiting), total - queued)
+        note = (f"<b>Queued behind their own job's work: {queued}</b> requests (normal: they "
+                "run as that work ends)<br>") if queued else ""
         if not waiting:
-            text = ""
+            text = note
         else:
             items = "".join(
                 f"<li><b>{escape(w['what'])}</b> waits for {escape(data.format_shape(w['needs']))}"
-                f" ({w['waited_s'] or 0:.0f} s): {escape('; '.join(w['reasons']))}</li>"
+                f" ({w['waited_s'] or 0:.0f} s; {escape(w.get('problem') or '')}): "
+                f"{escape('; '.join(w['reasons']))}</li>"
                 for w in waiting[:20])
             more = f"<li>... {total - 20} more</li>" if total > 20 else ""
-            text = (f"<b>Waiting for resources ({total})</b><ul>{items}{more}</ul>"
+            text = (f"{note}<b>Waiting for resources ({total})</b><ul>{items}{more}</ul>"
                     f"<i>{escape(waiting[0].get('fix', ''))}</i>")
         if self.waiting.text != text:
             self.waiting.text = text

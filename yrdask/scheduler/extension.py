@@ -49,6 +49,7 @@ class Job:
     job_id: str
     owner: str
     stream: StreamSender
+    api: str = "yr"  # "ray": the driver speaks Ray (waits are explained in Ray's words)
 
 
 class YrSchedulerExtension:
@@ -200,7 +201,8 @@ class YrSchedulerExtension:
 
     # -- jobs ------------------------------------------------------------------------------
 
-    async def connect_job(self, comm: Any, job_id: str, owner_address: str, protocol_version: int) -> None:
+    async def connect_job(self, comm: Any, job_id: str, owner_address: str,
+                          protocol_version: int, api: str = "yr") -> None:
         """Serve one driver's job stream until it closes; then end the job."""
         stream = StreamSender(comm)
         if protocol_version != P.PROTOCOL_VERSION:
@@ -210,7 +212,7 @@ class YrSchedulerExtension:
             )).to_msg())
             await stream.close()
             return
-        self.jobs[owner_address] = Job(job_id, owner_address, stream)
+        self.jobs[owner_address] = Job(job_id, owner_address, stream, api)
         stream.send(P.JobWelcome(protocol_version=P.PROTOCOL_VERSION,
                                  dashboard=self.dashboard_link()).to_msg())
         handlers = P.handlers(P.JOB_STREAM, self, self.instances)
