@@ -4,9 +4,10 @@ Workers send what their yr tasks and method calls did (:class:`yrdask.protocol.T
 from ``yrdask.worker.dask_panels``); :class:`DaskPanels` puts it where Dask's own pages and
 client calls read their tasks:
 
-* each record becomes an entry of Dask's ``TaskStreamPlugin`` buffer, in Dask's format
-  (``key`` ``"<name>-<id>"``, ``worker``, ``thread``, ``status``, ``startstops``), so the Task
-  Stream page colours it per function and ``client.get_task_stream()`` returns it;
+* each record becomes an entry of Dask's ``TaskStreamPlugin`` buffer, read in Dask's format
+  (``key`` ``"<name>-<id>"``, ``worker``, ``thread``, ``status``, ``startstops``; stored as a
+  flat tuple, :class:`StreamBuffer`), so the Task Stream page colours it per function and
+  ``client.get_task_stream()`` returns it;
 * each name (``f``, ``Class.method``, ``Class.__init__``, and ``Class`` for instance
   lifetimes) gets a Dask ``TaskPrefix`` in ``scheduler.task_prefixes`` whose state counts
   say queued / running (``processing``) / done (``memory``) / erred; that is what the
@@ -22,7 +23,7 @@ Dask's tasks.
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any, Iterable, Mapping, Sequence
 
 FADE_S = 60.0  # done/erred counts stay on Progress this long after a name's last activity
@@ -43,13 +44,16 @@ class DaskPanels:
     # -- Dask's objects --------------------------------------------------------------------
 
     def task_stream(self) -> Any:
-        """Dask's TaskStreamPlugin on this scheduler (added as Dask's dashboard does)."""
+        """Dask's TaskStreamPlugin on this scheduler (added as Dask's dashboard does), its
+        buffer made a :class:`StreamBuffer`."""
         from distributed.diagnostics.task_stream import TaskStreamPlugin
 
         plugin = self.scheduler.plugins.get(TaskStreamPlugin.name)
         if plugin is None:
             plugin = TaskStreamPlugin(self.scheduler)
             self.scheduler.add_plugin(plugin)
+        if type(plugin.buffer) is not StreamBuffer:
+            plugin.buffer = StreamBuffer(plugin.buffer, plugin.buffer.maxlen)
         return plugin
 
     def prefix(self, name: str) -> Any:
@@ -76,9 +80,7 @@ class DaskPanels:
         append = plugin.buffer.append
         per_name: dict[str, list] = {}  # name -> [done, erred, seconds]: one prefix update
         for name, call_id, start, stop, thread, ok in records:
-            append({"key": f"{name}-{call_id}", "worker": worker, "thread": thread,
-                    "status": "OK" if ok else "error",
-                    "startstops": [{"action": "compute", "start": start, "stop": stop}]})
+            append((name, call_id, start, stop, thread, ok, worker))
             agg = per_name.get(name)
             if agg is None:
                 agg = per_name[name] = [0, 0, 0.0]
@@ -146,3 +148,31 @@ class DaskPanels:
                 states["memory"] = states["erred"] = 0
                 del self.active_at[name]
 
+
+
+class StreamBuffer(deque):
+    """Dask's Task Stream buffer, holding yr's records as flat tuples.
+
+    A yr worker may end thousands of calls a second; as dicts in Dask's format (three
+    containers each) a full buffer (``distributed.scheduler.dashboard.tasks.
+    task-stream-length`` entries) would keep the garbage collector busy in the scheduler's
+    process.  A tuple of plain values is not tracked by it, so yr's records stay tuples and
+    become Dask's dicts only when read (``TaskStreamPlugin.collect``/``rectangles`` and the
+    dashboard read by index; Dask's own entries are dicts and pass through).
+    """
+
+    def __getitem__(self, index: Any) -> Any:
+        item = deque.__getitem__(self, index)
+        return as_dask(item) if type(item) is tuple else item
+
+    def __iter__(self) -> Any:
+        for item in deque.__iter__(self):
+            yield as_dask(item) if type(item) is tuple else item
+
+
+def as_dask(rec: tuple) -> dict[str, Any]:
+    """A yr record ``(name, id, start, stop, thread, ok, worker)`` in the Task Stream's format."""
+    name, call_id, start, stop, thread, ok, worker = rec
+    return {"key": f"{name}-{call_id}", "worker": worker, "thread": thread,
+            "status": "OK" if ok else "error",
+            "startstops": [{"action": "compute", "start": start, "stop": stop}]}
