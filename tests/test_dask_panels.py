@@ -2,14 +2,17 @@
 
 After yr tasks and method calls, ``Client.get_task_stream()`` holds them by name (key
 ``<name>-<id>``, the worker that ran them, a compute start/stop), ``Client.profile()`` shows
-the task's function, and the scheduler's task prefixes (what Dask's Progress page reads)
-count them per function.  Runs on both core kinds.
+the task's function (with ``yrdask.dashboard.profile`` on), and the scheduler's task
+prefixes (what Dask's Progress page reads) count them per function.  Runs on both core
+kinds.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
+import dask
 import pytest
 from dask.utils import key_split
 from distributed import Client
@@ -54,9 +57,23 @@ class Tally:
 
 @pytest.fixture(scope="module")
 def client(cluster, cluster_kind):
-    c = cluster(**CORE_KINDS[cluster_kind])
+    """A Dask client of a fresh cluster whose workers put yr code in Dask's profiler
+    (``yrdask.dashboard.profile``, off by default): set in the environment the worker
+    processes inherit, and in this process's config (the embedded scheduler's)."""
+    os.environ["DASK_YRDASK__DASHBOARD__PROFILE"] = "True"
+    try:
+        with dask.config.set({"yrdask.dashboard.profile": True}):
+            params = dict(CORE_KINDS[cluster_kind])
+            if cluster_kind == "cli":  # other worker processes than the shared cli cluster's
+                params["workers"] = [{"resources": "profiled=1"}, {}]
+            else:
+                params["num_cpus"] = 3
+            c = cluster(**params)
+    finally:
+        del os.environ["DASK_YRDASK__DASHBOARD__PROFILE"]
     with Client(c.address, timeout=T) as dask_client:
         yield dask_client
+    cluster.close()  # the next module gets its clusters afresh
 
 
 def samples(state: dict, name: str) -> int:

@@ -136,7 +136,8 @@ class WorkerAgent:
         worker.metrics["yr"] = lambda _worker: self.metrics()
         self.recorder: Recorder | None = None
         if dask.config.get("yrdask.dashboard.dask-panels", True):
-            self.recorder = Recorder(self)
+            self.recorder = Recorder(self, bool(dask.config.get("yrdask.dashboard.profile",
+                                                                False)))
             pc = PeriodicCallback(self.recorder.flush, FLUSH_MS)
             worker.periodic_callbacks["yr-dask-panels"] = pc  # Dask stops it at close
             pc.start()

@@ -3,11 +3,13 @@
 yr tasks run on the agent's own threads, not in Dask's executor, so Dask sees nothing of
 them by itself.  A :class:`Recorder` makes them visible the way Dask's own tasks are:
 
-* **Profile**: while a yr function runs, its thread is in ``worker.active_threads``
-  (``{thread ident: key}``, yr's key being the function's name), the table Dask's profiler
-  samples every 10 ms
+* **Profile** (``yrdask.dashboard.profile: true``; off by default): while a yr function
+  runs, its thread is in ``worker.active_threads`` (``{thread ident: key}``, yr's key being
+  the function's name), the table Dask's profiler samples every 10 ms
   (``Worker.trigger_profile``), so ``client.profile()`` and the Profile page show yr code,
-  per function as for Dask keys;
+  per function as for Dask keys.  Off by default: with the sampler on yr threads, an
+  instance whose last handle was a local of a task was seen to outlive it (its end waited
+  for the worker's garbage collection), which yr's lifetimes must not;
 * **Task Stream** and **Progress**: each task or call that ends appends one tuple
   ``(name, id, start, stop, thread, ok)``; a periodic callback (every
   :data:`FLUSH_MS`, only when something changed) ships the batch with the running and
@@ -34,36 +36,41 @@ FLUSH_MS = 250  # how often a batch goes to the scheduler (only when something c
 class Recorder:
     """Records the yr work of one worker for Dask's panels (module docstring)."""
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: Any, profile: bool = False) -> None:
         self.agent = agent
         # Dask's profiler samples the threads in this table ({ident: key}); its readers hold
         # worker.active_threads_lock, but one dict write or delete is atomic under the GIL,
         # so the hot path does without the lock (Dask only copies the dict under it).
-        self.active = agent.worker.active_threads
+        # ``profile`` off (the default, yrdask.dashboard.profile): not registered there.
+        self.active = agent.worker.active_threads if profile else {}
+        self.running: dict[int, str] = {}  # thread ident -> name, while it runs yr code
         self.records: list[tuple] = []  # ended since the last flush
         self._sent: tuple[dict, dict] = ({}, {})  # counts in the last batch
 
     def begin(self, name: str, call_id: str) -> float:
-        """The calling thread starts ``name`` now: Dask's profiler samples it (as key
-        ``name``, so its samples group by function); returns the start time."""
-        self.active[threading.get_ident()] = name
+        """The calling thread starts ``name`` now (for Dask's profiler, if on, as key
+        ``name``: its samples group by function); returns the start time."""
+        ident = threading.get_ident()
+        self.running[ident] = self.active[ident] = name
         return time.time()
 
     def drop(self) -> None:
         """The call begun in this thread never ran (cancelled first): no record."""
-        self.active.pop(threading.get_ident(), None)
+        ident = threading.get_ident()
+        self.active.pop(ident, None)
+        self.running.pop(ident, None)
 
     def end(self, name: str, call_id: str, start: float, ok: bool) -> None:
         """The call begun by :meth:`begin` in this thread ended (``ok``: without an error)."""
         stop = time.time()
         ident = threading.get_ident()
         self.active.pop(ident, None)
+        self.running.pop(ident, None)
         self.records.append((name, call_id, start, stop, ident, ok))
 
     def counts(self) -> tuple[dict[str, int], dict[str, int]]:
         """``(running, queued)`` by name now: running calls, and tasks here not started yet."""
-        running = Counter(name for ident, name in list(self.active.items())
-                          if _is_yr_thread(ident))  # Dask's executor threads are there too
+        running = Counter(self.running.values())
         queued: Counter = Counter()
         agent = self.agent
         for task_id, ex in list(agent.tasks.items()):
@@ -82,8 +89,3 @@ class Recorder:
         self._sent = counts
         self.agent.runtime.connector.stream_send(P.TaskRecords(records, *counts))
 
-
-def _is_yr_thread(ident: int) -> bool:
-    """A thread of yr's task pool or of a hosted instance (not one of Dask's executor)."""
-    thread = threading._active.get(ident)  # type: ignore[attr-defined]
-    return thread is not None and thread.name.startswith("yr-")
