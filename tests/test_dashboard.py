@@ -48,6 +48,22 @@ def fan_out(n: int) -> int:
     return sum(yr.get([leaf.invoke(i) for i in range(n)], 60))
 
 
+@yr.invoke
+def crunch(ms: float) -> int:
+    """Busy for ``ms`` milliseconds: wide enough to see on the Task Stream and to be
+    sampled by Dask's profiler."""
+    return spin(ms)
+
+
+def spin(ms: float) -> int:
+    """(Dask's profiler counts a sample on the caller of the deepest Python frame.)"""
+    end = time.perf_counter() + ms / 1000
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
 @yr.instance
 class Busy:
     """Its ``work`` call runs until the test creates ``path``."""
@@ -170,6 +186,37 @@ return null;
 """
 
 
+#: The rows each data table shows, as the grid draws them (not the data the page holds):
+#: ``[[row text, ...] per table]`` in page order; cells joined by " | ".
+GRIDS_JS = """
+const grids = [];
+const walk = (n) => {
+  if (n.classList && n.classList.contains("slick-viewport-top")
+      && n.classList.contains("slick-viewport-left")) {
+    const rows = [];
+    for (const r of n.querySelectorAll(".slick-row"))
+      rows.push(Array.from(r.querySelectorAll(".slick-cell")).map(c => c.textContent).join(" | "));
+    grids.push(rows);
+    return;
+  }
+  if (n.shadowRoot) walk(n.shadowRoot);
+  for (const c of n.childNodes) walk(c);
+};
+walk(document.body);
+return grids;
+"""
+
+#: The values of one column over every Bokeh data source of the page that has it.
+COLUMN_JS = """
+const out = [];
+for (const doc of (window.Bokeh && Bokeh.documents) || [])
+  for (const m of doc._all_models.values())
+    if (typeof m.get_column === "function" && m.get_column(arguments[0]) != null)
+      out.push(...Array.from(m.get_column(arguments[0])).map(String));
+return out;
+"""
+
+
 class Browser:
     """A headless Chromium driven by chromedriver: open a page, read its text (Bokeh draws
     its widgets inside shadow roots, so the text is collected through them), screenshot."""
@@ -190,6 +237,22 @@ class Browser:
         text = wait_until(lambda: (lambda t: t if all(n in t for n in needles) else None)(
             self.text()), timeout, lambda: f"{needles} on the page; it shows: {self.text()[:3000]}")
         return text, time.perf_counter() - t0
+
+    def column(self, name: str) -> list[str]:
+        """Every value of column ``name`` in the page's Bokeh sources (what its plots draw)."""
+        return self.driver.execute_script(COLUMN_JS, name)
+
+    def grids(self) -> list[list[str]]:
+        """The rows each data table draws now (see :data:`GRIDS_JS`)."""
+        return self.driver.execute_script(GRIDS_JS)
+
+    def within(self, seconds: float, check: Any, what: str) -> float:
+        """Wait until ``check(self)`` holds, at most ``seconds``; returns how long it took."""
+        t0 = time.perf_counter()
+        wait_until(lambda: check(self), seconds,
+                   lambda: f"{what} within {seconds} s; the page shows: {self.text()[:3000]} "
+                           f"tables: {self.grids()}")
+        return time.perf_counter() - t0
 
     def series_ms(self) -> list[float] | None:
         """The sample times (ms) the scheduling plots hold in the browser, or None."""
@@ -511,3 +574,100 @@ def test_a_few_hundred_instances(population, browser, cluster_kind):
             h.terminate()
         wait_until(lambda: instances(name=prefix, limit=0)["matched"] == 0, 120,
                    f"the {n} instances to end")
+
+
+# --------------------------------------------------------------------------- live pages
+
+LIVE = 2.0  # seconds: an open page shows a change this soon after the scheduler has it
+
+
+def test_instances_pages_follow_changes(population, browser, cluster_kind):
+    """An instance that waits, times out and is replaced, and one that ends: the open
+    Instances page and JupyterLab panel draw each change in their table within 2 s."""
+    for path in ("/yr-instances", "/individual-yr-instances"):
+        prefix = f"live-{uuid.uuid4().hex[:6]}-"
+        browser.open(f"{path}?name={prefix}")
+        browser.wait_for("Instances 0–0 of 0 matching")
+        Greeter.options(yr.InvokeOptions(name=f"{prefix}a", cpu=64_000, memory=0,
+                                         schedule_timeout_ms=2_000)).invoke()
+        wait_until(lambda: instances(name=prefix)["matched"] == 1, T, "the waiting one listed")
+        browser.within(LIVE, lambda b: any(f"{prefix}a" in r and "PENDING" in r
+                                           for r in b.grids()[0]), "the PENDING row")
+        wait_until(lambda: instances(name=prefix)["matched"] == 0, T, "the time-out")
+        second = Greeter.options(yr.InvokeOptions(name=f"{prefix}b", **SMALL)).invoke()
+        assert yr.get(second.hello.invoke(), T) == 1
+        wait_until(lambda: [r["state"] for r in instances(name=prefix)["instances"]] == [
+            "ALIVE"], T, "the new one ALIVE")
+
+        def replaced(b: Browser) -> bool:
+            grids = b.grids()
+            return (len(grids[0]) == 1 and f"{prefix}b" in grids[0][0]
+                    and "ALIVE" in grids[0][0] and "Instances 1–1 of 1 matching" in b.text()
+                    and any(f"{prefix}a" in r for r in grids[1]))  # ended, listed as such
+        browser.within(LIVE, replaced, "the new instance in place of the ended one")
+        browser.shot(f"live{path.replace('/', '-')}-{cluster_kind}")
+        second.terminate()
+        wait_until(lambda: instances(name=prefix)["matched"] == 0, T, "the second to end")
+        browser.within(LIVE, lambda b: not b.grids()[0] and
+                       "Instances 0–0 of 0 matching" in b.text(), "the table emptied")
+
+
+def test_resources_pages_follow_changes(population, browser, cluster_kind):
+    """Resources held and freed: the open Resources page's header and tables follow."""
+    def held() -> str:
+        return api("/yr/api/resources")["totals"]["CPU"]["held_text"]
+
+    def shows(text: str) -> Any:
+        return lambda b: (f"CPU held {text}" in b.text()
+                          and any(r.startswith("CPU | ") and f"| {text} |" in r for r in b.grids()[0]))
+    for path in ("/yr-resources", "/individual-yr-resources"):
+        browser.open(path)
+        before = held()
+        browser.within(T, shows(before), "the page")
+        h = Greeter.options(yr.InvokeOptions(name=f"live-res-{uuid.uuid4().hex[:6]}",
+                                             cpu=700, memory=0)).invoke()
+        assert yr.get(h.hello.invoke(), T) == 1
+        after = wait_until(lambda: (lambda t: t if t != before else None)(held()), T,
+                           "the ledger holding the new instance's CPU")
+        browser.within(LIVE, shows(after), f"CPU held {after}")
+        h.terminate()
+        wait_until(lambda: held() == before, T, "the CPU freed")
+        browser.within(LIVE, shows(before), f"CPU held {before} again")
+
+
+def test_scheduling_page_follows_changes(population, browser, cluster_kind):
+    """New nested work: the open Scheduling page's counts follow within 2 s."""
+    def pushed_api() -> int:
+        now = api("/yr/api/scheduling?samples=1")["now"]
+        return now["tasks_local_total"] + now["tasks_forwarded_total"]
+
+    def pushed_page(b: Browser) -> int:
+        found = re.search(r"local (\d+) ?, forwarded (\d+)", b.text())
+        return int(found.group(1)) + int(found.group(2)) if found else -1
+    browser.open("/yr-scheduling")
+    before = pushed_api()
+    browser.within(T, lambda b: pushed_page(b) >= before, "the page")
+    assert yr.get(fan_out.invoke(6), T) == sum(range(1, 7))
+    after = wait_until(lambda: (lambda n: n if n >= before + 6 else None)(pushed_api()), T,
+                       "the workers' pushes counted")
+    browser.within(LIVE, lambda b: pushed_page(b) >= after, f"{after} tasks pushed")
+
+
+# --------------------------------------------------------------------------- Dask's own pages
+
+
+def test_dask_pages_show_yr_work(population, browser, cluster_kind):
+    """Dask's Task Stream and Progress draw yr tasks, method calls and instances."""
+    assert all(yr.get([crunch.invoke(40) for _ in range(30)], T))
+    greeter = population.alive[0]
+    yr.get([greeter.hello.invoke() for _ in range(20)], T)
+    browser.open("/status")
+    browser.within(T, lambda b: "crunch" in b.column("name")
+                   and "Greeter.hello" in b.column("name"), "yr work on the Task Stream")
+    browser.within(T, lambda b: {"crunch", "Greeter.hello", "Greeter"} <= set(
+        b.column("show-name")), "yr work on Progress")
+    browser.shot(f"dask-status-yr-{cluster_kind}")
+    browser.open("/individual-task-stream")
+    browser.within(T, lambda b: "crunch" in b.column("name"), "the Task Stream panel")
+    # Profile: yrdask.dashboard.profile (off by default) puts yr code there; that is
+    # checked through client.profile() in test_dask_panels.py.

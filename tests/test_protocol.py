@@ -52,6 +52,7 @@ SAMPLES: list[P.Message] = [
     P.LeaseUnblocked("l-1"),
     P.HandleRefs({"i-1": 1, "i-2": -1}, transit=(("i-1", "tok"),), arrived=(("i-2", "tok2"),)),
     P.InstanceState("i-1", "FAILED", b"\x80err"),
+    P.TaskRecords((("f", "ab1", 1.5, 2.5, 140001, True),), {"C.m": 1}, {"f": 2}),
     P.CloseStream(),
     P.RevokeLeases(("l-3",)),
     P.WorkerLost("tcp://w:2"),
@@ -129,7 +130,7 @@ def test_channel_groups_are_derived_from_the_table():
                                     P.WAIT_RESOURCE_GROUP, P.KV_PUT, P.KV_GET, P.KV_DEL,
                                     P.WORKER_EXITED}
     assert set(P.SCHEDULER_STREAM) == {P.RETURN_LEASES, P.LEASE_BLOCKED, P.LEASE_UNBLOCKED,
-                                       P.HANDLE_REFS, P.INSTANCE_STATE}
+                                       P.HANDLE_REFS, P.INSTANCE_STATE, P.TASK_RECORDS}
     assert set(P.JOB_STREAM) == {P.RETURN_LEASES, P.HANDLE_REFS}
     assert set(P.DRIVER_STREAM) == {P.REVOKE_LEASES, P.WORKER_LOST, P.WAIT_WARNING,
                                     P.WORKER_EXIT}
@@ -315,7 +316,7 @@ def test_no_op_dict_literals_outside_protocol():
 
 
 def test_signature_check_catches_a_handler_that_does_not_fit_its_message():
-    def fits(comm, job_id, owner_address, protocol_version): ...
+    def fits(comm, job_id, owner_address, protocol_version, api="yr"): ...
     def lacks_field(comm, job_id, owner_address): ...
     def requires_optional(instance_id, lost): ...
 

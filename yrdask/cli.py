@@ -129,13 +129,18 @@ def format_status(address: str, info: dict[str, Any], limit: int = 50) -> str:
               _age(now - (i.get("created_at") or now))] for i in shown]))
         if len(shown) < len(ordered):
             out.append(f"... {len(ordered) - len(shown)} more (--limit 0 shows all)")
-    waiting: list[dict] = info.get("waiting") or []
+    rows: list[dict] = info.get("waiting") or []
+    waiting = [w for w in rows if w.get("problem", True)]  # queueing is only counted
+    if len(rows) > len(waiting):
+        out += ["", f"Queued behind their own job's work: {len(rows) - len(waiting)} "
+                    "requests (normal: they run as that work ends)"]
     if waiting:
         out += ["", f"Waiting for resources ({len(waiting)})"]
         for w in waiting:
             job = f", job {w['job']}" if w.get("job") else ""
+            why = f" ({w['problem']})" if w.get("problem") else ""
             out.append(f"  {w['what']}{job}: needs {_shape(w.get('needs'))}, waiting "
-                       f"{w.get('waited_s') or 0:.0f} s")
+                       f"{w.get('waited_s') or 0:.0f} s{why}")
             out += [f"    {reason}" for reason in w.get("reasons") or ()]
         out.append(f"  {waiting[0].get('fix', '')}")
     if "ended" in info:

@@ -277,6 +277,7 @@ class ConnectJob(Message):
     job_id: str
     owner_address: str
     protocol_version: int
+    api: str = "yr"  # "ray" for a yrdask.ray driver: messages to it use Ray's words
 
 
 @_message
@@ -596,6 +597,7 @@ LEASE_BLOCKED = "yr_lease_blocked"
 LEASE_UNBLOCKED = "yr_lease_unblocked"
 HANDLE_REFS = "yr_handle_refs"
 INSTANCE_STATE = "yr_instance_state"
+TASK_RECORDS = "yr_task_records"
 CLOSE_STREAM = "close-stream"
 
 
@@ -656,6 +658,21 @@ class InstanceState(Message):
     state: str
     error: bytes | None = None
     reason: str = ""
+
+
+@_message
+class TaskRecords(Message):
+    """worker -> scheduler, a few times a second while yr work runs there: what Dask's
+    Task Stream, Progress and Profile show of it (docs/monitoring.md, "yr work in Dask's
+    panels").  ``records``: one ``[name, id, start, stop, thread, ok]`` per task or method
+    call that ended (wall-clock seconds, the thread ident that ran it); ``running`` and
+    ``queued``: ``{name: count}`` now (replaces the worker's previous counts)."""
+
+    op: ClassVar[str] = TASK_RECORDS
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM,)
+    records: Sequence[Sequence[Any]]
+    running: Mapping[str, int]
+    queued: Mapping[str, int]
 
 
 @_message

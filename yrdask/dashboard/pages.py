@@ -22,7 +22,7 @@ from html import escape
 from typing import Any, Callable
 
 from bokeh.layouts import column, row
-from bokeh.models import (Button, ColumnDataSource, DataTable, Div, FactorRange, HoverTool,
+from bokeh.models import (AllIndices, Button, ColumnDataSource, DataTable, Div, FactorRange, HoverTool,
                           NumberFormatter, Select, TableColumn, TextInput)
 from bokeh.plotting import figure
 from distributed.dashboard.components import add_periodic_callback
@@ -39,17 +39,26 @@ PAGE_SIZES = ("50", "100", "200", "500")
 SCHEDULING_WINDOW = 300  # samples on the scheduling plots: 5 minutes
 
 
-def _set(source: ColumnDataSource, cols: dict[str, list], fit: DataTable | None = None) -> None:
+def _set(source: ColumnDataSource, cols: dict[str, list], table: DataTable | None = None,
+         fit: bool = False, most: int = 20) -> None:
     """Replace a source's data only when it changed (no websocket traffic otherwise).
 
-    ``fit``: a table over ``source`` to make as tall as its rows (up to 20 of them).
+    ``table``: the DataTable showing ``source``.  Bokeh's table redraws its grid only when
+    its CDSView's row indices change, i.e. when the number of rows changes: new rows in the
+    same number (an instance replaced by another, held amounts changing) would stay unseen
+    until a reload.  So when the row count stays the same, the table's view gets a fresh
+    (equal) filter, which makes it redraw (keeping its sort order).  ``fit``: make the table
+    as tall as its rows (up to ``most`` of them).
     """
     if source.data != cols:
+        rows_before = len(next(iter(source.data.values()), ()))
         source.data = cols
-    if fit is not None:
-        height = 32 + 26 * min(20, max(1, len(next(iter(cols.values()), ()))))
-        if fit.height != height:
-            fit.height = height
+        if table is not None and rows_before == len(next(iter(cols.values()), ())):
+            table.view.filter = AllIndices()
+    if fit and table is not None:
+        height = 32 + 26 * min(most, max(1, len(next(iter(cols.values()), ()))))
+        if table.height != height:
+            table.height = height
 
 
 def _columns(rows: list[dict], keys: tuple[str, ...]) -> dict[str, list]:
@@ -108,7 +117,7 @@ class InstancesPanel(_Panel):
 
     COLUMNS = [("name", "Name", 120), ("instance_id", "Id", 110), ("class", "Class", 100),
                ("state", "State", 80), ("worker", "Worker", 160), ("owner", "Owner", 110),
-               ("restarts", "Restarts", 60), ("resources", "Resources", 180),
+               ("restarts", "Restarts", 60), ("resources", "Resources", 220),
                ("calls_done", "Calls done", 70), ("calls_pending", "Calls pending", 80),
                ("created", "Created at", 140), ("waiting", "Waiting for", 400)]
     KEYS = _keys(COLUMNS)
@@ -133,8 +142,11 @@ class InstancesPanel(_Panel):
         self.prev = Button(label="◀ previous", width=100, align="end")
         self.next = Button(label="next ▶", width=100, align="end")
         self.source = ColumnDataSource(_columns([], self.KEYS))
-        fixed = {} if kw.get("sizing_mode") == "stretch_both" else {"height": 640}
-        self.table = _table(self.source, self.COLUMNS, **fixed, **kw)
+        # A full page fits the table to its rows (no blank area above "Ended"); the
+        # JupyterLab panel (stretch_both) fills its window instead.
+        self.fit = kw.get("sizing_mode") != "stretch_both"
+        self.table = _table(self.source, self.COLUMNS, **kw,
+                            **({} if self.fit else {"min_height": 300}))
         for widget in (self.state, self.cls, self.size):
             widget.on_change("value", self._refilter)
         self.text.on_change("value_input", self._refilter)
@@ -176,7 +188,7 @@ class InstancesPanel(_Panel):
                  "calls_pending": "" if r["calls_pending"] is None else r["calls_pending"],
                  "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))}
                 for r in view["instances"]]
-        _set(self.source, _columns(rows, self.KEYS))
+        _set(self.source, _columns(rows, self.KEYS), self.table, fit=self.fit)
         first = view["offset"] + 1 if rows else 0
         states = " · ".join(f"{s} <b>{n}</b>" for s, n in view["by_state"].items())
         self.summary.text = (
@@ -184,27 +196,43 @@ class InstancesPanel(_Panel):
             f"({view['total']} in all) &nbsp;|&nbsp; {states}")
         self.prev.disabled = self.page == 0
         self.next.disabled = view["offset"] + len(rows) >= view["matched"]
-        self._show_waiting(view["waiting"], src.pending_requests)
+        waiting, total = view["waiting"], src.pending_requests
+        if self.cls.value:  # the class filter applies to the waiting list too
+            records = src.lifecycle.instances
+            waiting = [w for w in waiting if w.get("kind") == "instance" and (
+                rec := records.get(w.get("holding_id") or "")) is not None
+                and rec.spec.get("cls_name") == self.cls.value]
+            total = len(waiting)
+        self._show_waiting(waiting, total)
         ended = data.ended_view(src, self.ENDED_SHOWN)
         _set(self.ended, _columns([
             {**t, "ended": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t["ended_at"]))}
-            for t in ended["ended"]], self.ENDED_KEYS), self.ended_table)
+            for t in ended["ended"]], self.ENDED_KEYS), self.ended_table, fit=True,
+            most=20 if self.fit else 6)  # the JupyterLab panel keeps room for the instances
         title = (f"<h3>Ended ({ended['total']})</h3>newest first; the last {ended['kept']} "
                  "ended instances are kept (yrdask.scheduling.ended-instances-kept)")
         if self.ended_title.text != title:
             self.ended_title.text = title
 
     def _show_waiting(self, waiting: list[dict], total: int) -> None:
-        """Why requests wait: one line each (what, for how long, what each worker lacks)."""
+        """Why requests wait: one line each (what, for how long, what each worker lacks),
+        for the waits that can be a problem; ordinary queueing behind a job's own work is
+        one count (``problem`` "", scheduler/waits.py)."""
+        queued = sum(1 for w in waiting if not w.get("problem", True))
+        waiting = [w for w in waiting if w.get("problem", True)]
+        total = max(len(waiting), total - queued)
+        note = (f"<b>Queued behind their own job's work: {queued}</b> requests (normal: they "
+                "run as that work ends)<br>") if queued else ""
         if not waiting:
-            text = ""
+            text = note
         else:
             items = "".join(
                 f"<li><b>{escape(w['what'])}</b> waits for {escape(data.format_shape(w['needs']))}"
-                f" ({w['waited_s'] or 0:.0f} s): {escape('; '.join(w['reasons']))}</li>"
+                f" ({w['waited_s'] or 0:.0f} s; {escape(w.get('problem') or '')}): "
+                f"{escape('; '.join(w['reasons']))}</li>"
                 for w in waiting[:20])
             more = f"<li>... {total - 20} more</li>" if total > 20 else ""
-            text = (f"<b>Waiting for resources ({total})</b><ul>{items}{more}</ul>"
+            text = (f"{note}<b>Waiting for resources ({total})</b><ul>{items}{more}</ul>"
                     f"<i>{escape(waiting[0].get('fix', ''))}</i>")
         if self.waiting.text != text:
             self.waiting.text = text
@@ -253,9 +281,9 @@ class ResourcesPanel(_Panel):
             self.fig.y_range.factors = keys
             self.fig.height = max(160, 60 + 22 * len(keys))
         totals = [{"resource": r, **t} for r, t in view["totals"].items()]
-        _set(self.totals, _columns(totals, self.TOTAL_KEYS), self.tables[0])
-        _set(self.workers, _columns(view["workers"], self.WORKER_KEYS), self.tables[1])
-        _set(self.rows, _columns(rows, self.ROW_KEYS), self.tables[2])
+        _set(self.totals, _columns(totals, self.TOTAL_KEYS), self.tables[0], fit=True)
+        _set(self.workers, _columns(view["workers"], self.WORKER_KEYS), self.tables[1], fit=True)
+        _set(self.rows, _columns(rows, self.ROW_KEYS), self.tables[2], fit=True)
         self.summary.text = (f"{len(view['workers'])} yr workers &nbsp;|&nbsp; " + " · ".join(
             f"{r} held <b>{t['held_text']}</b> of {t['capacity_text']}"
             for r, t in view["totals"].items())
@@ -322,7 +350,8 @@ class SchedulingPanel(_Panel):
             series["t_ms"] = [t * 1000 for t in series["time"]]
             self.series.stream(series, rollover=SCHEDULING_WINDOW)
         self.streamed = timeline.added
-        _set(self.workers, _columns(data.worker_scheduling(src), self.WORKER_KEYS), self.table)
+        _set(self.workers, _columns(data.worker_scheduling(src), self.WORKER_KEYS), self.table,
+             fit=True)
         now = data.scheduling_sample(src)
         text = (
             f"Tasks pushed by workers: local <b>{now['tasks_local_total']}</b>, forwarded "

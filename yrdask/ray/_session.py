@@ -149,6 +149,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
                 conf_kwargs["object_store_memory"] = object_store_memory
             if "log_to_driver" in yrdask.Config.__dataclass_fields__:
                 conf_kwargs["log_to_driver"] = bool(log_to_driver)
+            _rtctx.set_driver_api("ray")  # the scheduler explains waits in Ray's words
             yrdask.init(yrdask.Config(**conf_kwargs))
             rt = _rtctx.installed_runtime()
         elif num_cpus is not None or num_gpus is not None or resources or \
@@ -196,6 +197,7 @@ def shutdown() -> None:
         sess, STATE.session = STATE.session, None
         if sess is not None and sess.owns_runtime and _rtctx.installed_runtime() is sess.runtime:
             yrdask.finalize()
+            _rtctx.set_driver_api("yr")
 
 
 def is_initialized() -> bool:

@@ -15,6 +15,20 @@ _runtime: Any = None  # a yrdask.runtime.runtime.Runtime (not imported: it impor
 _ctx = threading.local()  # .lease_id / .owner while a thread runs a task or method
 
 
+_driver_api = "yr"  # "ray" once yrdask.ray.init starts this process's session
+
+
+def set_driver_api(api: str) -> None:
+    """Which API this driver's program speaks (``"yr"`` or ``"ray"``): the scheduler
+    explains its waits in that API's words.  Set by ``yrdask.ray.init``."""
+    global _driver_api
+    _driver_api = api
+
+
+def driver_api() -> str:
+    return _driver_api
+
+
 def not_initialized() -> YRRuntimeError:
     return YRRuntimeError("system not initialized: call yr.init() first")
 

@@ -27,6 +27,7 @@ from distributed.comm.core import CommClosedError
 from distributed.core import ConnectionPool, Server
 
 from yrdask import protocol as P
+from yrdask.runtime import context
 from yrdask.stream import StreamSender
 from yrdask.errors import YRRuntimeError
 
@@ -159,7 +160,8 @@ class DriverConnector:
         address = self.server.listen_address
         await self._wait_for_extension()
         self.comm = comm = await connect(self.scheduler_address, **self.connection_args)
-        await comm.write(P.ConnectJob(job_id, address, P.PROTOCOL_VERSION).to_msg())
+        await comm.write(P.ConnectJob(job_id, address, P.PROTOCOL_VERSION,
+                                      context.driver_api()).to_msg())
         welcome = await comm.read()
         welcome = P.JobWelcome.from_msg(
             welcome[0] if isinstance(welcome, (list, tuple)) else welcome)

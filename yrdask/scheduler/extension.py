@@ -33,6 +33,7 @@ from yrdask.scheduler.figures import SchedulingFigures
 from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
 from yrdask.scheduler.resources import Ledger, Shape, format_shape
+from yrdask.scheduler.panels import DaskPanels
 from yrdask.scheduler.waits import WaitWatch
 
 logger = logging.getLogger("yrdask.scheduler")
@@ -48,6 +49,7 @@ class Job:
     job_id: str
     owner: str
     stream: StreamSender
+    api: str = "yr"  # "ray": the driver speaks Ray (waits are explained in Ray's words)
 
 
 class YrSchedulerExtension:
@@ -76,6 +78,7 @@ class YrSchedulerExtension:
         self._gone: dict[str, asyncio.Event] = {}  # worker address -> set once removed
         self.figures = SchedulingFigures()
         self.waits = WaitWatch(self)  # explains waiting requests, warns about long waits
+        self.panels = DaskPanels(scheduler)  # yr work in Dask's Task Stream and Progress
         scheduler.extensions[EXTENSION_NAME] = self
         self.instances = InstanceManager(self)
         self.kv = KVServer()  # the cluster's KV store (P.KV_RPC)
@@ -104,6 +107,10 @@ class YrSchedulerExtension:
         waits = PeriodicCallback(self.waits.check, LOAD_REFRESH_MS)
         self.scheduler.periodic_callbacks["yr-waits"] = waits
         waits.start()
+        panels = PeriodicCallback(lambda: self.panels.tick(self.instances.lifecycle),
+                                  LOAD_REFRESH_MS)
+        self.scheduler.periodic_callbacks["yr-dask-panels"] = panels
+        panels.start()
         self.kv.start(self.scheduler)
         try:  # monitoring (docs/monitoring.md) must never keep the scheduler from serving yr
             if self.monitoring is not None:
@@ -150,6 +157,7 @@ class YrSchedulerExtension:
         # and its waiting requests are refused (the lease queue's WorkerLeft does both).
         self.lease_service.worker_left(address)
         self.instances.on_worker_lost(address)
+        self.panels.worker_gone(address)
         self.rgroups.on_owner_gone(address)  # groups code on that worker created
         gone = self._gone.pop(address, None)
         if gone is not None:
@@ -193,7 +201,8 @@ class YrSchedulerExtension:
 
     # -- jobs ------------------------------------------------------------------------------
 
-    async def connect_job(self, comm: Any, job_id: str, owner_address: str, protocol_version: int) -> None:
+    async def connect_job(self, comm: Any, job_id: str, owner_address: str,
+                          protocol_version: int, api: str = "yr") -> None:
         """Serve one driver's job stream until it closes; then end the job."""
         stream = StreamSender(comm)
         if protocol_version != P.PROTOCOL_VERSION:
@@ -203,7 +212,7 @@ class YrSchedulerExtension:
             )).to_msg())
             await stream.close()
             return
-        self.jobs[owner_address] = Job(job_id, owner_address, stream)
+        self.jobs[owner_address] = Job(job_id, owner_address, stream, api)
         stream.send(P.JobWelcome(protocol_version=P.PROTOCOL_VERSION,
                                  dashboard=self.dashboard_link()).to_msg())
         handlers = P.handlers(P.JOB_STREAM, self, self.instances)
@@ -366,6 +375,12 @@ class YrSchedulerExtension:
     def _release_owned_by(self, owner: str) -> None:
         """The owner's job ended: its leases are released, its waiting requests refused."""
         self.lease_service.owner_gone(owner)
+
+    def task_records(self, records: list, running: dict, queued: dict,
+                     worker: str | None = None) -> None:
+        """A worker's yr calls for Dask's Task Stream and Progress (scheduler/panels.py)."""
+        if worker is not None:
+            self.panels.add(worker, records, running, queued)
 
     def lease_blocked(self, lease_id: str, worker: str | None = None) -> None:
         self.lease_service.lease_blocked(lease_id)

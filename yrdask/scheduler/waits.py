@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 from typing import Any
 
 import dask
@@ -66,11 +67,60 @@ class WaitWatch:
         job = self.ext.jobs.get(owner)
         return job.job_id if job is not None else ""
 
+    def api_of(self, job_id: str) -> str:
+        """``"ray"`` for a job whose driver speaks Ray (``yrdask.ray``), else ``"yr"``."""
+        for job in self.ext.jobs.values():
+            if job.job_id == job_id:
+                return getattr(job, "api", "yr")
+        return "yr"
+
+    def holding_job(self, h: Any) -> str:
+        """The job a holding works for ("" when unknown: a worker's own task lease)."""
+        return self.job_of(h.holding_id if h.kind == "instance" else h.owner, h.kind)
+
+    def problem(self, why: dict[str, Any]) -> str:
+        """Why this wait can be a problem, or "" when it is ordinary queueing.
+
+        It can be one when it can never run (no worker could ever fit it), when it waits on
+        another job (what holds the workers that could run it belongs to other jobs), or when
+        nothing of its job that will end holds that room: only its own instances (they live
+        until they are ended) or nothing at all.  Waiting behind its own job's running tasks
+        is queueing: counted, not warned about.
+        """
+        reasons = why["reasons"]
+        if not reasons or all(r.startswith(("can never run it", "the cluster has no yr"))
+                              for r in reasons):
+            return "it can never run"
+        job = why["job"]
+        ledger = self.ext.ledger
+        tasks: set[str] = set()  # jobs whose task leases hold room where it could run
+        instances: set[str] = set()  # ... and whose instances do
+        for ws in ledger.workers.values():
+            if not ws.could_ever_fit(why["needs"]):
+                continue
+            for hid in ws.holdings:
+                h = ledger.holdings.get(hid)
+                if h is not None:
+                    (tasks if h.kind == "lease" else instances).add(self.holding_job(h))
+        others = (tasks | instances) - {job, ""}
+        if others:
+            return f"it waits on other jobs ({', '.join(sorted(others))})"
+        if tasks:  # its own job's tasks (or nested tasks, "") hold the room: they will end
+            return ""
+        if instances:
+            return "the room is held by instances of its own job, which run until ended"
+        return "nothing of its job is running"
+
     def explain(self, request_id: str, now: float | None = None) -> dict[str, Any] | None:
-        """:meth:`LeaseQueue.explain_wait` plus ``job``."""
+        """:meth:`LeaseQueue.explain_wait` plus ``job``, ``problem`` (:meth:`problem`, ""
+        for ordinary queueing) and, for a Ray job, the text in Ray's words."""
         why = self.ext.leases.explain_wait(request_id, self._now() if now is None else now)
         if why is not None:
             why["job"] = self.job_of(why["owner"], why["kind"])
+            why["problem"] = self.problem(why)
+            why["api"] = self.api_of(why["job"]) if why["job"] else "yr"
+            if why["api"] == "ray":
+                in_ray_words(why)
         return why
 
     def rows(self, limit: int = ROWS_SHOWN) -> list[dict[str, Any]]:
@@ -94,14 +144,15 @@ class WaitWatch:
         for rid in leases.waiting_longer_than(self.threshold_s, now):
             if rid in self.warned:
                 continue
-            self.warned.add(rid)
             why = self.explain(rid, now)
-            if why is None:
+            if why is None or not why["problem"]:  # queueing behind its own job's work
                 continue
+            self.warned.add(rid)
             self.warnings += 1
             text = why["text"]
             if why["job"]:
                 text = text.replace(why["what"], f"{why['what']} of job {why['job']}", 1)
+            text = f"{text} (not ordinary queueing: {why['problem']})"
             logger.warning("yrdask: %s", text)
             self._tell_driver(why["job"], text)
 
@@ -112,3 +163,49 @@ class WaitWatch:
         for job in list(self.ext.jobs.values()):
             if job.job_id == job_id:
                 self.ext._send_to_owner(job.owner, P.WaitWarning(text).to_msg())
+
+
+# -- Ray's words ---------------------------------------------------------------------------
+
+RAY_FIX_HINT = ("To place it: ask for less with .options(num_cpus=..., num_gpus=..., "
+                "resources={...}) (or in @ray.remote), end actors that hold what it needs "
+                "(ray.kill), or add capacity: ray.init(num_cpus=...) for a local cluster, or "
+                "more or larger workers.")
+
+
+def ray_shape(shape: dict[str, float]) -> str:
+    """``{"CPU": 1500, "Memory": 0, "GPU": 1}`` -> ``"num_cpus=1.5, num_gpus=1"`` (Ray's
+    arguments; custom tags as ``resources={...}``; memory only when asked for, in bytes)."""
+    parts = []
+    if shape.get("CPU"):
+        parts.append(f"num_cpus={shape['CPU'] / 1000:g}")
+    if shape.get("GPU"):
+        parts.append(f"num_gpus={shape['GPU']:g}")
+    if shape.get("Memory"):
+        parts.append(f"memory={shape['Memory'] * 2**20:.0f}")
+    custom = {r: a for r, a in sorted(shape.items()) if r not in ("CPU", "GPU", "Memory")}
+    if custom:
+        parts.append("resources={" + ", ".join(f"{r!r}: {a:g}" for r, a in custom.items())
+                     + "}")
+    return ", ".join(parts) or "nothing"
+
+
+_MILLICORES = re.compile(r"needs CPU ([\d.]+), free ([\d.-]+) of ([\d.]+) millicores")
+
+
+def _cpus(m: re.Match) -> str:
+    need, free, cap = (float(x) / 1000 for x in m.groups())
+    return f"needs {need:g} CPU, {free:g} of {cap:g} free"
+
+
+def in_ray_words(why: dict[str, Any]) -> None:
+    """Rewrite a wait explanation for a Ray program: Ray's names (task, actor), CPUs in
+    ``num_cpus`` rather than millicores, and Ray's remedies (``.options``, ``ray.init``)."""
+    what = why["what"].replace("task lease request", "Ray task request").replace(
+        " instance ", " actor ", 1)
+    reasons = [_MILLICORES.sub(_cpus, r).replace(" instance", " actor") for r in why["reasons"]]
+    head = f"{what} waits for {ray_shape(why['needs'])}"
+    if why.get("waited_s") is not None:
+        head += f" ({why['waited_s']:.0f} s so far)"
+    why.update(what=what, reasons=reasons, fix=RAY_FIX_HINT,
+               text=f"{head}: {'; '.join(reasons)}. {RAY_FIX_HINT}")

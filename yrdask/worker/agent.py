@@ -24,6 +24,7 @@ from typing import Any, Callable
 import dask
 import psutil
 from distributed.comm.core import CommClosedError
+from tornado.ioloop import PeriodicCallback
 
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
@@ -37,6 +38,7 @@ from yrdask.runtime import submitter as _submitter  # noqa: F401
 from yrdask.runtime.store import configure as configure_store
 from yrdask.runtime.store import drop_local_copy, node_store
 from yrdask.stream import StreamSender
+from yrdask.worker.dask_panels import FLUSH_MS, Recorder
 from yrdask.worker.hosting import HostedInstance
 from yrdask.options import IsolatedFunction
 from yrdask.worker.isolated import (IsolatedInstance, ProcessDied, ProcessPool, Zygote,
@@ -132,6 +134,13 @@ class WorkerAgent:
         self.runtime = install_worker_runtime(self)
         self.tasks_done = 0
         worker.metrics["yr"] = lambda _worker: self.metrics()
+        self.recorder: Recorder | None = None
+        if dask.config.get("yrdask.dashboard.dask-panels", True):
+            self.recorder = Recorder(self, bool(dask.config.get("yrdask.dashboard.profile",
+                                                                False)))
+            pc = PeriodicCallback(self.recorder.flush, FLUSH_MS)
+            worker.periodic_callbacks["yr-dask-panels"] = pc  # Dask stops it at close
+            pc.start()
 
     def capacity(self) -> dict[str, float]:
         """What this worker offers: CPU millicores, Memory MB and its --resources tags
@@ -348,10 +357,15 @@ class WorkerAgent:
                                        if deps else [])
         except BaseException as e:  # noqa: BLE001
             return self._error_reply(task_id, e, traceback.format_exc(), False)
+        rec = self.recorder  # Dask's Task Stream, Progress and Profile (dask_panels.py)
+        start = rec.begin(msg["name"], task_id) if rec is not None else 0.0
         if not ex.arm():
+            if rec is not None:
+                rec.drop()
             return self._cancelled(task_id)
         self.running[task_id] = ex
         t0 = time.perf_counter()
+        ok = False
         try:
             with task_context(msg["lease_id"], msg["owner"]):
                 try:
@@ -361,8 +375,12 @@ class WorkerAgent:
                 finally:
                     ex.disarm()  # if a late cancel interrupts this, the caller disarms again
             results = self.pack_results(task_id, result, msg["nret"])
+            ok = True
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             return self._error_reply(task_id, e, user_traceback(), not ex.cancelled)
+        finally:
+            if rec is not None:
+                rec.end(msg["name"], task_id, start, ok)
         self.tasks_done += 1
         return P.TaskDone(task_id, results=results, took=time.perf_counter() - t0).to_msg()
 
@@ -385,7 +403,11 @@ class WorkerAgent:
                                 self.fn_payloads[msg["fn_id"]], msg["args"], deps,
                                 msg["nret"], msg["owner"], msg.get("log_to"),
                                 msg["name"]).to_msg()
+        rec = self.recorder
+        start = rec.begin(msg["name"], task_id) if rec is not None else 0.0
         if not ex.arm():
+            if rec is not None:
+                rec.drop()
             return self._cancelled(task_id)
         self.running[task_id] = ex
         t0 = time.perf_counter()
@@ -394,6 +416,8 @@ class WorkerAgent:
                 reply = self.pool.run(isolation, request)
             finally:
                 ex.disarm()
+                if rec is not None:
+                    rec.end(msg["name"], task_id, start, True)
         except ProcessDied as e:
             return self._error_reply(task_id, TaskCrashedError(
                 f"task {msg['name']} ({task_id}): {e.args[0]} while it ran; the worker and "

@@ -109,6 +109,10 @@ class HostedInstance:
 
     def _construct(self, deps: list) -> Any:
         """``__init__`` with the creation arguments, or the last checkpoint on a restart."""
+        rec = getattr(self.agent, "recorder", None)  # worker/dask_panels.py
+        name = f"{self.cls_name}.__init__"
+        key_id = self.instance_id.replace("-", "_")  # Dask's key_split stops at "i-"
+        start = rec.begin(name, key_id) if rec is not None else 0.0
         try:
             cls = loads(self.spec["cls"])
             checkpoint = self.spec.get("checkpoint")
@@ -121,6 +125,8 @@ class HostedInstance:
                     self.obj = cls(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - every call will report it
             self.init_error = dumps(RemoteError.from_exception(e, user_traceback()))
+        if rec is not None:
+            rec.end(name, key_id, start, self.init_error is None)
         with self._gate:  # under the lock: a call arriving now queues behind the early ones
             early, self._early = self._early, []
             for job in early:
@@ -160,6 +166,10 @@ class HostedInstance:
             return None
         if self.init_error is not None:
             return self._answer(P.TaskDone(call_id, error=self.init_error))
+        rec = getattr(self.agent, "recorder", None)  # Dask's Task Stream, Progress and Profile
+        if rec is not None:
+            name = f"{self.cls_name}.{msg['method']}"
+            start = rec.begin(name, call_id)
         try:
             args, kwargs = unpack_args(msg["args"],
                                        [loads(p) for p in self.agent.payloads(msg["deps"])])
@@ -167,14 +177,23 @@ class HostedInstance:
             with self._context():
                 result = fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
+            if rec is not None:
+                rec.end(name, call_id, start, False)
             return self._answer_error(call_id, e)
         if msg["nret"] < 0:  # P.STREAMING: a generator method sends each item as it comes
-            return self._stream(peer, call_id, result)
+            out = self._stream(peer, call_id, result)
+            if rec is not None:
+                rec.end(name, call_id, start, True)
+            return out
         if self.loop is not None and inspect.iscoroutine(result):
             # an ``async def`` method: finish it on the instance's loop.  Only coroutines:
             # other awaitables a method returns (an ObjectRef, a future) are its value.
+            if rec is not None:  # recorded up to its first await (the loop runs many)
+                rec.end(name, call_id, start, True)
             return self._finish_async(call_id, result, msg["nret"])
         self._answer_result(call_id, result, msg["nret"])
+        if rec is not None:
+            rec.end(name, call_id, start, True)
         return None
 
     def _stream(self, peer: Any, call_id: str, gen: Any) -> Any:

@@ -1,0 +1,71 @@
+"""The scheduler half of yr work in Dask's panels (scheduler/panels.py), on a real Dask
+``Scheduler`` object that is built but never started (no I/O): records land in Dask's Task
+Stream buffer in Dask's format, counts in Dask task prefixes, and done counts fade."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from distributed import Scheduler
+from distributed.diagnostics.task_stream import TaskStreamPlugin, rectangles
+
+from yrdask import protocol as P
+from yrdask.scheduler.panels import FADE_S, DaskPanels
+
+
+@pytest.fixture
+def s():
+    """A Dask Scheduler built but not started (its HTTP server, which Dask binds at once,
+    on loopback and stopped afterwards)."""
+    async def build() -> Scheduler:
+        return Scheduler(dashboard=False, validate=True, host="127.0.0.1",
+                         dashboard_address="127.0.0.1:0")
+    sched = asyncio.run(build())
+    yield sched
+    sched.http_server.stop()
+
+
+def test_records_counts_and_fading(s):
+    panels = DaskPanels(s)
+    w = "tcp://127.0.0.1:1"
+    panels.add(w, [("train", "a1", 10.0, 10.5, 7, True), ("train", "a2", 10.5, 11.0, 7, False),
+                   ("C.m", "b1", 11.0, 11.2, 8, True)], {"C.m": 1}, {"train": 3}, now=100.0)
+    plugin = s.plugins[TaskStreamPlugin.name]
+    assert plugin.index == 3
+    first = plugin.buffer[0]
+    assert first == {"key": "train-a1", "worker": w, "thread": 7, "status": "OK",
+                     "startstops": [{"action": "compute", "start": 10.0, "stop": 10.5}]}
+    assert [r["status"] for r in plugin.collect()] == ["OK", "error", "OK"]
+    assert rectangles(plugin.collect())["name"] == ["train", "train", "C.m"]
+    train, cm = s.task_prefixes["train"], s.task_prefixes["C.m"]
+    assert (train.states["memory"], train.states["erred"], train.states["queued"]) == (1, 1, 3)
+    assert (cm.states["memory"], cm.states["processing"]) == (1, 1)
+    assert abs(train.all_durations["compute"] - 1.0) < 1e-6
+    panels.add(w, [], {}, {}, now=101.0)  # nothing runs or waits any more
+    assert (train.states["queued"], cm.states["processing"]) == (0, 0)
+    lc = SimpleNamespace(instances={}, ended=[])
+    panels.tick(lc, now=101.0 + FADE_S / 2)
+    assert train.states["memory"] == 1  # still shown
+    panels.tick(lc, now=101.0 + FADE_S * 2)
+    assert (train.states["memory"], train.states["erred"], train.states["forgotten"]) == (0, 0, 2)
+
+
+def test_instance_lifetimes_and_name_clash_and_worker_loss(s):
+    from distributed.scheduler import TaskPrefix
+
+    s.task_prefixes["Greeter"] = dask_own = TaskPrefix("Greeter")  # a Dask function's prefix
+    panels = DaskPanels(s)
+    rec = lambda state: SimpleNamespace(state=state, spec={"cls_name": "Greeter"})  # noqa: E731
+    lc = SimpleNamespace(instances={"i1": rec(P.ALIVE), "i2": rec(P.PENDING)},
+                         ended=[{"class": "Greeter", "ended_at": 99.0}])
+    panels.tick(lc, now=100.0)
+    ours = s.task_prefixes["Greeter (yr)"]
+    assert (ours.states["processing"], ours.states["queued"], ours.states["memory"]) == (1, 1, 1)
+    assert s.task_prefixes["Greeter"] is dask_own and dask_own.states["processing"] == 0
+    panels.add("tcp://w:1", [], {"f": 2}, {}, now=100.0)
+    assert s.task_prefixes["f"].states["processing"] == 2
+    panels.worker_gone("tcp://w:1")
+    assert s.task_prefixes["f"].states["processing"] == 0

@@ -1,0 +1,91 @@
+"""yr work in Dask's own panels, the worker's half: record each task and method call.
+
+yr tasks run on the agent's own threads, not in Dask's executor, so Dask sees nothing of
+them by itself.  A :class:`Recorder` makes them visible the way Dask's own tasks are:
+
+* **Profile** (``yrdask.dashboard.profile: true``; off by default): while a yr function
+  runs, its thread is in ``worker.active_threads`` (``{thread ident: key}``, yr's key being
+  the function's name), the table Dask's profiler samples every 10 ms
+  (``Worker.trigger_profile``), so ``client.profile()`` and the Profile page show yr code,
+  per function as for Dask keys.  Off by default: with the sampler on yr threads, an
+  instance whose last handle was a local of a task was seen to outlive it (its end waited
+  for the worker's garbage collection), which yr's lifetimes must not;
+* **Task Stream** and **Progress**: each task or call that ends appends one tuple
+  ``(name, id, start, stop, thread, ok)``; a periodic callback (every
+  :data:`FLUSH_MS`, only when something changed) ships the batch with the running and
+  queued counts per name to the scheduler (:class:`yrdask.protocol.TaskRecords`), which adds
+  them to Dask's Task Stream buffer and task prefixes (``yrdask.scheduler.panels``).
+
+The hot path pays a dict write and delete, two clock reads and a list append per call
+(under 1 µs).
+``yrdask.dashboard.dask-panels: false`` turns all of it off (no recorder is made).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from yrdask import protocol as P
+
+FLUSH_MS = 250  # how often a batch goes to the scheduler (only when something changed)
+
+
+class Recorder:
+    """Records the yr work of one worker for Dask's panels (module docstring)."""
+
+    def __init__(self, agent: Any, profile: bool = False) -> None:
+        self.agent = agent
+        # Dask's profiler samples the threads in this table ({ident: key}); its readers hold
+        # worker.active_threads_lock, but one dict write or delete is atomic under the GIL,
+        # so the hot path does without the lock (Dask only copies the dict under it).
+        # ``profile`` off (the default, yrdask.dashboard.profile): not registered there.
+        self.active = agent.worker.active_threads if profile else {}
+        self.running: dict[int, str] = {}  # thread ident -> name, while it runs yr code
+        self.records: list[tuple] = []  # ended since the last flush
+        self._sent: tuple[dict, dict] = ({}, {})  # counts in the last batch
+
+    def begin(self, name: str, call_id: str) -> float:
+        """The calling thread starts ``name`` now (for Dask's profiler, if on, as key
+        ``name``: its samples group by function); returns the start time."""
+        ident = threading.get_ident()
+        self.running[ident] = self.active[ident] = name
+        return time.time()
+
+    def drop(self) -> None:
+        """The call begun in this thread never ran (cancelled first): no record."""
+        ident = threading.get_ident()
+        self.active.pop(ident, None)
+        self.running.pop(ident, None)
+
+    def end(self, name: str, call_id: str, start: float, ok: bool) -> None:
+        """The call begun by :meth:`begin` in this thread ended (``ok``: without an error)."""
+        stop = time.time()
+        ident = threading.get_ident()
+        self.active.pop(ident, None)
+        self.running.pop(ident, None)
+        self.records.append((name, call_id, start, stop, ident, ok))
+
+    def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """``(running, queued)`` by name now: running calls, and tasks here not started yet."""
+        running = Counter(self.running.values())
+        queued: Counter = Counter()
+        agent = self.agent
+        for task_id, ex in list(agent.tasks.items()):
+            if task_id not in agent.running:
+                queued[ex.msg["name"]] += 1
+        return dict(running), dict(queued)
+
+    def flush(self) -> None:
+        """Periodic (worker loop): ship what ended and the counts, if anything changed."""
+        counts = self.counts()
+        n = len(self.records)  # task threads append meanwhile: take exactly these n
+        records = self.records[:n]
+        del self.records[:n]
+        if not records and counts == self._sent:
+            return
+        self._sent = counts
+        self.agent.runtime.connector.stream_send(P.TaskRecords(records, *counts))
+
