@@ -119,6 +119,47 @@ def test_restart_rules_apply_to_a_dead_isolated_process(cluster):
     h.terminate()
 
 
+def test_isolated_restarts_are_the_instances_one_budget_at_the_scheduler(cluster):
+    """recover_retry_times=2 is one budget per instance, counted by the scheduler: deaths of
+    the isolated process show in the handle's state and restart count, the third death ends
+    it, and a restart after a worker loss draws on the same budget (no reset)."""
+    cluster(kind="embedded", num_cpus=1)
+
+    def restarted(h, n):
+        return wait_until(lambda: (st := h.status())["state"] == "ALIVE"
+                          and st["restarts"] == n and st, 60,
+                          lambda: f"restart {n} seen by the scheduler: {h.status()}")
+
+    # Killed three times, the worker untouched.
+    h = Probe.options(small(isolated=True, recover_retry_times=2)).invoke(5)
+    for n in (1, 2):
+        os.kill(yr.get(h.where.invoke(), timeout=60)["pid"], signal.SIGKILL)
+        assert yr.get(h.incr.invoke(), timeout=60) == 6  # a fresh __init__(5), this call
+        restarted(h, n)
+    os.kill(yr.get(h.where.invoke(), timeout=60)["pid"], signal.SIGKILL)
+    with pytest.raises(yr.InstanceDiedError, match="killed by signal 9 .SIGKILL. and it had "
+                                                   "used all its 2 restarts"):
+        yr.get(h.incr.invoke(), timeout=60)
+    status = wait_until(lambda: (st := h.status())["state"] == "DEAD" and st, 30,
+                        lambda: f"the instance DEAD at the scheduler: {h.status()}")
+    assert "all its 2 restarts" in status["reason"], status
+
+    # A process death, then a worker loss, then a process death: the third ends it too.
+    g = Probe.options(small(isolated=True, recover_retry_times=2)).invoke(5)
+    os.kill(yr.get(g.where.invoke(), timeout=60)["pid"], signal.SIGKILL)
+    restarted(g, 1)
+    where = yr.get(g.where.invoke(), timeout=60)
+    worker = psutil.Process(where["ppid"]).ppid()  # child -> zygote -> worker
+    assert worker != os.getpid()
+    os.kill(worker, signal.SIGKILL)
+    restarted(g, 2)  # on the worker its nanny started again
+    assert yr.get(g.incr.invoke(), timeout=120) == 6
+    os.kill(yr.get(g.where.invoke(), timeout=60)["pid"], signal.SIGKILL)
+    with pytest.raises(yr.InstanceDiedError, match="used all its 2 restarts"):
+        yr.get(g.incr.invoke(), timeout=60)
+    assert wait_until(lambda: g.state == "DEAD", 30, lambda: f"DEAD: {g.status()}")
+
+
 def test_no_isolated_process_outlives_terminate_or_finalize(cluster):
     cluster(kind="embedded", num_cpus=1)
     handles = [Probe.options(small(isolated=True)).invoke() for _ in range(2)]

@@ -649,8 +649,10 @@ class HandleRefs(Message):
 @_message
 class InstanceState(Message):
     """worker -> scheduler.  ``state`` is ``"ALIVE"`` after ``__init__``, ``"FAILED"`` if
-    ``__init__`` raised, ``"EXITED"`` after it stopped; ``error`` a pickled RemoteError or
-    ``None``; ``reason`` why it exited, when the worker knows (its isolated process died)."""
+    ``__init__`` raised, ``"EXITED"`` after it stopped, ``"RESTARTING"`` when its isolated
+    process died (the scheduler answers with a ``START_INSTANCE`` to the same worker while
+    ``recover_retry_times`` is left, else a stop); ``error`` a pickled RemoteError or
+    ``None``; ``reason`` why it exited or died (the exit code or signal)."""
 
     op: ClassVar[str] = INSTANCE_STATE
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM,)

@@ -369,6 +369,40 @@ def test_restart_budget_children_and_checkpoint(h):
     assert "all its 2 restarts" in h.m.graveyard["a"]
 
 
+def test_isolated_process_deaths_and_worker_losses_share_one_budget(h):
+    """An isolated instance's child dies on a live worker (``ProcessDied``): restarted in
+    place (same worker, resources kept) by the budget a worker loss also draws on; the
+    count is the instance's, so a move to another worker does not reset it."""
+    h.running("a", recover=2)
+    out = h(L.ProcessDied, "a", W1, "its isolated process (pid 7) was killed by signal 9")
+    rec = h.rec("a")
+    assert (rec.state, rec.worker, rec.restarts, rec.held) == (P.RESTARTING, W1, 1, True)
+    assert "signal 9" in rec.reason
+    assert of(out, L.StartInstance) == [L.StartInstance(f"s{h.n}", W1, "a", rec.spec, 1, None)]
+    assert not of(out, L.AcquireResources) and not of(out, L.ReleaseResources)
+    assert h(L.ProcessDied, "a", W1, "again") == []  # twice before it restarted: ignored
+    h(L.InstanceStarted, "a", W1)
+    assert rec.state == P.ALIVE
+    h(L.WorkerLost, W1, 0.0)  # restart 2 of 2, on another worker
+    assert rec.restarts == 2
+    h(L.Placed, "a", W2)
+    h(L.InstanceStarted, "a", W2)
+    assert h(L.ProcessDied, "a", W1, "late") == []  # the old home's: ignored
+    out = h(L.ProcessDied, "a", W2, "its isolated process (pid 9) exited with code 3")
+    assert rec.state == P.DEAD and rec.restarts == 2
+    assert rec.reason == ("its isolated process (pid 9) exited with code 3 and it had used "
+                          "all its 2 restarts")
+    assert of(out, L.StopInstance) == [L.StopInstance(f"s{h.n}", W2, "a", rec.reason)]
+    assert of(out, L.ReleaseResources)
+
+
+def test_isolated_process_death_without_restarts_ends_it(h):
+    h.running("a")
+    h(L.ProcessDied, "a", W1, "its isolated process (pid 7) exited with code 7")
+    rec = h.rec("a")
+    assert rec.state == P.DEAD and rec.reason == "its isolated process (pid 7) exited with code 7"
+
+
 def test_unlimited_restarts_never_run_out(h):
     h.running("a", recover=-1, timeout_ms=-1)
     for i in range(1, 30):

@@ -40,6 +40,14 @@ from typing import Any
 from yrdask.errors import CallCrashedError, InstanceDiedError, ScheduleError
 from yrdask.statemachine import Event, Instruction, Story, fast_init
 
+
+def may_redeliver(crashes: int, bound: int) -> bool:
+    """A call was running when its instance's process died, ``crashes`` times now: is it
+    delivered again?  Not past ``bound`` (``-1``: no bound).  The one rule for a lost worker
+    (:class:`CallOrder`) and a dead isolated process (``worker/isolated.py``)."""
+    return bound < 0 or crashes <= bound
+
+
 # -- events ----------------------------------------------------------------------------------
 
 
@@ -375,7 +383,7 @@ class CallOrder:
                 head.crashes += 1
                 bound = (self.max_redeliveries if head.max_redeliveries is None
                          else head.max_redeliveries)
-                if 0 <= bound < head.crashes:
+                if not may_redeliver(head.crashes, bound):
                     resend.pop(0)
                     why = (f"yrdask.scheduling.max-call-redeliveries={bound}"
                            if head.max_redeliveries is None else f"its own bound: {bound}")

@@ -170,6 +170,8 @@ class InstanceManager:
         sid = self._sid(f"state-{state}")
         if state == "EXITED":
             event: Any = L.InstanceExited(sid, instance_id, worker, reason)
+        elif state == P.RESTARTING:  # its isolated process died; the worker lives
+            event = L.ProcessDied(sid, instance_id, worker or "", reason)
         else:
             event = L.InstanceStarted(sid, instance_id, worker, error is not None)
         self._do(self._handle(event))

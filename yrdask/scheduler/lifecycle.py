@@ -18,7 +18,10 @@ wait for a placement).  The rules (SPEC §4-5, docs/lifetimes.md):
   A named creation while the name is taken binds the existing instance (an *alias*).
 * When the process hosting an instance dies, the instance restarts (``RESTARTING``, then
   placed and ``ALIVE`` again, from its last ``yr.save_state()`` checkpoint if any) while it
-  has ``recover_retry_times`` left (-1: no limit); otherwise it ends.  Its non-detached
+  has ``recover_retry_times`` left (-1: no limit); otherwise it ends.  That process is its
+  worker (``WorkerLost``: placed anew) or, for an isolated instance, its own child process
+  (``ProcessDied``: started again on the same worker, which keeps its resources); both
+  count against one budget per instance, whatever worker it is on.  Its non-detached
   children end either way: the process that owned them is gone.  Terminate, reference
   release and an owner's end never restart.
 * An ended instance is ``DEAD`` until its worker confirmed the stop (``Stopped``), then it
@@ -91,6 +94,17 @@ class InstanceExited(Event):
     instance_id: str
     worker: str | None = None
     why: str = ""  # what the worker knows of it (an isolated process's exit code or signal)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessDied(Event):
+    """The instance's own process died on ``worker`` and the worker lives (an isolated
+    instance's child, docs/isolation.md): restart it there, or end it, by the same
+    ``recover_retry_times`` budget as a worker loss.  ``why``: the exit code or signal."""
+
+    instance_id: str
+    worker: str
+    why: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +328,7 @@ class Lifecycle:
         self._handlers = {
             Create: self._create, Placed: self._placed, PlacementFailed: self._placement_failed,
             InstanceStarted: self._started, InstanceExited: self._exited, Kill: self._kill,
+            ProcessDied: self._process_died,
             OwnerGone: self._owner_gone, WorkerLost: self._worker_lost,
             HandleRefs: self._handle_refs, HolderLost: self._holder_lost,
             ReleaseCheck: self._release_check, SaveState: self._save_state,
@@ -522,6 +537,37 @@ class Lifecycle:
             return
         self._end(rec, ev.why or "it exited", ev.stimulus_id, out)
 
+    def _process_died(self, ev: ProcessDied, out: list) -> None:
+        rec = self.instances.get(ev.instance_id)
+        sid = ev.stimulus_id
+        if rec is None or rec.state in (P.DEAD, P.RESTARTING) or rec.worker != ev.worker:
+            self._log(sid, "process-died-ignored", ev.instance_id, ev.worker)  # stale or twice
+            return
+        cause = ev.why or "its process died"
+        if not self._restart_or_end(rec, cause, sid, out):
+            return
+        out.append(StartInstance(sid, rec.worker, rec.instance_id, rec.spec, rec.restarts,
+                                 rec.checkpoint))
+
+    def _restart_or_end(self, rec: InstanceRecord, cause: str, sid: str, out: list) -> bool:
+        """The process hosting ``rec`` died of ``cause``: charge a restart (``RESTARTING``,
+        its non-detached children end) and say so, or end it when no restart is left."""
+        if not rec.can_restart:
+            limit = rec.spec.get("recover_retry_times") or 0
+            if limit:
+                cause += f" and it had used all its {limit} restarts"
+            self._end(rec, cause, sid, out)
+            return False
+        rec.restarts += 1
+        rec.state, rec.reason = P.RESTARTING, cause
+        self._log(sid, P.RESTARTING, rec.instance_id, f"{cause} (restart {rec.restarts})")
+        for child in list(self.children.get(rec.instance_id, ())):
+            crec = self.instances.get(child)
+            if crec is not None and not crec.detached and crec.state != P.DEAD:
+                self._end(crec, f"its owner {rec.instance_id} was restarted ({cause})",
+                          sid, out)
+        return True
+
     def _kill(self, ev: Kill, out: list) -> None:
         rec = self.instances.get(self.resolve(ev.instance_id))
         if rec is None or rec.state == P.DEAD:
@@ -551,22 +597,9 @@ class Lifecycle:
             for rec in on_it:
                 if rec.state == P.DEAD:  # ended above, as a child of another one
                     continue
-                cause = f"its worker {worker} was lost"
-                if not rec.can_restart:
-                    limit = rec.spec.get("recover_retry_times") or 0
-                    if limit:
-                        cause += f" and it had used all its {limit} restarts"
-                    self._end(rec, cause, sid, out)
-                    continue
-                rec.restarts += 1
-                rec.state, rec.worker, rec.reason = P.RESTARTING, None, cause
-                self._log(sid, P.RESTARTING, rec.instance_id, f"{cause} (restart {rec.restarts})")
-                for child in list(self.children.get(rec.instance_id, ())):
-                    crec = self.instances.get(child)
-                    if crec is not None and not crec.detached and crec.state != P.DEAD:
-                        self._end(crec, f"its owner {rec.instance_id} was restarted ({cause})",
-                                  sid, out)
-                restarting.append(rec)
+                if self._restart_or_end(rec, f"its worker {worker} was lost", sid, out):
+                    rec.worker = None
+                    restarting.append(rec)
             for rec in restarting:
                 if rec.state == P.RESTARTING:
                     timeout = rec.spec.get("timeout_ms", -1)

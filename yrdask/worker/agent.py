@@ -68,9 +68,11 @@ class Peer:
     inbox, so a burst of results costs one loop wake-up and goes out in one write.
     """
 
-    def __init__(self, on_loop: Callable[..., None], stream: StreamSender) -> None:
+    def __init__(self, on_loop: Callable[..., None], stream: StreamSender,
+                 caller: str = "") -> None:
         self.on_loop = on_loop
         self.stream = stream
+        self.caller = caller  # the caller's owner address: who sent the calls
 
     def reply(self, msg: dict) -> None:
         try:
@@ -219,7 +221,7 @@ class WorkerAgent:
 
     async def open_channel(self, comm: Any, caller: str) -> None:
         stream = StreamSender(comm)
-        peer = Peer(self.runtime.on_loop_later, stream)
+        peer = Peer(self.runtime.on_loop_later, stream, caller)
         try:
             while True:
                 msgs = await comm.read()
@@ -531,6 +533,10 @@ class WorkerAgent:
         if iid in self.ended:  # its STOP (an rpc) overtook this START (on the stream)
             logger.info("not starting instance %s: it was stopped before it started", iid)
             return
+        running = self.instances.get(iid)
+        if type(running) is IsolatedInstance:  # its process died: the scheduler restarts it
+            running.restart(spec)
+            return
         if spec.get("devices"):  # it holds GPUs: its own process that sees exactly them
             spec = {**spec, "isolation": device_isolation(spec.get("isolation"),
                                                           spec["devices"], spec["cpus"])}
@@ -567,18 +573,6 @@ class WorkerAgent:
                 await hook(obj)
         for peer, msg in self.early_calls.pop(instance_id, ()):
             self.call_method(peer, msg)
-
-    def isolated_lost(self, instance_id: str, reason: str) -> None:
-        """An isolated instance's process died with no restart left: it ends (loop thread).
-
-        Its calls fail with ``reason`` (the exit code or signal); the scheduler hears
-        ``EXITED`` and releases its resources.  The worker and its neighbours go on.
-        """
-        inst = self.instances.pop(instance_id, None)
-        self.ended[instance_id] = reason
-        if inst is not None:
-            inst.stop(reason)
-        self.report_state(instance_id, "EXITED", None, reason)
 
     def report_state(self, instance_id: str, state: str, error: bytes | None,
                      reason: str = "") -> None:

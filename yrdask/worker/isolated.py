@@ -20,12 +20,14 @@ How (``docs/isolation.md``):
 * No orphans: the agent kills its children on stop and on close; the zygote exits when its
   stdin closes (the agent closed it, or the worker died) and kills its children first; a
   child dies with the zygote (``PR_SET_PDEATHSIG``).
-* When an instance's child dies, its restart rules apply as for a lost worker: with
-  ``recover_retry_times`` left, a new child is started on this worker (a fresh ``__init__``)
-  and the calls not answered are delivered again in order, except that each caller's
-  oldest one (the one that was running) is charged a crash (:func:`charge_crash`); without,
-  the instance ends, and its calls fail with ``InstanceDiedError`` naming the exit code or
-  the signal.
+* When an instance's child dies, the agent tells the scheduler (``InstanceState``
+  ``RESTARTING``), whose ``Lifecycle`` owns the instance's one restart budget
+  (``recover_retry_times``, shared with worker losses, never reset): with restarts left it
+  answers with a ``START_INSTANCE`` to this worker, and a new child is started (a fresh
+  ``__init__``); the calls not answered are delivered again in order, except that each
+  caller's oldest one (the one that was running) is charged a crash (:func:`charge_crash`,
+  the rule of ``runtime/call_order.py``); without, it stops the instance, and its calls fail
+  with ``InstanceDiedError`` naming the exit code or the signal.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ import dask
 from yrdask import protocol as P
 from yrdask.errors import (CallCrashedError, InstanceDiedError, RemoteError, YRRuntimeError,
                            YRValueError, describe_exit, user_traceback)
+from yrdask.runtime.call_order import may_redeliver
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
 
 logger = logging.getLogger("yrdask.worker")
@@ -256,7 +259,8 @@ class IsolatedInstance:
         self.waiting: list[tuple[Any, dict]] = []  # arrived while no child is ready
         self.crashes: dict[str, int] = {}  # call id -> times it was running when a child died
         self.calls_done = 0
-        self.restarts = 0
+        self.restarts = int(spec.get("incarnation") or 0)  # as counted by the scheduler
+        self.died: str | None = None  # the child died: why, until the scheduler answers
         self.proc: subprocess.Popen | None = None
         self.comm: Any = None
         self.stream: Any = None
@@ -336,7 +340,7 @@ class IsolatedInstance:
         if self.stopped is not None:
             return self._answer_died(peer, msg["task_id"], self.stopped)
         if self.stream is None:
-            if self.init_error is not None and self.proc is None:
+            if self.init_error is not None and self.proc is None and self.died is None:
                 return self._fail_init(peer, msg)
             self.waiting.append((peer, msg))
             return
@@ -389,7 +393,7 @@ class IsolatedInstance:
             pass
 
     def _exited(self, proc: subprocess.Popen, code: int, gen: int) -> None:
-        """The child died (loop thread): restart it per ``recover_retry_times``, or end."""
+        """The child died (loop thread): the scheduler decides whether it restarts."""
         if self.stopped is not None or gen != self.generation:
             return
         cause = describe_exit_of(proc.pid, code)
@@ -398,27 +402,37 @@ class IsolatedInstance:
             self.comm.abort()
         self.comm = self.stream = None
         self.proc = None
-        limit = self.spec.get("recover_retry_times") or 0
-        if limit != -1 and self.restarts >= limit:
-            if limit:
-                cause += f" and it had used all its {limit} restarts"
-            self.agent.isolated_lost(self.instance_id, cause)
+        self.init_error = None
+        self.died = cause
+        # The scheduler's Lifecycle decides (one budget per instance): a START_INSTANCE
+        # back here restarts it (:meth:`restart`), a stop ends it.  Calls wait meanwhile.
+        self.agent.report_state(self.instance_id, P.RESTARTING, None, cause)
+
+    def restart(self, spec: dict) -> None:
+        """``START_INSTANCE`` again for this instance after its child died: the scheduler
+        granted restart ``spec["incarnation"]``.  The unanswered calls go again in order,
+        but each caller's oldest one is charged a crash (:func:`charge_crash`)."""
+        if self.stopped is not None or self.died is None:
+            logger.info("instance %s: ignoring a START_INSTANCE (its process is running)",
+                        self.instance_id)
             return
-        self.restarts += 1
-        max_redeliveries = int(dask.config.get("yrdask.scheduling.max-call-redeliveries", 1))
-        pending, self.pending = list(self.pending.values()), {}
-        resend, failed = charge_crash(pending, self.crashes, max_redeliveries)
-        for peer, msg, n in failed:
-            cid = msg["task_id"]
+        cause, self.died = self.died, None
+        self.restarts = int(spec.get("incarnation") or self.restarts + 1)
+        bound = int(dask.config.get("yrdask.scheduling.max-call-redeliveries", 1))
+        pending, self.pending = self.pending, {}
+        resend, failed = charge_crash(
+            [(caller_of(peer), cid) for cid, (peer, _m) in pending.items()], self.crashes,
+            bound)
+        for cid, n in failed:
+            peer, msg = pending[cid]
             err = CallCrashedError(
                 f"method {msg['method']!r}: call {cid} on instance {self.instance_id} "
                 f"was running when the instance's process died, {n} times (last: "
                 f"{cause}); it is not delivered again (yrdask.scheduling."
-                f"max-call-redeliveries={max_redeliveries}): it may be what kills the process")
+                f"max-call-redeliveries={bound}): it may be what kills the process")
             peer.reply(P.TaskDone(cid, error=dumps(RemoteError.from_exception(err, ""))).to_msg())
-        self.waiting = resend + self.waiting
-        self.init_error = None
-        self.agent.loop.create_task(self._start(report=False))
+        self.waiting = [pending[cid] for cid in resend] + self.waiting
+        self.agent.loop.create_task(self._start(report=True))
 
     def _answer_died(self, peer: Any, call_id: str, reason: str) -> None:
         err = InstanceDiedError(
@@ -476,29 +490,36 @@ class IsolatedInstance:
                 logger.error("isolated process %s did not exit", self.proc.pid)
 
 
-def charge_crash(pending: list[tuple[Any, dict]], crashes: dict[str, int],
-                 max_redeliveries: int) -> tuple[list[tuple[Any, dict]], list[tuple[Any, dict, int]]]:
-    """An isolated instance's process died with ``pending`` calls (``(peer, msg)`` in the
-    order they were forwarded): ``(to deliver again, in order; to fail, with their count)``.
+def caller_of(peer: Any) -> str:
+    """The stable id of the caller behind ``peer``: its owner address (``OpenChannel``), the
+    same for all its calls, whatever channel brought them."""
+    return getattr(peer, "caller", None) or f"peer-{id(peer)}"
 
-    Calls of one caller run in order, so each caller's oldest pending call is the one that
-    was running: it is charged a crash in ``crashes`` (call id -> count, updated), and past
-    ``max_redeliveries`` it fails instead; the others had not started and go again.  The
-    same rule as the caller-side one for a lost worker (``runtime/call_order.py``).
+
+def charge_crash(pending: list[tuple[str, str]], crashes: dict[str, int],
+                 max_redeliveries: int) -> tuple[list[str], list[tuple[str, int]]]:
+    """An isolated instance's process died with ``pending`` calls (``(caller id, call id)``
+    in the order they were forwarded; several per caller allowed): ``(call ids to deliver
+    again, in order; (call id, crashes) to fail)``.
+
+    The rule of ``runtime/call_order.py`` for a lost worker: a caller's calls start in the
+    order it sent them, so its oldest pending one was running: it is charged a crash in
+    ``crashes`` (call id -> count, updated) and delivered again while
+    :func:`~yrdask.runtime.call_order.may_redeliver` allows, else it fails; the calls behind
+    it go again uncharged.
     """
-    resend: list[tuple[Any, dict]] = []
-    failed: list[tuple[Any, dict, int]] = []
-    charged: set[int] = set()
-    for peer, msg in pending:
-        if id(peer) not in charged:
-            charged.add(id(peer))
-            cid = msg["task_id"]
+    resend: list[str] = []
+    failed: list[tuple[str, int]] = []
+    charged: set[str] = set()
+    for caller, cid in pending:
+        if caller not in charged:
+            charged.add(caller)
             n = crashes[cid] = crashes.get(cid, 0) + 1
-            if n > max_redeliveries:
+            if not may_redeliver(n, max_redeliveries):
                 del crashes[cid]
-                failed.append((peer, msg, n))
+                failed.append((cid, n))
                 continue
-        resend.append((peer, msg))
+        resend.append(cid)
     return resend, failed
 
 
