@@ -63,6 +63,9 @@ SAMPLES: list[P.Message] = [
     P.FetchObject("t-1.0", timeout=None),
     P.FreeObjects(("t-1.0", "t-2")),
     P.TaskOutput((("f pid=1, node=tcp://h:1", "stdout", "hi\n"),)),
+    P.WaitRefsRemoved("tcp://o:1", (("t-1", 3, None), ("t-2", 1, "t-9"))),
+    P.RefsRemoved("tcp://w:1", (("t-1", 3),)),
+    P.AddBorrower((("t-1", "tcp://w:1", None), ("t-2", "tcp://w:2", "t-7"))),
     P.StartInstance({"instance_id": "i-1", "incarnation": 2, "checkpoint": b"ck"}),
     P.StopInstance("i-1", "killed"),
     P.StartIsolated({"instance_id": "i-1", "isolation": {"env": {"A": "1"}, "cwd": "/tmp"}}),
@@ -72,7 +75,8 @@ SAMPLES: list[P.Message] = [
     P.RunTask("t-1", "l-1", "f-1", b"\x80fn", b"\x80args", (("t-0", "value", b"v"),), 2,
               "job-1", "add", slots=3),
     P.CancelTask("t-1"),
-    P.TaskDone("t-1", results=(("value", b"\x80r"), ("location", "tcp://w:1")), took=0.25),
+    P.TaskDone("t-1", results=(("value", b"\x80r"), ("location", "tcp://w:1")), took=0.25,
+               refs=("tcp://w:1", ("t-0",), (("t-1", (("t-5", "tcp://w:3"),)),))),
     P.CallMethod("c-1", "i-1", "incr", b"\x80args", (), 1),
     P.GeneratorItem("t-1", 3, ("value", b"\x80item")),
 ]
@@ -135,10 +139,12 @@ def test_channel_groups_are_derived_from_the_table():
     assert set(P.DRIVER_STREAM) == {P.REVOKE_LEASES, P.WORKER_LOST, P.WAIT_WARNING,
                                     P.WORKER_EXIT}
     assert set(P.WORKER_RPC) == {P.OPEN_CHANNEL, P.FETCH_OBJECT, P.FREE_OBJECTS,
-                                 P.STOP_INSTANCE}
+                                 P.STOP_INSTANCE, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,
+                                 P.ADD_BORROWER}
     assert set(P.WORKER_STREAM) == {P.REVOKE_LEASES, P.START_INSTANCE, P.WORKER_LOST,
                                     P.WORKER_EXIT}
-    assert P.OWNER_RPC == (P.FETCH_OBJECT, P.TASK_OUTPUT)
+    assert P.OWNER_RPC == (P.FETCH_OBJECT, P.TASK_OUTPUT, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,
+                           P.ADD_BORROWER)
     assert set(P.CHANNEL_TO_WORKER) == {P.RUN_TASK, P.CANCEL_TASK, P.CALL_METHOD}
     assert set(P.ISOLATED_RPC) == {P.OPEN_CHANNEL, P.START_ISOLATED, P.STOP_ISOLATED,
                                     P.RUN_ISOLATED}

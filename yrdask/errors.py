@@ -15,7 +15,9 @@
         │   ├── ScheduleError        resources could not be found before schedule_timeout_ms
         │   ├── KVExistsError        an NX KV write found its key present
         │   ├── KVFullError          a KV write would exceed yrdask.kv.max-bytes
-        │   └── DependencyError      a ref nested in a task's arguments failed (code 4306)
+        │   ├── DependencyError      a ref nested in a task's arguments failed (code 4306)
+        │   └── ObjectLostError      an object's value is gone (its keeper died, not rebuilt)
+        │       └── OwnerDiedError   the process owning a borrowed object died
         ├── YRValueError             (also ValueError) bad argument value
         └── YRTypeError              (also TypeError) bad argument type
 """
@@ -42,6 +44,8 @@ __all__ = [
     "KVExistsError",
     "KVFullError",
     "DependencyError",
+    "ObjectLostError",
+    "OwnerDiedError",
     "RemoteError",
 ]
 
@@ -128,6 +132,16 @@ class TaskCrashedError(_CrashError):
 
     def __reduce__(self) -> tuple:
         return (type(self), (str(self), self.crashes, self.worker))
+
+
+class ObjectLostError(YRRuntimeError):
+    """An object's value is gone: the worker keeping it died and it cannot be computed again
+    (a method call's result, a ``put`` value, or a task out of retries).  Ray's name."""
+
+
+class OwnerDiedError(ObjectLostError):
+    """The process that owns an object (the one that created it) died, so a borrower cannot
+    read it any more: ownership is Ray's, and Ray raises this error too (docs/objects.md)."""
 
 
 class ScheduleError(YRRuntimeError):

@@ -809,6 +809,52 @@ class FreeObjects(Message):
     object_ids: list[str]
 
 
+WAIT_REFS_REMOVED = "yr_wait_refs_removed"
+REFS_REMOVED = "yr_refs_removed"
+ADD_BORROWER = "yr_add_borrower"
+
+
+@_message
+class WaitRefsRemoved(Message):
+    """owner -> borrower (rpc, fire and forget; batched per borrower and loop pass): tell me
+    when you hold these objects no longer.  ``items``: ``[[object_id, seq, via], ...]``;
+    ``via`` an object of the borrower's whose value holds the ref (a result sent to it), or
+    ``None``.  ``sender`` the owner's address.  Answered by :class:`RefsRemoved` with the same
+    ``seq`` (Ray's ``WaitForRefRemoved``; docs/objects.md).  Reply ``None``."""
+
+    op: ClassVar[str] = WAIT_REFS_REMOVED
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_OWNER_RPC)
+    sender: str
+    items: list
+
+
+@_message
+class RefsRemoved(Message):
+    """borrower -> owner (rpc, fire and forget; batched): the answer to
+    :class:`WaitRefsRemoved`, once per poll.  ``items``: ``[[object_id, seq], ...]``.
+    Reply ``None``."""
+
+    op: ClassVar[str] = REFS_REMOVED
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_OWNER_RPC)
+    sender: str
+    items: list
+
+
+@_message
+class AddBorrower(Message):
+    """borrower or reader -> owner rpc (batched per owner): ``items``
+    ``[[object_id, borrower, via], ...]``: ``borrower`` holds the object (through its object
+    ``via``, or ``None``).  Sent by a borrower that lent a ref on (it keeps holding the ref
+    until the reply), and by a reader that unpickled refs out of a borrowed value (before it
+    hands the value on).  ``borrower`` ``""`` pins the object (a ref pickled where nothing
+    counts it).  Reply: the ids the owner no longer knows (freed, or not its own)."""
+
+    op: ClassVar[str] = ADD_BORROWER
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_OWNER_RPC)
+    reply_type: ClassVar[Any] = list
+    items: list
+
+
 @_message
 class StartInstance(Message):
     """scheduler -> worker (worker stream).  ``spec`` is the creation spec (see
@@ -939,7 +985,11 @@ class TaskDone(Message):
     (``True`` when the error is a user exception that ``retry_times`` may rerun), ``took``
     (seconds the task ran, for the submitter's pipelining rule); or ``requeue`` (``True``: a
     pipelined task that waited too long in the worker's lease gate is handed back unrun, for
-    the submitter to queue again)."""
+    the submitter to queue again).  ``refs`` (borrowing, docs/objects.md; ``None`` when the
+    call met no counted refs, the hot path): ``[holder, borrowed, nested]``, ``borrowed`` the
+    ids of the refs the worker ``holder`` unpickled from the arguments and may still hold,
+    ``nested`` ``[[result_id, [[object_id, owner], ...]], ...]`` the refs nested in each result
+    (the caller keeps them alive while that result lives)."""
 
     op: ClassVar[str] = TASK_DONE
     channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_CALLER,)
@@ -949,6 +999,7 @@ class TaskDone(Message):
     retryable: bool = False
     took: float | None = None
     requeue: bool = False
+    refs: list | None = None  # [holder, borrowed, nested] (see the class docstring)
 
 
 @_message

@@ -99,9 +99,15 @@ def main(argv: list[str] | None = None) -> int:
                         "task world")
     p.add_argument("--strict", action="store_true",
                    help="with --calls: known findings fail the run too")
+    p.add_argument("--objects", action="store_true",
+                   help="the object world (borrowers counted: runtime/refcount.py)")
     args = p.parse_args(argv)
     if args.calls:
         return _main_calls(args)
+    if args.objects:
+        from tests.sim.objects import main_objects
+
+        return main_objects(args)
     if args.standins:
         M.use_standins()
     if os.environ.get("PYTHONHASHSEED") != "0":

@@ -173,6 +173,10 @@ def from_yr_error(err: BaseException, what: str = "") -> BaseException:
         return GetTimeoutError(str(err))
     if isinstance(err, _yr.TaskCrashedError):
         return WorkerCrashedError(str(err))
+    if isinstance(err, _yr.OwnerDiedError):
+        return OwnerDiedError(str(err))
+    if isinstance(err, _yr.ObjectLostError):
+        return ObjectLostError(str(err))
     if isinstance(err, (_yr.InstanceDiedError, _yr.CallCrashedError)):
         return actor_died(str(err))
     return err

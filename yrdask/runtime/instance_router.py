@@ -37,6 +37,7 @@ class Call:
     results: list | None = None  # of its TASK_DONE, until CallSucceeded
     max_redeliveries: int | None = None  # its own bound after crashes (None: the default)
     unordered: bool = False  # may pass earlier calls still waiting for their arguments
+    held: list | None = None  # its ref arguments, alive until it is answered (borrowing)
 
 
 class InstanceRouter:

@@ -2,13 +2,16 @@
 
 Every ``ObjectRef`` names an *entry* in the object table of the process that created it (its
 owner): pending, a value, the address of the worker keeping a large value, or an error.
-Entries are reference counted by the live ``ObjectRef`` objects of this process; an entry
-whose ref was pickled to another process is *escaped* and stays until the runtime ends, so
-borrowers can always fetch it from its owner (``FETCH_OBJECT``).
+Entries are reference counted by the live ``ObjectRef`` objects of this process.  When a ref
+leaves the process (pickled into arguments, results or values) the owner counts its
+*borrowers* with Ray's ownership protocol, the pure machine of ``runtime/refcount.py``: the
+entry stays while a borrower may still read it (``FETCH_OBJECT``), and is freed, with the copy
+a worker keeps, once the owner and the last borrower dropped it (docs/objects.md).
 
 Who may change what (one rule per structure):
 
-* ``ObjectTable.entries`` and every ``Entry.refs`` / ``Entry.escaped`` change only under
+* ``ObjectTable.entries``, every ``Entry.refs`` / ``Entry.shared`` and the reference
+  counting machine (``ObjectTable.counter``) change only under
   :data:`REFS_LOCK` (one re-entrant lock per process, held for a few dict and integer
   operations).  Refs are created and dropped on any thread (``yr.put`` and submissions on
   user threads, unpickling on task threads, ``ObjectRef.__del__`` wherever the garbage
@@ -32,18 +35,28 @@ import threading
 from typing import Any, Callable
 
 from yrdask import protocol as P
-from yrdask.errors import RemoteError, YRRuntimeError, YRTypeError, YRValueError
+from yrdask.errors import (ObjectLostError, OwnerDiedError, RemoteError, YRRuntimeError,
+                           YRTypeError, YRValueError)
+from yrdask.runtime import refcount as RC
 from yrdask.runtime.context import current_runtime
-from yrdask.runtime.store import drop_local_copy
+from yrdask.runtime.store import drop_local_copy, node_store
 from yrdask.serialization import dumps, dumps_value, loads, wire
 
 PENDING = "pending"
 MAX_TIMEOUT = 0x7FFFFFFF
 
-#: Guards ``ObjectTable.entries``, ``Entry.refs``/``escaped`` and the value caches.
+#: Guards ``ObjectTable.entries``, ``Entry.refs``/``shared``, the counter and the value caches.
 #: Re-entrant: the garbage collector may run ``ObjectRef.__del__`` while a thread holds it.
 REFS_LOCK = threading.RLock()
-_pickled = threading.local()  # .refs: {id: ref} of refs this thread pickles, while recording
+# Per thread, while recording: .refs {id: ref} of refs this thread pickles, .counted {id: owner}
+# of those the owner must count (pending or kept by a worker); .unpickled {id: owner} of
+# counted refs this thread unpickles.
+class _Recording(threading.local):
+    rec: list | None = None  # [refs, counted] while pack_counting runs on this thread
+    unpickled: dict | None = None  # while unpickling runs on this thread
+
+
+_pickled = _Recording()
 
 
 def check_timeout(timeout: Any) -> None:
@@ -68,7 +81,7 @@ class Entry:
     """One object as its process knows it (see module docstring for the states)."""
 
     __slots__ = ("state", "value", "has_value", "payload", "location", "error", "event",
-                 "callbacks", "refs", "escaped", "owner", "fetching", "stored")
+                 "callbacks", "refs", "shared", "owner", "fetching", "stored")
 
     def __init__(self, owner: str | None = None) -> None:
         self.state = PENDING
@@ -80,7 +93,7 @@ class Entry:
         self.event: threading.Event | None = None
         self.callbacks: list[Callable[[], None]] | None = None
         self.refs = 0
-        self.escaped = False
+        self.shared = False  # pickled for other processes: keep the pickle
         self.owner = owner  # None when this process owns the object
         self.fetching = False
         self.stored = False  # payload is this node's store copy of the value (store.py)
@@ -143,6 +156,17 @@ class Entry:
             self.error = error
             self.settle(P.ERROR)
 
+    def lose(self, error: BaseException | None) -> None:
+        """(loop) The worker keeping this value is gone: pending again (its task runs again,
+        or its owner is asked again), or failed with ``error``."""
+        with REFS_LOCK:
+            self.location = None
+            self.event = None
+            self.fetching = False
+            self.state = PENDING
+        if error is not None:
+            self.set_error(error)
+
     def exception(self) -> BaseException | None:
         """A fresh exception to raise: a shared one would keep each raiser's frames alive."""
         err = self.error
@@ -166,17 +190,17 @@ class Entry:
                     payload = self.payload
         return payload
 
-    def get_value(self) -> Any:
+    def get_value(self, load: Callable[[Any], Any] = loads) -> Any:
         """The value of a ready entry holding it locally (deserialized once, then cached)."""
         with REFS_LOCK:
             if self.has_value:
                 return self.value
             payload = self.payload
-        value = loads(payload)
+        value = load(payload)
         with REFS_LOCK:
             if not self.has_value:
                 self.value, self.has_value = value, True
-                if not self.escaped and not self.stored:
+                if not self.shared and not self.stored:
                     self.payload = None
             return self.value
 
@@ -245,7 +269,7 @@ def dep_of(ref: "ObjectRef") -> list:
 
     A value in this node's store goes by reference (its owner's address): a worker on this
     node maps it from the store, one elsewhere pulls it once for its node.  The caller keeps
-    the ref alive until the call is done (or marks it escaped).
+    the ref alive until the call is done (borrowing: docs/objects.md).
     """
     entry = ref._entry
     if entry.state == P.LOCATION:
@@ -370,12 +394,22 @@ class ObjectRef:
 
 
 class ObjectTable:
-    """This process's entries by object id: owned ones and borrowed copies of others'."""
+    """This process's entries by object id: owned ones and borrowed copies of others'.
+
+    It is also the adapter of the reference counting machine (``counter``, fed under
+    :data:`REFS_LOCK`): it tells it of refs that appear, die, leave in arguments and results,
+    and carries out what it says (free, poll a borrower, answer an owner).
+    """
 
     def __init__(self, runtime: Any, inline_limit: int) -> None:
         self.runtime = runtime
         self.inline_limit = inline_limit
         self.entries: dict[str, Entry] = {}
+        self.counter = RC.RefCounter()
+
+    @property
+    def address(self) -> str:
+        return self.runtime.address
 
     def new_ref(self, object_id: str, entry: Entry | None = None) -> ObjectRef:
         """A ref to a new entry this process owns (``entry``: one already settled, unseen)."""
@@ -387,12 +421,18 @@ class ObjectTable:
         return ObjectRef(object_id, self.runtime, entry)
 
     def drop_ref(self, object_id: str, entry: Entry) -> None:
-        """A local ref died (any thread): the last one drops the entry, unless escaped."""
+        """A local ref died (any thread): the last one drops the entry, unless the counter
+        keeps an object of ours for its borrowers (then it frees it when they are done)."""
         with REFS_LOCK:
             entry.refs -= 1
-            if entry.refs > 0 or entry.escaped:
+            if entry.refs > 0:
                 return
-            if self.entries.get(object_id) is entry:
+            current = self.entries.get(object_id) is entry
+            if current and object_id in self.counter.refs:
+                self._handle(RC.LocalRefs("ref-died", object_id, False))
+                if entry.owner is None:
+                    return  # freed just now (FreeObject), or kept for its borrowers
+            if current:
                 del self.entries[object_id]
             free = entry.owner is None and entry.state == P.LOCATION
             stored = entry.owner is None and (entry.stored or free)
@@ -402,22 +442,31 @@ class ObjectTable:
             self.runtime.free_remote(entry.location, [object_id])
 
     def reduce_ref(self, ref: ObjectRef):
-        recorded = getattr(_pickled, "refs", None)
-        if recorded is not None:  # see pack_recording_refs
-            recorded.setdefault(ref._id, ref)
         entry = ref._entry
         owner = entry.owner or self.runtime.address
         if entry.stored:  # in this node's store: readers map it there, or pull it once
             snap: list | None = [P.LOCATION, owner]
         else:
             snap = entry.snapshot(self.inline_limit)
-        if entry.owner is None and (snap is None or snap[0] == P.LOCATION):
+        counted = snap is None or snap[0] == P.LOCATION  # a reader needs the owner
+        rec = _pickled.rec
+        recorded = rec is not None
+        if recorded:  # see pack_counting (its dicts are made on the first ref met)
+            if rec[0] is None:
+                rec[0], rec[1] = {}, {}
+            rec[0].setdefault(ref._id, ref)
+            if counted:
+                rec[1][ref._id] = owner
+        if counted:
             with REFS_LOCK:
-                entry.escaped = True  # a reader may come back to us for it
+                entry.shared = True  # a reader may come back to us for it
+                if not recorded:  # pickled where nobody counts it: keep it to the end
+                    self.pin({ref._id: owner})
         return (_rebuild_ref, (ref._id, owner, snap))
 
     def borrow(self, object_id: str, owner: str, snap: list | None) -> ObjectRef:
         """A ref unpickled here (any thread): shares the entry this process has for the id."""
+        counted = owner != self.runtime.address and (snap is None or snap[0] == P.LOCATION)
         fresh: Entry | None = None
         while True:
             with REFS_LOCK:
@@ -426,11 +475,186 @@ class ObjectTable:
                     entry = self.entries[object_id] = fresh
                 if entry is not None:
                     entry.refs += 1
+                    if entry.refs == 1 and (counted or object_id in self.counter.refs):
+                        self._handle(RC.LocalRefs("unpickled", object_id, True, owner))
                     break
             fresh = Entry(owner=None if owner == self.runtime.address else owner)
             if snap is not None:
                 fresh.set_result(*snap)  # settled before any other thread can see it
+            elif fresh.owner is None:  # ours, and freed: its last holder died lending it
+                fresh.set_error(ObjectLostError(
+                    f"object {object_id} was freed by its owner {owner}: the process that "
+                    "lent this ref died before the owner learned of its borrower"))
+        if counted:
+            found = _pickled.unpickled
+            if found is not None:
+                found[object_id] = owner
         return ObjectRef(object_id, self.runtime, entry)
+
+    # -- the reference counting machine ----------------------------------------------------
+
+    def _handle(self, event: RC.Event) -> None:
+        """Feed the counter (:data:`REFS_LOCK` held) and carry out its instructions."""
+        if not self.counter.address:
+            self.counter.address = self.runtime.address
+        for ins in self.counter.handle(event):
+            kind = type(ins)
+            if kind is RC.FreeObject:
+                self._free(ins.object_id)
+            elif kind is RC.SendWait:
+                self.runtime.refs_message(ins.borrower, P.WaitRefsRemoved,
+                                          [ins.object_id, ins.seq, ins.via])
+            elif kind is RC.SendRemoved:
+                self.runtime.refs_message(ins.owner, P.RefsRemoved, [ins.object_id, ins.seq])
+            elif kind is RC.SendAddBorrower:
+                self.runtime.refs_message(ins.owner, P.AddBorrower,
+                                          [ins.object_id, ins.borrower, ins.via, ins.token])
+            elif kind is RC.OwnersDied:
+                self.runtime.on_loop_later(self._owner_died, ins.owner, ins.object_ids)
+            # RC.ForgetObject: the entry went with its last local ref already
+
+    def _free(self, object_id: str) -> None:
+        """Nobody holds an object of ours any more: drop the value and the worker's copy."""
+        entry = self.entries.get(object_id)
+        if entry is None or entry.refs > 0 or entry.owner is not None:
+            return
+        del self.entries[object_id]
+        free = entry.state == P.LOCATION
+        if entry.stored or free:  # this node's copy (a put, or a result pulled or written here)
+            drop_local_copy(object_id)
+        if free:
+            self.runtime.free_remote(entry.location, [object_id])
+
+    def _owner_died(self, owner: str, object_ids: tuple) -> None:
+        """(loop) Borrowed objects of a dead owner: reading one not read yet raises."""
+        for oid in object_ids:
+            entry = self.entries.get(oid)
+            if entry is None or entry.has_value or entry.state in (P.VALUE, P.ERROR):
+                continue
+            error = OwnerDiedError(
+                f"object {oid} cannot be read: its owner {owner} (the process that created it) "
+                "died; keep the owner alive while others read its objects, or return the value "
+                "itself instead of a ref to it")
+            if entry.state == P.LOCATION:  # the keeper's copy goes with its owner (Ray's rule)
+                entry.location, entry.state = None, PENDING
+            entry.set_error(error)
+
+    def lend(self, counted: dict, to: str, via: str | None = None) -> None:
+        """``to`` holds the refs ``counted`` (``{id: owner}``) now, from this process."""
+        with REFS_LOCK:
+            for oid, owner in counted.items():
+                entry = self.entries.get(oid)
+                held = entry is not None and entry.refs > 0
+                self._handle(RC.Lent("lent", oid, to, via,
+                                     None if owner == self.runtime.address else owner, held))
+
+    def contains(self, outer: str, inner: Any) -> None:
+        """The value of ``outer`` (ours, alive) holds ``inner``: ``[(id, owner), ...]``."""
+        with REFS_LOCK:
+            if outer in self.entries:
+                entries = self.entries
+                self._handle(RC.Contains("contains", outer, tuple(
+                    (oid, None if owner == self.runtime.address else owner,
+                     oid in entries and entries[oid].refs > 0) for oid, owner in inner)))
+
+    def pin(self, counted: dict) -> None:
+        """Refs pickled where no protocol counts them: their owners keep them to the end."""
+        with REFS_LOCK:
+            for oid, owner in counted.items():
+                if owner == self.runtime.address:
+                    self._handle(RC.Pinned("pinned", oid))
+                else:
+                    self.runtime.refs_message(owner, P.AddBorrower, [oid, "", None, None])
+
+    def on_done_refs(self, refs: list) -> None:
+        """The ``refs`` of a ``TaskDone`` (before the call drops its argument refs)."""
+        holder, borrowed, nested = refs
+        if borrowed:
+            with REFS_LOCK:
+                for oid in borrowed:
+                    entry = self.entries.get(oid)
+                    if entry is not None:
+                        self._handle(RC.Lent("task-done", oid, holder, None, entry.owner,
+                                             entry.refs > 0))
+        for outer, inner in nested or ():
+            self.contains(outer, inner)
+
+    def on_wait(self, sender: str, items: list) -> None:
+        """``WAIT_REFS_REMOVED`` from an owner."""
+        with REFS_LOCK:
+            for oid, seq, via in items:
+                self._handle(RC.WaitReceived("wait", oid, sender, seq, via,
+                                             via is not None and via in self.entries))
+
+    def on_removed(self, sender: str, items: list) -> None:
+        """``REFS_REMOVED`` from a borrower."""
+        with REFS_LOCK:
+            for oid, seq in items:
+                self._handle(RC.RemovedReceived("removed", oid, sender, seq))
+
+    def add_borrower(self, items: list) -> list:
+        """``ADD_BORROWER``: ``[[object_id, borrower, via], ...]``; borrower ``""``: pin it.
+        Returns the ids unknown here (freed, or not ours)."""
+        unknown = []
+        with REFS_LOCK:
+            for oid, borrower, via, *_ in items:
+                entry = self.entries.get(oid)
+                if entry is None or entry.owner is not None:
+                    unknown.append(oid)
+                elif not borrower:
+                    self._handle(RC.Pinned("pinned", oid))
+                else:
+                    self._handle(RC.BorrowerAdded("add-borrower", oid, borrower, via,
+                                                  entry.refs > 0))
+        return unknown
+
+    def added(self, items: list) -> None:
+        """The owner answered the ``AddBorrower`` of ``items`` (``[id, borrower, via, token]``)."""
+        with REFS_LOCK:
+            for oid, _borrower, _via, token in items:
+                if token is not None:
+                    self._handle(RC.AddAcked("added", oid, token))
+
+    def process_died(self, address: str) -> None:
+        with REFS_LOCK:
+            self._handle(RC.ProcessDied(f"died-{address}", address))
+
+    def location_lost(self, worker: str, rebuilt: list) -> None:
+        """(loop) ``worker`` is gone with the values it kept.  Ours that no task recomputes
+        (``rebuilt``: those that one does) fail with ``ObjectLostError`` (a method call's
+        result: Ray does not rebuild those either); borrowed ones ask their owner again."""
+        rebuilt = set(rebuilt)
+        for oid, entry in list(self.entries.items()):
+            if entry.state != P.LOCATION or entry.location != worker or entry.has_value:
+                continue
+            if oid in rebuilt or node_store().contains(oid):
+                continue  # computed again, or still in this node's store (readers map it)
+            if entry.owner is None:
+                if oid not in rebuilt:
+                    entry.lose(ObjectLostError(
+                        f"object {oid} was lost with worker {worker}, which kept its value: "
+                        "only task results are computed again (not method call results or "
+                        "generator items)"))
+            elif entry.owner != worker:
+                entry.lose(None)  # its owner knows where it is now
+
+    def register_reads(self, found: dict) -> None:
+        """Refs unpickled out of a borrowed value (``{id: owner}``): tell their owners this
+        process borrows them, and wait for the answers (the value is still held meanwhile)."""
+        by_owner: dict[str, list] = {}
+        me = self.runtime.address
+        for oid, owner in found.items():
+            if owner != me:
+                by_owner.setdefault(owner, []).append([oid, me, None])
+        for owner, items in by_owner.items():
+            self.runtime.add_borrower(owner, items)
+
+    def figures(self) -> dict:
+        """Entries and counter records of this process (the leak test reads these)."""
+        with REFS_LOCK:
+            figures = self.counter.figures()
+            figures["entries"] = len(self.entries)
+        return figures
 
 
 def _rebuild_ref(object_id: str, owner: str, snap: list | None) -> ObjectRef:
@@ -449,9 +673,42 @@ def pack_recording_refs(pack: Callable[..., tuple], *args: Any) -> tuple[Any, li
     """``(pack(*args), refs)``: ``refs`` are the ObjectRefs the pickler met while packing,
     each once (the refs nested in a call's arguments; top-level ones become slots first).
     The pickler already visits every ref wherever it sits, so nothing walks the values."""
-    _pickled.refs = found = {}
+    packed, refs, _counted = pack_counting(pack, *args)
+    return packed, refs
+
+
+def pack_counting(pack: Callable[..., Any], *args: Any) -> tuple[Any, list, dict]:
+    """``(pack(*args), refs, counted)``: as :func:`pack_recording_refs`, and ``counted``
+    ``{id: owner}`` the refs among them whose readers need the owner (pending, or kept by a
+    worker): the caller hands those to the counter (lend, contains), so none is pinned."""
+    local = _pickled
+    saved = local.rec
+    rec = local.rec = [None, None]
     try:
         packed = pack(*args)
     finally:
-        _pickled.refs = None
-    return packed, list(found.values())
+        local.rec = saved
+    if rec[0] is None:  # the hot path: no ref met
+        return packed, [], _NONE
+    return packed, list(rec[0].values()), rec[1]
+
+
+_NONE: dict = {}  # read only: "no counted refs"
+
+
+REF_MARK = b"_rebuild_ref"  # in every pickle that holds an ObjectRef (its rebuild function)
+
+
+def unpickling(load: Callable[..., Any], *args: Any) -> tuple[Any, dict]:
+    """``(load(*args), found)``: ``found`` ``{id: owner}`` the counted refs of other owners
+    this thread unpickled meanwhile (the borrower reports or registers them)."""
+    local = _pickled
+    saved = local.unpickled
+    local.unpickled = found = {}
+    try:
+        value = load(*args)
+    finally:
+        local.unpickled = saved
+    if saved is not None:
+        saved.update(found)
+    return value, found

@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from yrdask import protocol as P
 from yrdask.runtime import context
 from yrdask.runtime.context import current_lease, current_owner
-from yrdask.runtime.objects import REFS_LOCK, Entry, ObjectRef, ObjectTable, pack_recording_refs
+from yrdask.runtime.objects import (REFS_LOCK, Entry, ObjectRef, ObjectTable, pack_counting,
+                                    pack_recording_refs, unpickling)
 from yrdask.runtime.store import close_node_store, node_store
 from yrdask.runtime.store import configure as configure_store
 from yrdask.runtime.generators import Stream, on_generator_item
-from yrdask.errors import (RemoteError, YRRuntimeError, YRTimeoutError, YRTypeError,
-                           YRValueError)
+from yrdask.errors import (OwnerDiedError, RemoteError, YRRuntimeError, YRTimeoutError,
+                           YRTypeError, YRValueError)
 from yrdask.options import Config, resolve_security
 from yrdask.serialization import (Frames, dumps, dumps_value, loads, pack_args,
                                   register_with_dask, unpicklable, wire)
@@ -78,10 +79,14 @@ class Runtime:
         # how recently lost worker processes ended (WORKER_EXIT), and who waits to know
         self.exits: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._exit_waiters: dict[str, list[Callable[[], None]]] = {}
+        self.lost_workers: dict[str, None] = {}  # workers the scheduler removed (recent)
+        self._lost_waiters: dict[str, list[Callable[[], None]]] = {}
         self._prefix = uuid.uuid4().hex[:10]
         self._counter = itertools.count()
         self._inbox: collections.deque = collections.deque()  # (fn, args) from user threads
         self._inbox_armed = False
+        # reference counting messages waiting for this loop pass: {(cls, address): [item]}
+        self._refs_out: dict[tuple, list] = {}
         self.closed = False
         # Where prints of work submitted by the calling thread go: a driver's owner address
         # (Config.log_to_driver), or None.  The worker's output module replaces it.
@@ -156,6 +161,8 @@ class Runtime:
         :class:`P.TaskDone` of a method call goes to the router, of a task to the submitter."""
         if P.MESSAGES.get(msg["op"]) is P.TaskDone:  # the one op of P.CHANNEL_TO_CALLER
             done = P.TaskDone.from_msg(msg)
+            if done.refs is not None:  # before the call lets go of its argument refs
+                self.objects.on_done_refs(done.refs)
             if not self.router.on_done(done):
                 self.submitter.on_task_done(done)
         elif msg["op"] == P.GENERATOR_ITEM:
@@ -191,10 +198,18 @@ class Runtime:
         self.loop.call_later(EXIT_REASON_WAIT_S, settle)
 
     def worker_lost(self, address: str) -> None:
-        """The scheduler removed a worker: treat a channel to it as lost, socket or not."""
+        """The scheduler removed a worker: treat a channel to it as lost, socket or not; its
+        borrowings end and the objects it owned can no longer be read (OwnerDiedError)."""
         chan = self.channels.get(address)
         if chan is not None and hasattr(chan, "abort"):
             chan.abort()
+        self.objects.process_died(address)
+        self.objects.location_lost(address, self.submitter.reconstruct(address))
+        self.lost_workers[address] = None
+        while len(self.lost_workers) > EXITS_KEPT:
+            self.lost_workers.pop(next(iter(self.lost_workers)))
+        for wake in self._lost_waiters.pop(address, ()):
+            wake()
 
     def on_channel_lost(self, address: str) -> None:
         self.channels.pop(address, None)
@@ -203,6 +218,11 @@ class Runtime:
 
 
     def free_remote(self, worker: str, object_ids: list[str]) -> None:
+        """Our objects ``object_ids`` are freed: the worker keeping them drops its copies,
+        and their lineage goes (any thread)."""
+        for oid in object_ids:
+            self.submitter.forget(oid)
+
         async def free() -> None:
             try:
                 await P.request(self.connector.rpc(worker), P.FreeObjects(object_ids))
@@ -210,6 +230,76 @@ class Runtime:
                 pass
 
         self.on_loop(lambda: self.loop.create_task(free()))
+
+    # -- reference counting messages (runtime/refcount.py) ---------------------------------
+
+    def refs_message(self, address: str, cls: type, item: Any) -> None:
+        """Queue one item of a :class:`P.WaitRefsRemoved`, :class:`P.RefsRemoved` or pinning
+        :class:`P.AddBorrower` for ``address`` (any thread, :data:`REFS_LOCK` held): one
+        message per kind and address goes out per loop pass."""
+        batch = self._refs_out.get((cls, address))
+        if batch is None:
+            batch = self._refs_out[(cls, address)] = []
+            if len(self._refs_out) == 1:
+                self.on_loop_later(self._flush_refs)
+        batch.append(item)
+
+    def _flush_refs(self) -> None:
+        with REFS_LOCK:
+            out, self._refs_out = self._refs_out, {}
+        if self.closed:
+            return
+        for (cls, address), items in out.items():
+            if cls is P.AddBorrower:  # answered: the tokens' holds end (AddAcked)
+                msg: P.Message = P.AddBorrower([i[:3] for i in items])
+            else:
+                msg, items = cls(self.address, items), None
+            self.loop.create_task(self._send_refs(address, msg, items))
+
+    async def _send_refs(self, address: str, msg: P.Message, acked: list | None = None) -> None:
+        try:
+            await P.request(self.connector.rpc(address), msg)
+        except (OSError, asyncio.TimeoutError):  # gone: its borrowings end with it
+            if not self.closed:
+                self.objects.process_died(address)
+            return
+        except Exception:
+            logger.debug("cannot send %s to %s", msg.op, address, exc_info=True)
+            return
+        if acked:
+            self.objects.added(acked)
+
+    def add_borrower(self, owner: str, items: list) -> None:
+        """Register ``[[object_id, borrower, via], ...]`` with ``owner`` and wait for the
+        answer (a user thread); on the loop it is sent without waiting."""
+        msg = P.AddBorrower(items)
+        if threading.get_ident() == self.loop_thread:
+            self.loop.create_task(self._send_refs(owner, msg))
+            return
+        try:
+            self.run_sync(P.request(self.connector.rpc(owner), msg))
+        except Exception:  # the owner is gone: reading those refs says so
+            pass
+
+    def load_borrowed(self, payload: Any) -> Any:
+        """Unpickle the value of an object this process borrows; refs nested in it register
+        with their owners before the value is handed on (docs/objects.md)."""
+        value, found = unpickling(loads, payload)
+        if found:
+            self.objects.register_reads(found)
+        return value
+
+    def wait_refs_removed(self, sender: str, items: list) -> None:
+        """:class:`P.WaitRefsRemoved` (rpc handler of workers and the owner server)."""
+        self.objects.on_wait(sender, items)
+
+    def refs_removed(self, sender: str, items: list) -> None:
+        """:class:`P.RefsRemoved`."""
+        self.objects.on_removed(sender, items)
+
+    def handle_add_borrower(self, items: list) -> list:
+        """:class:`P.AddBorrower`."""
+        return self.objects.add_borrower(list(items))
 
     @property
     def connection_args(self) -> dict:
@@ -225,10 +315,7 @@ class Runtime:
         start (yr's dependency resolver); the Ray surface turns it off (Ray's rule).
         ``max_crashes``: reruns after its worker is lost (None: ``max-task-crashes``; -1: no
         bound), which the Ray surface sets from ``max_retries``."""
-        if wait_nested:  # yr's rule: refs nested in the arguments gate the start
-            (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
-        else:
-            (blob, dep_refs), nested = pack_args(args, kwargs, _is_ref), None
+        (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
         task_id = self.new_id()
         if nret <= 1:
             ids = [task_id]
@@ -239,7 +326,10 @@ class Runtime:
         task = Task(task_id, fn_id, fn_payload, name, blob, dep_refs, [r._entry for r in refs],
                     ids, nret, shape, shape_key, timeout_ms, retries,
                     current_owner() or self.job_id, log_to=self.output_target())
-        task.nested = nested
+        # The task holds its ref arguments until it ends: the worker's TaskDone says which
+        # it kept (borrowing, docs/objects.md) before they are let go.
+        task.held = dep_refs + nested if nested else dep_refs
+        task.nested = nested if wait_nested else None  # yr's rule: nested refs gate the start
         task.max_crashes = max_crashes
         self.on_loop(self.submitter.submit, task)
         return refs if stream is None else [stream]  # nret P.STREAMING: the item stream
@@ -256,7 +346,9 @@ class Runtime:
 
     def create_instance(self, spec: dict, args: tuple, kwargs: dict) -> str:
         """Send an instance creation (asynchronous); returns the new instance id."""
-        blob, dep_refs = pack_args(args, kwargs, _is_ref)
+        (blob, dep_refs), _refs, counted = pack_counting(pack_args, args, kwargs, _is_ref)
+        if counted:  # an instance may keep them for its whole life: their owners keep them
+            self.objects.pin(counted)
         if spec.get("isolation") is not None:
             spec["isolation"] = self.with_working_dir(spec["isolation"])
         spec.update(instance_id=spec.get("instance_id") or f"i-{self.new_id()}", args=blob,
@@ -272,7 +364,7 @@ class Runtime:
         its instance's process died while it ran (None: ``max-call-redeliveries``; -1: no
         bound), which the Ray surface sets from ``max_task_retries``.  ``unordered``: it may
         leave before earlier calls whose ref arguments are not ready (Ray's async actors)."""
-        blob, dep_refs = pack_args(args, kwargs, _is_ref)
+        (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
         call_id = self.new_id()
         ids = [call_id] if nret <= 1 else [f"{call_id}.{i}" for i in range(nret)]
         refs = [self.objects.new_ref(i) for i in ids]
@@ -282,7 +374,8 @@ class Runtime:
         else:
             entries = [r._entry for r in refs]
         call = Call(call_id, instance_id, method, blob, dep_refs, entries, nret,
-                    max_redeliveries=max_redeliveries, unordered=unordered)
+                    max_redeliveries=max_redeliveries, unordered=unordered,
+                    held=dep_refs + nested if nested else dep_refs)
         self.on_loop(self.router.call, call)
         return refs
 
@@ -311,7 +404,7 @@ class Runtime:
         """``put`` without the argument checks (``ray.put`` takes None too): pickled now, a
         snapshot; a large value's one copy goes to the node's store."""
         try:
-            payload = dumps_value(obj)
+            payload, _refs, counted = pack_counting(dumps_value, obj)
         except Exception as e:
             raise unpicklable(obj, f"{what}: the value", e) from e
         object_id = self.new_id()
@@ -322,7 +415,10 @@ class Runtime:
         else:  # small: the pickle is the snapshot; a get unpickles it (once)
             entry.payload = payload
         entry.settle(P.VALUE)
-        return self.objects.new_ref(object_id, entry)
+        ref = self.objects.new_ref(object_id, entry)
+        if counted:  # refs nested in the value live as long as it does
+            self.objects.contains(object_id, list(counted.items()))
+        return ref
 
     def get(self, refs: Sequence[ObjectRef], timeout: float, allow_partial: bool = False) -> list:
         deadline = None if timeout == -1 else time.monotonic() + timeout
@@ -354,9 +450,15 @@ class Runtime:
         entry = ref._entry
         state = entry.state
         if state == P.VALUE:
-            value = entry.get_value()
+            value = entry.get_value() if entry.owner is None else entry.get_value(self.load_borrowed)
         elif state == P.LOCATION:
-            value = self._fetch_value(ref._id, entry)
+            location = entry.location
+            try:
+                value = self._fetch_value(ref._id, entry)
+            except YRRuntimeError:
+                if not self._lost_meanwhile(entry, location):
+                    raise
+                return self.get([ref], -1)[0]  # computed again, or failed for good
         elif state == P.ERROR:
             raise entry.exception()
         else:  # allow_partial and not ready
@@ -365,11 +467,33 @@ class Runtime:
             return memoryview(value)
         return value
 
+    def _lost_meanwhile(self, entry: Entry, location: str | None) -> bool:
+        """A fetch from ``location`` failed: wait (bounded) to hear whether that worker is
+        gone, and say whether the entry was handled since (reconstruction, docs/objects.md)."""
+        if location is None or self.closed:
+            return False
+
+        async def heard() -> None:
+            if location in self.lost_workers:
+                return
+            fut = self.loop.create_future()
+            self._lost_waiters.setdefault(location, []).append(
+                lambda: fut.done() or fut.set_result(None))
+            await asyncio.wait_for(fut, LOST_WAIT_S)
+
+        try:
+            self.run_sync(heard())
+        except Exception:
+            return False
+        return not (entry.state == P.LOCATION and entry.location == location)
+
     def _fetch_value(self, object_id: str, entry: Entry) -> Any:
         """The value of an entry a worker keeps: fetched once, cached (any thread)."""
         if entry.has_value:
             return entry.value
-        return entry.cache_value(loads(self.fetch_payload(object_id, entry.location)))
+        payload = self.fetch_payload(object_id, entry.location)
+        value = loads(payload) if entry.owner is None else self.load_borrowed(payload)
+        return entry.cache_value(value)
 
     def fetch_payload(self, object_id: str, address: str) -> bytes:
         """Pickled value of an object, asking ``address`` (its owner, or the worker keeping it)
@@ -393,14 +517,19 @@ class Runtime:
                 raise loads(payload).to_exception()
             address = payload  # the owner says: a worker keeps it there
 
-    async def _fetch(self, address: str, object_id: str, timeout: float | None) -> list:
+    async def _fetch(self, address: str, object_id: str, timeout: float | None,
+                     owner: bool = False) -> list:
         try:
             return await P.request(self.connector.rpc(address),
                                    P.FetchObject(object_id, timeout=timeout))
         except Exception as e:
-            err = RemoteError.from_exception(
-                YRRuntimeError(f"cannot fetch object {object_id} from {address}: {e}"), "")
-            return [P.ERROR, dumps(err)]
+            if owner and isinstance(e, OSError):  # the owner cannot be reached: it died
+                error: Exception = OwnerDiedError(
+                    f"object {object_id} cannot be read: its owner {address} (the process that "
+                    f"created it) is unreachable: {e}")
+            else:
+                error = YRRuntimeError(f"cannot fetch object {object_id} from {address}: {e}")
+            return [P.ERROR, dumps(RemoteError.from_exception(error, ""))]
 
     def _ensure_fetch(self, ref: ObjectRef) -> None:
         """A borrowed ref nobody asked its owner for yet: ask (the owner answers when ready)."""
@@ -413,7 +542,7 @@ class Runtime:
             entry.fetching = True
 
         async def fetch() -> None:
-            kind, payload = await self._fetch(entry.owner, ref._id, None)
+            kind, payload = await self._fetch(entry.owner, ref._id, None, owner=True)
             entry.set_result(kind, payload)
 
         self.on_loop(lambda: self.loop.create_task(fetch()))
@@ -501,6 +630,7 @@ def _load_machines() -> None:
 
 EXITS_KEPT = 1000  # worker processes whose end this runtime remembers
 EXIT_REASON_WAIT_S = 0.5  # how long a crash error waits to learn how the process ended
+LOST_WAIT_S = 30.0  # how long a failed fetch waits to hear that its worker is gone
 
 
 

@@ -31,8 +31,10 @@ import dask
 
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
-from yrdask.errors import CancelledError, DependencyError, TaskCrashedError, dependency_error
+from yrdask.errors import (CancelledError, DependencyError, ObjectLostError, TaskCrashedError,
+                           dependency_error)
 from yrdask.runtime import submit_queue as M
+from yrdask.runtime.store import node_store
 from yrdask.runtime.objects import (Entry, dep_of, failed_dep, failing_entries, pending_owned,
                                     when_ready)
 from yrdask.serialization import loads
@@ -63,6 +65,8 @@ class Task:
     deps: list | None = None
     nested: list | None = None  # refs nested in the arguments that gate the start (yr's rule)
     max_crashes: int | None = None  # reruns after a lost worker (None: the queue's bound)
+    held: list | None = None  # its ref arguments, alive until it ends (borrowing)
+    rebuilt: int = 0  # reruns to recompute results lost with their worker (lineage)
     queued: bool = False  # handed to the machine (its ref arguments were ready)
     cancelled: bool = False
 
@@ -86,6 +90,9 @@ class Submitter:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._local_set = False
+        # lineage: result id -> its Task, for results a worker keeps (LOCATION), while the
+        # result lives: a result lost with its worker is computed again (reconstruct)
+        self.lineage: dict[str, Task] = {}
 
     # -- entry points (loop thread) --------------------------------------------------------
 
@@ -232,8 +239,12 @@ class Submitter:
                 return
             for oid, entry, (rkind, payload) in zip(task.ref_ids, task.entries, results):
                 entry.set_result(rkind, payload)
-                if rkind == P.LOCATION and entry.refs <= 0:
-                    self.rt.free_remote(payload, [oid])
+                if rkind != P.LOCATION or task.nret < 0:
+                    continue
+                if entry.refs <= 0 and self.rt.objects.entries.get(oid) is not entry:
+                    self.rt.free_remote(payload, [oid])  # dropped while it ran, and not lent
+                else:
+                    self.lineage[oid] = task
         elif kind is M.TaskFailed:
             task = self.tasks.pop(ins.task_id, None)
             if task is None:
@@ -256,6 +267,47 @@ class Submitter:
             self._wake_at(ins.at)
         else:
             raise AssertionError(f"unknown submitter instruction {ins!r}")
+
+    # -- reconstruction ----------------------------------------------------------------------
+
+    def forget(self, object_id: str) -> None:
+        """A result was freed: its lineage goes (and with it the task's argument refs)."""
+        self.lineage.pop(object_id, None)
+
+    def reconstruct(self, worker: str) -> list[str]:
+        """``worker`` is gone: run again the tasks whose results only it kept (Ray's lineage
+        reconstruction), within the task's bound of reruns after lost workers; a result over
+        the bound fails with ``ObjectLostError``.  Returns the ids handled here."""
+        handled = []
+        again: dict[str, Task] = {}
+        for oid, task in list(self.lineage.items()):
+            entry = self.rt.objects.entries.get(oid)
+            if entry is None:
+                del self.lineage[oid]
+                continue
+            if entry.state != P.LOCATION or entry.location != worker or entry.has_value:
+                continue
+            if node_store().contains(oid):  # still in this node's store: readers map it
+                continue
+            del self.lineage[oid]
+            handled.append(oid)
+            bound = self.machine.max_crash_retries if task.max_crashes is None else task.max_crashes
+            if bound != -1 and task.rebuilt >= bound and task.task_id not in again:
+                entry.lose(ObjectLostError(
+                    f"object {oid} was lost with worker {worker}, and its task {task.name} "
+                    f"({task.task_id}) was already run again {task.rebuilt} times to rebuild "
+                    "results (its bound of reruns after lost workers); raise max_retries"))
+                continue
+            entry.lose(None)  # pending again: readers wait for the rerun
+            again[task.task_id] = task
+        for task in again.values():
+            task.rebuilt += 1
+            self.tasks[task.task_id] = task
+            _resources, _timeout, slots, affinity = task.shape_key
+            self._handle(M.TaskQueued("reconstruct", task.task_id, task.shape_key, task.shape,
+                                      task.timeout_ms, slots, affinity, task.retries, None,
+                                      task.name, task.max_crashes))
+        return handled
 
     def _push(self, ins: M.PushTask) -> None:
         task = self.tasks[ins.task_id]

@@ -143,6 +143,9 @@ class DriverConnector:
         self.listen_args = listen_args
         self.pool = ConnectionPool(limit=64, connection_args=connection_args)
         self.fetch_object = runtime.handle_fetch  # FetchObject for objects this driver owns
+        self.wait_refs_removed = runtime.wait_refs_removed  # borrowing (runtime/refcount.py)
+        self.refs_removed = runtime.refs_removed
+        self.add_borrower = runtime.handle_add_borrower
         self.server = Server(P.handlers(P.OWNER_RPC, self))
         self.stream_handlers = P.handlers(P.DRIVER_STREAM, self)
         self.stream: StreamSender | None = None

@@ -29,6 +29,7 @@ from tornado.ioloop import PeriodicCallback
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
 from yrdask.runtime.context import task_context
+from yrdask.runtime.objects import REF_MARK, pack_counting, unpickling
 from yrdask.runtime.generators import drain
 from yrdask.runtime.runtime import install_worker_runtime, uninstall_worker_runtime
 # A driver imports these when its runtime is built; a worker with its agent, so that the
@@ -72,7 +73,7 @@ class Peer:
                  caller: str = "") -> None:
         self.on_loop = on_loop
         self.stream = stream
-        self.caller = caller  # the caller's owner address: who sent the calls
+        self.caller = caller  # the caller's owner address: refs nested in results are lent to it
 
     def reply(self, msg: dict) -> None:
         try:
@@ -96,6 +97,7 @@ class LocalPeer:
     def __init__(self, agent: "WorkerAgent", on_message: Callable[[dict], None]) -> None:
         self.agent = agent
         self.on_message = on_message
+        self.caller = agent.worker.address
 
     def deliver(self, msg: dict) -> None:
         self.agent.dispatch(self, msg)
@@ -354,9 +356,7 @@ class WorkerAgent:
             if P.DEVICES_MARK in msg["lease_id"]:  # it holds GPUs: a process that sees them
                 return self._execute_isolated(ex, device_isolation(
                     None, *P.lease_devices(msg["lease_id"])))
-            deps = msg["deps"]
-            args, kwargs = unpack_args(msg["args"], [loads(p) for p in self.payloads(deps)]
-                                       if deps else [])
+            (args, kwargs), borrowed = self.unpack_call(msg)
         except BaseException as e:  # noqa: BLE001
             return self._error_reply(task_id, e, traceback.format_exc(), False)
         rec = self.recorder  # Dask's Task Stream, Progress and Profile (dask_panels.py)
@@ -376,15 +376,41 @@ class WorkerAgent:
                         result = drain(result, self.item_sender(ex.peer, task_id), ex)
                 finally:
                     ex.disarm()  # if a late cancel interrupts this, the caller disarms again
-            results = self.pack_results(task_id, result, msg["nret"])
+            results, nested = self.pack_results(task_id, result, msg["nret"], ex.peer.caller)
             ok = True
         except BaseException as e:  # noqa: BLE001 - reported to the caller
-            return self._error_reply(task_id, e, user_traceback(), not ex.cancelled)
+            reply = self._error_reply(task_id, e, user_traceback(), not ex.cancelled)
+            if borrowed:  # the failed function may have kept them all the same
+                reply["refs"] = [self.worker.address, borrowed, None]
+            return reply
         finally:
             if rec is not None:
                 rec.end(msg["name"], task_id, start, ok)
         self.tasks_done += 1
-        return P.TaskDone(task_id, results=results, took=time.perf_counter() - t0).to_msg()
+        return P.TaskDone(task_id, results=results, took=time.perf_counter() - t0,
+                          refs=self.refs_report(borrowed, nested)).to_msg()
+
+    def unpack_call(self, msg: dict) -> tuple[tuple, list]:
+        """``((args, kwargs), borrowed)`` of a pushed call (not on the loop): ``borrowed`` the
+        ids of the counted refs its arguments held, reported to the caller in ``TaskDone``;
+        refs nested in the values of its ref arguments register with their owners."""
+        deps = msg["deps"]
+        values = [self.load_value(p) for p in self.payloads(deps)] if deps else []
+        args = msg["args"]
+        if REF_MARK not in args:  # the hot path: no ref in the arguments
+            return unpack_args(args, values), []
+        unpacked, found = unpickling(unpack_args, args, values)
+        return unpacked, list(found)
+
+    def load_value(self, payload: Any) -> Any:
+        """Unpickle a ref argument's value (refs nested in it register with their owners)."""
+        return self.runtime.load_borrowed(payload)
+
+    def refs_report(self, borrowed: list, nested: list | None) -> list | None:
+        """``TaskDone.refs`` (``None`` on the hot path: no counted refs met)."""
+        if not borrowed and not nested:
+            return None
+        return [self.worker.address, borrowed, nested]
 
     def _execute_isolated(self, ex: Execution, isolation: dict) -> dict:
         """A task with env_vars/working_dir: it runs in a pooled child process.
@@ -440,28 +466,42 @@ class WorkerAgent:
         peer.reply(self._error_reply(task_id, exc, tb, retryable))
 
     def item_sender(self, peer: Any, task_id: str) -> Callable[[int, Any], None]:
-        """``emit(index, value)`` for a generator call: stored like a result, sent at once."""
+        """``emit(index, value)`` for a generator call: stored like a result, sent at once.
+        Refs nested in items are pinned (their owners keep them to the end, docs/objects.md)."""
         def emit(index: int, value: Any) -> None:
-            result = self.pack_results(f"{task_id}.{index}", value, 1)[0]
+            result = self.pack_results(f"{task_id}.{index}", value, 1, None)[0][0]
             peer.reply(P.GeneratorItem(task_id, index, result).to_msg())
         return emit
 
-    def pack_results(self, task_id: str, result: Any, nret: int) -> list:
-        """``[kind, payload]`` per return value; large ones stay in this worker's store."""
+    def pack_results(self, task_id: str, result: Any, nret: int,
+                     caller: str | None) -> tuple[list, list | None]:
+        """``([kind, payload] per return value, nested)``; large values stay in this worker's
+        store.  Counted refs nested in a value are lent to ``caller`` via that result
+        (``nested``: ``TaskDone.refs``'s), or pinned when ``caller`` is ``None``."""
         if nret <= 1:
             values, ids = [result], [task_id]
         else:
             values = _split_returns(result, nret)
             ids = [f"{task_id}.{i}" for i in range(nret)]
         out = []
+        nested = None
+        objects = self.runtime.objects
         for oid, value in zip(ids, values):
-            payload = dumps_value(value)
+            payload, _refs, counted = pack_counting(dumps_value, value)
+            if counted:
+                if caller is None:
+                    objects.pin(counted)
+                else:
+                    objects.lend(counted, caller, oid)
+                    if nested is None:
+                        nested = []
+                    nested.append([oid, [[i, o] for i, o in counted.items()]])
             if type(payload) is Frames or len(payload) > self.inline_limit:
                 self.keep(oid, payload)
                 out.append([P.LOCATION, self.worker.address])
             else:
                 out.append([P.VALUE, payload])
-        return out
+        return out, nested
 
     def keep(self, object_id: str, payload: Any) -> None:
         """Keep a large value here for its owner: written once to the node's shared store."""
@@ -504,6 +544,7 @@ class WorkerAgent:
         return await self.runtime.handle_fetch(object_id, timeout)
 
     def free_objects(self, object_ids: list[str]) -> None:
+        """``FREE_OBJECTS``: their owner freed them (docs/objects.md, when a value is freed)."""
         for oid in object_ids:
             self.drop_local_copy(oid)
 
@@ -516,6 +557,18 @@ class WorkerAgent:
         """
         self.store.pop(object_id, None)
         drop_local_copy(object_id)
+
+    def wait_refs_removed(self, sender: str, items: list) -> None:
+        """:class:`P.WaitRefsRemoved`: an owner polls this process as borrower."""
+        self.runtime.wait_refs_removed(sender, items)
+
+    def refs_removed(self, sender: str, items: list) -> None:
+        """:class:`P.RefsRemoved`: a borrower of this process's objects answers."""
+        self.runtime.refs_removed(sender, items)
+
+    def add_borrower(self, items: list) -> list:
+        """:class:`P.AddBorrower`."""
+        return self.runtime.handle_add_borrower(items)
 
     def worker_lost(self, worker: str) -> None:
         self.runtime.worker_lost(worker)

@@ -41,6 +41,7 @@ class HostedInstance:
         self.init_error: bytes | None = None
         self.stopped: str | None = None
         self.pending: dict[str, Any] = {}  # call id -> peer, for calls not answered yet
+        self.borrowed: dict[str, list] = {}  # call id -> refs its arguments lent (TaskDone.refs)
         self.calls_done = 0
         # calls that came before __init__ finished: handed to the executor by _construct
         self._gate = threading.Lock()
@@ -120,8 +121,9 @@ class HostedInstance:
                 if checkpoint is not None:
                     self.obj = loads(checkpoint)
                 else:
-                    args, kwargs = unpack_args(self.spec["args"],
-                                               [loads(p) for p in self.agent.payloads(deps)])
+                    args, kwargs = unpack_args(
+                        self.spec["args"],
+                        [self.agent.load_value(p) for p in self.agent.payloads(deps)])
                     self.obj = cls(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - every call will report it
             self.init_error = dumps(RemoteError.from_exception(e, user_traceback()))
@@ -171,8 +173,9 @@ class HostedInstance:
             name = f"{self.cls_name}.{msg['method']}"
             start = rec.begin(name, call_id)
         try:
-            args, kwargs = unpack_args(msg["args"],
-                                       [loads(p) for p in self.agent.payloads(msg["deps"])])
+            (args, kwargs), borrowed = self.agent.unpack_call(msg)
+            if borrowed:  # reported with the answer (TaskDone.refs)
+                self.borrowed[call_id] = borrowed
             fn = getattr(self.obj, msg["method"])
             with self._context():
                 result = fn(*args, **kwargs)
@@ -232,15 +235,19 @@ class HostedInstance:
         self._answer_result(call_id, result, nret)
 
     def _answer_result(self, call_id: str, result: Any, nret: int) -> None:
+        peer = self.pending.get(call_id)
         try:
-            results = self.agent.pack_results(call_id, result, nret)
+            results, nested = self.agent.pack_results(
+                call_id, result, nret, getattr(peer, "caller", None))
         except BaseException as e:  # noqa: BLE001
             return self._answer_error(call_id, e)
-        self._answer(P.TaskDone(call_id, results=results))
+        self._answer(P.TaskDone(call_id, results=results, refs=self.agent.refs_report(
+            self.borrowed.pop(call_id, None), nested)))
 
     def _answer_error(self, call_id: str, exc: BaseException) -> None:
         self._answer(P.TaskDone(
-            call_id, error=dumps(RemoteError.from_exception(exc, user_traceback()))))
+            call_id, error=dumps(RemoteError.from_exception(exc, user_traceback())),
+            refs=self.agent.refs_report(self.borrowed.pop(call_id, None), None)))
 
     def _answer(self, done: P.TaskDone) -> None:
         peer = self.pending.pop(done.task_id, None)

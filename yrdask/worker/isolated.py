@@ -729,9 +729,11 @@ class IsolatedHost:
         (a method call's large arguments come as locations: on this node, they are there)."""
         return [payload if kind == P.VALUE else _stored(oid) for oid, kind, payload in deps]
 
-    def pack_results(self, task_id: str, result: Any, nret: int) -> list:
+    def pack_results(self, task_id: str, result: Any, nret: int,
+                     caller: str | None = None) -> tuple[list, None]:
         """Small values go back in the reply; large ones are written to the node's store
-        here (the agent records them: :func:`keep_large`), not sent through the socket."""
+        here (the agent records them: :func:`keep_large`), not sent through the socket.
+        A child counts no refs (it holds none, docs/objects.md): ``nested`` is ``None``."""
         from yrdask.runtime.store import node_store
 
         values = [result] if nret <= 1 else split_returns(result, nret)
@@ -744,7 +746,17 @@ class IsolatedHost:
                 out.append([P.STORED, None])
             else:
                 out.append([P.VALUE, payload])
-        return out
+        return out, None
+
+    def unpack_call(self, msg: dict) -> tuple[tuple, list]:
+        """``((args, kwargs), borrowed)`` of a method call; a child reports no borrowing."""
+        return unpack_args(msg["args"], [self.load_value(p) for p in self.payloads(msg["deps"])]), []
+
+    def refs_report(self, borrowed: Any, nested: Any) -> None:
+        return None
+
+    def load_value(self, payload: Any) -> Any:
+        return loads(payload)
 
     def report_state(self, instance_id: str, state: str, error: bytes | None) -> None:
         self.loop.call_soon_threadsafe(self._built.set_result, error)
@@ -752,7 +764,7 @@ class IsolatedHost:
     def item_sender(self, peer: Any, task_id: str) -> Any:
         """``emit(index, value)`` for a generator method: each value goes to the agent."""
         def emit(index: int, value: Any) -> None:
-            result = self.pack_results(f"{task_id}.{index}", value, 1)[0]
+            result = self.pack_results(f"{task_id}.{index}", value, 1)[0][0]
             peer.reply(P.GeneratorItem(task_id, index, result).to_msg())
         return emit
 
@@ -795,7 +807,7 @@ class IsolatedHost:
             a, kw = unpack_args(args, [loads(p) for p in self.payloads(deps)])
             with task_context(lease_id, owner), task_prints_to(log_to, name):
                 result = func(*a, **kw)
-            results = self.pack_results(task_id, result, nret)
+            results = self.pack_results(task_id, result, nret)[0]
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             err = dumps(RemoteError.from_exception(e, user_traceback()))
             return P.TaskDone(task_id, error=err, retryable=True).to_msg()

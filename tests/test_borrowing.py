@@ -1,0 +1,141 @@
+"""Borrowers counted (issue 18; docs/objects.md "When a value is freed").
+
+Refs nested in results, arguments and instance state are counted with Ray's ownership
+protocol: a value lives while its owner or any borrower holds it, and is then freed with the
+copy a worker keeps.  These tests read every process's object table and worker store (a Dask
+client runs the probe in each worker), so "flat memory" is counted, not guessed from RSS.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import distributed
+import numpy as np
+import pytest
+
+import yrdask as yr
+from conftest import wait_until
+from yrdask.runtime.context import installed_runtime
+
+pytestmark = pytest.mark.timeout(180)
+
+T = 60
+MB4 = 4 << 20
+
+
+@pytest.fixture
+def borrow_cluster(cluster):
+    active = cluster(kind="embedded", num_cpus=2)
+    with distributed.Client(active.address, set_as_default=False, timeout=30) as client:
+        yield client
+
+
+def probe() -> dict:
+    """This process's live object entries, counter records and worker-store copies."""
+    from yrdask.runtime.context import installed_runtime as rt_of
+
+    rt = rt_of()
+    figures = rt.objects.figures()
+    figures["store"] = len(rt.agent.store) if rt.agent is not None else 0
+    return figures
+
+
+def live(client: distributed.Client) -> dict:
+    """``{process: entries + records + store copies}`` for the driver and every worker."""
+    everyone = {"driver": installed_runtime().objects.figures() | {"store": 0}}
+    everyone.update(client.run(probe))
+    return {k: f["entries"] + f["owned"] + f["borrowed"] + f["store"] for k, f in everyone.items()}
+
+
+@yr.invoke
+def nested_put():
+    return [yr.put(np.zeros(MB4, dtype=np.uint8))]
+
+
+@yr.invoke
+def large_result():
+    return np.ones(MB4, dtype=np.uint8)
+
+
+@yr.invoke
+def nested_put_and_pid():
+    return [yr.put(np.zeros(MB4, dtype=np.uint8))], os.getpid()
+
+
+@yr.invoke(return_nums=2)
+def large_and_pid(seed):
+    return np.full(MB4, seed, dtype=np.uint8), os.getpid()
+
+
+@yr.instance
+class Keeper:
+    def __init__(self) -> None:
+        self.kept = None
+
+    def keep(self, refs: list) -> int:
+        self.kept = refs
+        return len(refs)
+
+    def total(self) -> int:
+        return int(sum(yr.get(r, T).sum() for r in self.kept))
+
+    def drop(self) -> None:
+        self.kept = None
+
+
+def test_nested_refs_read_kept_and_dropped_leave_nothing_behind(borrow_cluster):
+    """The issue's pattern: a task returns ``[put(4 MB)]``, the driver reads it and an
+    instance keeps it until the next one comes; 300 rounds hold at most a few objects."""
+    keeper = Keeper.invoke()
+    peaks = []
+    for i in range(300):
+        outer = nested_put.invoke()
+        refs = yr.get(outer, T)
+        assert yr.get(refs[0], T).nbytes == MB4
+        assert yr.get(keeper.keep.invoke(refs), T) == 1
+        del outer, refs
+        if i % 60 == 59:
+            peaks.append(sum(live(borrow_cluster).values()))
+    # the instance keeps one value: its entries and records, nothing that grows per round
+    assert max(peaks) <= 8, peaks
+    yr.get(keeper.drop.invoke(), T)
+    wait_until(lambda: sum(live(borrow_cluster).values()) == 0, 30,
+               lambda: f"every table and store empty, not {live(borrow_cluster)}")
+    keeper.terminate(is_sync=True)
+
+
+def test_a_lent_result_outlives_the_callers_ref_then_its_copy_is_freed(borrow_cluster):
+    keeper = Keeper.invoke()
+    big = large_result.invoke()  # kept in its worker's store
+    assert yr.get(keeper.keep.invoke([big]), T) == 1
+    del big  # the driver lets go; the instance still borrows it
+    assert yr.get(keeper.total.invoke(), T) == MB4
+    stores = lambda: sum(f["store"] for f in borrow_cluster.run(probe).values())  # noqa: E731
+    assert stores() == 1
+    yr.get(keeper.drop.invoke(), T)
+    wait_until(lambda: stores() == 0, 30, "the worker's copy freed after the last borrower")
+    keeper.terminate(is_sync=True)
+
+
+def test_a_result_outlives_the_worker_that_made_it_on_its_node(borrow_cluster):
+    """The worker keeping a large result is killed after its task ended: the value is still
+    in the node's store, so it is read from there (nothing is lost, nothing runs again)."""
+    value, pid = large_and_pid.invoke(3)
+    os.kill(yr.get(pid, T), signal.SIGKILL)  # the worker keeping the 4 MB result
+    got = yr.get(value, T)
+    assert got.nbytes == MB4 and int(got[0]) == 3
+    wait_until(lambda: len(borrow_cluster.scheduler_info()["workers"]) == 2, 60,
+               "the killed worker back under its nanny")
+
+
+def test_a_borrower_reading_after_its_owner_died_gets_owner_died_error(borrow_cluster):
+    refs, pid = yr.get(nested_put_and_pid.invoke(), T)
+    os.kill(pid, signal.SIGKILL)  # the worker owning the put value
+    with pytest.raises(yr.errors.OwnerDiedError) as err:
+        yr.get(refs[0], T)
+    assert isinstance(err.value, yr.errors.ObjectLostError)
+    assert refs[0].id in str(err.value) and "owner" in str(err.value)
+    wait_until(lambda: len(borrow_cluster.scheduler_info()["workers"]) == 2, 60,
+               "the killed worker back under its nanny")
