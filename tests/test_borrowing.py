@@ -133,6 +133,8 @@ def test_a_result_outlives_the_worker_that_made_it_on_its_node(borrow_cluster):
 def test_a_borrower_reading_after_its_owner_died_gets_owner_died_error(borrow_cluster):
     refs, pid = yr.get(nested_put_and_pid.invoke(), T)
     os.kill(pid, signal.SIGKILL)  # the worker owning the put value
+    # until the loss is known a read may still map the node's copy; from then on, Ray's rule
+    wait_until(refs[0].is_exception, 60, "the driver told of its owner's death")
     with pytest.raises(yr.errors.OwnerDiedError) as err:
         yr.get(refs[0], T)
     assert isinstance(err.value, yr.errors.ObjectLostError)
