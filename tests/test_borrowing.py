@@ -88,7 +88,10 @@ class Keeper:
 def test_nested_refs_read_kept_and_dropped_leave_nothing_behind(borrow_cluster):
     """The issue's pattern: a task returns ``[put(4 MB)]``, the driver reads it and an
     instance keeps it until the next one comes; 300 rounds hold at most a few objects."""
+    from yrdask.runtime.store import node_store
+
     keeper = Keeper.invoke()
+    shm_before = node_store().used()
     peaks = []
     for i in range(300):
         outer = nested_put.invoke()
@@ -103,6 +106,9 @@ def test_nested_refs_read_kept_and_dropped_leave_nothing_behind(borrow_cluster):
     yr.get(keeper.drop.invoke(), T)
     wait_until(lambda: sum(live(borrow_cluster).values()) == 0, 30,
                lambda: f"every table and store empty, not {live(borrow_cluster)}")
+    # and the node's shared memory holds none of the 300 values (1.2 GB put in all)
+    wait_until(lambda: node_store().used() <= shm_before, 30,
+               lambda: f"the node's store back to {shm_before} bytes, not {node_store().used()}")
     keeper.terminate(is_sync=True)
 
 
