@@ -14,7 +14,7 @@ import cloudpickle
 import pytest
 
 from yrdask import protocol as P
-from yrdask.serialization import dumps, dumps_value, loads, pack_args, wire
+from yrdask.serialization import dumps, dumps_value, loads, pack_args, unpack_args, wire
 from yrdask.worker.hosting import HostedInstance
 
 pytestmark = pytest.mark.timeout(30)
@@ -29,8 +29,17 @@ class _Agent:
     def payloads(self, deps: list) -> list:
         return []
 
-    def pack_results(self, task_id: str, result, nret: int) -> list:
-        return [[P.VALUE, wire(dumps_value(result))]]
+    def pack_results(self, task_id: str, result, nret: int, caller=None) -> tuple:
+        return [[P.VALUE, wire(dumps_value(result))]], None
+
+    def unpack_call(self, msg: dict) -> tuple:
+        return unpack_args(msg["args"], []), []
+
+    def load_value(self, payload):  # pragma: no cover - no ref arguments here
+        return loads(payload)
+
+    def refs_report(self, borrowed, nested) -> None:
+        return None
 
     def report_state(self, instance_id: str, state: str, error) -> None:
         self.alive.set()

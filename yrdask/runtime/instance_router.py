@@ -66,8 +66,8 @@ class InstanceRouter:
         if error is None:
             spec["deps"] = [dep_of(ref) for ref in dep_refs]
             for ref in dep_refs:  # a restart reads them again, whenever: keep them
-                if ref._entry.stored:
-                    ref._entry.escaped = True
+                if ref._entry.stored or ref._entry.state == P.LOCATION:
+                    self.rt.objects.pin({ref._id: ref._entry.owner or self.rt.address})
         else:
             del self.specs[iid]
         self._do(self.order.handle(C.CreateDepsReady(iid, iid, error)))
