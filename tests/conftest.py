@@ -102,6 +102,17 @@ def wait_for_file(path: str, timeout: float = 60) -> None:
         time.sleep(0.01)
 
 
+def spin(ms: float) -> int:
+    """Busy CPU for ``ms`` milliseconds, inside a task: wide enough to see on Dask's Task
+    Stream and to be sampled by its profiler (which counts each sample on the caller of the
+    deepest Python frame, so callers name the work)."""
+    end = time.perf_counter() + ms / 1000
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
 def _tail(path: pathlib.Path, n: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])

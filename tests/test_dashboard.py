@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 import yrdask as yr
-from conftest import CORE_KINDS, Greeter, pending_greeter, wait_for_file, wait_until
+from conftest import CORE_KINDS, Greeter, pending_greeter, spin, wait_for_file, wait_until
 from yrdask.runtime.context import current_runtime
 from yrdask.cli import fetch_cluster_info
 
@@ -53,15 +53,6 @@ def crunch(ms: float) -> int:
     """Busy for ``ms`` milliseconds: wide enough to see on the Task Stream and to be
     sampled by Dask's profiler."""
     return spin(ms)
-
-
-def spin(ms: float) -> int:
-    """(Dask's profiler counts a sample on the caller of the deepest Python frame.)"""
-    end = time.perf_counter() + ms / 1000
-    n = 0
-    while time.perf_counter() < end:
-        n += 1
-    return n
 
 
 @yr.instance

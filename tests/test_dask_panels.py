@@ -10,7 +10,6 @@ kinds.
 from __future__ import annotations
 
 import os
-import time
 
 import dask
 import pytest
@@ -18,7 +17,7 @@ from dask.utils import key_split
 from distributed import Client
 
 import yrdask as yr
-from conftest import CORE_KINDS, wait_until
+from conftest import CORE_KINDS, spin, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -29,15 +28,6 @@ T = 60
 def spin_a_while(ms: float) -> int:
     """Busy for ``ms`` milliseconds (for the profiler's 10 ms samples)."""
     return spin(ms)
-
-
-def spin(ms: float) -> int:
-    """(Dask's profiler counts each sample on the caller of the deepest Python frame.)"""
-    end = time.perf_counter() + ms / 1000
-    n = 0
-    while time.perf_counter() < end:
-        n += 1
-    return n
 
 
 @yr.invoke

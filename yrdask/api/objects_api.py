@@ -9,8 +9,8 @@ from yrdask.runtime.objects import MAX_TIMEOUT, ObjectRef
 from yrdask.runtime.objects import check_live as _check_live
 from yrdask.runtime.objects import check_timeout as _check_timeout
 from yrdask.runtime.context import current_runtime
-from yrdask.errors import YRRuntimeError, YRTypeError, YRValueError
-from yrdask.serialization import dumps_value, unpicklable
+from yrdask.errors import YRTypeError, YRValueError
+
 
 def put(obj: Any, create_param: Any = None) -> ObjectRef:
     """Store ``obj`` in the cluster's object store; returns its ObjectRef.

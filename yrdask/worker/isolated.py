@@ -48,7 +48,7 @@ from yrdask import protocol as P
 from yrdask.errors import (CallCrashedError, InstanceDiedError, RemoteError, YRRuntimeError,
                            YRValueError, describe_exit, user_traceback)
 from yrdask.runtime.call_order import may_redeliver
-from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
+from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args
 
 logger = logging.getLogger("yrdask.worker")
 
