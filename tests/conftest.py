@@ -152,6 +152,23 @@ def _stop_process(proc: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> None
     psutil.wait_procs(alive, timeout=5)
 
 
+def named_semaphores(pids: list[int]) -> tuple[set[str], set[str]]:
+    """The ``/dev/shm/sem.mp-*`` semaphores the processes ``pids`` have open: (all of them,
+    those whose name is still in /dev/shm).  Scoped to our processes: other programs on the
+    machine may make and drop their own semaphores meanwhile."""
+    mapped: set[str] = set()
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/maps") as maps:
+                for line in maps:
+                    path = line.split(None, 5)[-1].strip()
+                    if path.startswith("/dev/shm/sem.mp-"):
+                        mapped.add(path.split(" ")[0])
+        except OSError:
+            pass
+    return mapped, {m for m in mapped if os.path.exists(m)}
+
+
 @dataclasses.dataclass
 class WorkerProc:
     """One ``dask worker`` subprocess started by the suite."""

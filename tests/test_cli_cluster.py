@@ -138,3 +138,52 @@ def test_init_finalize_loop(cluster, kind):
         finally:
             yr.finalize()
         assert not yr.is_initialized()
+
+
+def test_sigkilled_worker_tree_leaves_no_semaphores(tmp_path):
+    """A ``dask worker --preload yrdask`` nanny's queue semaphores lose their /dev/shm names
+    once its worker process runs (and again for the process it restarts), so a SIGKILL of the
+    whole tree, resource tracker included, strands none of them (docs/deploy.md)."""
+    import signal
+    import time
+
+    import psutil
+    from conftest import CliCluster, named_semaphores
+
+    def worker_process(nanny: psutil.Process, not_pid: int = 0) -> psutil.Process | None:
+        for child in nanny.children():
+            try:
+                if "spawn_main" in " ".join(child.cmdline()) and child.pid != not_pid:
+                    return child
+            except psutil.Error:
+                pass
+        return None
+
+    def names_once_running(nanny: psutil.Process, not_pid: int = 0) -> tuple[int, set[str]]:
+        deadline = time.monotonic() + 60
+        while True:  # the nanny unlinks the names once its worker process reported back
+            child = worker_process(nanny, not_pid)
+            mapped, named = named_semaphores([child.pid] if child else [])
+            if len(mapped) >= 6 and not named:
+                return child.pid, mapped
+            assert time.monotonic() < deadline, (
+                f"the nanny's worker process {child} maps {sorted(mapped)}; still named in "
+                f"/dev/shm: {sorted(named)}")
+            time.sleep(0.1)
+
+    cli = CliCluster.start([{}], tmp_path / "cli")
+    try:
+        nanny = psutil.Process(cli.workers[0].proc.pid)
+        first, mapped = names_once_running(nanny)
+        os.kill(first, signal.SIGKILL)  # the nanny starts a new worker process, new queues
+        _, mapped_again = names_once_running(nanny, not_pid=first)
+        assert not mapped & mapped_again
+        tree = [nanny, *nanny.children(recursive=True)]
+        for p in tree:
+            p.send_signal(signal.SIGKILL)
+        psutil.wait_procs(tree, timeout=10)
+        cli.workers[0].proc.wait(10)
+        left = sorted(m for m in mapped | mapped_again if os.path.exists(m))
+        assert not left, f"a SIGKILLed worker tree left {left} in /dev/shm"
+    finally:
+        cli.stop()

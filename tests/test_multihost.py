@@ -232,6 +232,9 @@ class Hosts:
             tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         except psutil.NoSuchProcess:
             tree = []
+        from conftest import named_semaphores
+
+        mapped, _ = named_semaphores([p.pid for p in tree])
         for p in tree:
             try:
                 p.send_signal(signal.SIGKILL)
@@ -239,6 +242,8 @@ class Hosts:
                 pass
         psutil.wait_procs(tree, timeout=10)
         proc.wait(10)
+        left = sorted(m for m in mapped if os.path.exists(m))  # the "hosts" share /dev/shm
+        assert not left, f"SIGKILLing {name}'s process tree left {left} in /dev/shm"
 
     def tail(self, name: str, n: int = 30) -> str:
         try:

@@ -46,14 +46,17 @@ class YrWorkerPlugin(WorkerPlugin):
 
 class YrNannyPlugin(NannyPlugin):
     """Tells the scheduler how each worker process of its nanny ended (exit code or signal),
-    so that errors about work lost with it can say why (``WORKER_EXITED``)."""
+    so that errors about work lost with it can say why (``WORKER_EXITED``); and unlinks the
+    names of the nanny's queue semaphores once each worker process runs (nanny_sems)."""
 
     name = "yrdask-nanny"
     idempotent = True
 
     async def setup(self, nanny: Any) -> None:
         from yrdask import protocol as P
+        from yrdask.worker import nanny_sems
 
+        nanny_sems.install(nanny)  # no /dev/shm semaphore names a SIGKILL could strand
         original = nanny._on_worker_exit_sync  # what each new worker process calls at exit
         if getattr(original, "_yrdask", False):
             return
