@@ -229,7 +229,14 @@ class Runtime:
             except Exception:
                 pass
 
-        self.on_loop(lambda: self.loop.create_task(free()))
+        def start() -> None:
+            coro = free()
+            try:
+                self.loop.create_task(coro)
+            except RuntimeError:  # a ref dropped as the runtime's loop closes: nothing to free
+                coro.close()
+
+        self.on_loop(start)
 
     # -- reference counting messages (runtime/refcount.py) ---------------------------------
 

@@ -293,10 +293,13 @@ class Submitter:
             handled.append(oid)
             bound = self.machine.max_crash_retries if task.max_crashes is None else task.max_crashes
             if bound != -1 and task.rebuilt >= bound and task.task_id not in again:
+                why = ("yrdask.scheduling.max-task-crashes" if task.max_crashes is None
+                       else "the task's max_retries")
                 entry.lose(ObjectLostError(
-                    f"object {oid} was lost with worker {worker}, and its task {task.name} "
-                    f"({task.task_id}) was already run again {task.rebuilt} times to rebuild "
-                    "results (its bound of reruns after lost workers); raise max_retries"))
+                    f"object {oid} was lost with worker {worker}, which kept its value, and "
+                    f"its task {task.name} ({task.task_id}) may not run again to rebuild it: "
+                    f"it was rerun {task.rebuilt} times after lost workers, and {why}={bound} "
+                    "allows no more; raise it to have lost results computed again"))
                 continue
             entry.lose(None)  # pending again: readers wait for the rerun
             again[task.task_id] = task
