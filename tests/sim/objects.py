@@ -1,10 +1,11 @@
 """The object world: borrowers counted across processes (``yrdask/runtime/refcount.py``).
 
-Several processes, each with a real :class:`RefCounter`, put objects, call each other with
-refs in the arguments, return refs nested in results, keep refs (instance state), read
-results and drop refs, while the wire delays, reorders and duplicates the protocol
-messages and processes die.  The world keeps the *truth* (which process really holds which
-ref, which refs travel inside undelivered messages) and checks after every step:
+Several processes, each with a real :class:`RefCounter`, put objects, call each other (and
+themselves: a task calling an instance on its own worker) with refs in the arguments,
+return refs nested in results, keep refs (instance state), read results and drop refs,
+while the wire delays, reorders and duplicates the protocol messages and processes die.
+The world keeps the *truth* (which process really holds which ref, which refs travel
+inside undelivered messages) and checks after every step:
 
 * **safe**: no object is freed while a live process holds it, a live value holds it, or a
   message to a live process carries it;
@@ -168,9 +169,10 @@ class ObjectWorld:
         if roll < 0.12 or not self.mine(p):
             self.put(p)
         elif roll < 0.30:
-            q = rng.choice(procs)
-            if q is not p:
-                self.call(p, q)
+            # a call to this very process too: a task submitting to its own worker, or an
+            # instance hosted there (the LocalChannel); refs nested in its result are lent
+            # to the process that lends them
+            self.call(p, rng.choice(procs))
         elif roll < 0.42:
             self.user_drop(p, rng.choice(self.mine(p)))
         elif roll < 0.48:
@@ -289,7 +291,8 @@ class ObjectWorld:
         for o in nested:
             if self.owner[o] != msg.src:
                 q.lent_on.add(o)
-            self.feed(q, R.Lent(f"pack-{tid}", o, msg.src, tid, self.owner[o], True))
+            self.feed(q, R.Lent(f"pack-{tid}", o, msg.src, tid, self.owner[o], True,
+                                tid in q.table))
         for o in frame:
             self.drop_ref(q, o)  # the call's frame ends
         self.send("done", q.name, msg.src, (tid, tuple(borrowed), tuple(nested)))
@@ -346,10 +349,13 @@ class ObjectWorld:
                     for oid in inner:
                         need(oid, f"{p.name}'s value {outer} holds it")
         for m in self.wire:
-            if self.procs[m.dst].alive and m.kind in ("run", "done"):
+            if self.procs[m.dst].alive and m.kind == "run":
                 for oid in m.body[1]:
-                    if m.kind == "run":
-                        need(oid, f"a call to {m.dst} carries it")
+                    need(oid, f"a call to {m.dst} carries it")
+            elif self.procs[m.dst].alive and m.kind == "done" and m.body[0] in self.tasks \
+                    and m.body[0] in self.procs[m.dst].table:  # its caller may read it
+                for oid in m.body[2]:
+                    need(oid, f"the result {m.body[0]} to {m.dst} carries it")
         for p in self.live():
             try:
                 p.machine.validate()

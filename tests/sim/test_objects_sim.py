@@ -63,3 +63,17 @@ def test_harness_catches_a_borrower_of_a_borrower_never_registered(monkeypatch):
     monkeypatch.setattr(R.RefCounter, "_lent", forgetful)
     message = _first_failure()
     assert message is not None and "freed" in message
+
+
+def test_harness_catches_a_ref_returned_to_its_own_process_freed_with_the_frame(monkeypatch):
+    """A call to this very process (a task calling an instance on its own worker) returns a
+    ref nested in its result: ignoring that lend frees the ref before the result is read."""
+    orig = R.RefCounter._lent
+
+    def ignore_self(self, ev, out):
+        if ev.borrower != self.address:
+            orig(self, ev, out)
+
+    monkeypatch.setattr(R.RefCounter, "_lent", ignore_self)
+    message = _first_failure()
+    assert message is not None and "freed" in message

@@ -132,3 +132,39 @@ def test_story_names_the_object():
     w = R.RefCounter("W")
     w.handle(R.Lent("pack", "r", "C", via="x", held=True))
     assert "SendWait" in w.story("r") and "Lent" in w.story("r")
+
+
+def test_a_ref_returned_to_a_call_of_this_very_process_stays_with_its_result():
+    """A task calls an instance on its own worker (no socket): the method returns r (made
+    there) nested in result x, owned by the same process; r must outlive the method's frame
+    until x goes, as if x's value held it (random trees: ``spawn``)."""
+    w = R.RefCounter("W")
+    w.handle(R.LocalRefs("put", "r", True))  # the method's ref (a pending task result)
+    assert w.handle(R.Lent("pack", "r", "W", via="x", held=True, via_alive=True)) == []
+    assert w.handle(R.LocalRefs("frame-ended", "r", False)) == []  # x holds it
+    w.handle(R.Contains("task-done", "x", (("r", None, False),)))  # TaskDone: idempotent
+    w.validate()
+    out = w.handle(R.LocalRefs("drop", "x", False))
+    assert [i.object_id for i in of(out, R.FreeObject)] == ["x", "r"]
+    assert w.refs == {}
+
+
+def test_a_borrowed_ref_returned_to_this_very_process_is_not_answered_early():
+    """The same with r owned elsewhere (O): the poll O sent is answered when x goes."""
+    w = R.RefCounter("W")
+    w.handle(R.LocalRefs("unpickled", "r", True, owner="O"))
+    assert w.handle(R.WaitReceived("wire", "r", "O", 1)) == []
+    w.handle(R.Lent("pack", "r", "W", via="x", owner="O", held=True, via_alive=True))
+    assert w.handle(R.LocalRefs("frame-ended", "r", False)) == []
+    out = w.handle(R.LocalRefs("drop", "x", False))
+    assert of(out, R.SendRemoved) == [R.SendRemoved("drop", "O", "r", 1)]
+    assert w.refs == {}
+
+
+def test_a_ref_returned_to_this_process_for_a_result_nobody_holds_is_freed():
+    w = R.RefCounter("W")
+    w.handle(R.LocalRefs("put", "r", True))
+    assert w.handle(R.Lent("pack", "r", "W", via="x", held=True, via_alive=False)) == []
+    out = w.handle(R.LocalRefs("frame-ended", "r", False))
+    assert of(out, R.FreeObject) == [R.FreeObject("frame-ended", "r")]
+    assert w.refs == {}

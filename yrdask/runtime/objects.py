@@ -542,11 +542,13 @@ class ObjectTable:
     def lend(self, counted: dict, to: str, via: str | None = None) -> None:
         """``to`` holds the refs ``counted`` (``{id: owner}``) now, from this process."""
         with REFS_LOCK:
+            via_alive = via is not None and via in self.entries  # lent to itself: its result
             for oid, owner in counted.items():
                 entry = self.entries.get(oid)
                 held = entry is not None and entry.refs > 0
                 self._handle(RC.Lent("lent", oid, to, via,
-                                     None if owner == self.runtime.address else owner, held))
+                                     None if owner == self.runtime.address else owner, held,
+                                     via_alive))
 
     def contains(self, outer: str, inner: Any) -> None:
         """The value of ``outer`` (ours, alive) holds ``inner``: ``[(id, owner), ...]``."""

@@ -23,6 +23,9 @@ borrowers, ``WaitForRefRemoved``), reduced to what yrdask needs:
   (:class:`SendAddBorrower`, ``AddBorrower``) and keeps holding the ref until the owner
   answered (:class:`AddAcked`): Ray's borrower-of-borrower, told at once rather than with
   the borrower's own removal, so no later message can overtake it.
+* A ref lent to this very process nested in a result (a task calling an instance on its own
+  worker, no socket in between) is held by that result as by :class:`Contains`, from the
+  moment it is packed: the call's frame drops its ref before the result's ``TaskDone`` is read.
 * The owner polls a borrower each time it learns of it: :class:`SendWait`
   (``WaitRefsRemoved``) with a sequence number; the borrower answers each poll once
   (:class:`SendRemoved`, ``RefsRemoved``) when it holds the ref no longer, locally, through
@@ -68,6 +71,7 @@ class Lent(Event):
     via: str | None = None
     owner: str | None = None  # the object's owner (None: this process)
     held: bool = False  # live refs of it exist here (a record is made if none exists)
+    via_alive: bool = False  # ``via`` is alive here (its entry exists): for a lend to itself
 
 
 @dataclass(frozen=True)
@@ -286,7 +290,16 @@ class RefCounter:
             self._check(ev.object_id, rec, ev.stimulus_id, out)
 
     def _lent(self, ev: Lent, out: list) -> None:
-        if ev.borrower == self.address or ev.borrower in self.dead:
+        if ev.borrower == self.address:
+            # lent to this very process (a call it made to itself: a task or an instance on
+            # its own worker): nested in the result ``via`` (ours), the ref must stay with
+            # that result as if its value held it, or it would be freed (or its polls
+            # answered) when the call's frame drops it, before the result is read here
+            if ev.via is not None and ev.via_alive:
+                self._contains(Contains(ev.stimulus_id, ev.via,
+                                        ((ev.object_id, ev.owner, ev.held),)), out)
+            return
+        if ev.borrower in self.dead:
             return
         rec = self.refs.get(ev.object_id)
         if rec is None:
