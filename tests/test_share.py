@@ -95,3 +95,27 @@ def test_yr_and_dask_tasks_share_each_workers_thread(cluster, tmp_path: pathlib.
     # ... and never more of them at once than a worker's one thread
     peaks = {pid: most_at_once(r["yr"] + r["dask"]) for pid, r in per_worker.items()}
     assert max(peaks.values()) == 1, peaks
+
+
+def dask_waits_on_yr(folder: str, i: int) -> int:
+    """A Dask task that waits in ``yr.get`` for a yr task: it lends its share meanwhile."""
+    return yr.get(yr_busy.options(yr.InvokeOptions(cpu=1000)).invoke(folder, i), T) + 1
+
+
+def dask_waits_on_dask(i: int) -> int:
+    """A Dask task that waits for another through ``worker_client`` (which secedes)."""
+    from distributed import worker_client
+
+    with worker_client() as wc:
+        return wc.submit(lambda k: k * 10, i, pure=False).result() + 1
+
+
+def test_a_task_waiting_for_the_other_kind_gives_its_share_back(cluster, tmp_path):
+    """Every thread held by a Dask task that waits for yr (yr.get) or for Dask (secede):
+    the work it waits for still gets a thread, on the same one-thread workers."""
+    c = cluster("cli")
+    with Client(c.address, timeout=T) as client:
+        on_yr = client.map(dask_waits_on_yr, [str(tmp_path)] * 4, range(4), pure=False)
+        assert client.gather(on_yr) == [i * i + 1 for i in range(4)]
+        on_dask = client.map(dask_waits_on_dask, range(4), pure=False)
+        assert client.gather(on_dask) == [i * 10 + 1 for i in range(4)]

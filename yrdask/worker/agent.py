@@ -7,7 +7,8 @@ process's yr runtime so code inside tasks can use the whole API (nested calls).
 
 Tasks run on the agent's own thread pool, not Dask's executor: resources are accounted by
 the scheduler's leases, so the pool only has to have a thread for every leased task, plus
-the ones blocked in ``yr.get`` (which lend their CPU back).
+the ones blocked in ``yr.get`` (which lend their CPU back).  What runs at once on the
+worker's threads is shared with Dask's own tasks (:mod:`yrdask.worker.share`).
 """
 
 from __future__ import annotations
