@@ -64,3 +64,19 @@ def test_a_dask_task_lends_its_share_in_yr_get():
     assert share.dask == 1 and len(share.held) == 1
     share.dask_give()
     assert share.dask == 0
+
+
+def test_the_gate_counts_what_yr_takes_of_the_share():
+    """yr's side of the share is the lease gate's count: started, not ended, not lent."""
+    from yrdask.worker import lease_gate as G
+
+    gate = G.LeaseGate()
+    gate.handle(G.TaskArrived("s", "t1", "L", 2, 0.0))
+    gate.handle(G.TaskArrived("s", "t2", "L", 2, 0.0))
+    gate.handle(G.TaskArrived("s", "t3", "L", 2, 0.0))  # waits behind the two
+    assert gate.active() == 2
+    gate.handle(G.SlotLent("s", "L", True))  # t1 or t2 waits in yr.get: t3 starts
+    assert gate.active() == 2 and gate.running() == 3
+    gate.handle(G.TaskEnded("s", "t3"))
+    assert gate.active() == 1
+    gate.validate()

@@ -440,7 +440,7 @@ class Runtime:
                     raise YRRuntimeError(
                         "yr.get would block the yr event loop; use 'await ref' in async code")
                 self._ensure_fetch(ref)
-                if not blocked:
+                if not blocked and (lease_id is not None or self.agent is not None):
                     blocked = self._lend(lease_id, True)
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if not entry.wait(remaining) and not allow_partial:

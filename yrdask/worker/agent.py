@@ -261,8 +261,9 @@ class WorkerAgent:
         Zygote.close_current()
         await self.runtime.close()
         uninstall_worker_runtime(self.runtime)
-        if self._dask_executor is not None:
+        if self._dask_executor is not None:  # Dask's own executor and stimulus handler back
             self.worker.executors["default"] = self._dask_executor
+            self.worker.__dict__.pop("handle_stimulus", None)
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     # -- call channels ---------------------------------------------------------------------
