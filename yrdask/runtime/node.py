@@ -30,4 +30,5 @@ class LocalNode(Protocol):
         """Whether work submitted here should be leased on this worker first."""
 
     def lend_slot(self, holding_id: str, blocked: bool) -> None:
-        """A thread of this lease or instance blocks in ``yr.get`` (or runs again)."""
+        """A thread of this lease or instance blocks in ``yr.get`` (or runs again); ``""``:
+        a thread with no lease (a Dask task), which lends its share of the worker."""

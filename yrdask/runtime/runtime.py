@@ -440,9 +440,8 @@ class Runtime:
                     raise YRRuntimeError(
                         "yr.get would block the yr event loop; use 'await ref' in async code")
                 self._ensure_fetch(ref)
-                if lease_id is not None and not blocked:
-                    blocked = True
-                    self.connector.notify_blocked(lease_id, True)
+                if not blocked and (lease_id is not None or self.agent is not None):
+                    blocked = self._lend(lease_id, True)
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if not entry.wait(remaining) and not allow_partial:
                     raise YRTimeoutError(
@@ -450,8 +449,19 @@ class Runtime:
                         "(raise the timeout, or use timeout=-1 to wait forever)")
         finally:
             if blocked:
-                self.connector.notify_blocked(lease_id, False)
+                self._lend(lease_id, False)
         return [self._value_of(ref) for ref in refs]
+
+    def _lend(self, lease_id: str | None, blocked: bool) -> bool:
+        """A thread waits in ``yr.get``/``yr.wait`` (or runs again): a task's lease lends its
+        CPU; a thread with no lease in a worker (a Dask task) lends its share of the worker."""
+        if lease_id is not None:
+            self.connector.notify_blocked(lease_id, blocked)
+            return True
+        if self.agent is not None:
+            self.agent.lend_slot("", blocked)
+            return True
+        return False
 
     def _value_of(self, ref: ObjectRef) -> Any:
         entry = ref._entry
@@ -585,13 +595,13 @@ class Runtime:
         lease_id = current_lease()
         blocked = False
         try:
-            if lease_id is not None:
+            if lease_id is not None or self.agent is not None:
                 blocked = True  # before the notice: if it raises, the finally still undoes it
-                self.connector.notify_blocked(lease_id, True)
+                self._lend(lease_id, True)
             done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         finally:
             if blocked:
-                self.connector.notify_blocked(lease_id, False)
+                self._lend(lease_id, False)
         ready, not_ready = [], []
         for ref in refs:
             (ready if ref._entry.ready and len(ready) < wait_num else not_ready).append(ref)

@@ -7,7 +7,8 @@ process's yr runtime so code inside tasks can use the whole API (nested calls).
 
 Tasks run on the agent's own thread pool, not Dask's executor: resources are accounted by
 the scheduler's leases, so the pool only has to have a thread for every leased task, plus
-the ones blocked in ``yr.get`` (which lend their CPU back).
+the ones blocked in ``yr.get`` (which lend their CPU back).  What runs at once on the
+worker's threads is shared with Dask's own tasks (:mod:`yrdask.worker.share`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Callable
 import dask
 import psutil
 from distributed.comm.core import CommClosedError
+from distributed.worker_state_machine import SecedeEvent
 from tornado.ioloop import PeriodicCallback
 
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
@@ -47,6 +49,7 @@ from yrdask.worker.isolated import (IsolatedInstance, ProcessDied, ProcessPool, 
 from yrdask.worker.devices import device_isolation, gpu_offer, node_id
 from yrdask.worker.execution import Execution, current_execution
 from yrdask.worker import lease_gate as G
+from yrdask.worker.share import SharedThreadPoolExecutor, WorkerShare
 from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, TaskCrashedError,
                            YRRuntimeError, YRValueError, user_traceback)
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
@@ -124,6 +127,9 @@ class WorkerAgent:
         self.executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="yr-task")
         self.gate = G.LeaseGate()
         self.gate_lock = threading.Lock()  # task threads end tasks and lend slots
+        # the worker's threads, shared with Dask's tasks (share.py); never wired when off,
+        # so its ``dask`` count stays 0 and yr tasks never wait on it
+        self.share = WorkerShare(self.worker.state.nthreads, self._yr_running)
         self.inline_limit = 512 * 1024
         self.instances: dict[str, HostedInstance | IsolatedInstance] = {}
         self.early_calls: dict[str, list] = {}  # calls that beat their START_INSTANCE here
@@ -137,6 +143,9 @@ class WorkerAgent:
         configure_store()  # yrdask.object-store.memory, when this worker's config sets it
         self.runtime = install_worker_runtime(self)
         self.tasks_done = 0
+        self._dask_executor: Any = None
+        if dask.config.get("yrdask.worker.share-threads", True):
+            self._share_with_dask()
         worker.metrics["yr"] = lambda _worker: self.metrics()
         self.recorder: Recorder | None = None
         if dask.config.get("yrdask.dashboard.dask-panels", True):
@@ -169,20 +178,55 @@ class WorkerAgent:
         return P.RegisterWorker(self.worker.address, self.capacity(), P.PROTOCOL_VERSION,
                                 self.node_id, tuple(gpus), shared)
 
+    def _share_with_dask(self) -> None:
+        """Dask's tasks take their thread from :attr:`share` too (docs/scheduling.md, "One
+        share of each worker"): its default executor runs each under a share, and a task
+        that secedes gives its share back when Dask learns of it."""
+        worker, share = self.worker, self.share
+        share.capacity = max(1, int(self.capacity()["CPU"] // 1000))
+        self._dask_executor = worker.executors["default"]
+        worker.executors["default"] = SharedThreadPoolExecutor(self._dask_executor, share)
+        original = worker.handle_stimulus
+
+        def handle_stimulus(*stims: Any) -> None:
+            for stim in stims:
+                if type(stim) is SecedeEvent:
+                    for ident, key in list(worker.active_threads.items()):
+                        if key == stim.key:
+                            share.dask_give(ident)
+            original(*stims)
+
+        worker.handle_stimulus = handle_stimulus
+
+    def _yr_running(self) -> int:
+        """yr tasks started and not blocked in ``yr.get`` (what they take of the share)."""
+        with self.gate_lock:
+            return self.gate.active()
+
     def lend_slot(self, holding_id: str, blocked: bool) -> None:
         """A task of this lease waits in ``yr.get``: let the gate start the next one.
 
         Runs in the task's thread: shielded, so a cancel cannot tear the gate's update.
+        ``holding_id`` ``""``: a thread with no lease (a Dask task) lends its share only.
         """
+        share = self.share
+        if not holding_id:
+            share.dask_lend(blocked)
+            return
         ex = current_execution()
         if ex is None:
             self._gate(G.SlotLent("lend", holding_id, blocked))
-            return
-        ex.shield()
-        try:
-            self._gate(G.SlotLent("lend", holding_id, blocked))
-        finally:
-            ex.unshield()
+        else:
+            ex.shield()
+            try:
+                self._gate(G.SlotLent("lend", holding_id, blocked))
+            finally:
+                ex.unshield()
+        if share.dask and holding_id in self.gate.leases:  # a lease's task, not an instance
+            if blocked:
+                share.yr_freed()
+            else:
+                share.yr_start()  # back from yr.get: waits while Dask uses its thread
 
     def prefers_local(self) -> bool:
         """Local first: ask for leases on this worker while its yr queue is short."""
@@ -217,6 +261,9 @@ class WorkerAgent:
         Zygote.close_current()
         await self.runtime.close()
         uninstall_worker_runtime(self.runtime)
+        if self._dask_executor is not None:  # Dask's own executor and stimulus handler back
+            self.worker.executors["default"] = self._dask_executor
+            self.worker.__dict__.pop("handle_stimulus", None)
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     # -- call channels ---------------------------------------------------------------------
@@ -292,6 +339,8 @@ class WorkerAgent:
         :mod:`yrdask.worker.execution`): it is caught here, the task answers as cancelled,
         and the loop below makes sure the record is disarmed before the bookkeeping runs.
         """
+        if self.share.dask:  # Dask tasks run here: wait for a thread (share.py)
+            self.share.yr_start()
         try:
             reply = self._execute(ex)
         except CancelledError:
@@ -310,6 +359,8 @@ class WorkerAgent:
         if self.tasks.get(ex.task_id) is ex:
             del self.tasks[ex.task_id]
         self._gate(G.TaskEnded("end", ex.task_id))
+        if self.share.dask:
+            self.share.yr_freed()
         try:
             if reply is None:
                 reply = self._error_reply(ex.task_id, CancelledError(

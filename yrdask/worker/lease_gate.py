@@ -124,6 +124,10 @@ class LeaseGate:
         """Tasks started and not ended."""
         return sum(len(lease.running) for lease in self.leases.values())
 
+    def active(self) -> int:
+        """Tasks started, not ended and not blocked in ``yr.get`` (each uses a thread)."""
+        return sum(len(lease.running) - lease.blocked for lease in self.leases.values())
+
     def story_of(self, *keys: str) -> list:
         """The story entries mentioning any task or lease id in ``keys``."""
         return self.story.about(*keys)
