@@ -43,6 +43,8 @@ class HostedInstance:
         self.pending: dict[str, Any] = {}  # call id -> peer, for calls not answered yet
         self.borrowed: dict[str, list] = {}  # call id -> refs its arguments lent (TaskDone.refs)
         self.calls_done = 0
+        # Dask's Task Stream, Progress and Profile (worker/dask_panels.py); none in a child
+        self.recorder = getattr(agent, "recorder", None)
         # calls that came before __init__ finished: handed to the executor by _construct
         self._gate = threading.Lock()
         self.constructed = False
@@ -110,7 +112,7 @@ class HostedInstance:
 
     def _construct(self, deps: list) -> Any:
         """``__init__`` with the creation arguments, or the last checkpoint on a restart."""
-        rec = getattr(self.agent, "recorder", None)  # worker/dask_panels.py
+        rec = self.recorder
         name = f"{self.cls_name}.__init__"
         key_id = self.instance_id.replace("-", "_")  # Dask's key_split stops at "i-"
         start = rec.begin(name, key_id) if rec is not None else 0.0
@@ -143,7 +145,10 @@ class HostedInstance:
         self.pending[call_id] = peer
         job = lambda: self._run_call(peer, msg)  # noqa: E731
         if self.constructed:  # set once, after the early calls went: no lock needed
-            self._submit_live(job)
+            try:  # _submit_live, inlined on the hot path (stopped was checked above)
+                self._submit(job)
+            except RuntimeError:  # the pool shut down or the loop closed meanwhile
+                pass
             return None
         with self._gate:
             if not self.constructed:
@@ -168,7 +173,7 @@ class HostedInstance:
             return None
         if self.init_error is not None:
             return self._answer(P.TaskDone(call_id, error=self.init_error))
-        rec = getattr(self.agent, "recorder", None)  # Dask's Task Stream, Progress and Profile
+        rec = self.recorder  # Dask's Task Stream, Progress and Profile
         if rec is not None:
             name = f"{self.cls_name}.{msg['method']}"
             start = rec.begin(name, call_id)
@@ -241,8 +246,9 @@ class HostedInstance:
                 call_id, result, nret, getattr(peer, "caller", None))
         except BaseException as e:  # noqa: BLE001
             return self._answer_error(call_id, e)
-        self._answer(P.TaskDone(call_id, results=results, refs=self.agent.refs_report(
-            self.borrowed.pop(call_id, None), nested)))
+        borrowed = self.borrowed.pop(call_id, None) if self.borrowed else None
+        refs = self.agent.refs_report(borrowed, nested) if borrowed or nested else None
+        self._answer(P.TaskDone(call_id, results=results, refs=refs))
 
     def _answer_error(self, call_id: str, exc: BaseException) -> None:
         self._answer(P.TaskDone(
