@@ -42,6 +42,7 @@ class Recorder:
         # worker.active_threads_lock, but one dict write or delete is atomic under the GIL,
         # so the hot path does without the lock (Dask only copies the dict under it).
         # ``profile`` off (the default, yrdask.dashboard.profile): not registered there.
+        self.profile = profile
         self.active = agent.worker.active_threads if profile else {}
         self.running: dict[int, str] = {}  # thread ident -> name, while it runs yr code
         self.records: list[tuple] = []  # ended since the last flush
@@ -51,7 +52,9 @@ class Recorder:
         """The calling thread starts ``name`` now (for Dask's profiler, if on, as key
         ``name``: its samples group by function); returns the start time."""
         ident = threading.get_ident()
-        self.running[ident] = self.active[ident] = name
+        self.running[ident] = name
+        if self.profile:
+            self.active[ident] = name
         return time.time()
 
     def drop(self) -> None:
@@ -64,7 +67,8 @@ class Recorder:
         """The call begun by :meth:`begin` in this thread ended (``ok``: without an error)."""
         stop = time.time()
         ident = threading.get_ident()
-        self.active.pop(ident, None)
+        if self.profile:
+            self.active.pop(ident, None)
         self.running.pop(ident, None)
         self.records.append((name, call_id, start, stop, ident, ok))
 
