@@ -218,6 +218,22 @@ def test_a_lease_granted_while_it_waits_is_revoked_at_the_extension():
     assert revokes(out) == {"d2": ("L2",)} and refusals(out) == {}
 
 
+def test_a_lease_granted_from_freed_resources_while_others_wait_is_revoked_at_once():
+    # Nested fan-out: two owners' children queue for one node; freed CPU goes to the older
+    # request of d1, and d2's waiting request must ask for that new lease back at once,
+    # not wait out d1's idle time (it had revoked only what stood in its way on arrival).
+    q = Q(a=cpu(1))
+    q(req("x1", owner="d1", queue="q1"))  # L1
+    q(req("x2", owner="d1", queue="q1"))  # waits: d1's own queue, nothing to revoke
+    out = q(req("r", owner="d2", queue="q2"))
+    assert revokes(out) == {"d1": ("L1",)}
+    out = q(HoldingsReleased("t", ("L1",)))  # x2, the older request, gets the CPU
+    assert grants(out) == {"x2": ("L2", "a")}
+    assert revokes(out) == {"d1": ("L2",)}
+    out = q(HoldingsReleased("t", ("L2",)))
+    assert grants(out) == {"r": ("L3", "a")} and revokes(out) == {}
+
+
 # ------------------------------------------------------------------------------- lending
 
 

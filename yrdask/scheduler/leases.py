@@ -467,9 +467,12 @@ class LeaseQueue:
 
         Resources only shrink during a pass, so a request shape that did not fit is not tried
         again in it; an instance granted with labels may admit an earlier request's
-        affinity, so that starts another pass.
+        affinity, so that starts another pass.  A lease granted while others still wait
+        stands in their way as the ones they revoked on arrival did: they revoke it too, so
+        it comes back once idle instead of after its owner's idle time.
         """
         pending = self.pending
+        granted = False
         while pending:
             unfit: set[tuple] = set()
             relabelled = False
@@ -479,11 +482,15 @@ class LeaseQueue:
                     continue
                 if self._try_grant(w, sid, out):
                     del pending[rid]
+                    granted = True
                     relabelled = relabelled or bool(w.labels)
                 else:
                     unfit.add(key)
             if not relabelled:
-                return
+                break
+        if granted:
+            for w in list(pending.values()):
+                self._revoke_for(w, sid, out)
 
     def _holders_for(self, w: _Waiter) -> list[Holding]:
         if self._in_bundle(w):  # only leases inside its bundle(s) can make room for it
