@@ -481,6 +481,18 @@ class Greeter:
         return self.calls
 
 
+@pytest.fixture
+def ray_env(cluster, request):
+    """yrdask.ray on the embedded cluster (two 1-CPU workers), in a namespace of its own;
+    ``ray.shutdown()`` after the test detaches (the suite's runtime stays)."""
+    import yrdask.ray as ray
+
+    cluster()
+    ray.init(namespace=f"{request.module.__name__.rpartition('.')[2]}-{os.urandom(3).hex()}")
+    yield ray
+    ray.shutdown()
+
+
 def pending_greeter(name: str) -> Any:
     """A :class:`Greeter` that stays PENDING: it asks for 64 CPUs, more than any test worker
     offers, and its request waits two minutes before it times out."""

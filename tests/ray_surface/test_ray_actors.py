@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-import uuid
 
 import cloudpickle
 import pytest
@@ -22,14 +21,6 @@ from yrdask.ray.util.queue import Empty, Full, Queue
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def ray_env(cluster):
-    cluster()
-    ray.init(namespace=f"actors-{uuid.uuid4().hex[:6]}")
-    yield ray
-    ray.shutdown()
 
 
 @ray.remote

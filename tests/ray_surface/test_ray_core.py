@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import uuid
 
 import cloudpickle
 import pytest
@@ -23,14 +22,6 @@ from conftest import wait_for_file
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import us
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def ray_env(cluster):
-    cluster()  # embedded, two 1-CPU workers
-    ray.init(namespace=f"core-{uuid.uuid4().hex[:6]}")
-    yield ray
-    ray.shutdown()  # detaches: the suite's runtime stays
 
 
 class MyError(Exception):
@@ -57,7 +48,7 @@ def test_init_attaches_to_the_running_runtime_and_refuses_twice(ray_env):
     with pytest.raises(RuntimeError, match="ray.init twice"):
         ray.init()
     ctx = ray.init(ignore_reinit_error=True)
-    assert ctx["namespace"].startswith("core-")
+    assert ctx["namespace"].startswith("test_ray_core-")
     assert ray.is_initialized()
     with pytest.raises(ValueError, match="existing cluster"):
         ray.shutdown()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import uuid
 
 import cloudpickle
 import pytest
@@ -23,14 +22,6 @@ from yrdask.ray.util.scheduling_strategies import PlacementGroupSchedulingStrate
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def ray_env(cluster):
-    cluster()
-    ray.init(namespace=f"gen-{uuid.uuid4().hex[:6]}")
-    yield ray
-    ray.shutdown()
 
 
 @ray.remote

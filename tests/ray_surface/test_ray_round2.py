@@ -26,14 +26,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def ray_env(cluster):
-    cluster()  # embedded, two 1-CPU workers
-    ray.init(namespace=f"round2-{uuid.uuid4().hex[:6]}")
-    yield ray
-    ray.shutdown()
-
-
 # -- per-call method options ------------------------------------------------------------------
 
 
