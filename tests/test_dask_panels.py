@@ -30,6 +30,23 @@ def spin_a_while(ms: float) -> int:
     return spin(ms)
 
 
+@yr.instance
+class Scratch:
+    """An instance a task makes as a local and drops when it returns."""
+
+    def ping(self) -> int:
+        return 1
+
+
+@yr.invoke
+def spin_then_make_scratch(ms: float) -> int:
+    """Busy for ``ms`` ms (the profiler samples this thread), then makes a ``Scratch``
+    whose only handle is a local of this task, dropped as the task returns."""
+    spin(ms)
+    scratch = Scratch.invoke()  # noqa: F841  (the local whose end is watched)
+    return 0
+
+
 @yr.invoke
 def fails_always() -> None:
     raise ValueError("meant to fail")
@@ -48,8 +65,8 @@ class Tally:
 @pytest.fixture(scope="module")
 def client(cluster, cluster_kind):
     """A Dask client of a fresh cluster whose workers put yr code in Dask's profiler
-    (``yrdask.dashboard.profile``, off by default): set in the environment the worker
-    processes inherit, and in this process's config (the embedded scheduler's)."""
+    (``yrdask.dashboard.profile``, on by default; set here all the same, in the environment
+    the worker processes inherit and in this process's config, the embedded scheduler's)."""
     os.environ["DASK_YRDASK__DASHBOARD__PROFILE"] = "True"
     try:
         with dask.config.set({"yrdask.dashboard.profile": True}):
@@ -123,3 +140,18 @@ def test_task_stream_and_profile_hold_yr_work(client):
     assert states["fails_always"]["erred"] >= 1, states
     assert states["Tally"]["processing"] >= 1, states  # the ALIVE instance
     tally.terminate()
+
+
+def test_sampled_task_locals_end_with_the_task(client):
+    """While Dask's profiler samples the task threads, a task's local (a handle: its end is
+    the watched finalizer) goes when the task ends, not later.  The sampler may hold the
+    task's frame as it returns and then drop its locals on the worker's event loop; the
+    handle's decref must not overtake the incref its own thread queued (it did, and the
+    instance lived on)."""
+    def live_scratches() -> list:
+        return client.run_on_scheduler(lambda dask_scheduler: [
+            i["instance_id"] for i in dask_scheduler.extensions["yr"].cluster_info()["instances"]
+            if i["class"] == "Scratch" and i["state"] != "DEAD"])
+    assert yr.get([spin_then_make_scratch.invoke(20) for _ in range(24)], T) == [0] * 24
+    wait_until(lambda: not live_scratches(), 15,
+               lambda: f"Scratch instances whose only handle was a task's local: {live_scratches()}")

@@ -69,3 +69,40 @@ def test_instance_lifetimes_and_name_clash_and_worker_loss(s):
     assert s.task_prefixes["f"].states["processing"] == 2
     panels.worker_gone("tcp://w:1")
     assert s.task_prefixes["f"].states["processing"] == 0
+
+
+def test_on_loop_from_the_loop_thread_queues_behind_earlier_calls():
+    """A call made on the loop thread (a handle's ``__del__`` run there when Dask's profiler
+    drops a sampled frame) does not overtake what other threads queued before it; with
+    nothing queued it still runs at once."""
+    import threading
+
+    from yrdask.runtime.runtime import Runtime
+
+    loop = asyncio.new_event_loop()
+    rt = Runtime(loop, "job-test")
+    done: list[str] = []
+    started, queued, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def on_the_loop() -> None:
+        rt.loop_thread = threading.get_ident()
+        rt.on_loop(done.append, "at once")  # nothing queued: runs now
+        assert done == ["at once"]
+        started.set()
+        queued.wait(10)  # another thread queues a call meanwhile
+        rt.on_loop(done.append, "from the loop")  # like the decref in __del__
+        loop.call_soon(finished.set)
+
+    loop.call_soon(on_the_loop)
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    try:
+        assert started.wait(10)
+        rt.on_loop(done.append, "queued first")  # like the incref of the handle's thread
+        queued.set()
+        assert finished.wait(10)
+        assert done == ["at once", "queued first", "from the loop"]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

@@ -106,9 +106,13 @@ class Runtime:
         """Run ``fn(*args)`` on the loop thread, in order.
 
         Calls from user threads go through one inbox and one wake-up per batch: a burst of
-        submissions is handled in one loop pass, so the streams send it in one write.
+        submissions is handled in one loop pass, so the streams send it in one write.  On the
+        loop thread ``fn`` runs at once unless the inbox still holds earlier calls: then it
+        queues behind them.  (A handle's ``__del__`` may run on the loop thread, e.g. when
+        Dask's profiler drops a sampled frame: its decref must not overtake the incref
+        and transit its own thread queued first.)
         """
-        if threading.get_ident() == self.loop_thread:
+        if threading.get_ident() == self.loop_thread and not self._inbox:
             fn(*args)
             return
         self._inbox.append((fn, args))

@@ -150,7 +150,7 @@ class WorkerAgent:
         self.recorder: Recorder | None = None
         if dask.config.get("yrdask.dashboard.dask-panels", True):
             self.recorder = Recorder(self, bool(dask.config.get("yrdask.dashboard.profile",
-                                                                False)))
+                                                                True)))
             pc = PeriodicCallback(self.recorder.flush, FLUSH_MS)
             worker.periodic_callbacks["yr-dask-panels"] = pc  # Dask stops it at close
             pc.start()

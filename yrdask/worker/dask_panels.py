@@ -3,13 +3,14 @@
 yr tasks run on the agent's own threads, not in Dask's executor, so Dask sees nothing of
 them by itself.  A :class:`Recorder` makes them visible the way Dask's own tasks are:
 
-* **Profile** (``yrdask.dashboard.profile: true``; off by default): while a yr function
-  runs, its thread is in ``worker.active_threads`` (``{thread ident: key}``, yr's key being
-  the function's name), the table Dask's profiler samples every 10 ms
+* **Profile** (``yrdask.dashboard.profile``, on by default): while a yr function runs, its
+  thread is in ``worker.active_threads`` (``{thread ident: key}``, yr's key being the
+  function's name), the table Dask's profiler samples every 10 ms
   (``Worker.trigger_profile``), so ``client.profile()`` and the Profile page show yr code,
-  per function as for Dask keys.  Off by default: with the sampler on yr threads, an
-  instance whose last handle was a local of a task was seen to outlive it (its end waited
-  for the worker's garbage collection), which yr's lifetimes must not;
+  per function as for Dask keys.  The sampler holds the frames it samples for a moment:
+  a task that returns meanwhile has its locals dropped on the worker's event loop when the
+  sampler lets go (``Runtime.on_loop`` keeps a handle's decref behind the calls its own
+  thread queued, so its instance still ends at once);
 * **Task Stream** and **Progress**: each task or call that ends appends one tuple
   ``(name, id, start, stop, thread, ok)``; a periodic callback (every
   :data:`FLUSH_MS`, only when something changed) ships the batch with the running and
@@ -41,7 +42,7 @@ class Recorder:
         # Dask's profiler samples the threads in this table ({ident: key}); its readers hold
         # worker.active_threads_lock, but one dict write or delete is atomic under the GIL,
         # so the hot path does without the lock (Dask only copies the dict under it).
-        # ``profile`` off (the default, yrdask.dashboard.profile): not registered there.
+        # ``profile`` off (yrdask.dashboard.profile: false): not registered there.
         self.profile = profile
         self.active = agent.worker.active_threads if profile else {}
         self.running: dict[int, str] = {}  # thread ident -> name, while it runs yr code
