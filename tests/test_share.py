@@ -1,7 +1,7 @@
-"""One share of each worker (docs/scheduling.md): a dask.array reduction and yr tasks at once
-on the cli cluster (two one-thread workers) never run more than one task at a time on a
-worker, and both results are right.  The yr tasks ask for a whole CPU: yr's default
-(500 millicores) lets yr itself run two per thread, by its own ledger.
+"""One share of each worker (docs/scheduling.md): a dask.array reduction, yr tasks and an
+instance's method calls at once on the cli cluster (two one-thread workers) never run more
+than one at a time on a worker, and all results are right.  The yr tasks ask for a whole
+CPU: yr's default (500 millicores) lets yr itself run two per thread, by its own ledger.
 
 Each yr task and each Dask chunk function records ``(start, end)`` in a file named after its
 worker process; the test sweeps each worker's intervals.  Run with
@@ -21,7 +21,7 @@ import pytest
 from distributed import Client
 
 import yrdask as yr
-from conftest import spin
+from conftest import spin, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,6 +50,17 @@ def yr_busy(folder: str, i: int) -> int:
     return i * i
 
 
+@yr.instance
+class Busy:
+    """Its method calls are busy ``MS`` ms each, recorded as kind ``call``."""
+
+    def work(self, folder: str, i: int) -> int:
+        start = time.monotonic()
+        spin(MS)
+        _record(folder, "call", start)
+        return -i
+
+
 def most_at_once(intervals: list[tuple[float, float]]) -> int:
     """The largest number of intervals open at one moment (touching ones do not overlap)."""
     events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals],
@@ -71,15 +82,22 @@ def test_yr_and_dask_tasks_share_each_workers_thread(cluster, tmp_path: pathlib.
         x = da.arange(4000 * 4000, chunks=500 * 500).reshape((4000, 4000))
         blocks = x.map_blocks(busy_block, folder, meta=np.empty((0, 0), dtype=x.dtype))
         total = blocks.sum()
+        busy = Busy.invoke()
+        assert yr.get(busy.work.invoke(folder, 0), T) == 0  # placed and constructed
         future = client.compute(total)
+        wait_until(lambda: any("dask" in log.read_text() for log in tmp_path.glob("*.log")),
+                   T, "the first Dask chunk")  # then yr work joins it
         whole = yr_busy.options(yr.InvokeOptions(cpu=1000))  # one thread each, as Dask's
         refs = [whole.invoke(folder, i) for i in range(60)]
+        calls = [busy.work.invoke(folder, i) for i in range(1, 41)]
         assert yr.get(refs, T) == [i * i for i in range(60)]
+        assert yr.get(calls, T) == [-i for i in range(1, 41)]
         n = 4000 * 4000
         assert future.result(timeout=T) == n * (n - 1) // 2
+        busy.terminate()
     per_worker: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for log in tmp_path.glob("*.log"):
-        runs: dict[str, list[tuple[float, float]]] = {"yr": [], "dask": []}
+        runs: dict[str, list[tuple[float, float]]] = {"yr": [], "dask": [], "call": []}
         for line in log.read_text().split("\n"):
             if line:
                 kind, start, end = line.split()
@@ -87,13 +105,19 @@ def test_yr_and_dask_tasks_share_each_workers_thread(cluster, tmp_path: pathlib.
         per_worker[log.stem] = runs
     assert sum(len(r["yr"]) for r in per_worker.values()) == 60
     assert sum(len(r["dask"]) for r in per_worker.values()) == blocks.npartitions
-    # they ran at the same time on some worker (else the check below proves nothing) ...
-    assert any(r["yr"] and r["dask"]
-               and min(s for s, _ in r["yr"]) < max(e for _, e in r["dask"])
-               and min(s for s, _ in r["dask"]) < max(e for _, e in r["yr"])
-               for r in per_worker.values()), per_worker
+    assert sum(len(r["call"]) for r in per_worker.values()) == 41
+
+    def side_by_side(r: dict, kind: str) -> bool:
+        return bool(r[kind] and r["dask"]
+                    and min(s for s, _ in r[kind]) < max(e for _, e in r["dask"])
+                    and min(s for s, _ in r["dask"]) < max(e for _, e in r[kind]))
+    # yr tasks and method calls ran while Dask's did on some worker (else the check below
+    # proves nothing) ...
+    assert any(side_by_side(r, "yr") for r in per_worker.values()), per_worker
+    assert any(side_by_side(r, "call") for r in per_worker.values()), per_worker
     # ... and never more of them at once than a worker's one thread
-    peaks = {pid: most_at_once(r["yr"] + r["dask"]) for pid, r in per_worker.items()}
+    peaks = {pid: most_at_once(r["yr"] + r["dask"] + r["call"])
+             for pid, r in per_worker.items()}
     assert max(peaks.values()) == 1, peaks
 
 

@@ -80,3 +80,26 @@ def test_the_gate_counts_what_yr_takes_of_the_share():
     gate.handle(G.TaskEnded("s", "t3"))
     assert gate.active() == 1
     gate.validate()
+
+
+def test_method_calls_take_a_share_and_lend_it_in_yr_get():
+    share = WorkerShare(1, lambda: 0)
+    share.call_start()  # no Dask task: counted, never waits
+    assert share.busy() == 1
+    t, took = started(lambda: (share.dask_take(), share.dask_give()))
+    assert not took.wait(0.2), "a Dask task took the one thread a method call uses"
+    share.call_lend(True)  # the call waits in yr.get: its thread is free meanwhile
+    assert took.wait(5)
+    t.join(5)
+    share.call_lend(False)
+    share.call_end()
+    assert share.busy() == 0 and not share.calls_lent
+    # a Dask task holding the thread: a method call waits for it, uncounted meanwhile
+    share.dask_take()
+    t2, ran = started(lambda: (share.call_start(), share.call_end()))
+    assert not ran.wait(0.2), "a method call ran beside a Dask task on a one-thread worker"
+    assert share.busy() == 1
+    share.dask_give()
+    assert ran.wait(5)
+    t2.join(5)
+    assert share.busy() == 0 and share.dask == 0

@@ -184,6 +184,7 @@ class WorkerAgent:
         that secedes gives its share back when Dask learns of it."""
         worker, share = self.worker, self.share
         share.capacity = max(1, int(self.capacity()["CPU"] // 1000))
+        share.wired = True
         self._dask_executor = worker.executors["default"]
         worker.executors["default"] = SharedThreadPoolExecutor(self._dask_executor, share)
         original = worker.handle_stimulus
@@ -222,11 +223,14 @@ class WorkerAgent:
                 self._gate(G.SlotLent("lend", holding_id, blocked))
             finally:
                 ex.unshield()
-        if share.dask and holding_id in self.gate.leases:  # a lease's task, not an instance
-            if blocked:
-                share.yr_freed()
-            else:
-                share.yr_start()  # back from yr.get: waits while Dask uses its thread
+        if holding_id in self.gate.leases:  # a lease's task
+            if share.dask:
+                if blocked:
+                    share.yr_freed()
+                else:
+                    share.yr_start()  # back from yr.get: waits while Dask uses its thread
+        elif holding_id in self.instances:  # an instance's method call (share.py)
+            share.call_lend(blocked)
 
     def prefers_local(self) -> bool:
         """Local first: ask for leases on this worker while its yr queue is short."""

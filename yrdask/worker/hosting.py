@@ -45,6 +45,10 @@ class HostedInstance:
         self.calls_done = 0
         # Dask's Task Stream, Progress and Profile (worker/dask_panels.py); none in a child
         self.recorder = getattr(agent, "recorder", None)
+        # a sync instance's calls take a share of the worker's threads (worker/share.py)
+        share = getattr(agent, "share", None)
+        self.share = share if share is not None and share.wired and not spec.get(
+            "is_async") else None
         # calls that came before __init__ finished: handed to the executor by _construct
         self._gate = threading.Lock()
         self.constructed = False
@@ -86,13 +90,24 @@ class HostedInstance:
             job = self.mailbox.get()
             if job is _STOP:
                 return
-            job()
+            self._run_job(job)
+
+    def _run_job(self, job: Callable[[], Any]) -> Any:
+        """Run a call (or ``__init__``) in this thread under a share of the worker."""
+        share = self.share
+        if share is None:
+            return job()
+        share.call_start()
+        try:
+            return job()
+        finally:
+            share.call_end()
 
     def _submit(self, job: Callable[[], Any]) -> None:
         if self.mailbox is not None:
             self.mailbox.put(job)
         elif self.pool is not None:
-            self.pool.submit(job)
+            self.pool.submit(self._run_job, job)
         else:
             self.loop.call_soon_threadsafe(self._run_async_job, job)
 

@@ -12,6 +12,12 @@ tasks; each believes it owns the worker.  :class:`WorkerShare` is the one count 
   (running tasks not blocked), read only when a Dask task is running or waiting, so while
   none is, a yr task pays one attribute read (``share.dask``) and yr work runs exactly as
   before: yr never waits for yr here, its ledger does that.
+* an instance's method call (and its ``__init__``) holds a share while it runs in a sync
+  instance's thread, except while it waits in ``yr.get``.  yr's ledger counts an instance's
+  CPU for its whole life, busy or idle; here a call counts while it runs.  Calls mark their
+  thread in :attr:`WorkerShare.calls` (a dict write and delete, atomic under the GIL) and
+  look at the lock only while Dask tasks run or wait.  Async instances' calls take none:
+  their loop thread interleaves many, mostly waiting;
 * Waiters of both kinds are admitted first come, first served, so neither starves the other.
 
 Capacity is the CPU the worker offers to yr in threads (``nthreads``, or
@@ -34,6 +40,7 @@ class WorkerShare:
 
     def __init__(self, capacity: int, yr_running: Callable[[], int]) -> None:
         self.capacity = max(1, capacity)
+        self.wired = False  # Dask's executor takes its threads from here (agent, config)
         self.yr_running = yr_running  # yr tasks started and not blocked in yr.get (the gate's)
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
@@ -41,12 +48,14 @@ class WorkerShare:
         self.held: set[int] = set()  # threads of Dask tasks holding a share
         self.lent: set[int] = set()  # threads of Dask tasks that gave theirs up in yr.get
         self.yr_waiting = 0  # yr tasks counted by the gate that wait here (use no thread)
+        self.calls: dict[int, bool] = {}  # threads running an instance's method call now
+        self.calls_lent: set[int] = set()  # of those, the ones waiting in yr.get
         self.queue: deque[int] = deque()  # tickets of waiters, both kinds, oldest first
         self._tickets = itertools.count()
 
     def busy(self) -> int:
         """Threads in use now: Dask tasks holding a share and yr tasks running (lock held)."""
-        return len(self.held) + self.yr_running() - self.yr_waiting
+        return len(self.held) + self.yr_running() - self.yr_waiting + len(self.calls)
 
     def _wait_turn(self, room: Callable[[], bool]) -> None:
         ticket = next(self._tickets)
@@ -78,6 +87,46 @@ class WorkerShare:
         """A yr task ended or blocked in ``yr.get`` (the gate counted it out): wake waiters."""
         with self.lock:
             self.changed.notify_all()
+
+    # -- instance method calls (their instance's thread) ----------------------------------
+
+    def call_start(self) -> None:
+        """A method call starts in this thread: it counts from now, and waits (uncounted)
+        while Dask tasks use the worker's threads."""
+        ident = threading.get_ident()
+        self.calls[ident] = True  # before reading ``dask``: a Dask task taking a share sees it
+        if not self.dask:
+            return
+        with self.lock:
+            if not self.queue and self.busy() <= self.capacity:  # it counts itself
+                return
+            del self.calls[ident]
+            self.changed.notify_all()  # a Dask task waiting may fit without it
+            try:
+                self._wait_turn(lambda: self.busy() + 1 <= self.capacity)
+            finally:
+                self.calls[ident] = True
+
+    def call_end(self) -> None:
+        """The method call of this thread ended: its share is free."""
+        self.calls.pop(threading.get_ident(), None)
+        if self.dask:
+            with self.lock:
+                self.changed.notify_all()
+
+    def call_lend(self, blocked: bool) -> None:
+        """The method call of this thread waits in ``yr.get`` (``blocked``) or runs again."""
+        ident = threading.get_ident()
+        if blocked:
+            if self.calls.pop(ident, None) is None:
+                return
+            self.calls_lent.add(ident)
+            if self.dask:
+                with self.lock:
+                    self.changed.notify_all()
+        elif ident in self.calls_lent:
+            self.calls_lent.discard(ident)
+            self.call_start()
 
     # -- Dask tasks (their executor threads) -----------------------------------------------
 
