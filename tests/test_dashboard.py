@@ -660,5 +660,5 @@ def test_dask_pages_show_yr_work(population, browser, cluster_kind):
     browser.shot(f"dask-status-yr-{cluster_kind}")
     browser.open("/individual-task-stream")
     browser.within(T, lambda b: "crunch" in b.column("name"), "the Task Stream panel")
-    # Profile: yrdask.dashboard.profile (off by default) puts yr code there; that is
+    # Profile: yrdask.dashboard.profile (on by default) puts yr code there; that is
     # checked through client.profile() in test_dask_panels.py.

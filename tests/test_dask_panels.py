@@ -48,6 +48,12 @@ def spin_then_make_scratch(ms: float) -> int:
 
 
 @yr.invoke
+def big_value(nbytes: int) -> bytes:
+    """A value larger than the inline limit: its worker keeps it in the node's store."""
+    return b"x" * nbytes
+
+
+@yr.invoke
 def fails_always() -> None:
     raise ValueError("meant to fail")
 
@@ -155,3 +161,21 @@ def test_sampled_task_locals_end_with_the_task(client):
     assert yr.get([spin_then_make_scratch.invoke(20) for _ in range(24)], T) == [0] * 24
     wait_until(lambda: not live_scratches(), 15,
                lambda: f"Scratch instances whose only handle was a task's local: {live_scratches()}")
+
+
+def test_yr_values_in_dask_worker_metrics(client):
+    """The bytes of yr values a worker keeps in its node's store are in Dask's worker metrics
+    (the Workers page shows them as a column) until their owner frees them."""
+    def held() -> dict[str, int]:
+        return {w: info["metrics"].get("yr_store_bytes", 0)
+                for w, info in client.scheduler_info()["workers"].items()}
+    size = 4 * 2**20
+    ref = big_value.invoke(size)
+    assert len(yr.get(ref, T)) == size
+    wait_until(lambda: max(held().values()) >= size, T,
+               lambda: f"yr_store_bytes per worker: {held()}")
+    assert all("yr_store_spilled_bytes" in info["metrics"]
+               for info in client.scheduler_info()["workers"].values())
+    del ref
+    wait_until(lambda: max(held().values()) < size, T,
+               lambda: f"yr_store_bytes after the value was freed: {held()}")

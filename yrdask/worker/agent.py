@@ -41,7 +41,7 @@ from yrdask.runtime import submitter as _submitter  # noqa: F401
 from yrdask.runtime.store import configure as configure_store
 from yrdask.runtime.store import drop_local_copy, node_store
 from yrdask.stream import StreamSender
-from yrdask.worker.dask_panels import FLUSH_MS, Recorder
+from yrdask.worker.dask_panels import FLUSH_MS, Recorder, store_bytes
 from yrdask.worker.hosting import HostedInstance
 from yrdask.options import IsolatedFunction
 from yrdask.worker.isolated import (IsolatedInstance, ProcessDied, ProcessPool, Zygote,
@@ -120,6 +120,7 @@ class WorkerAgent:
         self.worker = worker
         self.loop = asyncio.get_running_loop()
         self.store: dict[str, bool] = {}  # ids of large values this worker wrote (store.py)
+        self._store_figures: tuple[float, tuple[int, int]] | None = None
         self.fn_payloads: dict[str, bytes] = {}
         self.functions: dict[str, Callable] = {}
         self.tasks: dict[str, Execution] = {}  # pushed here and not ended (or bounced) yet
@@ -147,6 +148,10 @@ class WorkerAgent:
         if dask.config.get("yrdask.worker.share-threads", True):
             self._share_with_dask()
         worker.metrics["yr"] = lambda _worker: self.metrics()
+        # yr values this worker keeps in the node's store, as columns of Dask's Workers page
+        # (docs/monitoring.md, "yr values in Dask's memory figures")
+        worker.metrics["yr_store_bytes"] = lambda _worker: self.store_figures()[0]
+        worker.metrics["yr_store_spilled_bytes"] = lambda _worker: self.store_figures()[1]
         self.recorder: Recorder | None = None
         if dask.config.get("yrdask.dashboard.dask-panels", True):
             self.recorder = Recorder(self, bool(dask.config.get("yrdask.dashboard.profile",
@@ -253,6 +258,23 @@ class WorkerAgent:
                           for iid, inst in self.instances.items()},
             "scheduling": self.runtime.submitter.figures(),
         }
+
+    def store_figures(self) -> tuple[int, int]:
+        """Bytes of the values this worker keeps in its node's store (results it holds for
+        their owners, and values it owns: ``yr.put`` in its tasks): ``(in shared memory,
+        spilled)``, computed once per heartbeat (both metrics read it)."""
+        now = time.monotonic()
+        cached = self._store_figures
+        if cached is None or now - cached[0] > 0.1:
+            ids = set(self.store)
+            ids.update(oid for oid, e in list(self.runtime.objects.entries.items())
+                       if e.stored and e.owner is None)
+            figures = (0, 0)
+            if ids:
+                store = node_store()
+                figures = store_bytes(ids, store.objects, store.spill)
+            cached = self._store_figures = (now, figures)
+        return cached[1]
 
     async def register(self) -> None:
         await P.request(self.worker.scheduler, self.offer())

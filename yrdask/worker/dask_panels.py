@@ -24,6 +24,7 @@ The hot path pays a dict write and delete, two clock reads and a list append per
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -94,3 +95,20 @@ class Recorder:
         self._sent = counts
         self.agent.runtime.connector.stream_send(P.TaskRecords(records, *counts))
 
+
+
+def store_bytes(ids: Any, objects: str, spill: str) -> tuple[int, int]:
+    """``(in shared memory, spilled to disk)``: bytes of the node-store values ``ids`` that
+    one worker keeps for their owners (``agent.store``), by the size of their files in the
+    node's ``objects`` and ``spill`` directories (docs/monitoring.md, "yr values in Dask's
+    memory figures").  One ``stat`` per value; a value freed meanwhile counts nothing."""
+    memory = disk = 0
+    for oid in list(ids):
+        try:
+            memory += os.stat(os.path.join(objects, oid)).st_size
+        except OSError:
+            try:
+                disk += os.stat(os.path.join(spill, oid)).st_size
+            except OSError:
+                pass
+    return memory, disk
