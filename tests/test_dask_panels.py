@@ -2,7 +2,7 @@
 
 After yr tasks and method calls, ``Client.get_task_stream()`` holds them by name (key
 ``<name>-<id>``, the worker that ran them, a compute start/stop), ``Client.profile()`` shows
-the task's function (with ``yrdask.dashboard.profile`` on), and the scheduler's task
+the task's function (``yrdask.dashboard.profile``, on by default), and the scheduler's task
 prefixes (what Dask's Progress page reads) count them per function.  Runs on both core
 kinds.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 
-import dask
 import pytest
 from dask.utils import key_split
 from distributed import Client
@@ -70,20 +69,15 @@ class Tally:
 
 @pytest.fixture(scope="module")
 def client(cluster, cluster_kind):
-    """A Dask client of a fresh cluster whose workers put yr code in Dask's profiler
-    (``yrdask.dashboard.profile``, on by default; set here all the same, in the environment
-    the worker processes inherit and in this process's config, the embedded scheduler's)."""
-    os.environ["DASK_YRDASK__DASHBOARD__PROFILE"] = "True"
-    try:
-        with dask.config.set({"yrdask.dashboard.profile": True}):
-            params = dict(CORE_KINDS[cluster_kind])
-            if cluster_kind == "cli":  # other worker processes than the shared cli cluster's
-                params["workers"] = [{"resources": "profiled=1"}, {}]
-            else:
-                params["num_cpus"] = 3
-            c = cluster(**params)
-    finally:
-        del os.environ["DASK_YRDASK__DASHBOARD__PROFILE"]
+    """A Dask client of a fresh cluster with yr's defaults (Profile of yr code on): its own
+    worker processes, so that no earlier module's settings reach them."""
+    params = dict(CORE_KINDS[cluster_kind])
+    if cluster_kind == "cli":  # other worker processes than the shared cli cluster's
+        params["workers"] = [{"resources": "profiled=1"}, {}]
+    else:
+        params["num_cpus"] = 3
+    assert "DASK_YRDASK__DASHBOARD__PROFILE" not in os.environ
+    c = cluster(**params)
     with Client(c.address, timeout=T) as dask_client:
         yield dask_client
     cluster.close()  # the next module gets its clusters afresh
