@@ -93,13 +93,23 @@ class EmbeddedCluster:
         env["DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD"] = _START_METHOD
         # A nanny sets these in its process before it starts a worker; some only take effect
         # when a process starts (glibc reads MALLOC_TRIM_THRESHOLD_ then), so a forked
-        # worker has them only if the launcher started with them.
-        import dask
+        # worker has them only if the launcher started with them.  Dask's defaults here; the
+        # launcher applies ``distributed.nanny.pre-spawn-environ`` from the Dask config once
+        # it has imported dask (:func:`_apply_pre_spawn_config`), so a driver that has not
+        # imported dask starts it without importing dask first (~50 ms sooner).  One that
+        # has may have set the config in process (``dask.config.set``): read here.
+        if "dask" in sys.modules:
+            import dask
 
-        pre_spawn = dask.config.get("distributed.nanny.pre-spawn-environ", None) or {}
-        for key, value in {**_PRE_SPAWN_ENV, **pre_spawn}.items():
-            if value is not None:
-                env.setdefault(key, str(value))
+            pre_spawn = dask.config.get("distributed.nanny.pre-spawn-environ", None) or {}
+            for key, value in {**_PRE_SPAWN_ENV, **pre_spawn}.items():
+                if value is not None:
+                    env.setdefault(key, str(value))
+            env[_DEFAULTED_ENV] = ""
+        else:
+            defaulted = [key for key in _PRE_SPAWN_ENV if key not in env]
+            env.update({key: _PRE_SPAWN_ENV[key] for key in defaulted})
+            env[_DEFAULTED_ENV] = ",".join(defaulted)
         self.proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER], env=env,
                                      stdin=subprocess.PIPE, start_new_session=True)
 
@@ -334,6 +344,9 @@ _PRE_SPAWN_ENV = {"MALLOC_TRIM_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
                   "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 _LAUNCHER = "from yrdask.deploy.embedded import serve_workers; serve_workers()"
+#: In the launcher's environment: the keys of ``_PRE_SPAWN_ENV`` it got as defaults (the
+#: driver's environment did not set them), which the Dask config may change.
+_DEFAULTED_ENV = "YRDASK_PRE_SPAWN_DEFAULTED"
 
 #: How the nannies start workers.  Forking the launcher is safe where fork is (Linux); macOS
 #: system libraries are not fork-safe once threads ran, so there workers are spawned: slower,
@@ -342,8 +355,9 @@ _START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
 
 #: Modules a worker imports as it starts (yr's preload and agent; Dask's reseeding of
 #: numpy.random; its worker HTTP routes are added from the config).
-_WORKER_MODULES = ("yrdask.worker.plugin", "yrdask.worker.agent", "yrdask.runtime.transport",
-                   "numpy.random", "multiprocessing.synchronize")
+_WORKER_MODULES = ("yrdask.deploy.preload", "yrdask.worker.plugin", "yrdask.worker.agent",
+                   "yrdask.worker.output", "yrdask.runtime.transport", "numpy.random",
+                   "multiprocessing.synchronize")
 
 
 def serve_workers() -> None:
@@ -358,13 +372,25 @@ def serve_workers() -> None:
     import dask
     from distributed.cli import dask_worker
 
+    _apply_pre_spawn_config()
     os.register_at_fork(after_in_child=_fresh_signal_handlers)
+    # A nanny polls its new worker's start message this often (Dask: every 50 ms), and the
+    # driver waits for every nanny to have it: poll more often, it costs microseconds.
+    from distributed.nanny import WorkerProcess
+
+    WorkerProcess._init_msg_interval = 0.005
     # What each worker would import after the fork: imported once here, it is shared memory.
     for module in (*_WORKER_MODULES, *dask.config.get("distributed.worker.http.routes")):
         try:
             importlib.import_module(module)
         except ImportError:
             pass
+    # Each worker sends the scheduler Dask's version report when it registers; its package
+    # versions are cached per process and ``platform.uname().processor`` runs ``uname -p``:
+    # computed once here, every forked worker has them (~30-80 ms less per worker).
+    from distributed.versions import get_versions
+
+    get_versions()
     line = sys.stdin.readline()
     if not line:
         return  # the driver went away before its scheduler started
@@ -378,6 +404,23 @@ def serve_workers() -> None:
 
     nanny_log.install()  # one line naming the worker per worker death, on the driver's stderr
     dask_worker.main(order["argv"], prog_name="dask worker")
+
+
+def _apply_pre_spawn_config() -> None:
+    """In the launcher: the Dask config's ``distributed.nanny.pre-spawn-environ`` for the
+    variables the driver's environment did not set.  The launcher started with Dask's
+    defaults; when the config asks for other values it runs itself again with them (before
+    it reads its start order), since some are only read when a process starts."""
+    import dask
+
+    defaulted = set(filter(None, os.environ.pop(_DEFAULTED_ENV, "").split(",")))
+    wanted = dask.config.get("distributed.nanny.pre-spawn-environ", None) or {}
+    change = {key: str(value) for key, value in wanted.items()
+              if value is not None and (key in defaulted or key not in os.environ)
+              and os.environ.get(key) != str(value)}
+    if change:
+        os.environ.update(change)
+        os.execv(sys.executable, [sys.executable, "-c", _LAUNCHER])
 
 
 def _die_with_driver() -> None:

@@ -2,21 +2,26 @@
 
 The scheduler extension never imports the worker package; it is handed the worker plugin
 here, and installs it on every worker (as distributed's shuffle extension does).
+
+Each role imports only its own side: a worker process never imports the scheduler package
+or the dashboard (about 0.2 s of imports per worker process, which made start-up grow with
+the number of workers; docs/nodes.md, Start-up).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from distributed import Scheduler, Worker
-
-from yrdask.dashboard import install as install_dashboard
-from yrdask.scheduler.extension import EXTENSION_NAME, YrSchedulerExtension
-from yrdask.worker.plugin import YrNannyPlugin, YrWorkerPlugin
+if TYPE_CHECKING:
+    from yrdask.scheduler.extension import YrSchedulerExtension
 
 
 def install_scheduler(scheduler: Any) -> YrSchedulerExtension:
     """Install yr's extension on ``scheduler`` (once), with the plugin it gives workers."""
+    from yrdask.dashboard import install as install_dashboard
+    from yrdask.scheduler.extension import EXTENSION_NAME, YrSchedulerExtension
+    from yrdask.worker.plugin import YrNannyPlugin, YrWorkerPlugin
+
     ext = scheduler.extensions.get(EXTENSION_NAME)
     if ext is None:
         ext = YrSchedulerExtension(scheduler, worker_plugin=YrWorkerPlugin(),
@@ -26,7 +31,11 @@ def install_scheduler(scheduler: Any) -> YrSchedulerExtension:
 
 async def dask_setup(server: object) -> None:
     """Dask preload hook: install yr on a scheduler or a worker (nannies need nothing)."""
-    if isinstance(server, Scheduler):
-        install_scheduler(server)
-    elif isinstance(server, Worker):
+    from distributed import Scheduler, Worker
+
+    if isinstance(server, Worker):
+        from yrdask.worker.plugin import YrWorkerPlugin
+
         await server.plugin_add(YrWorkerPlugin(), name=YrWorkerPlugin.name)
+    elif isinstance(server, Scheduler):
+        install_scheduler(server)
