@@ -1,8 +1,9 @@
 """A node is a machine, and GPUs are leased by device id (SPEC §6, docs/nodes.md).
 
 One embedded cluster for the module, started the Ray way: ``ray.init(num_cpus=2, num_gpus=2,
-resources=...)``.  Its two worker processes form one node of 2 CPUs and 2 declared GPUs (no
-hardware is needed: the code under test only reads ``CUDA_VISIBLE_DEVICES``).  Each test runs
+resources={"NPU": 2, ...})``.  Its two worker processes form one node of 2 CPUs, 2 declared
+GPUs and 2 declared Ascend NPUs (no hardware is needed: the code under test only reads
+``CUDA_VISIBLE_DEVICES`` and ``ASCEND_RT_VISIBLE_DEVICES``).  Each test runs
 through the Ray API and through the yr API.
 
 Overlap is made certain, not hoped for: tasks meet at a barrier of files (each waits, bounded,
@@ -36,7 +37,7 @@ T = 60
 @pytest.fixture(scope="module")
 def gpu_ray(cluster, tmp_path_factory):
     cluster.finalize()  # this module starts its own cluster, as a Ray program would
-    ray.init(num_cpus=2, num_gpus=2, resources={"rack_a": 2})
+    ray.init(num_cpus=2, num_gpus=2, resources={"rack_a": 2, "NPU": 2})
     yield tmp_path_factory.mktemp("gpus")
     ray.shutdown()
 
@@ -49,7 +50,8 @@ def room(gpu_ray):
     return str(d)
 
 
-def meet(room: str, expected: int, timeout: float = 30.0) -> dict:
+def meet(room: str, expected: int, timeout: float = 30.0,
+         env: str = "CUDA_VISIBLE_DEVICES") -> dict:
     """Inside a task: a two-phase barrier of ``expected`` tasks, recording who ran together.
 
     A task marks itself running (with its devices) and arrived, waits (bounded) until
@@ -57,7 +59,7 @@ def meet(room: str, expected: int, timeout: float = 30.0) -> dict:
     ``expected`` are done and stops running.  Arrived and done marks are never removed, so
     tasks after the first ``expected`` pass at once.  Returns what it saw.
     """
-    devices = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    devices = os.environ.get(env, "")
     me = uuid.uuid4().hex
     running = os.path.join(room, f"{me}.{devices or 'none'}.run")
     open(running, "w").close()
@@ -70,6 +72,8 @@ def meet(room: str, expected: int, timeout: float = 30.0) -> dict:
     return {"devices": devices, "together": together, "met": met,
             "gpu_ids": ray.get_gpu_ids(),
             "accelerators": ray.get_runtime_context().get_accelerator_ids()["GPU"],
+            "npus": ray.get_runtime_context().get_accelerator_ids()["NPU"],
+            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "omp": os.environ.get("OMP_NUM_THREADS")}
 
 
@@ -114,6 +118,30 @@ class YrGpu:
         return os.environ.get("CUDA_VISIBLE_DEVICES"), tuple(ray.get_gpu_ids())
 
 
+@ray.remote(resources={"NPU": 1})
+def one_npu(room, expected):
+    return meet(room, expected, env="ASCEND_RT_VISIBLE_DEVICES")
+
+
+@yr.invoke(invoke_options=yr.InvokeOptions(custom_resources={"NPU/.+/count": 1}))
+def yr_one_npu(room, expected):
+    return meet(room, expected, env="ASCEND_RT_VISIBLE_DEVICES")
+
+
+@ray.remote(resources={"NPU": 1})
+class NpuActor:
+    def devices(self):
+        return (os.environ.get("ASCEND_RT_VISIBLE_DEVICES"),
+                tuple(ray.get_runtime_context().get_accelerator_ids()["NPU"]))
+
+
+@yr.instance(invoke_options=yr.InvokeOptions(custom_resources={"NPU/.+/count": 1}))
+class YrNpu:
+    def devices(self):
+        return (os.environ.get("ASCEND_RT_VISIBLE_DEVICES"),
+                tuple(ray.get_runtime_context().get_accelerator_ids()["NPU"]))
+
+
 @ray.remote(num_cpus=2)
 def two_cpus():
     return os.getpid()
@@ -153,8 +181,42 @@ def test_ray_init_declares_one_node_with_its_gpus_and_resources(gpu_ray):
     assert nodes[0]["Resources"]["CPU"] == 2.0 and nodes[0]["Resources"]["GPU"] == 2.0
     total = ray.cluster_resources()
     assert total["GPU"] == 2.0 and total["CPU"] == 2.0 and total["rack_a"] == 2.0
+    assert total["NPU"] == 2.0
     (node,) = yr.resources()
     assert node["capacity"]["GPU"] == 2.0 and node["capacity"]["CPU"] == 2000.0
+    assert node["capacity"]["NPU"] == 2.0
+
+
+def check_one_npu_tasks(results: list[dict]) -> None:
+    """Each NPU task saw one id in ASCEND_RT_VISIBLE_DEVICES, the same in
+    get_accelerator_ids()["NPU"], no GPU; the two ran together on distinct devices."""
+    for r in results:
+        assert r["devices"] in ("0", "1"), r
+        assert r["npus"] == [r["devices"]] and r["accelerators"] == [] and r["cuda"] is None, r
+        assert r["met"], f"the two NPU tasks never ran together: {results}"
+        assert len(set(r["together"])) == len(r["together"]) == 2, r
+    assert {r["devices"] for r in results} == {"0", "1"}
+
+
+def test_two_one_npu_tasks_see_their_own_device(room):
+    check_one_npu_tasks(ray.get([one_npu.remote(room, 2) for _ in range(2)], timeout=T))
+
+
+def test_yr_two_one_npu_tasks_see_their_own_device(room):
+    check_one_npu_tasks(yr.get([yr_one_npu.invoke(room, 2) for _ in range(2)], T))
+
+
+def test_npu_actors_and_instances_keep_distinct_npus_across_calls(gpu_ray):
+    actor, inst = NpuActor.remote(), YrNpu.invoke()
+    seen = [[tuple(ray.get(actor.devices.remote(), timeout=T)) for _ in range(2)],
+            [tuple(yr.get(inst.devices.invoke(), T)) for _ in range(2)]]
+    for calls in seen:
+        assert len(set(calls)) == 1, seen  # the same device on every call
+        devices, ids = calls[0]
+        assert devices in ("0", "1") and ids == (devices,), seen
+    assert seen[0][0][0] != seen[1][0][0]
+    ray.kill(actor)
+    inst.terminate(is_sync=True)
 
 
 def test_four_one_gpu_tasks_see_their_own_device_two_at_a_time(room):

@@ -94,15 +94,16 @@ ACCELERATOR_SHARE = 0.001
 
 
 def gpu_resource(key: str, amount: float) -> dict[str, float]:
-    """yr's GPU keys in the ledger's terms: ``"GPU/.+/count"`` (any model) is ``GPU``;
-    ``"GPU/H200/count"`` is ``GPU`` on a node whose GPUs are H200s
-    (``accelerator_type:H200``, docs/nodes.md).  Other keys are returned as they are."""
+    """yr's GPU and NPU keys in the ledger's terms: ``"GPU/.+/count"`` (any model) is
+    ``GPU``; ``"GPU/H200/count"`` is ``GPU`` on a node whose GPUs are H200s
+    (``accelerator_type:H200``, docs/nodes.md); ``"NPU/.+/count"`` and
+    ``"NPU/Ascend910B/count"`` likewise for ``NPU``.  Other keys are returned as they are."""
     parts = key.split("/")
-    if len(parts) == 3 and parts[0] == "GPU" and parts[2] == "count":
-        model = parts[1]
+    if len(parts) == 3 and parts[0] in ("GPU", "NPU") and parts[2] == "count":
+        kind, model = parts[0], parts[1]
         if model in (".+", ".*", "*", ""):
-            return {"GPU": amount}
-        return {"GPU": amount, f"accelerator_type:{model}": ACCELERATOR_SHARE}
+            return {kind: amount}
+        return {kind: amount, f"accelerator_type:{model}": ACCELERATOR_SHARE}
     return {key: amount}
 
 
@@ -114,6 +115,8 @@ def _check_node_resources(v: dict) -> str | None:
     negative = [k for k, amount in v.items() if isinstance(amount, bool) or amount < 0]
     if negative:
         return f"hold amounts >= 0 (key {negative[0]!r})"
+    if "NPU" in v and v["NPU"] != int(v["NPU"]):
+        return "declare a whole number of NPUs ('NPU' is a count of devices)"
     return None
 
 

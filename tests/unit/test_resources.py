@@ -447,3 +447,30 @@ def test_cpu_work_fills_each_processs_own_share_before_doubling_up():
     led.lend_cpu("L1", False)
     led.release("L1")
     assert led.processes[P1].cpu_held == pytest.approx(0)
+
+
+def test_npus_are_leased_by_id_apart_from_gpus():
+    """NPUs are devices of their own kind (ids ``NPU:<n>``): a GPU request never takes one."""
+    led = Ledger()
+    led.add_worker(P1, shape(2000), "n1", gpus=("0", "NPU:0", "NPU:1"))
+    cap = led.workers["n1"].capacity
+    assert cap["GPU"] == 1.0 and cap["NPU"] == 2.0
+    a = lease("A", led.choose({"NPU": 1.0}), {"NPU": 1.0})
+    led.hold(a)
+    b = lease("B", led.choose({"NPU": 1.0, "GPU": 1.0}), {"NPU": 1.0, "GPU": 1.0})
+    led.hold(b)
+    assert a.gpu_ids == ["NPU:0"] and b.gpu_ids == ["0", "NPU:1"]
+    assert led.choose({"NPU": 0.5}) is None and led.choose({"GPU": 0.5}) is None
+    assert not led.could_ever_fit({"NPU": 3.0})
+    led.release("A")
+    half = lease("H", P1, {"NPU": 0.5})
+    led.hold(half)
+    assert half.gpus == (("NPU:0", 0.5),)
+
+
+def test_an_npu_count_without_ids_offers_ids_from_zero():
+    led = Ledger()
+    led.add_worker(P1, {"CPU": 1000.0, "NPU": 2.0, "GPU": 1.0}, "n1")
+    assert led.processes[P1].gpus == ("0", "NPU:0", "NPU:1")
+    assert "NPU" not in led.processes[P1].capacity
+    assert led.workers["n1"].capacity["NPU"] == 2.0

@@ -33,12 +33,14 @@ fires when the driver *thread* that started it ends, not the process.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from typing import Any
 
@@ -78,6 +80,9 @@ class EmbeddedCluster:
         self.security = security  # a distributed.security.Security: the cluster uses TLS
         self.scheduler = None
         self.proc: subprocess.Popen | None = None
+        # What the workers offer besides CPUs (node_env), found while the driver imports:
+        # nvidia-smi can take a second, off the start-up's critical path here.
+        self._node_env: concurrent.futures.Future | None = None
         # In the environment of the launcher and so of every worker it forks: tells this
         # cluster's processes from others, whatever their titles (Dask sets them if it can).
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -112,6 +117,15 @@ class EmbeddedCluster:
             env[_DEFAULTED_ENV] = ",".join(defaulted)
         self.proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER], env=env,
                                      stdin=subprocess.PIPE, start_new_session=True)
+        self._node_env = concurrent.futures.Future()
+        threading.Thread(target=self._find_devices, name="yr-find-devices",
+                         daemon=True).start()
+
+    def _find_devices(self) -> None:
+        try:
+            self._node_env.set_result(self.node_env())
+        except BaseException as e:  # noqa: BLE001 - re-raised by start()
+            self._node_env.set_exception(e)
 
     async def start(self) -> str:
         """Start the scheduler and the workers; returns the scheduler's address."""
@@ -135,7 +149,8 @@ class EmbeddedCluster:
         await self.scheduler
         address = self.scheduler.address
         # All nannies of one `dask worker` share its options; equal CPU offers per process.
-        env = {"DASK_YRDASK__WORKER__CPU": str(cpus[-1]), **self.node_env(), **tls_env}
+        node_env = await asyncio.wrap_future(self._node_env)
+        env = {"DASK_YRDASK__WORKER__CPU": str(cpus[-1]), **node_env, **tls_env}
         argv = [address, "--nworkers", str(nprocs), "--nthreads", "1", "--no-dashboard",
                 "--preload", "yrdask", "--name", "yr-embedded"]
         try:
@@ -170,20 +185,27 @@ class EmbeddedCluster:
 
     def node_env(self) -> dict[str, str]:
         """What every worker process offers to the one node the cluster is (docs/nodes.md):
-        the GPUs declared (``num_gpus``) or detected here once, their model, and the
-        declared ``resources``, all node-wide (they do not add up over the processes)."""
-        from yrdask.worker.devices import declared_ids, detect_gpus
+        the GPUs declared (``num_gpus``) or detected here once, the NPUs declared
+        (``resources={"NPU": n}``) or detected, their models, and the other declared
+        ``resources``, all node-wide (they do not add up over the processes)."""
+        from yrdask.worker.devices import (NPU_VISIBLE_ENV, declared_ids, detect_gpus,
+                                           detect_npus)
 
-        ids, model = detect_gpus()  # declared GPUs keep the model of the ones found
-        if self.num_gpus is not None:
-            ids = declared_ids(self.num_gpus)
-            model = model if ids else ""
-        env = {"DASK_YRDASK__WORKER__GPUS": repr(list(ids))}
-        if model:
-            env["DASK_YRDASK__WORKER__ACCELERATOR_TYPE"] = repr(model)
-        if self.resources:
+        resources = dict(self.resources)
+        env = {}
+        for kind, declared, detect, var, key in (
+                ("GPU", self.num_gpus, detect_gpus, "CUDA_VISIBLE_DEVICES", "ACCELERATOR_TYPE"),
+                ("NPU", resources.pop("NPU", None), detect_npus, NPU_VISIBLE_ENV, "NPU_TYPE")):
+            ids, model = detect()  # declared devices keep the model of the ones found
+            if declared is not None:
+                ids = declared_ids(int(declared), var)
+                model = model if ids else ""
+            env[f"DASK_YRDASK__WORKER__{kind}S"] = repr(list(ids))
+            if model:
+                env[f"DASK_YRDASK__WORKER__{key}"] = repr(model)
+        if resources:
             env["DASK_YRDASK__WORKER__NODE_RESOURCES"] = repr(
-                {str(k): float(v) for k, v in self.resources.items()})
+                {str(k): float(v) for k, v in resources.items()})
         return env
 
     async def close(self) -> None:

@@ -27,9 +27,9 @@ class RuntimeContext:
         return get_node_id()
 
     def get_accelerator_ids(self) -> dict[str, list[str]]:
-        """``{"GPU": ["0"]}``: the accelerator ids this task or actor holds (strings, as Ray
-        gives them); ``{"GPU": []}`` elsewhere."""
-        return {"GPU": assigned_gpus()}
+        """``{"GPU": ["0"], "NPU": []}``: the accelerator ids this task or actor holds
+        (strings, as Ray gives them); empty lists elsewhere."""
+        return {"GPU": assigned_gpus(), "NPU": assigned_npus()}
 
     @property
     def node_id(self) -> _ID:
@@ -121,6 +121,17 @@ def assigned_gpus() -> list[str]:
 
     ids = os.environ.get("YRDASK_GPU_IDS")
     if not ids or os.environ.get("CUDA_VISIBLE_DEVICES") != ids:
+        return []
+    return [g for g in ids.split(",") if g]
+
+
+def assigned_npus() -> list[str]:
+    """The device ids of the Ascend NPUs the running work holds: it runs in a process whose
+    ``ASCEND_RT_VISIBLE_DEVICES`` names exactly them (docs/nodes.md)."""
+    import os
+
+    ids = os.environ.get("YRDASK_NPU_IDS")
+    if not ids or os.environ.get("ASCEND_RT_VISIBLE_DEVICES") != ids:
         return []
     return [g for g in ids.split(",") if g]
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from yrdask.protocol import RG_CREATED, RG_PENDING, RG_REMOVED, bundle_target
-from yrdask.scheduler.resources import EPS, Holding, Ledger, Shape, format_shape
+from yrdask.scheduler.resources import DEVICE_KINDS, EPS, Holding, Ledger, Shape, format_shape
 from yrdask.statemachine import Event, Instruction, Story
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD", "None")
@@ -211,8 +211,8 @@ class GroupMachine:
                     return b.worker, b.holding_id
                 continue
             # The bundle reserves on its node; the work runs in its least-loaded process.
-            where = node.process_for({r: a for r, a in shape.items() if r != "GPU"}, None,
-                                     avoid)
+            where = node.process_for({r: a for r, a in shape.items()
+                                      if r not in DEVICE_KINDS}, None, avoid)
             if where is not None:
                 return where[0], b.holding_id
         return None

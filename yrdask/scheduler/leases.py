@@ -34,7 +34,8 @@ from typing import Any, Callable
 from yrdask.affinity import Wire
 from yrdask.protocol import with_devices
 from yrdask.scheduler.requests import freeze, shape_of
-from yrdask.scheduler.resources import FIX_HINT, Holding, Ledger, Shape, format_shape
+from yrdask.scheduler.resources import (DEVICE_KINDS, FIX_HINT, Holding, Ledger, Shape,
+                                         device_kind, format_shape)
 from yrdask.statemachine import Event, Instruction, Story
 
 EXTEND_MIN_MS = 1000  # a request that could be freed waits at least this long more
@@ -548,8 +549,11 @@ class LeaseQueue:
             if h.kind != "bundle":
                 assert h.worker in ledger.processes or h.worker in ledger.workers, \
                     f"holding {hid} runs in unknown worker process {h.worker}"
-            assert abs(sum(a for _, a in h.gpus) - h.shape.get("GPU", 0.0)) < TOLERANCE \
-                or not ledger.workers[h.node].gpu_used, f"{hid} holds GPUs {h.gpus} for {h.shape}"
+            for kind in DEVICE_KINDS:
+                assert abs(sum(a for g, a in h.gpus if device_kind(g) == kind)
+                           - h.shape.get(kind, 0.0)) < TOLERANCE \
+                    or not ledger.workers[h.node].gpu_used, \
+                    f"{hid} holds devices {h.gpus} for {h.shape}"
             if not h.bundle:
                 for g, a in h.gpus:
                     gpus[h.node][g] = gpus[h.node].get(g, 0.0) + a

@@ -1,8 +1,11 @@
 """Resource accounting by node and tag: capacities, what is held and by whom, and fit checks.
 
 A *node* is a host (docs/nodes.md): the offers of all its worker processes form one pool.
-A request takes what it asks from one node's pool and runs in one process there; GPUs are
-tracked by device id, whole or shared by fractions (:func:`assign_gpus`).
+A request takes what it asks from one node's pool and runs in one process there; GPUs and
+NPUs are tracked by device id, whole or shared by fractions (:func:`assign_devices`).  A GPU's
+id is its ``CUDA_VISIBLE_DEVICES`` entry (``"0"``); an NPU's is its
+``ASCEND_RT_VISIBLE_DEVICES`` entry with the kind in front (``"NPU:0"``), so both kinds share
+one table of devices per node and per process.
 
 Pure logic (no Dask, no I/O), so it is unit-tested without a cluster.  Amounts are floats:
 ``CPU`` in millicores, ``Memory`` in MB, ``GPU`` in devices, custom tags in the units the
@@ -31,6 +34,19 @@ FIX_HINT = ("To place it: ask for less with InvokeOptions(cpu=..., memory=...) (
             "or more or larger workers.")
 
 Shape = dict[str, float]
+
+#: The accelerators leased by device id: resource name -> the prefix of its ids here.
+DEVICE_KINDS = {"GPU": "", "NPU": "NPU:"}
+
+
+def device_kind(device_id: str) -> str:
+    """``"GPU"`` for ``"0"``, ``"NPU"`` for ``"NPU:0"``."""
+    return "NPU" if device_id.startswith("NPU:") else "GPU"
+
+
+def wants_devices(shape: Shape) -> bool:
+    """Whether a request asks for GPUs or NPUs."""
+    return any(shape.get(kind, 0.0) > EPS for kind in DEVICE_KINDS)
 
 
 @dataclass
@@ -75,8 +91,8 @@ class ProcessOffer:
     """One worker process: what it adds to its node, and where its work may run.
 
     ``capacity`` adds up over the node's processes (CPU, Memory, ``--resources`` tags);
-    ``gpus`` are the device ids it can run work on (a node's GPUs are the union: processes
-    that see the same devices share them); ``shared`` are node-wide amounts that do not add
+    ``gpus`` are the device ids (GPUs and NPUs) it can run work on (a node's are the union:
+    processes that see the same devices share them); ``shared`` are node-wide amounts that do not add
     up (``accelerator_type:<model>``, resources declared for the whole node): the node
     offers the largest any of its processes reports.
     """
@@ -128,10 +144,9 @@ class NodeResources:
     def could_ever_fit(self, shape: Shape) -> bool:
         if not all(self.capacity.get(r, 0.0) + EPS >= amount for r, amount in shape.items()):
             return False
-        gpus = shape.get("GPU", 0.0)
-        if gpus <= EPS or not self.gpu_used:
+        if not wants_devices(shape) or not self.gpu_used:
             return True
-        return any(assign_gpus({g: 1.0 for g in p.gpus}, gpus) is not None
+        return any(assign_devices({g: 1.0 for g in p.gpus}, shape) is not None
                    for p in self.processes.values())
 
     def fits_now(self, shape: Shape) -> bool:
@@ -145,12 +160,13 @@ class NodeResources:
 
     def process_for(self, shape: Shape, prefer: str | None = None,
                     avoid: Collection[str] = ()) -> tuple[str, tuple] | None:
-        """The process to run ``shape`` in, and the GPU ids it would take, or None.
+        """The process to run ``shape`` in, and the device ids it would take, or None.
 
         ``prefer`` first if it can, then the least-loaded process (fewest holdings, then the
-        shortest reported queue).  A GPU request needs a process that sees free devices.
+        shortest reported queue).  A GPU or NPU request needs a process that sees free
+        devices.
         """
-        gpus = shape.get("GPU", 0.0)
+        devices = wants_devices(shape)
         cpu = shape.get("CPU", 0.0)
         # A process whose own CPU share still has room first (CPU-bound work in one process
         # shares one GIL), the requester's own among them; then the most own CPU left, the
@@ -161,9 +177,9 @@ class NodeResources:
         for p in order:
             if p.address in avoid:
                 continue
-            if gpus <= EPS or not self.gpu_used:
+            if not devices or not self.gpu_used:
                 return p.address, ()
-            got = assign_gpus(self.gpu_free(p.gpus), gpus)
+            got = assign_devices(self.gpu_free(p.gpus), shape)
             if got is not None:
                 return p.address, got
         return None
@@ -201,6 +217,21 @@ def assign_gpus(free: dict[str, float], amount: float) -> tuple | None:
     return ((g, amount),)
 
 
+def assign_devices(free: dict[str, float], shape: Shape) -> tuple | None:
+    """The device ids (with shares) ``shape``'s GPUs and NPUs take from ``free`` ({id: free
+    share}, both kinds), or None; each kind by :func:`assign_gpus`."""
+    out: tuple = ()
+    for kind in DEVICE_KINDS:
+        amount = shape.get(kind, 0.0)
+        if amount <= EPS:
+            continue
+        got = assign_gpus({g: f for g, f in free.items() if device_kind(g) == kind}, amount)
+        if got is None:
+            return None
+        out += got
+    return out
+
+
 class Ledger:
     """Every node's pooled capacity and every holding, with the placement choice among fits.
 
@@ -231,10 +262,11 @@ class Ledger:
         if ns is None:
             ns = self.workers[node] = NodeResources(node, {}, host=_host(address))
         offer = ProcessOffer(address, node,
-                             {r: float(a) for r, a in capacity.items() if r != "GPU"},
+                             {r: float(a) for r, a in capacity.items() if r not in DEVICE_KINDS},
                              tuple(str(g) for g in gpus), dict(shared or {}))
-        if "GPU" in capacity and not gpus:  # a GPU count without ids: ids 0..n-1
-            offer.gpus = tuple(str(i) for i in range(int(capacity["GPU"] + EPS)))
+        for kind, prefix in DEVICE_KINDS.items():  # a count without ids: ids 0..n-1
+            if kind in capacity and not any(device_kind(g) == kind for g in offer.gpus):
+                offer.gpus += tuple(f"{prefix}{i}" for i in range(int(capacity[kind] + EPS)))
         if known is not None:  # registered again: it keeps what it holds
             offer.holdings, offer.load = known.holdings, known.load
             offer.cpu_held = known.cpu_held
@@ -251,8 +283,10 @@ class Ledger:
             for r, a in p.shared.items():
                 cap[r] = max(cap.get(r, 0.0), a)
             ids.update(dict.fromkeys(p.gpus))
-        if ids:
-            cap["GPU"] = float(len(ids))
+        for kind in DEVICE_KINDS:
+            n = sum(device_kind(g) == kind for g in ids)
+            if n:
+                cap[kind] = float(n)
         ns.capacity = cap
         ns.gpu_used = {g: ns.gpu_used.get(g, 0.0) for g in ids}
 
@@ -289,7 +323,7 @@ class Ledger:
         node = holding.node or (proc.node if proc is not None else holding.worker)
         holding.node = node
         ns = self.workers[node]
-        if holding.shape.get("GPU", 0.0) > EPS and not holding.gpus:
+        if wants_devices(holding.shape) and not holding.gpus:
             holding.gpus = self._take_gpus(holding.shape, ns, proc, holding.bundle) or ()
         held = self._held_for(holding, ns)
         for r, amount in holding.shape.items():
@@ -304,9 +338,9 @@ class Ledger:
         self.holdings[holding.holding_id] = holding
 
     def plan_gpus(self, shape: Shape, worker: str, bundle: str = "") -> tuple:
-        """The GPU ids (with shares) a request of ``shape`` placed on process ``worker``
-        (inside ``bundle``, if any) would take now; ``()`` if it asks for no GPU."""
-        if shape.get("GPU", 0.0) <= EPS:
+        """The device ids (with shares) a request of ``shape`` placed on process ``worker``
+        (inside ``bundle``, if any) would take now; ``()`` if it asks for no GPU or NPU."""
+        if not wants_devices(shape):
             return ()
         proc = self.processes.get(worker)
         ns = self.workers.get(proc.node if proc is not None else worker)
@@ -324,9 +358,9 @@ class Ledger:
             free = {g: a - used.get(g, 0.0) for g, a in b.gpus}
             if proc is not None and proc.gpus:
                 free = {g: f for g, f in free.items() if g in proc.gpus}
-            return assign_gpus(free, shape["GPU"])
+            return assign_devices(free, shape)
         ids = proc.gpus if proc is not None and proc.node == ns.address else tuple(ns.gpu_used)
-        return assign_gpus(ns.gpu_free(ids), shape["GPU"])
+        return assign_devices(ns.gpu_free(ids), shape)
 
     @property
     def bundle_gpus(self) -> dict[str, dict[str, float]]:

@@ -46,7 +46,7 @@ from yrdask.worker.hosting import HostedInstance
 from yrdask.options import IsolatedFunction
 from yrdask.worker.isolated import (IsolatedInstance, ProcessDied, ProcessPool, Zygote,
                                     keep_large, split_returns as _split_returns)
-from yrdask.worker.devices import device_isolation, gpu_offer, node_id
+from yrdask.worker.devices import device_isolation, gpu_offer, node_id, npu_offer
 from yrdask.worker.execution import Execution, current_execution
 from yrdask.worker import lease_gate as G
 from yrdask.worker.share import SharedThreadPoolExecutor, WorkerShare
@@ -162,26 +162,29 @@ class WorkerAgent:
 
     def capacity(self) -> dict[str, float]:
         """What this worker offers: CPU millicores, Memory MB and its --resources tags
-        (a ``GPU`` entry becomes device ids: :meth:`offer`)."""
+        (``GPU`` and ``NPU`` entries become device ids: :meth:`offer`)."""
         cpu = dask.config.get("yrdask.worker.cpu", None)
         cpu = float(cpu) if cpu is not None else self.worker.state.nthreads * 1000.0
         limit = self.worker.memory_manager.memory_limit or psutil.virtual_memory().total
         cap = {"CPU": cpu, "Memory": float(limit // 2**20)}
         cap.update({k: float(v) for k, v in self.worker.state.total_resources.items()
-                    if k != "GPU"})
+                    if k not in ("GPU", "NPU")})
         return cap
 
     def offer(self) -> P.RegisterWorker:
         """What this process adds to its node (docs/nodes.md): its capacity, the node it
-        belongs to, the GPU ids it can run work on, and node-wide resources (the GPUs'
+        belongs to, the GPU and NPU ids it can run work on, and node-wide resources (their
         ``accelerator_type:<model>``, resources declared for the whole node)."""
-        gpus, model = gpu_offer(self.worker.state.total_resources)
+        declared = self.worker.state.total_resources
+        gpus, model = gpu_offer(declared)
+        npus, npu_model = npu_offer(declared)
         shared = {str(k): float(v) for k, v in
                   (dask.config.get("yrdask.worker.node-resources", None) or {}).items()}
-        if gpus and model:
-            shared.setdefault(f"accelerator_type:{model}", 1.0)
+        for ids, kind in ((gpus, model), (npus, npu_model)):
+            if ids and kind:
+                shared.setdefault(f"accelerator_type:{kind}", 1.0)
         return P.RegisterWorker(self.worker.address, self.capacity(), P.PROTOCOL_VERSION,
-                                self.node_id, tuple(gpus), shared)
+                                self.node_id, (*gpus, *npus), shared)
 
     def _share_with_dask(self) -> None:
         """Dask's tasks take their thread from :attr:`share` too (docs/scheduling.md, "One

@@ -11,10 +11,17 @@ from ``ray.init(num_gpus=)`` / ``Config(num_gpus=)``), then a ``GPU`` entry in t
 ``--resources``.  Otherwise NVIDIA GPUs are detected through NVML (the optional
 ``nvidia-ml-py`` package) or else ``nvidia-smi``.  An existing ``CUDA_VISIBLE_DEVICES``
 restricts them either way, as CUDA itself would.
+
+Ascend NPUs follow the same rules with their own names: ``yrdask.worker.npus``, an ``NPU``
+entry of ``--resources``, else detection (AscendCL's ``acl`` module if it imports, else the
+``/dev/davinci<N>`` device files), restricted by ``ASCEND_RT_VISIBLE_DEVICES``.  Their ids
+travel as ``NPU:<id>`` (the ledger keeps both kinds in one table of devices), and work that
+holds them sees ``ASCEND_RT_VISIBLE_DEVICES=<ids>``, as Ray sets it.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -42,9 +49,16 @@ def node_id(address: str) -> str:
     return host.strip("[]")
 
 
-def visible_devices() -> list[str] | None:
-    """The entries of ``CUDA_VISIBLE_DEVICES`` (None if it is not set; ``[]`` if empty)."""
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+#: What restricts, and then names, the NPUs a process sees (Ray sets the same one).
+NPU_VISIBLE_ENV = "ASCEND_RT_VISIBLE_DEVICES"
+#: The prefix of an NPU's id in the ledger and in lease ids (``"NPU:0"``).
+NPU_PREFIX = "NPU:"
+
+
+def visible_devices(env: str = "CUDA_VISIBLE_DEVICES") -> list[str] | None:
+    """The entries of ``CUDA_VISIBLE_DEVICES`` (or ``env``): None if it is not set, ``[]``
+    if empty."""
+    value = os.environ.get(env)
     if value is None:
         return None
     out = []
@@ -116,15 +130,40 @@ def _smi_names() -> list[str]:
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
-def declared_ids(declared: Any) -> list[str]:
-    """GPU ids from a declaration: a count (the first ``n`` of ``CUDA_VISIBLE_DEVICES``, else
-    ``0..n-1``), a list of ids, or a ``"0,1"`` string."""
+def detect_npus() -> tuple[list[str], str]:
+    """The Ascend NPUs this process may use and their model: ``(["0", "1"], "Ascend910B")``.
+
+    AscendCL (``acl``, part of the CANN toolkit) if it imports, else the ``/dev/davinci<N>``
+    device files (Ray looks at the same two); ``([], "")`` when there are none.
+    ``ASCEND_RT_VISIBLE_DEVICES`` restricts the result.
+    """
+    ids: list[str] = []
+    model = ""
+    try:
+        import acl  # type: ignore[import-not-found]
+
+        count, ret = acl.rt.get_device_count()
+        if ret == 0:
+            ids = [str(i) for i in range(count)]
+            model = str(acl.get_soc_name() or "")
+    except Exception:  # noqa: BLE001 - no CANN toolkit, no driver: look for device files
+        found = (re.fullmatch(r"/dev/davinci(\d+)", f) for f in glob.glob("/dev/davinci*"))
+        ids = sorted((m.group(1) for m in found if m), key=int)
+    visible = visible_devices(NPU_VISIBLE_ENV)
+    if visible is not None:
+        ids = [v for v in visible if v in ids]
+    return ids, model if ids else ""
+
+
+def declared_ids(declared: Any, env: str = "CUDA_VISIBLE_DEVICES") -> list[str]:
+    """Device ids from a declaration: a count (the first ``n`` of ``CUDA_VISIBLE_DEVICES``,
+    or ``env``, else ``0..n-1``), a list of ids, or a ``"0,1"`` string."""
     if isinstance(declared, str):
         return [x.strip() for x in declared.split(",") if x.strip()]
     if isinstance(declared, (list, tuple)):
         return [str(x) for x in declared]
     n = int(float(declared))
-    visible = visible_devices()
+    visible = visible_devices(env)
     if visible is not None and len(visible) >= n:
         return visible[:n]
     return [str(i) for i in range(n)]
@@ -145,6 +184,24 @@ def gpu_offer(resources: dict[str, float]) -> tuple[list[str], str]:
     return ids, model or found
 
 
+def npu_offer(resources: dict[str, float]) -> tuple[list[str], str]:
+    """The NPU ids (as ``NPU:<id>``) and model a worker process offers:
+    ``yrdask.worker.npus`` if set, else an ``NPU`` entry of its Dask ``--resources``, else
+    what :func:`detect_npus` finds."""
+    import dask
+
+    declared = dask.config.get("yrdask.worker.npus", None)
+    model = str(dask.config.get("yrdask.worker.npu-type", None) or "")
+    if declared is not None:
+        ids = declared_ids(declared, NPU_VISIBLE_ENV)
+    elif "NPU" in resources:
+        ids = declared_ids(resources["NPU"], NPU_VISIBLE_ENV)
+    else:
+        ids, found = detect_npus()
+        model = model or found
+    return [f"{NPU_PREFIX}{i}" for i in ids], model
+
+
 def thread_env(cpus: float) -> dict[str, str]:
     """``OMP_NUM_THREADS`` and friends for work that holds ``cpus`` cores (at least 1)."""
     n = str(max(1, int(cpus + 0.5)))
@@ -153,13 +210,24 @@ def thread_env(cpus: float) -> dict[str, str]:
 
 #: Set in the process of work that holds GPUs: the ids it holds (``ray.get_gpu_ids()``).
 GPU_IDS_ENV = "YRDASK_GPU_IDS"
+#: The same for NPUs (``get_accelerator_ids()["NPU"]``).
+NPU_IDS_ENV = "YRDASK_NPU_IDS"
 
 
 def device_isolation(isolation: dict | None, devices: str, cpus: float) -> dict:
-    """The isolation spec (``{"env", "cwd"}``) of work that holds GPUs ``devices``: its own
-    process whose ``CUDA_VISIBLE_DEVICES`` names exactly them, with ``OMP_NUM_THREADS`` and
-    friends set to its CPUs unless its own ``env_vars`` set them (docs/nodes.md)."""
+    """The isolation spec (``{"env", "cwd"}``) of work that holds the devices ``devices``
+    (``"0,1"``, ``"NPU:0"``, ...): its own process whose ``CUDA_VISIBLE_DEVICES`` and
+    ``ASCEND_RT_VISIBLE_DEVICES`` name exactly the GPUs and NPUs it holds, with
+    ``OMP_NUM_THREADS`` and friends set to its CPUs unless its own ``env_vars`` set them
+    (docs/nodes.md)."""
+    ids = [d for d in devices.split(",") if d]
+    gpus = ",".join(d for d in ids if not d.startswith(NPU_PREFIX))
+    npus = ",".join(d[len(NPU_PREFIX):] for d in ids if d.startswith(NPU_PREFIX))
     isolation = dict(isolation or {"env": {}, "cwd": ""})
-    isolation["env"] = {**thread_env(cpus), **(isolation.get("env") or {}),
-                        "CUDA_VISIBLE_DEVICES": devices, GPU_IDS_ENV: devices}
+    env = {**thread_env(cpus), **(isolation.get("env") or {})}
+    if gpus:
+        env.update({"CUDA_VISIBLE_DEVICES": gpus, GPU_IDS_ENV: gpus})
+    if npus:
+        env.update({NPU_VISIBLE_ENV: npus, NPU_IDS_ENV: npus})
+    isolation["env"] = env
     return isolation
