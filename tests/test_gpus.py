@@ -117,6 +117,29 @@ class YrGpu:
     def devices(self):
         return os.environ.get("CUDA_VISIBLE_DEVICES"), tuple(ray.get_gpu_ids())
 
+    def nested(self):
+        return yr.get(yr_inc.invoke(1))
+
+
+@ray.remote
+def inc(x):
+    return x + 1
+
+
+@yr.invoke
+def yr_inc(x):
+    return x + 1
+
+
+@ray.remote(num_gpus=1)
+def gpu_nested():
+    return ray.get(inc.remote(1))
+
+
+@ray.remote(num_gpus=1)
+def gpu_node_and_arg(x):
+    return ray.get_runtime_context().get_node_id(), x
+
 
 @ray.remote(resources={"NPU": 1})
 def one_npu(room, expected):
@@ -282,3 +305,21 @@ def test_a_two_cpu_placement_group_is_ready_and_captures_child_tasks(gpu_ray):
     plain = PlacementGroupSchedulingStrategy(pg)
     assert ray.get(child.options(scheduling_strategy=plain).remote(), timeout=T) is False
     remove_placement_group(pg)
+
+
+NESTED = "nested calls are not available in work that runs in a process of its own"
+
+
+def test_nested_calls_from_gpu_work_raise_a_clear_error_at_the_call(gpu_ray):
+    """GPU work runs in a process of its own without a yr runtime (docs/nodes.md): a nested
+    call there fails at once, naming why and what to do instead, through both APIs; the node
+    id and top-level ObjectRef arguments still work there."""
+    with pytest.raises(yr.YRRuntimeError,
+                       match=f"{NESTED}.*hold GPUs or NPUs.*submit the next work from there"):
+        ray.get(gpu_nested.remote(), timeout=T)
+    inst = YrGpu.invoke()
+    with pytest.raises(yr.YRRuntimeError, match=NESTED):
+        yr.get(inst.nested.invoke(), T)
+    inst.terminate(is_sync=True)
+    node, value = ray.get(gpu_node_and_arg.remote(inc.remote(1)), timeout=T)
+    assert value == 2 and node == ray.nodes()[0]["NodeID"]

@@ -831,16 +831,36 @@ class IsolatedHost:
             os._exit(0)  # the agent let go of this process
 
 
+#: Why nested calls fail in an isolated process, and what to do instead (docs/nodes.md).
+NO_RUNTIME = (
+    "nested calls are not available in work that runs in a process of its own: tasks and "
+    "actors that hold GPUs or NPUs, and work with isolated=True, env_vars or runtime_env "
+    "(yr.get, yr.put, .invoke, ray.get, ray.put, .remote(), ... raise this there; Ray allows "
+    "them). Return the values to the caller and submit the next work from there (the driver, "
+    "or a CPU task or actor without env_vars), or pass other work's ObjectRefs in as "
+    "arguments (top-level ones arrive as their values)")
+
+
 class _NoRuntime:
-    """This process's "runtime": the yr API is not available in an isolated process."""
+    """This process's "runtime": no yr API calls, but it knows its node (``get_node_id()``,
+    ``ray.get_runtime_context().get_node_id()``)."""
+
+    def __init__(self, node: str = "") -> None:
+        self.agent = _NoAgent(node)
+        self.address = node
 
     def __getattr__(self, name: str) -> Any:
-        from yrdask.errors import YRRuntimeError
+        raise YRRuntimeError(NO_RUNTIME)
 
-        raise YRRuntimeError(
-            "the yr API (yr.get, .invoke, yr.save_state, ...) is not available inside an "
-            "isolated process (isolated=True, env_vars or runtime_env): call other work from "
-            "the caller, or use an in-process instance for code that drives other work")
+
+class _NoAgent:
+    """The worker agent as an isolated process sees it: only its node id."""
+
+    def __init__(self, node: str) -> None:
+        self.node_id = node
+
+    def __getattr__(self, name: str) -> Any:
+        raise YRRuntimeError(NO_RUNTIME)
 
 
 class _OutputAgent:
@@ -870,7 +890,7 @@ async def _child_main(announce: Any, node: str = "") -> None:
     from yrdask.worker import output
 
     register_with_dask()
-    install(_NoRuntime())
+    install(_NoRuntime(node))
     host = IsolatedHost()
     server = Server(P.handlers(P.ISOLATED_RPC, host))
     await server.listen("tcp://127.0.0.1:0")
