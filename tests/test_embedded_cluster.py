@@ -321,3 +321,41 @@ def test_import_yrdask_does_not_import_distributed():
                                "if m.split('.')[0] in ('distributed', 'bokeh')))"],
         capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_workers_start_light_and_follow_the_dask_pre_spawn_config(tmp_path, monkeypatch):
+    """Start-up (docs/nodes.md): a worker process imports neither the scheduler nor the
+    dashboard; the launcher starts before the driver imports dask, yet the Dask config's
+    ``distributed.nanny.pre-spawn-environ`` reaches every worker (the launcher runs itself
+    again for it), and the driver's own environment wins over both."""
+    cfg = tmp_path / "dask-config"
+    cfg.mkdir()
+    (cfg / "spawn.yaml").write_text(textwrap.dedent("""
+        distributed:
+          nanny:
+            pre-spawn-environ:
+              OMP_NUM_THREADS: 3
+              MALLOC_TRIM_THRESHOLD_: 1234
+    """))
+    monkeypatch.setenv("DASK_CONFIG", str(cfg))
+    monkeypatch.setenv("MKL_NUM_THREADS", "5")
+    result = run_driver(tmp_path, """
+        import os, sys
+        import yrdask as yr
+
+        @yr.invoke
+        def probe():
+            heavy = sorted(m for m in sys.modules
+                           if m.startswith(("yrdask.scheduler", "yrdask.dashboard")))
+            env = [os.environ.get(k) for k in
+                   ("OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_", "MKL_NUM_THREADS")]
+            return heavy, env
+
+        yr.init(yr.Config(num_cpus=1))
+        print("PROBE", repr(yr.get(probe.invoke(), timeout=60)))
+        yr.finalize()
+    """)
+    assert result.returncode == 0 and "PROBE" in result.stdout, result.stderr[-3000:]
+    heavy, env = eval(result.stdout.split("PROBE", 1)[1].strip())  # noqa: S307 - our repr
+    assert heavy == [], f"a worker process imported the scheduler side: {heavy}"
+    assert env == ["3", "1234", "5"]
