@@ -57,8 +57,14 @@ CLOSE_TIMEOUT_S = 10.0
 
 
 def worker_layout(num_cpus: int | None) -> tuple[int, list[int]]:
-    """(number of worker processes, CPU millicores each offers) for ``num_cpus``."""
-    cores = os.cpu_count() or 1
+    """(number of worker processes, CPU millicores each offers) for ``num_cpus``.
+
+    The cores are those this process may use: its CPU affinity and the container's cgroup
+    CPU quota count (Dask's ``dask.system.CPU_COUNT``), as Ray counts them, not every core
+    of the host (``os.cpu_count()``): a 16-CPU container on a 192-core host starts 16."""
+    import dask.system
+
+    cores = dask.system.CPU_COUNT or 1
     total = num_cpus if num_cpus is not None else cores
     nprocs = max(1, min(cores, total))
     base, extra = divmod(total * 1000, nprocs)
