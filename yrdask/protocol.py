@@ -284,7 +284,8 @@ class ConnectJob(Message):
 class RegisterWorker(Message):
     """worker -> scheduler rpc.  ``capacity`` is {resource: amount}.  Reply: ``None``.
     Makes the worker eligible for yr work.  ``node`` the node (host) whose pool it joins
-    (``""``: its address is a node of its own), ``gpus`` the device ids it can run work on,
+    (``""``: its address is a node of its own), ``gpus`` the device ids it can run work on
+    (GPUs as ``"0"``, Ascend NPUs as ``"NPU:0"``),
     ``shared`` node-wide amounts that do not add up over the node's processes (docs/nodes.md)."""
 
     op: ClassVar[str] = REGISTER_WORKER
@@ -297,7 +298,8 @@ class RegisterWorker(Message):
     shared: Any = None
 
 
-#: A lease that holds GPUs names its device ids after this mark: ``"L7#GPU=0,1"``.  The
+#: A lease that holds GPUs or NPUs names its device ids after this mark: ``"L7#GPU=0,1"``,
+#: ``"L8#GPU=NPU:0"`` (the mark keeps its name; the ids say the kind).  The
 #: submitter treats lease ids as opaque, so the ids reach the worker with every push of the
 #: lease at no cost to other leases (:func:`lease_devices`).
 DEVICES_MARK = "#GPU="
@@ -315,7 +317,7 @@ def with_devices(lease_id: str, gpu_ids: Any, cpus: float = 1.0) -> str:
 
 
 def lease_devices(lease_id: str) -> tuple[str, float]:
-    """``(CUDA_VISIBLE_DEVICES value, cores)`` of a lease; ``("", 0)`` if it holds no GPU."""
+    """``(device ids, cores)`` of a lease (``"0,NPU:1"``); ``("", 0)`` if it holds no GPU or NPU."""
     i = lease_id.find(DEVICES_MARK)
     if i < 0:
         return "", 0.0

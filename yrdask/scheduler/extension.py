@@ -138,7 +138,7 @@ class YrSchedulerExtension:
                     shared: Shape | None = None) -> None:
         gpus, shared = tuple(gpus or ()), shared or {}
         logger.info("yr worker %s offers %s to node %s%s", address, format_shape(capacity),
-                    node or address, f" (GPUs {','.join(gpus)})" if gpus else "")
+                    node or address, f" (devices {','.join(gpus)})" if gpus else "")
         self.lease_service.worker_joined(address, shape_of(capacity), node, gpus,
                                          shape_of(shared))
         self.worker_added.set()
