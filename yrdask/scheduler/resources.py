@@ -92,9 +92,9 @@ class ProcessOffer:
 
     ``capacity`` adds up over the node's processes (CPU, Memory, ``--resources`` tags);
     ``gpus`` are the device ids (GPUs and NPUs) it can run work on (a node's are the union:
-    processes that see the same devices share them); ``shared`` are node-wide amounts that do not add
-    up (``accelerator_type:<model>``, resources declared for the whole node): the node
-    offers the largest any of its processes reports.
+    processes that see the same devices share them); ``shared`` are node-wide amounts that
+    do not add up (``accelerator_type:<model>``, resources declared for the whole node): the
+    node offers the largest any of its processes reports.
     """
 
     address: str
