@@ -11,41 +11,12 @@ from typing import Any
 
 from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError
 from yrdask.scheduler.resources import Holding, Ledger
-from yrdask.statemachine import Event, Instruction, Story
+from yrdask.statemachine import Story
 
 
-def _ev(name: str, *fields_: str) -> type:
-    ns = {"__annotations__": {f: Any for f in fields_}}
-    return dataclass(frozen=True)(type(name, (Event,), ns))
-
-
-def _ins(name: str, *fields_: str) -> type:
-    ns = {"__annotations__": {f: Any for f in fields_}}
-    return dataclass(frozen=True)(type(name, (Instruction,), ns))
-
-
-class SQ:
-    """Namespace shaped like ``yrdask.runtime.submit_queue``."""
-
-    TaskQueued = _ev("TaskQueued", "task_id", "key", "shape", "timeout_ms", "slots", "affinity",
-                     "retries", "data_home", "name")
-    LeaseGranted = _ev("LeaseGranted", "request_id", "lease_id", "worker", "now")
-    LeaseRefused = _ev("LeaseRefused", "request_id", "reason")
-    TaskFinished = _ev("TaskFinished", "task_id", "outcome", "took", "error", "now")
-    CancelRequested = _ev("CancelRequested", "task_id")
-    LeasesRevoked = _ev("LeasesRevoked", "lease_ids")
-    WorkerLost = _ev("WorkerLost", "worker", "now")
-    Tick = _ev("Tick", "now")
-    Closing = _ev("Closing")
-    RequestLease = _ins("RequestLease", "request_id", "queue", "shape", "timeout_ms", "near",
-                        "avoid", "affinity")
-    PushTask = _ins("PushTask", "task_id", "lease_id", "worker", "slots")
-    SendCancel = _ins("SendCancel", "task_id", "worker")
-    ReturnLeases = _ins("ReturnLeases", "lease_ids")
-    TaskSucceeded = _ins("TaskSucceeded", "task_id")
-    TaskFailed = _ins("TaskFailed", "task_id", "error")
-    WakeAt = _ins("WakeAt", "at")
-
+# The submit queue's events and instructions are the real ones too: every process runs the
+# production submitter (runtime/submitter.py), which knows only those.
+from yrdask.runtime import submit_queue as SQ  # noqa: E402
 
 # The lease queue's events and instructions are the real ones: the simulation's scheduler
 # runs the production adapter (scheduler/lease_service.py), which knows only those.
@@ -67,7 +38,7 @@ class StandinSubmitQueue:
     def __init__(self, local_worker: str | None, *, max_pending_requests: int = 4,
                  lease_idle_s: float = 1.0, avoid_lost_s: float = 30.0,
                  max_crash_retries: int = 3, **_: Any) -> None:
-        self.local = local_worker
+        self.local = self.local_worker = local_worker
         self.max_pending = max_pending_requests
         self.idle_s = lease_idle_s
         self.avoid_s = avoid_lost_s

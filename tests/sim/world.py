@@ -9,9 +9,10 @@ answer travel on a link of their own, as Dask's pooled rpc connections do not ke
 the streams.  Every step, ``random.Random(seed)`` picks the head of a random non-empty link,
 a due timer (a machine's ``WakeAt``, a task computing, a planned submission or fault) or a
 jump of the clock.  The scheduler runs the production lease adapter
-(``scheduler/lease_service.py``, as ``scheduler/extension.py`` does) on a simulated edge; the
-submitter and worker adapters below translate messages into the machines' events and their
-instructions into messages, as ``runtime/submitter.py`` and ``worker/agent.py`` do.
+(``scheduler/lease_service.py``, as ``scheduler/extension.py`` does) and every driver and
+worker the production submitter (``runtime/submitter.py``'s ``Submitter``, as the runtime
+does), each on a simulated edge; the worker adapter below translates messages into the lease
+gate's events and its instructions into messages, as ``worker/agent.py`` does.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 
 from tests.sim import machines as M
 from tests.sim.programs import Program, UserBoom
+
+from yrdask import protocol as P
 
 from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError, YRRuntimeError
 
@@ -130,20 +133,125 @@ class _SchedEdge:
         self.world.touched.append(self.sched)
 
 
-class ProcNode(Node):
-    """A driver or worker process: its SubmitQueue, and for workers the gate and tasks."""
+class _SimEntry:
+    """A task's result entry (``runtime/objects.py``'s ``Entry`` as the submitter sees it):
+    settling it settles the task in the world, which checks exactly-once and the outcome."""
 
-    def __init__(self, name: str, worker: bool, capacity: dict | None, sq_kwargs: dict) -> None:
+    __slots__ = ("world", "node", "task_id")
+
+    def __init__(self, world: "World", node: "ProcNode", task_id: str) -> None:
+        self.world = world
+        self.node = node
+        self.task_id = task_id
+
+    def set_result(self, kind: str, payload: Any) -> None:
+        self.world.settle(self.node, self.task_id, ("ok", payload))
+
+    def set_error(self, error: BaseException) -> None:
+        self.world.settle(self.node, self.task_id, ("error", error))
+
+
+class _SimTimer:
+    """A timer armed through an edge (``loop.call_later``'s handle): ``cancel()``."""
+
+    __slots__ = ("fn", "args", "cancelled")
+
+    def __init__(self, fn: Any, args: tuple) -> None:
+        self.fn = fn
+        self.args = args
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _ProcEdge:
+    """The submitter's I/O edge in the simulation (as ``submitter.RuntimeEdge``): the virtual
+    clock and timers, the links to the scheduler and the workers."""
+
+    __slots__ = ("world", "node")
+
+    def __init__(self, world: "World", node: "ProcNode") -> None:
+        self.world = world
+        self.node = node
+
+    def now(self) -> float:
+        return self.world.now
+
+    def call_soon(self, fn: Any, arg: Any) -> None:
+        self.world.timer(self.world.now, self.node.name, "call", _SimTimer(fn, (arg,)))
+
+    def call_at(self, at: float, fn: Any) -> _SimTimer:
+        handle = _SimTimer(fn, ())
+        self.world.timer(max(at, self.world.now), self.node.name, "call", handle)
+        return handle
+
+    def request_lease(self, ins: Any, near: str | None, answer: Any) -> None:
+        name = self.node.name  # the answer comes back as GRANT / REFUSE (proc_message)
+        self.world.send(name, SCHED, f"rpc:{name}/{ins.request_id}", {
+            "op": "REQUEST_LEASE", "request_id": ins.request_id, "shape": dict(ins.shape),
+            "timeout_ms": ins.timeout_ms, "local": near, "queue": ins.queue,
+            "avoid": tuple(ins.avoid), "affinity": ins.affinity})
+
+    def push(self, task: Any, lease_id: str, worker: str, slots: int) -> None:
+        self.world.tasks[task.task_id].where = worker
+        self.world.send(self.node.name, worker, "call", {
+            "op": "RUN_TASK", "task_id": task.task_id, "lease_id": lease_id, "slots": slots})
+
+    def send_cancel(self, worker: str, task_id: str, force: bool) -> None:
+        self.world.send(self.node.name, worker, "call", {"op": "CANCEL_TASK",
+                                                         "task_id": task_id})
+
+    def return_leases(self, lease_ids: list) -> None:
+        self.world.send(self.node.name, SCHED, "stream", {"op": "RETURN_LEASES",
+                                                          "lease_ids": tuple(lease_ids)})
+
+    def crashed(self, error: Any, entries: list) -> None:
+        for entry in entries:  # how the process ended is not modelled: fail at once
+            entry.set_error(error)
+
+    def kept_result(self, oid: str, entry: Any, worker: str) -> bool:
+        raise AssertionError("results kept on workers (the object plane) are not simulated")
+
+    keeps_copy = entry_of = ensure_fetch = kept_result
+
+    def address(self) -> str:
+        return self.node.name
+
+    def local_worker(self) -> str | None:
+        return self.node.name if self.node.worker else None
+
+    def prefers_local(self) -> bool:
+        # the agent's load rule (worker/agent.py: yr tasks of the worker within
+        # local-queue-limit), with a small limit so that forwarding happens too
+        return len(self.node.runs) <= 2
+
+    def cannot(self, ins: Any, error: BaseException) -> None:
+        if isinstance(error, SimFailure):
+            raise error
+        raise SimFailure(f"{self.node.name}'s submitter cannot carry out {ins}: {error!r}",
+                         self.world, (getattr(ins, "task_id", ""),)) from error
+
+
+class ProcNode(Node):
+    """A driver or worker process: its Submitter (and SubmitQueue), and for workers the gate
+    and tasks."""
+
+    def __init__(self, world: "World", name: str, worker: bool, capacity: dict | None,
+                 sq_kwargs: dict) -> None:
         super().__init__(name)
+        from yrdask.runtime.submitter import Submitter
+
         self.worker = worker
         self.capacity = capacity
-        self.submit = M.new_submit_queue(name if worker else None, **sq_kwargs)
+        self.submitter = Submitter(_ProcEdge(world, self),
+                                   M.new_submit_queue(name if worker else None, **sq_kwargs))
+        self.submit = self.submitter.machine
         self.gate = M.new_gate() if worker else None
         self.runs: dict[str, Run] = {}
         self.arrived: dict[str, tuple[str, dict]] = {}  # task id -> (caller, RUN_TASK msg)
         self.cancelled: set[str] = set()
         self.blocked: dict[str, int] = {}  # lease id -> tasks of it blocked in get
-        self.payloads: dict[str, Any] = {}  # task id -> result value of its TASK_DONE
         self.closed = False
         # drivers
         self.tops: list[str] = []
@@ -179,7 +287,7 @@ class World:
         for name, cap in scenario.workers:
             self._add_worker(name, cap, at_start=True)
         for d in scenario.drivers:
-            node = ProcNode(d.name, False, None, scenario.sq_kwargs)
+            node = ProcNode(self, d.name, False, None, scenario.sq_kwargs)
             self.nodes[d.name] = node
             self.sched.jobs.add(d.name)  # its job stream is open
             for t, progs in d.batches:
@@ -271,7 +379,8 @@ class World:
 
     def _idle(self) -> bool:
         """Nothing but machine timers left: no message, no computing task, no plan."""
-        return not self.busy and all(kind == "wake" for _, _, _, kind, _ in self.timers)
+        return not self.busy and all(kind == "wake" or kind == "call"
+                                     for _, _, _, kind, _ in self.timers)
 
     def tasks_planned(self) -> list:
         return [p for d in self.sc.drivers for _, progs in d.batches for p in progs]
@@ -287,11 +396,12 @@ class World:
             node.wake.discard((what, at))
             if what == "sched":
                 self.sched.service.tick()
-            elif what == "sq":
-                if not node.closed:
-                    self.sq_handle(node, M.sq.Tick(stimulus_id=f"tick-{self.step}", now=self.now))
             elif what == "gate":
                 self.gate_handle(node, M.gate.Tick(stimulus_id=f"tick-{self.step}", now=self.now))
+        elif kind == "call":  # a submitter's timer (its Tick) or deferred TASK_DONE
+            if not data.cancelled:
+                self.touched.append(node)
+                data.fn(*data.args)
         elif kind == "run":
             run = data
             if node.runs.get(run.task_id) is run:
@@ -404,83 +514,53 @@ class World:
         else:
             raise AssertionError(f"unknown message to the scheduler: {msg}")
 
-    # -- submitter adapter (runtime/submitter.py) -------------------------------------------
+    # -- the submitter's world (runtime/submitter.py runs on _ProcEdge) ---------------------
 
     def submit(self, node: ProcNode, prog: Program, parent: Run | None, top: bool = False) -> str:
+        """A task submitted by ``node`` (as ``Runtime.submit_task`` builds it)."""
+        from yrdask.runtime.submitter import Task
+
         task_id = self.new_id(f"{node.name}-t")
         self.tasks[task_id] = TaskRec(task_id, node.name, prog, parent, top=top)
         self.say(node.name, ("submit", prog.path), task_id)
-        key = (prog.shape, prog.timeout_ms, prog.slots, ())
-        self.sq_handle(node, M.sq.TaskQueued(
-            stimulus_id=f"submit-{task_id}", task_id=task_id, key=key, shape=dict(prog.shape),
-            timeout_ms=prog.timeout_ms, slots=prog.slots, affinity=(), retries=prog.retries,
-            data_home=None, name=f"f{prog.path}"))
+        name = f"f{prog.path}"
+        task = Task(task_id, name, b"", name, b"", [], [_SimEntry(self, node, task_id)],
+                    [f"{task_id}.0"], 1, dict(prog.shape),
+                    (prog.shape, prog.timeout_ms, prog.slots, ()), prog.timeout_ms,
+                    prog.retries, node.name)
+        self.touched.append(node)
+        node.submitter.submit(task)
         return task_id
 
     def proc_message(self, node: ProcNode, src: str, msg: dict) -> None:
+        """A message to a driver's or worker's runtime: to its submitter."""
         op = msg["op"]
-        sid = f"{op.lower()}-{self.step}"
-        sq = M.sq
+        submitter = node.submitter
+        self.touched.append(node)
         if op == "GRANT":
-            self.sq_handle(node, sq.LeaseGranted(stimulus_id=sid, request_id=msg["request_id"],
-                                                 lease_id=msg["lease_id"], worker=msg["worker"],
-                                                 now=self.now))
+            submitter.lease_answer(msg["request_id"], msg["lease_id"], msg["worker"])
         elif op == "REFUSE":
-            self.sq_handle(node, sq.LeaseRefused(stimulus_id=sid, request_id=msg["request_id"],
-                                                 reason=msg["reason"]))
+            submitter.lease_answer(msg["request_id"], None, msg["reason"])
         elif op == "REVOKE_LEASES":
-            self.sq_handle(node, sq.LeasesRevoked(stimulus_id=sid, lease_ids=tuple(msg["lease_ids"])))
+            submitter.revoke(list(msg["lease_ids"]))
         elif op in ("WORKER_LOST", "CHANNEL_LOST"):
-            self.sq_handle(node, sq.WorkerLost(stimulus_id=sid, worker=msg["worker"], now=self.now))
+            submitter.on_channel_lost(msg["worker"])
         elif op == "TASK_DONE":
             task_id = msg["task_id"]
             rec = self.tasks.get(task_id)
             if rec is not None and rec.where == src:
                 rec.where = None
-            if msg["outcome"] == "ok":
-                node.payloads[task_id] = msg["value"]
-            self.sq_handle(node, sq.TaskFinished(stimulus_id=sid, task_id=task_id,
-                                                 outcome=msg["outcome"], took=msg.get("took"),
-                                                 error=msg.get("error"), now=self.now))
-            node.payloads.pop(task_id, None)
+            outcome = msg["outcome"]
+            if outcome == "ok":
+                done = P.TaskDone(task_id, results=[(P.VALUE, msg["value"])], took=msg["took"])
+            elif outcome == "requeue":
+                done = P.TaskDone(task_id, requeue=True)
+            else:
+                done = P.TaskDone(task_id, error=msg["error"], took=msg["took"],
+                                  retryable=outcome == "retryable")
+            submitter.on_task_done(done)
         else:
             raise AssertionError(f"unknown message to {node.name}: {msg}")
-
-    def sq_handle(self, node: ProcNode, event: Any) -> None:
-        self.touched.append(node)
-        for ins in node.submit.handle(event):
-            name = type(ins).__name__
-            if name == "RequestLease":
-                local = ins.near
-                if local is None and node.worker and len(node.runs) <= 2:
-                    local = node.name  # local first while its queue is short
-                self.send(node.name, SCHED, f"rpc:{node.name}/{ins.request_id}", {
-                    "op": "REQUEST_LEASE", "request_id": ins.request_id, "shape": dict(ins.shape),
-                    "timeout_ms": ins.timeout_ms, "local": local, "queue": ins.queue,
-                    "avoid": tuple(ins.avoid), "affinity": ins.affinity})
-            elif name == "PushTask":
-                rec = self.tasks[ins.task_id]
-                rec.where = ins.worker
-                self.send(node.name, ins.worker, "call", {
-                    "op": "RUN_TASK", "task_id": ins.task_id, "lease_id": ins.lease_id,
-                    "slots": ins.slots})
-            elif name == "SendCancel":
-                self.send(node.name, ins.worker, "call", {"op": "CANCEL_TASK",
-                                                          "task_id": ins.task_id})
-            elif name == "ReturnLeases":
-                self.send(node.name, SCHED, "stream", {"op": "RETURN_LEASES",
-                                                       "lease_ids": tuple(ins.lease_ids)})
-            elif name == "TaskSucceeded":
-                if ins.task_id not in node.payloads:
-                    raise SimFailure(f"{node.name} settled {ins.task_id} as succeeded without "
-                                     "a successful TASK_DONE for it", self, (ins.task_id,))
-                self.settle(node, ins.task_id, ("ok", node.payloads.pop(ins.task_id)))
-            elif name == "TaskFailed":
-                self.settle(node, ins.task_id, ("error", ins.error))
-            elif name == "WakeAt":
-                self.arm(node, "sq", ins.at)
-            else:
-                raise AssertionError(f"unknown submitter instruction {ins}")
 
     def settle(self, node: ProcNode, task_id: str, outcome: tuple) -> None:
         rec = self.tasks.get(task_id)
@@ -648,8 +728,8 @@ class World:
         """``yr.cancel`` in a driver."""
         rec = self.tasks[task_id]
         rec.cancelled = True
-        self.sq_handle(node, M.sq.CancelRequested(stimulus_id=f"cancel-{task_id}",
-                                                  task_id=task_id))
+        self.touched.append(node)
+        node.submitter.cancel(task_id)
 
     # -- faults and membership ---------------------------------------------------------------
 
@@ -662,7 +742,7 @@ class World:
         return name
 
     def _add_worker(self, name: str, cap: dict, at_start: bool) -> None:
-        node = ProcNode(name, True, cap, self.sc.sq_kwargs)
+        node = ProcNode(self, name, True, cap, self.sc.sq_kwargs)
         self.nodes[name] = node
         if at_start:
             self.sched.workers.add(name)
@@ -714,7 +794,8 @@ class World:
 
     def close_driver(self, node: ProcNode) -> None:
         """The driver ends: its queue closes, then its job stream (OwnerGone)."""
-        self.sq_handle(node, M.sq.Closing(stimulus_id=f"close-{node.name}"))
+        self.touched.append(node)
+        node.submitter.close()
         node.closed = True
         for t in node.tops:
             rec = self.tasks[t]

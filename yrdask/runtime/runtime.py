@@ -72,7 +72,7 @@ class Runtime:
         register_with_dask()  # large values travel as Dask frames (serialization.Frames)
         _load_machines()
         self.objects = ObjectTable(self, INLINE_LIMIT)
-        self.submitter = Submitter(self)
+        self.submitter = Submitter.for_runtime(self)
         self.router = InstanceRouter(self)
         self.channels: dict[str, Any] = {}
         self.streams: dict[str, Stream] = {}  # generator calls whose end has not come

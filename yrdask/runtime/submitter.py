@@ -1,21 +1,27 @@
-"""Task submission: the asyncio adapter around the :class:`SubmitQueue` state machine.
+"""Task submission: the decisions around the :class:`SubmitQueue` state machine, apart from
+their I/O.
 
 The rules (shape queues, leases, pipelining, revokes, lost workers, retries, cancels) live in
-:mod:`yrdask.runtime.submit_queue`, a pure machine.  This adapter, on the runtime's event loop
-thread, keeps what the machine does not see (each task's function, pickled arguments, ref
-arguments and result entries, keyed by task id), turns the world into events and carries
-out the machine's instructions:
+:mod:`yrdask.runtime.submit_queue`, a pure machine.  :class:`Submitter`, on the runtime's event
+loop thread, keeps what the machine does not see (each task's function, pickled arguments, ref
+arguments and result entries, keyed by task id), turns the world into events and decides what
+each of the machine's instructions means:
 
 1. ``submit`` waits for the task's owned ref arguments (the owner resolves them, as in Ray),
    then says ``TaskQueued`` (a failed argument fails the task here);
-2. ``RequestLease`` becomes a ``REQUEST_LEASE`` rpc whose answer is ``LeaseGranted`` /
-   ``LeaseRefused``; ``PushTask`` a ``RUN_TASK`` on the call channel to the worker (the
-   function's pickle only the first time on that channel), ``SendCancel`` a ``CANCEL_TASK``,
-   ``ReturnLeases`` a ``RETURN_LEASES`` on the scheduler stream;
+2. ``RequestLease`` becomes a lease request (local first: on this worker while its queue is
+   short, unless large arguments live elsewhere) whose answer is ``LeaseGranted`` /
+   ``LeaseRefused``; ``PushTask`` a ``RUN_TASK`` to the worker, ``SendCancel`` a
+   ``CANCEL_TASK``, ``ReturnLeases`` a ``RETURN_LEASES`` on the scheduler stream;
 3. ``TASK_DONE`` becomes ``TaskFinished``; ``TaskSucceeded`` / ``TaskFailed`` settle the
    task's entries (with the results of that ``TASK_DONE``, or the error);
-4. ``WakeAt`` arms one loop timer that answers with ``Tick``; revokes, lost channels and the
-   end of the runtime are events too.
+4. ``WakeAt`` arms one timer that answers with ``Tick``; revokes, lost channels and the end
+   of the runtime are events too.
+
+It does no I/O itself: a small :class:`SubmitEdge` carries out the edge (the clock, timers,
+sends, lease rpcs, the object table).  The runtime plugs in :class:`RuntimeEdge` (its loop,
+channels and connector); the simulation (``tests/sim/world.py``) plugs in its virtual clock
+and links, so it drives this very code (as ``scheduler/lease_service.py`` is driven).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import dask
 
@@ -71,35 +77,98 @@ class Task:
     cancelled: bool = False
 
 
-class Submitter:
-    """Per-process task submission: feeds the :class:`SubmitQueue`, does what it says."""
+class SubmitEdge(Protocol):
+    """What :class:`Submitter` needs of the world around it (all on the loop thread)."""
 
-    def __init__(self, runtime: Any, lease_idle_s: float = 1.0,
-                 max_crash_retries: int | None = None) -> None:
-        self.rt = runtime
-        if max_crash_retries is None:
-            max_crash_retries = int(dask.config.get("yrdask.scheduling.max-task-crashes", 3))
-        self.machine = M.SubmitQueue(None, lease_idle_s=lease_idle_s,
-                                     max_crash_retries=max_crash_retries)
+    def now(self) -> float:
+        """The clock of the machine's times (``time.monotonic`` in production)."""
+
+    def call_soon(self, fn: Callable[[Any], None], arg: Any) -> None:
+        """Call ``fn(arg)`` soon, after the current event."""
+
+    def call_at(self, at: float, fn: Callable[[], None]) -> Any:
+        """Call ``fn`` at (or after) ``at``; returns a handle with ``cancel()``."""
+
+    def request_lease(self, ins: M.RequestLease, near: str | None,
+                      answer: Callable[[str, str | None, str], None]) -> None:
+        """Ask the scheduler for ``ins``'s lease (``near``: the worker to place it on when it
+        fits there); later ``answer(request_id, lease_id, worker)`` or ``answer(request_id,
+        None, reason)``."""
+
+    def push(self, task: Task, lease_id: str, worker: str, slots: int) -> None:
+        """Send ``task`` to ``worker`` under ``lease_id`` (``RUN_TASK``)."""
+
+    def send_cancel(self, worker: str, task_id: str, force: bool) -> None:
+        """``CANCEL_TASK`` to the worker running ``task_id``."""
+
+    def return_leases(self, lease_ids: list[str]) -> None:
+        """``RETURN_LEASES`` on the scheduler stream."""
+
+    def crashed(self, error: TaskCrashedError, entries: list[Entry]) -> None:
+        """Fail ``entries`` with ``error``, once it can say how the worker's process ended."""
+
+    def kept_result(self, oid: str, entry: Entry, worker: str) -> bool:
+        """A result ``worker`` keeps: False (and the worker's copy freed) when nothing here
+        refers to it any more, else True (its lineage is kept)."""
+
+    def keeps_copy(self, oid: str) -> bool:
+        """The value of ``oid`` is still in this node's store (a lost worker did not take
+        it)."""
+
+    def entry_of(self, oid: str) -> Entry | None:
+        """The object table's entry of ``oid``, if it lives."""
+
+    def ensure_fetch(self, ref: Any) -> None:
+        """Ask the owner of a borrowed ``ref`` for its value (answered once it is ready)."""
+
+    def address(self) -> str:
+        """This process's address."""
+
+    def local_worker(self) -> str | None:
+        """The worker this process lives in, or None (a driver)."""
+
+    def prefers_local(self) -> bool:
+        """Local first: this worker's queue is short enough to lease on it."""
+
+    def cannot(self, ins: Any, error: BaseException) -> None:
+        """An instruction could not be carried out (production logs it)."""
+
+
+class Submitter:
+    """Per-process task submission: feeds the :class:`SubmitQueue` and decides what its
+    instructions mean; the :class:`SubmitEdge` does the I/O."""
+
+    def __init__(self, edge: SubmitEdge, machine: M.SubmitQueue) -> None:
+        self.edge = edge
+        self.machine = machine
         self.tasks: dict[str, Task] = {}  # submitted and not settled yet
         self.waiting = 0  # tasks whose ref arguments are not ready yet
         self.closed = False
         self._results: dict[str, list] = {}  # task id -> results of the TASK_DONE being handled
         self._events: deque = deque()
         self._busy = False
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Any = None
         self._timer_at = 0.0
         self._local_set = False
         # lineage: result id -> its Task, for results a worker keeps (LOCATION), while the
         # result lives: a result lost with its worker is computed again (reconstruct)
         self.lineage: dict[str, Task] = {}
 
+    @classmethod
+    def for_runtime(cls, runtime: Any, lease_idle_s: float = 1.0,
+                    max_crash_retries: int | None = None) -> "Submitter":
+        """The submitter of a process's runtime: its machine, on the runtime's edge."""
+        if max_crash_retries is None:
+            max_crash_retries = int(dask.config.get("yrdask.scheduling.max-task-crashes", 3))
+        return cls(RuntimeEdge(runtime), M.SubmitQueue(None, lease_idle_s=lease_idle_s,
+                                                        max_crash_retries=max_crash_retries))
+
     # -- entry points (loop thread) --------------------------------------------------------
 
     def submit(self, task: Task) -> None:
         if not self._local_set:  # a worker's runtime learns its address after it is built
             self._local_set = True
-            self.machine.local_worker = self.rt.local_worker
+            self.machine.local_worker = self.edge.local_worker()
         self.tasks[task.task_id] = task
         self.waiting += 1
         if not task.nested:
@@ -110,7 +179,7 @@ class Submitter:
             return
         for ref in task.nested:  # a borrowed one: ask its owner, who answers once it is ready
             if ref._entry.owner is not None:
-                self.rt._ensure_fetch(ref)
+                self.edge.ensure_fetch(ref)
         pending = pending_owned(task.dep_refs) + [r._entry for r in task.nested
                                                    if not r._entry.ready]
         when_entries_ready(pending, lambda: self._deps_ready(task))
@@ -133,10 +202,11 @@ class Submitter:
             deps = task.deps = [dep_of(ref) for ref in task.dep_refs]
             # refs to values in the store stay held until the task is done (read by reference)
             task.dep_refs = [r for r in task.dep_refs if r._entry.stored]
+            here = self.edge.address()
             for _oid, kind, payload in deps:
                 # leasing where large arguments live saves moving them (our own puts are in
                 # this node's store: local first already prefers it)
-                if kind == P.LOCATION and payload != self.rt.address:
+                if kind == P.LOCATION and payload != here:
                     data_home = payload
                     break
         else:
@@ -150,7 +220,7 @@ class Submitter:
     def on_task_done(self, msg: P.TaskDone) -> None:
         """``TASK_DONE`` of a pushed task (instance calls were routed elsewhere first)."""
         if self._busy:  # never inside another event's instructions: its results must wait
-            self.rt.loop.call_soon(self.on_task_done, msg)
+            self.edge.call_soon(self.on_task_done, msg)
             return
         task_id = msg.task_id
         error = msg.error
@@ -162,7 +232,7 @@ class Submitter:
             outcome = "ok"
             self._results[task_id] = msg.results or []
         self._handle(M.TaskFinished("task-done", task_id, outcome, msg.took, error,
-                                    time.monotonic()))
+                                    self.edge.now()))
         if outcome == "ok":
             self._results.pop(task_id, None)
 
@@ -190,7 +260,16 @@ class Submitter:
 
     def on_channel_lost(self, worker: str) -> None:
         """The channel to ``worker`` broke (or the scheduler said it is gone)."""
-        self._handle(M.WorkerLost("channel-lost", worker, time.monotonic()))
+        self._handle(M.WorkerLost("channel-lost", worker, self.edge.now()))
+
+    def lease_answer(self, request_id: str, lease_id: str | None, where: str) -> None:
+        """The scheduler's answer to a lease request: granted on worker ``where``, or
+        refused (``lease_id`` None, ``where`` the reason)."""
+        if lease_id is None:
+            self._handle(M.LeaseRefused("lease-refused", request_id, str(where)))
+        else:
+            self._handle(M.LeaseGranted("lease-granted", request_id, lease_id, where,
+                                        self.edge.now()))
 
     def close(self) -> None:
         if self._timer is not None:
@@ -223,46 +302,51 @@ class Submitter:
                 for ins in self.machine.handle(self._events.popleft()):
                     try:
                         self._do(ins)
-                    except Exception:
-                        logger.exception("submitter: cannot carry out %r", ins)
+                    except Exception as e:
+                        self.edge.cannot(ins, e)
         finally:
             self._busy = False
 
     def _do(self, ins: Any) -> None:
         kind = type(ins)
         if kind is M.PushTask:
-            self._push(ins)
+            self.edge.push(self.tasks[ins.task_id], ins.lease_id, ins.worker, ins.slots)
         elif kind is M.TaskSucceeded:
             task = self.tasks.pop(ins.task_id, None)
-            results = self._results.pop(ins.task_id, ())
-            if task is None:
-                return
+            results = self._results.pop(ins.task_id, None)
+            if task is None or results is None:  # a machine bug: say so, settle nothing twice
+                raise AssertionError(
+                    f"TaskSucceeded for {ins.task_id}, " + (
+                        "which is not pending (settled twice, or never queued)"
+                        if task is None else "without a successful TASK_DONE for it"))
             for oid, entry, (rkind, payload) in zip(task.ref_ids, task.entries, results):
                 entry.set_result(rkind, payload)
                 if rkind != P.LOCATION or task.nret < 0:
                     continue
-                if entry.refs <= 0 and self.rt.objects.entries.get(oid) is not entry:
-                    self.rt.free_remote(payload, [oid])  # dropped while it ran, and not lent
-                else:
+                if self.edge.kept_result(oid, entry, payload):
                     self.lineage[oid] = task
         elif kind is M.TaskFailed:
             task = self.tasks.pop(ins.task_id, None)
-            if task is None:
-                return
+            if task is None:  # a machine bug: say so, settle nothing twice
+                raise AssertionError(f"TaskFailed for {ins.task_id}, which is not pending "
+                                     "(settled twice, or never queued)")
             error = ins.error
             if isinstance(error, (bytes, bytearray, memoryview)):
                 error = loads(error)
             if type(error) is TaskCrashedError:  # say how the process ended, when known
-                self.rt.with_exit_reason(error, failing_entries(task.entries))
+                self.edge.crashed(error, task.entries)
                 return
             for entry in task.entries:
                 entry.set_error(error)
         elif kind is M.RequestLease:
-            self.rt.loop.create_task(self._request_lease(ins))
+            near = ins.near
+            if near is None and self.machine.local_worker and self.edge.prefers_local():
+                near = self.machine.local_worker  # local first while its queue is short
+            self.edge.request_lease(ins, near, self.lease_answer)
         elif kind is M.ReturnLeases:
-            self.rt.connector.return_leases(list(ins.lease_ids))
+            self.edge.return_leases(list(ins.lease_ids))
         elif kind is M.SendCancel:
-            self.rt.channel(ins.worker).send(P.CancelTask(ins.task_id, ins.force))
+            self.edge.send_cancel(ins.worker, ins.task_id, ins.force)
         elif kind is M.WakeAt:
             self._wake_at(ins.at)
         else:
@@ -281,13 +365,13 @@ class Submitter:
         handled = []
         again: dict[str, Task] = {}
         for oid, task in list(self.lineage.items()):
-            entry = self.rt.objects.entries.get(oid)
+            entry = self.edge.entry_of(oid)
             if entry is None:
                 del self.lineage[oid]
                 continue
             if entry.state != P.LOCATION or entry.location != worker or entry.has_value:
                 continue
-            if node_store().contains(oid):  # still in this node's store: readers map it
+            if self.edge.keeps_copy(oid):  # still in this node's store: readers map it
                 continue
             del self.lineage[oid]
             handled.append(oid)
@@ -312,28 +396,8 @@ class Submitter:
                                       task.name, task.max_crashes))
         return handled
 
-    def _push(self, ins: M.PushTask) -> None:
-        task = self.tasks[ins.task_id]
-        chan = self.rt.channel(ins.worker)
-        fn = None if task.fn_id in chan.sent_functions else task.fn_payload
-        chan.sent_functions.add(task.fn_id)
-        chan.send(P.RunTask(task.task_id, ins.lease_id, task.fn_id, fn, task.args, task.deps,
-                            task.nret, task.owner, task.name, ins.slots, task.log_to))
-
-    async def _request_lease(self, ins: M.RequestLease) -> None:
-        try:
-            lease_id, where = await self.rt.connector.request_lease(
-                ins.shape, ins.timeout_ms, ins.queue, list(ins.avoid), ins.affinity, ins.near)
-        except Exception as e:  # scheduler unreachable
-            lease_id, where = None, f"lease request failed: {e!r}"
-        if lease_id is None:
-            self._handle(M.LeaseRefused("lease-refused", ins.request_id, str(where)))
-        else:
-            self._handle(M.LeaseGranted("lease-granted", ins.request_id, lease_id, where,
-                                        time.monotonic()))
-
     def _wake_at(self, at: float) -> None:
-        """One loop timer, for the earliest time the machine asked for."""
+        """One timer, for the earliest time the machine asked for."""
         if self.closed:
             return
         if self._timer is not None:
@@ -341,11 +405,85 @@ class Submitter:
                 return
             self._timer.cancel()
         self._timer_at = at
-        self._timer = self.rt.loop.call_later(max(0.0, at - time.monotonic()), self._tick)
+        self._timer = self.edge.call_at(at, self._tick)
 
     def _tick(self) -> None:
         self._timer = None
-        self._handle(M.Tick("tick", time.monotonic()))
+        self._handle(M.Tick("tick", self.edge.now()))
+
+
+class RuntimeEdge:
+    """The submitter's I/O edge in a process: the runtime's event loop, channels, connector
+    and object table."""
+
+    __slots__ = ("rt",)
+    now = staticmethod(time.monotonic)
+
+    def __init__(self, runtime: Any) -> None:
+        self.rt = runtime
+
+    def call_soon(self, fn: Callable[[Any], None], arg: Any) -> None:
+        self.rt.loop.call_soon(fn, arg)
+
+    def call_at(self, at: float, fn: Callable[[], None]) -> asyncio.TimerHandle:
+        return self.rt.loop.call_later(max(0.0, at - time.monotonic()), fn)
+
+    def request_lease(self, ins: M.RequestLease, near: str | None,
+                      answer: Callable[[str, str | None, str], None]) -> None:
+        self.rt.loop.create_task(self._request_lease(ins, near, answer))
+
+    async def _request_lease(self, ins: M.RequestLease, near: str | None,
+                             answer: Callable[[str, str | None, str], None]) -> None:
+        try:
+            lease_id, where = await self.rt.connector.request_lease(
+                ins.shape, ins.timeout_ms, ins.queue, list(ins.avoid), ins.affinity, near)
+        except Exception as e:  # scheduler unreachable
+            lease_id, where = None, f"lease request failed: {e!r}"
+        answer(ins.request_id, lease_id, where)
+
+    def push(self, task: Task, lease_id: str, worker: str, slots: int) -> None:
+        chan = self.rt.channel(worker)
+        fn = None if task.fn_id in chan.sent_functions else task.fn_payload
+        chan.sent_functions.add(task.fn_id)
+        chan.send(P.RunTask(task.task_id, lease_id, task.fn_id, fn, task.args, task.deps,
+                            task.nret, task.owner, task.name, slots, task.log_to))
+
+    def send_cancel(self, worker: str, task_id: str, force: bool) -> None:
+        self.rt.channel(worker).send(P.CancelTask(task_id, force))
+
+    def return_leases(self, lease_ids: list[str]) -> None:
+        self.rt.connector.return_leases(lease_ids)
+
+    def crashed(self, error: TaskCrashedError, entries: list[Entry]) -> None:
+        self.rt.with_exit_reason(error, failing_entries(entries))
+
+    def kept_result(self, oid: str, entry: Entry, worker: str) -> bool:
+        if entry.refs <= 0 and self.rt.objects.entries.get(oid) is not entry:
+            self.rt.free_remote(worker, [oid])  # dropped while it ran, and not lent
+            return False
+        return True
+
+    def keeps_copy(self, oid: str) -> bool:
+        return node_store().contains(oid)
+
+    def entry_of(self, oid: str) -> Entry | None:
+        return self.rt.objects.entries.get(oid)
+
+    def ensure_fetch(self, ref: Any) -> None:
+        self.rt._ensure_fetch(ref)
+
+    def address(self) -> str:
+        return self.rt.address
+
+    def local_worker(self) -> str | None:
+        return self.rt.local_worker
+
+    def prefers_local(self) -> bool:
+        agent = self.rt.agent
+        return agent is not None and agent.prefers_local()
+
+    def cannot(self, ins: Any, error: BaseException) -> None:
+        logger.error("submitter: cannot carry out %r", ins, exc_info=error)
 
 
 def when_entries_ready(entries: list[Entry], then: Any) -> None:

@@ -287,13 +287,11 @@ class WorkerConnector:
 
     async def request_lease(self, shape: dict, timeout_ms: int, queue: str,
                             avoid: list[str], affinity: tuple, near: str | None) -> list:
-        """Local first: the scheduler places the lease on this worker when it fits and the
-        worker's queue is short (``yrdask.scheduling.*``), else where the cluster has room.
-        Where large arguments live (``near``) comes before local."""
-        local = near or (self.worker.address if self.rt.agent.prefers_local() else None)
+        """``near``: the worker to place the lease on when it fits there (the submitter
+        decides: where large arguments live, else this worker while its queue is short)."""
         return await self.request(P.RequestLease(
             owner=self.worker.address, shape=shape, timeout_ms=timeout_ms,
-            local=local, queue=queue, avoid=avoid, affinity=affinity))
+            local=near, queue=queue, avoid=avoid, affinity=affinity))
 
     async def request(self, msg: P.Message) -> Any:
         """A scheduler rpc; returns its reply (``type(msg).reply_type``)."""
