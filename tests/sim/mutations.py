@@ -14,6 +14,7 @@ it; ``tests/sim/test_mutations.py`` holds each to its budget in CI.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -175,6 +176,24 @@ def _gone_requester_served(patch: Patch) -> None:
     patch(LeaseService, "requester_gone", lambda self, owner: None)
 
 
+def _retryable_as_final(patch: Patch) -> None:
+    from yrdask.runtime.submitter import Submitter
+
+    real = Submitter.on_task_done
+
+    def on_task_done(self, msg):
+        if msg.retryable:  # the adapter's rule "a retryable error may run again" broken
+            msg = dataclasses.replace(msg, retryable=False)
+        return real(self, msg)
+    patch(Submitter, "on_task_done", on_task_done)
+
+
+def _channel_lost_ignored(patch: Patch) -> None:
+    from yrdask.runtime.submitter import Submitter
+
+    patch(Submitter, "on_channel_lost", lambda self, worker: None)
+
+
 LQ_V = ("yrdask.scheduler.leases", "LeaseQueue")
 SQ_V = ("yrdask.runtime.submit_queue", "SubmitQueue")
 GATE_V = ("yrdask.worker.lease_gate", "LeaseGate")
@@ -211,6 +230,13 @@ MUTATIONS: list[Mutation] = [
     Mutation("adapter-serves-gone-requester", "tasks",
              "the scheduler adapter (LeaseService, production code) asks for a lease of a "
              "requester whose job already ended", _gone_requester_served, 1000),
+    Mutation("submitter-retryable-as-final", "tasks",
+             "the submitter adapter (Submitter, production code) reports a retryable user "
+             "error as final (retry_times ignored)", _retryable_as_final, 200),
+    Mutation("submitter-channel-lost-ignored", "tasks",
+             "the submitter adapter (Submitter, production code) does not tell its queue that "
+             "a worker's channel broke (tasks pushed there never settle)",
+             _channel_lost_ignored, 200),
     Mutation("calls-requeue-behind", "calls",
              "calls lost with a worker are redelivered behind the queued ones (order)",
              _requeue_behind, 3000, (CO_V,)),

@@ -24,6 +24,9 @@ def test_at_least_ten_mutations_across_machines():
     assert {"LeaseQueue", "SubmitQueue", "LeaseGate", "CallOrder", "Lifecycle"} <= targets
     names = {m.name for m in MU.MUTATIONS}
     assert {"ledger-fits-ever", "lost-worker-leases-kept"} <= names
+    # the production adapters the simulation drives are mutated too
+    assert {"adapter-serves-gone-requester", "submitter-retryable-as-final",
+            "submitter-channel-lost-ignored"} <= names
 
 
 @pytest.mark.parametrize("mutation", MU.MUTATIONS, ids=lambda m: m.name)
