@@ -1,0 +1,172 @@
+"""The submitter's decisions (``runtime/submitter.py``'s ``Submitter``) on a recording edge:
+the rules the simulation's task world cannot reach (it has no ref arguments, and no result
+settles inside another event).  No cluster, no loop."""
+
+from __future__ import annotations
+
+from yrdask import protocol as P
+from yrdask.runtime import submit_queue as M
+from yrdask.runtime.submitter import Submitter, Task
+
+ME = "tcp://me:1"
+
+
+class Edge:
+    """A :class:`~yrdask.runtime.submitter.SubmitEdge` that records what it is asked."""
+
+    def __init__(self, local: str | None = ME, short_queue: bool = True) -> None:
+        self.local = local
+        self.short_queue = short_queue
+        self.t = 0.0
+        self.sent: list[tuple] = []
+        self.soon: list[tuple] = []
+        self.timers: list[list] = []
+
+    def now(self) -> float:
+        return self.t
+
+    def call_soon(self, fn, arg) -> None:
+        self.soon.append((fn, arg))
+
+    def call_at(self, at, fn):
+        timer = Timer(at, fn)
+        self.timers.append(timer)
+        return timer
+
+    def request_lease(self, ins, near, answer) -> None:
+        self.sent.append(("request", ins.request_id, near))
+
+    def push(self, task, lease_id, worker, slots) -> None:
+        self.sent.append(("push", task.task_id, lease_id, worker))
+
+    def send_cancel(self, worker, task_id, force) -> None:
+        self.sent.append(("cancel", task_id, worker))
+
+    def return_leases(self, lease_ids) -> None:
+        self.sent.append(("return", tuple(lease_ids)))
+
+    def crashed(self, error, entries) -> None:
+        for entry in entries:
+            entry.set_error(error)
+
+    def address(self) -> str:
+        return self.local or "tcp://driver:1"
+
+    def local_worker(self):
+        return self.local
+
+    def prefers_local(self) -> bool:
+        return self.short_queue
+
+    def cannot(self, ins, error) -> None:
+        raise error
+
+
+class Timer:
+    def __init__(self, at, fn) -> None:
+        self.at, self.fn, self.cancelled = at, fn, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Entry:
+    def __init__(self, on_set=None) -> None:
+        self.got: list = []
+        self.on_set = on_set
+
+    def set_result(self, kind, payload) -> None:
+        self.got.append(("ok", payload))
+        if self.on_set is not None:
+            self.on_set()
+
+    def set_error(self, error) -> None:
+        self.got.append(("error", error))
+
+
+def task(tid: str, entry: Entry | None = None) -> Task:
+    return Task(tid, "fn", b"", "f", b"", [], [entry or Entry()], [f"{tid}.0"], 1,
+                {"CPU": 1000.0}, ((("CPU", 1000.0),), 1000, 1, ()), 1000, 0, "job")
+
+
+def submitter(edge: Edge) -> Submitter:
+    return Submitter(edge, M.SubmitQueue(None, lease_idle_s=1.0))
+
+
+def requests(edge: Edge) -> list:
+    return [s for s in edge.sent if s[0] == "request"]
+
+
+def test_local_first_while_the_queue_is_short():
+    """A worker's submitter asks for a lease on its own worker while the agent's queue is
+    short, else anywhere; a driver never names itself."""
+    edge = Edge()
+    s = submitter(edge)
+    s.submit(task("a"))
+    assert requests(edge) == [("request", requests(edge)[0][1], ME)]
+    edge = Edge(short_queue=False)
+    s = submitter(edge)
+    s.submit(task("a"))
+    assert [r[2] for r in requests(edge)] == [None]
+    edge = Edge(local=None)
+    s = submitter(edge)
+    s.submit(task("a"))
+    assert [r[2] for r in requests(edge)] == [None]
+
+
+def test_where_large_arguments_live_comes_before_local():
+    edge = Edge()
+    s = submitter(edge)
+    s.submit(task("warm"))  # learns its local worker
+    edge.sent.clear()
+    s._handle(M.TaskQueued("s", "b", "other-key", {"CPU": 1000.0}, 1000, 1, (), 0,
+                           "tcp://data:1", "g"))
+    assert [r[2] for r in requests(edge)] == ["tcp://data:1"]
+
+
+def test_a_task_done_inside_another_settlement_waits_its_turn():
+    """Settling a result may run user callbacks that end up handing the submitter another
+    ``TASK_DONE``: it is deferred (call_soon), and settles with its own results then."""
+    edge = Edge()
+    s = submitter(edge)
+    done_b = P.TaskDone("b", results=[(P.VALUE, b"B")], took=0.1)
+    a_entry = Entry(on_set=lambda: s.on_task_done(done_b))
+    b_entry = Entry()
+    s.submit(task("a", a_entry))
+    s.submit(task("b", b_entry))
+    for i, (_what, rid, _near) in enumerate(requests(edge)):
+        s.lease_answer(rid, f"L{i}", f"tcp://w{i}:1")
+    assert sorted(x[1] for x in edge.sent if x[0] == "push") == ["a", "b"]
+    s.on_task_done(P.TaskDone("a", results=[(P.VALUE, b"A")], took=0.1))
+    assert a_entry.got == [("ok", b"A")]
+    assert b_entry.got == [] and [arg for _fn, arg in edge.soon] == [done_b]
+    fn, arg = edge.soon.pop()
+    fn(arg)
+    assert b_entry.got == [("ok", b"B")] and not s.tasks
+
+
+def test_one_timer_for_the_earliest_wake():
+    edge = Edge()
+    s = submitter(edge)
+    s._wake_at(5.0)
+    s._wake_at(7.0)  # later: the armed one serves
+    s._wake_at(2.0)  # earlier: replaces it
+    assert [(t.at, t.cancelled) for t in edge.timers] == [(5.0, True), (2.0, False)]
+    s.close()
+    assert edge.timers[-1].cancelled
+    s._wake_at(1.0)  # closed: no timer
+    assert len(edge.timers) == 2
+
+
+def test_cancel_before_arguments_are_ready_fails_it_here():
+    edge = Edge()
+    s = submitter(edge)
+    entry = Entry()
+    t = task("a", entry)
+    t.dep_refs = []
+    s.tasks["a"] = t  # submitted, its arguments not ready yet
+    s.waiting += 1
+    s.cancel("a.0")
+    assert entry.got and entry.got[0][0] == "error" and "cancelled" in str(entry.got[0][1])
+    assert s.waiting == 0 and "a" not in s.tasks
+    assert edge.sent == []
