@@ -203,6 +203,8 @@ def leftovers(world: Any) -> list[str]:
             out.append(f"{node.name}'s gate still has tasks {sorted(node.gate.lease_of)}")
         if node.runs:
             out.append(f"{node.name} still runs {sorted(node.runs)}")
+        if node.task_side.tasks:
+            out.append(f"{node.name}'s task side still has {sorted(node.task_side.tasks)}")
     return out
 
 

@@ -194,6 +194,29 @@ def _channel_lost_ignored(patch: Patch) -> None:
     patch(Submitter, "on_channel_lost", lambda self, worker: None)
 
 
+def _bounced_kept(patch: Patch) -> None:
+    from yrdask.worker.task_side import TaskSide
+
+    real = TaskSide.feed
+
+    def feed(self, event):
+        before = dict(self.tasks)
+        real(self, event)
+        for task_id, ex in before.items():  # only a bounce forgets a task inside feed
+            self.tasks.setdefault(task_id, ex)
+    patch(TaskSide, "feed", feed)
+
+
+def _end_not_told(patch: Patch) -> None:
+    from yrdask.worker.task_side import TaskSide
+
+    def finished(self, ex):
+        self.running.pop(ex.task_id, None)
+        if self.tasks.get(ex.task_id) is ex:
+            del self.tasks[ex.task_id]  # but the gate never hears TaskEnded
+    patch(TaskSide, "finished", finished)
+
+
 LQ_V = ("yrdask.scheduler.leases", "LeaseQueue")
 SQ_V = ("yrdask.runtime.submit_queue", "SubmitQueue")
 GATE_V = ("yrdask.worker.lease_gate", "LeaseGate")
@@ -237,6 +260,12 @@ MUTATIONS: list[Mutation] = [
              "the submitter adapter (Submitter, production code) does not tell its queue that "
              "a worker's channel broke (tasks pushed there never settle)",
              _channel_lost_ignored, 200),
+    Mutation("task-side-keeps-bounced", "tasks",
+             "the worker's task side (TaskSide, production code) keeps a task it handed back "
+             "(its next push is refused as a duplicate)", _bounced_kept, 400),
+    Mutation("task-side-end-not-told", "tasks",
+             "the worker's task side (TaskSide, production code) does not tell the lease gate "
+             "that a task ended (its slot stays taken)", _end_not_told, 200),
     Mutation("calls-requeue-behind", "calls",
              "calls lost with a worker are redelivered behind the queued ones (order)",
              _requeue_behind, 3000, (CO_V,)),

@@ -26,7 +26,8 @@ def test_at_least_ten_mutations_across_machines():
     assert {"ledger-fits-ever", "lost-worker-leases-kept"} <= names
     # the production adapters the simulation drives are mutated too
     assert {"adapter-serves-gone-requester", "submitter-retryable-as-final",
-            "submitter-channel-lost-ignored"} <= names
+            "submitter-channel-lost-ignored", "task-side-keeps-bounced",
+            "task-side-end-not-told"} <= names
 
 
 @pytest.mark.parametrize("mutation", MU.MUTATIONS, ids=lambda m: m.name)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tests.sim import machines as M
@@ -62,19 +62,28 @@ class TaskRec:
     top: bool = False
 
 
-@dataclass(slots=True, eq=False)
 class Run:
-    """One attempt of a task on a worker."""
+    """One attempt of a task on a worker: the record the task side keeps (as
+    ``worker/execution.py``'s ``Execution``), and what the simulated task does."""
 
-    task_id: str
-    caller: str
-    lease_id: str
-    prog: Program
-    started: float
-    phase: str = "compute"  # compute -> (blocked -> after) -> done
-    children: list = field(default_factory=list)
-    pending: int = 0
-    cancelled: bool = False
+    __slots__ = ("task_id", "caller", "msg", "lease_id", "prog", "started", "phase",
+                 "children", "pending", "cancelled")
+
+    def __init__(self, task_id: str, caller: str, msg: dict) -> None:
+        self.task_id = task_id
+        self.caller = caller
+        self.msg = msg
+        self.lease_id = msg["lease_id"]
+        self.prog: Program | None = None
+        self.started = 0.0
+        self.phase = "waiting"  # waiting -> compute -> (blocked -> after) -> done
+        self.children: list = []
+        self.pending = 0
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """``Execution.cancel``: a waiting task never runs, a running one stops."""
+        self.cancelled = True
 
 
 class Node:
@@ -224,13 +233,39 @@ class _ProcEdge:
     def prefers_local(self) -> bool:
         # the agent's load rule (worker/agent.py: yr tasks of the worker within
         # local-queue-limit), with a small limit so that forwarding happens too
-        return len(self.node.runs) <= 2
+        return self.node.task_side.load() <= 2
 
     def cannot(self, ins: Any, error: BaseException) -> None:
         if isinstance(error, SimFailure):
             raise error
         raise SimFailure(f"{self.node.name}'s submitter cannot carry out {ins}: {error!r}",
                          self.world, (getattr(ins, "task_id", ""),)) from error
+
+
+class _TaskEdge:
+    """The worker task side's I/O edge in the simulation (as ``agent._AgentEdge``): tasks
+    compute in virtual time, answers travel on the call links."""
+
+    __slots__ = ("world", "node")
+
+    def __init__(self, world: "World", node: "ProcNode") -> None:
+        self.world = world
+        self.node = node
+
+    def now(self) -> float:
+        return self.world.now
+
+    def start(self, run: Run) -> None:
+        self.world.start(self.node, run)
+
+    def reply(self, run: Run, msg: dict) -> None:
+        self.world.send(self.node.name, run.caller, "call", msg)
+
+    def call_at(self, at: float, fn: Any) -> None:
+        self.world.timer(max(at, self.world.now), self.node.name, "call", _SimTimer(fn, ()))
+
+    def exit_process(self, run: Run) -> None:
+        raise AssertionError("cancel(force=True) is not simulated")
 
 
 class ProcNode(Node):
@@ -241,16 +276,17 @@ class ProcNode(Node):
                  sq_kwargs: dict) -> None:
         super().__init__(name)
         from yrdask.runtime.submitter import Submitter
+        from yrdask.worker.task_side import TaskSide
 
         self.worker = worker
         self.capacity = capacity
         self.submitter = Submitter(_ProcEdge(world, self),
                                    M.new_submit_queue(name if worker else None, **sq_kwargs))
         self.submit = self.submitter.machine
-        self.gate = M.new_gate() if worker else None
-        self.runs: dict[str, Run] = {}
-        self.arrived: dict[str, tuple[str, dict]] = {}  # task id -> (caller, RUN_TASK msg)
-        self.cancelled: set[str] = set()
+        # a worker's task side (worker/task_side.py, as the agent runs it)
+        self.task_side = TaskSide(_TaskEdge(world, self), Run, M.new_gate()) if worker else None
+        self.gate = self.task_side.gate if worker else None
+        self.runs: dict[str, Run] = self.task_side.running if worker else {}  # computing
         self.blocked: dict[str, int] = {}  # lease id -> tasks of it blocked in get
         self.closed = False
         # drivers
@@ -396,8 +432,6 @@ class World:
             node.wake.discard((what, at))
             if what == "sched":
                 self.sched.service.tick()
-            elif what == "gate":
-                self.gate_handle(node, M.gate.Tick(stimulus_id=f"tick-{self.step}", now=self.now))
         elif kind == "call":  # a submitter's timer (its Tick) or deferred TASK_DONE
             if not data.cancelled:
                 self.touched.append(node)
@@ -453,6 +487,8 @@ class World:
             self.sched_message(src, msg)
         elif op == "RUN_TASK":
             self.run_task(node, src, msg)
+        elif op == P.TASK_DONE:
+            self.task_done(node, src, msg)
         elif op == "CANCEL_TASK":
             self.cancel_task(node, msg["task_id"])
         else:
@@ -545,22 +581,17 @@ class World:
             submitter.revoke(list(msg["lease_ids"]))
         elif op in ("WORKER_LOST", "CHANNEL_LOST"):
             submitter.on_channel_lost(msg["worker"])
-        elif op == "TASK_DONE":
-            task_id = msg["task_id"]
-            rec = self.tasks.get(task_id)
-            if rec is not None and rec.where == src:
-                rec.where = None
-            outcome = msg["outcome"]
-            if outcome == "ok":
-                done = P.TaskDone(task_id, results=[(P.VALUE, msg["value"])], took=msg["took"])
-            elif outcome == "requeue":
-                done = P.TaskDone(task_id, requeue=True)
-            else:
-                done = P.TaskDone(task_id, error=msg["error"], took=msg["took"],
-                                  retryable=outcome == "retryable")
-            submitter.on_task_done(done)
         else:
             raise AssertionError(f"unknown message to {node.name}: {msg}")
+
+    def task_done(self, node: ProcNode, src: str, msg: dict) -> None:
+        """A ``TASK_DONE`` wire message from worker ``src`` (``Runtime.on_channel_message``)."""
+        done = P.TaskDone.from_msg(msg)
+        rec = self.tasks.get(done.task_id)
+        if rec is not None and rec.where == src:
+            rec.where = None
+        self.touched.append(node)
+        node.submitter.on_task_done(done)
 
     def settle(self, node: ProcNode, task_id: str, outcome: tuple) -> None:
         rec = self.tasks.get(task_id)
@@ -613,52 +644,34 @@ class World:
             raise SimFailure(f"task {rec.task_id} failed with an unexpected {got!r}", self,
                              (rec.task_id,))
 
-    # -- worker adapter (worker/agent.py) ----------------------------------------------------
+    # -- the worker's task side (worker/task_side.py runs on _TaskEdge) ---------------------
 
     def gate_handle(self, node: ProcNode, event: Any) -> None:
         self.touched.append(node)
-        for ins in node.gate.handle(event):
-            name = type(ins).__name__
-            if name == "StartTask":
-                self.start(node, ins.task_id)
-            elif name == "BounceTask":
-                caller, msg = node.arrived.pop(ins.task_id)
-                self.send(node.name, caller, "call", {"op": "TASK_DONE",
-                                                      "task_id": ins.task_id,
-                                                      "outcome": "requeue"})
-            elif name == "WakeAt":
-                self.arm(node, "gate", ins.at)
-            else:
-                raise AssertionError(f"unknown gate instruction {ins}")
+        node.task_side.feed(event)
 
     def run_task(self, node: ProcNode, caller: str, msg: dict) -> None:
-        task_id = msg["task_id"]
-        if task_id in node.arrived or task_id in node.runs:
-            raise SimFailure(f"task {task_id} pushed to {node.name} while still there", self,
-                             (task_id,))
-        node.arrived[task_id] = (caller, msg)
-        self.gate_handle(node, M.gate.TaskArrived(
-            stimulus_id=f"arrive-{task_id}", task_id=task_id, lease_id=msg["lease_id"],
-            slots=msg["slots"], now=self.now))
+        self.touched.append(node)
+        if not node.task_side.run_task(caller, msg):
+            raise SimFailure(f"task {msg['task_id']} pushed to {node.name} while still there",
+                             self, (msg["task_id"],))
 
-    def start(self, node: ProcNode, task_id: str) -> None:
-        caller, msg = node.arrived.pop(task_id)
-        rec = self.tasks[task_id]
-        if task_id in node.cancelled:
-            node.cancelled.discard(task_id)
-            self.finish(node, Run(task_id, caller, msg["lease_id"], rec.prog, self.now),
-                        "error", CancelledError(f"task {task_id} cancelled"))
-            return
-        run = Run(task_id, caller, msg["lease_id"], rec.prog, self.now)
+    def start(self, node: ProcNode, run: Run) -> None:
+        """The task side starts ``run`` (``agent._execute_gated`` on a task thread)."""
+        task_id = run.task_id
+        run.started = self.now
+        if run.cancelled:  # cancelled while it waited: it never runs
+            return self.finish(node, run, "error", CancelledError(f"task {task_id} cancelled"))
+        run.prog = self.tasks[task_id].prog
+        run.phase = "compute"
         node.runs[task_id] = run
-        self.say(node.name, ("start", rec.prog.path, "lease", run.lease_id), task_id,
+        self.say(node.name, ("start", run.prog.path, "lease", run.lease_id), task_id,
                  run.lease_id)
-        self.timer(self.now + rec.prog.compute, node.name, "run", run)
+        self.timer(self.now + run.prog.compute, node.name, "run", run)
 
     def advance(self, node: ProcNode, run: Run) -> None:
         prog = run.prog
         if run.cancelled:
-            del node.runs[run.task_id]
             return self.finish(node, run, "error", CancelledError(f"task {run.task_id} cancelled"))
         if run.phase == "compute" and not prog.leaf:
             run.phase = "blocked"
@@ -669,7 +682,6 @@ class World:
             if run.pending == 0 and node.runs.get(run.task_id) is run and run.phase == "blocked":
                 self.unblock(node, run)
             return
-        del node.runs[run.task_id]
         if prog.leaf:
             n = self.errors_raised.get(run.task_id, 0)
             if n < prog.fail_first:
@@ -706,23 +718,23 @@ class World:
                 "op": "LEASE_BLOCKED" if blocked else "LEASE_UNBLOCKED", "lease_id": lease})
 
     def finish(self, node: ProcNode, run: Run, outcome: str, value: Any) -> None:
+        """The task's function returned or raised: the task side forgets it, then its
+        ``TASK_DONE`` goes to the caller (as ``agent._execute_gated``)."""
         took = self.now - run.started
-        msg = {"op": "TASK_DONE", "task_id": run.task_id, "outcome": outcome, "took": took}
+        run.phase = "done"
         if outcome == "ok":
-            msg["value"] = value
+            done = P.TaskDone(run.task_id, results=[[P.VALUE, value]], took=took)
         else:
-            msg["error"] = value
+            done = P.TaskDone(run.task_id, error=value, took=took,
+                              retryable=outcome == "retryable")
         self.say(node.name, ("done", outcome, value if outcome != "ok" else ""), run.task_id)
-        self.send(node.name, run.caller, "call", msg)
-        self.gate_handle(node, M.gate.TaskEnded(stimulus_id=f"end-{run.task_id}",
-                                                task_id=run.task_id))
+        self.touched.append(node)
+        node.task_side.finished(run)
+        self.send(node.name, run.caller, "call", done.to_msg())
 
     def cancel_task(self, node: ProcNode, task_id: str) -> None:
-        run = node.runs.get(task_id)
-        if run is not None:
-            run.cancelled = True
-        else:
-            node.cancelled.add(task_id)
+        self.touched.append(node)
+        node.task_side.cancel(task_id, False)
 
     def cancel(self, node: ProcNode, task_id: str) -> None:
         """``yr.cancel`` in a driver."""

@@ -49,6 +49,7 @@ from yrdask.worker.isolated import (IsolatedInstance, ProcessDied, ProcessPool, 
 from yrdask.worker.devices import device_isolation, gpu_offer, node_id, npu_offer
 from yrdask.worker.execution import Execution, current_execution
 from yrdask.worker import lease_gate as G
+from yrdask.worker.task_side import TaskSide
 from yrdask.worker.share import SharedThreadPoolExecutor, WorkerShare
 from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, TaskCrashedError,
                            YRRuntimeError, YRValueError, user_traceback)
@@ -123,11 +124,15 @@ class WorkerAgent:
         self._store_figures: tuple[float, tuple[int, int]] | None = None
         self.fn_payloads: dict[str, bytes] = {}
         self.functions: dict[str, Callable] = {}
-        self.tasks: dict[str, Execution] = {}  # pushed here and not ended (or bounced) yet
-        self.running: dict[str, Execution] = {}  # those whose function runs now
         self.executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="yr-task")
-        self.gate = G.LeaseGate()
-        self.gate_lock = threading.Lock()  # task threads end tasks and lend slots
+        # The task side's decisions (worker/task_side.py, which the simulation drives too);
+        # _AgentEdge below is its I/O edge.  Its tables and gate, by their short names:
+        self.task_side = TaskSide(_AgentEdge(self), Execution)
+        self.tasks: dict[str, Execution] = self.task_side.tasks  # pushed, not ended/bounced
+        self.running: dict[str, Execution] = self.task_side.running  # their function runs now
+        self.gate = self.task_side.gate
+        self.gate_lock = self.task_side.lock  # task threads end tasks and lend slots
+        self._gate = self.task_side.feed  # feed the lease gate (any thread)
         # the worker's threads, shared with Dask's tasks (share.py); never wired when off,
         # so its ``dask`` count stays 0 and yr tasks never wait on it
         self.share = WorkerShare(self.worker.state.nthreads, self._yr_running)
@@ -244,8 +249,7 @@ class WorkerAgent:
         """Local first: ask for leases on this worker while its yr queue is short."""
         if not dask.config.get("yrdask.scheduling.local-first"):
             return False
-        load = len(self.tasks)
-        return load <= dask.config.get("yrdask.scheduling.local-queue-limit")
+        return self.task_side.load() <= dask.config.get("yrdask.scheduling.local-queue-limit")
 
     def metrics(self) -> dict[str, Any]:
         """Load report sent with every Dask heartbeat (``ws.metrics["yr"]`` on the scheduler).
@@ -324,42 +328,10 @@ class WorkerAgent:
 
     def run_task(self, peer: Any, msg: dict) -> None:
         """A task pushed on a lease (loop thread): the gate starts it, holds it or bounces it."""
-        task_id = msg["task_id"]
         if msg["fn"] is not None:
             self.fn_payloads[msg["fn_id"]] = msg["fn"]
-        if task_id in self.tasks:  # pushed twice: the first one answers
-            logger.warning("task %s pushed again while it is here; ignored", task_id)
-            return
-        self.tasks[task_id] = Execution(task_id, peer, msg)
-        self._gate(G.TaskArrived("run", task_id, msg["lease_id"], msg.get("slots", 1),
-                                 self.loop.time()))
-
-    def _gate(self, event: G.Event) -> None:
-        """Feed the lease gate (any thread) and carry out what it says."""
-        with self.gate_lock:
-            instructions = self.gate.handle(event)
-        for ins in instructions:
-            kind = type(ins)
-            if kind is G.StartTask:
-                ex = self.tasks.get(ins.task_id)
-                if ex is not None:
-                    self.executor.submit(self._execute_gated, ex)
-            elif kind is G.BounceTask:
-                self._bounce_task(ins.task_id)
-            elif kind is G.WakeAt:
-                if threading.get_ident() == self.runtime.loop_thread:
-                    self.loop.call_at(ins.at, self._gate_tick)
-                else:
-                    self.loop.call_soon_threadsafe(self.loop.call_at, ins.at, self._gate_tick)
-
-    def _gate_tick(self) -> None:
-        self._gate(G.Tick("tick", self.loop.time()))
-
-    def _bounce_task(self, task_id: str) -> None:
-        """A pipelined task waited too long behind its lease's running ones: hand it back."""
-        ex = self.tasks.pop(task_id, None)
-        if ex is not None:
-            ex.peer.reply(P.TaskDone(task_id, requeue=True).to_msg())
+        if not self.task_side.run_task(peer, msg):  # pushed twice: the first one answers
+            logger.warning("task %s pushed again while it is here; ignored", msg["task_id"])
 
     def _execute_gated(self, ex: Execution) -> None:
         """Run one admitted task (task thread); whatever happens, answer it and end it.
@@ -382,12 +354,9 @@ class WorkerAgent:
                 break
             except CancelledError:
                 reply = None
-        self.running.pop(ex.task_id, None)
-        # Forget the task before answering: a retry of it (same id, same lease) may come
-        # back before this thread runs again, and must find the slot free.
-        if self.tasks.get(ex.task_id) is ex:
-            del self.tasks[ex.task_id]
-        self._gate(G.TaskEnded("end", ex.task_id))
+        # Forgotten before it answers: a retry of it (same id, same lease) may come back
+        # before this thread runs again, and must find the slot free.
+        self.task_side.finished(ex)
         if self.share.dask:
             self.share.yr_freed()
         try:
@@ -592,19 +561,10 @@ class WorkerAgent:
 
     def cancel_task(self, peer: Any, msg: dict) -> None:
         """``CANCEL_TASK`` (loop thread): a task not started yet never runs; a running one is
-        interrupted in its user code.  Unknown ids (ended, bounced) are dropped: a cancel
-        always follows its task's ``RUN_TASK`` on the same channel."""
-        ex = self.tasks.get(msg["task_id"])
-        if ex is None:
-            return
-        if msg.get("force") and self.running.get(ex.task_id) is ex:
-            # Ray's cancel(force=True): the task may be blocked in C (time.sleep, a socket
-            # read), where no exception reaches it.  End this process; the nanny starts a
-            # fresh one, the caller settled the task already (no crash is counted for it).
-            logger.info("cancel(force=True) of task %s: ending worker process %d",
-                        ex.task_id, os.getpid())
-            os._exit(P.FORCED_CANCEL_EXIT)
-        ex.cancel()
+        interrupted in its user code (``force``: this process ends).  Unknown ids (ended,
+        bounced) are dropped: a cancel always follows its task's ``RUN_TASK`` on the same
+        channel (the decisions: :class:`TaskSide`)."""
+        self.task_side.cancel(msg["task_id"], bool(msg.get("force")))
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -711,3 +671,38 @@ class WorkerAgent:
                      reason: str = "") -> None:
         self.loop.call_soon_threadsafe(self.runtime.connector.stream_send,
                                        P.InstanceState(instance_id, state, error, reason))
+
+
+class _AgentEdge:
+    """The task side's I/O edge in a worker: the agent's task threads, its peers and its
+    event loop."""
+
+    __slots__ = ("agent",)
+
+    def __init__(self, agent: WorkerAgent) -> None:
+        self.agent = agent
+
+    def now(self) -> float:
+        return self.agent.loop.time()
+
+    def start(self, ex: Execution) -> None:
+        agent = self.agent
+        agent.executor.submit(agent._execute_gated, ex)
+
+    def reply(self, ex: Execution, msg: dict) -> None:
+        ex.peer.reply(msg)
+
+    def call_at(self, at: float, fn: Callable[[], None]) -> None:
+        agent = self.agent
+        if threading.get_ident() == agent.runtime.loop_thread:
+            agent.loop.call_at(at, fn)
+        else:
+            agent.loop.call_soon_threadsafe(agent.loop.call_at, at, fn)
+
+    def exit_process(self, ex: Execution) -> None:
+        # Ray's cancel(force=True): the task may be blocked in C (time.sleep, a socket
+        # read), where no exception reaches it.  End this process; the nanny starts a
+        # fresh one, the caller settled the task already (no crash is counted for it).
+        logger.info("cancel(force=True) of task %s: ending worker process %d",
+                    ex.task_id, os.getpid())
+        os._exit(P.FORCED_CANCEL_EXIT)

@@ -1,0 +1,113 @@
+"""The worker agent's task side: what it decides about pushed tasks, apart from its I/O.
+
+The :class:`~yrdask.worker.lease_gate.LeaseGate` decides which pushed task of a lease runs,
+waits or goes back; this class decides what the agent does around it: a task pushed twice is
+ignored (the first answers), a task the gate starts runs only if it is still here, a bounced
+one is answered ``requeue`` and forgotten, a task that ended is forgotten before it answers
+(its retry may come back at once), a cancel of an unknown task is dropped (it ended or went
+back), a forced cancel of a running task ends the process, any other marks it cancelled.
+It does no I/O itself: a small :class:`TaskEdge` runs tasks, answers callers and arms
+timers.  The agent (``worker/agent.py``) plugs in its executor, peers and loop; the
+simulation (``tests/sim/world.py``) its virtual clock, links and simulated tasks, so it
+drives this very code (as ``runtime/submitter.py`` and ``scheduler/lease_service.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Protocol
+
+from yrdask import protocol as P
+from yrdask.worker import lease_gate as G
+
+
+class TaskEdge(Protocol):
+    """What :class:`TaskSide` needs of the world around it."""
+
+    def now(self) -> float:
+        """The clock of the gate's times (the loop's)."""
+
+    def start(self, ex: Any) -> None:
+        """Run task ``ex`` (on a task thread); it ends with :meth:`TaskSide.finished`."""
+
+    def reply(self, ex: Any, msg: dict) -> None:
+        """Answer ``ex``'s caller with ``msg`` (a ``TASK_DONE``)."""
+
+    def call_at(self, at: float, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the loop at (or after) ``at`` (from any thread)."""
+
+    def exit_process(self, ex: Any) -> None:
+        """``cancel(force=True)`` of running task ``ex``: end this worker process."""
+
+
+class TaskSide:
+    """The tasks pushed to one worker (see module docstring).  ``record(task_id, peer,
+    msg)`` makes a task's record (``worker/execution.py``'s ``Execution``): it has
+    ``task_id`` and ``cancel()``."""
+
+    def __init__(self, edge: TaskEdge, record: Callable[[str, Any, dict], Any],
+                 gate: G.LeaseGate | None = None) -> None:
+        self.edge = edge
+        self.record = record
+        self.gate = gate if gate is not None else G.LeaseGate()
+        self.lock = threading.Lock()  # task threads end tasks and lend slots
+        self.tasks: dict[str, Any] = {}  # pushed here and not ended (or bounced) yet
+        self.running: dict[str, Any] = {}  # those whose function runs now (the edge's)
+
+    def run_task(self, peer: Any, msg: dict) -> bool:
+        """A task pushed on a lease (loop thread): the gate starts it, holds it or bounces
+        it.  False if it is here already (pushed twice: the first one answers)."""
+        task_id = msg["task_id"]
+        if task_id in self.tasks:
+            return False
+        self.tasks[task_id] = self.record(task_id, peer, msg)
+        self.feed(G.TaskArrived("run", task_id, msg["lease_id"], msg.get("slots", 1),
+                                self.edge.now()))
+        return True
+
+    def finished(self, ex: Any) -> None:
+        """Task ``ex`` ended (its thread, before it answers): forget it first, since a retry
+        of it (same id, same lease) may come back at once and must find the slot free."""
+        task_id = ex.task_id
+        self.running.pop(task_id, None)
+        if self.tasks.get(task_id) is ex:
+            del self.tasks[task_id]
+        self.feed(G.TaskEnded("end", task_id))
+
+    def cancel(self, task_id: str, force: bool = False) -> None:
+        """``CANCEL_TASK`` (loop thread): a task not started yet never runs; a running one is
+        interrupted (``force``: its process ends).  Unknown ids (ended, bounced) are dropped:
+        a cancel always follows its task's ``RUN_TASK`` on the same channel."""
+        ex = self.tasks.get(task_id)
+        if ex is None:
+            return
+        if force and self.running.get(task_id) is ex:
+            self.edge.exit_process(ex)
+            return
+        ex.cancel()
+
+    def load(self) -> int:
+        """Tasks pushed here and not ended (running, blocked in ``yr.get`` or waiting)."""
+        return len(self.tasks)
+
+    def feed(self, event: G.Event) -> None:
+        """Feed the lease gate (any thread) and carry out what it says."""
+        with self.lock:
+            instructions = self.gate.handle(event)
+        for ins in instructions:
+            kind = type(ins)
+            if kind is G.StartTask:
+                ex = self.tasks.get(ins.task_id)
+                if ex is not None:
+                    self.edge.start(ex)
+            elif kind is G.BounceTask:  # waited too long behind its lease's running tasks
+                ex = self.tasks.pop(ins.task_id, None)
+                if ex is not None:
+                    self.edge.reply(ex, P.TaskDone(ins.task_id, requeue=True).to_msg())
+            elif kind is G.WakeAt:
+                self.edge.call_at(ins.at, self.tick)
+            else:  # pragma: no cover - a new instruction nobody taught the adapter
+                raise AssertionError(f"unknown lease gate instruction {ins!r}")
+
+    def tick(self) -> None:
+        self.feed(G.Tick("tick", self.edge.now()))
