@@ -9,10 +9,12 @@ answer travel on a link of their own, as Dask's pooled rpc connections do not ke
 the streams.  Every step, ``random.Random(seed)`` picks the head of a random non-empty link,
 a due timer (a machine's ``WakeAt``, a task computing, a planned submission or fault) or a
 jump of the clock.  The scheduler runs the production lease adapter
-(``scheduler/lease_service.py``, as ``scheduler/extension.py`` does) and every driver and
+(``scheduler/lease_service.py``, as ``scheduler/extension.py`` does), every driver and
 worker the production submitter (``runtime/submitter.py``'s ``Submitter``, as the runtime
-does), each on a simulated edge; the worker adapter below translates messages into the lease
-gate's events and its instructions into messages, as ``worker/agent.py`` does.
+does) and every worker the agent's task side (``worker/task_side.py``'s ``TaskSide``, as
+``worker/agent.py`` does), each on a simulated edge: what is left here is I/O (links,
+virtual-time timers) and the user code (programs that compute, block in ``yr.get`` and
+submit children).
 """
 
 from __future__ import annotations
