@@ -35,6 +35,7 @@ class Program:
     shape: tuple = DEFAULT_SHAPE
     slots: int = 1  # the shape's concurrency
     timeout_ms: int = 30000
+    max_crashes: int | None = None  # reruns after lost workers (None: the queue's bound)
 
     @property
     def leaf(self) -> bool:
@@ -93,6 +94,8 @@ def make_tree(rng: random.Random, path: str, budget: int, depth: int, slow: floa
     if rng.random() < odd:
         prog.retries = rng.randint(0, 2)
         prog.fail_first = rng.randint(1, 3)
+    if value % 8 == 0:  # (from a value drawn already: the seeds' other draws stay put)
+        prog.max_crashes = (0, 1, -1, None)[value // 8 % 4]
     if rng.random() < odd / 4:
         prog.shape = NEVER_SHAPE
         prog.timeout_ms = rng.choice([0, 100, 30000])

@@ -565,7 +565,7 @@ class World:
         task = Task(task_id, name, b"", name, b"", [], [_SimEntry(self, node, task_id)],
                     [f"{task_id}.0"], 1, dict(prog.shape),
                     (prog.shape, prog.timeout_ms, prog.slots, ()), prog.timeout_ms,
-                    prog.retries, node.name)
+                    prog.retries, node.name, max_crashes=prog.max_crashes)
         self.touched.append(node)
         node.submitter.submit(task)
         return task_id
@@ -638,6 +638,18 @@ class World:
             if not self.kills:
                 raise SimFailure(f"task {rec.task_id} failed with {got!r} though no worker "
                                  "died", self, (rec.task_id,))
+            if type(got) is TaskCrashedError and str(got).startswith(f"task {rec.task_id} "):
+                # its own crash bound: the task's max_crashes, else the queue's
+                bound = rec.prog.max_crashes
+                if bound is None:
+                    bound = self.sc.sq_kwargs["max_crash_retries"]
+                if bound == -1 or got.crashes != bound + 1 or got.crashes > rec.crash_hits:
+                    raise SimFailure(
+                        f"crash bound: task {rec.task_id} (max_crashes "
+                        f"{rec.prog.max_crashes}, queue bound "
+                        f"{self.sc.sq_kwargs['max_crash_retries']}) failed after "
+                        f"{got.crashes} crashes ({rec.crash_hits} workers died while it was "
+                        f"pushed there): {got}", self, (rec.task_id,))
         elif isinstance(got, UserBoom):
             if want != "user":
                 raise SimFailure(f"task {rec.task_id} ({rec.prog.path}) failed with {got!r}, "
