@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m tests.sim", description=__doc__)
     p.add_argument("--seed", type=int, help="replay one seed and print its whole story")
-    p.add_argument("--seeds", help="run a range A:B of seeds, report the failures")
+    p.add_argument("--seeds", help="run a range A:B of seeds (N: 0:N), report the failures")
     p.add_argument("--keep-going", action="store_true", help="do not stop at the first failure")
     p.add_argument("--tail", type=int, default=None, help="story lines to print (default all)")
     p.add_argument("--standins", action="store_true",
@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seed {args.seed}: ok ({world.step} steps, {len(world.tasks)} tasks, "
               f"virtual {world.now:.2f} s)")
         return 0
-    a, b = (int(x) for x in (args.seeds or "0:1000").split(":"))
+    a, _, b = (args.seeds or "0:1000").rpartition(":")  # "A:B", or "N" for 0:N
+    a, b = int(a or 0), int(b)
     t0 = time.perf_counter()
     n, failures = run_seeds(range(a, b), stop_on_failure=not args.keep_going)
     for seed, rep in failures:
