@@ -223,8 +223,8 @@ def _actor_options(options: dict, inv: InvokeOptions, out: RayOptions, namespace
             raise ValueError("Actor name cannot be an empty string.")
         inv.name = name
     ns = options.get("namespace")
-    if ns is not None and (not isinstance(ns, str) or not ns):
-        raise ValueError(f"namespace must be None or a non-empty string, got {ns!r}")
+    if ns is not None:
+        check_namespace(ns)
     inv.namespace = ns or namespace
     lifetime = options.get("lifetime")
     if lifetime not in (None, "detached", "non_detached"):
@@ -289,3 +289,13 @@ def node_affinity(node_id: str, soft: bool = True) -> list:
 
 
 __all__ = ["RayOptions", "to_invoke_options", "check_keys", "check_num_returns", "node_affinity"]
+
+
+def check_namespace(namespace: Any) -> None:
+    """Ray's rule for a namespace given to an actor or ``get_actor``: a str (TypeError
+    otherwise), not empty (ValueError)."""
+    if not isinstance(namespace, str):
+        raise TypeError(f"namespace must be None or a string, got {type(namespace).__name__}: "
+                        f"{namespace!r}")
+    if not namespace:
+        raise ValueError('"" is not a valid namespace. Pass None to not specify a namespace.')

@@ -127,9 +127,10 @@ def _semaphore(obj: Any, group: str, limit: int, is_async: bool) -> Any:
 
 
 def _enter(names: tuple[str, str]) -> Any:
-    """Mark the running actor method (a module function: the host class's wrappers are
+    """Mark the running actor method: its names, and a slot for the id of this execution
+    (Ray's task id, made when asked for) (a module function: the host class's wrappers are
     pickled by value, and a ContextVar cannot be)."""
-    return current_method.set(names)
+    return current_method.set([names[0], names[1], None])
 
 
 def _leave(token: Any) -> None:
@@ -350,6 +351,7 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
                           # max_task_retries times (Ray's rule; default 0: it fails)
                           _REDELIVERIES: max_task_retries}
     raw_methods: dict[str, Callable] = {}
+    off_loop: list[str] = []  # an async actor's methods in a group of their own
     for name, member in inspect.getmembers(cls):
         raw = inspect.getattr_static(cls, name, None)
         if not inspect.isfunction(raw) or (name.startswith("__") and name != "__call__"):
@@ -365,6 +367,8 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
         if groups and group is None:
             group = _DEFAULT_GROUP
         limit = groups.get(group, default_limit)
+        if is_async and group not in (None, _DEFAULT_GROUP):
+            off_loop.append(name)
         ns[name] = _runner(raw, group, limit, retry or False,
                            getattr(raw, _TASK_RETRIES, max_task_retries), _names(cls, name),
                            is_async)
@@ -374,6 +378,9 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
     ns["__ray_default_limit__"] = default_limit
     ns["__ray_max_task_retries__"] = max_task_retries
     ns["__ray_call__"] = _call_with_options
+    # the worker starts their calls off the actor's own loop, which its default group's
+    # calls may block (Ray: each group has its own executor)
+    ns["__yr_off_loop__"] = tuple(off_loop)
     user_init = cls.__init__
 
     @functools.wraps(user_init)

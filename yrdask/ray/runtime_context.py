@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from yrdask.runtime.context import current_runtime, current_task_cancelled
@@ -61,7 +62,12 @@ class RuntimeContext:
         return current_ctx().get("job_id", "")
 
     def get_task_id(self) -> str | None:
-        """An id unique to this execution of the task (None outside tasks)."""
+        """An id unique to this execution of the task or actor method (None in a driver)."""
+        names = current_method.get()
+        if names is not None:  # an actor method: an id made for this call when first asked
+            if names[2] is None:
+                names[2] = uuid.uuid4().hex
+            return names[2]
         return current_ctx().get("task_id")
 
     def get_actor_id(self) -> str | None:

@@ -159,8 +159,10 @@ def get_actor(name: str, namespace: str | None = None) -> Any:
 
     if not isinstance(name, str) or not name:
         raise ValueError("Please supply a non-empty value to get_actor")
-    if namespace is not None and (not isinstance(namespace, str) or not namespace):
-        raise ValueError(f"namespace must be None or a non-empty str, got {namespace!r}")
+    if namespace is not None:
+        from yrdask.ray._options import check_namespace
+
+        check_namespace(namespace)
     ns = namespace or current_ctx()["namespace"]
     try:
         proxy = yrdask.get_instance(name, ns, 60)

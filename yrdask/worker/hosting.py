@@ -4,7 +4,10 @@
   caller run in the order they were sent (they arrive in order on the call channel).
 * Sync class, concurrency n > 1: a pool of n threads, no ordering.
 * Async class (any ``async def`` method): an event loop in its own thread runs up to
-  ``concurrency`` (default 1000) calls at once.
+  ``concurrency`` (default 1000) calls at once.  Methods the class names in
+  ``__yr_off_loop__`` run their body on an executor of their own (Ray's concurrency groups):
+  their calls are started from a second loop, so a call blocking the instance's loop does
+  not hold them up.
 
 ``__init__`` runs first in the same executor; calls that arrive before it has finished are
 held and handed to the executor, in arrival order, once it has (with a pool or an event loop
@@ -58,6 +61,8 @@ class HostedInstance:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.mailbox: queue.SimpleQueue | None = None
         self.pool: ThreadPoolExecutor | None = None
+        self.off_loop: frozenset = frozenset()  # methods started from side_loop (see above)
+        self.side_loop: asyncio.AbstractEventLoop | None = None
         if is_async:
             self._start_loop()
         elif self.concurrency == 1:
@@ -71,19 +76,34 @@ class HostedInstance:
 
     # -- executors -------------------------------------------------------------------------
 
-    def _start_loop(self) -> None:
+    def _start_loop(self, side: bool = False) -> None:
         ready = threading.Event()
 
         def run() -> None:
-            self.loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(self.loop)
-            self.semaphore = asyncio.Semaphore(self.concurrency)
-            self.loop.call_soon(ready.set)
-            self.loop.run_forever()
-            self.loop.close()
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            if side:
+                self.side_loop = loop
+            else:
+                self.loop = loop
+                self.semaphore = asyncio.Semaphore(self.concurrency)
+            loop.call_soon(ready.set)
+            loop.run_forever()
+            loop.close()
 
-        threading.Thread(target=run, daemon=True, name=f"yr-instance-{self.instance_id}").start()
+        threading.Thread(target=run, daemon=True, name=f"yr-instance-{self.instance_id}"
+                         + ("-side" if side else "")).start()
         ready.wait()
+
+    def _submit_side(self, job: Callable[[], Any]) -> None:
+        """Start a call of an ``off_loop`` method from the side loop (its own executor bounds
+        how many run at once)."""
+        async def run() -> None:
+            result = job()
+            if inspect.iscoroutine(result):
+                await result
+
+        self.side_loop.call_soon_threadsafe(self.side_loop.create_task, run())
 
     def _serve_mailbox(self) -> None:
         while True:
@@ -133,6 +153,10 @@ class HostedInstance:
         start = rec.begin(name, key_id) if rec is not None else 0.0
         try:
             cls = loads(self.spec["cls"])
+            off_loop = getattr(cls, "__yr_off_loop__", None)
+            if off_loop and self.loop is not None:
+                self._start_loop(side=True)
+                self.off_loop = frozenset(off_loop)
             checkpoint = self.spec.get("checkpoint")
             with self._context():
                 if checkpoint is not None:
@@ -149,7 +173,13 @@ class HostedInstance:
         with self._gate:  # under the lock: a call arriving now queues behind the early ones
             early, self._early = self._early, []
             for job in early:
-                self._submit_live(job)
+                if self.stopped is None and getattr(job, "method", None) in self.off_loop:
+                    try:
+                        self._submit_side(job)
+                    except RuntimeError:  # the side loop closed meanwhile: stop() answers
+                        pass
+                else:
+                    self._submit_live(job)
             self.constructed = True  # after the flush: call() may then skip the lock
         self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
 
@@ -161,12 +191,16 @@ class HostedInstance:
         job = lambda: self._run_call(peer, msg)  # noqa: E731
         if self.constructed:  # set once, after the early calls went: no lock needed
             try:  # _submit_live, inlined on the hot path (stopped was checked above)
-                self._submit(job)
+                if self.side_loop is not None and msg["method"] in self.off_loop:
+                    self._submit_side(job)
+                else:
+                    self._submit(job)
             except RuntimeError:  # the pool shut down or the loop closed meanwhile
                 pass
             return None
         with self._gate:
             if not self.constructed:
+                job.method = msg["method"]  # where it goes is known once the class is
                 self._early.append(job)
                 return None
             self._submit_live(job)
@@ -297,6 +331,8 @@ class HostedInstance:
             self.pool.shutdown(wait=False, cancel_futures=True)
         elif self.loop is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.side_loop is not None:
+            self.side_loop.call_soon_threadsafe(self.side_loop.stop)
         self.obj = None
 
     async def run_shutdown_hook(self, obj: Any) -> None:

@@ -1,0 +1,115 @@
+"""Actor behaviours that Ray's own actor tests rely on (issue 20, round three): a concurrency
+group is not held up by a blocked default group, task ids inside actor methods, Ray's error
+types for a bad namespace, ``ObjectRef._on_completed``.
+
+Each test states the Ray behaviour it checks (learned from Ray's source and tests); waits
+are rendezvous (files, refs), never sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import cloudpickle
+import pytest
+
+import yrdask.ray as ray
+from conftest import wait_for_file, wait_until
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@ray.remote(concurrency_groups={"side": 1})
+class LoopBlocker:
+    async def block_loop(self, path):
+        # a blocking call inside an async method: the actor's own event loop stops
+        wait_for_file(path)
+        return "released"
+
+    @ray.method(concurrency_group="side")
+    def side_sync(self):
+        return threading.current_thread().name
+
+    @ray.method(concurrency_group="side")
+    async def side_async(self):
+        return "side async"
+
+
+def test_a_blocked_default_group_does_not_hold_up_other_groups(ray_env, tmp_path):
+    # Ray gives each concurrency group its own executor: a call of another group runs while
+    # the default group's event loop is blocked (Ray issue 20475)
+    a = LoopBlocker.remote()
+    release = str(tmp_path / "release")
+    blocked = a.block_loop.remote(release)
+    ready, _ = ray.wait([blocked], timeout=0.5)  # the blocking call has started
+    assert not ready
+    assert ray.get(a.side_sync.remote(), timeout=30) != threading.current_thread().name
+    assert ray.get(a.side_async.remote(), timeout=30) == "side async"
+    open(release, "w").close()
+    assert ray.get(blocked, timeout=60) == "released"
+
+
+@ray.remote
+class Ids:
+    def sync_ids(self):
+        ctx = ray.get_runtime_context()
+        return ctx.get_task_id(), ctx.get_task_id()
+
+    async def async_ids(self):
+        ctx = ray.get_runtime_context()
+        return ctx.get_task_id(), ctx.get_task_id()
+
+
+def test_actor_methods_have_a_task_id_of_their_own(ray_env):
+    # Ray: get_task_id() inside an actor method is the id of that call (stable within it,
+    # different for each call); in the driver it is None
+    a = Ids.remote()
+    calls = ray.get([a.sync_ids.remote(), a.sync_ids.remote(), a.async_ids.remote(),
+                     a.async_ids.remote()])
+    for first, again in calls:
+        assert isinstance(first, str) and first
+        assert first == again
+    assert len({first for first, _ in calls}) == 4
+    assert ray.get_runtime_context().get_task_id() is None
+
+
+@ray.remote
+class Named:
+    def ping(self):
+        return "ok"
+
+
+def test_namespace_of_a_wrong_type_is_a_type_error(ray_env):
+    # Ray's validate_namespace: not a str -> TypeError; "" -> ValueError
+    with pytest.raises(TypeError, match="namespace"):
+        Named.options(name="n", namespace=object(), get_if_exists=True).remote()
+    with pytest.raises(ValueError, match="not a valid namespace"):
+        Named.options(name="n", namespace="").remote()
+    with pytest.raises(TypeError, match="namespace"):
+        ray.get_actor("n", namespace=1)
+
+
+@ray.remote
+def value_or_raise(fail):
+    if fail:
+        raise KeyError("boom")
+    return 7
+
+
+def test_on_completed_calls_back_with_the_value_or_the_error(ray_env):
+    # Ray's ObjectRef._on_completed(callback): callback(value) once ready, the exception
+    # object in place of the value if the task failed
+    seen = {}
+    ray.put(3)._on_completed(lambda v: seen.setdefault("put", v))
+    value_or_raise.remote(False)._on_completed(lambda v: seen.setdefault("ok", v))
+    value_or_raise.remote(True)._on_completed(lambda v: seen.setdefault("err", v))
+    wait_until(lambda: len(seen) == 3, 60, lambda: f"callbacks seen: {seen}")
+    assert seen["put"] == 3 and seen["ok"] == 7
+    assert isinstance(seen["err"], KeyError)
+    with pytest.raises(TypeError):
+        ray.put(1)._on_completed("not callable")
