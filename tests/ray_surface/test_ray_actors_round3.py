@@ -8,6 +8,7 @@ are rendezvous (files, refs), never sleeps.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
@@ -113,3 +114,85 @@ def test_on_completed_calls_back_with_the_value_or_the_error(ray_env):
     assert isinstance(seen["err"], KeyError)
     with pytest.raises(TypeError):
         ray.put(1)._on_completed("not callable")
+
+
+# -- cancelling actor tasks ---------------------------------------------------------------------
+
+
+@ray.remote
+class Recorder:
+    def __init__(self):
+        self.called = False  # a value under the name of a method, as Ray's tests keep
+
+    def called(self):
+        self.called = True
+
+    def was_called(self):
+        return self.called
+
+
+@ray.remote
+class Sleeper:
+    async def sleep(self, recorder, started):
+        open(started, "w").close()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:  # Ray: the running coroutine is cancelled
+            ray.get(recorder.called.remote())
+            raise
+        return "slept"
+
+    async def async_is_canceled(self):
+        return ray.get_runtime_context().is_canceled()
+
+
+@ray.remote
+class SyncWaiter:
+    def sync_wait(self, path):
+        wait_for_file(path)
+        return ray.get_runtime_context().is_canceled()
+
+
+def test_a_value_on_the_actor_does_not_hide_its_method(ray_env):
+    # Ray calls the class's method even where the instance holds a value of that name
+    r = Recorder.remote()
+    assert ray.get(r.__ray_ready__.remote()) is True
+    assert ray.get(r.was_called.remote()) is False
+    ray.get(r.called.remote())
+    assert ray.get(r.was_called.remote()) is True
+
+
+def test_cancel_of_a_running_async_actor_task(ray_env, tmp_path):
+    # Ray: ray.get raises TaskCancelledError at once; the coroutine gets CancelledError
+    r, s = Recorder.remote(), Sleeper.remote()
+    started = str(tmp_path / "started")
+    ref = s.sleep.remote(r, started)
+    wait_until(lambda: os.path.exists(started), 60, "the call to start")
+    t0 = time.monotonic()
+    ray.cancel(ref)
+    with pytest.raises(ray.exceptions.TaskCancelledError, match="was cancelled"):
+        ray.get(ref, timeout=30)
+    assert time.monotonic() - t0 < 30
+    wait_until(lambda: ray.get(r.was_called.remote()), 30, "CancelledError in the method")
+    with pytest.raises(ValueError, match="force=True is not supported for actor tasks"):
+        ray.cancel(s.sleep.remote(r, started), force=True)
+
+
+def test_cancel_of_a_sync_actor_task_sets_is_canceled(ray_env, tmp_path):
+    # Ray: a running sync actor task goes on and sees is_canceled(); its result is dropped
+    s = SyncWaiter.options(max_concurrency=2).remote()
+    release = str(tmp_path / "release")
+    running = s.sync_wait.remote(release)
+    other = s.sync_wait.remote(release)
+    queued_ok = s.sync_wait.options(name="later").remote(release)
+    ray.wait([running], timeout=0.5)
+    ray.cancel(running)
+    open(release, "w").close()
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(running, timeout=60)
+    assert ray.get([other, queued_ok], timeout=60) == [False, False]
+    # finished: cancelling it has no effect
+    ray.cancel(other)
+    assert ray.get(other) is False
+    with pytest.raises(RuntimeError, match="not supported in an async actor"):
+        ray.get(Sleeper.remote().async_is_canceled.remote(), timeout=60)

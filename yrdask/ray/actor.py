@@ -291,6 +291,11 @@ def _names(cls: type, name: str) -> tuple[str, str]:
     return f"{cls.__name__}.{name}", f"{cls.__module__}.{cls.__qualname__}.{name}"
 
 
+def _ray_ready(self: Any) -> bool:
+    """Ray's ``actor.__ray_ready__.remote()``: answers True once the actor is constructed."""
+    return True
+
+
 def _call_with_options(self: Any, name: str, options: dict, *args: Any, **kwargs: Any) -> Any:
     """Run method ``name`` with per-call options (``actor.method.options(...)``): Ray's
     ``retry_exceptions``, ``max_task_retries`` and ``concurrency_group`` for this call only,
@@ -378,6 +383,7 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
     ns["__ray_default_limit__"] = default_limit
     ns["__ray_max_task_retries__"] = max_task_retries
     ns["__ray_call__"] = _call_with_options
+    ns["__ray_ready__"] = _ray_ready
     # the worker starts their calls off the actor's own loop, which its default group's
     # calls may block (Ray: each group has its own executor)
     ns["__yr_off_loop__"] = tuple(off_loop)
@@ -490,6 +496,8 @@ class ActorHandle:
 
     def __getattr__(self, name: str) -> "ActorMethod":
         proxy = self.__dict__.get("_proxy")
+        if name == "__ray_ready__" and proxy is not None:  # Ray's: True once constructed
+            return ActorMethod(self, name, 1, None, {})
         if proxy is None or name.startswith("__"):
             raise AttributeError(name)
         info = proxy._methods.get(name)

@@ -54,8 +54,16 @@ class RuntimeContext:
         return current_ctx().get("function_name")
 
     def is_canceled(self) -> bool:
-        """Whether the running task has been cancelled (``ray.cancel``).  A cancelled task
-        is interrupted at its next Python bytecode, so code rarely sees True here."""
+        """Whether the running task or actor task has been cancelled (``ray.cancel``).  A
+        cancelled task is interrupted at its next Python bytecode, so code rarely sees True
+        there; a sync actor task goes on and sees True.  RuntimeError in an async actor (as
+        Ray: its tasks get ``asyncio.CancelledError`` instead)."""
+        inst = hosted_instance()
+        if inst is not None:
+            if getattr(type(inst.obj), "__ray_async__", False):
+                raise RuntimeError("This method is not supported in an async actor.")
+            check = getattr(inst, "running_call_cancelled", None)
+            return bool(check is not None and check())
         return current_task_cancelled()
 
     def get_job_id(self) -> str:

@@ -595,7 +595,11 @@ class WorkerAgent:
         interrupted in its user code.  Unknown ids (ended, bounced) are dropped: a cancel
         always follows its task's ``RUN_TASK`` on the same channel."""
         ex = self.tasks.get(msg["task_id"])
-        if ex is None:
+        if ex is None:  # a method call (Ray's cancel of an actor task), or an unknown id
+            for inst in self.instances.values():
+                cancel_call = getattr(inst, "cancel_call", None)
+                if cancel_call is not None and cancel_call(msg["task_id"]):
+                    return
             return
         if msg.get("force") and self.running.get(ex.task_id) is ex:
             # Ray's cancel(force=True): the task may be blocked in C (time.sleep, a socket

@@ -26,10 +26,11 @@ from typing import Any, Callable
 from yrdask import protocol as P
 from yrdask.runtime.context import task_context
 from yrdask.runtime.generators import drain, drain_async
-from yrdask.errors import InstanceDiedError, RemoteError, user_traceback
+from yrdask.errors import CancelledError, InstanceDiedError, RemoteError, user_traceback
 from yrdask.serialization import dumps, loads, unpack_args
 
 _STOP = object()
+_running = threading.local()  # .call: the id of the call this thread runs (sync methods)
 
 
 class HostedInstance:
@@ -45,6 +46,8 @@ class HostedInstance:
         self.stopped: str | None = None
         self.pending: dict[str, Any] = {}  # call id -> peer, for calls not answered yet
         self.borrowed: dict[str, list] = {}  # call id -> refs its arguments lent (TaskDone.refs)
+        self.cancelled: set[str] = set()  # calls cancelled before their answer (cancel_call)
+        self.running_async: dict[str, tuple] = {}  # call id -> (loop, task) of async calls
         self.calls_done = 0
         # Dask's Task Stream, Progress and Profile (worker/dask_panels.py); none in a child
         self.recorder = getattr(agent, "recorder", None)
@@ -222,6 +225,8 @@ class HostedInstance:
             return None
         if self.init_error is not None:
             return self._answer(P.TaskDone(call_id, error=self.init_error))
+        if self.cancelled and call_id in self.cancelled:  # cancelled before it started
+            return self._answer_error(call_id, CancelledError(f"Task: {call_id} was cancelled."))
         rec = self.recorder  # Dask's Task Stream, Progress and Profile
         if rec is not None:
             name = f"{self.cls_name}.{msg['method']}"
@@ -231,6 +236,9 @@ class HostedInstance:
             if borrowed:  # reported with the answer (TaskDone.refs)
                 self.borrowed[call_id] = borrowed
             fn = getattr(self.obj, msg["method"])
+            if not callable(fn):  # a value the object holds under a method's name: the
+                fn = getattr(type(self.obj), msg["method"]).__get__(self.obj)  # class's (Ray)
+            _running.call = call_id
             with self._context():
                 result = fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
@@ -281,12 +289,36 @@ class HostedInstance:
         self._answer_result(call_id, count, 1)
 
     async def _finish_async(self, call_id: str, awaitable: Any, nret: int) -> None:
+        self.running_async[call_id] = (asyncio.get_running_loop(), asyncio.current_task())
         try:
             with self._context():
                 result = await awaitable
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - cancel_call's CancelledError too
             return self._answer_error(call_id, e)
+        finally:
+            self.running_async.pop(call_id, None)
         self._answer_result(call_id, result, nret)
+
+    def cancel_call(self, call_id: str) -> bool:
+        """Ray's cancel of an actor task: a call not started is answered unrun, a running
+        ``async def`` one gets ``asyncio.CancelledError`` at its ``await``, a running sync one
+        goes on (``is_canceled()`` says so).  False if ``call_id`` is not a call waiting here."""
+        if call_id not in self.pending:
+            return False
+        self.cancelled.add(call_id)
+        running = self.running_async.get(call_id)
+        if running is not None:
+            loop, task = running
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # its loop has closed: the instance stopped
+                pass
+        return True
+
+    def running_call_cancelled(self) -> bool:
+        """Whether the sync method call the current thread runs has been cancelled."""
+        call_id = getattr(_running, "call", None)
+        return call_id is not None and call_id in self.cancelled
 
     def _answer_result(self, call_id: str, result: Any, nret: int) -> None:
         peer = self.pending.get(call_id)
@@ -306,6 +338,8 @@ class HostedInstance:
 
     def _answer(self, done: P.TaskDone) -> None:
         peer = self.pending.pop(done.task_id, None)
+        if self.cancelled:
+            self.cancelled.discard(done.task_id)
         if peer is not None:
             self.calls_done += 1
             peer.reply(done.to_msg())
