@@ -196,3 +196,30 @@ def test_cancel_of_a_sync_actor_task_sets_is_canceled(ray_env, tmp_path):
     assert ray.get(other) is False
     with pytest.raises(RuntimeError, match="not supported in an async actor"):
         ray.get(Sleeper.remote().async_is_canceled.remote(), timeout=60)
+
+
+@ray.remote
+class Echo:
+    def echo(self, x):
+        return x
+
+
+@ray.remote
+def held(path):
+    wait_for_file(path)
+    return "first"
+
+
+def test_allow_out_of_order_execution(ray_env, tmp_path):
+    # Ray: False is refused for async and threaded actors (they never run in order);
+    # True lets a sync actor's later call pass one whose argument is not ready yet
+    with pytest.raises(ValueError, match="async actors"):
+        Sleeper.options(allow_out_of_order_execution=False).remote()
+    with pytest.raises(ValueError, match="multi-threaded actors"):
+        Echo.options(max_concurrency=2, allow_out_of_order_execution=False).remote()
+    a = Echo.options(allow_out_of_order_execution=True).remote()
+    release = str(tmp_path / "release")
+    first = a.echo.remote(held.remote(release))
+    assert ray.get(a.echo.remote("second"), timeout=30) == "second"
+    open(release, "w").close()
+    assert ray.get(first, timeout=60) == "first"

@@ -51,7 +51,7 @@ _OPTIONS: dict[str, tuple[frozenset, Any]] = {
     "enable_task_events": (frozenset({TASK, ACTOR, METHOD}), True),
     "max_calls": (frozenset({TASK}), _UNSET),
     "max_pending_calls": (frozenset({ACTOR}), -1),
-    "allow_out_of_order_execution": (frozenset({ACTOR}), False),
+    "allow_out_of_order_execution": (frozenset({ACTOR}), _UNSET),
     "_generator_backpressure_num_objects": (frozenset({TASK, METHOD}), None),
     "tensor_transport": (frozenset({METHOD}), None),
 }
@@ -66,7 +66,6 @@ _WHY = {
     "placement_group_capture_child_tasks": "use scheduling_strategy=PlacementGroupSchedulingStrategy("
                                            "pg, placement_group_capture_child_tasks=True)",
     "max_pending_calls": "yrdask does not bound an actor's queue of pending calls",
-    "allow_out_of_order_execution": "calls from one caller always run in submission order",
 }
 
 

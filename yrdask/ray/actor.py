@@ -346,9 +346,22 @@ def _is_async_class(cls: type) -> bool:
 
 
 def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
-               max_task_retries: int) -> tuple[type, int | None]:
-    """The subclass of ``cls`` that runs on the worker, and the instance concurrency it needs."""
+               max_task_retries: int, out_of_order: bool | None = None
+               ) -> tuple[type, int | None]:
+    """The subclass of ``cls`` that runs on the worker, and the instance concurrency it needs.
+    ``out_of_order``: Ray's ``allow_out_of_order_execution`` (None: async and threaded actors
+    run calls as their arguments resolve, others in submission order)."""
     is_async = _is_async_class(cls)
+    if out_of_order is not None and not isinstance(out_of_order, bool):
+        raise TypeError(f"allow_out_of_order_execution must be a bool, got {out_of_order!r}")
+    if out_of_order is False and is_async:
+        raise ValueError("If you're using async actors, Ray can't execute actor tasks in "
+                         "order. Set `allow_out_of_order_execution=True` to allow "
+                         "out-of-order execution.")
+    if out_of_order is False and (max_concurrency or 1) > 1:
+        raise ValueError("If you're using multi-threaded actors, Ray can't execute actor "
+                         "tasks in order. Set `allow_out_of_order_execution=True` to allow "
+                         "out-of-order execution.")
     default_limit = max_concurrency or (1000 if is_async else 1)
     ns: dict[str, Any] = {"__ray_ctx__": ctx, "__ray_sems__": {},
                           "__module__": cls.__module__, "__doc__": cls.__doc__,
@@ -403,7 +416,7 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
     concurrency = max_concurrency
     if groups:  # the groups' own executors bound their calls; the instance only hands over
         concurrency = max(1000, sum(groups.values()) + default_limit)
-    if is_async or (concurrency or 1) > 1:
+    if is_async or (concurrency or 1) > 1 or out_of_order:
         # Ray runs the calls of async and threaded actors as their arguments resolve: a
         # later call whose arguments are ready does not wait behind an earlier one's
         setattr(host, _UNORDERED, True)
@@ -453,7 +466,8 @@ class ActorClass:
                                   sess.job_env if sess is not None else None)
         ctx = with_capture(dict(ctx, resources=ropts.resources), ropts.capture)
         host, concurrency = host_class(self._cls, ctx, ropts.concurrency_groups,
-                                       ropts.max_concurrency, ropts.max_retries)
+                                       ropts.max_concurrency, ropts.max_retries,
+                                       options.get("allow_out_of_order_execution"))
         ropts.invoke.concurrency = concurrency
         creator = InstanceCreator(host, ropts.invoke.validate())
         self._creator = (id(sess), creator, ropts)
