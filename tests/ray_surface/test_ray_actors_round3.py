@@ -223,3 +223,53 @@ def test_allow_out_of_order_execution(ray_env, tmp_path):
     assert ray.get(a.echo.remote("second"), timeout=30) == "second"
     open(release, "w").close()
     assert ray.get(first, timeout=60) == "first"
+
+
+class Boom(Exception):
+    pass
+
+
+@ray.remote(max_task_retries=2)
+class Streamer:
+    def __init__(self):
+        self.runs = 0
+
+    @ray.method(num_returns="streaming")
+    async def stream(self, fail_runs):
+        self.runs += 1
+        run = self.runs
+        yield 1
+        if run <= fail_runs:
+            raise Boom(f"run {run}")
+        yield 2
+
+    @ray.method(num_returns="streaming", retry_exceptions=[Boom])
+    def sync_stream(self, fail_runs):
+        self.runs += 1
+        yield "a"
+        if self.runs <= fail_runs:
+            raise Boom(f"run {self.runs}")
+        yield "b"
+
+    def reset(self):
+        self.runs = 0
+
+
+def test_generator_methods_are_retried_after_listed_exceptions(ray_env):
+    # Ray reruns a streaming actor task after an exception retry_exceptions names, up to
+    # max_task_retries times; the caller does not see the items it already has again
+    s = Streamer.remote()
+    gen = s.stream.options(retry_exceptions=[Boom]).remote(2)
+    assert [ray.get(r) for r in gen] == [1, 2]
+    ray.get(s.reset.remote())
+    gen = s.stream.options(retry_exceptions=[Boom]).remote(3)  # one failure too many
+    assert ray.get(next(gen)) == 1
+    with pytest.raises(Boom, match="run 3"):
+        ray.get(next(gen))
+    ray.get(s.reset.remote())
+    gen = s.stream.remote(1)  # no retry_exceptions: no rerun
+    assert ray.get(next(gen)) == 1
+    with pytest.raises(Boom, match="run 1"):
+        ray.get(next(gen))
+    ray.get(s.reset.remote())
+    assert [ray.get(r) for r in s.sync_stream.remote(2)] == ["a", "b"]  # @ray.method's

@@ -189,6 +189,55 @@ def _wrap_method(fn: Callable, group: str | None, limit: int, retry: Any,
     return run
 
 
+def _retrying_generator(fn: Callable, retry: Any, max_retries: int) -> Callable:
+    """A generator method rerun after the exceptions ``retry`` names, up to ``max_retries``
+    times (-1: no bound), as Ray retries a streaming actor task: a rerun's items that the
+    caller has already received (by position) are not sent again."""
+    def again(e: BaseException, attempt: int) -> bool:
+        return should_retry(e, retry) and (max_retries == -1 or attempt < max_retries)
+
+    if inspect.isasyncgenfunction(fn):
+        @functools.wraps(fn)
+        async def run_async(self, *args, **kwargs):
+            sent = attempt = 0
+            while True:
+                index = 0
+                try:
+                    async for item in fn(self, *args, **kwargs):
+                        if index >= sent:
+                            yield item
+                            sent += 1
+                        index += 1
+                    return
+                except (GeneratorExit, asyncio.CancelledError):
+                    raise
+                except BaseException as e:  # noqa: BLE001
+                    if not again(e, attempt):
+                        raise
+                    attempt += 1
+        return run_async
+
+    @functools.wraps(fn)
+    def run(self, *args, **kwargs):
+        sent = attempt = 0
+        while True:
+            index = 0
+            try:
+                for item in fn(self, *args, **kwargs):
+                    if index >= sent:
+                        yield item
+                        sent += 1
+                    index += 1
+                return
+            except GeneratorExit:
+                raise
+            except BaseException as e:  # noqa: BLE001
+                if not again(e, attempt):
+                    raise
+                attempt += 1
+    return run
+
+
 def _runner(raw: Callable, group: str | None, limit: int, retry: Any, max_retries: int,
             names: tuple[str, str], actor_async: bool) -> Callable:
     """How the host class runs a method.  Without concurrency groups: in the instance's
@@ -314,8 +363,10 @@ def _call_with_options(self: Any, name: str, options: dict, *args: Any, **kwargs
     retry = options.get("retry_exceptions", getattr(raw, _RETRY, None)) or False
     max_retries = options.get("max_task_retries",
                               getattr(raw, _TASK_RETRIES, cls.__ray_max_task_retries__))
-    if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
-        return raw(self, *args, **kwargs)  # streams; checked by the caller (no retries)
+    if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):  # streams
+        if retry:
+            return _retrying_generator(raw, retry, max_retries)(self, *args, **kwargs)
+        return raw(self, *args, **kwargs)
     limit = groups.get(group, cls.__ray_default_limit__)
     names = _names(cls.__mro__[1], name)
     if options.get("name"):  # .options(name=): the task name get_task_name() gives
@@ -376,6 +427,9 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
             continue
         raw_methods[name] = raw
         if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
+            if getattr(raw, _RETRY, None):
+                ns[name] = _retrying_generator(raw, getattr(raw, _RETRY),
+                                               getattr(raw, _TASK_RETRIES, max_task_retries))
             continue
         group = getattr(raw, _GROUP, None)
         retry = getattr(raw, _RETRY, None)
@@ -616,11 +670,6 @@ class ActorMethod:
         from yrdask.protocol import STREAMING
 
         proxy = self._handle._proxy
-        if nret == STREAMING and (per_call.get("retry_exceptions") or
-                                  per_call.get("max_task_retries")):
-            raise UnsupportedOptionError(
-                f"{self._name}.options(max_task_retries=/retry_exceptions=): a generator "
-                "method is not retried by yrdask.ray; call it without them")
         if self._sig is not None:
             from yrdask.api.signatures import check_call
 
@@ -630,6 +679,8 @@ class ActorMethod:
                 raise TypeError(f"{proxy._cls_name}.{self._name}.remote(): {e}") from None
         redeliveries = per_call.get("max_task_retries",
                                     proxy._redeliveries.get(self._name))
+        if nret == STREAMING:  # rerun after exceptions (retry_exceptions), not after crashes
+            redeliveries = None
         if proxy._terminated or proxy._rt.closed:
             return MethodProxy(proxy, self._name, nret, None).invoke()  # raises, says why
         method_args = (self._name, per_call, *args)
