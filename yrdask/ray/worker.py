@@ -127,8 +127,9 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
     with ``force=True`` its worker process is ended (as on Ray: code blocked in C stops too,
     and the CPU is free at once; the nanny starts a fresh process).  An actor task, as on
     Ray: one not started never runs, a running ``async def`` one gets
-    ``asyncio.CancelledError``, a running sync one goes on (``is_canceled()`` is True);
-    ``force=True`` is refused for it.  Tasks the cancelled task submitted keep running.
+    ``asyncio.CancelledError``, a running sync one goes on (``is_canceled()`` is True), and
+    ``ray.get`` raises ``TaskCancelledError`` once the actor is done with it; ``force=True``
+    is refused for it.  Tasks the cancelled task submitted keep running.
     """
     ensure_init()
     if not isinstance(object_ref, ObjectRef):

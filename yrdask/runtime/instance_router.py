@@ -90,19 +90,21 @@ class InstanceRouter:
                                                        call.max_redeliveries, call.unordered)))
 
     def cancel(self, cid: str) -> bool:
-        """Ray's ``cancel`` of an actor task: its refs fail with ``CancelledError`` at once and
-        the worker hosting the instance is told (a call not started never runs, a running
-        ``async def`` one is cancelled); False if ``cid`` is no call waiting for its answer.
-        The call's own answer still settles it in the machine."""
+        """Ray's ``cancel`` of an actor task; False if ``cid`` is no call waiting for its
+        answer.  Not sent yet: its refs fail with ``CancelledError`` at once (it is answered
+        unrun when it goes).  Sent: the worker is told (a call not started never runs, a
+        running ``async def`` one is cancelled, a sync one runs on), and its answer, whatever
+        it is, settles it as cancelled (as Ray: ``ray.get`` returns once the worker is done)."""
         call = self.calls.get(cid)
         if call is None:
             return False
         if not call.cancelled:
             call.cancelled = True
-            error = CancelledError(f"Task: {cid} was cancelled.")
-            for entry in call.entries:
-                entry.set_error(error)
-            if call.sent_to is not None:
+            if call.sent_to is None:
+                error = CancelledError(f"Task: {cid} was cancelled.")
+                for entry in call.entries:
+                    entry.set_error(error)
+            else:
                 self.rt.channel(call.sent_to).send(P.CancelTask(cid))
         return True
 
@@ -113,7 +115,9 @@ class InstanceRouter:
         if call is None:
             return False
         error = msg.error
-        if error is None:
+        if call.cancelled:  # answered after Ray's cancel: settled as cancelled
+            error = CancelledError(f"Task: {cid} was cancelled.")
+        elif error is None:
             call.results = msg.results
         else:
             from yrdask.serialization import loads
