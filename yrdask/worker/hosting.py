@@ -106,7 +106,8 @@ class HostedInstance:
             if inspect.iscoroutine(result):
                 await result
 
-        self.side_loop.call_soon_threadsafe(self.side_loop.create_task, run())
+        loop = self.side_loop
+        loop.call_soon_threadsafe(lambda: loop.create_task(run()))
 
     def _serve_mailbox(self) -> None:
         while True:
