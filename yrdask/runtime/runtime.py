@@ -638,7 +638,10 @@ class Runtime:
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 answer.set_exception(e)
 
-        self.on_loop(run)
+        if threading.get_ident() == self.loop_thread:  # (not from user code) at once
+            run()
+        else:
+            self.on_loop(run)
         return answer.result(60)
 
     # -- shutdown --------------------------------------------------------------------------
