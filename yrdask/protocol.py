@@ -972,7 +972,9 @@ class RunTask(Message):
 @_message
 class CancelTask(Message):
     """caller -> worker.  Interrupts the task if it is still running; ``force``: ends the
-    worker process running it instead (Ray's ``cancel(force=True)``: code blocked in C)."""
+    worker process running it instead (Ray's ``cancel(force=True)``: code blocked in C).
+    For a method call (Ray's cancel of an actor task): one not started is answered unrun, a
+    running ``async def`` one is cancelled, a running sync one sees ``is_canceled()``."""
 
     op: ClassVar[str] = CANCEL_TASK
     channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_WORKER,)

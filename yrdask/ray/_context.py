@@ -15,7 +15,8 @@ from typing import Any
 from yrdask.runtime.context import current_lease, current_owner, installed_runtime
 
 _local = threading.local()  # .ctx: the context of the task this thread runs
-#: ``Class.method`` of the actor method running now (set by the host class's wrappers).
+#: ``[Class.method, module.Class.method, task id or None]`` of the actor method running now
+#: (set by the host class's wrappers; the id is made when first asked for).
 current_method: contextvars.ContextVar = contextvars.ContextVar("ray_method", default=None)
 
 

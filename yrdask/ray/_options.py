@@ -51,7 +51,7 @@ _OPTIONS: dict[str, tuple[frozenset, Any]] = {
     "enable_task_events": (frozenset({TASK, ACTOR, METHOD}), True),
     "max_calls": (frozenset({TASK}), _UNSET),
     "max_pending_calls": (frozenset({ACTOR}), -1),
-    "allow_out_of_order_execution": (frozenset({ACTOR}), False),
+    "allow_out_of_order_execution": (frozenset({ACTOR}), _UNSET),
     "_generator_backpressure_num_objects": (frozenset({TASK, METHOD}), None),
     "tensor_transport": (frozenset({METHOD}), None),
 }
@@ -66,7 +66,6 @@ _WHY = {
     "placement_group_capture_child_tasks": "use scheduling_strategy=PlacementGroupSchedulingStrategy("
                                            "pg, placement_group_capture_child_tasks=True)",
     "max_pending_calls": "yrdask does not bound an actor's queue of pending calls",
-    "allow_out_of_order_execution": "calls from one caller always run in submission order",
 }
 
 
@@ -223,8 +222,8 @@ def _actor_options(options: dict, inv: InvokeOptions, out: RayOptions, namespace
             raise ValueError("Actor name cannot be an empty string.")
         inv.name = name
     ns = options.get("namespace")
-    if ns is not None and (not isinstance(ns, str) or not ns):
-        raise ValueError(f"namespace must be None or a non-empty string, got {ns!r}")
+    if ns is not None:
+        check_namespace(ns)
     inv.namespace = ns or namespace
     lifetime = options.get("lifetime")
     if lifetime not in (None, "detached", "non_detached"):
@@ -289,3 +288,13 @@ def node_affinity(node_id: str, soft: bool = True) -> list:
 
 
 __all__ = ["RayOptions", "to_invoke_options", "check_keys", "check_num_returns", "node_affinity"]
+
+
+def check_namespace(namespace: Any) -> None:
+    """Ray's rule for a namespace given to an actor or ``get_actor``: a str (TypeError
+    otherwise), not empty (ValueError)."""
+    if not isinstance(namespace, str):
+        raise TypeError(f"namespace must be None or a string, got {type(namespace).__name__}: "
+                        f"{namespace!r}")
+    if not namespace:
+        raise ValueError('"" is not a valid namespace. Pass None to not specify a namespace.')

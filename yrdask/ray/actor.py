@@ -127,9 +127,10 @@ def _semaphore(obj: Any, group: str, limit: int, is_async: bool) -> Any:
 
 
 def _enter(names: tuple[str, str]) -> Any:
-    """Mark the running actor method (a module function: the host class's wrappers are
+    """Mark the running actor method: its names, and a slot for the id of this execution
+    (Ray's task id, made when asked for) (a module function: the host class's wrappers are
     pickled by value, and a ContextVar cannot be)."""
-    return current_method.set(names)
+    return current_method.set([names[0], names[1], None])
 
 
 def _leave(token: Any) -> None:
@@ -185,6 +186,55 @@ def _wrap_method(fn: Callable, group: str | None, limit: int, retry: Any,
             if sem is not None:
                 sem.release()
             _leave(token)
+    return run
+
+
+def _retrying_generator(fn: Callable, retry: Any, max_retries: int) -> Callable:
+    """A generator method rerun after the exceptions ``retry`` names, up to ``max_retries``
+    times (-1: no bound), as Ray retries a streaming actor task: a rerun's items that the
+    caller has already received (by position) are not sent again."""
+    def again(e: BaseException, attempt: int) -> bool:
+        return should_retry(e, retry) and (max_retries == -1 or attempt < max_retries)
+
+    if inspect.isasyncgenfunction(fn):
+        @functools.wraps(fn)
+        async def run_async(self, *args, **kwargs):
+            sent = attempt = 0
+            while True:
+                index = 0
+                try:
+                    async for item in fn(self, *args, **kwargs):
+                        if index >= sent:
+                            yield item
+                            sent += 1
+                        index += 1
+                    return
+                except (GeneratorExit, asyncio.CancelledError):
+                    raise
+                except BaseException as e:  # noqa: BLE001
+                    if not again(e, attempt):
+                        raise
+                    attempt += 1
+        return run_async
+
+    @functools.wraps(fn)
+    def run(self, *args, **kwargs):
+        sent = attempt = 0
+        while True:
+            index = 0
+            try:
+                for item in fn(self, *args, **kwargs):
+                    if index >= sent:
+                        yield item
+                        sent += 1
+                    index += 1
+                return
+            except GeneratorExit:
+                raise
+            except BaseException as e:  # noqa: BLE001
+                if not again(e, attempt):
+                    raise
+                attempt += 1
     return run
 
 
@@ -290,6 +340,11 @@ def _names(cls: type, name: str) -> tuple[str, str]:
     return f"{cls.__name__}.{name}", f"{cls.__module__}.{cls.__qualname__}.{name}"
 
 
+def _ray_ready(self: Any) -> bool:
+    """Ray's ``actor.__ray_ready__.remote()``: answers True once the actor is constructed."""
+    return True
+
+
 def _call_with_options(self: Any, name: str, options: dict, *args: Any, **kwargs: Any) -> Any:
     """Run method ``name`` with per-call options (``actor.method.options(...)``): Ray's
     ``retry_exceptions``, ``max_task_retries`` and ``concurrency_group`` for this call only,
@@ -308,8 +363,10 @@ def _call_with_options(self: Any, name: str, options: dict, *args: Any, **kwargs
     retry = options.get("retry_exceptions", getattr(raw, _RETRY, None)) or False
     max_retries = options.get("max_task_retries",
                               getattr(raw, _TASK_RETRIES, cls.__ray_max_task_retries__))
-    if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
-        return raw(self, *args, **kwargs)  # streams; checked by the caller (no retries)
+    if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):  # streams
+        if retry:
+            return _retrying_generator(raw, retry, max_retries)(self, *args, **kwargs)
+        return raw(self, *args, **kwargs)
     limit = groups.get(group, cls.__ray_default_limit__)
     names = _names(cls.__mro__[1], name)
     if options.get("name"):  # .options(name=): the task name get_task_name() gives
@@ -340,9 +397,22 @@ def _is_async_class(cls: type) -> bool:
 
 
 def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
-               max_task_retries: int) -> tuple[type, int | None]:
-    """The subclass of ``cls`` that runs on the worker, and the instance concurrency it needs."""
+               max_task_retries: int, out_of_order: bool | None = None
+               ) -> tuple[type, int | None]:
+    """The subclass of ``cls`` that runs on the worker, and the instance concurrency it needs.
+    ``out_of_order``: Ray's ``allow_out_of_order_execution`` (None: async and threaded actors
+    run calls as their arguments resolve, others in submission order)."""
     is_async = _is_async_class(cls)
+    if out_of_order is not None and not isinstance(out_of_order, bool):
+        raise TypeError(f"allow_out_of_order_execution must be a bool, got {out_of_order!r}")
+    if out_of_order is False and is_async:
+        raise ValueError("If you're using async actors, Ray can't execute actor tasks in "
+                         "order. Set `allow_out_of_order_execution=True` to allow "
+                         "out-of-order execution.")
+    if out_of_order is False and (max_concurrency or 1) > 1:
+        raise ValueError("If you're using multi-threaded actors, Ray can't execute actor "
+                         "tasks in order. Set `allow_out_of_order_execution=True` to allow "
+                         "out-of-order execution.")
     default_limit = max_concurrency or (1000 if is_async else 1)
     ns: dict[str, Any] = {"__ray_ctx__": ctx, "__ray_sems__": {},
                           "__module__": cls.__module__, "__doc__": cls.__doc__,
@@ -350,12 +420,16 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
                           # max_task_retries times (Ray's rule; default 0: it fails)
                           _REDELIVERIES: max_task_retries}
     raw_methods: dict[str, Callable] = {}
+    off_loop: list[str] = []  # an async actor's methods in a group of their own
     for name, member in inspect.getmembers(cls):
         raw = inspect.getattr_static(cls, name, None)
         if not inspect.isfunction(raw) or (name.startswith("__") and name != "__call__"):
             continue
         raw_methods[name] = raw
         if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
+            if getattr(raw, _RETRY, None):
+                ns[name] = _retrying_generator(raw, getattr(raw, _RETRY),
+                                               getattr(raw, _TASK_RETRIES, max_task_retries))
             continue
         group = getattr(raw, _GROUP, None)
         retry = getattr(raw, _RETRY, None)
@@ -365,6 +439,8 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
         if groups and group is None:
             group = _DEFAULT_GROUP
         limit = groups.get(group, default_limit)
+        if is_async and group not in (None, _DEFAULT_GROUP):
+            off_loop.append(name)
         ns[name] = _runner(raw, group, limit, retry or False,
                            getattr(raw, _TASK_RETRIES, max_task_retries), _names(cls, name),
                            is_async)
@@ -374,6 +450,10 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
     ns["__ray_default_limit__"] = default_limit
     ns["__ray_max_task_retries__"] = max_task_retries
     ns["__ray_call__"] = _call_with_options
+    ns["__ray_ready__"] = _ray_ready
+    # the worker starts their calls off the actor's own loop, which its default group's
+    # calls may block (Ray: each group has its own executor)
+    ns["__yr_off_loop__"] = tuple(off_loop)
     user_init = cls.__init__
 
     @functools.wraps(user_init)
@@ -390,7 +470,7 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
     concurrency = max_concurrency
     if groups:  # the groups' own executors bound their calls; the instance only hands over
         concurrency = max(1000, sum(groups.values()) + default_limit)
-    if is_async or (concurrency or 1) > 1:
+    if is_async or (concurrency or 1) > 1 or out_of_order:
         # Ray runs the calls of async and threaded actors as their arguments resolve: a
         # later call whose arguments are ready does not wait behind an earlier one's
         setattr(host, _UNORDERED, True)
@@ -440,7 +520,8 @@ class ActorClass:
                                   sess.job_env if sess is not None else None)
         ctx = with_capture(dict(ctx, resources=ropts.resources), ropts.capture)
         host, concurrency = host_class(self._cls, ctx, ropts.concurrency_groups,
-                                       ropts.max_concurrency, ropts.max_retries)
+                                       ropts.max_concurrency, ropts.max_retries,
+                                       options.get("allow_out_of_order_execution"))
         ropts.invoke.concurrency = concurrency
         creator = InstanceCreator(host, ropts.invoke.validate())
         self._creator = (id(sess), creator, ropts)
@@ -483,6 +564,8 @@ class ActorHandle:
 
     def __getattr__(self, name: str) -> "ActorMethod":
         proxy = self.__dict__.get("_proxy")
+        if name == "__ray_ready__" and proxy is not None:  # Ray's: True once constructed
+            return ActorMethod(self, name, 1, None, {})
         if proxy is None or name.startswith("__"):
             raise AttributeError(name)
         info = proxy._methods.get(name)
@@ -587,11 +670,6 @@ class ActorMethod:
         from yrdask.protocol import STREAMING
 
         proxy = self._handle._proxy
-        if nret == STREAMING and (per_call.get("retry_exceptions") or
-                                  per_call.get("max_task_retries")):
-            raise UnsupportedOptionError(
-                f"{self._name}.options(max_task_retries=/retry_exceptions=): a generator "
-                "method is not retried by yrdask.ray; call it without them")
         if self._sig is not None:
             from yrdask.api.signatures import check_call
 
@@ -601,6 +679,8 @@ class ActorMethod:
                 raise TypeError(f"{proxy._cls_name}.{self._name}.remote(): {e}") from None
         redeliveries = per_call.get("max_task_retries",
                                     proxy._redeliveries.get(self._name))
+        if nret == STREAMING:  # rerun after exceptions (retry_exceptions), not after crashes
+            redeliveries = None
         if proxy._terminated or proxy._rt.closed:
             return MethodProxy(proxy, self._name, nret, None).invoke()  # raises, says why
         method_args = (self._name, per_call, *args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from yrdask.runtime.context import current_runtime, current_task_cancelled
@@ -53,15 +54,28 @@ class RuntimeContext:
         return current_ctx().get("function_name")
 
     def is_canceled(self) -> bool:
-        """Whether the running task has been cancelled (``ray.cancel``).  A cancelled task
-        is interrupted at its next Python bytecode, so code rarely sees True here."""
+        """Whether the running task or actor task has been cancelled (``ray.cancel``).  A
+        cancelled task is interrupted at its next Python bytecode, so code rarely sees True
+        there; a sync actor task goes on and sees True.  RuntimeError in an async actor (as
+        Ray: its tasks get ``asyncio.CancelledError`` instead)."""
+        inst = hosted_instance()
+        if inst is not None:
+            if getattr(type(inst.obj), "__ray_async__", False):
+                raise RuntimeError("This method is not supported in an async actor.")
+            check = getattr(inst, "running_call_cancelled", None)
+            return bool(check is not None and check())
         return current_task_cancelled()
 
     def get_job_id(self) -> str:
         return current_ctx().get("job_id", "")
 
     def get_task_id(self) -> str | None:
-        """An id unique to this execution of the task (None outside tasks)."""
+        """An id unique to this execution of the task or actor method (None in a driver)."""
+        names = current_method.get()
+        if names is not None:  # an actor method: an id made for this call when first asked
+            if names[2] is None:
+                names[2] = uuid.uuid4().hex
+            return names[2]
         return current_ctx().get("task_id")
 
     def get_actor_id(self) -> str | None:

@@ -125,8 +125,11 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
 
     A queued task never runs; a running one is interrupted at its next Python bytecode, or
     with ``force=True`` its worker process is ended (as on Ray: code blocked in C stops too,
-    and the CPU is free at once; the nanny starts a fresh process).  Calls on actors are not
-    cancelled (as in yr); tasks the cancelled task submitted keep running.
+    and the CPU is free at once; the nanny starts a fresh process).  An actor task, as on
+    Ray: one not started never runs, a running ``async def`` one gets
+    ``asyncio.CancelledError``, a running sync one goes on (``is_canceled()`` is True), and
+    ``ray.get`` raises ``TaskCancelledError`` once the actor is done with it; ``force=True``
+    is refused for it.  Tasks the cancelled task submitted keep running.
     """
     ensure_init()
     if not isinstance(object_ref, ObjectRef):
@@ -135,7 +138,12 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
     for name, value in (("force", force), ("recursive", recursive)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {value!r}")
-    _rtctx.current_runtime().cancel([object_ref], force)
+    rt = _rtctx.current_runtime()
+    state = rt.cancel_call(object_ref, force)
+    if state == "force":
+        raise ValueError("force=True is not supported for actor tasks.")
+    if state is None:  # not an actor task waiting for its answer
+        rt.cancel([object_ref], force)
 
 
 def kill(actor: Any, *, no_restart: bool = True) -> None:
@@ -159,8 +167,10 @@ def get_actor(name: str, namespace: str | None = None) -> Any:
 
     if not isinstance(name, str) or not name:
         raise ValueError("Please supply a non-empty value to get_actor")
-    if namespace is not None and (not isinstance(namespace, str) or not namespace):
-        raise ValueError(f"namespace must be None or a non-empty str, got {namespace!r}")
+    if namespace is not None:
+        from yrdask.ray._options import check_namespace
+
+        check_namespace(namespace)
     ns = namespace or current_ctx()["namespace"]
     try:
         proxy = yrdask.get_instance(name, ns, 60)

@@ -17,7 +17,7 @@ import dask
 
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
-from yrdask.errors import CallCrashedError
+from yrdask.errors import CallCrashedError, CancelledError
 from yrdask.runtime import call_order as C
 from yrdask.runtime.objects import dep_of, failed_dep, failing_entries, pending_owned, when_ready
 
@@ -38,6 +38,8 @@ class Call:
     max_redeliveries: int | None = None  # its own bound after crashes (None: the default)
     unordered: bool = False  # may pass earlier calls still waiting for their arguments
     held: list | None = None  # its ref arguments, alive until it is answered (borrowing)
+    sent_to: str | None = None  # the worker it was last sent to
+    cancelled: bool = False  # Ray's cancel of an actor task: settled here, told to the worker
 
 
 class InstanceRouter:
@@ -87,6 +89,25 @@ class InstanceRouter:
             self._do(self.order.handle(C.CallSubmitted(cid, cid, call.instance_id, True, error,
                                                        call.max_redeliveries, call.unordered)))
 
+    def cancel(self, cid: str) -> bool:
+        """Ray's ``cancel`` of an actor task; False if ``cid`` is no call waiting for its
+        answer.  Not sent yet: its refs fail with ``CancelledError`` at once (it is answered
+        unrun when it goes).  Sent: the worker is told (a call not started never runs, a
+        running ``async def`` one is cancelled, a sync one runs on), and its answer, whatever
+        it is, settles it as cancelled (as Ray: ``ray.get`` returns once the worker is done)."""
+        call = self.calls.get(cid)
+        if call is None:
+            return False
+        if not call.cancelled:
+            call.cancelled = True
+            if call.sent_to is None:
+                error = CancelledError(f"Task: {cid} was cancelled.")
+                for entry in call.entries:
+                    entry.set_error(error)
+            else:
+                self.rt.channel(call.sent_to).send(P.CancelTask(cid))
+        return True
+
     def on_done(self, msg: P.TaskDone) -> bool:
         """Settle a method call's refs; False if ``msg`` is not for a method call."""
         cid = msg.task_id
@@ -94,7 +115,9 @@ class InstanceRouter:
         if call is None:
             return False
         error = msg.error
-        if error is None:
+        if call.cancelled:  # answered after Ray's cancel: settled as cancelled
+            error = CancelledError(f"Task: {cid} was cancelled.")
+        elif error is None:
             call.results = msg.results
         else:
             from yrdask.serialization import loads
@@ -164,8 +187,12 @@ class InstanceRouter:
                 call.dep_refs = [r for r in call.dep_refs if r._entry.stored]
             else:
                 call.deps = []
-        self.rt.channel(ins.worker).send(P.CallMethod(
+        chan = self.rt.channel(ins.worker)
+        chan.send(P.CallMethod(
             call.call_id, ins.instance_id, call.method, call.args, call.deps, call.nret))
+        call.sent_to = ins.worker
+        if call.cancelled:  # cancelled before it left: the worker answers it unrun
+            chan.send(P.CancelTask(call.call_id))
 
     async def _create_rpc(self, iid: str) -> None:
         spec, _refs = self.specs.pop(iid)

@@ -361,6 +361,22 @@ class ObjectRef:
 
         rt.on_loop(self._entry.add_callback, fire)
 
+    def _on_completed(self, callback: Callable[[Any], Any]) -> None:
+        """Ray's ``ObjectRef._on_completed``: ``callback(value)`` once the object is ready,
+        with its error (the exception object) in place of the value if it failed."""
+        if not callable(callback):
+            raise YRTypeError(f"_on_completed: callback must be callable, got {callback!r}")
+        rt = self._runtime
+
+        def fire(_ref: ObjectRef) -> None:
+            try:
+                value = rt.get([self], -1)[0]
+            except BaseException as e:  # noqa: BLE001 - Ray hands the error as the value
+                value = e
+            callback(value)
+
+        self.on_complete(fire)
+
     def get_future(self) -> concurrent.futures.Future:
         """A new ``concurrent.futures.Future`` resolved with the value (or the error)."""
         fut: concurrent.futures.Future = concurrent.futures.Future()

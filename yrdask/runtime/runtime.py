@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import hashlib
 import itertools
 import logging
@@ -616,6 +617,32 @@ class Runtime:
         process (see :class:`~yrdask.protocol.CancelTask`)."""
         for ref in refs:
             self.on_loop(self.submitter.cancel, ref._id, force)
+
+    def cancel_call(self, ref: ObjectRef, force: bool = False) -> str | None:
+        """Ray's ``cancel`` of an actor task (yr does not cancel method calls): ``None`` if
+        ``ref`` is no method call waiting for its answer; ``"force"`` (nothing done) if it is
+        one and ``force`` is set; else ``"cancelled"`` (see :meth:`InstanceRouter.cancel`).
+        Waits for the loop, where the call was registered (in order) when it was made."""
+        answer: concurrent.futures.Future = concurrent.futures.Future()
+        cid = ref._id.split(".", 1)[0]
+
+        def run() -> None:
+            try:
+                if cid not in self.router.calls:
+                    answer.set_result(None)
+                elif force:
+                    answer.set_result("force")
+                else:
+                    self.router.cancel(cid)
+                    answer.set_result("cancelled")
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                answer.set_exception(e)
+
+        if threading.get_ident() == self.loop_thread:  # (not from user code) at once
+            run()
+        else:
+            self.on_loop(run)
+        return answer.result(60)
 
     # -- shutdown --------------------------------------------------------------------------
 

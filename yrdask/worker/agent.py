@@ -561,10 +561,18 @@ class WorkerAgent:
 
     def cancel_task(self, peer: Any, msg: dict) -> None:
         """``CANCEL_TASK`` (loop thread): a task not started yet never runs; a running one is
-        interrupted in its user code (``force``: this process ends).  Unknown ids (ended,
+        interrupted in its user code (``force``: this process ends).  An id that is no task
+        here may be a method call (Ray's cancel of an actor task); other unknown ids (ended,
         bounced) are dropped: a cancel always follows its task's ``RUN_TASK`` on the same
         channel (the decisions: :class:`TaskSide`)."""
-        self.task_side.cancel(msg["task_id"], bool(msg.get("force")))
+        task_id = msg["task_id"]
+        if task_id not in self.task_side.tasks:
+            for inst in self.instances.values():
+                cancel_call = getattr(inst, "cancel_call", None)
+                if cancel_call is not None and cancel_call(task_id):
+                    return
+            return
+        self.task_side.cancel(task_id, bool(msg.get("force")))
 
     # -- objects ---------------------------------------------------------------------------
 

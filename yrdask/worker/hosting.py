@@ -4,7 +4,10 @@
   caller run in the order they were sent (they arrive in order on the call channel).
 * Sync class, concurrency n > 1: a pool of n threads, no ordering.
 * Async class (any ``async def`` method): an event loop in its own thread runs up to
-  ``concurrency`` (default 1000) calls at once.
+  ``concurrency`` (default 1000) calls at once.  Methods the class names in
+  ``__yr_off_loop__`` run their body on an executor of their own (Ray's concurrency groups):
+  their calls are started from a second loop, so a call blocking the instance's loop does
+  not hold them up.
 
 ``__init__`` runs first in the same executor; calls that arrive before it has finished are
 held and handed to the executor, in arrival order, once it has (with a pool or an event loop
@@ -23,10 +26,11 @@ from typing import Any, Callable
 from yrdask import protocol as P
 from yrdask.runtime.context import task_context
 from yrdask.runtime.generators import drain, drain_async
-from yrdask.errors import InstanceDiedError, RemoteError, user_traceback
+from yrdask.errors import CancelledError, InstanceDiedError, RemoteError, user_traceback
 from yrdask.serialization import dumps, loads, unpack_args
 
 _STOP = object()
+_running = threading.local()  # .call: the id of the call this thread runs (sync methods)
 
 
 class HostedInstance:
@@ -42,6 +46,8 @@ class HostedInstance:
         self.stopped: str | None = None
         self.pending: dict[str, Any] = {}  # call id -> peer, for calls not answered yet
         self.borrowed: dict[str, list] = {}  # call id -> refs its arguments lent (TaskDone.refs)
+        self.cancelled: set[str] = set()  # calls cancelled before their answer (cancel_call)
+        self.running_async: dict[str, tuple] = {}  # call id -> (loop, task) of async calls
         self.calls_done = 0
         # Dask's Task Stream, Progress and Profile (worker/dask_panels.py); none in a child
         self.recorder = getattr(agent, "recorder", None)
@@ -58,6 +64,8 @@ class HostedInstance:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.mailbox: queue.SimpleQueue | None = None
         self.pool: ThreadPoolExecutor | None = None
+        self.off_loop: frozenset = frozenset()  # methods started from side_loop (see above)
+        self.side_loop: asyncio.AbstractEventLoop | None = None
         if is_async:
             self._start_loop()
         elif self.concurrency == 1:
@@ -71,19 +79,35 @@ class HostedInstance:
 
     # -- executors -------------------------------------------------------------------------
 
-    def _start_loop(self) -> None:
+    def _start_loop(self, side: bool = False) -> None:
         ready = threading.Event()
 
         def run() -> None:
-            self.loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(self.loop)
-            self.semaphore = asyncio.Semaphore(self.concurrency)
-            self.loop.call_soon(ready.set)
-            self.loop.run_forever()
-            self.loop.close()
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            if side:
+                self.side_loop = loop
+            else:
+                self.loop = loop
+                self.semaphore = asyncio.Semaphore(self.concurrency)
+            loop.call_soon(ready.set)
+            loop.run_forever()
+            loop.close()
 
-        threading.Thread(target=run, daemon=True, name=f"yr-instance-{self.instance_id}").start()
+        threading.Thread(target=run, daemon=True, name=f"yr-instance-{self.instance_id}"
+                         + ("-side" if side else "")).start()
         ready.wait()
+
+    def _submit_side(self, job: Callable[[], Any]) -> None:
+        """Start a call of an ``off_loop`` method from the side loop (its own executor bounds
+        how many run at once)."""
+        async def run() -> None:
+            result = job()
+            if inspect.iscoroutine(result):
+                await result
+
+        loop = self.side_loop
+        loop.call_soon_threadsafe(lambda: loop.create_task(run()))
 
     def _serve_mailbox(self) -> None:
         while True:
@@ -133,6 +157,10 @@ class HostedInstance:
         start = rec.begin(name, key_id) if rec is not None else 0.0
         try:
             cls = loads(self.spec["cls"])
+            off_loop = getattr(cls, "__yr_off_loop__", None)
+            if off_loop and self.loop is not None:
+                self._start_loop(side=True)
+                self.off_loop = frozenset(off_loop)
             checkpoint = self.spec.get("checkpoint")
             with self._context():
                 if checkpoint is not None:
@@ -149,7 +177,13 @@ class HostedInstance:
         with self._gate:  # under the lock: a call arriving now queues behind the early ones
             early, self._early = self._early, []
             for job in early:
-                self._submit_live(job)
+                if self.stopped is None and getattr(job, "method", None) in self.off_loop:
+                    try:
+                        self._submit_side(job)
+                    except RuntimeError:  # the side loop closed meanwhile: stop() answers
+                        pass
+                else:
+                    self._submit_live(job)
             self.constructed = True  # after the flush: call() may then skip the lock
         self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
 
@@ -161,12 +195,16 @@ class HostedInstance:
         job = lambda: self._run_call(peer, msg)  # noqa: E731
         if self.constructed:  # set once, after the early calls went: no lock needed
             try:  # _submit_live, inlined on the hot path (stopped was checked above)
-                self._submit(job)
+                if self.side_loop is not None and msg["method"] in self.off_loop:
+                    self._submit_side(job)
+                else:
+                    self._submit(job)
             except RuntimeError:  # the pool shut down or the loop closed meanwhile
                 pass
             return None
         with self._gate:
             if not self.constructed:
+                job.method = msg["method"]  # where it goes is known once the class is
                 self._early.append(job)
                 return None
             self._submit_live(job)
@@ -188,6 +226,8 @@ class HostedInstance:
             return None
         if self.init_error is not None:
             return self._answer(P.TaskDone(call_id, error=self.init_error))
+        if self.cancelled and call_id in self.cancelled:  # cancelled before it started
+            return self._answer_error(call_id, CancelledError(f"Task: {call_id} was cancelled."))
         rec = self.recorder  # Dask's Task Stream, Progress and Profile
         if rec is not None:
             name = f"{self.cls_name}.{msg['method']}"
@@ -197,6 +237,9 @@ class HostedInstance:
             if borrowed:  # reported with the answer (TaskDone.refs)
                 self.borrowed[call_id] = borrowed
             fn = getattr(self.obj, msg["method"])
+            if not callable(fn):  # a value the object holds under a method's name: the
+                fn = getattr(type(self.obj), msg["method"]).__get__(self.obj)  # class's (Ray)
+            _running.call = call_id
             with self._context():
                 result = fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
@@ -247,12 +290,36 @@ class HostedInstance:
         self._answer_result(call_id, count, 1)
 
     async def _finish_async(self, call_id: str, awaitable: Any, nret: int) -> None:
+        self.running_async[call_id] = (asyncio.get_running_loop(), asyncio.current_task())
         try:
             with self._context():
                 result = await awaitable
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - cancel_call's CancelledError too
             return self._answer_error(call_id, e)
+        finally:
+            self.running_async.pop(call_id, None)
         self._answer_result(call_id, result, nret)
+
+    def cancel_call(self, call_id: str) -> bool:
+        """Ray's cancel of an actor task: a call not started is answered unrun, a running
+        ``async def`` one gets ``asyncio.CancelledError`` at its ``await``, a running sync one
+        goes on (``is_canceled()`` says so).  False if ``call_id`` is not a call waiting here."""
+        if call_id not in self.pending:
+            return False
+        self.cancelled.add(call_id)
+        running = self.running_async.get(call_id)
+        if running is not None:
+            loop, task = running
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # its loop has closed: the instance stopped
+                pass
+        return True
+
+    def running_call_cancelled(self) -> bool:
+        """Whether the sync method call the current thread runs has been cancelled."""
+        call_id = getattr(_running, "call", None)
+        return call_id is not None and call_id in self.cancelled
 
     def _answer_result(self, call_id: str, result: Any, nret: int) -> None:
         peer = self.pending.get(call_id)
@@ -272,6 +339,8 @@ class HostedInstance:
 
     def _answer(self, done: P.TaskDone) -> None:
         peer = self.pending.pop(done.task_id, None)
+        if self.cancelled:
+            self.cancelled.discard(done.task_id)
         if peer is not None:
             self.calls_done += 1
             peer.reply(done.to_msg())
@@ -297,6 +366,8 @@ class HostedInstance:
             self.pool.shutdown(wait=False, cancel_futures=True)
         elif self.loop is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.side_loop is not None:
+            self.side_loop.call_soon_threadsafe(self.side_loop.stop)
         self.obj = None
 
     async def run_shutdown_hook(self, obj: Any) -> None:
