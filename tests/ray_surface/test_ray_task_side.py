@@ -1,0 +1,158 @@
+"""Task-side Ray behaviours that Ray's own public-API tests check (issue 20, round two):
+runtime context ids and names as Ray gives them, generators called with an int or
+``"dynamic"`` ``num_returns`` (tasks and actor methods).
+
+Each test names the Ray behaviour (learned from Ray's source and its tests under
+python/ray/tests); waits are refs, never sleeps.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import cloudpickle
+import pytest
+
+import yrdask.ray as ray
+from yrdask.ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# -- runtime context ----------------------------------------------------------------------
+
+
+@ray.remote
+def context_of_task():
+    rtc = ray.get_runtime_context()
+    ctx = rtc.get()
+    return (rtc.get_node_id(), rtc.get_task_id(), ctx["task_id"].hex(), ctx["node_id"].hex(),
+            rtc.get_task_function_name(), rtc.get_placement_group_id(), rtc.get_actor_name())
+
+
+@ray.remote
+class Probe:
+    def ids(self):
+        rtc = ray.get_runtime_context()
+        return rtc.get_task_id(), rtc.get_task_id(), rtc.get_actor_name(), \
+            rtc.get_task_function_name()
+
+
+def test_driver_node_id_is_a_node_and_deprecated_ids_warn(ray_env):
+    rtc = ray.get_runtime_context()
+    # Ray: a driver belongs to the node it started or joined; its id is one of ray.nodes()'s
+    assert rtc.get_node_id() in {n["NodeID"] for n in ray.nodes()}
+    assert rtc.get_node_id() == ray.get(context_of_task.remote())[0]
+    # Ray's deprecated properties give ids with .hex() and say what to use instead
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert rtc.node_id.hex() == rtc.get_node_id()
+        assert rtc.job_id.hex() == rtc.get_job_id()
+        assert rtc.task_id is None and rtc.actor_id is None  # a driver runs no task
+        assert rtc.current_placement_group_id is None
+    said = " ".join(str(w.message) for w in caught)
+    for name in ("get_node_id", "get_job_id", "get_task_id", "get_actor_id",
+                 "get_placement_group_id"):
+        assert f"Use {name}() instead" in said
+    assert rtc.get_placement_group_id() is None and rtc.get_actor_name() is None
+
+
+def test_task_context_ids_names_and_placement_group(ray_env):
+    node, task_id, dict_task, dict_node, fname, pg_id, actor_name = ray.get(
+        context_of_task.remote())
+    assert task_id and dict_task == task_id and dict_node == node
+    # Ray's task function name is module.__name__ (no qualname), in tasks
+    assert fname == f"{__name__}.context_of_task"
+    assert pg_id is None and actor_name is None
+    pg = ray.util.placement_group([{"CPU": 1}])
+    ray.get(pg.ready())
+    try:
+        placed = context_of_task.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg))
+        assert ray.get(placed.remote())[5] == pg.id  # Ray: the group the task runs in
+    finally:
+        ray.util.remove_placement_group(pg)
+
+
+def test_actor_method_context(ray_env):
+    p = Probe.remote()
+    first, again, name, fname = ray.get(p.ids.remote())
+    second = ray.get(p.ids.remote())[0]
+    # Ray: each actor call is a task with an id of its own; an unnamed actor's name is ""
+    assert first and first == again and second and second != first
+    assert name == ""
+    assert fname == f"{__name__}.Probe.ids"
+    # ... and an async method's is module + its qualname (Ray's descriptors differ so)
+
+    @ray.remote
+    class Local:
+        def sync_name(self):
+            return ray.get_runtime_context().get_task_function_name()
+
+        async def async_name(self):
+            return ray.get_runtime_context().get_task_function_name()
+
+    local = Local.remote()
+    assert ray.get(local.sync_name.remote()) == f"{__name__}.Local.sync_name"
+    assert ray.get(local.async_name.remote()) == (
+        f"{__name__}.test_actor_method_context.<locals>.Local.async_name")
+    named = Probe.options(name=f"probe-{id(p)}").remote()
+    assert ray.get(named.ids.remote())[2] == f"probe-{id(p)}"
+
+
+# -- generators with an int or "dynamic" num_returns -----------------------------------------
+
+
+@ray.remote
+def counting(n):
+    for i in range(n):
+        yield i
+
+
+@ray.remote(num_returns="dynamic")
+def not_a_generator(n):
+    return list(range(n))
+
+
+@ray.remote
+class Gen:
+    def count(self, n):
+        for i in range(n):
+            yield i
+
+    async def acount(self, n):
+        for i in range(n):
+            yield i
+
+
+def test_static_num_returns_generator_drops_extra_values(ray_env):
+    # Ray logs values past num_returns and drops them (ray-project/ray#28689); fewer raise
+    assert ray.get(counting.options(num_returns=2).remote(3)) == [0, 1]
+    assert ray.get(counting.options(num_returns=1).remote(1)) == 0
+    with pytest.raises(ray.exceptions.RayTaskError) as info:
+        ray.get(counting.options(num_returns=3).remote(2))
+    assert isinstance(info.value.as_instanceof_cause(), ValueError)
+
+
+def test_dynamic_on_a_plain_function_fails_the_task(ray_env):
+    # Ray accepts the decorator; the task fails, so ray.get raises RayTaskError
+    with pytest.raises(ray.exceptions.RayTaskError, match="generator"):
+        ray.get(not_a_generator.remote(3))
+
+
+def test_actor_generator_method_with_int_or_dynamic_num_returns(ray_env):
+    g = Gen.remote()
+    assert ray.get(g.count.options(num_returns=3).remote(3)) == [0, 1, 2]
+    assert ray.get(g.count.options(num_returns=2).remote(4)) == [0, 1]  # extra dropped
+    assert ray.get(g.count.options(num_returns=1).remote(1)) == 0
+    refs = list(ray.get(g.count.options(num_returns="dynamic").remote(4)))
+    assert ray.get(refs) == [0, 1, 2, 3]
+    assert ray.get(g.acount.options(num_returns=2).remote(2)) == [0, 1]
+    assert ray.get(list(ray.get(g.acount.options(num_returns="dynamic").remote(2)))) == [0, 1]
+    # without num_returns the method streams again, as before
+    assert ray.get(list(g.count.options(num_returns=2).options(
+        num_returns="streaming").remote(2))) == [0, 1]
+    assert ray.get(list(g.count.remote(2))) == [0, 1]
