@@ -9,6 +9,7 @@ python/ray/tests); waits are refs, never sleeps.
 from __future__ import annotations
 
 import sys
+import time
 import warnings
 
 import cloudpickle
@@ -156,3 +157,28 @@ def test_actor_generator_method_with_int_or_dynamic_num_returns(ray_env):
     assert ray.get(list(g.count.options(num_returns=2).options(
         num_returns="streaming").remote(2))) == [0, 1]
     assert ray.get(list(g.count.remote(2))) == [0, 1]
+
+
+# -- cancel of a borrowed ref --------------------------------------------------------------
+
+
+@ray.remote
+def sleepy():
+    for _ in range(1200):  # interruptible: a Python loop around short sleeps
+        time.sleep(0.05)
+    return "not cancelled"
+
+
+@ray.remote
+def submit_sleepy():
+    return [sleepy.remote()]
+
+
+def test_cancel_of_a_borrowed_ref_goes_to_its_owner(ray_env):
+    # Ray: ray.cancel(ref) of a task another worker submitted asks that owner to cancel it
+    inner = ray.get(submit_sleepy.remote())[0]
+    with pytest.raises(ray.exceptions.GetTimeoutError):
+        ray.get(inner, timeout=0.2)
+    ray.cancel(inner)
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(inner, timeout=30)

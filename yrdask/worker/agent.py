@@ -650,6 +650,10 @@ class WorkerAgent:
         """:class:`P.AddBorrower`."""
         return self.runtime.handle_add_borrower(items)
 
+    def cancel_owned(self, object_ids: list, force: bool = False) -> None:
+        """:class:`P.CancelOwned`: a borrower cancels tasks this process submitted."""
+        self.runtime.handle_cancel_owned(object_ids, force)
+
     def worker_lost(self, worker: str) -> None:
         self.runtime.worker_lost(worker)
 
