@@ -113,9 +113,10 @@ def counting(n):
         yield i
 
 
-@ray.remote(num_returns="dynamic")
-def not_a_generator(n):
-    return list(range(n))
+@ray.remote(max_retries=0)
+def one_then_error():
+    yield "first"
+    raise KeyError("after one")
 
 
 @ray.remote
@@ -123,6 +124,10 @@ class Gen:
     def count(self, n):
         for i in range(n):
             yield i
+
+    def one_then_error(self):
+        yield "first"
+        raise KeyError("after one")
 
     async def acount(self, n):
         for i in range(n):
@@ -138,10 +143,15 @@ def test_static_num_returns_generator_drops_extra_values(ray_env):
     assert isinstance(info.value.as_instanceof_cause(), ValueError)
 
 
-def test_dynamic_on_a_plain_function_fails_the_task(ray_env):
-    # Ray accepts the decorator; the task fails, so ray.get raises RayTaskError
-    with pytest.raises(ray.exceptions.RayTaskError, match="generator"):
-        ray.get(not_a_generator.remote(3))
+def test_generator_that_raises_fills_the_rest_of_its_returns_with_the_error(ray_env):
+    # Ray: the values yielded before the error are the first returns, the error each other
+    for call in (one_then_error, Gen.remote().one_then_error):
+        first, second, third = call.options(num_returns=3).remote()
+        assert ray.get(first) == "first"
+        for ref in (second, third):
+            with pytest.raises(ray.exceptions.RayTaskError) as info:
+                ray.get(ref)
+            assert isinstance(info.value, KeyError) and "after one" in str(info.value)
 
 
 def test_actor_generator_method_with_int_or_dynamic_num_returns(ray_env):

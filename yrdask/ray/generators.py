@@ -25,19 +25,31 @@ class DynamicObjectRefGenerator:
         return len(self._refs)
 
 
-def generator_returns(gen: Any, n: int) -> Any:
+def generator_returns(gen: Any, n: int,
+                      reraise: Callable[[Exception], bool] | None = None) -> Any:
     """The task's ``n`` returns from the values generator ``gen`` yields (Ray's rule for a
     generator called with an int ``num_returns``): fewer values is the task's
     ``ValueError``; more are logged as an error and dropped, as Ray does (it does not raise,
-    ray-project/ray#28689)."""
+    ray-project/ray#28689).  If the generator raises after yielding some values (and
+    ``reraise`` does not want it re-raised, for a rerun), those are the first returns and
+    the error is each of the rest, as on Ray."""
+    from yrdask.errors import ReturnError
+
     values: list = []
-    for value in gen:
-        if len(values) == n:
-            logger.error("Task returned more than num_returns=%d objects; the extra ones are "
-                         "dropped", n)
-            gen.close()
-            break
-        values.append(value)
+    try:
+        for value in gen:
+            if len(values) == n:
+                logger.error("Task returned more than num_returns=%d objects; the extra ones "
+                             "are dropped", n)
+                gen.close()
+                break
+            values.append(value)
+    except Exception as e:  # noqa: BLE001 - the rest of the returns, or the task's error
+        if not values or len(values) == n or (reraise is not None and reraise(e)):
+            raise
+        import traceback
+
+        values.extend([ReturnError(e, traceback.format_exc())] * (n - len(values)))
     if len(values) < n:
         raise ValueError(f"Task returned {len(values)} objects, but num_returns={n}.")
     return None if n == 0 else values[0] if n == 1 else tuple(values)

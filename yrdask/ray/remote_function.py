@@ -60,7 +60,7 @@ class TaskBody:
                     if self.mode == "dynamic":  # values stored here, their refs returned
                         return self._dynamic(args, kwargs, attempt)
                     if self.mode == "collect":
-                        return self._collect(self.fn(*args, **kwargs))
+                        return self._collect(self.fn(*args, **kwargs), attempt)
                     return self.fn(*args, **kwargs)
                 except BaseException as e:  # noqa: BLE001 - rerun or re-raise
                     if should_retry(e, self.retry_exceptions) and (
@@ -76,19 +76,17 @@ class TaskBody:
         error if the generator raised and is not rerun)."""
         from yrdask.ray.generators import dynamic_refs
 
-        gen = self.fn(*args, **kwargs)
-        if not inspect.isgenerator(gen):  # Ray's task error (not refused when decorated)
-            raise ValueError(f"num_returns='dynamic' needs a generator function; "
-                             f"{self.__qualname__} returned a {type(gen).__name__}")
-        return dynamic_refs(gen, self.__qualname__,
+        return dynamic_refs(self.fn(*args, **kwargs), self.__qualname__,
                             lambda e: should_retry(e, self.retry_exceptions) and (
                                 self.max_retries == -1 or attempt < self.max_retries))
 
-    def _collect(self, gen: Any) -> Any:
+    def _collect(self, gen: Any, attempt: int) -> Any:
         """The ``num_returns`` values a generator yielded, as the task's returns."""
         from yrdask.ray.generators import generator_returns
 
-        return generator_returns(gen, self.num_returns)
+        return generator_returns(gen, self.num_returns,
+                                 lambda e: should_retry(e, self.retry_exceptions) and (
+                                     self.max_retries == -1 or attempt < self.max_retries))
 
     def _stream(self, args: tuple, kwargs: dict) -> Any:
         """A generator task: the context holds while it yields (the worker iterates it)."""
@@ -193,7 +191,7 @@ class RemoteFunction:
         is_gen = inspect.isgeneratorfunction(self._function)
         if "num_returns" not in self._options and is_gen:
             num_returns = "streaming"  # Ray's default for generator functions
-        if num_returns == "streaming" and not is_gen:  # "dynamic": the task raises (Ray)
+        if num_returns in ("streaming", "dynamic") and not is_gen:
             raise ValueError(f"num_returns={num_returns!r} needs a generator function; "
                              f"{self.__qualname__} does not yield")
         if num_returns == "streaming":

@@ -50,7 +50,7 @@ from yrdask.worker.devices import device_isolation, gpu_offer, node_id, npu_offe
 from yrdask.worker.execution import Execution, current_execution
 from yrdask.worker import lease_gate as G
 from yrdask.worker.share import SharedThreadPoolExecutor, WorkerShare
-from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, TaskCrashedError,
+from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, ReturnError, TaskCrashedError,
                            YRRuntimeError, YRValueError, user_traceback)
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
 
@@ -567,6 +567,10 @@ class WorkerAgent:
         nested = None
         objects = self.runtime.objects
         for oid, value in zip(ids, values):
+            if type(value) is ReturnError:  # this return failed, the earlier ones did not
+                err = RemoteError.from_exception(value.error, value.traceback_str)
+                out.append([P.ERROR, dumps(err)])
+                continue
             payload, _refs, counted = pack_counting(dumps_value, value)
             if counted:
                 if caller is None:
