@@ -8,6 +8,8 @@ python/ray/tests); waits are refs, never sleeps.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 import warnings
@@ -102,6 +104,34 @@ def test_actor_method_context(ray_env):
         f"{__name__}.test_actor_method_context.<locals>.Local.async_name")
     named = Probe.options(name=f"probe-{id(p)}").remote()
     assert ray.get(named.ids.remote())[2] == f"probe-{id(p)}"
+
+
+@ray.remote(max_restarts=1)
+class Restartable:
+    def __init__(self):
+        self.at_init = ray.get_runtime_context().was_current_actor_reconstructed
+
+    def state(self):
+        return self.at_init, ray.get_runtime_context().was_current_actor_reconstructed, \
+            os.getpid()
+
+
+def test_was_current_actor_reconstructed(ray_env):
+    # Ray's property: False in the first incarnation, True (in __init__ too) after a restart
+    a = Restartable.remote()
+    at_init, now, pid = ray.get(a.state.remote())
+    assert at_init is False and now is False
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:  # calls during the restart may fail; poll until the new incarnation answers
+        try:
+            at_init, now, new_pid = ray.get(a.state.remote(), timeout=30)
+            break
+        except ray.exceptions.RayActorError:
+            assert time.monotonic() < deadline
+    assert new_pid != pid and at_init is True and now is True
+    with pytest.raises(RuntimeError, match="only available in an actor"):
+        ray.get_runtime_context().was_current_actor_reconstructed
 
 
 # -- generators with an int or "dynamic" num_returns -----------------------------------------

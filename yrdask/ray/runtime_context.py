@@ -154,11 +154,14 @@ class RuntimeContext:
         rt = current_runtime()
         return ActorHandle(InstanceProxy(inst.instance_id, inst.spec["meta"], rt))
 
+    @property
     def was_current_actor_reconstructed(self) -> bool:
-        from yrdask.ray.exceptions import UnsupportedOptionError
-
-        raise UnsupportedOptionError("was_current_actor_reconstructed() is not supported by "
-                                     "yrdask.ray: a restarted actor is not told it restarted")
+        """Whether this actor is a restart (after its process died, within ``max_restarts``),
+        as Ray's property; only in an actor."""
+        inst = hosted_instance()
+        if inst is None:
+            raise RuntimeError("was_current_actor_reconstructed is only available in an actor")
+        return bool(inst.spec.get("incarnation"))
 
     def get(self) -> dict:
         """Ray's (deprecated) dict: ``task_id`` and ``actor_id`` only where there are ones."""
