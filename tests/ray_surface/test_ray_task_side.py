@@ -222,3 +222,33 @@ def test_cancel_of_a_borrowed_ref_goes_to_its_owner(ray_env):
     ray.cancel(inner)
     with pytest.raises(ray.exceptions.TaskCancelledError):
         ray.get(inner, timeout=30)
+
+
+@ray.remote
+def busy_in_python(path):
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    while True:  # Python bytecode runs between the short sleeps: an interrupt reaches it
+        time.sleep(0.01)
+
+
+def test_force_cancel_of_a_task_that_stops_at_the_interrupt_keeps_its_process(ray_env,
+                                                                              tmp_path):
+    # The process also hosts other work (Ray's runs only this task): a task that stops at
+    # the interrupt is not worth the process; only one blocked in C ends it (test_ray_round2)
+    import psutil
+
+    from conftest import wait_for_file
+
+    mark = tmp_path / "pid"
+    ref = busy_in_python.remote(str(mark))
+    wait_for_file(str(mark))
+    pid = int(mark.read_text())
+    ray.cancel(ref, force=True)
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(ref, timeout=10)
+    proc = psutil.Process(pid)
+    until = time.monotonic() + 2.0  # an absence: watched for 4x the agent's 0.5 s grace
+    while time.monotonic() < until:
+        assert proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        time.sleep(0.05)

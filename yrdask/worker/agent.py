@@ -55,6 +55,9 @@ from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, Retur
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
 
 logger = logging.getLogger("yrdask.worker")
+#: cancel(force=True): how long a running task has to stop at the interrupt before its
+#: worker process is ended (a task blocked in C never sees the interrupt)
+FORCE_CANCEL_GRACE_S = 0.5
 
 MAX_THREADS = 4096
 
@@ -601,14 +604,21 @@ class WorkerAgent:
         ex = self.tasks.get(msg["task_id"])
         if ex is None:
             return
+        ex.cancel()
         if msg.get("force") and self.running.get(ex.task_id) is ex:
             # Ray's cancel(force=True): the task may be blocked in C (time.sleep, a socket
-            # read), where no exception reaches it.  End this process; the nanny starts a
-            # fresh one, the caller settled the task already (no crash is counted for it).
+            # read), where no exception reaches it.  This process also hosts other tasks and
+            # actors (a Ray worker runs only the one task), so the interrupt gets a moment
+            # first; still running after it, the task ends with this process.
+            asyncio.get_running_loop().call_later(FORCE_CANCEL_GRACE_S, self._force_end, ex)
+
+    def _force_end(self, ex: Any) -> None:
+        if self.running.get(ex.task_id) is ex:
+            # the nanny starts a fresh process; the caller settled the task already (no
+            # crash is counted for it)
             logger.info("cancel(force=True) of task %s: ending worker process %d",
                         ex.task_id, os.getpid())
             os._exit(P.FORCED_CANCEL_EXIT)
-        ex.cancel()
 
     # -- objects ---------------------------------------------------------------------------
 
