@@ -688,7 +688,10 @@ class SubmitQueue:
         seen: set[str] = set()
         for key, q in self.queues.items():
             assert q.key == key
+            last = 0
             for task in q.tasks:
+                assert task.seq > last, f"{task.task_id} queued out of submission order"
+                last = task.seq
                 assert task.task_id not in seen, f"{task.task_id} queued twice"
                 seen.add(task.task_id)
                 assert self.tasks.get(task.task_id) is task, f"{task.task_id} queued but unknown"
