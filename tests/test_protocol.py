@@ -66,6 +66,7 @@ SAMPLES: list[P.Message] = [
     P.WaitRefsRemoved("tcp://o:1", (("t-1", 3, None), ("t-2", 1, "t-9"))),
     P.RefsRemoved("tcp://w:1", (("t-1", 3),)),
     P.AddBorrower((("t-1", "tcp://w:1", None), ("t-2", "tcp://w:2", "t-7"))),
+    P.CancelOwned(("t-1.0",), True),
     P.StartInstance({"instance_id": "i-1", "incarnation": 2, "checkpoint": b"ck"}),
     P.StopInstance("i-1", "killed"),
     P.StartIsolated({"instance_id": "i-1", "isolation": {"env": {"A": "1"}, "cwd": "/tmp"}}),
@@ -140,11 +141,11 @@ def test_channel_groups_are_derived_from_the_table():
                                     P.WORKER_EXIT}
     assert set(P.WORKER_RPC) == {P.OPEN_CHANNEL, P.FETCH_OBJECT, P.FREE_OBJECTS,
                                  P.STOP_INSTANCE, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,
-                                 P.ADD_BORROWER}
+                                 P.ADD_BORROWER, P.CANCEL_OWNED}
     assert set(P.WORKER_STREAM) == {P.REVOKE_LEASES, P.START_INSTANCE, P.WORKER_LOST,
                                     P.WORKER_EXIT}
     assert P.OWNER_RPC == (P.FETCH_OBJECT, P.TASK_OUTPUT, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,
-                           P.ADD_BORROWER)
+                           P.ADD_BORROWER, P.CANCEL_OWNED)
     assert set(P.CHANNEL_TO_WORKER) == {P.RUN_TASK, P.CANCEL_TASK, P.CALL_METHOD}
     assert set(P.ISOLATED_RPC) == {P.OPEN_CHANNEL, P.START_ISOLATED, P.STOP_ISOLATED,
                                     P.RUN_ISOLATED}

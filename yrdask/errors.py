@@ -270,6 +270,17 @@ def user_traceback() -> str:
     return "".join(traceback.format_exception(etype, exc, tb))
 
 
+class ReturnError:
+    """One return value of a call with several that failed while the ones before it did not
+    (Ray's generator called with ``num_returns=n`` that raised after yielding some): the
+    worker sends it as that return's error, the others as values."""
+
+    __slots__ = ("error", "traceback_str")
+
+    def __init__(self, error: BaseException, traceback_str: str) -> None:
+        self.error, self.traceback_str = error, traceback_str
+
+
 class RemoteError:
     """A failure as it travels back from a worker: the pickled cause plus its traceback text.
 

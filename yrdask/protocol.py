@@ -857,6 +857,21 @@ class AddBorrower(Message):
     items: list
 
 
+CANCEL_OWNED = "yr_cancel_owned"
+
+
+@_message
+class CancelOwned(Message):
+    """borrower -> owner rpc: cancel the tasks whose results ``object_ids`` are (the owner
+    submitted them; ``force`` as in :class:`CancelTask`).  A cancel of a borrowed ref goes
+    to its owner, as Ray's does.  Reply ``None``."""
+
+    op: ClassVar[str] = CANCEL_OWNED
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_OWNER_RPC)
+    object_ids: list
+    force: bool = False
+
+
 @_message
 class StartInstance(Message):
     """scheduler -> worker (worker stream).  ``spec`` is the creation spec (see

@@ -233,6 +233,21 @@ def test_a_requeued_task_goes_first_and_stops_pipelining():
     assert pushed(out) == [("t2", "L1")]
 
 
+def test_tasks_handed_back_one_by_one_keep_their_submission_order():
+    # the gate bounces pipelined tasks one at a time, the later ones too: none may overtake
+    # an earlier one, or (one CPU) an earlier task waits behind a later one that never ends
+    m = mk(pipeline_depth=3, max_pending_requests=1)
+    for i in range(6):
+        queue(m, f"t{i}")
+    grant(m, "r1", "L1")
+    finish(m, "t0", took=0.001)  # t1, t2, t3 pipelined
+    finish(m, "t2", "requeue", took=None)
+    finish(m, "t3", "requeue", took=None)
+    assert [t.task_id for t in m.queues["k"].tasks] == ["t2", "t3", "t4", "t5"]
+    out = finish(m, "t1")
+    assert pushed(out) == [("t2", "L1")]
+
+
 # -- outcomes, retries, refusals ----------------------------------------------------------------
 
 

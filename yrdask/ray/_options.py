@@ -81,6 +81,7 @@ class RayOptions:
     resources: dict = field(default_factory=dict)  # Ray units, for get_assigned_resources
     spread: bool = False
     capture: Any = None  # the placement group whose child tasks this work captures
+    group: Any = None  # the placement group this work runs in (get_placement_group_id)
     max_concurrency: int | None = None  # Ray's, which may exceed yr's concurrency bound
     max_calls: int = 0  # Ray's: a process runs this many calls of the function, then ends
 
@@ -273,6 +274,7 @@ def _strategy(strategy: Any, inv: InvokeOptions, out: RayOptions) -> None:
         return
     if isinstance(strategy, PlacementGroupSchedulingStrategy):
         strategy.apply(inv)
+        out.group = strategy.placement_group
         if strategy.placement_group_capture_child_tasks:
             out.capture = strategy.placement_group
         return

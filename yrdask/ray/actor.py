@@ -41,7 +41,8 @@ _RETRY = "__ray_retry_exceptions__"
 _TASK_RETRIES = "__ray_max_task_retries__"
 _DEFAULT_GROUP = "_ray_default_group"
 #: Per-call method options that go to the actor with the call (``__ray_call__``).
-_PER_CALL = ("max_task_retries", "retry_exceptions", "concurrency_group", "name")
+_PER_CALL = ("max_task_retries", "retry_exceptions", "concurrency_group", "name",
+             "_gen_returns")
 _SEMS_LOCK = threading.Lock()  # guards the creation of concurrency-group semaphores
 
 
@@ -127,9 +128,9 @@ def _semaphore(obj: Any, group: str, limit: int, is_async: bool) -> Any:
 
 
 def _enter(names: tuple[str, str]) -> Any:
-    """Mark the running actor method: its names, and a slot for the id of this execution
-    (Ray's task id, made when asked for) (a module function: the host class's wrappers are
-    pickled by value, and a ContextVar cannot be)."""
+    """Mark the running actor method (a module function: the host class's wrappers are
+    pickled by value, and a ContextVar cannot be): ``[task name, function name, task id]``,
+    the id made when first asked for (``get_runtime_context().get_task_id()``)."""
     return current_method.set([names[0], names[1], None])
 
 
@@ -336,8 +337,13 @@ def _close_executor(table: dict, key: tuple) -> None:
 
 
 def _names(cls: type, name: str) -> tuple[str, str]:
-    """Ray's task name and task function name of method ``name`` of ``cls``."""
-    return f"{cls.__name__}.{name}", f"{cls.__module__}.{cls.__qualname__}.{name}"
+    """Ray's task name and task function name of method ``name`` of ``cls``: the function
+    name is ``module.Class.method``, for an ``async def`` method ``module.<its qualname>``
+    (Ray's descriptors differ so)."""
+    raw = inspect.getattr_static(cls, name, None)
+    if inspect.iscoroutinefunction(raw):
+        return f"{cls.__name__}.{name}", f"{cls.__module__}.{raw.__qualname__}"
+    return f"{cls.__name__}.{name}", f"{cls.__module__}.{cls.__name__}.{name}"
 
 
 def _ray_ready(self: Any) -> bool:
@@ -363,10 +369,20 @@ def _call_with_options(self: Any, name: str, options: dict, *args: Any, **kwargs
     retry = options.get("retry_exceptions", getattr(raw, _RETRY, None)) or False
     max_retries = options.get("max_task_retries",
                               getattr(raw, _TASK_RETRIES, cls.__ray_max_task_retries__))
-    if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):  # streams
-        if retry:
-            return _retrying_generator(raw, retry, max_retries)(self, *args, **kwargs)
-        return raw(self, *args, **kwargs)
+    if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
+        gen_returns = options.get("_gen_returns")  # an int or "dynamic" num_returns
+        if gen_returns is None:  # streams
+            if retry:
+                return _retrying_generator(raw, retry, max_retries)(self, *args, **kwargs)
+            return raw(self, *args, **kwargs)
+        from yrdask.ray.generators import (async_generator_returns, dynamic_refs,
+                                           generator_returns)
+
+        if inspect.isasyncgenfunction(raw):
+            return async_generator_returns(raw(self, *args, **kwargs), gen_returns)
+        if gen_returns == "dynamic":
+            return dynamic_refs(raw(self, *args, **kwargs), f"{cls.__mro__[1].__name__}.{name}")
+        return generator_returns(raw(self, *args, **kwargs), gen_returns)
     limit = groups.get(group, cls.__ray_default_limit__)
     names = _names(cls.__mro__[1], name)
     if options.get("name"):  # .options(name=): the task name get_task_name() gives
@@ -519,6 +535,9 @@ class ActorClass:
         ropts = to_invoke_options(options, ACTOR, ctx["namespace"],
                                   sess.job_env if sess is not None else None)
         ctx = with_capture(dict(ctx, resources=ropts.resources), ropts.capture)
+        ctx.pop("placement_group_id", None)  # a parent's is not its child's
+        if ropts.group is not None:
+            ctx["placement_group_id"] = ropts.group.id
         host, concurrency = host_class(self._cls, ctx, ropts.concurrency_groups,
                                        ropts.max_concurrency, ropts.max_retries,
                                        options.get("allow_out_of_order_execution"))
@@ -622,10 +641,17 @@ class ActorMethod:
         """Per-call options (Ray's): ``num_returns``, ``max_task_retries``,
         ``retry_exceptions``, ``concurrency_group``, ``name``; they override the method's
         ``@ray.method`` options and the actor's for calls made through the returned object."""
+        from yrdask.protocol import STREAMING
+
         check_keys(options, METHOD)
         checked: dict = {}
         for key, value in options.items():
-            if key == "num_returns":
+            if key == "num_returns" and self._nret == STREAMING and value != "streaming":
+                # a generator method called with an int or "dynamic" num_returns (Ray's
+                # static and dynamic generators): the actor collects what it yields
+                checked["_gen_returns"] = check_num_returns(value)
+                value = 1 if value == "dynamic" else value
+            elif key == "num_returns":
                 value = _method_returns(check_num_returns(value), f"{self._name}.options()")
             elif key == "max_task_retries":
                 if isinstance(value, bool) or not isinstance(value, int) or value < -1:
@@ -642,8 +668,10 @@ class ActorMethod:
                 if not isinstance(value, str):
                     raise TypeError(f"name must be a str, got {value!r}")
             checked[key] = value
-        return ActorMethod(self._handle, self._name, self._nret, self._sig,
-                           {**self._options, **checked})
+        merged = {**self._options, **checked}
+        if "num_returns" in checked and "_gen_returns" not in checked:
+            merged.pop("_gen_returns", None)  # streams again
+        return ActorMethod(self._handle, self._name, self._nret, self._sig, merged)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Call the method: an ObjectRef (a list of ``num_returns`` of them; None for 0)."""

@@ -29,7 +29,8 @@ from yrdask import errors as _yr
 __all__ = ["RayError", "RayTaskError", "RayActorError", "ActorDiedError",
            "ActorUnavailableError", "GetTimeoutError", "TaskCancelledError",
            "WorkerCrashedError", "ObjectLostError", "OwnerDiedError", "RuntimeEnvSetupError",
-           "RaySystemError", "UnsupportedOptionError", "from_yr_error"]
+           "RaySystemError", "ObjectRefStreamEndOfStreamError", "UnsupportedOptionError",
+           "from_yr_error"]
 
 
 class RayError(Exception):
@@ -138,6 +139,12 @@ class RuntimeEnvSetupError(RayError):
 
 class RaySystemError(RayError):
     """An internal failure of the system."""
+
+
+class ObjectRefStreamEndOfStreamError(RayError):
+    """Ray's end of a generator's stream.  Defined for ``except`` clauses: yrdask's
+    ``ObjectRefGenerator`` ends with ``StopIteration`` / ``StopAsyncIteration``, as Ray's
+    does for ``next()`` and ``for``."""
 
 
 class UnsupportedOptionError(RayError, _yr.YRValueError):

@@ -6,7 +6,10 @@ ObjectRefs; ``num_returns="dynamic"`` an ObjectRef whose value is a
 
 from __future__ import annotations
 
-from typing import Iterator
+import logging
+from typing import Any, Callable, Iterator
+
+logger = logging.getLogger("yrdask.ray")
 
 
 class DynamicObjectRefGenerator:
@@ -20,3 +23,63 @@ class DynamicObjectRefGenerator:
 
     def __len__(self) -> int:
         return len(self._refs)
+
+
+def generator_returns(gen: Any, n: int,
+                      reraise: Callable[[Exception], bool] | None = None) -> Any:
+    """The task's ``n`` returns from the values generator ``gen`` yields (Ray's rule for a
+    generator called with an int ``num_returns``): fewer values is the task's
+    ``ValueError``; more are logged as an error and dropped, as Ray does (it does not raise,
+    ray-project/ray#28689).  If the generator raises after yielding some values (and
+    ``reraise`` does not want it re-raised, for a rerun), those are the first returns and
+    the error is each of the rest, as on Ray."""
+    from yrdask.errors import ReturnError
+
+    values: list = []
+    try:
+        for value in gen:
+            if len(values) == n:
+                logger.error("Task returned more than num_returns=%d objects; the extra ones "
+                             "are dropped", n)
+                gen.close()
+                break
+            values.append(value)
+    except Exception as e:  # noqa: BLE001 - the rest of the returns, or the task's error
+        if not values or len(values) == n or (reraise is not None and reraise(e)):
+            raise
+        import traceback
+
+        values.extend([ReturnError(e, traceback.format_exc())] * (n - len(values)))
+    if len(values) < n:
+        raise ValueError(f"Task returned {len(values)} objects, but num_returns={n}.")
+    return None if n == 0 else values[0] if n == 1 else tuple(values)
+
+
+async def async_generator_returns(agen: Any, n: Any) -> Any:
+    """:func:`generator_returns` (or :func:`dynamic_refs`) of an async generator."""
+    values = [value async for value in agen]
+    if n == "dynamic":
+        return dynamic_refs(iter(values), "")
+    return generator_returns(iter(values), n)
+
+
+def dynamic_refs(gen: Any, qualname: str, reraise: Callable[[Exception], bool] | None = None
+                 ) -> DynamicObjectRefGenerator:
+    """``num_returns="dynamic"``: each yielded value stored here, their refs returned.  If
+    the generator raises (and ``reraise`` does not want it re-raised, for a rerun), Ray's
+    rule: the refs yielded so far and then one ref that holds the error."""
+    from yrdask.ray._session import failed_ref, store
+    from yrdask.ray.exceptions import RayTaskError
+
+    refs = []
+    try:
+        for value in gen:
+            refs.append(store(value))
+    except Exception as e:  # noqa: BLE001 - becomes the last ref, or a rerun
+        if reraise is not None and reraise(e):
+            raise
+        import traceback
+
+        refs.append(failed_ref(RayTaskError(qualname, traceback.format_exc(),
+                                            e).as_instanceof_cause()))
+    return DynamicObjectRefGenerator(refs)

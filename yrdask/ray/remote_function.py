@@ -60,7 +60,7 @@ class TaskBody:
                     if self.mode == "dynamic":  # values stored here, their refs returned
                         return self._dynamic(args, kwargs, attempt)
                     if self.mode == "collect":
-                        return self._collect(self.fn(*args, **kwargs))
+                        return self._collect(self.fn(*args, **kwargs), attempt)
                     return self.fn(*args, **kwargs)
                 except BaseException as e:  # noqa: BLE001 - rerun or re-raise
                     if should_retry(e, self.retry_exceptions) and (
@@ -72,35 +72,21 @@ class TaskBody:
             set_task_ctx(prev)
 
     def _dynamic(self, args: tuple, kwargs: dict, attempt: int) -> Any:
-        """``num_returns="dynamic"``: the refs of the yielded values.  If the generator
-        raises (and is not retried), Ray's rule: the refs yielded so far and then one ref
-        that holds the error."""
-        from yrdask.ray._session import failed_ref, store
-        from yrdask.ray.exceptions import RayTaskError
-        from yrdask.ray.generators import DynamicObjectRefGenerator
+        """``num_returns="dynamic"``: the refs of the yielded values (the last one holds the
+        error if the generator raised and is not rerun)."""
+        from yrdask.ray.generators import dynamic_refs
 
-        refs = []
-        try:
-            for value in self.fn(*args, **kwargs):
-                refs.append(store(value))
-        except Exception as e:  # noqa: BLE001 - becomes the last ref, or a rerun
-            if should_retry(e, self.retry_exceptions) and (
-                    self.max_retries == -1 or attempt < self.max_retries):
-                raise
-            import traceback
+        return dynamic_refs(self.fn(*args, **kwargs), self.__qualname__,
+                            lambda e: should_retry(e, self.retry_exceptions) and (
+                                self.max_retries == -1 or attempt < self.max_retries))
 
-            refs.append(failed_ref(RayTaskError(self.__qualname__, traceback.format_exc(),
-                                                e).as_instanceof_cause()))
-        return DynamicObjectRefGenerator(refs)
+    def _collect(self, gen: Any, attempt: int) -> Any:
+        """The ``num_returns`` values a generator yielded, as the task's returns."""
+        from yrdask.ray.generators import generator_returns
 
-    def _collect(self, gen: Any) -> Any:
-        """The ``num_returns`` values a generator yielded, as the task's returns (Ray's rule
-        for a generator function with an int ``num_returns``)."""
-        values = list(gen)
-        n = self.num_returns
-        if len(values) != n:
-            raise ValueError(f"Task returned {len(values)} objects, but num_returns={n}.")
-        return None if n == 0 else values[0] if n == 1 else tuple(values)
+        return generator_returns(gen, self.num_returns,
+                                 lambda e: should_retry(e, self.retry_exceptions) and (
+                                     self.max_retries == -1 or attempt < self.max_retries))
 
     def _stream(self, args: tuple, kwargs: dict) -> Any:
         """A generator task: the context holds while it yields (the worker iterates it)."""
@@ -172,13 +158,16 @@ class RemoteFunction:
         else:
             ctx = dict(ctx, resources=ropts.resources)
         ctx = with_capture(ctx, ropts.capture)
+        ctx.pop("placement_group_id", None)  # a parent's is not its child's
+        if ropts.group is not None:
+            ctx["placement_group_id"] = ropts.group.id
         fn = self._function
         name = self._options.get("name")
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
         ctx["task_name"] = name or getattr(fn, "__name__", "task")  # Ray's get_task_name()
-        ctx["function_name"] = (f"{getattr(fn, '__module__', None)}."
-                                f"{getattr(fn, '__qualname__', ctx['task_name'])}")
+        ctx["function_name"] = (f"{getattr(fn, '__module__', None)}."  # Ray's: no qualname
+                                f"{getattr(fn, '__name__', ctx['task_name'])}")
         nret, mode = self._returns(ropts.num_returns)
         body = TaskBody(self._function, ctx, ropts.retry_exceptions, ropts.max_retries, mode,
                         nret if mode == "collect" else 1)

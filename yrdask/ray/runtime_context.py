@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+import warnings
 from typing import Any
 
 from yrdask.runtime.context import current_runtime, current_task_cancelled
@@ -22,10 +23,23 @@ class RuntimeContext:
     """What is running here: node, job, task or actor, namespace, assigned resources."""
 
     def get_node_id(self) -> str:
-        """This node's id (its host, docs/nodes.md; in a driver, the driver's endpoint)."""
+        """This node's id (its host, docs/nodes.md); in a driver, the node of the driver's
+        host, as Ray's driver belongs to the node it started or joined."""
         from yrdask.api.nodes import get_node_id
 
-        return get_node_id()
+        rt = current_runtime()
+        if getattr(rt, "agent", None) is not None:
+            return get_node_id()
+        import os
+
+        import dask
+
+        named = os.environ.get("YRDASK_NODE_ID") or dask.config.get("yrdask.worker.node", None)
+        if named:
+            return str(named)
+        from distributed.comm import get_address_host
+
+        return get_address_host(rt.address)
 
     def get_accelerator_ids(self) -> dict[str, list[str]]:
         """``{"GPU": ["0"], "NPU": []}``: the accelerator ids this task or actor holds
@@ -35,7 +49,41 @@ class RuntimeContext:
     @property
     def node_id(self) -> _ID:
         """This node's id (Ray's deprecated property; ``.hex()`` gives the str)."""
+        _deprecated("node_id", "get_node_id")
         return _ID(self.get_node_id())
+
+    @property
+    def job_id(self) -> _ID:
+        """Ray's deprecated property: ``get_job_id()`` with ``.hex()``."""
+        _deprecated("job_id", "get_job_id")
+        return _ID(self.get_job_id())
+
+    @property
+    def task_id(self) -> _ID | None:
+        """Ray's deprecated property: ``get_task_id()`` with ``.hex()``."""
+        _deprecated("task_id", "get_task_id")
+        found = self.get_task_id()
+        return None if found is None else _ID(found)
+
+    @property
+    def actor_id(self) -> _ID | None:
+        """Ray's deprecated property: ``get_actor_id()`` with ``.hex()``."""
+        _deprecated("actor_id", "get_actor_id")
+        found = self.get_actor_id()
+        return None if found is None else _ID(found)
+
+    def get_placement_group_id(self) -> str | None:
+        """The placement group this task or actor was scheduled in (None elsewhere)."""
+        if hosted_instance() is None and current_ctx().get("task_id") is None:
+            return None  # a driver
+        return current_ctx().get("placement_group_id")
+
+    @property
+    def current_placement_group_id(self) -> _ID | None:
+        """Ray's deprecated property: ``get_placement_group_id()`` with ``.hex()``."""
+        _deprecated("current_placement_group_id", "get_placement_group_id")
+        found = self.get_placement_group_id()
+        return None if found is None else _ID(found)
 
     def get_task_name(self) -> str | None:
         """The running task's name: its ``options(name=)`` or its function's name; in an
@@ -70,12 +118,13 @@ class RuntimeContext:
         return current_ctx().get("job_id", "")
 
     def get_task_id(self) -> str | None:
-        """An id unique to this execution of the task or actor method (None in a driver)."""
-        names = current_method.get()
-        if names is not None:  # an actor method: an id made for this call when first asked
-            if names[2] is None:
-                names[2] = uuid.uuid4().hex
-            return names[2]
+        """An id unique to this execution of the task or actor method call (None in a
+        driver)."""
+        call = current_method.get()
+        if call is not None:  # an actor method: its id is made when first asked for
+            if call[2] is None:
+                call[2] = uuid.uuid4().hex
+            return call[2]
         return current_ctx().get("task_id")
 
     def get_actor_id(self) -> str | None:
@@ -84,8 +133,9 @@ class RuntimeContext:
         return inst.instance_id if inst is not None else None
 
     def get_actor_name(self) -> str | None:
+        """The actor's name; ``""`` in an unnamed actor, None outside actors (as Ray)."""
         inst = hosted_instance()
-        return (inst.spec.get("name") or None) if inst is not None else None
+        return (inst.spec.get("name") or "") if inst is not None else None
 
     @property
     def namespace(self) -> str:
@@ -112,20 +162,27 @@ class RuntimeContext:
         rt = current_runtime()
         return ActorHandle(InstanceProxy(inst.instance_id, inst.spec["meta"], rt))
 
+    @property
     def was_current_actor_reconstructed(self) -> bool:
-        from yrdask.ray.exceptions import UnsupportedOptionError
-
-        raise UnsupportedOptionError("was_current_actor_reconstructed() is not supported by "
-                                     "yrdask.ray: a restarted actor is not told it restarted")
+        """Whether this actor is a restart (after its process died, within ``max_restarts``),
+        as Ray's property; only in an actor."""
+        inst = hosted_instance()
+        if inst is None:
+            raise RuntimeError("was_current_actor_reconstructed is only available in an actor")
+        return bool(inst.spec.get("incarnation"))
 
     def get(self) -> dict:
         """Ray's (deprecated) dict: ``task_id`` and ``actor_id`` only where there are ones."""
-        out = {"job_id": self.get_job_id(), "node_id": self.get_node_id(),
+        out = {"job_id": _ID(self.get_job_id()), "node_id": _ID(self.get_node_id()),
                "namespace": self.namespace}
         for key, value in (("task_id", self.get_task_id()), ("actor_id", self.get_actor_id())):
             if value is not None:
-                out[key] = value
+                out[key] = _ID(value)
         return out
+
+
+def _deprecated(name: str, instead: str) -> None:
+    warnings.warn(f"Use {instead}() instead", DeprecationWarning, stacklevel=3)
 
 
 def assigned_gpus() -> list[str]:

@@ -616,7 +616,26 @@ class Runtime:
         """Cancel the tasks of ``refs``; ``force``: a running one ends with its worker
         process (see :class:`~yrdask.protocol.CancelTask`)."""
         for ref in refs:
-            self.on_loop(self.submitter.cancel, ref._id, force)
+            owner = ref._entry.owner
+            if owner is not None and owner != self.address:  # borrowed: its owner cancels
+                self.on_loop(self._cancel_at_owner, owner, ref._id, force)
+            else:
+                self.on_loop(self.submitter.cancel, ref._id, force)
+
+    def _cancel_at_owner(self, owner: str, object_id: str, force: bool) -> None:
+        async def send() -> None:
+            try:
+                await P.request(self.connector.rpc(owner), P.CancelOwned([object_id], force))
+            except Exception:  # the owner is gone, and its tasks with it
+                logger.debug("cannot cancel %s at its owner %s", object_id, owner,
+                             exc_info=True)
+
+        self.loop.create_task(send())
+
+    def handle_cancel_owned(self, object_ids: list, force: bool = False) -> None:
+        """:class:`P.CancelOwned`: a borrower cancels tasks this process submitted."""
+        for object_id in object_ids:
+            self.on_loop(self.submitter.cancel, object_id, force)
 
     def cancel_call(self, ref: ObjectRef, force: bool = False) -> str | None:
         """Ray's ``cancel`` of an actor task (yr does not cancel method calls): ``None`` if

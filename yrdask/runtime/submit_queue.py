@@ -196,7 +196,7 @@ class _Task:
     """What the machine knows of one task: ids, counters and where it is."""
 
     __slots__ = ("task_id", "key", "q", "name", "data_home", "retries_left", "crashes",
-                 "state", "lease", "settled", "runs", "max_crashes")
+                 "state", "lease", "settled", "runs", "max_crashes", "seq")
 
     def __init__(self, ev: TaskQueued, q: "_Queue") -> None:
         self.task_id = ev.task_id
@@ -277,6 +277,7 @@ class SubmitQueue:
         self.next_wake: float | None = None  # earliest WakeAt not yet answered by a Tick
         self.closed = False
         self._ids = 0
+        self._seq = 0  # tasks queued so far (their submission order)
         self._dirty: dict[Any, _Queue] = {}  # queues to dispatch before handle returns
         self._idle: list[_Lease] = []  # leases left without tasks: a timer if they stay so
         self._out: list = []
@@ -333,6 +334,7 @@ class SubmitQueue:
         if q is None:
             q = self.queues[ev.key] = _Queue(ev, f"q{len(self.queues)}")
         task = self.tasks[ev.task_id] = _Task(ev, q)
+        task.seq = self._seq = self._seq + 1  # submission order, kept by _requeue
         tasks = q.tasks
         q.backoff = False
         if tasks:
@@ -615,10 +617,18 @@ class SubmitQueue:
             self._idle.append(lease)
 
     def _requeue(self, q: _Queue, tasks: list[_Task]) -> None:
-        """Back to the front of the queue, in their order."""
-        for task in reversed(tasks):
+        """Back into the queue in submission order: before every later task.  Bounced tasks
+        come back one at a time, and one must not overtake an earlier one (FIFO, as Ray
+        dispatches: else an earlier task may wait behind a later one that never ends)."""
+        queued = q.tasks
+        for task in tasks:
             task.state = QUEUED
-            q.tasks.appendleft(task)
+            at = 0
+            for other in queued:  # requeued tasks are older than nearly all queued ones
+                if other.seq > task.seq:
+                    break
+                at += 1
+            queued.insert(at, task)
         self._dirty[q.name] = q
 
     def _finish(self, task: _Task, ev: TaskFinished) -> None:
@@ -678,7 +688,10 @@ class SubmitQueue:
         seen: set[str] = set()
         for key, q in self.queues.items():
             assert q.key == key
+            last = 0
             for task in q.tasks:
+                assert task.seq > last, f"{task.task_id} queued out of submission order"
+                last = task.seq
                 assert task.task_id not in seen, f"{task.task_id} queued twice"
                 seen.add(task.task_id)
                 assert self.tasks.get(task.task_id) is task, f"{task.task_id} queued but unknown"

@@ -146,6 +146,7 @@ class DriverConnector:
         self.wait_refs_removed = runtime.wait_refs_removed  # borrowing (runtime/refcount.py)
         self.refs_removed = runtime.refs_removed
         self.add_borrower = runtime.handle_add_borrower
+        self.cancel_owned = runtime.handle_cancel_owned  # ray.cancel of a borrowed ref
         self.server = Server(P.handlers(P.OWNER_RPC, self))
         self.stream_handlers = P.handlers(P.DRIVER_STREAM, self)
         self.stream: StreamSender | None = None

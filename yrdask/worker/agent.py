@@ -51,7 +51,7 @@ from yrdask.worker.execution import Execution, current_execution
 from yrdask.worker import lease_gate as G
 from yrdask.worker.task_side import TaskSide
 from yrdask.worker.share import SharedThreadPoolExecutor, WorkerShare
-from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, TaskCrashedError,
+from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, ReturnError, TaskCrashedError,
                            YRRuntimeError, YRValueError, user_traceback)
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
 
@@ -536,6 +536,10 @@ class WorkerAgent:
         nested = None
         objects = self.runtime.objects
         for oid, value in zip(ids, values):
+            if type(value) is ReturnError:  # this return failed, the earlier ones did not
+                err = RemoteError.from_exception(value.error, value.traceback_str)
+                out.append([P.ERROR, dumps(err)])
+                continue
             payload, _refs, counted = pack_counting(dumps_value, value)
             if counted:
                 if caller is None:
@@ -617,6 +621,10 @@ class WorkerAgent:
     def add_borrower(self, items: list) -> list:
         """:class:`P.AddBorrower`."""
         return self.runtime.handle_add_borrower(items)
+
+    def cancel_owned(self, object_ids: list, force: bool = False) -> None:
+        """:class:`P.CancelOwned`: a borrower cancels tasks this process submitted."""
+        self.runtime.handle_cancel_owned(object_ids, force)
 
     def worker_lost(self, worker: str) -> None:
         self.runtime.worker_lost(worker)

@@ -5,7 +5,8 @@ waits or goes back; this class decides what the agent does around it: a task pus
 ignored (the first answers), a task the gate starts runs only if it is still here, a bounced
 one is answered ``requeue`` and forgotten, a task that ended is forgotten before it answers
 (its retry may come back at once), a cancel of an unknown task is dropped (it ended or went
-back), a forced cancel of a running task ends the process, any other marks it cancelled.
+back), any cancel interrupts the task, and a forced one of a task still running after a grace
+ends the process.
 It does no I/O itself: a small :class:`TaskEdge` runs tasks, answers callers and arms
 timers.  The agent (``worker/agent.py``) plugs in its executor, peers and loop; the
 simulation (``tests/sim/world.py``) its virtual clock, links and simulated tasks, so it
@@ -19,6 +20,10 @@ from typing import Any, Callable, Protocol
 
 from yrdask import protocol as P
 from yrdask.worker import lease_gate as G
+
+#: cancel(force=True): how long a running task has to stop at the interrupt before its
+#: worker process is ended (a task blocked in C never sees the interrupt)
+FORCE_CANCEL_GRACE_S = 0.5
 
 
 class TaskEdge(Protocol):
@@ -81,10 +86,18 @@ class TaskSide:
         ex = self.tasks.get(task_id)
         if ex is None:
             return
-        if force and self.running.get(task_id) is ex:
-            self.edge.exit_process(ex)
-            return
         ex.cancel()
+        if force and self.running.get(task_id) is ex:
+            # the task may be blocked in C, where the interrupt never reaches it; this
+            # process also hosts other tasks and actors (a Ray worker runs only the one
+            # task), so the interrupt gets a moment first and only then the process ends
+            self.edge.call_at(self.edge.now() + FORCE_CANCEL_GRACE_S,
+                              lambda: self._force_end(ex))
+
+    def _force_end(self, ex: Any) -> None:
+        """The grace of a forced cancel ran out: still running, ``ex`` ends its process."""
+        if self.running.get(ex.task_id) is ex:
+            self.edge.exit_process(ex)
 
     def load(self) -> int:
         """Tasks pushed here and not ended (running, blocked in ``yr.get`` or waiting)."""
