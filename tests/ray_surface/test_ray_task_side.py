@@ -252,3 +252,34 @@ def test_force_cancel_of_a_task_that_stops_at_the_interrupt_keeps_its_process(ra
     while time.monotonic() < until:
         assert proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
         time.sleep(0.05)
+
+
+# -- placement groups ----------------------------------------------------------------------
+
+
+@ray.remote
+class _Wide:
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_request_that_fits_no_bundle_is_refused_at_remote(ray_env):
+    """Ray checks at ``.remote()`` that a task's or actor's request fits one bundle of its
+    placement group (else it could never run): ``ValueError`` in Ray's words."""
+    pg = ray.util.placement_group([{"CPU": 1}])
+    ray.get(pg.ready())
+    try:
+        strategy = PlacementGroupSchedulingStrategy(placement_group=pg)
+        with pytest.raises(ValueError, match=r"Cannot schedule .*context_of_task with the "
+                           r"placement group because the resource request \{'CPU': 2\} "
+                           r"cannot fit into any bundles for the placement group, "
+                           r"\[\{'CPU': 1\.0\}\]\."):
+            context_of_task.options(num_cpus=2, scheduling_strategy=strategy).remote()
+        with pytest.raises(ValueError, match=r"Cannot schedule _Wide with the placement group "
+                           r"because the resource request \{'CPU': 1, 'GPU': 8\}"):
+            _Wide.options(num_cpus=1, num_gpus=8, scheduling_strategy=strategy).remote()
+        fits = _Wide.options(num_cpus=1, scheduling_strategy=strategy).remote()
+        assert ray.get(fits.ping.remote()) == "pong"
+        ray.kill(fits)
+    finally:
+        ray.util.remove_placement_group(pg)

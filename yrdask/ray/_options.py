@@ -123,8 +123,9 @@ def _retry_exceptions(value: Any) -> Any:
 
 
 def to_invoke_options(options: dict, kind: str, namespace: str,
-                      job_env: dict | None = None) -> RayOptions:
-    """Map checked Ray options of a task or actor to :class:`RayOptions` (see module doc)."""
+                      job_env: dict | None = None, what: str = "") -> RayOptions:
+    """Map checked Ray options of a task or actor (``what``: its qualified name, for
+    errors) to :class:`RayOptions` (see module doc)."""
     check_keys(options, kind)
     is_actor = kind == ACTOR
     inv = InvokeOptions()
@@ -156,6 +157,8 @@ def to_invoke_options(options: dict, kind: str, namespace: str,
     out.resources.update(custom)
     _runtime_env(options.get("runtime_env"), inv, job_env)
     _strategy(options.get("scheduling_strategy"), inv, out)
+    if out.group is not None:
+        _check_bundle_fit(options, is_actor, out.group, what)
     if is_actor:
         _actor_options(options, inv, out, namespace)
     else:
@@ -164,6 +167,26 @@ def to_invoke_options(options: dict, kind: str, namespace: str,
             inv.isolated = True
     inv.validate()
     return out
+
+
+def _check_bundle_fit(options: dict, is_actor: bool, group: Any, what: str) -> None:
+    """Ray's check at ``.remote()``: a request that fits no bundle of its placement group
+    could never run, so it is refused at once (``ValueError``, Ray's wording)."""
+    request: dict[str, Any] = {}
+    cpus = options.get("num_cpus")
+    if cpus is not None or not is_actor:
+        request["CPU"] = 1 if cpus is None else cpus
+    if options.get("num_gpus"):
+        request["GPU"] = options["num_gpus"]
+    if options.get("memory"):
+        request["memory"] = options["memory"]
+    request.update(options.get("resources") or {})
+    bundles = [{k: float(v) for k, v in b.items()} for b in group.bundle_specs]
+    if any(all(b.get(k, 0.0) >= v for k, v in request.items()) for b in bundles):
+        return
+    raise ValueError(f"Cannot schedule {what} with the placement group because the resource "
+                     f"request {request} cannot fit into any bundles for the placement group, "
+                     f"{bundles}.")
 
 
 def _task_options(options: dict, out: RayOptions) -> None:

@@ -533,7 +533,8 @@ class ActorClass:
         if sess is not None and sess.default_lifetime and options.get("lifetime") is None:
             options = dict(options, lifetime=sess.default_lifetime)
         ropts = to_invoke_options(options, ACTOR, ctx["namespace"],
-                                  sess.job_env if sess is not None else None)
+                                  sess.job_env if sess is not None else None,
+                                  self._cls.__qualname__)
         ctx = with_capture(dict(ctx, resources=ropts.resources), ropts.capture)
         ctx.pop("placement_group_id", None)  # a parent's is not its child's
         if ropts.group is not None:

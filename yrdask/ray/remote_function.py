@@ -152,7 +152,8 @@ class RemoteFunction:
         ctx = current_ctx() if sess is None else None
         namespace = (sess.namespace if sess is not None else ctx["namespace"])
         ropts = to_invoke_options(self._options, TASK, namespace,
-                                  sess.job_env if sess is not None else None)
+                                  sess.job_env if sess is not None else None,
+                                  getattr(self._function, "__qualname__", ""))
         if sess is not None:
             ctx = sess.ctx(ropts.resources)
         else:
