@@ -176,6 +176,11 @@ class Message:
     def from_msg(cls, msg: Mapping[str, Any]) -> Message:  # replaced per class by _message
         raise NotImplementedError
 
+    @classmethod
+    def wire(cls, *args: Any, **fields: Any) -> dict[str, Any]:  # replaced per class by _message
+        """The wire dict of ``cls(*args, **fields)``, built without the message object."""
+        raise NotImplementedError
+
 
 def _message(cls: type) -> type:
     """Make ``cls`` a frozen slots dataclass, generate its fast ``to_msg``/``from_msg``/
@@ -215,9 +220,11 @@ def _message(cls: type) -> type:
            f"{''.join(sets)}"
            "    return o\n"
            f"def __init__(self, {', '.join(params)}):\n"
-           f"{''.join(init_sets) or '    pass' + chr(10)}")
+           f"{''.join(init_sets) or '    pass' + chr(10)}"
+           f"def wire(cls, {', '.join(params)}):\n"
+           f"    return {{'op': OP{''.join(', ' + i.replace('self.', '') for i in items)}}}\n")
     exec(src, ns)  # noqa: S102 - generated once per class from its own field names
-    to_msg, from_msg, init = ns["to_msg"], ns["from_msg"], ns["__init__"]
+    to_msg, from_msg, init, wire = ns["to_msg"], ns["from_msg"], ns["__init__"], ns["wire"]
     to_msg.__qualname__ = f"{cls.__name__}.to_msg"
     to_msg.__doc__ = "The wire dict ``{'op': op, **fields}``."
     from_msg.__qualname__ = f"{cls.__name__}.from_msg"
@@ -227,6 +234,10 @@ def _message(cls: type) -> type:
     cls.__init__ = init
     cls.to_msg = to_msg
     cls.from_msg = classmethod(from_msg)
+    wire.__qualname__ = f"{cls.__name__}.wire"
+    wire.__doc__ = ("``cls(...).to_msg()`` without the message object, for the hot paths "
+                    "(same fields and defaults).")
+    cls.wire = classmethod(wire)
     if cls.op in MESSAGES:
         raise TypeError(f"op {cls.op} defined twice: {MESSAGES[cls.op].__name__}, {cls.__name__}")
     MESSAGES[cls.op] = cls

@@ -188,7 +188,7 @@ class InstanceRouter:
             else:
                 call.deps = []
         chan = self.rt.channel(ins.worker)
-        chan.send(P.CallMethod(
+        chan.send(P.CallMethod.wire(
             call.call_id, ins.instance_id, call.method, call.args, call.deps, call.nret))
         call.sent_to = ins.worker
         if call.cancelled:  # cancelled before it left: the worker answers it unrun

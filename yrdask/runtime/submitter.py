@@ -445,8 +445,8 @@ class RuntimeEdge:
         chan = self.rt.channel(worker)
         fn = None if task.fn_id in chan.sent_functions else task.fn_payload
         chan.sent_functions.add(task.fn_id)
-        chan.send(P.RunTask(task.task_id, lease_id, task.fn_id, fn, task.args, task.deps,
-                            task.nret, task.owner, task.name, slots, task.log_to))
+        chan.send(P.RunTask.wire(task.task_id, lease_id, task.fn_id, fn, task.args, task.deps,
+                                 task.nret, task.owner, task.name, slots, task.log_to))
 
     def send_cancel(self, worker: str, task_id: str, force: bool) -> None:
         self.rt.channel(worker).send(P.CancelTask(task_id, force))
