@@ -24,6 +24,7 @@ __all__ = ["dumps", "dumps_value", "dumps_definition", "loads", "wire", "Frames"
 
 #: Types plain pickle handles exactly as cloudpickle does (no code, no classes).
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
+PLAIN_TYPES = _PLAIN  # no ref can hide in these: callers skip the ref bookkeeping
 
 #: Values whose pickle (with buffers) is larger than this travel as :class:`Frames`.
 FRAMES_OVER = 512 * 1024

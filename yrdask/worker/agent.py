@@ -30,7 +30,6 @@ from tornado.ioloop import PeriodicCallback
 
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
-from yrdask.runtime.context import task_context
 from yrdask.runtime.objects import REF_MARK, pack_counting, unpickling
 from yrdask.runtime.generators import drain
 from yrdask.runtime.runtime import install_worker_runtime, uninstall_worker_runtime
@@ -53,7 +52,8 @@ from yrdask.worker.task_side import TaskSide
 from yrdask.worker.share import SharedThreadPoolExecutor, WorkerShare
 from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, ReturnError, TaskCrashedError,
                            YRRuntimeError, YRValueError, user_traceback)
-from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args, wire
+from yrdask.serialization import (PLAIN_TYPES, Frames, dumps, dumps_value, loads, unpack_args,
+                                  wire)
 
 logger = logging.getLogger("yrdask.worker")
 
@@ -395,22 +395,29 @@ class WorkerAgent:
         task_id = ex.task_id
         if ex.cancelled:  # cancelled while it waited: it never runs
             return self._cancelled(task_id)
+        lease_id = msg["lease_id"]
         try:
-            fn = self._function(msg["fn_id"])
-            if type(fn) is IsolatedFunction:
-                isolation = fn.isolation
-                if P.DEVICES_MARK in msg["lease_id"]:
-                    isolation = device_isolation(isolation, *P.lease_devices(msg["lease_id"]))
+            fn = self.functions.get(msg["fn_id"])
+            if fn is None:
+                fn = self._function(msg["fn_id"])
+            isolated = type(fn) is IsolatedFunction
+            if isolated or P.DEVICES_MARK in lease_id:
+                # isolated, or it holds GPUs: a process of its own (that sees them)
+                isolation = fn.isolation if isolated else None
+                if P.DEVICES_MARK in lease_id:
+                    isolation = device_isolation(isolation, *P.lease_devices(lease_id))
                 return self._execute_isolated(ex, isolation)
-            if P.DEVICES_MARK in msg["lease_id"]:  # it holds GPUs: a process that sees them
-                return self._execute_isolated(ex, device_isolation(
-                    None, *P.lease_devices(msg["lease_id"])))
-            (args, kwargs), borrowed = self.unpack_call(msg)
+            if not msg["deps"] and REF_MARK not in msg["args"]:  # unpack_call's hot path
+                args, kwargs = unpack_args(msg["args"], [])
+                borrowed: list = []
+            else:
+                (args, kwargs), borrowed = self.unpack_call(msg)
         except BaseException as e:  # noqa: BLE001
             return self._error_reply(task_id, e, traceback.format_exc(), False)
         rec = self.recorder  # Dask's Task Stream, Progress and Profile (dask_panels.py)
         start = rec.begin(msg["name"], task_id) if rec is not None else 0.0
-        if not ex.arm():
+        # armed, the thread also runs in the task's context (lease, owner) until disarmed
+        if not ex.arm(lease_id, msg["owner"]):
             if rec is not None:
                 rec.drop()
             return self._cancelled(task_id)
@@ -418,13 +425,12 @@ class WorkerAgent:
         t0 = time.perf_counter()
         ok = False
         try:
-            with task_context(msg["lease_id"], msg["owner"]):
-                try:
-                    result = fn(*args, **kwargs)
-                    if msg["nret"] < 0:  # P.STREAMING: send each item now, answer the count
-                        result = drain(result, self.item_sender(ex.peer, task_id), ex)
-                finally:
-                    ex.disarm()  # if a late cancel interrupts this, the caller disarms again
+            try:
+                result = fn(*args, **kwargs)
+                if msg["nret"] < 0:  # P.STREAMING: send each item now, answer the count
+                    result = drain(result, self.item_sender(ex.peer, task_id), ex)
+            finally:
+                ex.disarm()  # if a late cancel interrupts this, the caller disarms again
             results, nested = self.pack_results(task_id, result, msg["nret"], ex.peer.caller)
             ok = True
         except BaseException as e:  # noqa: BLE001 - reported to the caller
@@ -436,8 +442,9 @@ class WorkerAgent:
             if rec is not None:
                 rec.end(msg["name"], task_id, start, ok)
         self.tasks_done += 1
-        return P.TaskDone(task_id, results=results, took=time.perf_counter() - t0,
-                          refs=self.refs_report(borrowed, nested)).to_msg()
+        return P.TaskDone.wire(task_id, results=results, took=time.perf_counter() - t0,
+                               refs=[self.worker.address, borrowed, nested]
+                               if borrowed or nested else None)  # refs_report, inline
 
     def unpack_call(self, msg: dict) -> tuple[tuple, list]:
         """``((args, kwargs), borrowed)`` of a pushed call (not on the loop): ``borrowed`` the
@@ -540,7 +547,10 @@ class WorkerAgent:
                 err = RemoteError.from_exception(value.error, value.traceback_str)
                 out.append([P.ERROR, dumps(err)])
                 continue
-            payload, _refs, counted = pack_counting(dumps_value, value)
+            if type(value) in PLAIN_TYPES:  # the hot path: no ref in it, nothing to count
+                payload, counted = dumps(value), None
+            else:
+                payload, _refs, counted = pack_counting(dumps_value, value)
             if counted:
                 if caller is None:
                     objects.pin(counted)

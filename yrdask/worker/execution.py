@@ -51,7 +51,7 @@ class Execution:
     """The cancel state of one task on this worker (see module docstring)."""
 
     __slots__ = ("task_id", "peer", "msg", "lock", "cancelled", "armed", "shot", "ident",
-                 "shielded")
+                 "shielded", "saved")
 
     def __init__(self, task_id: str, peer: Any, msg: dict) -> None:
         self.task_id = task_id
@@ -63,6 +63,7 @@ class Execution:
         self.shot = False  # the async exception was raised (once at most)
         self.ident = 0
         self.shielded = False
+        self.saved: tuple | None = None  # the thread's task context before arm, if it set one
 
     def cancel(self) -> bool:
         """Mark cancelled; interrupt the user code if it runs now.  True if interrupted."""
@@ -74,18 +75,28 @@ class Execution:
             _set_async_exc(ctypes.c_ulong(self.ident), ctypes.py_object(CancelledError))
             return True
 
-    def arm(self) -> bool:
-        """The calling thread is about to run the user code; False if it must not (cancelled)."""
+    def arm(self, lease_id: str | None = None, owner: str | None = None) -> bool:
+        """The calling thread is about to run the user code; False if it must not (cancelled).
+
+        With a ``lease_id``, the thread also runs in the task's context (its lease and
+        lifetime ``owner``, as :class:`yrdask.runtime.context.task_context` sets) until
+        :meth:`disarm`: one step less on the hot path than a separate ``with``.
+        """
         with self.lock:
             if self.cancelled:
                 return False
             self.ident = threading.get_ident()
             self.armed = True
             _current.ex = self
+            if lease_id is not None:
+                ctx = _rtctx._ctx
+                self.saved = (getattr(ctx, "lease_id", None), getattr(ctx, "owner", None))
+                ctx.lease_id, ctx.owner = lease_id, owner
             return True
 
     def disarm(self) -> None:
-        """The user code is over: no cancel may reach this thread any more.
+        """The user code is over: no cancel may reach this thread any more, and the thread
+        leaves the task's context.
 
         May itself raise the pending ``CancelledError`` (delivered on entering the call):
         callers loop ``try: disarm() except CancelledError: retry`` in their own frame.
@@ -94,6 +105,9 @@ class Execution:
         with self.lock:
             self.shielded = False
             _current.ex = None
+            if self.saved is not None:
+                _rtctx._ctx.lease_id, _rtctx._ctx.owner = self.saved
+                self.saved = None
             if self.armed:
                 self.armed = False
                 if self.shot:  # raised but maybe not delivered yet: drop it

@@ -165,7 +165,17 @@ def _target() -> tuple[_Outbox, str, str] | None:
 
 
 def current_target() -> str | None:
-    """Where prints of work submitted by this thread go: those of the work it runs."""
+    """Where prints of work submitted by this thread go: those of the work it runs.
+
+    Asked on every submission from a worker: :func:`_target`'s rules without building the
+    source label (a task's own ``log_to`` answers at once).
+    """
+    if _outbox is None:
+        return None
+    if getattr(_task_prints, "target", None) is None:
+        ex = current_execution()
+        if ex is not None:  # a task's user code runs in this thread
+            return ex.msg.get("log_to")
     target = _target()
     return None if target is None else target[1]
 
