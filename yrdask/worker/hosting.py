@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from yrdask import protocol as P
+from yrdask.runtime import context as _rtctx
 from yrdask.runtime.context import task_context
 from yrdask.runtime.generators import drain, drain_async
 from yrdask.errors import CancelledError, InstanceDiedError, RemoteError, user_traceback
@@ -49,6 +50,7 @@ class HostedInstance:
         self.cancelled: set[str] = set()  # calls cancelled before their answer (cancel_call)
         self.running_async: dict[str, tuple] = {}  # call id -> (loop, task) of async calls
         self.calls_done = 0
+        self._names: dict[str, str] = {}  # method -> its name in Dask's panels
         # Dask's Task Stream, Progress and Profile (worker/dask_panels.py); none in a child
         self.recorder = getattr(agent, "recorder", None)
         # a sync instance's calls take a share of the worker's threads (worker/share.py)
@@ -110,6 +112,9 @@ class HostedInstance:
         loop.call_soon_threadsafe(lambda: loop.create_task(run()))
 
     def _serve_mailbox(self) -> None:
+        # this thread runs this instance's code only: its task context is set once here
+        # (_run_call skips the per-call ``with``)
+        _rtctx._ctx.lease_id = _rtctx._ctx.owner = self.instance_id
         while True:
             job = self.mailbox.get()
             if job is _STOP:
@@ -230,7 +235,9 @@ class HostedInstance:
             return self._answer_error(call_id, CancelledError(f"Task: {call_id} was cancelled."))
         rec = self.recorder  # Dask's Task Stream, Progress and Profile
         if rec is not None:
-            name = f"{self.cls_name}.{msg['method']}"
+            name = self._names.get(msg["method"])
+            if name is None:
+                name = self._names[msg["method"]] = f"{self.cls_name}.{msg['method']}"
             start = rec.begin(name, call_id)
         try:
             (args, kwargs), borrowed = self.agent.unpack_call(msg)
@@ -240,8 +247,11 @@ class HostedInstance:
             if not callable(fn):  # a value the object holds under a method's name: the
                 fn = getattr(type(self.obj), msg["method"]).__get__(self.obj)  # class's (Ray)
             _running.call = call_id
-            with self._context():
+            if self.mailbox is not None:  # its own thread: in the instance's context already
                 result = fn(*args, **kwargs)
+            else:
+                with self._context():
+                    result = fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             if rec is not None:
                 rec.end(name, call_id, start, False)
@@ -330,7 +340,12 @@ class HostedInstance:
             return self._answer_error(call_id, e)
         borrowed = self.borrowed.pop(call_id, None) if self.borrowed else None
         refs = self.agent.refs_report(borrowed, nested) if borrowed or nested else None
-        self._answer(P.TaskDone(call_id, results=results, refs=refs))
+        peer = self.pending.pop(call_id, None)  # _answer, inline, without the message object
+        if self.cancelled:
+            self.cancelled.discard(call_id)
+        if peer is not None:
+            self.calls_done += 1
+            peer.reply(P.TaskDone.wire(call_id, results=results, refs=refs))
 
     def _answer_error(self, call_id: str, exc: BaseException) -> None:
         self._answer(P.TaskDone(
