@@ -152,6 +152,21 @@ class ArgSlot:
         return (ArgSlot, (self.index,))
 
 
+def pack_plain_args(args: tuple, kwargs: dict) -> bytes | None:
+    """:func:`pack_args`'s blob when every argument is a plain value (no ref can be among
+    them or nested in them: callers skip the ref bookkeeping), else None."""
+    for a in args:
+        if type(a) not in _PLAIN:
+            return None
+    if kwargs:
+        for v in kwargs.values():
+            if type(v) not in _PLAIN:
+                return None
+    elif not args:
+        return b""
+    return pickle.dumps((args, kwargs), protocol=5)
+
+
 def pack_args(args: tuple, kwargs: dict, is_ref: Callable[[Any], bool]) -> tuple[bytes, list]:
     """Pickle ``(args, kwargs)``, replacing top-level refs by slots; returns (blob, refs)."""
     refs: list = []

@@ -31,7 +31,7 @@ from yrdask.runtime.generators import Stream, on_generator_item
 from yrdask.errors import (OwnerDiedError, RemoteError, YRRuntimeError, YRTimeoutError,
                            YRTypeError, YRValueError)
 from yrdask.options import Config, resolve_security
-from yrdask.serialization import (Frames, dumps, dumps_value, loads, pack_args,
+from yrdask.serialization import (Frames, dumps, dumps_value, loads, pack_args, pack_plain_args,
                                   register_with_dask, unpicklable, wire)
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ class Runtime:
     def on_channel_message(self, msg: dict) -> None:
         """A message from a worker on a call channel (:data:`P.CHANNEL_TO_CALLER`): the
         :class:`P.TaskDone` of a method call goes to the router, of a task to the submitter."""
-        if P.MESSAGES.get(msg["op"]) is P.TaskDone:  # the one op of P.CHANNEL_TO_CALLER
+        if msg["op"] == P.TASK_DONE:  # the one op of P.CHANNEL_TO_CALLER
             done = P.TaskDone.from_msg(msg)
             if done.refs is not None:  # before the call lets go of its argument refs
                 self.objects.on_done_refs(done.refs)
@@ -327,15 +327,22 @@ class Runtime:
         start (yr's dependency resolver); the Ray surface turns it off (Ray's rule).
         ``max_crashes``: reruns after its worker is lost (None: ``max-task-crashes``; -1: no
         bound), which the Ray surface sets from ``max_retries``."""
-        (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
+        blob = pack_plain_args(args, kwargs)
+        if blob is not None:  # the hot path: plain values, no ref among them
+            dep_refs, nested = [], []
+        else:
+            (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
         task_id = self.new_id()
         if nret <= 1:
             ids = [task_id]
+            ref = self.objects.new_ref(task_id)
+            refs, entries = [ref], [ref._entry]
         else:
             ids = [f"{task_id}.{i}" for i in range(nret)]
-        refs = [self.objects.new_ref(i) for i in ids]
+            refs = [self.objects.new_ref(i) for i in ids]
+            entries = [r._entry for r in refs]
         stream = None if nret >= 0 else Stream(self, task_id, refs[0], f"function {name}")
-        task = Task(task_id, fn_id, fn_payload, name, blob, dep_refs, [r._entry for r in refs],
+        task = Task(task_id, fn_id, fn_payload, name, blob, dep_refs, entries,
                     ids, nret, shape, shape_key, timeout_ms, retries,
                     current_owner() or self.job_id, log_to=self.output_target())
         # The task holds its ref arguments until it ends: the worker's TaskDone says which
@@ -376,15 +383,23 @@ class Runtime:
         its instance's process died while it ran (None: ``max-call-redeliveries``; -1: no
         bound), which the Ray surface sets from ``max_task_retries``.  ``unordered``: it may
         leave before earlier calls whose ref arguments are not ready (Ray's async actors)."""
-        (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
-        call_id = self.new_id()
-        ids = [call_id] if nret <= 1 else [f"{call_id}.{i}" for i in range(nret)]
-        refs = [self.objects.new_ref(i) for i in ids]
-        if nret < 0:  # P.STREAMING: a generator method, whose items stream back
-            refs = [Stream(self, call_id, refs[0], f"method {method}")]
-            entries = [refs[0].end_ref._entry]
+        blob = pack_plain_args(args, kwargs)
+        if blob is not None:  # the hot path: plain values, no ref among them
+            dep_refs, nested = [], []
         else:
-            entries = [r._entry for r in refs]
+            (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
+        call_id = self.new_id()
+        if nret == 1 or nret == 0:  # the hot path: one ref
+            ref = self.objects.new_ref(call_id)
+            refs, entries = [ref], [ref._entry]
+        else:
+            ids = [call_id] if nret <= 1 else [f"{call_id}.{i}" for i in range(nret)]
+            refs = [self.objects.new_ref(i) for i in ids]
+            if nret < 0:  # P.STREAMING: a generator method, whose items stream back
+                refs = [Stream(self, call_id, refs[0], f"method {method}")]
+                entries = [refs[0].end_ref._entry]
+            else:
+                entries = [r._entry for r in refs]
         call = Call(call_id, instance_id, method, blob, dep_refs, entries, nret,
                     max_redeliveries=max_redeliveries, unordered=unordered,
                     held=dep_refs + nested if nested else dep_refs)

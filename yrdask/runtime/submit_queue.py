@@ -570,8 +570,10 @@ class SubmitQueue:
     def _pipeline(self, q: _Queue) -> None:
         """Short tasks with a backlog: up to ``pipeline_depth`` per slot, round robin."""
         depth = self.pipeline_depth
-        leases = [l for l in q.leases.values()
-                  if not l.revoked and len(l.tasks) < l.slots * depth]
+        leases = []  # a loop, not a comprehension: this runs once per task with a backlog
+        for l in q.leases.values():
+            if not l.revoked and len(l.tasks) < l.slots * depth:
+                leases.append(l)
         if not leases:  # the usual case with a backlog: every lease is as deep as it goes
             return
         tasks = q.tasks
