@@ -174,6 +174,18 @@ def test_round_trip_through_msgpack(msg: P.Message):
     assert P.decode(back) == msg
 
 
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_wire_builds_the_same_dict_as_to_msg(msg: P.Message):
+    fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    assert type(msg).wire(**fields) == msg.to_msg()
+    positional = list(fields.values())
+    assert type(msg).wire(*positional) == msg.to_msg()
+
+
+def test_wire_fills_defaults():
+    assert P.TaskDone.wire("t", requeue=True) == P.TaskDone("t", requeue=True).to_msg()
+
+
 def test_to_msg_does_not_copy_payloads():
     deps = [["t-0", "value", b"v" * 1000]]
     msg = P.RunTask("t", "l", "f", None, b"a", deps, 1, "o", "n").to_msg()
