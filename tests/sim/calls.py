@@ -48,6 +48,7 @@ from yrdask.scheduler import lifecycle as L
 from yrdask.scheduler.instance_service import InstanceService
 from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest
+from yrdask.worker.call_queue import CallQueue
 
 from tests.sim import machines as M
 from tests.sim.world import SimFailure
@@ -207,7 +208,8 @@ class _InstanceEdge:
         w = self.world
         iid, inc = spec["instance_id"], spec.get("incarnation", 0)
         w.say(SCHED, "start", iid, worker, inc)
-        w.send(SCHED, worker, "stream", ("START", iid, inc))
+        w.send(SCHED, worker, "stream", ("START", iid, inc, spec.get("concurrency") or (
+            1000 if spec.get("is_async") else 1)))
 
     def stop_instance(self, worker: str, instance_id: str, reason: str) -> None:
         w = self.world
@@ -427,11 +429,15 @@ class CallWorld:
         cid = self.new_id("c")
         r = self.rng.random()
         ready, bad = r > 0.2, r < 0.04
+        # the Ray surface's async and threaded actors send calls that may pass earlier ones
+        # still waiting for their arguments (all calls of such a class: spec "unordered")
+        unordered = bool(self.specs.get(iid, {}).get("unordered"))
         self.calls[cid] = {"iid": iid, "caller": pname, "seq": self._seq_of(pname),
                            "settled": 0, "answered": False, "sent": 0, "bad_arg": bad,
-                           "kind": kind, "result": None}
-        self.say(pname, "call", cid, iid, kind, "ready" if ready else "waits for its argument")
-        self.do(pname, "submit", cid, iid, ready)
+                           "kind": kind, "result": None, "unordered": unordered}
+        self.say(pname, "call", cid, iid, kind, "ready" if ready else "waits for its argument",
+                 "unordered" if unordered else "")
+        self.do(pname, "submit", cid, iid, ready, None, None, unordered)
         if not ready:
             self.send(pname, pname, f"deps-{cid}", ("DEPS", cid, ArgBoom(cid) if bad else None))
         return cid
@@ -457,7 +463,14 @@ class CallWorld:
                 "shape": UNFIT if rng.random() < 0.04 else
                 {"CPU": float(rng.choice([0, 500, 1000, 2000])), "Memory": 100.0},
                 "timeout_ms": rng.choice([-1, 2000, 10_000]),
+                # hosting: calls side by side (a thread pool), or an async instance
+                "concurrency": rng.choice([1, 1, 1, 2, 3]),
+                "is_async": rng.random() < 0.15,
             }
+            if params["is_async"]:
+                params["concurrency"] = rng.choice([None, 2])  # None: the default, 1000
+            params["unordered"] = (params["is_async"] or params["concurrency"] != 1) \
+                and rng.random() < 0.5
             if params["shape"] is UNFIT and params["timeout_ms"] < 0:
                 params["timeout_ms"] = 2000
             self.create(dname, d.job, params)
@@ -580,23 +593,25 @@ class CallWorld:
         w = self.procs[wname]
         op = msg[0]
         if op == "START":
-            _, iid, inc = msg
+            _, iid, inc, conc = msg
             if iid in w.ended:  # agent.start_instance: a STOP overtook it (finding B, fixed)
                 self.say(wname, "start ignored, stopped before", iid)
                 return
-            w.hosted[iid] = {"inc": inc, "queue": deque(), "ready": False, "stopped": None}
-            self.say(wname, "hosts", iid, inc)
+            # HostedInstance: its CallQueue (production code) decides which calls run now
+            w.hosted[iid] = {"inc": inc, "q": CallQueue(conc), "conc": conc, "ready": False,
+                             "stopped": None, "pending": {}, "running": set(), "results": {}}
+            self.say(wname, "hosts", iid, inc, f"concurrency {conc}")
             for call in w.early.pop(iid, ()):
                 self.host_call(w, *call)
-            self.send(wname, wname, f"init-{iid}", ("INIT", iid))
-        elif op == "INIT":
+            self.send(wname, wname, f"init-{iid}", ("INIT", iid, inc))
+        elif op == "INIT":  # __init__ finished (HostedInstance._construct)
             h = w.hosted.get(msg[1])
-            if h is None or h["stopped"] is not None:
+            if h is None or h["inc"] != msg[2] or h["stopped"] is not None:
                 return
             h["ready"] = True
+            for cid in h["q"].constructed():
+                self.admit(w, msg[1], cid)
             self.send(wname, SCHED, "stream", ("STATE", msg[1], "ALIVE"))
-            if h["queue"]:
-                self.send(wname, wname, f"run-{msg[1]}", ("RUN", msg[1]))
         elif op == "CALL":
             _, cid, iid, caller = msg
             if iid in w.hosted:
@@ -605,17 +620,21 @@ class CallWorld:
                 self.send(wname, caller, "call", ("DONE", cid, ("died", f"{iid} has ended: {w.ended[iid]}")))
             else:
                 w.early.setdefault(iid, []).append((cid, iid, caller))
-        elif op == "RUN":
-            self.run_call(w, msg[1])
+        elif op == "RUN":  # an executor picks up a call the queue started
+            self.run_call(w, *msg[1:])
+        elif op == "FINISH":  # ... and it returns
+            self.finish_call(w, *msg[1:])
         elif op == "STOP":
             _, iid, reason = msg
             h = w.hosted.pop(iid, None)
             w.ended[iid] = reason
             self.say(wname, "stop", iid, reason)
-            if h is not None:
+            if h is not None:  # HostedInstance.stop: every call not answered dies
                 h["stopped"] = reason
-                for cid, caller in h["queue"]:
+                h["q"].stop()
+                for cid, caller in sorted(h["pending"].items()):
                     self.send(wname, caller, "call", ("DONE", cid, ("died", f"{iid} has ended: {reason}")))
+                h["pending"].clear()
             for cid, _iid, caller in w.early.pop(iid, ()):
                 self.send(wname, caller, "call", ("DONE", cid, ("died", f"{iid} has ended: {reason}")))
             self.send(wname, SCHED, chan, ("STOPPED", iid))
@@ -631,23 +650,40 @@ class CallWorld:
             self.fail(f"worker got {msg}")
 
     def host_call(self, w: Proc, cid: str, iid: str, caller: str) -> None:
+        """HostedInstance.call: the call waits for its turn in the instance's CallQueue."""
         h = w.hosted[iid]
         if h["stopped"] is not None:
             self.send(w.name, caller, "call", ("DONE", cid, ("died", f"{iid} has ended")))
             return
-        h["queue"].append((cid, caller))
-        if h["ready"] and len(h["queue"]) == 1:
-            self.send(w.name, w.name, f"run-{iid}", ("RUN", iid))
+        h["pending"][cid] = caller
+        if h["q"].arrived(cid):
+            self.admit(w, iid, cid)
 
-    def run_call(self, w: Proc, iid: str) -> None:
-        h = w.hosted.get(iid)
-        if not h or not h["queue"] or not h["ready"] or h["stopped"] is not None:
-            return
-        cid, caller = h["queue"].popleft()
+    def admit(self, w: Proc, iid: str, cid: str) -> None:
+        """The queue started ``cid``: an executor thread (or the instance's loop) picks it
+        up.  Calls start in the queue's order; with concurrency > 1 they may then run (and
+        finish) in any order, as in a thread pool."""
+        h = w.hosted[iid]
         rec = self.calls[cid]
         self.execs.setdefault((iid, w.name, h["inc"]), []).append(
-            (caller, rec["iid"], rec["seq"], cid))
+            (rec["caller"], rec["iid"], rec["seq"], cid))
+        self.send(w.name, w.name, f"run-{cid}", ("RUN", iid, cid, h["inc"]))
+
+    def run_call(self, w: Proc, iid: str, cid: str, inc: int) -> None:
+        """The method starts (its side effects happen now); it returns later (FINISH), so
+        with concurrency > 1 calls run side by side."""
+        h = w.hosted.get(iid)
+        if h is None or h["inc"] != inc or h["stopped"] is not None:
+            return
+        if not h["ready"]:
+            self.fail(f"hosting: call {cid} on {iid} ran before __init__ finished")
+        h["running"].add(cid)
+        if len(h["running"]) > h["conc"]:
+            self.fail(f"hosting: {len(h['running'])} calls of {iid} run at once on {w.name}, "
+                      f"over its concurrency {h['conc']}: {sorted(h['running'])}")
+        rec = self.calls[cid]
         self.say(w.name, "run", cid, iid, h["inc"])
+        caller = rec["caller"]
         result = None
         if rec["kind"] == "spawn":  # the method creates a child and returns its handle
             rng = self.rng
@@ -663,9 +699,21 @@ class CallWorld:
             self.timer(self.now + rng.uniform(0, 0.5), "drop", (w.name, child))
         elif rec["kind"] == "save":
             self.send(w.name, SCHED, self.new_id("rpc-save-"), ("SAVE", iid, b"state"))
-        self.send(w.name, caller, "call", ("DONE", cid, result))
-        if h["queue"]:
-            self.send(w.name, w.name, f"run-{iid}", ("RUN", iid))
+        h["results"][cid] = result
+        self.send(w.name, w.name, f"finish-{cid}", ("FINISH", iid, cid, inc))
+
+    def finish_call(self, w: Proc, iid: str, cid: str, inc: int) -> None:
+        h = w.hosted.get(iid)
+        if h is None or h["inc"] != inc:
+            return  # stopped: its caller was answered then
+        h["running"].discard(cid)
+        result = h["results"].pop(cid, None)
+        caller = h["pending"].pop(cid, None)
+        if caller is not None:
+            self.send(w.name, caller, "call", ("DONE", cid, result))
+        nxt = h["q"].finished()
+        if nxt is not None:
+            self.admit(w, iid, nxt)
 
     def kill_worker(self) -> None:
         live = sorted(p.name for p in self.procs.values() if p.kind == "worker" and p.alive)
@@ -880,9 +928,11 @@ class CallWorld:
         for (iid, w, inc), runs in self.execs.items():
             last: dict[tuple, int] = {}
             for caller, route, seq, cid in runs:
+                if self.calls[cid]["unordered"]:
+                    continue  # may pass earlier calls (CallOrder's unordered rule)
                 k = (caller, route)
                 if seq <= last.get(k, 0):
-                    self.fail(f"order: {cid} of {caller} ran after a later call in incarnation "
+                    self.fail(f"order: {cid} of {caller} started after a later call in incarnation "
                               f"{inc} of {iid} on {w}: {runs}")
                 last[k] = seq
         lc = self.lc
