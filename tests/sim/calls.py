@@ -913,6 +913,8 @@ class CallWorld:
             for p in self.procs.values():
                 if p.alive:
                     p.order.validate()
+                    for h in p.hosted.values():
+                        h["q"].validate()
         except AssertionError as e:
             self.fail(f"validate() failed at step {self.step}: {e}")
 
