@@ -1,17 +1,24 @@
-"""Instances in a seeded world: the real ``CallOrder``, ``Lifecycle`` and ``LeaseQueue``.
+"""Instances in a seeded world: the real machines and the production instance adapters.
 
-Every driver and worker process runs a ``CallOrder`` (``runtime/instance_router.py``'s
-machine); the scheduler runs the ``Lifecycle`` (``scheduler/instance_manager.py``) over the
-``LeaseQueue`` (``scheduler/extension.py``), whose ledger also serves the drivers' task
-leases, so instances and leases compete for the same resources.  Workers host instances as
-``worker/agent.py`` and ``worker/hosting.py`` do: calls run one at a time in arrival order,
-calls that come before ``START_INSTANCE`` wait, a stopped instance answers "died".
+Every driver and worker process runs a ``CallOrder`` through its ``CallRouter``
+(``runtime/call_router.py``: the decisions of ``runtime/instance_router.py``); the
+scheduler runs the ``Lifecycle`` through the ``InstanceService``
+(``scheduler/instance_service.py``: the decisions of ``scheduler/instance_manager.py``)
+over the ``LeaseQueue`` through the ``LeaseService`` (``scheduler/lease_service.py``),
+whose ledger also serves the drivers' task leases, so instances and leases compete for the
+same resources.  Each adapter runs on a simulated edge (``_RouterEdge``, ``_InstanceEdge``,
+``_CallEdge``).  Workers host instances as ``worker/agent.py`` and ``worker/hosting.py``
+do: each hosted instance's ``CallQueue`` (``worker/call_queue.py``, production code)
+decides which calls run (none before ``__init__``, at most ``concurrency`` at once, in
+arrival order); a started call returns later, so calls run side by side; calls that come
+before ``START_INSTANCE`` wait, a stopped instance answers "died".
 
 Links are FIFO per (sender, receiver, channel): the job and worker streams keep order, each
 rpc (create, locate, kill, stop, lease request) travels on a connection of its own, so rpcs
 overtake stream messages as they do in Dask.  Asynchronous steps of the adapters (the
-acquire task of ``InstanceManager._acquire``, ``loop.call_soon`` flushes) are messages to
-self.  ``random.Random(seed)`` picks the next message or timer.
+acquire task of ``InstanceService._acquire``, ``loop.call_soon`` flushes, an executor
+picking up a call and returning it) are messages to self.  ``random.Random(seed)`` picks
+the next message or timer.
 
 Scenarios: drivers create instances (named ones, binds, detached ones, recover_retry_times
 0/1/2/-1, shapes that do not fit), call them, have them create children (owner tree; the
@@ -22,12 +29,13 @@ task leases, exit (gracefully or abruptly); workers die and new ones join.
 Checks (``SimFailure``): each machine's ``validate()`` after every step; every call settles
 exactly once (calls of an abruptly ended driver excepted) with a value or an allowed error
 (its argument's error; ``InstanceDiedError``/``ScheduleError`` only once the instance has
-ended); within one incarnation the calls of one route run in submission order; a call whose
-answer arrived is never sent again.  At quiescence: no live instance whose job ended (unless
-detached), none unheld, none held by a process that is gone or does not count it, no
+ended); no call starts before ``__init__`` finished nor beyond the concurrency; within one
+incarnation the calls of one route start in submission order (unordered ones excepted); a
+call whose answer arrived is never sent again.  At quiescence: no live instance whose job
+ended (unless detached), none unheld, none held by a process that is gone or does not count it, no
 instance hosted on a worker that the lifecycle does not place there.  At the end, after the
 detached instances are terminated: no instance, no holding, no pending request, nothing
-waiting in the adapters.
+waiting in the adapters, every kill answered.
 """
 
 from __future__ import annotations
