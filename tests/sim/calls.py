@@ -174,6 +174,22 @@ class _CallEdge:
         pass
 
 
+class _Later:
+    """A callback the scheduler's loop runs on a later turn, named in the story (a function's
+    repr would name its address: stories must replay identically)."""
+
+    __slots__ = ("label", "fn")
+
+    def __init__(self, label: str, fn: Any) -> None:
+        self.label, self.fn = label, fn
+
+    def __call__(self) -> None:
+        self.fn()
+
+    def __repr__(self) -> str:
+        return self.label
+
+
 class _InstanceEdge:
     """The instance service's I/O edge in the instance world (as
     ``instance_manager._DaskEdge``): virtual clock and timers, loop turns as messages to
@@ -190,7 +206,8 @@ class _InstanceEdge:
 
     def soon(self, fn: Any) -> None:
         w = self.world
-        w.send(SCHED, SCHED, w.new_id("soon-"), ("SOON", fn))
+        chan = w.new_id("soon-")
+        w.send(SCHED, SCHED, chan, ("SOON", _Later(chan, fn)))
 
     def is_worker(self, worker: str) -> bool:
         return worker in self.world.registered
@@ -201,8 +218,9 @@ class _InstanceEdge:
         def answered(result: list) -> None:  # ext.acquire's future: the task resumes later
             if result[0] is not None:
                 w.granted(result[0])
-            w.send(SCHED, SCHED, f"acquired-{req.request_id}",
-                   ("SOON", lambda: answer(result)))
+            chan = f"acquired-{req.request_id}"
+            w.send(SCHED, SCHED, chan, ("SOON", _Later(f"{chan} {result}",
+                                                       lambda: answer(result))))
         w.leases.open(req, timeout_ms, answered)
 
     def cancel_acquire(self, req: LeaseRequest) -> None:
