@@ -1,17 +1,24 @@
-"""Instances in a seeded world: the real ``CallOrder``, ``Lifecycle`` and ``LeaseQueue``.
+"""Instances in a seeded world: the real machines and the production instance adapters.
 
-Every driver and worker process runs a ``CallOrder`` (``runtime/instance_router.py``'s
-machine); the scheduler runs the ``Lifecycle`` (``scheduler/instance_manager.py``) over the
-``LeaseQueue`` (``scheduler/extension.py``), whose ledger also serves the drivers' task
-leases, so instances and leases compete for the same resources.  Workers host instances as
-``worker/agent.py`` and ``worker/hosting.py`` do: calls run one at a time in arrival order,
-calls that come before ``START_INSTANCE`` wait, a stopped instance answers "died".
+Every driver and worker process runs a ``CallOrder`` through its ``CallRouter``
+(``runtime/call_router.py``: the decisions of ``runtime/instance_router.py``); the
+scheduler runs the ``Lifecycle`` through the ``InstanceService``
+(``scheduler/instance_service.py``: the decisions of ``scheduler/instance_manager.py``)
+over the ``LeaseQueue`` through the ``LeaseService`` (``scheduler/lease_service.py``),
+whose ledger also serves the drivers' task leases, so instances and leases compete for the
+same resources.  Each adapter runs on a simulated edge (``_RouterEdge``, ``_InstanceEdge``,
+``_CallEdge``).  Workers host instances as ``worker/agent.py`` and ``worker/hosting.py``
+do: each hosted instance's ``CallQueue`` (``worker/call_queue.py``, production code)
+decides which calls run (none before ``__init__``, at most ``concurrency`` at once, in
+arrival order); a started call returns later, so calls run side by side; calls that come
+before ``START_INSTANCE`` wait, a stopped instance answers "died".
 
 Links are FIFO per (sender, receiver, channel): the job and worker streams keep order, each
 rpc (create, locate, kill, stop, lease request) travels on a connection of its own, so rpcs
 overtake stream messages as they do in Dask.  Asynchronous steps of the adapters (the
-acquire task of ``InstanceManager._acquire``, ``loop.call_soon`` flushes) are messages to
-self.  ``random.Random(seed)`` picks the next message or timer.
+acquire task of ``InstanceService._acquire``, ``loop.call_soon`` flushes, an executor
+picking up a call and returning it) are messages to self.  ``random.Random(seed)`` picks
+the next message or timer.
 
 Scenarios: drivers create instances (named ones, binds, detached ones, recover_retry_times
 0/1/2/-1, shapes that do not fit), call them, have them create children (owner tree; the
@@ -22,12 +29,13 @@ task leases, exit (gracefully or abruptly); workers die and new ones join.
 Checks (``SimFailure``): each machine's ``validate()`` after every step; every call settles
 exactly once (calls of an abruptly ended driver excepted) with a value or an allowed error
 (its argument's error; ``InstanceDiedError``/``ScheduleError`` only once the instance has
-ended); within one incarnation the calls of one route run in submission order; a call whose
-answer arrived is never sent again.  At quiescence: no live instance whose job ended (unless
-detached), none unheld, none held by a process that is gone or does not count it, no
+ended); no call starts before ``__init__`` finished nor beyond the concurrency; within one
+incarnation the calls of one route start in submission order (unordered ones excepted); a
+call whose answer arrived is never sent again.  At quiescence: no live instance whose job
+ended (unless detached), none unheld, none held by a process that is gone or does not count it, no
 instance hosted on a worker that the lifecycle does not place there.  At the end, after the
 detached instances are terminated: no instance, no holding, no pending request, nothing
-waiting in the adapters.
+waiting in the adapters, every kill answered.
 """
 
 from __future__ import annotations
@@ -41,11 +49,14 @@ from typing import Any
 from yrdask import protocol as P
 from yrdask.errors import CallCrashedError, InstanceDiedError, ScheduleError
 from yrdask.runtime import call_order as C
+from yrdask.runtime.call_router import CallRouter
 from yrdask.scheduler import leases as LQ
 from yrdask.scheduler import lifecycle as L
 
+from yrdask.scheduler.instance_service import InstanceService
 from yrdask.scheduler.lease_service import LeaseService
-from yrdask.scheduler.requests import LeaseRequest, freeze
+from yrdask.scheduler.requests import LeaseRequest
+from yrdask.worker.call_queue import CallQueue
 
 from tests.sim import machines as M
 from tests.sim.world import SimFailure
@@ -53,7 +64,6 @@ from tests.sim.world import SimFailure
 SCHED = "sched"
 MAX_STEPS = 60_000
 MAX_VIRTUAL_S = 20_000.0
-LOST_WORKER_WAIT_S = 30.0  # instance_manager.LOST_WORKER_WAIT_S
 UNFIT = {"CPU": 64000.0, "Memory": 100.0}
 
 
@@ -84,6 +94,7 @@ class Proc:
         self.kind = kind
         self.alive = True
         self.order = C.CallOrder()
+        self.router: Any = None  # its CallRouter (runtime/call_router.py), set by the world
         self.handles: dict[str, int] = {}  # route id -> handle objects alive here
         self.leases: set[str] = set()  # task leases held (drivers)
         self.job = f"job-{name}"
@@ -94,6 +105,47 @@ class Proc:
         self.hosted: dict[str, dict] = {}  # iid -> {inc, queue, ready, stopped, running}
         self.early: dict[str, list] = {}  # iid -> calls that came before its START
         self.ended: dict[str, str] = {}  # iid -> why it was stopped here
+
+
+class _RouterEdge:
+    """A process's instance router edge (as ``InstanceRouter``): call channels, rpcs and
+    the handle report as links, a flush as a message to self."""
+
+    def __init__(self, world: "CallWorld", pname: str) -> None:
+        self.world = world
+        self.pname = pname
+
+    def send_call(self, ins: C.SendCall) -> None:
+        w, pname = self.world, self.pname
+        rec = w.calls[ins.call_id]
+        if rec["answered"]:
+            w.fail(f"call {ins.call_id} sent again after its answer arrived")
+        rec["sent"] += 1
+        w.say(pname, "send", ins.call_id, ins.instance_id, ins.worker)
+        w.send(pname, ins.worker, "call", ("CALL", ins.call_id, ins.instance_id, pname))
+
+    def call_succeeded(self, call_id: str) -> None:
+        self.world.settled(self.pname, call_id, None)
+
+    def call_failed(self, call_id: str, error: Any) -> None:
+        self.world.settled(self.pname, call_id, error)
+
+    def flush_soon(self) -> None:
+        self.world.send(self.pname, self.pname, "flush", ("FLUSH",))
+
+    def report_handles(self, ins: C.ReportHandles) -> None:
+        w, pname = self.world, self.pname
+        w.say(pname, "report", ins.deltas, list(ins.transit), list(ins.arrived))
+        w.send(pname, SCHED, "stream",
+               ("REFS", dict(ins.deltas), tuple(ins.transit), tuple(ins.arrived)))
+
+    def send_create(self, instance_id: str) -> None:
+        w = self.world
+        w.send(self.pname, SCHED, w.new_id("rpc-create-"), ("CREATE", w.specs[instance_id]))
+
+    def send_locate(self, instance_id: str, lost: str | None) -> None:
+        w = self.world
+        w.send(self.pname, SCHED, w.new_id("rpc-locate-"), ("LOCATE", instance_id, lost))
 
 
 class _CallEdge:
@@ -122,6 +174,98 @@ class _CallEdge:
         pass
 
 
+class _Later:
+    """A callback the scheduler's loop runs on a later turn, named in the story (a function's
+    repr would name its address: stories must replay identically)."""
+
+    __slots__ = ("label", "fn")
+
+    def __init__(self, label: str, fn: Any) -> None:
+        self.label, self.fn = label, fn
+
+    def __call__(self) -> None:
+        self.fn()
+
+    def __repr__(self) -> str:
+        return self.label
+
+
+class _InstanceEdge:
+    """The instance service's I/O edge in the instance world (as
+    ``instance_manager._DaskEdge``): virtual clock and timers, loop turns as messages to
+    self, the lease service, the worker streams and rpcs."""
+
+    def __init__(self, world: "CallWorld") -> None:
+        self.world = world
+
+    def now(self) -> float:
+        return self.world.now
+
+    def call_at(self, at: float, fn: Any) -> None:
+        self.world.timer(max(at, self.world.now), "call", fn)
+
+    def soon(self, fn: Any) -> None:
+        w = self.world
+        chan = w.new_id("soon-")
+        w.send(SCHED, SCHED, chan, ("SOON", _Later(chan, fn)))
+
+    def is_worker(self, worker: str) -> bool:
+        return worker in self.world.registered
+
+    def acquire(self, req: LeaseRequest, timeout_ms: int, answer: Any) -> None:
+        w = self.world
+
+        def answered(result: list) -> None:  # ext.acquire's future: the task resumes later
+            if result[0] is not None:
+                w.granted(result[0])
+            chan = f"acquired-{req.request_id}"
+            w.send(SCHED, SCHED, chan, ("SOON", _Later(f"{chan} {result}",
+                                                       lambda: answer(result))))
+        w.leases.open(req, timeout_ms, answered)
+
+    def cancel_acquire(self, req: LeaseRequest) -> None:
+        if req.request_id:
+            self.world.leases.cancel(req.request_id)
+
+    def release(self, holding_ids: list) -> None:
+        self.world.leases.release(holding_ids)
+
+    def start_instance(self, worker: str, spec: dict) -> None:
+        w = self.world
+        iid, inc = spec["instance_id"], spec.get("incarnation", 0)
+        w.say(SCHED, "start", iid, worker, inc)
+        w.send(SCHED, worker, "stream", ("START", iid, inc, spec.get("concurrency") or (
+            1000 if spec.get("is_async") else 1)))
+
+    def stop_instance(self, worker: str, instance_id: str, reason: str) -> None:
+        w = self.world
+        w.stops.setdefault(worker, set()).add(instance_id)
+        w.send(SCHED, worker, w.new_id("rpc-stop-"), ("STOP", instance_id, reason))
+
+    def worker_gone(self, worker: str, timeout: float, then: Any) -> None:
+        w = self.world
+        if worker not in w.registered:
+            then()
+            return
+        once = [then]
+
+        def resume() -> None:
+            if once:
+                once.pop()()
+        w.gone_waiters.setdefault(worker, []).append(resume)
+        w.timer(w.now + timeout, "gone-timeout", resume)
+
+    def after_feed(self) -> None:
+        w = self.world
+        for rec in w.lc.last_ended:
+            if rec.reason == "no handle to it is left":
+                holders = [p.name for p in w.procs.values()
+                           if p.alive and rec.instance_id in p.order.registered]
+                if holders:
+                    w.fail(f"released too early: {rec.instance_id} ended for lack of handles "
+                           f"though {holders} hold(s) it")
+
+
 class CallWorld:
     """One seeded scenario of instances (see module docstring)."""
 
@@ -140,6 +284,8 @@ class CallWorld:
         self.lq = LQ.LeaseQueue()
         # the production lease adapter (scheduler/lease_service.py) on a simulated edge
         self.leases = LeaseService(_CallEdge(self), self.lq)
+        # the production instance adapter (scheduler/instance_service.py) on a simulated edge
+        self.instances = InstanceService(_InstanceEdge(self), self.lc, self.lq.ledger)
         self.shrunk: set[str] = set()  # holdings on a node when it lost a process
         self.procs: dict[str, Proc] = {}
         self.specs: dict[str, dict] = {}  # route id -> creation spec (creator side)
@@ -151,12 +297,9 @@ class CallWorld:
         # scheduler adapter state
         self.registered: set[str] = set()  # workers the scheduler knows (Dask's view)
         self.jobs: set[str] = set()  # drivers whose job stream is open
-        self.waiters: dict[tuple, list] = {}  # (iid, stage) -> callbacks
         self.gone_waiters: dict[str, list] = {}  # worker -> locate continuations
-        self.acq: dict[str, str] = {}  # iid -> request id of its acquire (until answered)
+        self.kills: set[str] = set()  # KILL rpcs not answered yet
         self.stops: dict[str, set] = {}  # worker -> iids with a STOP rpc out
-        self.cancel_early: set[str] = set()  # CancelAcquire before its acquire task ran
-        self.ended_jobs: set[str] = set()  # InstanceManager.ended_jobs
         self.latency = rng.choice([0.0, 0.02, 0.1])
         # the scenario
         nworkers = rng.randint(1, 3)
@@ -169,6 +312,7 @@ class CallWorld:
         for i in range(ndrivers):
             d = Proc(f"d{i}", "driver")
             self.procs[d.name] = d
+            d.router = CallRouter(_RouterEdge(self, d.name), d.order)
             self.jobs.add(d.name)
             t = 0.0
             plan = ["create"] + rng.choices(
@@ -224,6 +368,7 @@ class CallWorld:
         w = Proc(f"w{self.nworkers}", "worker")
         self.nworkers += 1
         self.procs[w.name] = w
+        w.router = CallRouter(_RouterEdge(self, w.name), w.order)
         cap = {"CPU": float(self.rng.choice([1000, 2000, 4000])), "Memory": 4000.0}
         self.registered.add(w.name)
         # Nodes are hosts (docs/nodes.md): in odd seeds the workers pair up on hosts.
@@ -233,33 +378,12 @@ class CallWorld:
 
     # -- the process adapter (runtime/instance_router.py) -----------------------------------
 
-    def do(self, pname: str, event: Any) -> None:
+    def do(self, pname: str, method: str, *args: Any) -> None:
+        """A happening in process ``pname``: its router (``CallRouter``, production code)
+        turns it into a ``CallOrder`` event and carries out the instructions on its edge."""
         p = self.procs[pname]
-        if not p.alive:
-            return
-        for ins in p.order.handle(event):
-            kind = type(ins)
-            if kind is C.SendCall:
-                rec = self.calls[ins.call_id]
-                if rec["answered"]:
-                    self.fail(f"call {ins.call_id} sent again after its answer arrived")
-                rec["sent"] += 1
-                self.say(pname, "send", ins.call_id, ins.instance_id, ins.worker)
-                self.send(pname, ins.worker, "call", ("CALL", ins.call_id, ins.instance_id, pname))
-            elif kind is C.CallSucceeded or kind is C.CallFailed:
-                self.settled(pname, ins.call_id, getattr(ins, "error", None))
-            elif kind is C.FlushSoon:
-                self.send(pname, pname, "flush", ("FLUSH",))
-            elif kind is C.ReportHandles:
-                self.say(pname, "report", ins.deltas, list(ins.transit), list(ins.arrived))
-                self.send(pname, SCHED, "stream",
-                          ("REFS", dict(ins.deltas), tuple(ins.transit), tuple(ins.arrived)))
-            elif kind is C.SendCreate:
-                self.send(pname, SCHED, self.new_id("rpc-create-"), ("CREATE", self.specs[ins.instance_id]))
-            elif kind is C.SendLocate:
-                self.send(pname, SCHED, self.new_id("rpc-locate-"), ("LOCATE", ins.instance_id, ins.lost))
-            else:
-                self.fail(f"unknown CallOrder instruction {ins}")
+        if p.alive:
+            getattr(p.router, method)(*args)
 
     def settled(self, pname: str, cid: str, err: Any) -> None:
         rec = self.calls[cid]
@@ -274,7 +398,7 @@ class CallWorld:
             child = rec.get("result")
             if child is not None:  # unpickle the handle in the result
                 child_iid, token = child
-                self.do(pname, C.HandleArrived(f"arrive-{token}", child_iid, token))
+                self.do(pname, "arrived", child_iid, token)
                 self.arrived_tokens.add(token)
                 self.add_handle(pname, child_iid)
             return
@@ -294,7 +418,7 @@ class CallWorld:
     def add_handle(self, pname: str, iid: str) -> None:
         p = self.procs[pname]
         p.handles[iid] = p.handles.get(iid, 0) + 1
-        self.do(pname, C.HandleAdded("handle", iid))
+        self.do(pname, "incref", iid)
 
     def drop_handle(self, pname: str, iid: str) -> None:
         p = self.procs[pname]
@@ -306,7 +430,7 @@ class CallWorld:
         else:
             p.handles[iid] = n - 1
         self.say(pname, "drop-handle", iid)
-        self.do(pname, C.HandleDropped("handle", iid))
+        self.do(pname, "decref", iid)
 
     def create(self, pname: str, owner: str, params: dict) -> str:
         """``yr.instance(...)``: the creator holds a handle; the creation may wait for an
@@ -315,11 +439,11 @@ class CallWorld:
         spec = {"instance_id": iid, "owner": owner, "holder": pname, **params}
         self.specs[iid] = spec
         self.say(pname, "create", iid, {k: v for k, v in params.items() if v})
-        self.do(pname, C.CreateRequested(f"create-{iid}", iid))
+        self.do(pname, "create_requested", iid)
         self.add_handle(pname, iid)
         r = self.rng.random()
         if r < 0.75:
-            self.do(pname, C.CreateDepsReady(f"deps-{iid}", iid))
+            self.do(pname, "create_deps_ready", iid)
         else:
             boom = ArgBoom(iid) if r > 0.95 else None
             if boom is not None:
@@ -331,11 +455,15 @@ class CallWorld:
         cid = self.new_id("c")
         r = self.rng.random()
         ready, bad = r > 0.2, r < 0.04
+        # the Ray surface's async and threaded actors send calls that may pass earlier ones
+        # still waiting for their arguments (all calls of such a class: spec "unordered")
+        unordered = bool(self.specs.get(iid, {}).get("unordered"))
         self.calls[cid] = {"iid": iid, "caller": pname, "seq": self._seq_of(pname),
                            "settled": 0, "answered": False, "sent": 0, "bad_arg": bad,
-                           "kind": kind, "result": None}
-        self.say(pname, "call", cid, iid, kind, "ready" if ready else "waits for its argument")
-        self.do(pname, C.CallSubmitted(f"call-{cid}", cid, iid, ready=ready))
+                           "kind": kind, "result": None, "unordered": unordered}
+        self.say(pname, "call", cid, iid, kind, "ready" if ready else "waits for its argument",
+                 "unordered" if unordered else "")
+        self.do(pname, "submit", cid, iid, ready, None, None, unordered)
         if not ready:
             self.send(pname, pname, f"deps-{cid}", ("DEPS", cid, ArgBoom(cid) if bad else None))
         return cid
@@ -361,7 +489,14 @@ class CallWorld:
                 "shape": UNFIT if rng.random() < 0.04 else
                 {"CPU": float(rng.choice([0, 500, 1000, 2000])), "Memory": 100.0},
                 "timeout_ms": rng.choice([-1, 2000, 10_000]),
+                # hosting: calls side by side (a thread pool), or an async instance
+                "concurrency": rng.choice([1, 1, 1, 2, 3]),
+                "is_async": rng.random() < 0.15,
             }
+            if params["is_async"]:
+                params["concurrency"] = rng.choice([None, 2])  # None: the default, 1000
+            params["unordered"] = (params["is_async"] or params["concurrency"] != 1) \
+                and rng.random() < 0.5
             if params["shape"] is UNFIT and params["timeout_ms"] < 0:
                 params["timeout_ms"] = 2000
             self.create(dname, d.job, params)
@@ -376,7 +511,7 @@ class CallWorld:
                 token = self.new_id("t")
                 self.tokens[token] = (iid, to)
                 self.say(dname, "pass", iid, to, token)
-                self.do(dname, C.HandleSent(f"send-{token}", iid, token))
+                self.do(dname, "transit", iid, token)
                 self.send(dname, to, "p2p", ("HANDLE", iid, token))
                 if rng.random() < 0.5:  # the sender lets its own handle go
                     self.drop_handle(dname, iid)
@@ -424,47 +559,45 @@ class CallWorld:
     def waits_forever(self, iid: str) -> bool:
         """The instance waits for room with no deadline (``timeout_ms=-1``)."""
         rec = self.lc.instances.get(self.lc.resolve(iid))
-        rid = self.acq.get(rec.instance_id) if rec is not None else None
+        req = self.instances.requests.get(rec.instance_id) if rec is not None else None
+        rid = req.request_id if req is not None else None
         w = self.lq.pending.get(rid) if rid is not None else None
         return w is not None and w.deadline is None
 
     def exit_driver(self, d: Proc, abrupt: bool) -> None:
         if not abrupt:
-            self.do(d.name, C.Flush("exit-flush"))  # the last handle report goes out first
+            self.do(d.name, "flush")  # the last handle report goes out first
         self.say(d.name, "EXIT" + (" (abrupt)" if abrupt else ""))
         d.alive, d.abrupt = False, abrupt
         self.send(d.name, SCHED, "stream", ("CLOSE",))
 
     def at_driver(self, dname: str, src: str, msg: tuple) -> None:
-        op, sid = msg[0], f"{msg[0].lower()}-{self.step}"
+        op = msg[0]
         d = self.procs[dname]
-        if op == "CREATED":
-            self.do(dname, C.Created(sid, msg[1], msg[2], msg[3]))
-        elif op == "CREATE_FAILED":
-            self.do(dname, C.CreateFailed(sid, msg[1], msg[2]))
-        elif op == "LOCATED":
-            _, iid, state, worker, reason, real = msg
-            self.do(dname, C.Located(sid, iid, None if state == P.DEAD else worker, reason, real))
+        if op == "CREATE_REPLY":
+            self.do(dname, "create_answered", msg[1], msg[2])
+        elif op == "LOCATE_REPLY":
+            self.do(dname, "locate_answered", msg[1], msg[2])
         elif op == "DONE":
             _, cid, result = msg
             rec = self.calls[cid]
             if isinstance(result, tuple) and result[0] == "died":
-                self.do(dname, C.CallDone(sid, cid, InstanceDiedError(result[1])))
+                self.do(dname, "done", cid, InstanceDiedError(result[1]))
             else:
                 rec["result"] = result
-                self.do(dname, C.CallDone(sid, cid))
+                self.do(dname, "done", cid)
             rec["answered"] = rec["settled"] == 1
         elif op == "LOST":
-            self.do(dname, C.ChannelLost(sid, msg[1]))
+            self.do(dname, "channel_lost", msg[1])
         elif op == "DEPS":
-            self.do(dname, C.CallDepsReady(sid, msg[1], msg[2]))
+            self.do(dname, "deps_ready", msg[1], msg[2])
         elif op == "CDEPS":
-            self.do(dname, C.CreateDepsReady(sid, msg[1], msg[2]))
+            self.do(dname, "create_deps_ready", msg[1], msg[2])
         elif op == "FLUSH":
-            self.do(dname, C.Flush(sid))
+            self.do(dname, "flush")
         elif op == "HANDLE":
             _, iid, token = msg
-            self.do(dname, C.HandleArrived(sid, iid, token))
+            self.do(dname, "arrived", iid, token)
             self.arrived_tokens.add(token)
             self.add_handle(dname, iid)
         elif op == "GRANT":
@@ -486,23 +619,25 @@ class CallWorld:
         w = self.procs[wname]
         op = msg[0]
         if op == "START":
-            _, iid, inc = msg
+            _, iid, inc, conc = msg
             if iid in w.ended:  # agent.start_instance: a STOP overtook it (finding B, fixed)
                 self.say(wname, "start ignored, stopped before", iid)
                 return
-            w.hosted[iid] = {"inc": inc, "queue": deque(), "ready": False, "stopped": None}
-            self.say(wname, "hosts", iid, inc)
+            # HostedInstance: its CallQueue (production code) decides which calls run now
+            w.hosted[iid] = {"inc": inc, "q": CallQueue(conc), "conc": conc, "ready": False,
+                             "stopped": None, "pending": {}, "running": set(), "results": {}}
+            self.say(wname, "hosts", iid, inc, f"concurrency {conc}")
             for call in w.early.pop(iid, ()):
                 self.host_call(w, *call)
-            self.send(wname, wname, f"init-{iid}", ("INIT", iid))
-        elif op == "INIT":
+            self.send(wname, wname, f"init-{iid}", ("INIT", iid, inc))
+        elif op == "INIT":  # __init__ finished (HostedInstance._construct)
             h = w.hosted.get(msg[1])
-            if h is None or h["stopped"] is not None:
+            if h is None or h["inc"] != msg[2] or h["stopped"] is not None:
                 return
             h["ready"] = True
+            for cid in h["q"].constructed():
+                self.admit(w, msg[1], cid)
             self.send(wname, SCHED, "stream", ("STATE", msg[1], "ALIVE"))
-            if h["queue"]:
-                self.send(wname, wname, f"run-{msg[1]}", ("RUN", msg[1]))
         elif op == "CALL":
             _, cid, iid, caller = msg
             if iid in w.hosted:
@@ -511,51 +646,70 @@ class CallWorld:
                 self.send(wname, caller, "call", ("DONE", cid, ("died", f"{iid} has ended: {w.ended[iid]}")))
             else:
                 w.early.setdefault(iid, []).append((cid, iid, caller))
-        elif op == "RUN":
-            self.run_call(w, msg[1])
+        elif op == "RUN":  # an executor picks up a call the queue started
+            self.run_call(w, *msg[1:])
+        elif op == "FINISH":  # ... and it returns
+            self.finish_call(w, *msg[1:])
         elif op == "STOP":
             _, iid, reason = msg
             h = w.hosted.pop(iid, None)
             w.ended[iid] = reason
             self.say(wname, "stop", iid, reason)
-            if h is not None:
+            if h is not None:  # HostedInstance.stop: every call not answered dies
                 h["stopped"] = reason
-                for cid, caller in h["queue"]:
+                h["q"].stop()
+                for cid, caller in sorted(h["pending"].items()):
                     self.send(wname, caller, "call", ("DONE", cid, ("died", f"{iid} has ended: {reason}")))
+                h["pending"].clear()
             for cid, _iid, caller in w.early.pop(iid, ()):
                 self.send(wname, caller, "call", ("DONE", cid, ("died", f"{iid} has ended: {reason}")))
             self.send(wname, SCHED, chan, ("STOPPED", iid))
         elif op == "FLUSH":
-            self.do(wname, C.Flush(f"flush-{self.step}"))
+            self.do(wname, "flush")
         elif op == "CDEPS":
-            self.do(wname, C.CreateDepsReady(f"cdeps-{self.step}", msg[1], msg[2]))
-        elif op == "CREATED":
-            self.do(wname, C.Created(f"created-{self.step}", msg[1], msg[2], msg[3]))
-        elif op == "CREATE_FAILED":
-            self.do(wname, C.CreateFailed(f"create-failed-{self.step}", msg[1], msg[2]))
-        elif op in ("GRANT", "REFUSED", "REVOKE", "LOST", "LOCATED"):
+            self.do(wname, "create_deps_ready", msg[1], msg[2])
+        elif op == "CREATE_REPLY":
+            self.do(wname, "create_answered", msg[1], msg[2])
+        elif op in ("GRANT", "REFUSED", "REVOKE", "LOST", "LOCATE_REPLY"):
             pass
         else:
             self.fail(f"worker got {msg}")
 
     def host_call(self, w: Proc, cid: str, iid: str, caller: str) -> None:
+        """HostedInstance.call: the call waits for its turn in the instance's CallQueue."""
         h = w.hosted[iid]
         if h["stopped"] is not None:
             self.send(w.name, caller, "call", ("DONE", cid, ("died", f"{iid} has ended")))
             return
-        h["queue"].append((cid, caller))
-        if h["ready"] and len(h["queue"]) == 1:
-            self.send(w.name, w.name, f"run-{iid}", ("RUN", iid))
+        h["pending"][cid] = caller
+        if h["q"].arrived(cid):
+            self.admit(w, iid, cid)
 
-    def run_call(self, w: Proc, iid: str) -> None:
-        h = w.hosted.get(iid)
-        if not h or not h["queue"] or not h["ready"] or h["stopped"] is not None:
-            return
-        cid, caller = h["queue"].popleft()
+    def admit(self, w: Proc, iid: str, cid: str) -> None:
+        """The queue started ``cid``: an executor thread (or the instance's loop) picks it
+        up.  Calls start in the queue's order; with concurrency > 1 they may then run (and
+        finish) in any order, as in a thread pool."""
+        h = w.hosted[iid]
         rec = self.calls[cid]
         self.execs.setdefault((iid, w.name, h["inc"]), []).append(
-            (caller, rec["iid"], rec["seq"], cid))
+            (rec["caller"], rec["iid"], rec["seq"], cid))
+        self.send(w.name, w.name, f"run-{cid}", ("RUN", iid, cid, h["inc"]))
+
+    def run_call(self, w: Proc, iid: str, cid: str, inc: int) -> None:
+        """The method starts (its side effects happen now); it returns later (FINISH), so
+        with concurrency > 1 calls run side by side."""
+        h = w.hosted.get(iid)
+        if h is None or h["inc"] != inc or h["stopped"] is not None:
+            return
+        if not h["ready"]:
+            self.fail(f"hosting: call {cid} on {iid} ran before __init__ finished")
+        h["running"].add(cid)
+        if len(h["running"]) > h["conc"]:
+            self.fail(f"hosting: {len(h['running'])} calls of {iid} run at once on {w.name}, "
+                      f"over its concurrency {h['conc']}: {sorted(h['running'])}")
+        rec = self.calls[cid]
         self.say(w.name, "run", cid, iid, h["inc"])
+        caller = rec["caller"]
         result = None
         if rec["kind"] == "spawn":  # the method creates a child and returns its handle
             rng = self.rng
@@ -566,14 +720,26 @@ class CallWorld:
                 "timeout_ms": rng.choice([-1, 5000])})
             token = self.new_id("t")
             self.tokens[token] = (child, caller)
-            self.do(w.name, C.HandleSent(f"send-{token}", child, token))
+            self.do(w.name, "transit", child, token)
             result = (child, token)
             self.timer(self.now + rng.uniform(0, 0.5), "drop", (w.name, child))
         elif rec["kind"] == "save":
             self.send(w.name, SCHED, self.new_id("rpc-save-"), ("SAVE", iid, b"state"))
-        self.send(w.name, caller, "call", ("DONE", cid, result))
-        if h["queue"]:
-            self.send(w.name, w.name, f"run-{iid}", ("RUN", iid))
+        h["results"][cid] = result
+        self.send(w.name, w.name, f"finish-{cid}", ("FINISH", iid, cid, inc))
+
+    def finish_call(self, w: Proc, iid: str, cid: str, inc: int) -> None:
+        h = w.hosted.get(iid)
+        if h is None or h["inc"] != inc:
+            return  # stopped: its caller was answered then
+        h["running"].discard(cid)
+        result = h["results"].pop(cid, None)
+        caller = h["pending"].pop(cid, None)
+        if caller is not None:
+            self.send(w.name, caller, "call", ("DONE", cid, result))
+        nxt = h["q"].finished()
+        if nxt is not None:
+            self.admit(w, iid, nxt)
 
     def kill_worker(self) -> None:
         live = sorted(p.name for p in self.procs.values() if p.kind == "worker" and p.alive)
@@ -595,52 +761,7 @@ class CallWorld:
         if self.rng.random() < 0.7:
             self.timer(self.now + self.rng.uniform(0, 2.0), "join", None)
 
-    # -- the scheduler's adapters (instance_manager.py, extension.py) -----------------------
-
-    def lc_do(self, event: Any) -> None:
-        released: list[str] = []
-        stopped: list[str] = []
-        for ins in self.lc.handle(event):
-            kind = type(ins)
-            if kind is L.AnswerWaiters:
-                for cb in self.waiters.pop((ins.instance_id, ins.stage), ()):
-                    cb(ins.worker, ins.reason)
-            elif kind is L.AcquireResources:  # loop.create_task(self._acquire(ins))
-                self.cancel_early.discard(ins.instance_id)
-                self.send(SCHED, SCHED, self.new_id("acquire-"), ("ACQUIRE", ins))
-            elif kind is L.StartInstance:
-                self.say(SCHED, "start", ins.instance_id, ins.worker, ins.incarnation)
-                self.send(SCHED, ins.worker, "stream", ("START", ins.instance_id, ins.incarnation))
-            elif kind is L.StopInstance:
-                if ins.worker in self.registered:
-                    self.stops.setdefault(ins.worker, set()).add(ins.instance_id)
-                    self.send(SCHED, ins.worker, self.new_id("rpc-stop-"),
-                              ("STOP", ins.instance_id, ins.reason))
-                else:
-                    stopped.append(ins.instance_id)
-            elif kind is L.ReleaseResources:
-                released.append(ins.instance_id)
-            elif kind is L.CancelAcquire:
-                rid = self.acq.get(ins.instance_id)
-                if rid is None:  # the acquire task has not started: nothing to cancel yet
-                    self.cancel_early.add(ins.instance_id)
-                else:
-                    self.leases.cancel(rid)
-            elif kind is L.WakeAt:
-                self.timer(max(ins.at, self.now), "release-check", None)
-            else:
-                self.fail(f"unknown Lifecycle instruction {ins}")
-        for rec in self.lc.last_ended:
-            if rec.reason == "no handle to it is left":
-                holders = [p.name for p in self.procs.values()
-                           if p.alive and rec.instance_id in p.order.registered]
-                if holders:
-                    self.fail(f"released too early: {rec.instance_id} ended for lack of handles "
-                              f"though {holders} hold(s) it")
-        if released:
-            self.leases.release(released)
-        for iid in stopped:
-            self.lc_do(L.Stopped(f"stopped-{self.step}", iid))
+    # -- the scheduler: the production adapters' decisions on simulated edges ------------
 
     def granted(self, holding_id: str) -> None:
         """Every grant only takes what is free (checked right after it)."""
@@ -649,16 +770,10 @@ class CallWorld:
         except AssertionError as e:
             self.fail(str(e))
 
-    def wait_stage(self, iid: str, stage: str, cb: Any) -> None:
-        ans = self.lc.answer(iid, stage)
-        if ans is not None:
-            cb(*ans)
-        else:
-            self.waiters.setdefault((iid, stage), []).append(cb)
-
     def at_sched(self, src: str, chan: str, msg: tuple) -> None:
+        """An rpc or stream message at the scheduler: the extension's and the instance
+        manager's handlers, which call the lease and instance services."""
         op = msg[0]
-        sid = f"{op.lower()}-{self.step}"
         lc = self.lc
         if op in ("REFS", "LOCATE"):
             ids = [msg[1]] if op == "LOCATE" else [*msg[1], *(i for i, _ in msg[2]),
@@ -669,80 +784,40 @@ class CallWorld:
         if op == "CREATE":
             spec = msg[1]
             iid = spec["instance_id"]
-            if spec["owner"] in self.ended_jobs:  # create_instance refuses (finding E, fixed)
-                self.say(SCHED, "creation refused: its job ended", iid)
-                self.send(SCHED, src, chan, ("CREATE_FAILED", iid, "its job has ended"))
-                return
             if spec["owner"].startswith("job-") and src not in self.jobs:
                 self.say(SCHED, "creation after the job ended", iid)
-            lc_spec = {k: v for k, v in spec.items() if v is not None}
-            self.lc_do(L.Create(sid, lc_spec, self.now))
-            real = lc.resolve(iid)
 
-            def created(worker: str | None, reason: str) -> None:
-                self.send(SCHED, src, chan, ("CREATED", iid, worker, real) if worker is not None
-                          else ("CREATE_FAILED", iid, reason))
-            self.wait_stage(real, L.PLACED, created)
+            def created(reply: list) -> None:
+                self.send(SCHED, src, chan, ("CREATE_REPLY", iid, reply))
+            self.instances.create({k: v for k, v in spec.items() if v is not None}, created)
         elif op == "LOCATE":
             _, iid, lost = msg
-            if lc.unknown(lc.resolve(iid)):  # locate_instance: wait for its creation
-                def created(_worker: str | None, reason: str) -> None:
-                    if reason:
-                        self.send(SCHED, src, chan, ("LOCATED", iid, P.DEAD, None, reason, iid))
-                    else:
-                        self.at_sched(src, chan, msg)
-                self.waiters.setdefault((iid, L.CREATED), []).append(created)
-                self.lc_do(L.AwaitCreation(sid, iid, self.now))
-                return
-            real = lc.resolve(iid)
-
-            def answer(worker: str | None, reason: str) -> None:
-                if worker is None:
-                    self.send(SCHED, src, chan, ("LOCATED", iid, P.DEAD, None, reason, real))
-                else:
-                    st = lc.status(real)
-                    self.send(SCHED, src, chan, ("LOCATED", iid, st["state"], worker,
-                                                 st["reason"], real))
-
-            def go() -> None:
-                self.wait_stage(real, L.PLACED, answer)
-            rec = lc.instances.get(real)
-            if rec is not None and lost is not None and rec.worker == lost \
-                    and lost in self.registered:
-                once = [go]
-
-                def resume() -> None:
-                    if once:
-                        once.pop()()
-                self.gone_waiters.setdefault(lost, []).append(resume)
-                self.timer(self.now + LOST_WORKER_WAIT_S, "gone-timeout", resume)
-            else:
-                go()
+            self.instances.locate(iid, lost, lambda reply: self.send(
+                SCHED, src, chan, ("LOCATE_REPLY", iid, reply)))
         elif op == "KILL":
-            self.lc_do(L.Kill(sid, msg[1], "terminated"))
+            kid = self.new_id("kill-")
+            self.kills.add(kid)
+            self.instances.kill(msg[1], "terminated", lambda: self.kills.discard(kid))
         elif op == "SAVE":
-            if lc.is_live(msg[1]):
-                self.lc_do(L.SaveState(sid, msg[1], msg[2]))
+            try:
+                self.instances.save_state(msg[1], msg[2])
+            except RuntimeError:  # it ended meanwhile: the rpc raises to the caller
+                pass
         elif op == "REFS":
             _, deltas, transit, arrived = msg
-            self.lc_do(L.HandleRefs(sid, src, deltas, transit, arrived, self.now))
+            self.instances.handle_refs(src, deltas, transit, arrived)
         elif op == "STATE":
             _, iid, state = msg
-            if state == "EXITED":
-                self.lc_do(L.InstanceExited(sid, iid, src))
-            else:
-                self.lc_do(L.InstanceStarted(sid, iid, src, False))
+            self.instances.instance_state(iid, state, src)
         elif op == "STOPPED":
             iid = msg[1]
             for ws in self.stops.values():
                 ws.discard(iid)
-            self.lc_do(L.Stopped(sid, iid))
+            self.instances.stopped(iid)
         elif op == "CLOSE":  # connect_job's finally
             self.jobs.discard(src)
-            self.ended_jobs.add(self.procs[src].job)
             self.leases.owner_gone(src)
-            self.lc_do(L.OwnerGone(sid, self.procs[src].job, f"its job {src} ended"))
-            self.lc_do(L.HolderLost(sid, src, self.now))
+            self.instances.owner_gone(self.procs[src].job, src)
         elif op == "REQUEST_LEASE":
             _, drid, shape, timeout = msg  # extension.request_lease
             gone = self.leases.requester_gone(src)
@@ -759,45 +834,17 @@ class CallWorld:
             self.leases.open(LeaseRequest(src, dict(shape), queue="q"), timeout, answer)
         elif op == "RETURN":
             self.leases.release(tuple(msg[1]), "return")
-        elif op == "ACQUIRE":  # InstanceManager._acquire starts
-            ins = msg[1]
-            iid = ins.instance_id
-            if iid in self.cancel_early:  # InstanceManager._acquire returns (finding D, fixed)
-                self.cancel_early.discard(iid)
-                self.say(SCHED, "acquire skipped: cancelled before it ran", iid)
-                return
-            req = LeaseRequest(iid, dict(ins.shape), kind="instance", holding_id=iid,
-                               affinity=freeze(ins.affinity or ()), labels=tuple(ins.labels))
-
-            def answer(result: list) -> None:  # ext.acquire's future: the task resumes later
-                if result[0] is not None:
-                    self.granted(result[0])
-                got = req.request_id  # set by open() before it feeds the request
-                self.send(SCHED, SCHED, f"acquired-{got}", (
-                    "ACQUIRED", iid, got, result[1] if result[0] is not None else None,
-                    "" if result[0] is not None else result[1]))
-            self.acq[iid] = self.leases.open(req, ins.timeout_ms, answer)
-        elif op == "ACQUIRED":  # ... and resumes with the answer
-            _, iid, rid, worker, reason = msg
-            if self.acq.get(iid) == rid:
-                del self.acq[iid]
-            if worker is None:
-                self.lc_do(L.PlacementFailed(sid, iid, reason))
-            else:
-                self.lc_do(L.Placed(sid, iid, worker))
-                if worker not in self.registered:  # InstanceManager._acquire (finding C, fixed)
-                    self.say(SCHED, "placed on a worker already lost: lost again", iid, worker)
-                    self.lc_do(L.WorkerLost(f"placed-on-lost-{sid}", worker, self.now))
+        elif op == "SOON":  # a task or callback the scheduler's loop runs on a later turn
+            msg[1]()
         else:
             self.fail(f"scheduler got {msg}")
 
     def worker_left(self, wname: str) -> None:
         """Dask removed the worker: extension.on_remove_worker."""
         self.registered.discard(wname)
-        sid = f"left-{wname}"
         self.shrunk |= M.shrinking(self.lq, wname)  # its node's pool shrinks
         self.leases.worker_left(wname)
-        self.lc_do(L.WorkerLost(sid, wname, self.now))
+        self.instances.worker_lost(wname)
         for resume in self.gone_waiters.pop(wname, ()):
             resume()
         for d in sorted(self.jobs):
@@ -861,8 +908,8 @@ class CallWorld:
             self.plan(*data)
         elif kind == "exit":
             self.try_exit(data)
-        elif kind == "release-check":
-            self.lc_do(L.ReleaseCheck(f"release-check-{self.step}", self.now))
+        elif kind == "call":
+            data()
         elif kind == "lq-tick":
             self.leases.tick()
         elif kind == "gone-timeout":
@@ -892,6 +939,8 @@ class CallWorld:
             for p in self.procs.values():
                 if p.alive:
                     p.order.validate()
+                    for h in p.hosted.values():
+                        h["q"].validate()
         except AssertionError as e:
             self.fail(f"validate() failed at step {self.step}: {e}")
 
@@ -907,9 +956,11 @@ class CallWorld:
         for (iid, w, inc), runs in self.execs.items():
             last: dict[tuple, int] = {}
             for caller, route, seq, cid in runs:
+                if self.calls[cid]["unordered"]:
+                    continue  # may pass earlier calls (CallOrder's unordered rule)
                 k = (caller, route)
                 if seq <= last.get(k, 0):
-                    self.fail(f"order: {cid} of {caller} ran after a later call in incarnation "
+                    self.fail(f"order: {cid} of {caller} started after a later call in incarnation "
                               f"{inc} of {iid} on {w}: {runs}")
                 last[k] = seq
         lc = self.lc
@@ -955,10 +1006,14 @@ class CallWorld:
             out.append(f"requests still pending: {list(self.lq.pending)}")
         if self.leases._answers:
             out.append(f"lease requests never answered: {sorted(self.leases._answers)}")
-        for what in ("waiters", "gone_waiters", "acq"):
-            left = {k: v for k, v in getattr(self, what).items() if v}
+        for what, left in (("waiters", self.instances.waiters),
+                           ("gone_waiters", self.gone_waiters),
+                           ("acquires", self.instances.requests)):
+            left = {k: v for k, v in left.items() if v}
             if left:
                 out.append(f"adapter {what} left: {sorted(map(str, left))}")
+        if self.kills:
+            out.append(f"kill rpcs never answered: {sorted(self.kills)}")
         if out:
             self.fail("at the end: " + "; ".join(out))
 

@@ -217,11 +217,83 @@ def _end_not_told(patch: Patch) -> None:
     patch(TaskSide, "finished", finished)
 
 
+def _router_sends_reversed(patch: Patch) -> None:
+    from yrdask.runtime import call_order as C
+    from yrdask.runtime.call_router import CallRouter
+
+    real = CallRouter._do
+
+    def do(self, instructions):
+        sends = [i for i in instructions if type(i) is C.SendCall]
+        if len(sends) > 1:  # the calls of one batch go out last first
+            rest = [i for i in instructions if type(i) is not C.SendCall]
+            instructions = sends[::-1] + rest
+        return real(self, instructions)
+    patch(CallRouter, "_do", do)
+
+
+def _router_ignores_lost_channel(patch: Patch) -> None:
+    from yrdask.runtime.call_router import CallRouter
+
+    patch(CallRouter, "channel_lost", lambda self, worker: None)
+
+
+def _manager_forgets_dead_worker(patch: Patch) -> None:
+    from yrdask.scheduler.instance_service import InstanceService
+
+    patch(InstanceService, "worker_lost", lambda self, worker: None)
+
+
+def _manager_never_releases(patch: Patch) -> None:
+    from yrdask.scheduler.instance_service import InstanceService
+
+    real = InstanceService.feed
+
+    def feed(self, event):
+        edge = self.edge
+        release = edge.release
+        edge.release = lambda ids: None  # the ended instances' resources stay held
+        try:
+            return real(self, event)
+        finally:
+            edge.release = release
+    patch(InstanceService, "feed", feed)
+
+
+def _hosting_exceeds_concurrency(patch: Patch) -> None:
+    from yrdask.worker.call_queue import CallQueue
+
+    def arrived(self, item):
+        if self.stopped:
+            return False
+        if self.ready:  # starts every call at once, whatever the concurrency
+            self.running += 1
+            return True
+        self.waiting.append(item)
+        return False
+    patch(CallQueue, "arrived", arrived)
+
+
+def _hosting_before_init(patch: Patch) -> None:
+    from yrdask.worker.call_queue import CallQueue
+
+    def arrived(self, item):
+        if self.stopped:
+            return False
+        if self.running < self.concurrency and not self.waiting:  # __init__ not awaited
+            self.running += 1
+            return True
+        self.waiting.append(item)
+        return False
+    patch(CallQueue, "arrived", arrived)
+
+
 LQ_V = ("yrdask.scheduler.leases", "LeaseQueue")
 SQ_V = ("yrdask.runtime.submit_queue", "SubmitQueue")
 GATE_V = ("yrdask.worker.lease_gate", "LeaseGate")
 CO_V = ("yrdask.runtime.call_order", "CallOrder")
 LC_V = ("yrdask.scheduler.lifecycle", "Lifecycle")
+CQ_V = ("yrdask.worker.call_queue", "CallQueue")
 
 MUTATIONS: list[Mutation] = [
     Mutation("ledger-fits-ever", "tasks",
@@ -280,6 +352,25 @@ MUTATIONS: list[Mutation] = [
     Mutation("worker-lost-ignored", "calls",
              "instances on a lost worker neither restart nor end (lifecycle)",
              _worker_lost_ignored, 400, (LC_V,)),
+    # the production adapters the instance world drives (their decisions, on its edges)
+    Mutation("router-sends-reversed", "calls",
+             "the instance router (CallRouter) sends the calls of one batch last first",
+             _router_sends_reversed, 300),
+    Mutation("router-ignores-lost-channel", "calls",
+             "the instance router drops a broken call channel (nothing is redelivered)",
+             _router_ignores_lost_channel, 300),
+    Mutation("manager-forgets-dead-worker", "calls",
+             "the instance manager (InstanceService) ignores a worker's removal: its "
+             "instances neither restart nor end", _manager_forgets_dead_worker, 400),
+    Mutation("manager-never-releases", "calls",
+             "the instance manager never gives an ended instance's resources back",
+             _manager_never_releases, 100),
+    Mutation("hosting-exceeds-concurrency", "calls",
+             "hosting (CallQueue) starts every call at once, over the instance's concurrency",
+             _hosting_exceeds_concurrency, 300, (CQ_V,)),
+    Mutation("hosting-before-init", "calls",
+             "hosting starts calls before __init__ finished (the named concurrency=2 race)",
+             _hosting_before_init, 300, (CQ_V,)),
     Mutation("locate-unknown-at-once", "calls",
              "a locate that overtook the creation answers 'does not exist' (the race of "
              "FINDINGS.md A)", _locate_answers_unknown_at_once, 1500, (LC_V,)),

@@ -30,6 +30,16 @@ def test_at_least_ten_mutations_across_machines():
             "task-side-end-not-told"} <= names
 
 
+def test_mutations_reach_the_production_adapters():
+    """The adapters the worlds drive as production code are mutated too: the lease service,
+    the instance router, the instance manager and hosting's call queue."""
+    names = {m.name for m in MU.MUTATIONS}
+    assert {"adapter-serves-gone-requester", "router-sends-reversed",
+            "router-ignores-lost-channel", "manager-forgets-dead-worker",
+            "manager-never-releases", "hosting-exceeds-concurrency",
+            "hosting-before-init"} <= names
+
+
 @pytest.mark.parametrize("mutation", MU.MUTATIONS, ids=lambda m: m.name)
 def test_mutation_is_caught(mutation, monkeypatch):
     MU.apply(mutation, monkeypatch.setattr)

@@ -83,6 +83,18 @@ def test_unordered_calls_leave_as_their_arguments_are_ready(h):
     assert sent(h(C.CallDepsReady, "c1")) == ["c1"]
 
 
+def test_unordered_calls_lost_with_a_worker_go_back_in_submission_order(h):
+    # found by the instance world with async instances: the sent calls went back in front
+    # of an older call still waiting for its arguments (the queue out of submission order)
+    h.created("i")
+    h(C.CallSubmitted, "c1", "i", False, None, None, True)
+    assert sent(h(C.CallSubmitted, "c2", "i", True, None, None, True)) == ["c2"]
+    h(C.ChannelLost, W1)  # validate() after the step: the queue is in submission order
+    out = h(C.Located, "i", W2, "", "i")
+    assert sent(out) == ["c2"]
+    assert sent(h(C.CallDepsReady, "c1")) == ["c1"]
+
+
 def test_interleaved_readiness_keeps_submission_order(h):
     h.created("i")
     for k in range(6):

@@ -248,6 +248,10 @@ class _Call:
         self.max_redeliveries = max_redeliveries
 
 
+def _seq(call: _Call) -> int:
+    return call.seq
+
+
 class _Route:
     __slots__ = ("instance_id", "worker", "real_id", "dead", "queue", "inflight", "waiting",
                  "lost")
@@ -392,7 +396,12 @@ class CallOrder:
                         f"the instance's process died, {head.crashes} times (last on "
                         f"{ev.worker}); it is not delivered again ({why}): "
                         "it may be what kills the process", ev.worker), ev.stimulus_id, out)
-            route.queue.extendleft(reversed(resend))  # in the order they were sent
+            if resend:
+                # back in submission order, as the queue always is: ordered calls were sent
+                # in that order and are all older than the queued ones (they go back in
+                # front); unordered ones may have passed queued calls still waiting for
+                # their arguments (they go back among them)
+                route.queue = deque(sorted((*resend, *route.queue), key=_seq))
             route.worker, route.lost = None, ev.worker
             self.story.log(ev.stimulus_id, ("lost", route.instance_id, ev.worker,
                                             [c.call_id for c in resend]),

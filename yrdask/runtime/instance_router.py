@@ -1,11 +1,13 @@
 """Where this process's instance calls go: the asyncio adapter of :class:`CallOrder`.
 
 Every rule (per-caller order, creation and locating, redelivery after a lost channel, dead
-routes, handle counts) lives in :mod:`yrdask.runtime.call_order`; this adapter keeps what
-the machine does not see (the creation specs, the pickled arguments, the ref arguments and
-the result entries of each call), turns the runtime's callbacks into events and carries out
-the instructions: rpcs to the scheduler, ``CALL_METHOD`` on the call channels, settling
-result entries, and the batched ``HANDLE_REFS`` report.  All methods run on the loop thread.
+routes, handle counts) lives in :mod:`yrdask.runtime.call_order`, and what is done with its
+instructions and the rpc answers in :mod:`yrdask.runtime.call_router` (which the simulation
+drives too); this adapter is that router's edge: it keeps what the machine does not see
+(the creation specs, the pickled arguments, the ref arguments and the result entries of
+each call), turns the runtime's callbacks into the router's calls and carries out the
+instructions: rpcs to the scheduler, ``CALL_METHOD`` on the call channels, settling result
+entries, and the batched ``HANDLE_REFS`` report.  All methods run on the loop thread.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defa
 from yrdask import protocol as P
 from yrdask.errors import CallCrashedError, CancelledError
 from yrdask.runtime import call_order as C
+from yrdask.runtime.call_router import CallRouter
 from yrdask.runtime.objects import dep_of, failed_dep, failing_entries, pending_owned, when_ready
 
 
@@ -42,15 +45,17 @@ class Call:
     cancelled: bool = False  # Ray's cancel of an actor task: settled here, told to the worker
 
 
-class InstanceRouter:
-    """See module docstring; ``order`` is the machine (one per process)."""
+class InstanceRouter(CallRouter):
+    """See module docstring; ``order`` is the machine (one per process).  What it does with
+    the machine's instructions is decided by :class:`CallRouter` (which the simulation drives
+    too); this class is its edge (:class:`~yrdask.runtime.call_router.RouterEdge`)."""
 
     def __init__(self, runtime: Any, order: C.CallOrder | None = None) -> None:
         self.rt = runtime
         if order is None:
             order = C.CallOrder(max_redeliveries=int(
                 dask.config.get("yrdask.scheduling.max-call-redeliveries", 1)))
-        self.order = order
+        super().__init__(self, order)
         self.calls: dict[str, Call] = {}
         self.specs: dict[str, tuple[dict, list]] = {}  # creations not answered yet
 
@@ -59,7 +64,7 @@ class InstanceRouter:
     def create(self, spec: dict, dep_refs: list) -> None:
         iid = spec["instance_id"]
         self.specs[iid] = (spec, dep_refs)
-        self._do(self.order.handle(C.CreateRequested(iid, iid)))
+        self.create_requested(iid)
         when_ready(dep_refs, lambda: self._create_ready(iid))
 
     def _create_ready(self, iid: str) -> None:
@@ -72,22 +77,20 @@ class InstanceRouter:
                     self.rt.objects.pin({ref._id: ref._entry.owner or self.rt.address})
         else:
             del self.specs[iid]
-        self._do(self.order.handle(C.CreateDepsReady(iid, iid, error)))
+        self.create_deps_ready(iid, error)
 
     def call(self, call: Call) -> None:
         cid = call.call_id
         self.calls[cid] = call
         refs = call.dep_refs
         if refs and pending_owned(refs):
-            self._do(self.order.handle(C.CallSubmitted(cid, cid, call.instance_id, False,
-                                                       None, call.max_redeliveries,
-                                                       call.unordered)))
-            when_ready(refs, lambda: self._do(self.order.handle(
-                C.CallDepsReady(cid, cid, failed_dep(refs)))))
+            self.submit(cid, call.instance_id, False, None, call.max_redeliveries,
+                        call.unordered)
+            when_ready(refs, lambda: self.deps_ready(cid, failed_dep(refs)))
         else:
             error = failed_dep(refs) if refs else None
-            self._do(self.order.handle(C.CallSubmitted(cid, cid, call.instance_id, True, error,
-                                                       call.max_redeliveries, call.unordered)))
+            self.submit(cid, call.instance_id, True, error, call.max_redeliveries,
+                        call.unordered)
 
     def cancel(self, cid: str) -> bool:
         """Ray's ``cancel`` of an actor task; False if ``cid`` is no call waiting for its
@@ -123,62 +126,16 @@ class InstanceRouter:
             from yrdask.serialization import loads
 
             error = loads(error)
-        self._do(self.order.handle(C.CallDone(cid, cid, error)))
+        self.done(cid, error)
         return True
 
     def on_channel_lost(self, worker: str) -> None:
         """Calls not answered go back to their routes, which locate their instance again."""
-        self._do(self.order.handle(C.ChannelLost(f"lost-{worker}", worker)))
+        self.channel_lost(worker)
 
-    def incref(self, iid: str) -> None:
-        self._do(self.order.handle(C.HandleAdded("handle", iid)))
+    # -- the edge (RouterEdge) -----------------------------------------------------------
 
-    def decref(self, iid: str) -> None:
-        self._do(self.order.handle(C.HandleDropped("handle", iid)))
-
-    def transit(self, iid: str, token: str) -> None:
-        self._do(self.order.handle(C.HandleSent(token, iid, token)))
-
-    def arrived(self, iid: str, token: str) -> None:
-        self._do(self.order.handle(C.HandleArrived(token, iid, token)))
-
-    def _flush(self) -> None:
-        self._do(self.order.handle(C.Flush("flush")))
-
-    # -- instructions ----------------------------------------------------------------------
-
-    def _do(self, instructions: list) -> None:
-        for ins in instructions:
-            kind = type(ins)
-            if kind is C.SendCall:
-                self._send_call(ins)
-            elif kind is C.CallSucceeded:
-                call = self.calls.pop(ins.call_id)
-                for entry, (k, payload) in zip(call.entries, call.results):
-                    entry.set_result(k, payload)
-            elif kind is C.CallFailed:
-                call = self.calls.pop(ins.call_id)
-                error = ins.error
-                if type(error) is CallCrashedError:  # the machine knows ids, not methods
-                    error = CallCrashedError(f"method {call.method!r}: {error}", error.worker)
-                    self.rt.with_exit_reason(error, failing_entries(call.entries))
-                    continue
-                for entry in call.entries:
-                    entry.set_error(error)
-            elif kind is C.FlushSoon:
-                self.rt.loop.call_soon(self._flush)
-            elif kind is C.ReportHandles:
-                self.rt.connector.stream_send(P.HandleRefs(
-                    ins.deltas, transit=[list(t) for t in ins.transit],
-                    arrived=[list(t) for t in ins.arrived]))
-            elif kind is C.SendCreate:
-                self.rt.loop.create_task(self._create_rpc(ins.instance_id))
-            elif kind is C.SendLocate:
-                self.rt.loop.create_task(self._locate_rpc(ins.instance_id, ins.lost))
-            else:  # pragma: no cover - a new instruction nobody taught the adapter
-                raise AssertionError(f"unknown instruction {ins!r}")
-
-    def _send_call(self, ins: C.SendCall) -> None:
+    def send_call(self, ins: C.SendCall) -> None:
         call = self.calls[ins.call_id]
         if call.deps is None:
             if call.dep_refs:
@@ -194,25 +151,45 @@ class InstanceRouter:
         if call.cancelled:  # cancelled before it left: the worker answers it unrun
             chan.send(P.CancelTask(call.call_id))
 
+    def call_succeeded(self, call_id: str) -> None:
+        call = self.calls.pop(call_id)
+        for entry, (k, payload) in zip(call.entries, call.results):
+            entry.set_result(k, payload)
+
+    def call_failed(self, call_id: str, error: Any) -> None:
+        call = self.calls.pop(call_id)
+        if type(error) is CallCrashedError:  # the machine knows ids, not methods
+            error = CallCrashedError(f"method {call.method!r}: {error}", error.worker)
+            self.rt.with_exit_reason(error, failing_entries(call.entries))
+            return
+        for entry in call.entries:
+            entry.set_error(error)
+
+    def flush_soon(self) -> None:
+        self.rt.loop.call_soon(self.flush)
+
+    def report_handles(self, ins: C.ReportHandles) -> None:
+        self.rt.connector.stream_send(P.HandleRefs(
+            ins.deltas, transit=[list(t) for t in ins.transit],
+            arrived=[list(t) for t in ins.arrived]))
+
+    def send_create(self, instance_id: str) -> None:
+        self.rt.loop.create_task(self._create_rpc(instance_id))
+
+    def send_locate(self, instance_id: str, lost: str | None) -> None:
+        self.rt.loop.create_task(self._locate_rpc(instance_id, lost))
+
     async def _create_rpc(self, iid: str) -> None:
         spec, _refs = self.specs.pop(iid)
         try:
-            real_id, where, _meta = await self.rt.connector.request(
-                P.CreateInstance(spec))
+            reply: Any = await self.rt.connector.request(P.CreateInstance(spec))
         except Exception as e:
-            real_id, where = None, f"instance creation failed: {e!r}"
-        if real_id is None:
-            event: Any = C.CreateFailed(f"create-{iid}", iid, where)
-        else:
-            event = C.Created(f"create-{iid}", iid, where, real_id)
-        self._do(self.order.handle(event))
+            reply = e
+        self.create_answered(iid, reply)
 
     async def _locate_rpc(self, iid: str, lost: str | None) -> None:
         try:
-            state, where, reason, real_id = await self.rt.connector.request(
-                P.LocateInstance(iid, lost=lost))
+            reply: Any = await self.rt.connector.request(P.LocateInstance(iid, lost=lost))
         except Exception as e:
-            state, where, reason, real_id = P.DEAD, None, f"cannot reach the scheduler: {e!r}", None
-        if state == P.DEAD:
-            where = None
-        self._do(self.order.handle(C.Located(f"locate-{iid}", iid, where, reason, real_id)))
+            reply = e
+        self.locate_answered(iid, reply)

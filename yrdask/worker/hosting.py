@@ -1,17 +1,20 @@
-"""One live instance on a worker: the object, its mailbox and what runs its calls.
+"""One live instance on a worker: the object, its call queue and what runs its calls.
 
-* Sync class, concurrency 1: one thread takes calls from a FIFO mailbox, so calls from one
-  caller run in the order they were sent (they arrive in order on the call channel).
-* Sync class, concurrency n > 1: a pool of n threads, no ordering.
+Which calls run now is decided by :class:`~yrdask.worker.call_queue.CallQueue` (which the
+simulation drives too): none before ``__init__`` has finished, then in arrival order, at
+most ``concurrency`` at a time (calls from one caller arrive in the order it sent them on
+the call channel, so they start in that order).  What runs them:
+
+* Sync class, concurrency 1: one thread (a FIFO mailbox), one call after the other.
+* Sync class, concurrency n > 1: a pool of n threads, up to n calls side by side.
 * Async class (any ``async def`` method): an event loop in its own thread runs up to
-  ``concurrency`` (default 1000) calls at once.  Methods the class names in
-  ``__yr_off_loop__`` run their body on an executor of their own (Ray's concurrency groups):
-  their calls are started from a second loop, so a call blocking the instance's loop does
-  not hold them up.
+  ``concurrency`` (default 1000) calls at once (a call counts until its coroutine ends).
+  Methods the class names in ``__yr_off_loop__`` run their body on an executor of their own
+  (Ray's concurrency groups): their calls are started from a second loop, outside the
+  queue's concurrency, so a call blocking the instance's loop does not hold them up.
 
-``__init__`` runs first in the same executor; calls that arrive before it has finished are
-held and handed to the executor, in arrival order, once it has (with a pool or an event loop
-they would otherwise run beside it).  If it raises, every call answers with that error.
+``__init__`` runs first in the same executor; calls that arrive before it has finished wait
+in the queue.  If it raises, every call answers with that error.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from yrdask import protocol as P
 from yrdask.runtime import context as _rtctx
 from yrdask.runtime.context import task_context
 from yrdask.runtime.generators import drain, drain_async
+from yrdask.worker.call_queue import CallQueue
 from yrdask.errors import CancelledError, InstanceDiedError, RemoteError, user_traceback
 from yrdask.serialization import dumps, loads, unpack_args
 
@@ -57,12 +61,11 @@ class HostedInstance:
         share = getattr(agent, "share", None)
         self.share = share if share is not None and share.wired and not spec.get(
             "is_async") else None
-        # calls that came before __init__ finished: handed to the executor by _construct
-        self._gate = threading.Lock()
-        self.constructed = False
-        self._early: list[Callable[[], Any]] = []
         is_async = bool(spec.get("is_async"))
         self.concurrency = spec.get("concurrency") or (1000 if is_async else 1)
+        # which calls run now (the loop thread adds, executor threads finish): under _lock
+        self.queue = CallQueue(self.concurrency)
+        self._lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.mailbox: queue.SimpleQueue | None = None
         self.pool: ThreadPoolExecutor | None = None
@@ -91,7 +94,6 @@ class HostedInstance:
                 self.side_loop = loop
             else:
                 self.loop = loop
-                self.semaphore = asyncio.Semaphore(self.concurrency)
             loop.call_soon(ready.set)
             loop.run_forever()
             loop.close()
@@ -115,11 +117,16 @@ class HostedInstance:
         # this thread runs this instance's code only: its task context is set once here
         # (_run_call skips the per-call ``with``)
         _rtctx._ctx.lease_id = _rtctx._ctx.owner = self.instance_id
+        get = self.mailbox.get
+        construct = get()  # the first job is __init__; every later one a call to chain
+        if construct is _STOP:
+            return
+        self._run_job(construct)
         while True:
-            job = self.mailbox.get()
+            job = get()
             if job is _STOP:
                 return
-            self._run_job(job)
+            self._chain(job)
 
     def _run_job(self, job: Callable[[], Any]) -> Any:
         """Run a call (or ``__init__``) in this thread under a share of the worker."""
@@ -133,21 +140,47 @@ class HostedInstance:
             share.call_end()
 
     def _submit(self, job: Callable[[], Any]) -> None:
+        """Hand ``job`` to the executor (on an event loop: run it there, not awaited)."""
         if self.mailbox is not None:
             self.mailbox.put(job)
         elif self.pool is not None:
             self.pool.submit(self._run_job, job)
         else:
-            self.loop.call_soon_threadsafe(self._run_async_job, job)
+            self.loop.call_soon_threadsafe(job)
 
-    def _run_async_job(self, job: Callable[[], Any]) -> None:
-        async def guarded() -> None:
-            async with self.semaphore:
-                result = job()
-                if inspect.iscoroutine(result):
-                    await result
+    def _start(self, job: Callable[[], Any]) -> None:
+        """Run a call the queue started, then the ones it starts in its place, unless the
+        instance has stopped (its pool or loop is gone; stop() has answered the calls)."""
+        try:
+            if self.mailbox is not None:
+                self.mailbox.put(job)  # _serve_mailbox chains it
+            elif self.pool is not None:
+                self.pool.submit(self._chain, job)
+            else:
+                self.loop.call_soon_threadsafe(self._chain_async, job)
+        except RuntimeError:  # the pool shut down or the loop closed meanwhile: stop() answers
+            pass
 
-        self.loop.create_task(guarded())
+    def _chain(self, job: Callable[[], Any] | None) -> None:
+        while job is not None:
+            try:
+                self._run_job(job)
+            finally:
+                with self._lock:
+                    job = self.queue.finished()
+
+    def _chain_async(self, job: Callable[[], Any]) -> None:
+        async def chain(job: Callable[[], Any] | None) -> None:
+            while job is not None:
+                try:
+                    result = job()
+                    if inspect.iscoroutine(result):
+                        await result
+                finally:
+                    with self._lock:
+                        job = self.queue.finished()
+
+        self.loop.create_task(chain(job))
 
     # -- construction and calls ------------------------------------------------------------
 
@@ -179,17 +212,18 @@ class HostedInstance:
             self.init_error = dumps(RemoteError.from_exception(e, user_traceback()))
         if rec is not None:
             rec.end(name, key_id, start, self.init_error is None)
-        with self._gate:  # under the lock: a call arriving now queues behind the early ones
-            early, self._early = self._early, []
-            for job in early:
-                if self.stopped is None and getattr(job, "method", None) in self.off_loop:
-                    try:
-                        self._submit_side(job)
-                    except RuntimeError:  # the side loop closed meanwhile: stop() answers
-                        pass
-                else:
-                    self._submit_live(job)
-            self.constructed = True  # after the flush: call() may then skip the lock
+        off_loop = self.off_loop
+        with self._lock:  # the early off-loop calls leave the queue, the others start
+            side = self.queue.take(lambda job: job.method in off_loop) if off_loop else ()
+            starts = self.queue.constructed()
+        for job in side:
+            if self.stopped is None:
+                try:
+                    self._submit_side(job)
+                except RuntimeError:  # the side loop closed meanwhile: stop() answers
+                    pass
+        for job in starts:
+            self._start(job)
         self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
 
     def call(self, peer: Any, msg: dict) -> None:
@@ -198,32 +232,24 @@ class HostedInstance:
             return self._answer_died(peer, call_id)
         self.pending[call_id] = peer
         job = lambda: self._run_call(peer, msg)  # noqa: E731
-        if self.constructed:  # set once, after the early calls went: no lock needed
-            try:  # _submit_live, inlined on the hot path (stopped was checked above)
-                if self.side_loop is not None and msg["method"] in self.off_loop:
-                    self._submit_side(job)
-                else:
-                    self._submit(job)
-            except RuntimeError:  # the pool shut down or the loop closed meanwhile
+        side = False
+        with self._lock:
+            q = self.queue
+            if not q.ready:  # where it goes is known once the class is (off-loop methods)
+                job.method = msg["method"]
+                start = q.arrived(job)
+            elif self.side_loop is not None and msg["method"] in self.off_loop:
+                side = start = True
+            else:
+                start = q.arrived(job)
+        if side:
+            try:
+                self._submit_side(job)
+            except RuntimeError:  # the side loop closed meanwhile: stop() answers
                 pass
-            return None
-        with self._gate:
-            if not self.constructed:
-                job.method = msg["method"]  # where it goes is known once the class is
-                self._early.append(job)
-                return None
-            self._submit_live(job)
+        elif start:
+            self._start(job)
         return None
-
-    def _submit_live(self, job: Callable[[], Any]) -> None:
-        """Hand a call to the executor unless the instance has stopped (its pool or loop is
-        gone; stop() has answered the call already)."""
-        if self.stopped is not None:
-            return
-        try:
-            self._submit(job)
-        except RuntimeError:  # the pool shut down or the loop closed meanwhile: stop() answers
-            pass
 
     def _run_call(self, peer: Any, msg: dict) -> Any:
         call_id = msg["task_id"]
@@ -372,6 +398,8 @@ class HostedInstance:
         if self.stopped is not None:
             return
         self.stopped = reason
+        with self._lock:
+            self.queue.stop()  # nothing starts any more; the waiting calls are pending
         pending, self.pending = self.pending, {}
         for call_id, peer in pending.items():
             self._answer_died(peer, call_id)
