@@ -176,7 +176,9 @@ def test_cancel_of_a_running_async_actor_task(ray_env, tmp_path):
     assert time.monotonic() - t0 < 30
     assert ray.get(r.was_called.remote())
     with pytest.raises(ValueError, match="force=True is not supported for actor tasks"):
-        ray.cancel(s.sleep.remote(r, started), force=True)
+        ray.cancel(s.async_is_canceled.remote(), force=True)
+    ray.kill(s)  # leave the shared cluster idle for the next module
+    ray.kill(r)
 
 
 def test_cancel_of_a_sync_actor_task_sets_is_canceled(ray_env, tmp_path):
@@ -195,8 +197,11 @@ def test_cancel_of_a_sync_actor_task_sets_is_canceled(ray_env, tmp_path):
     # finished: cancelling it has no effect
     ray.cancel(other)
     assert ray.get(other) is False
+    sleeper = Sleeper.remote()
     with pytest.raises(RuntimeError, match="not supported in an async actor"):
-        ray.get(Sleeper.remote().async_is_canceled.remote(), timeout=60)
+        ray.get(sleeper.async_is_canceled.remote(), timeout=60)
+    ray.kill(sleeper)
+    ray.kill(s)
 
 
 @ray.remote
