@@ -65,8 +65,9 @@ def _ledger(queue: Any) -> Any:
 
 
 def check_ledger(queue: Any) -> None:
-    """Each worker's ``held`` is the sum of its holdings (lent CPU excluded), and each
-    holding sits on a known worker."""
+    """Each worker's ``held`` is the sum of its holdings (lent CPU excluded; what runs in a
+    resource-group bundle counts in the bundle's reservation), and each holding sits on a
+    known worker."""
     ledger = _ledger(queue)
     sums: dict[str, dict[str, float]] = {w: {} for w in ledger.workers}
     for hid, h in ledger.holdings.items():
@@ -75,7 +76,7 @@ def check_ledger(queue: Any) -> None:
         assert hid in ledger.workers[node].holdings, f"holding {hid} not listed on {node}"
         if h.kind != "bundle" and hasattr(ledger, "processes"):
             assert h.worker in ledger.processes, f"holding {hid} in unknown process {h.worker}"
-        s = sums[node]
+        s = sums[node] if not getattr(h, "bundle", "") else {}  # bundled: in its bundle
         for r, a in h.shape.items():
             if r == "CPU" and h.lent_cpu:
                 continue
@@ -163,6 +164,85 @@ def check_grant(queue: Any, holding_id: str) -> None:
                 f"{used.get(r, 0.0):g} of {ws.capacity.get(r, 0.0):g}"
 
 
+def check_bundle_grant(sched: Any, holding_id: str, affinity: Any) -> None:
+    """A grant runs where its request asked: inside a bundle of the group (and the bundle
+    index) its affinity names, and outside every bundle otherwise."""
+    from yrdask.protocol import bundle_target
+
+    ledger = _ledger(sched.queue)
+    h = ledger.holdings.get(holding_id)
+    if h is None:
+        return
+    target = bundle_target(affinity) if affinity else None
+    if target is None:
+        assert not getattr(h, "bundle", ""), \
+            f"groups: {holding_id} asked for no bundle but was granted in {h.bundle}"
+        return
+    group, index = target
+    b = ledger.holdings.get(h.bundle) if h.bundle else None
+    where = sched.rgm.by_holding.get(h.bundle) if sched.rgm is not None else None
+    assert b is not None and b.kind == "bundle" and where is not None \
+        and where[0] == group and index in (-1, where[1]), \
+        f"groups: {holding_id} asked for bundle {index} of {group} but was granted in " \
+        f"{h.bundle or 'no bundle'} ({where})"
+
+
+def check_groups(rgm: Any, removed: Any = ()) -> None:
+    """Resource groups against the ledger, from the holdings themselves:
+
+    * what runs in a bundle sits on the bundle's node, inside a bundle the ledger holds, and
+      all of it together stays within the bundle's reservation (lent CPU not counted);
+    * every bundle holding belongs to a live group; a removed group (``removed``: the
+      scheduler handled its removal) reserves nothing and nothing runs in it;
+    * a group is ready (created) only when every bundle is reserved, as its strategy says.
+    """
+    from yrdask.protocol import RG_CREATED, RG_REMOVED
+
+    ledger = rgm.ledger
+    holdings = ledger.holdings
+    used: dict[str, dict[str, float]] = {}
+    for hid, h in holdings.items():
+        if h.kind == "bundle":
+            g = rgm.groups.get(h.label)
+            assert g is not None and g.state != RG_REMOVED, \
+                f"groups: bundle {hid} still reserved for removed group {h.label}"
+            continue
+        if not getattr(h, "bundle", ""):
+            continue
+        b = holdings.get(h.bundle)
+        assert b is not None and b.kind == "bundle", \
+            f"groups: {h.kind} {hid} runs in bundle {h.bundle}, which holds nothing"
+        assert (getattr(h, "node", "") or h.worker) == (getattr(b, "node", "") or b.worker), \
+            f"groups: {hid} runs on {h.worker}, its bundle {h.bundle} is on {b.worker}"
+        u = used.setdefault(h.bundle, {})
+        for r, a in h.shape.items():
+            if r == "CPU" and h.lent_cpu:
+                continue
+            u[r] = u.get(r, 0.0) + a
+    for bid, u in used.items():
+        offer = holdings[bid].shape
+        for r, a in u.items():
+            assert a <= offer.get(r, 0.0) + EPS, \
+                f"groups: bundle {bid} reserves {r}={offer.get(r, 0.0):g} but what runs in " \
+                f"it holds {a:g}: {sorted(h for h, x in holdings.items() if x.bundle == bid)}"
+    for name in removed:
+        g = rgm.groups.get(name)
+        assert g is None or g.state == RG_REMOVED, f"groups: {name} removed but {g.state}"
+    for g in rgm.groups.values():
+        if g.state != RG_CREATED:
+            continue
+        nodes = []
+        for b in g.bundles:
+            h = holdings.get(b.holding_id) if b.holding_id else None
+            assert h is not None and h.kind == "bundle" and h.label == g.name, \
+                f"groups: {g.name} is ready but bundle {b.index} is not reserved"
+            nodes.append(getattr(h, "node", "") or h.worker)
+        if g.strategy == "STRICT_SPREAD":
+            assert len(set(nodes)) == len(nodes), f"groups: STRICT_SPREAD {g.name} on {nodes}"
+        elif g.strategy == "STRICT_PACK":
+            assert len(set(nodes)) <= 1, f"groups: STRICT_PACK {g.name} on {nodes}"
+
+
 def ledger_summary(queue: Any) -> str:
     ledger = _ledger(queue)
     parts = []
@@ -191,6 +271,13 @@ def leftovers(world: Any) -> list[str]:
         for r, a in ws.held.items():
             if abs(a) > EPS:
                 out.append(f"{w} still holds {r}={a:g}")
+    rgm = getattr(world.sched, "rgm", None)
+    if rgm is not None:
+        from yrdask.protocol import RG_REMOVED
+
+        live = [g.name for g in rgm.groups.values() if g.state != RG_REMOVED]
+        if live:
+            out.append(f"resource groups {live} outlive their owner's job")
     pend = pending_requests(queue)
     if pend:
         out.append(f"scheduler requests still pending: {pend}")
@@ -212,7 +299,7 @@ def stories(world: Any, keys: tuple) -> list[str]:
     """The machines' story entries about ``keys`` (each machine's own format)."""
     out = []
     for node in world.nodes.values():
-        for machine_name in ("queue", "submit", "gate"):
+        for machine_name in ("queue", "submit", "gate", "rgm"):
             m = getattr(node, machine_name, None)
             if m is None:
                 continue

@@ -47,6 +47,32 @@ def _filter_out(cls: Any, instruction: str, patch: Patch, double: bool = False) 
 # -- the mutations ---------------------------------------------------------------------------
 
 
+def _group_removal_keeps_leases(patch: Patch) -> None:
+    from yrdask.scheduler.groups import GroupMachine
+
+    real = GroupMachine._remove
+
+    def remove(self, g, reason, sid, out):
+        ledger = self.ledger
+        release = ledger.release
+
+        def keep_leases(holding_id):  # the leases running in its bundles stay held
+            h = ledger.holdings.get(holding_id)
+            return None if h is not None and h.kind == "lease" else release(holding_id)
+        ledger.release = keep_leases
+        try:
+            return real(self, g, reason, sid, out)
+        finally:
+            del ledger.release
+    patch(GroupMachine, "_remove", remove)
+
+
+def _bundle_fit_ignores_use(patch: Patch) -> None:
+    from yrdask.scheduler.groups import GroupMachine
+
+    patch(GroupMachine, "remaining", lambda self, b: dict(b.shape))
+
+
 def _fits_ever(patch: Patch) -> None:
     from yrdask.scheduler import resources as R
 
@@ -294,6 +320,7 @@ GATE_V = ("yrdask.worker.lease_gate", "LeaseGate")
 CO_V = ("yrdask.runtime.call_order", "CallOrder")
 LC_V = ("yrdask.scheduler.lifecycle", "Lifecycle")
 CQ_V = ("yrdask.worker.call_queue", "CallQueue")
+RG_V = ("yrdask.scheduler.groups", "GroupMachine")
 
 MUTATIONS: list[Mutation] = [
     Mutation("ledger-fits-ever", "tasks",
@@ -338,6 +365,12 @@ MUTATIONS: list[Mutation] = [
     Mutation("task-side-end-not-told", "tasks",
              "the worker's task side (TaskSide, production code) does not tell the lease gate "
              "that a task ended (its slot stays taken)", _end_not_told, 200),
+    Mutation("group-removal-keeps-leases", "tasks",
+             "removing a resource group leaves the leases that ran in its bundles held",
+             _group_removal_keeps_leases, 100, (RG_V,)),
+    Mutation("bundle-fit-ignores-use", "tasks",
+             "a request for a bundle fits against its whole reservation, not what is left of it",
+             _bundle_fit_ignores_use, 100, (RG_V,)),
     Mutation("calls-requeue-behind", "calls",
              "calls lost with a worker are redelivered behind the queued ones (order)",
              _requeue_behind, 3000, (CO_V,)),

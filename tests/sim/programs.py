@@ -36,6 +36,8 @@ class Program:
     slots: int = 1  # the shape's concurrency
     timeout_ms: int = 30000
     max_crashes: int | None = None  # reruns after lost workers (None: the queue's bound)
+    group: str | None = None  # leaves: runs in this resource group's bundle (scenario.py)
+    bundle: int = -1  # the bundle index (-1: any bundle of the group)
 
     @property
     def leaf(self) -> bool:

@@ -19,6 +19,20 @@ class DriverPlan:
 
 
 @dataclass
+class GroupPlan:
+    """A resource group the first driver creates at ``at`` (``yr.create_resource_group``),
+    then runs ``progs`` (leaves) in its bundles; removed at ``remove_at`` (or with the
+    driver's job, if that ends first)."""
+
+    name: str
+    bundles: list[dict]
+    strategy: str
+    at: float
+    remove_at: float
+    progs: list[Program]
+
+
+@dataclass
 class Scenario:
     seed: int
     workers: list[tuple[str, dict]]
@@ -26,6 +40,7 @@ class Scenario:
     faults: list[tuple[float, str]]
     replace: bool
     sq_kwargs: dict
+    groups: list[GroupPlan] = field(default_factory=list)
 
     def describe(self) -> str:
         lines = [f"seed {self.seed}: workers "
@@ -39,6 +54,10 @@ class Scenario:
                 lines.append(f"  {d.name} exits at {d.exit_at:.3f} s")
             for t, i in d.cancels:
                 lines.append(f"  {d.name} cancels its task #{i} at {t:.3f} s")
+        for g in self.groups:
+            lines.append(f"  d0 at {g.at:.3f} s creates group {g.name} ({g.strategy}) of "
+                         f"{g.bundles}, runs {len(g.progs)} tasks in it, removes it at "
+                         f"{g.remove_at:.3f} s")
         for t, what in self.faults:
             lines.append(f"  fault at {t:.3f} s: {what}")
         return "\n".join(lines)
@@ -82,5 +101,43 @@ def make_scenario(seed: int) -> Scenario:
     sq_kwargs = {"max_crash_retries": rng.choice([1, 3]),
                  "max_pending_requests": rng.choice([1, 4]),
                  "lease_idle_s": 1.0}
-    return Scenario(seed, workers, drivers, faults, rng.random() < 0.5 or nworkers == 1,
-                    sq_kwargs)
+    sc = Scenario(seed, workers, drivers, faults, rng.random() < 0.5 or nworkers == 1,
+                  sq_kwargs)
+    sc.groups = _groups(seed, sc)
+    return sc
+
+
+GROUP_SEEDS = 8  # one task seed in GROUP_SEEDS runs resource groups
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def _groups(seed: int, sc: Scenario) -> list[GroupPlan]:
+    """Resource groups of a seed, from a generator of their own (the other draws stay put);
+    in some of them a worker dies while the groups live (bundles lost and placed again)."""
+    if seed % GROUP_SEEDS != 2:
+        return []
+    rng = random.Random(seed * 31 + 7)
+    if rng.random() < 0.3:
+        sc.faults.append((rng.uniform(0.0, 2.5), "kill"))
+    plans = []
+    for k in range(rng.choice([1, 1, 2])):
+        nb = rng.randint(1, 3)
+        bundles = [{"CPU": float(rng.choice([500, 1000])), "Memory": 500.0} for _ in range(nb)]
+        at = rng.uniform(0.0, 1.0)
+        # always removed, often while its tasks run: a group that kept its reservations
+        # until the driver ends would starve the other tasks past their timeouts
+        remove_at = at + rng.uniform(0.0, 2.0) if rng.random() < 0.6 else at + 3.0
+        progs = []
+        for i in range(rng.randint(1, 6)):
+            prog = Program(f"g{k}.{i}", rng.randrange(1000), _group_duration(rng),
+                           group=f"g{k}", bundle=rng.randrange(-1, nb))
+            if rng.random() < 0.1:
+                prog.retries, prog.fail_first = 1, 1
+            progs.append(prog)
+        plans.append(GroupPlan(f"g{k}", bundles, rng.choice(STRATEGIES), at, remove_at, progs))
+    return plans
+
+
+def _group_duration(rng: random.Random) -> float:
+    r = rng.random()
+    return rng.uniform(0.2, 2.0) if r < 0.3 else rng.uniform(0.0005, 0.05)

@@ -21,13 +21,16 @@ pytestmark = pytest.mark.timeout(120)
 def test_at_least_ten_mutations_across_machines():
     assert len(MU.MUTATIONS) >= 10
     targets = {cls for m in MU.MUTATIONS for _mod, cls in m.validate_off}
-    assert {"LeaseQueue", "SubmitQueue", "LeaseGate", "CallOrder", "Lifecycle"} <= targets
+    assert {"LeaseQueue", "SubmitQueue", "LeaseGate", "CallOrder", "Lifecycle",
+            "GroupMachine"} <= targets
     names = {m.name for m in MU.MUTATIONS}
     assert {"ledger-fits-ever", "lost-worker-leases-kept"} <= names
     # the production adapters the simulation drives are mutated too
     assert {"adapter-serves-gone-requester", "submitter-retryable-as-final",
             "submitter-channel-lost-ignored", "task-side-keeps-bounced",
             "task-side-end-not-told"} <= names
+    # resource groups: a removal that leaves leases in its bundles, a bundle over-committed
+    assert {"group-removal-keeps-leases", "bundle-fit-ignores-use"} <= names
 
 
 def test_mutations_reach_the_production_adapters():

@@ -109,6 +109,13 @@ class SchedNode(Node):
         self.jobs: set[str] = set()  # drivers whose job stream is open (extension.jobs)
         self.workers: set[str] = set()  # workers not removed (scheduler.workers)
         self.service = LeaseService(_SchedEdge(world, self), self.queue)
+        # resource groups: the production group adapter's decisions (group_adapter.py)
+        self.groups = None
+        if world.sc.groups:
+            from yrdask.scheduler.group_adapter import GroupService
+
+            self.groups = GroupService(_GroupEdge(world, self), self.queue)
+        self.rgm = self.groups.machine if self.groups is not None else None
 
 
 class _SchedEdge:
@@ -142,6 +149,31 @@ class _SchedEdge:
 
     def after_feed(self) -> None:
         self.world.touched.append(self.sched)
+        if self.sched.groups is not None:  # as extension._LoopEdge: capacity may have changed
+            self.sched.groups.after_feed()
+
+
+class _GroupEdge:
+    """The group service's I/O edge in the simulation (as ``group_adapter._LoopGroupEdge``):
+    the lease service, the links; the task world has no instances to kill."""
+
+    def __init__(self, world: "World", sched: SchedNode) -> None:
+        self.world = world
+        self.sched = sched
+
+    def grant_pending(self) -> None:
+        self.sched.service.tick()
+
+    def kill_instance(self, instance_id: str, reason: str) -> None:
+        raise AssertionError(f"no instances in the task world, yet {instance_id} ran in a "
+                             f"group: {reason}")
+
+    def send_to_owner(self, owner: str, msg: dict) -> None:
+        self.world.group_revoked.update(msg.get("lease_ids", ()))
+        self.sched.service.edge.send_to_owner(owner, msg)
+
+    def group_settled(self, group: str) -> None:
+        self.world.say(SCHED, ("group settled", group), group)
 
 
 class _SimEntry:
@@ -320,6 +352,8 @@ class World:
         self.touched: list = []
         self.reclaimed: set[str] = set()  # leases ever unblocked (check_capacity)
         self.shrunk: set[str] = set()  # holdings on a node when it lost a process
+        self.group_revoked: set[str] = set()  # leases revoked by a group's removal
+        self.removed_groups: set[str] = set()  # groups whose removal the scheduler handled
         self.sched = SchedNode(self)
         self.nodes[SCHED] = self.sched
         for name, cap in scenario.workers:
@@ -335,6 +369,10 @@ class World:
                 self.timer(d.exit_at, d.name, "exit", None)
             for t, index in d.cancels:
                 self.timer(t, d.name, "cancel", index)
+        for g in scenario.groups:  # the first driver creates them, then runs tasks in them
+            d0 = self.nodes[scenario.drivers[0].name]
+            d0.planned += 1
+            self.timer(g.at, d0.name, "rg-create", g)
         for t, what in scenario.faults:
             self.timer(t, SCHED, what, None)
 
@@ -460,6 +498,15 @@ class World:
                 if not rec.settled:
                     self.say(name, ("cancel", rec.task_id), rec.task_id)
                     self.cancel(node, rec.task_id)
+        elif kind == "rg-create":  # yr.create_resource_group: an rpc, answered at once
+            if not node.closed:
+                self.send(name, SCHED, f"rpc:{name}/rg-{data.name}", {
+                    "op": "CREATE_RG", "name": data.name, "bundles": data.bundles,
+                    "strategy": data.strategy})
+        elif kind == "rg-remove":  # yr.remove_resource_group
+            if not node.closed:
+                self.send(name, SCHED, f"rpc:{name}/rg-rm-{data.name}", {
+                    "op": "REMOVE_RG", "name": data.name})
         elif kind == "kill":
             self.kill_random_worker()
         elif kind == "join":
@@ -522,6 +569,7 @@ class World:
                     return
                 try:
                     M.check_grant(self.sched.queue, result[0])
+                    M.check_bundle_grant(self.sched, result[0], req.affinity)
                 except AssertionError as e:
                     raise SimFailure(str(e), self, (result[0],)) from e
                 self.send(SCHED, src, chan, {"op": "GRANT", "request_id": own_id,
@@ -537,6 +585,17 @@ class World:
         elif op == "OWNER_GONE":  # connect_job's finally
             self.sched.jobs.discard(src)
             service.owner_gone(src)
+            if self.sched.groups is not None:
+                self.sched.groups.on_owner_gone(src)
+        elif op == "CREATE_RG":  # group_adapter.create_resource_group
+            why = self.sched.groups.create(src, msg["name"], msg["bundles"], msg["strategy"])
+            if why:
+                raise SimFailure(f"group {msg['name']} refused: {why}", self, (msg["name"],))
+            self.send(SCHED, src, f"rpc:{src}/rg-{msg['name']}", {"op": "RG_CREATED",
+                                                                  "name": msg["name"]})
+        elif op == "REMOVE_RG":  # group_adapter.remove_resource_group
+            self.removed_groups.add(msg["name"])
+            self.sched.groups.remove(msg["name"])
         elif op == "WORKER_JOINED":
             self.sched.workers.add(msg["worker"])
             service.worker_joined(msg["worker"], dict(msg["capacity"]),
@@ -546,6 +605,8 @@ class World:
             self.sched.workers.discard(w)
             self.shrunk |= M.shrinking(self.sched.queue, w)  # its node's pool shrinks
             service.worker_left(w)
+            if self.sched.groups is not None:  # groups code on that worker created
+                self.sched.groups.on_owner_gone(w)
             for name, node in self.nodes.items():
                 if name != SCHED and name != w and node.alive:
                     self.send(SCHED, name, "stream", {"op": "WORKER_LOST", "worker": w})
@@ -562,9 +623,10 @@ class World:
         self.tasks[task_id] = TaskRec(task_id, node.name, prog, parent, top=top)
         self.say(node.name, ("submit", prog.path), task_id)
         name = f"f{prog.path}"
+        affinity = P.bundle_wire(prog.group, prog.bundle) if prog.group is not None else ()
         task = Task(task_id, name, b"", name, b"", [], [_SimEntry(self, node, task_id)],
                     [f"{task_id}.0"], 1, dict(prog.shape),
-                    (prog.shape, prog.timeout_ms, prog.slots, ()), prog.timeout_ms,
+                    (prog.shape, prog.timeout_ms, prog.slots, affinity), prog.timeout_ms,
                     prog.retries, node.name, max_crashes=prog.max_crashes)
         self.touched.append(node)
         node.submitter.submit(task)
@@ -583,6 +645,12 @@ class World:
             submitter.revoke(list(msg["lease_ids"]))
         elif op in ("WORKER_LOST", "CHANNEL_LOST"):
             submitter.on_channel_lost(msg["worker"])
+        elif op == "RG_CREATED":  # create_resource_group returned: run tasks in the group
+            node.planned -= 1
+            g = next(g for g in self.sc.groups if g.name == msg["name"])
+            for prog in g.progs:
+                node.tops.append(self.submit(node, prog, None, top=True))
+            self.timer(max(self.now, g.remove_at), node.name, "rg-remove", g)
         else:
             raise AssertionError(f"unknown message to {node.name}: {msg}")
 
@@ -630,6 +698,14 @@ class World:
             if not rec.cancelled and not _cancel_below(self, rec):
                 raise SimFailure(f"task {rec.task_id} failed with {got!r} but was never "
                                  "cancelled", self, (rec.task_id,))
+        elif isinstance(got, ScheduleError) and rec.prog.group is not None:
+            # refused in its group: removed (the right error names it), or never placed
+            g = rec.prog.group
+            removed = f"resource group {g!r} does not exist (removed: " in str(got)
+            if not (removed and g in self.removed_groups
+                    or f"waits for resource group {g!r}" in str(got)):
+                raise SimFailure(f"task {rec.task_id} ({rec.prog.path}) in group {g} refused "
+                                 f"with the wrong error: {got}", self, (rec.task_id, g))
         elif isinstance(got, ScheduleError):
             if want != "schedule":
                 raise SimFailure(f"task {rec.task_id} ({rec.prog.path}) refused: {got}", self,
@@ -845,6 +921,9 @@ class World:
                     node.queue.validate()
                     M.check_ledger(node.queue)
                     M.check_capacity(node.queue, self.reclaimed, self.shrunk)
+                    if node.rgm is not None:
+                        node.rgm.validate()
+                        M.check_groups(node.rgm, self.removed_groups)
                 else:
                     if not node.closed:
                         node.submit.validate()
@@ -915,12 +994,13 @@ class World:
         for name in live:
             node = nodes[name]
             for lid, lease in getattr(node.submit, "leases", {}).items():
-                if lid not in holdings and lease.worker in live and lease.worker in workers:
+                if lid not in holdings and lease.worker in live and lease.worker in workers \
+                        and lid not in self.group_revoked:
                     suspects.append(("submitter holds, ledger does not", lid, name))
             if node.worker:
                 for tid, run in node.runs.items():
                     if run.lease_id not in holdings and run.phase != "done" \
-                            and run.caller in live:
+                            and run.caller in live and run.lease_id not in self.group_revoked:
                         suspects.append(("runs under a lease the ledger lost", run.lease_id,
                                          f"{name}:{tid}"))
         if not suspects:
