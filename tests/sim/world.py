@@ -702,8 +702,9 @@ class World:
             # refused in its group: removed (the right error names it), or never placed
             g = rec.prog.group
             removed = f"resource group {g!r} does not exist (removed: " in str(got)
-            if not (removed and g in self.removed_groups
-                    or f"waits for resource group {g!r}" in str(got)):
+            late = (f"waits for resource group {g!r}" in str(got)  # at its deadline
+                    or f"does not fit into resource group {g!r}" in str(got))
+            if not (removed and g in self.removed_groups or late and not removed):
                 raise SimFailure(f"task {rec.task_id} ({rec.prog.path}) in group {g} refused "
                                  f"with the wrong error: {got}", self, (rec.task_id, g))
         elif isinstance(got, ScheduleError):
