@@ -14,7 +14,9 @@ worker the production submitter (``runtime/submitter.py``'s ``Submitter``, as th
 does) and every worker the agent's task side (``worker/task_side.py``'s ``TaskSide``, as
 ``worker/agent.py`` does), each on a simulated edge: what is left here is I/O (links,
 virtual-time timers) and the user code (programs that compute, block in ``yr.get`` and
-submit children).
+submit children).  In the seeds with resource groups (``scenario.GROUP_SEEDS``) the scheduler
+also runs the group machine and its adapter's decisions (``group_adapter.GroupService``), and
+the first driver creates groups, runs tasks into their bundles and removes them.
 """
 
 from __future__ import annotations
