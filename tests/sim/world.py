@@ -113,7 +113,7 @@ class SchedNode(Node):
         self.service = LeaseService(_SchedEdge(world, self), self.queue)
         # resource groups: the production group adapter's decisions (group_adapter.py)
         self.groups = None
-        if world.sc.groups:
+        if world.sc.groups and hasattr(self.queue, "bundles"):  # (the stand-ins have none)
             from yrdask.scheduler.group_adapter import GroupService
 
             self.groups = GroupService(_GroupEdge(world, self), self.queue)
@@ -371,7 +371,8 @@ class World:
                 self.timer(d.exit_at, d.name, "exit", None)
             for t, index in d.cancels:
                 self.timer(t, d.name, "cancel", index)
-        for g in scenario.groups:  # the first driver creates them, then runs tasks in them
+        self.groups = scenario.groups if self.sched.groups is not None else []
+        for g in self.groups:  # the first driver creates them, then runs tasks in them
             d0 = self.nodes[scenario.drivers[0].name]
             d0.planned += 1
             self.timer(g.at, d0.name, "rg-create", g)
@@ -649,7 +650,7 @@ class World:
             submitter.on_channel_lost(msg["worker"])
         elif op == "RG_CREATED":  # create_resource_group returned: run tasks in the group
             node.planned -= 1
-            g = next(g for g in self.sc.groups if g.name == msg["name"])
+            g = next(g for g in self.groups if g.name == msg["name"])
             for prog in g.progs:
                 node.tops.append(self.submit(node, prog, None, top=True))
             self.timer(max(self.now, g.remove_at), node.name, "rg-remove", g)
