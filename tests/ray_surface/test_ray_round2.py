@@ -158,7 +158,9 @@ def test_runtime_context_names_and_ids(ray_env, tmp_path):
     assert ray.get(a.async_names.remote()) == "Named.async_names"
     assert ray.get(a.names.options(name="renamed").remote())[0] == "renamed"
     ctx = ray.get_runtime_context()
-    assert ctx.get_task_name() is None and ctx.node_id.hex() == ctx.get_node_id()
+    assert ctx.get_task_name() is None
+    with pytest.warns(DeprecationWarning, match="Use get_node_id"):  # Ray's deprecated form
+        assert ctx.node_id.hex() == ctx.get_node_id()
     # in a driver, Ray's get() leaves task_id and actor_id out rather than None
     assert set(ctx.get()) == {"job_id", "node_id", "namespace"}
     start, out = tmp_path / "started", tmp_path / "out"
