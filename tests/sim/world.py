@@ -210,9 +210,8 @@ class _SimTimer:
         self.cancelled = True
 
 
-class _ProcEdge:
-    """The submitter's I/O edge in the simulation (as ``submitter.RuntimeEdge``): the virtual
-    clock and timers, the links to the scheduler and the workers."""
+class _NodeEdge:
+    """What a process's simulated edges share: the virtual clock and its timers."""
 
     __slots__ = ("world", "node")
 
@@ -223,13 +222,20 @@ class _ProcEdge:
     def now(self) -> float:
         return self.world.now
 
-    def call_soon(self, fn: Any, arg: Any) -> None:
-        self.world.timer(self.world.now, self.node.name, "call", _SimTimer(fn, (arg,)))
-
     def call_at(self, at: float, fn: Any) -> _SimTimer:
         handle = _SimTimer(fn, ())
         self.world.timer(max(at, self.world.now), self.node.name, "call", handle)
         return handle
+
+
+class _ProcEdge(_NodeEdge):
+    """The submitter's I/O edge in the simulation (as ``submitter.RuntimeEdge``): the virtual
+    clock and timers, the links to the scheduler and the workers."""
+
+    __slots__ = ()
+
+    def call_soon(self, fn: Any, arg: Any) -> None:
+        self.world.timer(self.world.now, self.node.name, "call", _SimTimer(fn, (arg,)))
 
     def request_lease(self, ins: Any, near: str | None, answer: Any) -> None:
         name = self.node.name  # the answer comes back as GRANT / REFUSE (proc_message)
@@ -278,27 +284,17 @@ class _ProcEdge:
                          self.world, (getattr(ins, "task_id", ""),)) from error
 
 
-class _TaskEdge:
+class _TaskEdge(_NodeEdge):
     """The worker task side's I/O edge in the simulation (as ``agent._AgentEdge``): tasks
     compute in virtual time, answers travel on the call links."""
 
-    __slots__ = ("world", "node")
-
-    def __init__(self, world: "World", node: "ProcNode") -> None:
-        self.world = world
-        self.node = node
-
-    def now(self) -> float:
-        return self.world.now
+    __slots__ = ()
 
     def start(self, run: Run) -> None:
         self.world.start(self.node, run)
 
     def reply(self, run: Run, msg: dict) -> None:
         self.world.send(self.node.name, run.caller, "call", msg)
-
-    def call_at(self, at: float, fn: Any) -> None:
-        self.world.timer(max(at, self.world.now), self.node.name, "call", _SimTimer(fn, ()))
 
     def exit_process(self, run: Run) -> None:
         raise AssertionError("cancel(force=True) is not simulated")
