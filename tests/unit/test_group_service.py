@@ -10,6 +10,7 @@ from yrdask import protocol as P
 from yrdask.scheduler.group_adapter import GroupService
 from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest
+from tests.unit.recording_edges import LeaseRecorder
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -17,35 +18,18 @@ W1, W2 = "tcp://w1:1", "tcp://w2:1"
 HALF = {"CPU": 500.0, "Memory": 100.0}
 
 
-class Edge:
-    """Both edges at once: the lease service's and the group service's."""
+class Edge(LeaseRecorder):
+    """Both edges at once: the lease service's (recording) and the group service's."""
 
     def __init__(self) -> None:
-        self.jobs = {"d1"}
-        self.workers: set[str] = set()
-        self.sent: list[tuple[str, dict]] = []
+        super().__init__(jobs={"d1"})
         self.settled: list[str] = []
         self.grants = 0
         self.groups: GroupService | None = None
         self.leases: LeaseService | None = None
 
-    # LeaseEdge
-    def now(self) -> float:
-        return 0.0
-
-    def call_at(self, at, fn) -> None:
-        pass
-
-    def send_to_owner(self, owner, msg) -> None:
-        self.sent.append((owner, msg))
-
-    def has_job(self, owner) -> bool:
-        return owner in self.jobs
-
-    def is_worker(self, owner) -> bool:
-        return owner in self.workers
-
     def after_feed(self) -> None:
+        super().after_feed()
         if self.groups is not None:
             self.groups.after_feed()
 

@@ -8,6 +8,7 @@ import pytest
 from yrdask import protocol as P
 from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest
+from tests.unit.recording_edges import LeaseRecorder
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -15,37 +16,9 @@ W1, W2 = "tcp://w1:1", "tcp://w2:1"
 CPU1 = {"CPU": 1000.0, "Memory": 100.0}
 
 
-class Edge:
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.jobs = {"d1", "d2"}
-        self.workers = {W1, W2}
-        self.sent: list[tuple[str, dict]] = []
-        self.timers: list[tuple[float, object]] = []
-        self.feeds = 0
-
-    def now(self) -> float:
-        return self.t
-
-    def call_at(self, at, fn) -> None:
-        self.timers.append((at, fn))
-
-    def send_to_owner(self, owner, msg) -> None:
-        self.sent.append((owner, msg))
-
-    def has_job(self, owner) -> bool:
-        return owner in self.jobs
-
-    def is_worker(self, owner) -> bool:
-        return owner in self.workers
-
-    def after_feed(self) -> None:
-        self.feeds += 1
-
-
 @pytest.fixture
 def svc():
-    s = LeaseService(Edge())
+    s = LeaseService(LeaseRecorder(jobs={"d1", "d2"}, workers={W1, W2}))
     s.worker_joined(W1, {"CPU": 1000.0, "Memory": 4000.0})
     return s
 
