@@ -7,11 +7,14 @@ scheduler runs the ``Lifecycle`` through the ``InstanceService``
 over the ``LeaseQueue`` through the ``LeaseService`` (``scheduler/lease_service.py``),
 whose ledger also serves the drivers' task leases, so instances and leases compete for the
 same resources.  Each adapter runs on a simulated edge (``_RouterEdge``, ``_InstanceEdge``,
-``_CallEdge``).  Workers host instances as ``worker/agent.py`` and ``worker/hosting.py``
-do: each hosted instance's ``CallQueue`` (``worker/call_queue.py``, production code)
-decides which calls run (none before ``__init__``, at most ``concurrency`` at once, in
-arrival order); a started call returns later, so calls run side by side; calls that come
-before ``START_INSTANCE`` wait, a stopped instance answers "died".
+``_CallEdge``).  Every worker runs the agent's instance side (``InstanceSide``,
+``worker/instance_side.py``) on a simulated edge (``_HostEdge``): a ``START_INSTANCE`` that
+its stop overtook is ignored, calls that beat their start wait, a stopped instance answers
+"died".  Each hosted instance is a ``HostedCalls`` (the decisions of ``worker/hosting.py``)
+on simulated executors (``SimHosted``), over its ``CallQueue`` (none before ``__init__``,
+at most ``concurrency`` at once, in arrival order); a started call returns later, so calls
+run side by side; calls of an async instance's off-loop method (Ray's concurrency groups)
+start outside the queue; a driver may cancel a call (Ray's cancel of an actor task).
 
 Links are FIFO per (sender, receiver, channel): the job and worker streams keep order, each
 rpc (create, locate, kill, stop, lease request) travels on a connection of its own, so rpcs
@@ -47,7 +50,7 @@ from collections import deque
 from typing import Any
 
 from yrdask import protocol as P
-from yrdask.errors import CallCrashedError, InstanceDiedError, ScheduleError
+from yrdask.errors import CallCrashedError, CancelledError, InstanceDiedError, ScheduleError
 from yrdask.runtime import call_order as C
 from yrdask.runtime.call_router import CallRouter
 from yrdask.scheduler import leases as LQ
@@ -56,7 +59,7 @@ from yrdask.scheduler import lifecycle as L
 from yrdask.scheduler.instance_service import InstanceService
 from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest
-from yrdask.worker.call_queue import CallQueue
+from yrdask.worker.instance_side import HostedCalls, InstanceSide
 
 from tests.sim import machines as M
 from tests.sim.world import SimFailure
@@ -101,10 +104,80 @@ class Proc:
         self.exiting = False
         self.exit_at = 0.0
         self.abrupt = False
-        # workers
-        self.hosted: dict[str, dict] = {}  # iid -> {inc, queue, ready, stopped, running}
-        self.early: dict[str, list] = {}  # iid -> calls that came before its START
-        self.ended: dict[str, str] = {}  # iid -> why it was stopped here
+        # workers: the agent's instance side (worker/instance_side.py), set by the world
+        self.side: InstanceSide | None = None
+        self.incs: dict[tuple, "SimHosted"] = {}  # (iid, incarnation) -> hosted here ever
+        self.ran: set[str] = set()  # calls whose method began here
+        self.unrun_cancels: set[str] = set()  # calls cancelled here before they began
+
+    @property
+    def hosted(self) -> dict[str, "SimHosted"]:
+        """The instances this worker hosts now (its instance side's)."""
+        return self.side.instances if self.side is not None else {}
+
+
+class SimHosted(HostedCalls):
+    """One hosted instance: ``HostedCalls`` (production code, ``worker/instance_side.py``)
+    on simulated executors, as ``worker/hosting.py``'s ``HostedInstance`` is on threads and
+    event loops: a started call is a message to self (``RUN``: the method begins), and it
+    returns later (``FINISH``)."""
+
+    def __init__(self, world: "CallWorld", w: Proc, iid: str, inc: int, conc: int) -> None:
+        super().__init__(conc)
+        self.world, self.w, self.iid, self.inc, self.conc = world, w, iid, inc, conc
+        self.ready = False  # the world's own record: __init__ finished
+        self.running: set[str] = set()  # calls the queue started, now running
+        self.side_running: set[str] = set()  # off-loop calls running
+        self.results: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"<hosted {self.iid}.{self.inc} on {self.w.name}>"
+
+    def _start(self, item: tuple) -> None:
+        self.world.admit(self, item[1]["task_id"], False)
+
+    def _start_side(self, item: tuple) -> None:
+        self.world.admit(self, item[1]["task_id"], True)
+
+    def _answer_died(self, peer: Any, call_id: str) -> None:
+        self.world.send(self.w.name, peer, "call",
+                        ("DONE", call_id, ("died", f"{self.iid} has ended: {self.stopped}")))
+
+    def _answer_init_error(self, call_id: str) -> None:  # pragma: no cover - __init__ never fails here
+        peer = self.answered(call_id)
+        if peer is not None:
+            self.world.send(self.w.name, peer, "call", ("DONE", call_id, ("init-error",)))
+
+    def _answer_cancelled(self, call_id: str) -> None:
+        peer = self.answered(call_id)
+        if peer is not None:
+            self.world.send(self.w.name, peer, "call", ("DONE", call_id, ("cancelled",)))
+
+    def _interrupt(self, call_id: str) -> None:
+        pass  # a running call runs on to its answer (a sync method; Ray's cancel)
+
+
+class _HostEdge:
+    """A worker agent's instance side edge (as ``agent._InstanceEdge``): hosting is a
+    ``SimHosted``, answers are links."""
+
+    def __init__(self, world: "CallWorld", w: Proc) -> None:
+        self.world, self.w = world, w
+
+    def host(self, spec: dict, running: Any) -> SimHosted:
+        w, world = self.w, self.world
+        iid, inc, conc = spec["instance_id"], spec["incarnation"], spec["concurrency"]
+        h = w.incs[(iid, inc)] = SimHosted(world, w, iid, inc, conc)
+        world.say(w.name, "hosts", iid, inc, f"concurrency {conc}")
+        world.send(w.name, w.name, f"init-{iid}", ("INIT", iid, inc))
+        return h
+
+    def died(self, peer: Any, msg: dict, why: str) -> None:
+        self.world.send(self.w.name, peer, "call",
+                        ("DONE", msg["task_id"], ("died", f"{msg['instance_id']} has ended: {why}")))
+
+    def ignored_start(self, instance_id: str) -> None:
+        self.world.say(self.w.name, "start ignored, stopped before", instance_id)
 
 
 class _RouterEdge:
@@ -121,8 +194,12 @@ class _RouterEdge:
         if rec["answered"]:
             w.fail(f"call {ins.call_id} sent again after its answer arrived")
         rec["sent"] += 1
+        rec["sent_to"] = ins.worker
         w.say(pname, "send", ins.call_id, ins.instance_id, ins.worker)
-        w.send(pname, ins.worker, "call", ("CALL", ins.call_id, ins.instance_id, pname))
+        w.send(pname, ins.worker, "call", ("CALL", ins.call_id, ins.instance_id, pname,
+                                           rec["method"]))
+        if rec["cancelled"]:  # cancelled before it left (InstanceRouter.send_call)
+            w.send(pname, ins.worker, "call", ("CANCEL", ins.call_id))
 
     def call_succeeded(self, call_id: str) -> None:
         self.world.settled(self.pname, call_id, None)
@@ -316,8 +393,9 @@ class CallWorld:
             self.jobs.add(d.name)
             t = 0.0
             plan = ["create"] + rng.choices(
-                ["create", "call", "spawn", "pass", "drop", "kill", "lease", "save", "abrupt"],
-                [14, 40, 8, 6, 6, 4, 10, 3, 1], k=rng.randint(4, 24))
+                ["create", "call", "spawn", "pass", "drop", "kill", "lease", "save", "cancel",
+                 "abrupt"],
+                [14, 40, 8, 6, 6, 4, 10, 3, 4, 1], k=rng.randint(4, 24))
             for action in plan:
                 t += rng.expovariate(1 / 0.3)
                 self.timer(t, "plan", (d.name, action))
@@ -369,6 +447,7 @@ class CallWorld:
         self.nworkers += 1
         self.procs[w.name] = w
         w.router = CallRouter(_RouterEdge(self, w.name), w.order)
+        w.side = InstanceSide(_HostEdge(self, w))  # the agent's instance side
         cap = {"CPU": float(self.rng.choice([1000, 2000, 4000])), "Memory": 4000.0}
         self.registered.add(w.name)
         # Nodes are hosts (docs/nodes.md): in odd seeds the workers pair up on hosts.
@@ -402,7 +481,10 @@ class CallWorld:
                 self.arrived_tokens.add(token)
                 self.add_handle(pname, child_iid)
             return
-        if isinstance(err, ArgBoom):
+        if isinstance(err, CancelledError):  # InstanceRouter.on_done after Ray's cancel
+            if not rec["cancelled"]:
+                self.fail(f"call {cid} answered as cancelled though nobody cancelled it")
+        elif isinstance(err, ArgBoom):
             if not (rec["bad_arg"] or iid in self.create_boom):
                 self.fail(f"call {cid} failed with an argument error it did not have: {err!r}")
         elif isinstance(err, CallCrashedError):  # running at more deaths than the bound
@@ -457,10 +539,16 @@ class CallWorld:
         ready, bad = r > 0.2, r < 0.04
         # the Ray surface's async and threaded actors send calls that may pass earlier ones
         # still waiting for their arguments (all calls of such a class: spec "unordered")
-        unordered = bool(self.specs.get(iid, {}).get("unordered"))
+        spec = self.specs.get(iid, {})
+        unordered = bool(spec.get("unordered"))
+        # an async class's __yr_off_loop__ method (Ray's concurrency groups): its calls
+        # start outside the queue, so they may pass the queued ones
+        method = "side" if spec.get("off_loop") and kind == "call" and \
+            self.rng.random() < 0.4 else kind
         self.calls[cid] = {"iid": iid, "caller": pname, "seq": self._seq_of(pname),
                            "settled": 0, "answered": False, "sent": 0, "bad_arg": bad,
-                           "kind": kind, "result": None, "unordered": unordered}
+                           "kind": kind, "result": None, "unordered": unordered,
+                           "method": method, "cancelled": False, "sent_to": None}
         self.say(pname, "call", cid, iid, kind, "ready" if ready else "waits for its argument",
                  "unordered" if unordered else "")
         self.do(pname, "submit", cid, iid, ready, None, None, unordered)
@@ -497,6 +585,7 @@ class CallWorld:
                 params["concurrency"] = rng.choice([None, 2])  # None: the default, 1000
             params["unordered"] = (params["is_async"] or params["concurrency"] != 1) \
                 and rng.random() < 0.5
+            params["off_loop"] = params["is_async"] and rng.random() < 0.5
             if params["shape"] is UNFIT and params["timeout_ms"] < 0:
                 params["timeout_ms"] = 2000
             self.create(dname, d.job, params)
@@ -515,6 +604,16 @@ class CallWorld:
                 self.send(dname, to, "p2p", ("HANDLE", iid, token))
                 if rng.random() < 0.5:  # the sender lets its own handle go
                     self.drop_handle(dname, iid)
+        elif action == "cancel":  # Ray's cancel of an actor task (InstanceRouter.cancel)
+            mine = [c for c, r in self.calls.items() if r["caller"] == dname and
+                    not r["settled"] and not r["cancelled"] and r["kind"] == "call"]
+            if mine:
+                cid = rng.choice(mine)
+                rec = self.calls[cid]
+                rec["cancelled"] = True
+                self.say(dname, "cancel", cid, rec["sent_to"])
+                if rec["sent_to"] is not None:
+                    self.send(dname, rec["sent_to"], "call", ("CANCEL", cid))
         elif action == "drop" and held:
             self.drop_handle(dname, rng.choice(held))
         elif action == "kill" and held:
@@ -581,8 +680,12 @@ class CallWorld:
         elif op == "DONE":
             _, cid, result = msg
             rec = self.calls[cid]
-            if isinstance(result, tuple) and result[0] == "died":
+            if rec["cancelled"]:  # whatever the answer: settled as cancelled (on_done)
+                self.do(dname, "done", cid, CancelledError(f"Task: {cid} was cancelled."))
+            elif isinstance(result, tuple) and result[0] == "died":
                 self.do(dname, "done", cid, InstanceDiedError(result[1]))
+            elif isinstance(result, tuple) and result[0] in ("cancelled", "init-error"):
+                self.fail(f"call {cid} answered {result} though it was not cancelled")
             else:
                 rec["result"] = result
                 self.do(dname, "done", cid)
@@ -618,51 +721,33 @@ class CallWorld:
     def at_worker(self, wname: str, src: str, chan: str, msg: tuple) -> None:
         w = self.procs[wname]
         op = msg[0]
-        if op == "START":
+        if op == "START":  # agent.start_instance: the instance side (production code)
             _, iid, inc, conc = msg
-            if iid in w.ended:  # agent.start_instance: a STOP overtook it (finding B, fixed)
-                self.say(wname, "start ignored, stopped before", iid)
-                return
-            # HostedInstance: its CallQueue (production code) decides which calls run now
-            w.hosted[iid] = {"inc": inc, "q": CallQueue(conc), "conc": conc, "ready": False,
-                             "stopped": None, "pending": {}, "running": set(), "results": {}}
-            self.say(wname, "hosts", iid, inc, f"concurrency {conc}")
-            for call in w.early.pop(iid, ()):
-                self.host_call(w, *call)
-            self.send(wname, wname, f"init-{iid}", ("INIT", iid, inc))
+            w.side.start({"instance_id": iid, "incarnation": inc, "concurrency": conc})
         elif op == "INIT":  # __init__ finished (HostedInstance._construct)
-            h = w.hosted.get(msg[1])
-            if h is None or h["inc"] != msg[2] or h["stopped"] is not None:
+            h = w.incs.get((msg[1], msg[2]))
+            if h is None or h.stopped is not None:
                 return
-            h["ready"] = True
-            for cid in h["q"].constructed():
-                self.admit(w, msg[1], cid)
+            h.ready = True
+            h.constructed(frozenset({"side"}) if self.specs[msg[1]].get("off_loop")
+                          else frozenset())
             self.send(wname, SCHED, "stream", ("STATE", msg[1], "ALIVE"))
-        elif op == "CALL":
-            _, cid, iid, caller = msg
-            if iid in w.hosted:
-                self.host_call(w, cid, iid, caller)
-            elif iid in w.ended:
-                self.send(wname, caller, "call", ("DONE", cid, ("died", f"{iid} has ended: {w.ended[iid]}")))
-            else:
-                w.early.setdefault(iid, []).append((cid, iid, caller))
-        elif op == "RUN":  # an executor picks up a call the queue started
+        elif op == "CALL":  # agent.call_method: the instance side (production code)
+            _, cid, iid, caller, method = msg
+            w.side.call_method(caller, {"task_id": cid, "instance_id": iid, "method": method})
+        elif op == "CANCEL":  # agent.cancel_task of an id that is no task: a method call
+            cid = msg[1]
+            if cid not in w.ran:  # it has not begun here: it must never begin
+                w.unrun_cancels.add(cid)
+            w.side.cancel(cid)
+        elif op == "RUN":  # an executor picks up a call hosting started
             self.run_call(w, *msg[1:])
         elif op == "FINISH":  # ... and it returns
             self.finish_call(w, *msg[1:])
-        elif op == "STOP":
+        elif op == "STOP":  # agent.stop_instance: the instance side (production code)
             _, iid, reason = msg
-            h = w.hosted.pop(iid, None)
-            w.ended[iid] = reason
             self.say(wname, "stop", iid, reason)
-            if h is not None:  # HostedInstance.stop: every call not answered dies
-                h["stopped"] = reason
-                h["q"].stop()
-                for cid, caller in sorted(h["pending"].items()):
-                    self.send(wname, caller, "call", ("DONE", cid, ("died", f"{iid} has ended: {reason}")))
-                h["pending"].clear()
-            for cid, _iid, caller in w.early.pop(iid, ()):
-                self.send(wname, caller, "call", ("DONE", cid, ("died", f"{iid} has ended: {reason}")))
+            w.side.stop(iid, reason)
             self.send(wname, SCHED, chan, ("STOPPED", iid))
         elif op == "FLUSH":
             self.do(wname, "flush")
@@ -675,40 +760,34 @@ class CallWorld:
         else:
             self.fail(f"worker got {msg}")
 
-    def host_call(self, w: Proc, cid: str, iid: str, caller: str) -> None:
-        """HostedInstance.call: the call waits for its turn in the instance's CallQueue."""
-        h = w.hosted[iid]
-        if h["stopped"] is not None:
-            self.send(w.name, caller, "call", ("DONE", cid, ("died", f"{iid} has ended")))
-            return
-        h["pending"][cid] = caller
-        if h["q"].arrived(cid):
-            self.admit(w, iid, cid)
-
-    def admit(self, w: Proc, iid: str, cid: str) -> None:
-        """The queue started ``cid``: an executor thread (or the instance's loop) picks it
-        up.  Calls start in the queue's order; with concurrency > 1 they may then run (and
-        finish) in any order, as in a thread pool."""
-        h = w.hosted[iid]
+    def admit(self, h: SimHosted, cid: str, side: bool) -> None:
+        """Hosting started ``cid`` (``side``: on the off-loop executor): an executor thread
+        (or the instance's loop) picks it up.  Calls start in the queue's order; with
+        concurrency > 1 they may then run (and finish) in any order, as in a thread pool."""
         rec = self.calls[cid]
-        self.execs.setdefault((iid, w.name, h["inc"]), []).append(
-            (rec["caller"], rec["iid"], rec["seq"], cid))
-        self.send(w.name, w.name, f"run-{cid}", ("RUN", iid, cid, h["inc"]))
+        if not side:
+            self.execs.setdefault((h.iid, h.w.name, h.inc), []).append(
+                (rec["caller"], rec["iid"], rec["seq"], cid))
+        self.send(h.w.name, h.w.name, f"run-{cid}", ("RUN", h.iid, cid, h.inc, side))
 
-    def run_call(self, w: Proc, iid: str, cid: str, inc: int) -> None:
-        """The method starts (its side effects happen now); it returns later (FINISH), so
-        with concurrency > 1 calls run side by side."""
-        h = w.hosted.get(iid)
-        if h is None or h["inc"] != inc or h["stopped"] is not None:
-            return
-        if not h["ready"]:
+    def run_call(self, w: Proc, iid: str, cid: str, inc: int, side: bool) -> None:
+        """The executor runs the call (``HostedInstance._run_call``): unless hosting says
+        not (stopped, cancelled), the method begins (its side effects happen now) and it
+        returns later (FINISH), so with concurrency > 1 calls run side by side."""
+        h = w.incs[(iid, inc)]
+        if not h.runs(cid):  # answered (cancelled) or by the stop: the next one starts
+            return self.finish_call(w, iid, cid, inc, side, ran=False)
+        if not h.ready:
             self.fail(f"hosting: call {cid} on {iid} ran before __init__ finished")
-        h["running"].add(cid)
-        if len(h["running"]) > h["conc"]:
-            self.fail(f"hosting: {len(h['running'])} calls of {iid} run at once on {w.name}, "
-                      f"over its concurrency {h['conc']}: {sorted(h['running'])}")
+        if cid in w.unrun_cancels:
+            self.fail(f"hosting: call {cid} on {iid} began after its cancel had arrived")
+        w.ran.add(cid)
+        (h.side_running if side else h.running).add(cid)
+        if len(h.running) > h.conc:
+            self.fail(f"hosting: {len(h.running)} calls of {iid} run at once on {w.name}, "
+                      f"over its concurrency {h.conc}: {sorted(h.running)}")
         rec = self.calls[cid]
-        self.say(w.name, "run", cid, iid, h["inc"])
+        self.say(w.name, "run", cid, iid, h.inc, "off the loop" if side else "")
         caller = rec["caller"]
         result = None
         if rec["kind"] == "spawn":  # the method creates a child and returns its handle
@@ -725,21 +804,25 @@ class CallWorld:
             self.timer(self.now + rng.uniform(0, 0.5), "drop", (w.name, child))
         elif rec["kind"] == "save":
             self.send(w.name, SCHED, self.new_id("rpc-save-"), ("SAVE", iid, b"state"))
-        h["results"][cid] = result
-        self.send(w.name, w.name, f"finish-{cid}", ("FINISH", iid, cid, inc))
+        h.results[cid] = result
+        self.send(w.name, w.name, f"finish-{cid}", ("FINISH", iid, cid, inc, side))
+        return None
 
-    def finish_call(self, w: Proc, iid: str, cid: str, inc: int) -> None:
-        h = w.hosted.get(iid)
-        if h is None or h["inc"] != inc:
-            return  # stopped: its caller was answered then
-        h["running"].discard(cid)
-        result = h["results"].pop(cid, None)
-        caller = h["pending"].pop(cid, None)
-        if caller is not None:
-            self.send(w.name, caller, "call", ("DONE", cid, result))
-        nxt = h["q"].finished()
-        if nxt is not None:
-            self.admit(w, iid, nxt)
+    def finish_call(self, w: Proc, iid: str, cid: str, inc: int, side: bool,
+                    ran: bool = True) -> None:
+        """The call returned (``HostedInstance._answer_result``, then ``_chain``): it answers
+        unless the stop answered it, and the queue starts the next one in its place."""
+        h = w.incs[(iid, inc)]
+        (h.side_running if side else h.running).discard(cid)
+        result = h.results.pop(cid, None)
+        if ran:
+            caller = h.answered(cid)
+            if caller is not None:
+                self.send(w.name, caller, "call", ("DONE", cid, result))
+        if not side:
+            nxt = h.finished()
+            if nxt is not None:
+                h._start(nxt)
 
     def kill_worker(self) -> None:
         live = sorted(p.name for p in self.procs.values() if p.kind == "worker" and p.alive)
@@ -940,7 +1023,7 @@ class CallWorld:
                 if p.alive:
                     p.order.validate()
                     for h in p.hosted.values():
-                        h["q"].validate()
+                        h.queue.validate()
         except AssertionError as e:
             self.fail(f"validate() failed at step {self.step}: {e}")
 
@@ -990,9 +1073,9 @@ class CallWorld:
             for iid, h in w.hosted.items():
                 rec = lc.instances.get(iid)
                 if rec is None or rec.state == P.DEAD or rec.worker != w.name:
-                    self.fail(f"orphan: {w.name} hosts {iid} (incarnation {h['inc']}) which the "
+                    self.fail(f"orphan: {w.name} hosts {iid} (incarnation {h.inc}) which the "
                               f"lifecycle has {'ended' if rec is None else rec.state + ' on ' + str(rec.worker)}")
-            for iid, calls in w.early.items():
+            for iid, calls in w.side.early.items():
                 if calls and lc.is_live(iid) and lc.instances[iid].worker == w.name:
                     self.fail(f"{w.name} keeps calls for {iid} that never start")
 

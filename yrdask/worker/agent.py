@@ -49,6 +49,7 @@ from yrdask.worker.devices import device_isolation, gpu_offer, node_id, npu_offe
 from yrdask.worker.execution import Execution, current_execution
 from yrdask.worker import lease_gate as G
 from yrdask.worker.task_side import TaskSide
+from yrdask.worker.instance_side import InstanceSide
 from yrdask.worker.share import SharedThreadPoolExecutor, WorkerShare
 from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, ReturnError, TaskCrashedError,
                            YRRuntimeError, YRValueError, user_traceback)
@@ -137,14 +138,18 @@ class WorkerAgent:
         # so its ``dask`` count stays 0 and yr tasks never wait on it
         self.share = WorkerShare(self.worker.state.nthreads, self._yr_running)
         self.inline_limit = 512 * 1024
-        self.instances: dict[str, HostedInstance | IsolatedInstance] = {}
-        self.early_calls: dict[str, list] = {}  # calls that beat their START_INSTANCE here
+        # The instance side's decisions (worker/instance_side.py, which the simulation
+        # drives too); _InstanceEdge below is its I/O edge.  Its tables by their short names:
+        self.instance_side = InstanceSide(_InstanceEdge(self))
+        self.instances: dict[str, HostedInstance | IsolatedInstance] = \
+            self.instance_side.instances
+        self.ended: dict[str, str] = self.instance_side.ended  # recently stopped -> reason
         self.pool = ProcessPool(self)  # processes for tasks with env_vars (docs/isolation.md)
-        self.ended: dict[str, str] = {}  # recently stopped instance -> reason
         worker.handlers.update(P.handlers(P.WORKER_RPC, self))
         worker.stream_handlers.update(P.handlers(P.WORKER_STREAM, self))
         # Call channel handlers take (peer, wire dict): the hot path keeps the dict it read.
         self.channel_handlers = P.handlers(P.CHANNEL_TO_WORKER, self)
+        self.channel_handlers[P.CALL_METHOD] = self.instance_side.call_method  # one hop less
         self.node_id = node_id(worker.address)  # the node (host) this process belongs to
         configure_store()  # yrdask.object-store.memory, when this worker's config sets it
         self.runtime = install_worker_runtime(self)
@@ -581,10 +586,7 @@ class WorkerAgent:
         channel (the decisions: :class:`TaskSide`)."""
         task_id = msg["task_id"]
         if task_id not in self.task_side.tasks:
-            for inst in self.instances.values():
-                cancel_call = getattr(inst, "cancel_call", None)
-                if cancel_call is not None and cancel_call(task_id):
-                    return
+            self.instance_side.cancel(task_id)  # (the decisions: :class:`InstanceSide`)
             return
         self.task_side.cancel(task_id, bool(msg.get("force")))
 
@@ -648,55 +650,58 @@ class WorkerAgent:
     # -- instances -------------------------------------------------------------------------
 
     def start_instance(self, spec: dict) -> None:
-        iid = spec["instance_id"]
-        if iid in self.ended:  # its STOP (an rpc) overtook this START (on the stream)
-            logger.info("not starting instance %s: it was stopped before it started", iid)
-            return
-        running = self.instances.get(iid)
+        """``START_INSTANCE`` (the decisions: :class:`InstanceSide`; hosting: :meth:`host`)."""
+        self.instance_side.start(spec)
+
+    def call_method(self, peer: Any, msg: dict) -> None:
+        """``CALL_METHOD`` (the channel's handler is the instance side's own method)."""
+        self.instance_side.call_method(peer, msg)
+
+    def host(self, spec: dict, running: Any) -> HostedInstance | IsolatedInstance:
+        """Host the instance of a ``START_INSTANCE`` here, or in a process of its own."""
         if type(running) is IsolatedInstance:  # its process died: the scheduler restarts it
             running.restart(spec)
-            return
+            return running
         if spec.get("devices"):  # it holds GPUs: its own process that sees exactly them
             spec = {**spec, "isolation": device_isolation(spec.get("isolation"),
                                                           spec["devices"], spec["cpus"])}
         if spec.get("isolation") is not None:  # its own process (docs/isolation.md)
-            inst: HostedInstance | IsolatedInstance = IsolatedInstance(self, spec)
-        else:
-            inst = HostedInstance(self, spec, spec["deps"])
-        self.instances[iid] = inst
-        for peer, msg in self.early_calls.pop(iid, ()):
-            inst.call(peer, msg)
-
-    def call_method(self, peer: Any, msg: dict) -> None:
-        iid = msg["instance_id"]
-        inst = self.instances.get(iid)
-        if inst is not None:
-            inst.call(peer, msg)
-        elif iid in self.ended:
-            err = InstanceDiedError(f"instance {iid} has ended: {self.ended[iid]}")
-            self._reply_error(peer, msg["task_id"], err, "", False)
-        else:
-            self.early_calls.setdefault(iid, []).append((peer, msg))
+            return IsolatedInstance(self, spec)
+        return HostedInstance(self, spec, spec["deps"])
 
     async def stop_instance(self, instance_id: str, reason: str) -> None:
-        inst = self.instances.pop(instance_id, None)
-        self.ended.setdefault(instance_id, reason)  # an isolated process's death said why
-        if len(self.ended) > 10_000:
-            for key in list(self.ended)[:5_000]:
-                del self.ended[key]
-        if inst is not None:
-            obj = getattr(inst, "obj", None)  # pending calls fail first, then the hook runs
-            inst.stop(reason)
-            hook = getattr(inst, "run_shutdown_hook", None)
-            if hook is not None:  # __yr_shutdown__(grace), bounded by the grace period
-                await hook(obj)
-        for peer, msg in self.early_calls.pop(instance_id, ()):
-            self.call_method(peer, msg)
+        inst = self.instances.get(instance_id)
+        obj = getattr(inst, "obj", None)  # pending calls fail first, then the hook runs
+        self.instance_side.stop(instance_id, reason)
+        hook = getattr(inst, "run_shutdown_hook", None)
+        if hook is not None:  # __yr_shutdown__(grace), bounded by the grace period
+            await hook(obj)
 
     def report_state(self, instance_id: str, state: str, error: bytes | None,
                      reason: str = "") -> None:
         self.loop.call_soon_threadsafe(self.runtime.connector.stream_send,
                                        P.InstanceState(instance_id, state, error, reason))
+
+
+class _InstanceEdge:
+    """The instance side's I/O edge in a worker: hosting (in this process or another) and
+    the callers' peers."""
+
+    __slots__ = ("agent",)
+
+    def __init__(self, agent: WorkerAgent) -> None:
+        self.agent = agent
+
+    def host(self, spec: dict, running: Any) -> Any:
+        return self.agent.host(spec, running)
+
+    def died(self, peer: Any, msg: dict, why: str) -> None:
+        err = InstanceDiedError(f"instance {msg['instance_id']} has ended: {why}")
+        self.agent._reply_error(peer, msg["task_id"], err, "", False)
+
+    def ignored_start(self, instance_id: str) -> None:
+        logger.info("not starting instance %s: it was stopped before it started",
+                    instance_id)
 
 
 class _AgentEdge:

@@ -1,7 +1,9 @@
 """One live instance on a worker: the object, its call queue and what runs its calls.
 
-Which calls run now is decided by :class:`~yrdask.worker.call_queue.CallQueue` (which the
-simulation drives too): none before ``__init__`` has finished, then in arrival order, at
+Which calls run now is decided by :class:`~yrdask.worker.call_queue.CallQueue`, and where
+they run, how they are answered, cancelled and stopped by
+:class:`~yrdask.worker.instance_side.HostedCalls` (both driven by the simulation too; this
+class is their edge): none before ``__init__`` has finished, then in arrival order, at
 most ``concurrency`` at a time (calls from one caller arrive in the order it sent them on
 the call channel, so they start in that order).  What runs them:
 
@@ -30,7 +32,7 @@ from yrdask import protocol as P
 from yrdask.runtime import context as _rtctx
 from yrdask.runtime.context import task_context
 from yrdask.runtime.generators import drain, drain_async
-from yrdask.worker.call_queue import CallQueue
+from yrdask.worker.instance_side import HostedCalls
 from yrdask.errors import CancelledError, InstanceDiedError, RemoteError, user_traceback
 from yrdask.serialization import dumps, loads, unpack_args
 
@@ -38,22 +40,21 @@ _STOP = object()
 _running = threading.local()  # .call: the id of the call this thread runs (sync methods)
 
 
-class HostedInstance:
-    """See module docstring."""
+class HostedInstance(HostedCalls):
+    """See module docstring.  The decisions (``call``, ``cancel_call``, ``stop``, which call
+    runs and how it is answered) are :class:`HostedCalls`'s; this class is its edge."""
 
     def __init__(self, agent: Any, spec: dict, deps: list) -> None:
+        is_async = bool(spec.get("is_async"))
+        self.concurrency = spec.get("concurrency") or (1000 if is_async else 1)
+        HostedCalls.__init__(self, self.concurrency)
         self.agent = agent
         self.spec = spec
         self.instance_id: str = spec["instance_id"]
         self.cls_name: str = spec["cls_name"]
         self.obj: Any = None
-        self.init_error: bytes | None = None
-        self.stopped: str | None = None
-        self.pending: dict[str, Any] = {}  # call id -> peer, for calls not answered yet
         self.borrowed: dict[str, list] = {}  # call id -> refs its arguments lent (TaskDone.refs)
-        self.cancelled: set[str] = set()  # calls cancelled before their answer (cancel_call)
         self.running_async: dict[str, tuple] = {}  # call id -> (loop, task) of async calls
-        self.calls_done = 0
         self._names: dict[str, str] = {}  # method -> its name in Dask's panels
         # Dask's Task Stream, Progress and Profile (worker/dask_panels.py); none in a child
         self.recorder = getattr(agent, "recorder", None)
@@ -61,15 +62,9 @@ class HostedInstance:
         share = getattr(agent, "share", None)
         self.share = share if share is not None and share.wired and not spec.get(
             "is_async") else None
-        is_async = bool(spec.get("is_async"))
-        self.concurrency = spec.get("concurrency") or (1000 if is_async else 1)
-        # which calls run now (the loop thread adds, executor threads finish): under _lock
-        self.queue = CallQueue(self.concurrency)
-        self._lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.mailbox: queue.SimpleQueue | None = None
         self.pool: ThreadPoolExecutor | None = None
-        self.off_loop: frozenset = frozenset()  # methods started from side_loop (see above)
         self.side_loop: asyncio.AbstractEventLoop | None = None
         if is_async:
             self._start_loop()
@@ -80,7 +75,7 @@ class HostedInstance:
         else:
             self.pool = ThreadPoolExecutor(self.concurrency,
                                            thread_name_prefix=f"yr-instance-{self.instance_id}")
-        self._submit(lambda: self._construct(deps))
+        self._submit(self._construct, deps)
 
     # -- executors -------------------------------------------------------------------------
 
@@ -102,16 +97,19 @@ class HostedInstance:
                          + ("-side" if side else "")).start()
         ready.wait()
 
-    def _submit_side(self, job: Callable[[], Any]) -> None:
+    def _start_side(self, item: tuple) -> None:
         """Start a call of an ``off_loop`` method from the side loop (its own executor bounds
         how many run at once)."""
         async def run() -> None:
-            result = job()
+            result = self._run_call(*item)
             if inspect.iscoroutine(result):
                 await result
 
         loop = self.side_loop
-        loop.call_soon_threadsafe(lambda: loop.create_task(run()))
+        try:
+            loop.call_soon_threadsafe(lambda: loop.create_task(run()))
+        except RuntimeError:  # the side loop closed meanwhile: stop() answers
+            pass
 
     def _serve_mailbox(self) -> None:
         # this thread runs this instance's code only: its task context is set once here
@@ -121,66 +119,65 @@ class HostedInstance:
         construct = get()  # the first job is __init__; every later one a call to chain
         if construct is _STOP:
             return
-        self._run_job(construct)
+        self._run_job(*construct)
         while True:
-            job = get()
-            if job is _STOP:
+            item = get()
+            if item is _STOP:
                 return
-            self._chain(job)
+            self._chain(item)
 
-    def _run_job(self, job: Callable[[], Any]) -> Any:
+    def _run_job(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a call (or ``__init__``) in this thread under a share of the worker."""
         share = self.share
         if share is None:
-            return job()
+            return fn(*args)
         share.call_start()
         try:
-            return job()
+            return fn(*args)
         finally:
             share.call_end()
 
-    def _submit(self, job: Callable[[], Any]) -> None:
-        """Hand ``job`` to the executor (on an event loop: run it there, not awaited)."""
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Hand ``fn(*args)`` to the executor (on an event loop: run it there, not awaited)."""
         if self.mailbox is not None:
-            self.mailbox.put(job)
+            self.mailbox.put((fn, *args))
         elif self.pool is not None:
-            self.pool.submit(self._run_job, job)
+            self.pool.submit(self._run_job, fn, *args)
         else:
-            self.loop.call_soon_threadsafe(job)
+            self.loop.call_soon_threadsafe(fn, *args)
 
-    def _start(self, job: Callable[[], Any]) -> None:
-        """Run a call the queue started, then the ones it starts in its place, unless the
-        instance has stopped (its pool or loop is gone; stop() has answered the calls)."""
+    def _start(self, item: tuple) -> None:
+        """Run call ``item`` (``(peer, msg)``) that the queue started, then the ones it
+        starts in its place, unless the instance has stopped (its pool or loop is gone;
+        stop() has answered the calls)."""
         try:
             if self.mailbox is not None:
-                self.mailbox.put(job)  # _serve_mailbox chains it
+                self.mailbox.put(item)  # _serve_mailbox chains it
             elif self.pool is not None:
-                self.pool.submit(self._chain, job)
+                self.pool.submit(self._chain, item)
             else:
-                self.loop.call_soon_threadsafe(self._chain_async, job)
+                self.loop.call_soon_threadsafe(self._chain_async, item)
         except RuntimeError:  # the pool shut down or the loop closed meanwhile: stop() answers
             pass
 
-    def _chain(self, job: Callable[[], Any] | None) -> None:
-        while job is not None:
+    def _chain(self, item: tuple | None) -> None:
+        while item is not None:
             try:
-                self._run_job(job)
+                self._run_job(self._run_call, *item)
             finally:
-                with self._lock:
-                    job = self.queue.finished()
+                item = self.finished()
 
-    def _chain_async(self, job: Callable[[], Any]) -> None:
-        async def chain(job: Callable[[], Any] | None) -> None:
-            while job is not None:
+    def _chain_async(self, item: tuple) -> None:
+        async def chain(item: tuple | None) -> None:
+            while item is not None:
                 try:
-                    result = job()
+                    result = self._run_call(*item)
                     if inspect.iscoroutine(result):
                         await result
                 finally:
-                    with self._lock:
-                        job = self.queue.finished()
+                    item = self.finished()
 
-        self.loop.create_task(chain(job))
+        self.loop.create_task(chain(item))
 
     # -- construction and calls ------------------------------------------------------------
 
@@ -189,16 +186,17 @@ class HostedInstance:
 
     def _construct(self, deps: list) -> Any:
         """``__init__`` with the creation arguments, or the last checkpoint on a restart."""
+        off_loop: frozenset = frozenset()  # methods started from side_loop (see above)
         rec = self.recorder
         name = f"{self.cls_name}.__init__"
         key_id = self.instance_id.replace("-", "_")  # Dask's key_split stops at "i-"
         start = rec.begin(name, key_id) if rec is not None else 0.0
         try:
             cls = loads(self.spec["cls"])
-            off_loop = getattr(cls, "__yr_off_loop__", None)
-            if off_loop and self.loop is not None:
+            names = getattr(cls, "__yr_off_loop__", None)
+            if names and self.loop is not None:
                 self._start_loop(side=True)
-                self.off_loop = frozenset(off_loop)
+                off_loop = frozenset(names)
             checkpoint = self.spec.get("checkpoint")
             with self._context():
                 if checkpoint is not None:
@@ -212,53 +210,13 @@ class HostedInstance:
             self.init_error = dumps(RemoteError.from_exception(e, user_traceback()))
         if rec is not None:
             rec.end(name, key_id, start, self.init_error is None)
-        off_loop = self.off_loop
-        with self._lock:  # the early off-loop calls leave the queue, the others start
-            side = self.queue.take(lambda job: job.method in off_loop) if off_loop else ()
-            starts = self.queue.constructed()
-        for job in side:
-            if self.stopped is None:
-                try:
-                    self._submit_side(job)
-                except RuntimeError:  # the side loop closed meanwhile: stop() answers
-                    pass
-        for job in starts:
-            self._start(job)
+        self.constructed(off_loop)  # the early off-loop calls leave the queue, the others start
         self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
-
-    def call(self, peer: Any, msg: dict) -> None:
-        call_id = msg["task_id"]
-        if self.stopped is not None:
-            return self._answer_died(peer, call_id)
-        self.pending[call_id] = peer
-        job = lambda: self._run_call(peer, msg)  # noqa: E731
-        side = False
-        with self._lock:
-            q = self.queue
-            if not q.ready:  # where it goes is known once the class is (off-loop methods)
-                job.method = msg["method"]
-                start = q.arrived(job)
-            elif self.side_loop is not None and msg["method"] in self.off_loop:
-                side = start = True
-            else:
-                start = q.arrived(job)
-        if side:
-            try:
-                self._submit_side(job)
-            except RuntimeError:  # the side loop closed meanwhile: stop() answers
-                pass
-        elif start:
-            self._start(job)
-        return None
 
     def _run_call(self, peer: Any, msg: dict) -> Any:
         call_id = msg["task_id"]
-        if self.stopped is not None:
+        if not self.runs(call_id):  # stopped, __init__ failed or cancelled: answered
             return None
-        if self.init_error is not None:
-            return self._answer(P.TaskDone(call_id, error=self.init_error))
-        if self.cancelled and call_id in self.cancelled:  # cancelled before it started
-            return self._answer_error(call_id, CancelledError(f"Task: {call_id} was cancelled."))
         rec = self.recorder  # Dask's Task Stream, Progress and Profile
         if rec is not None:
             name = self._names.get(msg["method"])
@@ -336,13 +294,10 @@ class HostedInstance:
             self.running_async.pop(call_id, None)
         self._answer_result(call_id, result, nret)
 
-    def cancel_call(self, call_id: str) -> bool:
-        """Ray's cancel of an actor task: a call not started is answered unrun, a running
-        ``async def`` one gets ``asyncio.CancelledError`` at its ``await``, a running sync one
-        goes on (``is_canceled()`` says so).  False if ``call_id`` is not a call waiting here."""
-        if call_id not in self.pending:
-            return False
-        self.cancelled.add(call_id)
+    def _interrupt(self, call_id: str) -> None:
+        """A cancel (:meth:`HostedCalls.cancel_call`): a running ``async def`` call gets
+        ``asyncio.CancelledError`` at its ``await``, a running sync one goes on
+        (``is_canceled()`` says so)."""
         running = self.running_async.get(call_id)
         if running is not None:
             loop, task = running
@@ -350,7 +305,12 @@ class HostedInstance:
                 loop.call_soon_threadsafe(task.cancel)
             except RuntimeError:  # its loop has closed: the instance stopped
                 pass
-        return True
+
+    def _answer_init_error(self, call_id: str) -> None:
+        self._answer(P.TaskDone(call_id, error=self.init_error))
+
+    def _answer_cancelled(self, call_id: str) -> None:
+        self._answer_error(call_id, CancelledError(f"Task: {call_id} was cancelled."))
 
     def running_call_cancelled(self) -> bool:
         """Whether the sync method call the current thread runs has been cancelled."""
@@ -366,11 +326,8 @@ class HostedInstance:
             return self._answer_error(call_id, e)
         borrowed = self.borrowed.pop(call_id, None) if self.borrowed else None
         refs = self.agent.refs_report(borrowed, nested) if borrowed or nested else None
-        peer = self.pending.pop(call_id, None)  # _answer, inline, without the message object
-        if self.cancelled:
-            self.cancelled.discard(call_id)
+        peer = self.answered(call_id)  # _answer, without the message object
         if peer is not None:
-            self.calls_done += 1
             peer.reply(P.TaskDone.wire(call_id, results=results, refs=refs))
 
     def _answer_error(self, call_id: str, exc: BaseException) -> None:
@@ -379,11 +336,8 @@ class HostedInstance:
             refs=self.agent.refs_report(self.borrowed.pop(call_id, None), None)))
 
     def _answer(self, done: P.TaskDone) -> None:
-        peer = self.pending.pop(done.task_id, None)
-        if self.cancelled:
-            self.cancelled.discard(done.task_id)
+        peer = self.answered(done.task_id)
         if peer is not None:
-            self.calls_done += 1
             peer.reply(done.to_msg())
 
     def _answer_died(self, peer: Any, call_id: str) -> None:
@@ -395,14 +349,8 @@ class HostedInstance:
 
     def stop(self, reason: str) -> None:
         """Fail the calls not answered yet and let the executor go."""
-        if self.stopped is not None:
+        if not HostedCalls.stop(self, reason):  # answers the calls; nothing starts any more
             return
-        self.stopped = reason
-        with self._lock:
-            self.queue.stop()  # nothing starts any more; the waiting calls are pending
-        pending, self.pending = self.pending, {}
-        for call_id, peer in pending.items():
-            self._answer_died(peer, call_id)
         if self.mailbox is not None:
             self.mailbox.put(_STOP)
         elif self.pool is not None:

@@ -1,0 +1,260 @@
+"""The worker agent's instance side: what it decides about hosted instances and their calls,
+apart from its I/O.
+
+Two layers, both driven by the simulation too (``tests/sim/calls.py`` plugs in its links,
+virtual executors and clock), so it runs this very code (as ``worker/task_side.py``):
+
+* :class:`InstanceSide`, one per worker: ``START_INSTANCE``, ``CALL_METHOD``,
+  ``STOP_INSTANCE`` and Ray's cancel of an actor call.  A ``START`` that its ``STOP``
+  overtook (the stop is an rpc, the start comes on the scheduler's stream) is ignored; a
+  ``START`` for an instance hosted here already goes to it (an isolated one whose process
+  died restarts); calls that beat their ``START`` wait here and go to the instance when it
+  starts, or answer "died" when its ``STOP`` comes first (a cancel of one of them holds
+  when it starts: it never runs); a call for an instance stopped here answers "died".  Its :class:`InstanceEdge` makes the hosted instances and answers.
+* :class:`HostedCalls`, one per instance hosted in the worker's process: which of its calls
+  run, where, and how each is answered.  :class:`~yrdask.worker.call_queue.CallQueue`
+  decides which start (none before ``__init__`` finished, in arrival order, at most
+  ``concurrency`` at once); this class routes around it: a stopped instance answers
+  "died" at once; once the class is known, calls of its ``__yr_off_loop__`` methods (Ray's
+  concurrency groups) start on an executor of their own, outside the queue's concurrency
+  (the ones that came before ``__init__`` finished leave the queue then); a call that
+  starts runs unless the instance stopped meanwhile (the stop answered it), its
+  ``__init__`` failed (it answers that error) or it was cancelled before it started (it
+  answers ``CancelledError``); a cancel of a call not waiting here is not this instance's;
+  a running ``async def`` call is interrupted, a running sync one runs on; a stop answers
+  every call not answered yet "died", and each call is answered once.
+  ``worker/hosting.py``'s ``HostedInstance`` is its own edge (the executors, the replies),
+  as ``runtime/instance_router.py`` is :class:`~yrdask.runtime.call_router.CallRouter`'s.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+from yrdask.worker.call_queue import CallQueue
+
+#: how many stopped instance ids a worker remembers (a late start or call is answered by
+#: them); past it, the older half is forgotten
+ENDED_KEPT = 10_000
+
+
+class InstanceEdge(Protocol):
+    """What :class:`InstanceSide` needs of the world around it.  A hosted instance it gets
+    from :meth:`host` has ``call(peer, msg)``, ``stop(reason)`` and, if its calls can be
+    cancelled, ``cancel_call(call_id) -> bool``."""
+
+    def host(self, spec: dict, running: Any) -> Any:
+        """Host the instance of ``START_INSTANCE`` ``spec`` and return it; ``running`` is the
+        instance hosted under that id already (an isolated one whose process died: restart
+        it and return it), else ``None``."""
+
+    def died(self, peer: Any, msg: dict, why: str) -> None:
+        """Answer call ``msg`` with ``InstanceDiedError`` (its instance ended here: ``why``)."""
+
+    def ignored_start(self, instance_id: str) -> None:
+        """A ``START_INSTANCE`` came after its instance was stopped here (logged)."""
+
+
+class InstanceSide:
+    """The instances one worker hosts (see module docstring)."""
+
+    def __init__(self, edge: InstanceEdge) -> None:
+        self.edge = edge
+        self.instances: dict[str, Any] = {}  # instance id -> the hosted instance
+        self.early: dict[str, list] = {}  # instance id -> (peer, msg) that beat its START
+        self.ended: dict[str, str] = {}  # recently stopped instance -> reason
+        self.early_cancels: set[str] = set()  # early calls cancelled before their START
+
+    def start(self, spec: dict) -> Any:
+        """``START_INSTANCE``: host it (its early calls go to it), or ``None`` if it was
+        stopped here before (its ``STOP`` overtook this)."""
+        iid = spec["instance_id"]
+        if iid in self.ended:
+            self.edge.ignored_start(iid)
+            return None
+        inst = self.instances[iid] = self.edge.host(spec, self.instances.get(iid))
+        for peer, msg in self.early.pop(iid, ()):
+            inst.call(peer, msg)
+            if self.early_cancels:
+                call_id = msg["task_id"]
+                if call_id in self.early_cancels:  # the cancel came first: it never runs
+                    self.early_cancels.discard(call_id)
+                    cancel_call = getattr(inst, "cancel_call", None)
+                    if cancel_call is not None:
+                        cancel_call(call_id)
+        return inst
+
+    def call_method(self, peer: Any, msg: dict) -> None:
+        """``CALL_METHOD`` (loop thread): to its instance, or it waits for its ``START``, or
+        it answers "died"."""
+        inst = self.instances.get(msg["instance_id"])
+        if inst is not None:
+            inst.call(peer, msg)
+            return
+        iid = msg["instance_id"]
+        why = self.ended.get(iid)
+        if why is not None:
+            self.edge.died(peer, msg, why)
+        else:
+            self.early.setdefault(iid, []).append((peer, msg))
+
+    def stop(self, instance_id: str, reason: str) -> Any:
+        """``STOP_INSTANCE``: the instance stops (its calls not answered die), the calls
+        waiting for its ``START`` die; returns the stopped instance (or ``None``)."""
+        inst = self.instances.pop(instance_id, None)
+        self.ended.setdefault(instance_id, reason)  # an isolated process's death said why
+        if len(self.ended) > ENDED_KEPT:
+            for key in list(self.ended)[:ENDED_KEPT // 2]:
+                del self.ended[key]
+        if inst is not None:
+            inst.stop(reason)
+        why = self.ended[instance_id]
+        for peer, msg in self.early.pop(instance_id, ()):
+            self.early_cancels.discard(msg["task_id"])
+            self.edge.died(peer, msg, why)
+        return inst
+
+    def cancel(self, call_id: str) -> bool:
+        """Ray's cancel of an actor task (``CANCEL_TASK`` for an id that is no task here):
+        the instance whose call it is takes it, or it waits with the call for its ``START``;
+        False if none (answered already)."""
+        for inst in self.instances.values():
+            cancel_call = getattr(inst, "cancel_call", None)
+            if cancel_call is not None and cancel_call(call_id):
+                return True
+        for calls in self.early.values():
+            for _peer, msg in calls:
+                if msg["task_id"] == call_id:
+                    self.early_cancels.add(call_id)
+                    return True
+        return False
+
+
+class HostedCalls:
+    """The calls of one hosted instance (see module docstring).  A subclass is its edge and
+    provides:
+
+    * ``_start(item)``: run call ``item`` (``(peer, msg)``) that the queue started; when it
+      returns, :meth:`finished` says which call starts in its place;
+    * ``_start_side(item)``: run call ``item`` of an off-loop method now, on the side
+      executor (outside the queue's concurrency);
+    * ``_answer_died(peer, call_id)``: answer ``InstanceDiedError`` (``self.stopped``);
+    * ``_answer_init_error(call_id)``, ``_answer_cancelled(call_id)``: answer the error of
+      ``__init__`` (``self.init_error``), or ``CancelledError``, through :meth:`answered`;
+    * ``_interrupt(call_id)``: cancel call ``call_id`` where it runs, if that can be done
+      (a running ``async def`` method: ``asyncio.CancelledError`` at its ``await``).
+    """
+
+    def __init__(self, concurrency: int) -> None:
+        self.queue = CallQueue(concurrency)  # which calls run now; under _lock
+        self._lock = threading.Lock()  # the loop thread adds calls, executor threads finish
+        self.stopped: str | None = None  # why, once stopped
+        self.init_error: Any = None  # what __init__ raised (every call answers it)
+        self.pending: dict[str, Any] = {}  # call id -> peer, for calls not answered yet
+        self.cancelled: set[str] = set()  # calls cancelled before their answer
+        self.off_loop: frozenset = frozenset()  # methods started on the side executor
+        self.calls_done = 0
+
+    def call(self, peer: Any, msg: dict) -> None:
+        """A call arrived (loop thread): it waits, starts or answers "died"."""
+        call_id = msg["task_id"]
+        if self.stopped is not None:
+            return self._answer_died(peer, call_id)
+        self.pending[call_id] = peer
+        item = (peer, msg)
+        with self._lock:
+            q = self.queue
+            side = q.ready and self.off_loop and msg["method"] in self.off_loop
+            start = side or q.arrived(item)
+        if side:
+            self._start_side(item)
+        elif start:
+            self._start(item)
+        return None
+
+    def constructed(self, off_loop: frozenset = frozenset()) -> None:
+        """``__init__`` finished (or failed: ``init_error``): the early calls of the
+        ``off_loop`` methods go to the side executor, the others start as the queue says."""
+        with self._lock:
+            self.off_loop = off_loop
+            side = self.queue.take(lambda item: item[1]["method"] in off_loop) \
+                if off_loop else ()
+            starts = self.queue.constructed()
+        for item in side:
+            if self.stopped is None:
+                self._start_side(item)
+        for item in starts:
+            self._start(item)
+
+    def finished(self) -> Any:
+        """A call the queue started returned (any thread): the call to run in its place."""
+        with self._lock:
+            return self.queue.finished()
+
+    def runs(self, call_id: str) -> bool:
+        """A started call is about to run: False if it must not (answered here, or by the
+        stop)."""
+        if self.stopped is not None:
+            return False
+        if self.init_error is not None:
+            self._answer_init_error(call_id)
+            return False
+        if self.cancelled and call_id in self.cancelled:  # cancelled before it started
+            self._answer_cancelled(call_id)
+            return False
+        return True
+
+    def answered(self, call_id: str) -> Any:
+        """Call ``call_id`` answers now: its peer, or ``None`` if it was answered already
+        (the stop answered it)."""
+        peer = self.pending.pop(call_id, None)
+        if self.cancelled:
+            self.cancelled.discard(call_id)
+        if peer is not None:
+            self.calls_done += 1
+        return peer
+
+    def cancel_call(self, call_id: str) -> bool:
+        """Ray's cancel of an actor task: a call not started is answered unrun (:meth:`runs`),
+        a running one is interrupted where that can be done.  False if ``call_id`` is no call
+        waiting for its answer here."""
+        if call_id not in self.pending:
+            return False
+        self.cancelled.add(call_id)
+        self._interrupt(call_id)
+        return True
+
+    def stop(self, reason: str) -> bool:
+        """Nothing starts any more and every call not answered yet answers "died"; False if
+        it had stopped already."""
+        if self.stopped is not None:
+            return False
+        self.stopped = reason
+        with self._lock:
+            self.queue.stop()  # the waiting calls are in pending too
+        pending = list(self.pending.items())
+        self.pending.clear()
+        for call_id, peer in pending:
+            self._answer_died(peer, call_id)
+        return True
+
+    # -- the edge (a subclass's) -----------------------------------------------------------
+
+    def _start(self, item: tuple) -> None:  # pragma: no cover - the subclass's
+        raise NotImplementedError
+
+    def _start_side(self, item: tuple) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _answer_died(self, peer: Any, call_id: str) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _answer_init_error(self, call_id: str) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _answer_cancelled(self, call_id: str) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _interrupt(self, call_id: str) -> None:  # pragma: no cover
+        raise NotImplementedError
