@@ -27,13 +27,16 @@ Scenarios: drivers create instances (named ones, binds, detached ones, recover_r
 0/1/2/-1, shapes that do not fit), call them, have them create children (owner tree; the
 child's handle comes back in the call's result: transit/arrived tokens), pass handles to
 the other driver, drop handles (release after the grace period), terminate them, ask for
-task leases, exit (gracefully or abruptly); workers die and new ones join.
+task leases, cancel calls (Ray's cancel of an actor task), exit (gracefully or abruptly);
+workers die and new ones join.
 
 Checks (``SimFailure``): each machine's ``validate()`` after every step; every call settles
 exactly once (calls of an abruptly ended driver excepted) with a value or an allowed error
 (its argument's error; ``InstanceDiedError``/``ScheduleError`` only once the instance has
-ended); no call starts before ``__init__`` finished nor beyond the concurrency; within one
-incarnation the calls of one route start in submission order (unordered ones excepted); a
+ended; ``CancelledError`` only if cancelled); no call (off-loop ones included) begins before
+``__init__`` finished nor after its cancel reached its worker, no more queued calls run at
+once than the concurrency; within one incarnation the calls of one route start in
+submission order (unordered and off-loop ones excepted); a
 call whose answer arrived is never sent again.  At quiescence: no live instance whose job
 ended (unless detached), none unheld, none held by a process that is gone or does not count it, no
 instance hosted on a worker that the lifecycle does not place there.  At the end, after the

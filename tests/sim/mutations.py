@@ -314,6 +314,52 @@ def _hosting_before_init(patch: Patch) -> None:
     patch(CallQueue, "arrived", arrived)
 
 
+def _early_calls_dropped(patch: Patch) -> None:
+    from yrdask.worker.instance_side import InstanceSide
+
+    real = InstanceSide.call_method
+
+    def call_method(self, peer, msg):
+        iid = msg["instance_id"]
+        if iid in self.instances or iid in self.ended:
+            return real(self, peer, msg)
+        return None  # a call that beat its START_INSTANCE is dropped
+    patch(InstanceSide, "call_method", call_method)
+
+
+def _start_after_stop(patch: Patch) -> None:
+    from yrdask.worker.instance_side import InstanceSide
+
+    real = InstanceSide.start
+
+    def start(self, spec):  # a START that its STOP overtook hosts the instance all the same
+        ended, self.ended = self.ended, {}
+        try:
+            return real(self, spec)
+        finally:
+            self.ended = ended
+    patch(InstanceSide, "start", start)
+
+
+def _cancel_not_kept(patch: Patch) -> None:
+    from yrdask.worker.instance_side import HostedCalls
+
+    patch(HostedCalls, "cancel_call", lambda self, call_id: call_id in self.pending)
+
+
+def _stop_keeps_calls(patch: Patch) -> None:
+    from yrdask.worker.instance_side import HostedCalls
+
+    def stop(self, reason):  # nothing starts any more, but the calls waiting never answer
+        if self.stopped is not None:
+            return False
+        self.stopped = reason
+        with self._lock:
+            self.queue.stop()
+        return True
+    patch(HostedCalls, "stop", stop)
+
+
 LQ_V = ("yrdask.scheduler.leases", "LeaseQueue")
 SQ_V = ("yrdask.runtime.submit_queue", "SubmitQueue")
 GATE_V = ("yrdask.worker.lease_gate", "LeaseGate")
@@ -404,6 +450,18 @@ MUTATIONS: list[Mutation] = [
     Mutation("hosting-before-init", "calls",
              "hosting starts calls before __init__ finished (the named concurrency=2 race)",
              _hosting_before_init, 300, (CQ_V,)),
+    Mutation("instance-side-drops-early-calls", "calls",
+             "the worker's instance side drops a call that beat its START_INSTANCE",
+             _early_calls_dropped, 300),
+    Mutation("instance-side-starts-after-stop", "calls",
+             "a START_INSTANCE that its STOP overtook hosts the instance all the same (FINDINGS.md "
+             "B)", _start_after_stop, 1500),
+    Mutation("hosting-cancel-not-kept", "calls",
+             "Ray's cancel of an actor call that has not begun lets it run (the cancel is "
+             "acknowledged, not kept)", _cancel_not_kept, 300),
+    Mutation("hosting-stop-keeps-calls", "calls",
+             "a stopped hosted instance never answers the calls it had not answered",
+             _stop_keeps_calls, 300),
     Mutation("locate-unknown-at-once", "calls",
              "a locate that overtook the creation answers 'does not exist' (the race of "
              "FINDINGS.md A)", _locate_answers_unknown_at_once, 1500, (LC_V,)),

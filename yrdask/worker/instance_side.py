@@ -103,13 +103,12 @@ class InstanceSide:
         """``STOP_INSTANCE``: the instance stops (its calls not answered die), the calls
         waiting for its ``START`` die; returns the stopped instance (or ``None``)."""
         inst = self.instances.pop(instance_id, None)
-        self.ended.setdefault(instance_id, reason)  # an isolated process's death said why
+        why = self.ended.setdefault(instance_id, reason)  # an isolated process's death said why
         if len(self.ended) > ENDED_KEPT:
             for key in list(self.ended)[:ENDED_KEPT // 2]:
                 del self.ended[key]
         if inst is not None:
             inst.stop(reason)
-        why = self.ended[instance_id]
         for peer, msg in self.early.pop(instance_id, ()):
             self.early_cancels.discard(msg["task_id"])
             self.edge.died(peer, msg, why)
