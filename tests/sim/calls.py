@@ -34,7 +34,8 @@ Checks (``SimFailure``): each machine's ``validate()`` after every step; every c
 exactly once (calls of an abruptly ended driver excepted) with a value or an allowed error
 (its argument's error; ``InstanceDiedError``/``ScheduleError`` only once the instance has
 ended; ``CancelledError`` only if cancelled); no call (off-loop ones included) begins before
-``__init__`` finished nor after its cancel reached its worker, no more queued calls run at
+``__init__`` finished, nor after its ``__init__`` raised (its calls answer that error: 4 % of
+instances), nor after its cancel reached its worker, no more queued calls run at
 once than the concurrency; within one incarnation the calls of one route start in
 submission order (unordered and off-loop ones excepted); a
 call whose answer arrived is never sent again.  At quiescence: no live instance whose job
@@ -92,6 +93,10 @@ class ArgBoom(Exception):
     """A call's (or a creation's) ref argument failed."""
 
 
+class InitBoom(Exception):
+    """The instance's ``__init__`` raised: every call answers this."""
+
+
 class Proc:
     """A driver or worker process: its CallOrder, the handles it holds, its hosting."""
 
@@ -129,6 +134,7 @@ class SimHosted(HostedCalls):
         super().__init__(conc)
         self.world, self.w, self.iid, self.inc, self.conc = world, w, iid, inc, conc
         self.ready = False  # the world's own record: __init__ finished
+        self.init_raised = False  # ... and raised
         self.running: set[str] = set()  # calls the queue started, now running
         self.side_running: set[str] = set()  # off-loop calls running
         self.results: dict[str, Any] = {}
@@ -146,7 +152,7 @@ class SimHosted(HostedCalls):
         self.world.send(self.w.name, peer, "call",
                         ("DONE", call_id, ("died", f"{self.iid} has ended: {self.stopped}")))
 
-    def _answer_init_error(self, call_id: str) -> None:  # pragma: no cover - __init__ never fails here
+    def _answer_init_error(self, call_id: str) -> None:
         peer = self.answered(call_id)
         if peer is not None:
             self.world.send(self.w.name, peer, "call", ("DONE", call_id, ("init-error",)))
@@ -352,6 +358,7 @@ class CallWorld:
     def __init__(self, seed: int) -> None:
         self.seed = seed
         rng = self.rng = random.Random(seed * 31 + 5)
+        self.init_rng = random.Random(seed * 17 + 3)  # whose __init__ raises (its own draws)
         self.now = 0.0
         self.step = 0
         self._seq = 0
@@ -487,6 +494,8 @@ class CallWorld:
         if isinstance(err, CancelledError):  # InstanceRouter.on_done after Ray's cancel
             if not rec["cancelled"]:
                 self.fail(f"call {cid} answered as cancelled though nobody cancelled it")
+        elif isinstance(err, InitBoom):  # (only an instance whose __init__ raised sends it)
+            pass
         elif isinstance(err, ArgBoom):
             if not (rec["bad_arg"] or iid in self.create_boom):
                 self.fail(f"call {cid} failed with an argument error it did not have: {err!r}")
@@ -589,6 +598,7 @@ class CallWorld:
             params["unordered"] = (params["is_async"] or params["concurrency"] != 1) \
                 and rng.random() < 0.5
             params["off_loop"] = params["is_async"] and rng.random() < 0.5
+            params["init_fails"] = self.init_rng.random() < 0.04
             if params["shape"] is UNFIT and params["timeout_ms"] < 0:
                 params["timeout_ms"] = 2000
             self.create(dname, d.job, params)
@@ -687,7 +697,9 @@ class CallWorld:
                 self.do(dname, "done", cid, CancelledError(f"Task: {cid} was cancelled."))
             elif isinstance(result, tuple) and result[0] == "died":
                 self.do(dname, "done", cid, InstanceDiedError(result[1]))
-            elif isinstance(result, tuple) and result[0] in ("cancelled", "init-error"):
+            elif isinstance(result, tuple) and result[0] == "init-error":
+                self.do(dname, "done", cid, InitBoom(rec["iid"]))
+            elif isinstance(result, tuple) and result[0] == "cancelled":
                 self.fail(f"call {cid} answered {result} though it was not cancelled")
             else:
                 rec["result"] = result
@@ -732,9 +744,13 @@ class CallWorld:
             if h is None or h.stopped is not None:
                 return
             h.ready = True
-            h.constructed(frozenset({"side"}) if self.specs[msg[1]].get("off_loop")
-                          else frozenset())
-            self.send(wname, SCHED, "stream", ("STATE", msg[1], "ALIVE"))
+            spec = self.specs[msg[1]]
+            if spec.get("init_fails"):
+                h.init_raised = True  # the world's own record
+                h.init_error = "InitBoom"
+            h.constructed(frozenset({"side"}) if spec.get("off_loop") else frozenset())
+            self.send(wname, SCHED, "stream", ("STATE", msg[1], "ALIVE",
+                                               h.init_error is not None))
         elif op == "CALL":  # agent.call_method: the instance side (production code)
             _, cid, iid, caller, method = msg
             w.side.call_method(caller, {"task_id": cid, "instance_id": iid, "method": method})
@@ -782,6 +798,8 @@ class CallWorld:
             return self.finish_call(w, iid, cid, inc, side, ran=False)
         if not h.ready:
             self.fail(f"hosting: call {cid} on {iid} ran before __init__ finished")
+        if h.init_raised:
+            self.fail(f"hosting: call {cid} on {iid} ran though its __init__ raised")
         if cid in w.unrun_cancels:
             self.fail(f"hosting: call {cid} on {iid} began after its cancel had arrived")
         w.ran.add(cid)
@@ -893,8 +911,8 @@ class CallWorld:
             _, deltas, transit, arrived = msg
             self.instances.handle_refs(src, deltas, transit, arrived)
         elif op == "STATE":
-            _, iid, state = msg
-            self.instances.instance_state(iid, state, src)
+            _, iid, state, failed = msg
+            self.instances.instance_state(iid, state, src, failed)
         elif op == "STOPPED":
             iid = msg[1]
             for ws in self.stops.values():

@@ -347,6 +347,20 @@ def _cancel_not_kept(patch: Patch) -> None:
     patch(HostedCalls, "cancel_call", lambda self, call_id: call_id in self.pending)
 
 
+def _init_error_ignored(patch: Patch) -> None:
+    from yrdask.worker.instance_side import HostedCalls
+
+    real = HostedCalls.runs
+
+    def runs(self, call_id):  # calls run on an object whose __init__ raised
+        error, self.init_error = self.init_error, None
+        try:
+            return real(self, call_id)
+        finally:
+            self.init_error = error
+    patch(HostedCalls, "runs", runs)
+
+
 def _stop_keeps_calls(patch: Patch) -> None:
     from yrdask.worker.instance_side import HostedCalls
 
@@ -459,6 +473,9 @@ MUTATIONS: list[Mutation] = [
     Mutation("hosting-cancel-not-kept", "calls",
              "Ray's cancel of an actor call that has not begun lets it run (the cancel is "
              "acknowledged, not kept)", _cancel_not_kept, 300),
+    Mutation("hosting-init-error-ignored", "calls",
+             "calls of an instance whose __init__ raised run instead of answering its error",
+             _init_error_ignored, 300),
     Mutation("hosting-stop-keeps-calls", "calls",
              "a stopped hosted instance never answers the calls it had not answered",
              _stop_keeps_calls, 300),

@@ -44,7 +44,8 @@ def test_mutations_reach_the_production_adapters():
             "hosting-before-init"} <= names
     # the worker agent's instance side and a hosted instance's call rules (instance_side.py)
     assert {"instance-side-drops-early-calls", "instance-side-starts-after-stop",
-            "hosting-cancel-not-kept", "hosting-stop-keeps-calls"} <= names
+            "hosting-cancel-not-kept", "hosting-stop-keeps-calls",
+            "hosting-init-error-ignored"} <= names
 
 
 @pytest.mark.parametrize("mutation", MU.MUTATIONS, ids=lambda m: m.name)
