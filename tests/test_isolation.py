@@ -305,3 +305,37 @@ def test_kill_instance_runs_the_isolated_shutdown_hook_then_kills(cluster, tmp_p
     wait_until(lambda: gone(pid), 30, "the stopped instance's process to end")
     assert yr.get(sibling.incr.invoke(), timeout=60) == 1 and not gone(other["pid"])
     sibling.terminate()
+
+
+@yr.instance
+class DiesInFirstRestart:
+    """Its first restart dies in ``__init__`` (a count in a file): the start after it works."""
+
+    def __init__(self, path: str) -> None:
+        n = int(open(path).read()) if os.path.exists(path) else 0
+        with open(path, "w") as f:
+            f.write(str(n + 1))
+        if n == 1:
+            os._exit(7)
+        self.starts = n + 1
+
+    def count(self) -> int:
+        return self.starts
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_a_restart_that_dies_in_init_is_one_more_death(cluster, tmp_path):
+    """Found by the simulation (tests/sim/isolated.py): a restarted isolated process that died
+    before it built the instance left it RESTARTING for good, its calls waiting.  The death
+    of restart 1 is a new death: the budget allows restart 2, which serves the call."""
+    cluster(kind="embedded", num_cpus=1)
+    h = DiesInFirstRestart.options(small(isolated=True, recover_retry_times=3)).invoke(
+        str(tmp_path / "starts"))
+    os.kill(yr.get(h.pid.invoke(), timeout=60), signal.SIGKILL)
+    assert yr.get(h.count.invoke(), timeout=90) == 3  # start 2 died in __init__, start 3 serves
+    status = wait_until(lambda: (st := h.status())["state"] == "ALIVE" and st, 30,
+                        lambda: f"ALIVE at the scheduler: {h.status()}")
+    assert status["restarts"] == 2, status
+    h.terminate()

@@ -665,7 +665,8 @@ class InstanceState(Message):
     ``__init__`` raised, ``"EXITED"`` after it stopped, ``"RESTARTING"`` when its isolated
     process died (the scheduler answers with a ``START_INSTANCE`` to the same worker while
     ``recover_retry_times`` is left, else a stop); ``error`` a pickled RemoteError or
-    ``None``; ``reason`` why it exited or died (the exit code or signal)."""
+    ``None``; ``reason`` why it exited or died (the exit code or signal); ``incarnation``
+    with RESTARTING: the restart the dead process was (``-1``: not said)."""
 
     op: ClassVar[str] = INSTANCE_STATE
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM,)
@@ -673,6 +674,7 @@ class InstanceState(Message):
     state: str
     error: bytes | None = None
     reason: str = ""
+    incarnation: int = -1
 
 
 @_message

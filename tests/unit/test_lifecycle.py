@@ -396,6 +396,30 @@ def test_isolated_process_deaths_and_worker_losses_share_one_budget(h):
     assert of(out, L.ReleaseResources)
 
 
+def test_a_restarted_process_that_dies_before_it_comes_up_is_a_new_death(h):
+    """Found by the simulation (tests/sim/isolated.py): the restarted child died in
+    ``__init__``, before ALIVE; its RESTARTING, said with its incarnation, is a second death
+    (not the first one twice), so the instance restarts again or ends: it never stays
+    RESTARTING with its calls waiting."""
+    h.running("a", recover=1)
+    h(L.ProcessDied, "a", W1, "killed", 0)
+    rec = h.rec("a")
+    assert (rec.state, rec.restarts) == (P.RESTARTING, 1)
+    assert h(L.ProcessDied, "a", W1, "the same death, told again", 0) == []
+    out = h(L.ProcessDied, "a", W1, "restart 1 died in __init__", 1)
+    assert rec.state == P.DEAD and "used all its 1 restarts" in rec.reason
+    assert of(out, L.StopInstance)
+    h.running("b", recover=2)
+    h(L.ProcessDied, "b", W1, "killed", 0)
+    out = h(L.ProcessDied, "b", W1, "died again before ALIVE", 1)
+    rb = h.rec("b")
+    assert (rb.state, rb.restarts) == (P.RESTARTING, 2)
+    assert of(out, L.StartInstance)[0].incarnation == 2
+    h(L.InstanceStarted, "b", W1)
+    assert h(L.ProcessDied, "b", W1, "an old process's, late", 1) == []  # stale
+    assert rb.state == P.ALIVE
+
+
 def test_isolated_process_death_without_restarts_ends_it(h):
     h.running("a")
     h(L.ProcessDied, "a", W1, "its isolated process (pid 7) exited with code 7")

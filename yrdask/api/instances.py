@@ -94,9 +94,24 @@ class _ClassInfo:
                 parameters=list(init_sig.parameters.values())[1:])
         except (TypeError, ValueError):
             self.init_sig = None
-        self.meta = dumps({"name": self.name, "methods": self.methods,
-                           "redeliveries": self.redeliveries,
-                           "unordered": bool(getattr(cls, _UNORDERED, False))})
+        self._info = {"name": self.name, "methods": self.methods,
+                      "redeliveries": self.redeliveries,
+                      "unordered": bool(getattr(cls, _UNORDERED, False))}
+        self.meta = dumps(self._info)
+        self._metas: dict[int, bytes] = {1: self.meta}
+
+    def concurrency(self, opts: Any) -> int:
+        """The concurrency an instance created with ``opts`` runs with (as hosting has it)."""
+        conc = getattr(self.cls, _CONCURRENCY, None) or opts.concurrency
+        return conc or (1000 if self.is_async else 1)
+
+    def meta_for(self, concurrency: int) -> bytes:
+        """The handle metadata of an instance with this concurrency (its callers charge a
+        lost worker's crash to up to that many calls: ``call_order.crash_window``)."""
+        meta = self._metas.get(concurrency)
+        if meta is None:
+            meta = self._metas[concurrency] = dumps({**self._info, "concurrency": concurrency})
+        return meta
 
 
 class InstanceCreator:
@@ -167,7 +182,7 @@ class InstanceCreator:
             iid = f"i-{rt.new_id()}"
             add_group_member(opts, iid, lambda o: self.options(o)._create(
                 rt, info, args, kwargs, instance_id=iid))
-            return InstanceProxy(iid, info.meta, rt)
+            return InstanceProxy(iid, info.meta_for(info.concurrency(opts)), rt)
         if opts.get_if_exists:
             with self._lock:
                 return self._get_or_create(rt, info, args, kwargs)
@@ -176,8 +191,8 @@ class InstanceCreator:
     def _get_or_create(self, rt: Any, info: _ClassInfo, args: tuple, kwargs: dict) -> "InstanceProxy":
         iid, where, meta = rt.scheduler_call(P.GET_NAMED, name=self._options.name,
                                              namespace=self._options.namespace, timeout=60)
-        if iid is not None:
-            return InstanceProxy(iid, info.meta, rt)
+        if iid is not None:  # the existing instance's own metadata (its concurrency)
+            return InstanceProxy(iid, meta or info.meta, rt)
         return self._create(rt, info, args, kwargs)
 
     def _create(self, rt: Any, info: _ClassInfo, args: tuple, kwargs: dict,
@@ -188,7 +203,8 @@ class InstanceCreator:
         if opts.resource_group_options is not None:
             check_bundle_index(rt, opts)
         spec = {
-            "cls": info.payload, "cls_name": info.name, "meta": info.meta,
+            "cls": info.payload, "cls_name": info.name,
+            "meta": info.meta_for(info.concurrency(opts)),
             "shape": opts.resource_shape(), "timeout_ms": opts.schedule_timeout_ms,
             "name": opts.name, "namespace": opts.namespace, "detached": opts.is_detached,
             "concurrency": getattr(info.cls, _CONCURRENCY, None) or opts.concurrency,
@@ -204,7 +220,7 @@ class InstanceCreator:
             rt.create_instance(spec, args, kwargs)
             return None
         iid = rt.create_instance(spec, args, kwargs)
-        handle = InstanceProxy(iid, info.meta, rt)
+        handle = InstanceProxy(iid, spec["meta"], rt)
         handle._name = opts.name or ""  # for _repr_html_
         return handle
 
@@ -239,6 +255,7 @@ class InstanceProxy:
         self._methods: dict = info["methods"]
         self._redeliveries: dict = info.get("redeliveries", {})
         self._unordered: bool = info.get("unordered", False)
+        self._concurrency: int = info.get("concurrency", 1)
         self._rt = runtime
         self._terminated = False
         runtime.on_loop(runtime.router.incref, instance_id)
@@ -355,7 +372,8 @@ class MethodProxy:
             except TypeError as e:
                 raise TypeError(f"{h._cls_name}.{self._name}.invoke(): {e}") from None
         refs = h._rt.call_method(h.instance_id, self._name, args, kwargs, self._nret,
-                                 h._redeliveries.get(self._name), h._unordered)
+                                 h._redeliveries.get(self._name), h._unordered,
+                                 h._concurrency)
         if self._nret == 0:
             return None
         if self._nret == P.STREAMING:

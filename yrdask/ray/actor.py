@@ -714,7 +714,8 @@ class ActorMethod:
             return MethodProxy(proxy, self._name, nret, None).invoke()  # raises, says why
         method_args = (self._name, per_call, *args)
         refs = proxy._rt.call_method(proxy.instance_id, "__ray_call__", method_args, kwargs,
-                                     nret, redeliveries, proxy._unordered)
+                                     nret, redeliveries, proxy._unordered,
+                                     proxy._concurrency)
         if nret == 0:
             return None
         if nret == STREAMING:

@@ -19,7 +19,10 @@ Rules:
 * When the channel to a worker is lost, the calls sent there and not answered go back to the
   front of their route in the order they were sent, and the route locates its instance
   again (``lost=worker``): a restarted instance gets them again (at least once); a call that
-  was answered is never sent again.
+  was answered is never sent again.  The oldest ``concurrency`` of them may have been
+  running and are charged a crash; past their bound they fail with ``CallCrashedError``
+  (:func:`charge_crash`, the one rule, which ``worker/isolated_calls.py`` applies too when
+  an isolated instance's process dies).
 * A dead route (creation failed, an argument of the creation failed, the instance ended)
   fails its queued and later calls with the cause.
 * Handle counts: each live handle and each call not yet settled counts one for its
@@ -43,9 +46,52 @@ from yrdask.statemachine import Event, Instruction, Story, fast_init
 
 def may_redeliver(crashes: int, bound: int) -> bool:
     """A call was running when its instance's process died, ``crashes`` times now: is it
-    delivered again?  Not past ``bound`` (``-1``: no bound).  The one rule for a lost worker
-    (:class:`CallOrder`) and a dead isolated process (``worker/isolated.py``)."""
+    delivered again?  Not past ``bound`` (``-1``: no bound)."""
     return bound < 0 or crashes <= bound
+
+
+def crash_window(unanswered: int, concurrency: int) -> int:
+    """How many of the ``unanswered`` calls (oldest first, in the order their host received
+    them) may have been running when the host process died: the oldest ``concurrency``.
+
+    Why that bound holds: the host starts calls in arrival order, at most ``concurrency`` at
+    a time (``worker/call_queue.py``), and an answered call has left the list, so the
+    calls that were running are the oldest unanswered ones, never more than
+    ``concurrency`` of them.  Async instances and the Ray surface's threaded and async
+    actors are included: their concurrency (default 1000; with concurrency groups at least
+    1000 and the groups' sum) bounds what runs at once, so practically all their
+    unanswered calls count.  The one case it misses: an answer lost with the process (sent,
+    never read) leaves a finished call in the list, charged in the place of a running one.
+    ``concurrency < 1``: no bound (every unanswered call counts)."""
+    return unanswered if concurrency < 1 else min(unanswered, concurrency)
+
+
+def charge_crash(unanswered: list, concurrency: int, charge: Any, bound: Any
+                 ) -> tuple[list, list]:
+    """The one crash-charging rule, for a lost worker (:class:`CallOrder`, each caller
+    for its own calls) and a dead isolated process (``worker/isolated.py``, the agent for
+    all calls it forwarded): the host process of ``unanswered`` calls (oldest first, in the
+    order the host received them) died.  The oldest :func:`crash_window` of them may have
+    been running: each is charged a crash (``charge(call)`` counts it and returns its count
+    now) and is delivered again while :func:`may_redeliver` allows (``bound(call)``), else
+    it fails; the others had not started and go again uncharged.
+
+    Returns ``(calls to deliver again, in order; (call, crashes) to fail, in order)``.
+    Pure: the callers keep the counts (per call, so a call charged on two deaths of the
+    same host process chain counts both)."""
+    n = crash_window(len(unanswered), concurrency)
+    if n == 0:
+        return list(unanswered), []
+    resend: list = []
+    failed: list = []
+    for call in unanswered[:n]:
+        crashes = charge(call)
+        if may_redeliver(crashes, bound(call)):
+            resend.append(call)
+        else:
+            failed.append((call, crashes))
+    resend.extend(unanswered[n:])
+    return resend, failed
 
 
 # -- events ----------------------------------------------------------------------------------
@@ -106,6 +152,9 @@ class CallSubmitted(Event):
     error: Any = None
     max_redeliveries: int | None = None  # its own bound (None: the machine's; -1: none)
     unordered: bool = False  # may leave before earlier calls whose arguments are not ready
+    # how many calls of its instance run at once (its concurrency; 0: unknown, no bound):
+    # which of them a lost worker charges (crash_window)
+    concurrency: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,23 +282,35 @@ LOCATING = "locating"  # the LOCATE_INSTANCE answer
 
 class _Call:
     __slots__ = ("call_id", "instance_id", "seq", "ready", "error", "crashes",
-                 "max_redeliveries", "unordered")
+                 "max_redeliveries", "unordered", "concurrency")
 
     def __init__(self, call_id: str, instance_id: str, seq: int, ready: bool,
                  error: Any, max_redeliveries: int | None = None,
-                 unordered: bool = False) -> None:
+                 unordered: bool = False, concurrency: int = 1) -> None:
         self.unordered = unordered
+        self.concurrency = concurrency
         self.call_id = call_id
         self.instance_id = instance_id
         self.seq = seq  # submission order, for validate()
         self.ready = ready
         self.error = error  # a failed ref argument
-        self.crashes = 0  # times it was the running call when its instance's process died
+        self.crashes = 0  # times it may have been running when its instance's process died
         self.max_redeliveries = max_redeliveries
 
 
 def _seq(call: _Call) -> int:
     return call.seq
+
+
+def _concurrency_of(calls: list) -> int:
+    """The concurrency of the instance these calls went to (0 if any caller did not know)."""
+    conc = [c.concurrency for c in calls]
+    return 0 if min(conc) < 1 else max(conc)
+
+
+def _charge(call: _Call) -> int:
+    call.crashes += 1
+    return call.crashes
 
 
 class _Route:
@@ -327,7 +388,7 @@ class CallOrder:
         if route is None:
             route = self.routes[iid] = _Route(iid)
         call = _Call(cid, iid, next(self._seq), ev.ready, ev.error, ev.max_redeliveries,
-                     ev.unordered)
+                     ev.unordered, ev.concurrency)
         self.calls[cid] = call
         if (route.worker is None or route.queue or not ev.ready or ev.error is not None
                 or route.dead is not None):  # it waits (a call sent at once: "send" says it)
@@ -380,20 +441,19 @@ class CallOrder:
             resend = list(route.inflight.values())
             route.inflight.clear()
             if resend:
-                # The oldest unanswered call is the one that was running (calls of one caller
-                # run in order): it may be what killed the process, so it is charged; the
-                # ones behind it had not started.  Past the bound it fails instead.
-                head = resend[0]
-                head.crashes += 1
-                bound = (self.max_redeliveries if head.max_redeliveries is None
-                         else head.max_redeliveries)
-                if not may_redeliver(head.crashes, bound):
-                    resend.pop(0)
+                # The calls that were running are among the oldest unanswered ones (the
+                # worker starts them in the order they arrived, up to the concurrency): they
+                # are charged a crash, and fail past the bound (charge_crash: the one rule,
+                # also for a dead isolated process).  The ones behind had not started.
+                resend, failed = charge_crash(resend, _concurrency_of(resend), _charge,
+                                              self._bound_of)
+                for call, n in failed:
+                    bound = self._bound_of(call)
                     why = (f"yrdask.scheduling.max-call-redeliveries={bound}"
-                           if head.max_redeliveries is None else f"its own bound: {bound}")
-                    self._fail(head, CallCrashedError(
-                        f"call {head.call_id} on instance {head.instance_id} was running when "
-                        f"the instance's process died, {head.crashes} times (last on "
+                           if call.max_redeliveries is None else f"its own bound: {bound}")
+                    self._fail(call, CallCrashedError(
+                        f"call {call.call_id} on instance {call.instance_id} may have been "
+                        f"running when the instance's process died, {n} times (last on "
                         f"{ev.worker}); it is not delivered again ({why}): "
                         "it may be what kills the process", ev.worker), ev.stimulus_id, out)
             if resend:
@@ -541,6 +601,9 @@ class CallOrder:
             out.append(SendCall(sid, cid, target, worker))
         if passed:
             queue.extendleft(reversed(passed))  # they keep their places, in submission order
+
+    def _bound_of(self, call: _Call) -> int:
+        return self.max_redeliveries if call.max_redeliveries is None else call.max_redeliveries
 
     def _fail(self, call: _Call, error: Any, sid: str, out: list) -> None:
         del self.calls[call.call_id]

@@ -63,9 +63,10 @@ class CallRouter:
         self._do(self.order.handle(C.CreateDepsReady(iid, iid, error)))
 
     def submit(self, call_id: str, instance_id: str, ready: bool, error: Any = None,
-               max_redeliveries: int | None = None, unordered: bool = False) -> None:
+               max_redeliveries: int | None = None, unordered: bool = False,
+               concurrency: int = 1) -> None:
         self._do(self.order.handle(C.CallSubmitted(call_id, call_id, instance_id, ready, error,
-                                                   max_redeliveries, unordered)))
+                                                   max_redeliveries, unordered, concurrency)))
 
     def deps_ready(self, call_id: str, error: Any = None) -> None:
         self._do(self.order.handle(C.CallDepsReady(call_id, call_id, error)))

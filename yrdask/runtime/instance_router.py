@@ -40,6 +40,7 @@ class Call:
     results: list | None = None  # of its TASK_DONE, until CallSucceeded
     max_redeliveries: int | None = None  # its own bound after crashes (None: the default)
     unordered: bool = False  # may pass earlier calls still waiting for their arguments
+    concurrency: int = 1  # its instance's (0: unknown): bounds a lost worker's crash charge
     held: list | None = None  # its ref arguments, alive until it is answered (borrowing)
     sent_to: str | None = None  # the worker it was last sent to
     cancelled: bool = False  # Ray's cancel of an actor task: settled here, told to the worker
@@ -85,12 +86,12 @@ class InstanceRouter(CallRouter):
         refs = call.dep_refs
         if refs and pending_owned(refs):
             self.submit(cid, call.instance_id, False, None, call.max_redeliveries,
-                        call.unordered)
+                        call.unordered, call.concurrency)
             when_ready(refs, lambda: self.deps_ready(cid, failed_dep(refs)))
         else:
             error = failed_dep(refs) if refs else None
             self.submit(cid, call.instance_id, True, error, call.max_redeliveries,
-                        call.unordered)
+                        call.unordered, call.concurrency)
 
     def cancel(self, cid: str) -> bool:
         """Ray's ``cancel`` of an actor task; False if ``cid`` is no call waiting for its

@@ -378,11 +378,13 @@ class Runtime:
 
     def call_method(self, instance_id: str, method: str, args: tuple, kwargs: dict,
                     nret: int, max_redeliveries: int | None = None,
-                    unordered: bool = False) -> list[ObjectRef]:
+                    unordered: bool = False, concurrency: int = 1) -> list[ObjectRef]:
         """Send a method call.  ``max_redeliveries``: how often it is delivered again after
         its instance's process died while it ran (None: ``max-call-redeliveries``; -1: no
         bound), which the Ray surface sets from ``max_task_retries``.  ``unordered``: it may
-        leave before earlier calls whose ref arguments are not ready (Ray's async actors)."""
+        leave before earlier calls whose ref arguments are not ready (Ray's async actors).
+        ``concurrency``: the instance's (0: unknown), which bounds the calls a lost worker
+        charges a crash (``call_order.crash_window``)."""
         blob = pack_plain_args(args, kwargs)
         if blob is not None:  # the hot path: plain values, no ref among them
             dep_refs, nested = [], []
@@ -402,7 +404,7 @@ class Runtime:
                 entries = [r._entry for r in refs]
         call = Call(call_id, instance_id, method, blob, dep_refs, entries, nret,
                     max_redeliveries=max_redeliveries, unordered=unordered,
-                    held=dep_refs + nested if nested else dep_refs)
+                    concurrency=concurrency, held=dep_refs + nested if nested else dep_refs)
         self.on_loop(self.router.call, call)
         return refs
 

@@ -122,8 +122,10 @@ class InstanceManager:
         self.service.handle_refs(worker or holder, deltas, transit, arrived)
 
     def instance_state(self, instance_id: str, state: str, error: Any = None,
-                       worker: str | None = None, reason: str = "") -> None:
-        self.service.instance_state(instance_id, state, worker, error is not None, reason)
+                       worker: str | None = None, reason: str = "",
+                       incarnation: int = -1) -> None:
+        self.service.instance_state(instance_id, state, worker, error is not None, reason,
+                                    incarnation)
 
     def on_owner_gone(self, owner: str, holder: str | None) -> None:
         self.service.owner_gone(owner, holder)

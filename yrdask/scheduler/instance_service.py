@@ -196,14 +196,15 @@ class InstanceService:
                                self.edge.now()))
 
     def instance_state(self, instance_id: str, state: str, worker: str, failed: bool = False,
-                       reason: str = "") -> None:
+                       reason: str = "", incarnation: int = -1) -> None:
         """``INSTANCE_STATE`` from ``worker``: ALIVE (``failed``: ``__init__`` raised),
-        EXITED, or RESTARTING (its isolated process died; the worker lives)."""
+        EXITED, or RESTARTING (its isolated process of restart ``incarnation`` died; the
+        worker lives)."""
         sid = self._sid(f"state-{state}")
         if state == "EXITED":
             event: Any = L.InstanceExited(sid, instance_id, worker, reason)
         elif state == P.RESTARTING:
-            event = L.ProcessDied(sid, instance_id, worker or "", reason)
+            event = L.ProcessDied(sid, instance_id, worker or "", reason, incarnation)
         else:
             event = L.InstanceStarted(sid, instance_id, worker, failed)
         self.feed(event)

@@ -100,11 +100,14 @@ class InstanceExited(Event):
 class ProcessDied(Event):
     """The instance's own process died on ``worker`` and the worker lives (an isolated
     instance's child, docs/isolation.md): restart it there, or end it, by the same
-    ``recover_retry_times`` budget as a worker loss.  ``why``: the exit code or signal."""
+    ``recover_retry_times`` budget as a worker loss.  ``why``: the exit code or signal.
+    ``incarnation``: the restart that process was (``-1``: not said); the death of a
+    restarted process that died before it came up is a new death, not the same one twice."""
 
     instance_id: str
     worker: str
     why: str = ""
+    incarnation: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -540,7 +543,10 @@ class Lifecycle:
     def _process_died(self, ev: ProcessDied, out: list) -> None:
         rec = self.instances.get(ev.instance_id)
         sid = ev.stimulus_id
-        if rec is None or rec.state in (P.DEAD, P.RESTARTING) or rec.worker != ev.worker:
+        said = ev.incarnation >= 0
+        if (rec is None or rec.state == P.DEAD or rec.worker != ev.worker
+                or (said and ev.incarnation != rec.restarts)  # an earlier process's
+                or (rec.state == P.RESTARTING and not said)):  # twice, or not known which
             self._log(sid, "process-died-ignored", ev.instance_id, ev.worker)  # stale or twice
             return
         cause = ev.why or "its process died"

@@ -678,9 +678,10 @@ class WorkerAgent:
             await hook(obj)
 
     def report_state(self, instance_id: str, state: str, error: bytes | None,
-                     reason: str = "") -> None:
-        self.loop.call_soon_threadsafe(self.runtime.connector.stream_send,
-                                       P.InstanceState(instance_id, state, error, reason))
+                     reason: str = "", incarnation: int = -1) -> None:
+        self.loop.call_soon_threadsafe(
+            self.runtime.connector.stream_send,
+            P.InstanceState(instance_id, state, error, reason, incarnation))
 
 
 class _InstanceEdge:

@@ -24,10 +24,13 @@ How (``docs/isolation.md``):
   ``RESTARTING``), whose ``Lifecycle`` owns the instance's one restart budget
   (``recover_retry_times``, shared with worker losses, never reset): with restarts left it
   answers with a ``START_INSTANCE`` to this worker, and a new child is started (a fresh
-  ``__init__``); the calls not answered are delivered again in order, except that each
-  caller's oldest one (the one that was running) is charged a crash (:func:`charge_crash`,
-  the rule of ``runtime/call_order.py``); without, it stops the instance, and its calls fail
-  with ``InstanceDiedError`` naming the exit code or the signal.
+  ``__init__``); the calls not answered are delivered again in order, except that the
+  oldest ``concurrency`` of them (those that may have been running) are charged a crash by
+  the one rule of ``runtime/call_order.py`` (``charge_crash``); without, it stops the
+  instance, and its calls fail with ``InstanceDiedError`` naming the exit code or the
+  signal.  What is decided (pending, waiting, died, restart, charge) is
+  :class:`~yrdask.worker.isolated_calls.IsolatedCalls`, which the simulation drives too;
+  :class:`IsolatedInstance` does the I/O.
 """
 from __future__ import annotations
 
@@ -47,12 +50,13 @@ import dask
 from yrdask import protocol as P
 from yrdask.errors import (CallCrashedError, InstanceDiedError, RemoteError, YRRuntimeError,
                            YRValueError, describe_exit, user_traceback)
-from yrdask.runtime.call_order import may_redeliver
+from yrdask.worker import isolated_calls as IC
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args
 
 logger = logging.getLogger("yrdask.worker")
 
 START_TIMEOUT_S = 60.0
+READ_AFTER_EXIT_S = 2.0  # a dead child's answers still in its channel are read this long
 POOL_IDLE_S = 10.0  # a pooled task process unused this long is reaped
 
 
@@ -254,21 +258,34 @@ class IsolatedInstance:
         self.spec = spec
         self.instance_id: str = spec["instance_id"]
         self.cls_name: str = spec["cls_name"]
-        self.stopped: str | None = None
-        self.pending: dict[str, tuple[Any, dict]] = {}  # forwarded, not answered, in order
-        self.waiting: list[tuple[Any, dict]] = []  # arrived while no child is ready
-        self.crashes: dict[str, int] = {}  # call id -> times it was running when a child died
+        # what is decided (pending, waiting, died, restart, crash charge): items (peer, msg)
+        self.decide = IC.IsolatedCalls(
+            self.instance_id, spec.get("concurrency") or (1000 if spec.get("is_async") else 1),
+            int(spec.get("incarnation") or 0))
         self.calls_done = 0
-        self.restarts = int(spec.get("incarnation") or 0)  # as counted by the scheduler
-        self.died: str | None = None  # the child died: why, until the scheduler answers
         self.proc: subprocess.Popen | None = None
         self.comm: Any = None
         self.stream: Any = None
         self.init_error: bytes | None = None
         self.address: str | None = None
         self._stopping: asyncio.Task | None = None
+        self._reader: asyncio.Task | None = None  # reads the current child's answers
+        self.cause: str | None = None  # how the last child died
         self.generation = 0
         agent.loop.create_task(self._start(report=True))
+
+    @property
+    def stopped(self) -> str | None:
+        return self.decide.stopped
+
+    @property
+    def restarts(self) -> int:
+        """The restarts the scheduler granted (its incarnation)."""
+        return self.decide.incarnation
+
+    @property
+    def pending(self) -> dict:
+        return self.decide.pending
 
     @property
     def pid(self) -> int | None:
@@ -317,8 +334,7 @@ class IsolatedInstance:
             self.init_error = dumps(RemoteError.from_exception(e, ""))
             if report:
                 self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
-            waiting, self.waiting = self.waiting, []
-            for peer, msg in waiting:
+            for _cid, (peer, msg) in self.decide.start_failed_now():
                 self._fail_init(peer, msg)
             return
         if self.stopped is not None or gen != self.generation:
@@ -327,25 +343,30 @@ class IsolatedInstance:
         self.comm, self.stream = comm, StreamSender(comm)
         if report:
             self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
-        loop.create_task(self._read(comm, gen))
-        waiting, self.waiting = self.waiting, []
-        for peer, msg in waiting:
-            self.call(peer, msg)
+        self._reader = loop.create_task(self._read(comm, gen))
+        for _cid, (_peer, msg) in self.decide.connect():
+            self._forward(msg)
 
     def _fail_init(self, peer: Any, msg: dict) -> None:
         peer.reply(P.TaskDone(msg["task_id"], error=self.init_error).to_msg())
 
     def call(self, peer: Any, msg: dict) -> None:
         """``CALL_METHOD`` for this instance (loop thread): forward it, or queue it."""
-        if self.stopped is not None:
-            return self._answer_died(peer, msg["task_id"], self.stopped)
-        if self.stream is None:
-            if self.init_error is not None and self.proc is None and self.died is None:
-                return self._fail_init(peer, msg)
-            self.waiting.append((peer, msg))
-            return
-        self.pending[msg["task_id"]] = (peer, msg)
-        self.stream.send(msg)
+        what = self.decide.arrived(msg["task_id"], (peer, msg))
+        if what is IC.FORWARD:
+            self._forward(msg)
+        elif what is IC.ENDED:
+            self._answer_died(peer, msg["task_id"], self.decide.stopped or "")
+        elif what is IC.START_FAILED:
+            self._fail_init(peer, msg)
+
+    def _forward(self, msg: dict) -> None:
+        from distributed.comm.core import CommClosedError
+
+        try:
+            self.stream.send(msg)
+        except CommClosedError:
+            pass  # the child died: the call stays pending, its restart gets it again
 
     async def _read(self, comm: Any, gen: int) -> None:
         from distributed.comm.core import CommClosedError
@@ -363,11 +384,10 @@ class IsolatedInstance:
             pass  # the watcher reports the exit
 
     def _done(self, msg: dict) -> None:
-        entry = self.pending.pop(msg["task_id"], None)
+        entry = self.decide.answered(msg["task_id"])
         if entry is None:
             return
         peer, _call = entry
-        self.crashes.pop(msg["task_id"], None)
         results = msg.get("results")
         if results is not None:
             msg["results"] = self._keep_large(msg["task_id"], results)
@@ -376,7 +396,7 @@ class IsolatedInstance:
 
     def _item(self, msg: dict) -> None:
         """One value of a generator method: kept like a result, passed on at once."""
-        entry = self.pending.get(msg["task_id"])
+        entry = self.decide.pending.get(msg["task_id"])
         if entry is not None:
             oid = f"{msg['task_id']}.{msg['index']}"
             msg["result"] = keep_large(self.agent, oid, [msg["result"]])[0]
@@ -393,7 +413,23 @@ class IsolatedInstance:
             pass
 
     def _exited(self, proc: subprocess.Popen, code: int, gen: int) -> None:
-        """The child died (loop thread): the scheduler decides whether it restarts."""
+        """The child died (loop thread): once the answers it sent before it died are read
+        (so the calls still pending are the ones it had not answered), the scheduler
+        decides whether it restarts."""
+        if self.stopped is not None or gen != self.generation:
+            return
+        reader = self._reader
+        if reader is not None and not reader.done():
+            self.agent.loop.create_task(self._exited_after(reader, proc, code, gen))
+            return
+        self._died(proc, code, gen)
+
+    async def _exited_after(self, reader: asyncio.Task, proc: subprocess.Popen, code: int,
+                            gen: int) -> None:
+        await asyncio.wait({reader}, timeout=READ_AFTER_EXIT_S)
+        self._died(proc, code, gen)
+
+    def _died(self, proc: subprocess.Popen, code: int, gen: int) -> None:
         if self.stopped is not None or gen != self.generation:
             return
         cause = describe_exit_of(proc.pid, code)
@@ -401,37 +437,35 @@ class IsolatedInstance:
         if self.comm is not None:
             self.comm.abort()
         self.comm = self.stream = None
+        self._reader = None
         self.proc = None
         self.init_error = None
-        self.died = cause
+        self.cause = cause
         # The scheduler's Lifecycle decides (one budget per instance): a START_INSTANCE
         # back here restarts it (:meth:`restart`), a stop ends it.  Calls wait meanwhile.
-        self.agent.report_state(self.instance_id, P.RESTARTING, None, cause)
+        if self.decide.child_died(cause):
+            self.agent.report_state(self.instance_id, P.RESTARTING, None, cause,
+                                    self.decide.incarnation)
 
     def restart(self, spec: dict) -> None:
         """``START_INSTANCE`` again for this instance after its child died: the scheduler
         granted restart ``spec["incarnation"]``.  The unanswered calls go again in order,
-        but each caller's oldest one is charged a crash (:func:`charge_crash`)."""
-        if self.stopped is not None or self.died is None:
+        but those that may have been running are charged a crash
+        (:meth:`IsolatedCalls.restart <yrdask.worker.isolated_calls.IsolatedCalls.restart>`)."""
+        cause = self.decide.died
+        bound = int(dask.config.get("yrdask.scheduling.max-call-redeliveries", 1))
+        decided = self.decide.restart(int(spec.get("incarnation") or 0), bound)
+        if decided is None:
             logger.info("instance %s: ignoring a START_INSTANCE (its process is running)",
                         self.instance_id)
             return
-        cause, self.died = self.died, None
-        self.restarts = int(spec.get("incarnation") or self.restarts + 1)
-        bound = int(dask.config.get("yrdask.scheduling.max-call-redeliveries", 1))
-        pending, self.pending = self.pending, {}
-        resend, failed = charge_crash(
-            [(caller_of(peer), cid) for cid, (peer, _m) in pending.items()], self.crashes,
-            bound)
-        for cid, n in failed:
-            peer, msg = pending[cid]
+        for cid, (peer, msg), n in decided[1]:
             err = CallCrashedError(
                 f"method {msg['method']!r}: call {cid} on instance {self.instance_id} "
-                f"was running when the instance's process died, {n} times (last: "
+                f"may have been running when the instance's process died, {n} times (last: "
                 f"{cause}); it is not delivered again (yrdask.scheduling."
                 f"max-call-redeliveries={bound}): it may be what kills the process")
             peer.reply(P.TaskDone(cid, error=dumps(RemoteError.from_exception(err, ""))).to_msg())
-        self.waiting = [pending[cid] for cid in resend] + self.waiting
         self.agent.loop.create_task(self._start(report=True))
 
     def _answer_died(self, peer: Any, call_id: str, reason: str) -> None:
@@ -444,10 +478,7 @@ class IsolatedInstance:
         (no restart).  :meth:`run_shutdown_hook` waits for that."""
         if self.stopped is not None:
             return
-        self.stopped = reason
-        calls = list(self.pending.values()) + self.waiting
-        self.pending, self.waiting = {}, []
-        for peer, msg in calls:
+        for _cid, (peer, msg) in self.decide.stop(reason):
             self._answer_died(peer, msg["task_id"], reason)
         self._stopping = self.agent.loop.create_task(self._shutdown(reason))
 
@@ -481,46 +512,13 @@ class IsolatedInstance:
 
     def kill_now(self) -> None:
         """The worker closes: the child goes at once (no shutdown hook), and is reaped."""
-        self.stopped = self.stopped or "its worker closed"
+        self.decide.stop(self.decide.stopped or "its worker closed")
         if self.proc is not None:
             _kill(self.proc)
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL did not land
                 logger.error("isolated process %s did not exit", self.proc.pid)
-
-
-def caller_of(peer: Any) -> str:
-    """The stable id of the caller behind ``peer``: its owner address (``OpenChannel``), the
-    same for all its calls, whatever channel brought them."""
-    return getattr(peer, "caller", None) or f"peer-{id(peer)}"
-
-
-def charge_crash(pending: list[tuple[str, str]], crashes: dict[str, int],
-                 max_redeliveries: int) -> tuple[list[str], list[tuple[str, int]]]:
-    """An isolated instance's process died with ``pending`` calls (``(caller id, call id)``
-    in the order they were forwarded; several per caller allowed): ``(call ids to deliver
-    again, in order; (call id, crashes) to fail)``.
-
-    The rule of ``runtime/call_order.py`` for a lost worker: a caller's calls start in the
-    order it sent them, so its oldest pending one was running: it is charged a crash in
-    ``crashes`` (call id -> count, updated) and delivered again while
-    :func:`~yrdask.runtime.call_order.may_redeliver` allows, else it fails; the calls behind
-    it go again uncharged.
-    """
-    resend: list[str] = []
-    failed: list[tuple[str, int]] = []
-    charged: set[str] = set()
-    for caller, cid in pending:
-        if caller not in charged:
-            charged.add(caller)
-            n = crashes[cid] = crashes.get(cid, 0) + 1
-            if not may_redeliver(n, max_redeliveries):
-                del crashes[cid]
-                failed.append((cid, n))
-                continue
-        resend.append(cid)
-    return resend, failed
 
 
 def keep_large(agent: Any, call_id: str, results: list) -> list:
