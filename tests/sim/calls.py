@@ -66,6 +66,7 @@ from yrdask.scheduler.requests import LeaseRequest
 from yrdask.worker.instance_side import HostedCalls, InstanceSide
 
 from tests.sim import machines as M
+from tests.sim.isolated import IsolatedHosting
 from tests.sim.world import SimFailure
 
 SCHED = "sched"
@@ -173,8 +174,11 @@ class _HostEdge:
     def __init__(self, world: "CallWorld", w: Proc) -> None:
         self.world, self.w = world, w
 
-    def host(self, spec: dict, running: Any) -> SimHosted:
+    def host(self, spec: dict, running: Any) -> Any:
         w, world = self.w, self.world
+        iso = world.iso.host(w, spec, running)  # isolated: its own process (isolated.py)
+        if iso is not None:
+            return iso
         iid, inc, conc = spec["instance_id"], spec["incarnation"], spec["concurrency"]
         h = w.incs[(iid, inc)] = SimHosted(world, w, iid, inc, conc)
         world.say(w.name, "hosts", iid, inc, f"concurrency {conc}")
@@ -415,6 +419,7 @@ class CallWorld:
                 self.timer(t + rng.expovariate(1 / 0.5), "plan", (d.name, "exit"))
         for _ in range(rng.choice([0, 0, 1, 1, 2])):
             self.timer(rng.uniform(0, 6), "kill-worker", None)
+        self.iso = IsolatedHosting(self)  # isolated instances (tests/sim/isolated.py)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -500,7 +505,7 @@ class CallWorld:
             if not (rec["bad_arg"] or iid in self.create_boom):
                 self.fail(f"call {cid} failed with an argument error it did not have: {err!r}")
         elif isinstance(err, CallCrashedError):  # running at more deaths than the bound
-            if rec["sent"] < 2:
+            if max(rec["sent"], rec.get("forwards", 0)) < 2:  # to a worker, to its process
                 self.fail(f"call {cid} failed with {err!r} though it was sent {rec['sent']} time(s)")
         elif isinstance(err, (InstanceDiedError, ScheduleError)):
             if self.lc.is_live(self.lc.resolve(iid)):
@@ -557,13 +562,15 @@ class CallWorld:
         # start outside the queue, so they may pass the queued ones
         method = "side" if spec.get("off_loop") and kind == "call" and \
             self.rng.random() < 0.4 else kind
+        # its handle knows the instance's concurrency: a lost worker charges that many
+        conc = spec.get("concurrency") or (1000 if spec.get("is_async") else 1)
         self.calls[cid] = {"iid": iid, "caller": pname, "seq": self._seq_of(pname),
                            "settled": 0, "answered": False, "sent": 0, "bad_arg": bad,
                            "kind": kind, "result": None, "unordered": unordered,
                            "method": method, "cancelled": False, "sent_to": None}
         self.say(pname, "call", cid, iid, kind, "ready" if ready else "waits for its argument",
                  "unordered" if unordered else "")
-        self.do(pname, "submit", cid, iid, ready, None, None, unordered)
+        self.do(pname, "submit", cid, iid, ready, None, None, unordered, conc)
         if not ready:
             self.send(pname, pname, f"deps-{cid}", ("DEPS", cid, ArgBoom(cid) if bad else None))
         return cid
@@ -601,7 +608,7 @@ class CallWorld:
             params["init_fails"] = self.init_rng.random() < 0.04
             if params["shape"] is UNFIT and params["timeout_ms"] < 0:
                 params["timeout_ms"] = 2000
-            self.create(dname, d.job, params)
+            self.create(dname, d.job, self.iso.create_params(params))
         elif action in ("call", "spawn", "save") and held:
             for _ in range(rng.randint(1, 3) if action == "call" else 1):
                 self.submit_call(dname, rng.choice(held), action)
@@ -701,6 +708,8 @@ class CallWorld:
                 self.do(dname, "done", cid, InitBoom(rec["iid"]))
             elif isinstance(result, tuple) and result[0] == "cancelled":
                 self.fail(f"call {cid} answered {result} though it was not cancelled")
+            elif isinstance(result, tuple) and result[0] == "crashed":  # an isolated process's
+                self.do(dname, "done", cid, CallCrashedError(result[1]))
             else:
                 rec["result"] = result
                 self.do(dname, "done", cid)
@@ -735,6 +744,8 @@ class CallWorld:
 
     def at_worker(self, wname: str, src: str, chan: str, msg: tuple) -> None:
         w = self.procs[wname]
+        if msg[0].startswith("ISO_"):  # an isolated instance's process (isolated.py)
+            return self.iso.at_worker(w, msg)
         op = msg[0]
         if op == "START":  # agent.start_instance: the instance side (production code)
             _, iid, inc, conc = msg
@@ -910,9 +921,8 @@ class CallWorld:
         elif op == "REFS":
             _, deltas, transit, arrived = msg
             self.instances.handle_refs(src, deltas, transit, arrived)
-        elif op == "STATE":
-            _, iid, state, failed = msg
-            self.instances.instance_state(iid, state, src, failed)
+        elif op == "STATE":  # (failed, reason, incarnation) may follow
+            self.instances.instance_state(msg[1], msg[2], src, *msg[3:])
         elif op == "STOPPED":
             iid = msg[1]
             for ws in self.stops.values():
@@ -1033,6 +1043,8 @@ class CallWorld:
             self.worker_left(data)
         elif kind == "join":
             self.say(self._add_worker(), "JOINED")
+        elif kind.startswith("iso-"):
+            self.iso.fire(kind, data)
 
     def validate(self) -> None:
         try:
@@ -1044,7 +1056,9 @@ class CallWorld:
                 if p.alive:
                     p.order.validate()
                     for h in p.hosted.values():
-                        h.queue.validate()
+                        if isinstance(h, SimHosted):  # isolated ones: self.iso
+                            h.queue.validate()
+            self.iso.validate()
         except AssertionError as e:
             self.fail(f"validate() failed at step {self.step}: {e}")
 
@@ -1099,6 +1113,7 @@ class CallWorld:
             for iid, calls in w.side.early.items():
                 if calls and lc.is_live(iid) and lc.instances[iid].worker == w.name:
                     self.fail(f"{w.name} keeps calls for {iid} that never start")
+        self.iso.check_quiescent()
 
     def check_end(self) -> None:
         out = []

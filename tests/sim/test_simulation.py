@@ -193,6 +193,7 @@ FIXED_FINDING_SEEDS = {
     "placed on a lost worker:": 1552,  # C
     "acquire after its cancel:": 5283,  # D
     "created after its job ended:": 4409,  # E
+    "restart died before it came up:": 6,  # H
 }
 
 
