@@ -50,3 +50,35 @@ def test_a_cancelled_execution_never_arms_nor_sets_its_context():
     ex.cancel()
     assert not ex.arm("lease-3", "job-3")
     assert context.current_lease() is None
+
+
+def test_a_flat_story_entry_reads_like_a_logged_one_and_is_not_tracked():
+    import gc
+
+    from yrdask.statemachine import Story
+
+    flat, logged = Story(10), Story(10)
+    flat.entries.append(("s1", "PushTask", "t1", "L1"))
+    logged.log("s1", ("PushTask", "t1", "L1"), ("t1", "L1"))
+    for key in ("t1", "L1"):
+        assert flat.about(key) == logged.about(key) == [("s1", ("PushTask", "t1", "L1"))]
+    assert flat.about("PushTask") == [] and flat.dump() == logged.dump()
+    gc.collect()
+    assert not gc.is_tracked(flat.entries[0])  # kept by the story, never walked by the GC
+
+
+def test_the_submit_queue_story_keeps_no_event_of_a_plain_task():
+    import gc
+
+    from yrdask.runtime import submit_queue as M
+
+    m = M.SubmitQueue(None)
+    m.handle(M.TaskQueued("submit", "t1", "k", {"CPU": 1}, 1000, 1, (), 0, None, "f"))
+    m.handle(M.LeaseGranted("grant", "r1", "L1", "w1", 0.0))
+    m.handle(M.TaskFinished("done", "t1", "ok", 0.001, None, 1.0))
+    gc.collect()
+    hot = [e for e in m.log.entries if type(e) is tuple and type(e[1]) is str]
+    assert [e[1] for e in hot] == ["TaskQueued", "PushTask", "TaskFinished ok", "TaskSucceeded"]
+    assert not any(gc.is_tracked(e) for e in hot)
+    assert [w[0] for _s, w in m.story("t1")] == [
+        "TaskQueued", "PushTask", "TaskFinished ok", "TaskSucceeded"]

@@ -329,14 +329,14 @@ class Runtime:
         bound), which the Ray surface sets from ``max_retries``."""
         blob = pack_plain_args(args, kwargs)
         if blob is not None:  # the hot path: plain values, no ref among them
-            dep_refs, nested = [], []
+            dep_refs = nested = ()  # (shared, and not tracked by the garbage collector)
         else:
             (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
         task_id = self.new_id()
         if nret <= 1:
-            ids = [task_id]
+            ids = (task_id,)  # tuples: a task's few fields live while it runs
             ref = self.objects.new_ref(task_id)
-            refs, entries = [ref], [ref._entry]
+            refs, entries = [ref], (ref._entry,)
         else:
             ids = [f"{task_id}.{i}" for i in range(nret)]
             refs = [self.objects.new_ref(i) for i in ids]

@@ -309,8 +309,18 @@ class SubmitQueue:
         if handler is None:
             self.log.log(ev.stimulus_id, ("ignored: unknown event", ev), ())
             return out
-        self._entries.append(ev)  # bare: its keys are worked out when the story is read
-        if self.closed and type(ev) is not LeaseGranted:
+        kind = type(ev)
+        # The story keeps the events every task has as flat tuples of strings (Story), which
+        # the garbage collector stops tracking: kept as objects they stay tracked for the
+        # story's whole length and lengthen every full collection.  The rarer events stay
+        # bare, their keys worked out when the story is read.
+        if kind is TaskQueued:
+            self._entries.append((ev.stimulus_id, "TaskQueued", ev.task_id))
+        elif kind is TaskFinished and ev.outcome == "ok":
+            self._entries.append((ev.stimulus_id, "TaskFinished ok", ev.task_id))
+        else:
+            self._entries.append(ev)
+        if self.closed and kind is not LeaseGranted:
             self._note("ignored: closed")
             return out
         handler(self, ev)
@@ -593,9 +603,9 @@ class SubmitQueue:
         if len(lease.tasks) >= lease.slots:
             lease.q.free.pop(lease.lease_id, None)
         self.counts["local" if lease.worker == self.local_worker else "forwarded"] += 1
-        ins = PushTask(self._sid, task.task_id, lease.lease_id, lease.worker, lease.slots)
-        self._out.append(ins)
-        self._entries.append(ins)  # bare (the hot path): keys from _KEYS
+        task_id, lease_id = task.task_id, lease.lease_id
+        self._out.append(PushTask(self._sid, task_id, lease_id, lease.worker, lease.slots))
+        self._entries.append((self._sid, "PushTask", task_id, lease_id))  # flat (see handle)
 
     def _unpush(self, task: _Task) -> None:
         """Take a pushed task off its lease (it ended, or its worker is gone)."""
@@ -636,9 +646,9 @@ class SubmitQueue:
     def _finish(self, task: _Task, ev: TaskFinished) -> None:
         del self.tasks[task.task_id]
         if ev.outcome == "ok":
-            ins = TaskSucceeded(self._sid, task.task_id)
-            self._out.append(ins)
-            self._entries.append(ins)  # bare (the hot path): keys from _KEYS
+            task_id = task.task_id
+            self._out.append(TaskSucceeded(self._sid, task_id))
+            self._entries.append((self._sid, "TaskSucceeded", task_id))
         else:
             self._emit(TaskFailed(self._sid, task.task_id, ev.error), task.task_id)
 

@@ -31,7 +31,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import dask
 
@@ -57,10 +57,10 @@ class Task:
     fn_payload: bytes
     name: str
     args: bytes
-    dep_refs: list  # ObjectRefs of top-level ref arguments (kept alive until queued; those
-    # read by reference from the node store until the task is done)
-    entries: list[Entry]  # one per return value
-    ref_ids: list[str]
+    dep_refs: Sequence  # ObjectRefs of top-level ref arguments (kept alive until queued;
+    # those read by reference from the node store until the task is done)
+    entries: Sequence[Entry]  # one per return value
+    ref_ids: Sequence[str]
     nret: int
     shape: dict[str, float]
     shape_key: tuple  # (resources, schedule timeout, concurrency, affinity)
@@ -68,10 +68,10 @@ class Task:
     retries: int
     owner: str  # lifetime owner (job or instance id) for work created by the task
     log_to: str | None = None  # the driver that gets the task's prints (log_to_driver)
-    deps: list | None = None
-    nested: list | None = None  # refs nested in the arguments that gate the start (yr's rule)
+    deps: Sequence | None = None
+    nested: Sequence | None = None  # refs nested in the arguments that gate the start (yr's rule)
     max_crashes: int | None = None  # reruns after a lost worker (None: the queue's bound)
-    held: list | None = None  # its ref arguments, alive until it ends (borrowing)
+    held: Sequence | None = None  # its ref arguments, alive until it ends (borrowing)
     rebuilt: int = 0  # reruns to recompute results lost with their worker (lineage)
     queued: bool = False  # handed to the machine (its ref arguments were ready)
     cancelled: bool = False
@@ -210,7 +210,7 @@ class Submitter:
                     data_home = payload
                     break
         else:
-            task.deps = []
+            task.deps = ()
         task.queued = True
         _resources, _timeout, slots, affinity = task.shape_key
         self._handle(M.TaskQueued("submit", task.task_id, task.shape_key, task.shape,
