@@ -13,7 +13,7 @@ entries, and the batched ``HANDLE_REFS`` report.  All methods run on the loop th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import dask
 
@@ -33,15 +33,15 @@ class Call:
     instance_id: str
     method: str
     args: bytes
-    dep_refs: list
-    entries: list
+    dep_refs: Sequence
+    entries: Sequence
     nret: int
-    deps: list | None = None  # as first sent, kept for a redelivery
+    deps: Sequence | None = None  # as first sent, kept for a redelivery
     results: list | None = None  # of its TASK_DONE, until CallSucceeded
     max_redeliveries: int | None = None  # its own bound after crashes (None: the default)
     unordered: bool = False  # may pass earlier calls still waiting for their arguments
     concurrency: int = 1  # its instance's (0: unknown): bounds a lost worker's crash charge
-    held: list | None = None  # its ref arguments, alive until it is answered (borrowing)
+    held: Sequence | None = None  # its ref arguments, alive until it is answered (borrowing)
     sent_to: str | None = None  # the worker it was last sent to
     cancelled: bool = False  # Ray's cancel of an actor task: settled here, told to the worker
 
@@ -144,7 +144,7 @@ class InstanceRouter(CallRouter):
                 # refs to values in the store stay held until the call is done (by reference)
                 call.dep_refs = [r for r in call.dep_refs if r._entry.stored]
             else:
-                call.deps = []
+                call.deps = ()
         chan = self.rt.channel(ins.worker)
         chan.send(P.CallMethod.wire(
             call.call_id, ins.instance_id, call.method, call.args, call.deps, call.nret))

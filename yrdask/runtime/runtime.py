@@ -387,13 +387,13 @@ class Runtime:
         charges a crash (``call_order.crash_window``)."""
         blob = pack_plain_args(args, kwargs)
         if blob is not None:  # the hot path: plain values, no ref among them
-            dep_refs, nested = [], []
+            dep_refs = nested = ()  # (shared, and not tracked by the garbage collector)
         else:
             (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
         call_id = self.new_id()
         if nret == 1 or nret == 0:  # the hot path: one ref
             ref = self.objects.new_ref(call_id)
-            refs, entries = [ref], [ref._entry]
+            refs, entries = [ref], (ref._entry,)
         else:
             ids = [call_id] if nret <= 1 else [f"{call_id}.{i}" for i in range(nret)]
             refs = [self.objects.new_ref(i) for i in ids]

@@ -424,10 +424,29 @@ class SubmitQueue:
                 self._note("ignored: finish of a queued task", ev.task_id)
             return
         self._unpush(task)
+        below = self.pipeline_below_s
+        avg = q.avg_s
+        pipelined = avg is not None and avg <= below  # as the last dispatch of q saw it
         if ev.outcome == "requeue":
-            q.avg_s = max(q.avg_s or 0.0, 1.0)  # pipelined behind a long task: stop it
+            q.avg_s = max(avg or 0.0, 1.0)  # pipelined behind a long task: stop it
         elif ev.took is not None:
-            q.avg_s = ev.took if q.avg_s is None else 0.8 * q.avg_s + 0.2 * ev.took
+            q.avg_s = avg = ev.took if avg is None else 0.8 * avg + 0.2 * ev.took
+        if (ev.outcome == "ok" and not task.settled and q.tasks and not lease.revoked
+                and pipelined == (avg is not None and avg <= below)):
+            # The usual end of a task with a backlog: the last dispatch of q left no lease
+            # with room (a backlog stops it only once every lease is as deep as it goes, and
+            # events since only added tasks), the pipelining rule is unchanged, and only
+            # this lease lost a task: what _dispatch would do is refill this lease.
+            self._finish(task, ev)
+            tasks = q.tasks
+            cap = lease.slots * self.pipeline_depth if pipelined else lease.slots
+            while tasks and len(lease.tasks) < cap:
+                self._push(lease, tasks.popleft())
+            if tasks and len(q.requests) < self.max_pending_requests:
+                self._ask(q, tasks)
+            if not lease.tasks:
+                self._lease_freed(lease, ev.now)
+            return
         if task.settled:  # cancelled while pushed: its end only frees the slot
             del self.tasks[task.task_id]
         elif ev.outcome == "requeue":

@@ -293,17 +293,26 @@ class Submitter:
     def _handle(self, event: M.Event) -> None:
         """Feed one event and carry out its instructions.  Settling an entry may submit or
         cancel (callbacks): those events wait until this one's instructions are done."""
-        self._events.append(event)
         if self._busy:
+            self._events.append(event)
             return
         self._busy = True
+        events = self._events
+        handle = self.machine.handle
         try:
-            while self._events:
-                for ins in self.machine.handle(self._events.popleft()):
+            while True:
+                for ins in handle(event):
                     try:
-                        self._do(ins)
+                        if type(ins) is M.PushTask:  # the hot instruction, inline
+                            self.edge.push(self.tasks[ins.task_id], ins.lease_id, ins.worker,
+                                           ins.slots)
+                        else:
+                            self._do(ins)
                     except Exception as e:
                         self.edge.cannot(ins, e)
+                if not events:
+                    break
+                event = events.popleft()
         finally:
             self._busy = False
 
