@@ -423,7 +423,7 @@ class CallOrder:
         del self.calls[cid]
         iid = call.instance_id
         if ev.error is None:
-            self._entries.append((ev.stimulus_id, ("succeeded", cid), (cid, iid)))
+            self._entries.append((ev.stimulus_id, "succeeded", cid, iid))  # flat (Story)
             out.append(CallSucceeded(ev.stimulus_id, cid))
         else:
             self.story.log(ev.stimulus_id, ("failed", cid), (cid, iid))
@@ -597,7 +597,7 @@ class CallOrder:
                 continue
             cid = call.call_id
             route.inflight[cid] = call
-            self._entries.append((sid, ("send", cid, target, worker), (cid,)))
+            self._entries.append((sid, "send", cid, target, worker))  # flat (Story)
             out.append(SendCall(sid, cid, target, worker))
         if passed:
             queue.extendleft(reversed(passed))  # they keep their places, in submission order

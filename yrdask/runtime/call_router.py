@@ -65,15 +65,23 @@ class CallRouter:
     def submit(self, call_id: str, instance_id: str, ready: bool, error: Any = None,
                max_redeliveries: int | None = None, unordered: bool = False,
                concurrency: int = 1) -> None:
-        self._do(self.order.handle(C.CallSubmitted(call_id, call_id, instance_id, ready, error,
-                                                   max_redeliveries, unordered, concurrency)))
+        out = self.order.handle(C.CallSubmitted(call_id, call_id, instance_id, ready, error,
+                                                max_redeliveries, unordered, concurrency))
+        if len(out) == 1 and type(out[0]) is C.SendCall:  # the usual: sent at once
+            self.edge.send_call(out[0])
+        else:
+            self._do(out)
 
     def deps_ready(self, call_id: str, error: Any = None) -> None:
         self._do(self.order.handle(C.CallDepsReady(call_id, call_id, error)))
 
     def done(self, call_id: str, error: Any = None) -> None:
         """The call's ``TASK_DONE`` (``error``: the loaded error object, None on success)."""
-        self._do(self.order.handle(C.CallDone(call_id, call_id, error)))
+        out = self.order.handle(C.CallDone(call_id, call_id, error))
+        if len(out) == 1 and type(out[0]) is C.CallSucceeded:  # the usual answer
+            self.edge.call_succeeded(call_id)
+        else:
+            self._do(out)
 
     def channel_lost(self, worker: str) -> None:
         """Calls not answered go back to their routes, which locate their instance again."""

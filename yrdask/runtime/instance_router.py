@@ -145,7 +145,7 @@ class InstanceRouter(CallRouter):
                 call.dep_refs = [r for r in call.dep_refs if r._entry.stored]
             else:
                 call.deps = ()
-        chan = self.rt.channel(ins.worker)
+        chan = self.rt.channels.get(ins.worker) or self.rt.channel(ins.worker)
         chan.send(P.CallMethod.wire(
             call.call_id, ins.instance_id, call.method, call.args, call.deps, call.nret))
         call.sent_to = ins.worker

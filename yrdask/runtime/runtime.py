@@ -75,6 +75,9 @@ class Runtime:
         self.objects = ObjectTable(self, INLINE_LIMIT)
         self.submitter = Submitter.for_runtime(self)
         self.router = InstanceRouter(self)
+        # bound once: on_loop's inbox holds one per submission until the loop drains it
+        self._submit_on_loop = self.submitter.submit
+        self._call_on_loop = self.router.call
         self.channels: dict[str, Any] = {}
         self.streams: dict[str, Stream] = {}  # generator calls whose end has not come
         # how recently lost worker processes ended (WORKER_EXIT), and who waits to know
@@ -350,7 +353,7 @@ class Runtime:
         task.held = dep_refs + nested if nested else dep_refs
         task.nested = nested if wait_nested else None  # yr's rule: nested refs gate the start
         task.max_crashes = max_crashes
-        self.on_loop(self.submitter.submit, task)
+        self.on_loop(self._submit_on_loop, task)
         return refs if stream is None else [stream]  # nret P.STREAMING: the item stream
 
     # -- instances -------------------------------------------------------------------------
@@ -405,7 +408,7 @@ class Runtime:
         call = Call(call_id, instance_id, method, blob, dep_refs, entries, nret,
                     max_redeliveries=max_redeliveries, unordered=unordered,
                     concurrency=concurrency, held=dep_refs + nested if nested else dep_refs)
-        self.on_loop(self.router.call, call)
+        self.on_loop(self._call_on_loop, call)
         return refs
 
     def scheduler_call(self, op: str, **kwargs: Any) -> Any:

@@ -451,7 +451,8 @@ class RuntimeEdge:
         answer(ins.request_id, lease_id, where)
 
     def push(self, task: Task, lease_id: str, worker: str, slots: int) -> None:
-        chan = self.rt.channel(worker)
+        rt = self.rt
+        chan = rt.channels.get(worker) or rt.channel(worker)
         fn = None if task.fn_id in chan.sent_functions else task.fn_payload
         chan.sent_functions.add(task.fn_id)
         chan.send(P.RunTask.wire(task.task_id, lease_id, task.fn_id, fn, task.args, task.deps,
