@@ -82,3 +82,72 @@ def test_the_submit_queue_story_keeps_no_event_of_a_plain_task():
     assert not any(gc.is_tracked(e) for e in hot)
     assert [w[0] for _s, w in m.story("t1")] == [
         "TaskQueued", "PushTask", "TaskFinished ok", "TaskSucceeded"]
+
+
+def _queue_with_leases(n_leases: int, **kw):
+    from yrdask.runtime import submit_queue as M
+
+    m = M.SubmitQueue(None, **kw)
+    for i in range(n_leases * 4 + 1):
+        m.handle(M.TaskQueued("s", f"t{i}", "k", {"CPU": 1}, 1000, 1, (), 0, None, "f"))
+    for i in range(n_leases):
+        m.handle(M.LeaseGranted("g", f"r{i + 1}", f"L{i + 1}", f"w{i % 2}", 0.0))
+    return m
+
+
+def _pushes(out: list) -> list:
+    from yrdask.runtime import submit_queue as M
+
+    return [(i.task_id, i.lease_id) for i in out if type(i) is M.PushTask]
+
+
+def test_one_task_at_a_time_stays_on_the_lease_that_freed_last():
+    from yrdask.runtime import submit_queue as M
+
+    m = _queue_with_leases(2)  # t0 on L1, t1 on L2, the rest wait (no pipelining yet)
+    for i in range(2, 9):
+        m.handle(M.CancelRequested("c", f"t{i}"))
+    m.handle(M.TaskFinished("d", "t1", "ok", 1.0, None, 1.0))  # L2 frees
+    m.handle(M.TaskFinished("d", "t0", "ok", 1.0, None, 1.0))  # then L1
+    for n in range(3):  # sequential tasks: each goes to L1, the lease freed last
+        out = m.handle(M.TaskQueued("s", f"u{n}", "k", {"CPU": 1}, 1000, 1, (), 0, None, "f"))
+        assert _pushes(out) == [(f"u{n}", "L1")]
+        m.validate()
+        m.handle(M.TaskFinished("d", f"u{n}", "ok", 1.0, None, 2.0))
+        m.validate()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_refill_shortcut_does_what_the_general_dispatch_does(seed):
+    """The same random events into a queue with the refill shortcut and one without: the
+    same instructions, and both valid after every event."""
+    import random
+
+    from yrdask.runtime import submit_queue as M
+
+    rnd = random.Random(seed)
+    fast, general = M.SubmitQueue(None), M.SubmitQueue(None)
+    general.refill_shortcut = False
+    n = leases = 0
+    for step in range(300):
+        pushed = [t for t in fast.tasks.values() if t.state == M.PUSHED]
+        roll = rnd.random()
+        if roll < 0.45:
+            n += 1
+            ev = M.TaskQueued("s", f"t{n}", "k", {"CPU": 1}, 1000, rnd.choice([1, 1, 2]) if
+                              n == 1 else fast.queues["k"].slots, (), 0, None, "f")
+        elif roll < 0.85 and pushed:
+            task = rnd.choice(pushed)
+            ev = M.TaskFinished("d", task.task_id, rnd.choice(["ok"] * 8 + ["error"]),
+                                rnd.choice([0.0001, 0.001, 0.5]), None, step)
+        elif fast.requests and leases < 4:
+            leases += 1
+            ev = M.LeaseGranted("g", next(iter(fast.requests)), f"L{leases}", f"w{leases % 2}",
+                                step)
+        elif fast.leases and roll > 0.97:
+            ev = M.LeasesRevoked("r", (rnd.choice(list(fast.leases)),))
+        else:
+            ev = M.Tick("t", step)
+        assert fast.handle(ev) == general.handle(ev), (seed, step, ev)
+        fast.validate()
+        general.validate()

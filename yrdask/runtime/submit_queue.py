@@ -256,6 +256,10 @@ class _Queue:
 class SubmitQueue:
     """Per-process task submission rules (see module docstring)."""
 
+    #: a finish with a backlog refills its own lease instead of dispatching the whole queue
+    #: (the same pushes: tests/unit/test_hot_paths.py checks it against the general path)
+    refill_shortcut = True
+
     def __init__(self, local_worker: str | None, *, max_pending_requests: int = 4,
                  pipeline_depth: int = 4, pipeline_below_s: float = 0.005,
                  lease_idle_s: float = 1.0, avoid_lost_s: float = 30.0,
@@ -432,7 +436,7 @@ class SubmitQueue:
         elif ev.took is not None:
             q.avg_s = avg = ev.took if avg is None else 0.8 * avg + 0.2 * ev.took
         if (ev.outcome == "ok" and not task.settled and q.tasks and not lease.revoked
-                and pipelined == (avg is not None and avg <= below)):
+                and pipelined == (avg is not None and avg <= below) and self.refill_shortcut):
             # The usual end of a task with a backlog: the last dispatch of q left no lease
             # with room (a backlog stops it only once every lease is as deep as it goes, and
             # events since only added tasks), the pipelining rule is unchanged, and only
@@ -567,7 +571,10 @@ class SubmitQueue:
             return
         tasks = q.tasks
         if tasks and q.free:
-            for lease in list(q.free.values()):
+            # the lease freed last first: one task at a time stays on one warm worker (in
+            # grant order it would go round every lease, waking each worker in turn), and
+            # leases left idle go back
+            for lease in list(reversed(q.free.values())):
                 while tasks and len(lease.tasks) < lease.slots:
                     self._push(lease, tasks.popleft())
                 if not tasks:
