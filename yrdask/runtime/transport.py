@@ -61,8 +61,7 @@ class Channel:
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def send(self, msg: Outgoing) -> None:
-        if type(msg) is not dict:  # wire(msg), inline (the hot path)
-            msg = msg.to_msg()
+        msg = wire(msg)
         if self.backlog is not None:
             self.backlog.append(msg)
             return
