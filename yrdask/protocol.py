@@ -178,7 +178,8 @@ class Message:
 
     @classmethod
     def wire(cls, *args: Any, **fields: Any) -> dict[str, Any]:  # replaced per class by _message
-        """The wire dict of ``cls(*args, **fields)``, built without the message object."""
+        """The wire dict of ``cls(*args, **fields)``, built without the message object (the
+        fields at their defaults left out)."""
         raise NotImplementedError
 
 
@@ -194,12 +195,17 @@ def _message(cls: type) -> type:
         cls.handler = cls.op.removeprefix("yr_")
     fields = dataclasses.fields(cls)
     items = [f"{f.name!r}: self.{f.name}" for f in fields]
+    # wire() leaves out the fields at their defaults (from_msg reads them back as such):
+    # fewer keys to pack and unpack on the hot paths
+    required = [f"{f.name!r}: self.{f.name}" for f in fields
+                if f.default is dataclasses.MISSING]
     if cls.opens_stream:
         items.append("'reply': False")
+        required.append("'reply': False")
     # Frozen dataclasses set each field through object.__setattr__; writing the slots
     # through their descriptors instead halves the cost of building a message.
     ns: dict[str, Any] = {"OP": cls.op, "new": object.__new__}
-    params, reads, sets, init_sets = [], [], [], []
+    params, reads, sets, init_sets, optional = [], [], [], [], []
     for f in fields:
         if f.default_factory is not dataclasses.MISSING:
             raise TypeError(f"{cls.__name__}.{f.name}: use an immutable default, not a factory")
@@ -211,6 +217,9 @@ def _message(cls: type) -> type:
             ns[f"D_{f.name}"] = f.default
             params.append(f"{f.name}=D_{f.name}")
             reads.append(f"m.get({f.name!r}, D_{f.name})")
+            same = "is not" if f.default is None or type(f.default) is bool else "!="
+            optional.append(f"    if {f.name} {same} D_{f.name}:\n"
+                            f"        m[{f.name!r}] = {f.name}\n")
         sets.append(f"    S_{f.name}(o, {reads[-1]})\n")
         init_sets.append(f"    S_{f.name}(self, {f.name})\n")
     src = ("def to_msg(self):\n"
@@ -222,7 +231,9 @@ def _message(cls: type) -> type:
            f"def __init__(self, {', '.join(params)}):\n"
            f"{''.join(init_sets) or '    pass' + chr(10)}"
            f"def wire(cls, {', '.join(params)}):\n"
-           f"    return {{'op': OP{''.join(', ' + i.replace('self.', '') for i in items)}}}\n")
+           f"    m = {{'op': OP{''.join(', ' + i.replace('self.', '') for i in required)}}}\n"
+           f"{''.join(optional)}"
+           "    return m\n")
     exec(src, ns)  # noqa: S102 - generated once per class from its own field names
     to_msg, from_msg, init, wire = ns["to_msg"], ns["from_msg"], ns["__init__"], ns["wire"]
     to_msg.__qualname__ = f"{cls.__name__}.to_msg"
@@ -235,8 +246,8 @@ def _message(cls: type) -> type:
     cls.to_msg = to_msg
     cls.from_msg = classmethod(from_msg)
     wire.__qualname__ = f"{cls.__name__}.wire"
-    wire.__doc__ = ("``cls(...).to_msg()`` without the message object, for the hot paths "
-                    "(same fields and defaults).")
+    wire.__doc__ = ("``cls(...).to_msg()`` without the message object, for the hot paths; "
+                    "fields at their defaults are left out (``from_msg`` reads them back).")
     cls.wire = classmethod(wire)
     if cls.op in MESSAGES:
         raise TypeError(f"op {cls.op} defined twice: {MESSAGES[cls.op].__name__}, {cls.__name__}")
