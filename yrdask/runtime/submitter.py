@@ -170,13 +170,20 @@ class Submitter:
             self._local_set = True
             self.machine.local_worker = self.edge.local_worker()
         self.tasks[task.task_id] = task
-        self.waiting += 1
         if not task.nested:
-            if task.dep_refs:
-                when_ready(task.dep_refs, lambda: self._deps_ready(task))
-            else:  # no ref arguments: queued at once (the common case, kept cheap)
-                self._deps_ready(task)
+            if not task.dep_refs and not self.closed:
+                # no ref arguments: queued at once (the common case, _deps_ready inline)
+                task.deps = ()
+                task.queued = True
+                _resources, _timeout, slots, affinity = task.shape_key
+                self._handle(M.TaskQueued("submit", task.task_id, task.shape_key, task.shape,
+                                          task.timeout_ms, slots, affinity, task.retries,
+                                          None, task.name, task.max_crashes))
+                return
+            self.waiting += 1
+            when_ready(task.dep_refs, lambda: self._deps_ready(task))
             return
+        self.waiting += 1
         for ref in task.nested:  # a borrowed one: ask its owner, who answers once it is ready
             if ref._entry.owner is not None:
                 self.edge.ensure_fetch(ref)
@@ -453,8 +460,10 @@ class RuntimeEdge:
     def push(self, task: Task, lease_id: str, worker: str, slots: int) -> None:
         rt = self.rt
         chan = rt.channels.get(worker) or rt.channel(worker)
-        fn = None if task.fn_id in chan.sent_functions else task.fn_payload
-        chan.sent_functions.add(task.fn_id)
+        fn = None
+        if task.fn_id not in chan.sent_functions:  # the function goes once per channel
+            chan.sent_functions.add(task.fn_id)
+            fn = task.fn_payload
         chan.send(P.RunTask.wire(task.task_id, lease_id, task.fn_id, fn, task.args, task.deps,
                                  task.nret, task.owner, task.name, slots, task.log_to))
 
