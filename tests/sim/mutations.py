@@ -128,11 +128,12 @@ def _block_never_told(patch: Patch) -> None:
 def _unblock_untold(patch: Patch) -> None:
     from yrdask.worker.lending import LendNotices, Notify
 
-    real = LendNotices.handle
+    real = LendNotices.blocked  # what handle(Blocked) and the task side's hot path call
 
-    def handle(self, event):  # a told block that ends keeps its CPU lent
-        return [i for i in real(self, event) if not (type(i) is Notify and not i.blocked)]
-    patch(LendNotices, "handle", handle)
+    def blocked(self, sid, hid, blocked, now):  # a told block that ends keeps its CPU lent
+        return [i for i in real(self, sid, hid, blocked, now)
+                if not (type(i) is Notify and not i.blocked)]
+    patch(LendNotices, "blocked", blocked)
 
 
 def _unblock_forgotten(patch: Patch) -> None:

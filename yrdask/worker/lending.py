@@ -112,7 +112,7 @@ class LendNotices:
         """Apply ``event``; returns what the adapter must do, in order."""
         kind = type(event)
         if kind is Blocked:
-            return self._blocked(event)
+            return self.blocked(event.stimulus_id, event.holding_id, event.blocked, event.now)
         if kind is Tick:
             return self._tick(event)
         if kind is Asking:
@@ -120,34 +120,35 @@ class LendNotices:
         self.story.log(event.stimulus_id, ("unknown-event", type(event).__name__), ())
         return []
 
-    def _blocked(self, ev: Blocked) -> list[Instruction]:
-        hid = ev.holding_id
+    def blocked(self, sid: str, hid: str, blocked: bool, now: float) -> list[Instruction]:
+        """``Blocked(sid, hid, blocked, now)`` by its fields (the task side's hot path calls
+        this directly, with no event object; :meth:`handle` is the same)."""
         hold = self.holds.get(hid)
-        if ev.blocked:
+        if blocked:
             if hold is not None:  # another thread of it (an instance's) was blocked already
                 hold.threads += 1
                 return []
-            hold = self.holds[hid] = _Hold(ev.now)
+            hold = self.holds[hid] = _Hold(now)
             if self.asking or self.delay_s <= 0:
-                return self._tell(ev.stimulus_id, hid, hold)
-            self._entries.append((ev.stimulus_id, ("blocked", hid), (hid,)))
-            at = ev.now + self.delay_s
+                return self._tell(sid, hid, hold)
+            self._entries.append((sid, ("blocked", hid), (hid,)))
+            at = now + self.delay_s
             if self.next_wake is not None and self.next_wake <= at:
                 return []
             self.next_wake = at
-            return [WakeAt(ev.stimulus_id, at)]
+            return [WakeAt(sid, at)]
         if hold is None:
-            self.story.log(ev.stimulus_id, ("unblock-ignored", hid), (hid,))
+            self.story.log(sid, ("unblock-ignored", hid), (hid,))
             return []
         hold.threads -= 1
         if hold.threads:
             return []
         del self.holds[hid]
         if not hold.told:  # the hot path: it ended before anyone heard of it
-            self._entries.append((ev.stimulus_id, ("unblocked-untold", hid), (hid,)))
+            self._entries.append((sid, ("unblocked-untold", hid), (hid,)))
             return []
-        self._entries.append((ev.stimulus_id, ("untell", hid), (hid,)))
-        return [Notify(ev.stimulus_id, hid, False)]
+        self._entries.append((sid, ("untell", hid), (hid,)))
+        return [Notify(sid, hid, False)]
 
     def _tick(self, ev: Tick) -> list[Instruction]:
         self.next_wake = None  # the timer that brought this Tick is spent

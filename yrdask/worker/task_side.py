@@ -73,11 +73,15 @@ class TaskSide:
         """A task pushed on a lease (loop thread): the gate starts it, holds it or bounces
         it.  False if it is here already (pushed twice: the first one answers)."""
         task_id = msg["task_id"]
-        if task_id in self.tasks:
+        tasks = self.tasks
+        if task_id in tasks:
             return False
-        self.tasks[task_id] = self.record(task_id, peer, msg)
-        self.feed(G.TaskArrived("run", task_id, msg["lease_id"], msg.get("slots", 1),
-                                self.edge.now()))
+        tasks[task_id] = self.record(task_id, peer, msg)
+        now = self.edge.now()
+        with self.lock:  # feed(TaskArrived(...)), with no event object (the hot path)
+            instructions = self.gate.arrived("run", task_id, msg["lease_id"],
+                                             msg.get("slots", 1), now)
+        self._carry(instructions)
         return True
 
     def finished(self, ex: Any) -> None:
@@ -85,9 +89,13 @@ class TaskSide:
         of it (same id, same lease) may come back at once and must find the slot free."""
         task_id = ex.task_id
         self.running.pop(task_id, None)
-        if self.tasks.get(task_id) is ex:
-            del self.tasks[task_id]
-        self.feed(G.TaskEnded("end", task_id))
+        tasks = self.tasks
+        if tasks.get(task_id) is ex:
+            del tasks[task_id]
+        with self.lock:  # feed(TaskEnded(...)), with no event object (the hot path)
+            instructions = self.gate.ended("end", task_id)
+        if instructions:
+            self._carry(instructions)
 
     def cancel(self, task_id: str, force: bool = False) -> None:
         """``CANCEL_TASK`` (loop thread): a task not started yet never runs; a running one is
@@ -117,10 +125,10 @@ class TaskSide:
         """A thread of ``holding_id`` (a lease or an instance) waits in ``yr.get``
         (``blocked``) or runs again (any thread): the gate may start the lease's next task
         now, and the scheduler hears of the wait if it lasts (``worker/lending.py``)."""
-        with self.lock:
-            instructions = self.gate.handle(G.SlotLent("lend", holding_id, blocked))
-            notices = self.notices.handle(L.Blocked("lend", holding_id, blocked,
-                                                    self.edge.now() if blocked else 0.0))
+        now = self.edge.now() if blocked else 0.0
+        with self.lock:  # SlotLent and Blocked, with no event objects (the hot path)
+            instructions = self.gate.lent("lend", holding_id, blocked)
+            notices = self.notices.blocked("lend", holding_id, blocked, now)
             if notices:  # under the lock: the scheduler hears them in the order decided
                 self._notify(notices)
         if instructions:
@@ -163,6 +171,7 @@ class TaskSide:
                 ex = self.tasks.get(ins.task_id)
                 if ex is not None:
                     self.edge.start(ex)
+                continue
             elif kind is G.BounceTask:  # waited too long behind its lease's running tasks
                 ex = self.tasks.pop(ins.task_id, None)
                 if ex is not None:
