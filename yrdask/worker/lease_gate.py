@@ -170,11 +170,16 @@ class LeaseGate:
             self._entries.append((sid, ("arrived-start", task_id, lease_id),
                                   (task_id, lease_id)))
             return [StartTask(sid, task_id)]
-        self._entries.append((sid, ("arrived", task_id, lease_id), (task_id, lease_id)))
         deadline = now + self.patience_s
         lease.waiting.append((deadline, task_id))
-        self.story.log(sid, ("wait", task_id, deadline), (task_id, lease_id))
-        return self._wake(sid, deadline)
+        # one entry (pipelined tasks wait here on the hot path): it arrived and waits
+        self._entries.append((sid, ("arrived-wait", task_id, lease_id, deadline),
+                              (task_id, lease_id)))
+        next_wake = self.next_wake  # _wake, inline
+        if next_wake is not None and next_wake <= deadline:
+            return []
+        self.next_wake = deadline
+        return [WakeAt(sid, deadline)]
 
     def ended(self, sid: str, task_id: str) -> list[Instruction]:
         """``TaskEnded`` (see :meth:`handle`)."""

@@ -81,7 +81,8 @@ class TaskSide:
         with self.lock:  # feed(TaskArrived(...)), with no event object (the hot path)
             instructions = self.gate.arrived("run", task_id, msg["lease_id"],
                                              msg.get("slots", 1), now)
-        self._carry(instructions)
+        if instructions:
+            self._carry(instructions)
         return True
 
     def finished(self, ex: Any) -> None:
