@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import random
 
-from yrdask.worker.lending import Asking, Blocked, LendNotices, Notify, Tick, WakeAt
+import pytest
+
+from yrdask.worker.lending import (Asking, Blocked, LendNotices, Notify, Tick, WakeAt,
+                                   parse_delay)
 from yrdask.worker.task_side import TaskSide
 
 D = 0.002
@@ -187,3 +190,12 @@ def test_task_side_asking_tells_waiting_blocks():
     side.asking(False)
     side.lend("L", False)
     assert edge.sent == [("L", True), ("L", False)]
+
+
+def test_the_lend_delay_setting_takes_durations_and_names_bad_values():
+    assert parse_delay("2ms") == 0.002
+    assert parse_delay(0) == 0.0
+    assert parse_delay(0.5) == 0.5
+    for bad in ("soon", -1, None):
+        with pytest.raises(ValueError, match="yrdask.worker.lend-delay"):
+            parse_delay(bad)

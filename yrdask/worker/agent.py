@@ -23,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import dask
-from dask.utils import parse_timedelta
 import psutil
 from distributed.comm.core import CommClosedError
 from distributed.worker_state_machine import SecedeEvent
@@ -49,7 +48,7 @@ from yrdask.worker.isolated import (IsolatedInstance, ProcessDied, ProcessPool, 
 from yrdask.worker.devices import device_isolation, gpu_offer, node_id, npu_offer
 from yrdask.worker.execution import Execution, current_execution
 from yrdask.worker import lease_gate as G
-from yrdask.worker.lending import LEND_DELAY_S, LendNotices
+from yrdask.worker.lending import LEND_DELAY_S, LendNotices, parse_delay
 from yrdask.worker.task_side import TaskSide
 from yrdask.worker.instance_side import InstanceSide
 from yrdask.worker.share import SharedThreadPoolExecutor, WorkerShare
@@ -131,7 +130,7 @@ class WorkerAgent:
         # The task side's decisions (worker/task_side.py, which the simulation drives too);
         # _AgentEdge below is its I/O edge.  Its tables and gate, by their short names:
         self.task_side = TaskSide(_AgentEdge(self), Execution, notices=LendNotices(
-            parse_timedelta(dask.config.get("yrdask.worker.lend-delay", LEND_DELAY_S))))
+            parse_delay(dask.config.get("yrdask.worker.lend-delay", LEND_DELAY_S))))
         self.tasks: dict[str, Execution] = self.task_side.tasks  # pushed, not ended/bounced
         self.running: dict[str, Execution] = self.task_side.running  # their function runs now
         self.gate = self.task_side.gate

@@ -29,6 +29,22 @@ from yrdask.statemachine import Event, Instruction, Story, fast_init
 LEND_DELAY_S = 0.002
 
 
+def parse_delay(raw: object) -> float:
+    """``yrdask.worker.lend-delay`` in seconds: a number of seconds or a duration string such
+    as ``"2ms"``; ``0`` tells every wait at once."""
+    from dask.utils import parse_timedelta
+
+    try:
+        delay = parse_timedelta(raw) if raw is not None else None
+    except (KeyError, ValueError, TypeError) as e:
+        raise ValueError(f"yrdask.worker.lend-delay={raw!r} is not a duration: give seconds "
+                         "or a string such as '2ms' (0 lends at once)") from e
+    if delay is None or delay < 0:
+        raise ValueError(f"yrdask.worker.lend-delay={raw!r} must be a duration of 0 or more "
+                         "(such as '2ms'; 0 lends at once)")
+    return float(delay)
+
+
 # -- events ----------------------------------------------------------------------------------
 
 
