@@ -88,6 +88,29 @@ def test_blocked_task_gives_back_its_whole_cpu(one_cpu):
     assert yr.get(whole_cpu_outer.invoke(1), T) == 3
 
 
+@yr.invoke(invoke_options=yr.InvokeOptions(cpu=1000))
+def reader(key):
+    yr.kv_write(f"{key}-started", b"1")
+    return yr.kv_read(key, 60)
+
+
+@yr.invoke(invoke_options=yr.InvokeOptions(cpu=1000))
+def writer(key):
+    yr.kv_write(key, b"written")
+    return True
+
+
+def test_a_wait_that_lasts_lends_the_cpu_to_another_submitters_work(one_cpu):
+    """The reader holds the only CPU and waits for a key that the driver's writer task will
+    write.  Its worker asks for no lease, so only the lend-delay timer (worker/lending.py)
+    tells the scheduler of the wait: without it the writer never runs."""
+    r = reader.invoke("lend-key")
+    assert yr.kv_read("lend-key-started", 60) == b"1"  # the reader runs (and holds the CPU)
+    w = writer.invoke("lend-key")
+    assert yr.get(r, T) == b"written"
+    assert yr.get(w, T) is True
+
+
 def test_wait_based_back_pressure(one_cpu):
     results, pending = [], []
     for i in range(100):

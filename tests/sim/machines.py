@@ -25,6 +25,7 @@ class _Lazy:
 sq = _Lazy("yrdask.runtime.submit_queue")
 lq = _Lazy("yrdask.scheduler.leases")
 gate = _Lazy("yrdask.worker.lease_gate")
+lending = _Lazy("yrdask.worker.lending")
 
 
 def available() -> dict[str, bool]:
@@ -58,6 +59,15 @@ def new_lease_queue() -> Any:
 
 def new_gate() -> Any:
     return gate.LeaseGate()
+
+
+#: the lend delays a seed draws from (virtual seconds; tasks compute 0.2 ms to 3 s): at once,
+#: short, and longer than most waits (blocks that end untold)
+LEND_DELAYS = (0.0, 0.002, 0.05, 0.5)
+
+
+def new_notices(delay_s: float) -> Any:
+    return lending.LendNotices(delay_s)
 
 
 def _ledger(queue: Any) -> Any:

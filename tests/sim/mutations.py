@@ -117,6 +117,25 @@ def _blocked_lends_nothing(patch: Patch) -> None:
     patch(LeaseQueue, "_blocked", lambda self, ev: [])
 
 
+def _block_never_told(patch: Patch) -> None:
+    from yrdask.worker.lending import LendNotices
+
+    # a block that lasts is never told (the machine believes it untold: no conservation
+    # check sees it; only nested work that needs the lent CPU, and hangs, shows it)
+    patch(LendNotices, "_tell", lambda self, sid, hid, hold: [])
+
+
+def _unblock_untold(patch: Patch) -> None:
+    from yrdask.worker.lending import LendNotices, Notify
+
+    real = LendNotices.blocked  # what handle(Blocked) and the task side's hot path call
+
+    def blocked(self, sid, hid, blocked, now):  # a told block that ends keeps its CPU lent
+        return [i for i in real(self, sid, hid, blocked, now)
+                if not (type(i) is Notify and not i.blocked)]
+    patch(LendNotices, "blocked", blocked)
+
+
 def _unblock_forgotten(patch: Patch) -> None:
     from yrdask.scheduler.leases import LeaseQueue
 
@@ -440,6 +459,7 @@ LC_V = ("yrdask.scheduler.lifecycle", "Lifecycle")
 CQ_V = ("yrdask.worker.call_queue", "CallQueue")
 RG_V = ("yrdask.scheduler.groups", "GroupMachine")
 IC_V = ("yrdask.worker.isolated_calls", "IsolatedCalls")
+LEND_V = ("yrdask.worker.lending", "LendNotices")
 
 MUTATIONS: list[Mutation] = [
     Mutation("ledger-fits-ever", "tasks",
@@ -457,6 +477,12 @@ MUTATIONS: list[Mutation] = [
     Mutation("unblock-forgotten", "tasks",
              "LeaseUnblocked does not take the lent CPU back (over-commit)",
              _unblock_forgotten, 400, (LQ_V,)),
+    Mutation("block-never-told", "tasks",
+             "a worker never tells the scheduler that a task waits in yr.get (LendNotices: "
+             "nested work deadlocks)", _block_never_told, 400, (LEND_V,)),
+    Mutation("unblock-untold", "tasks",
+             "a worker does not tell the scheduler that a told wait ended (LendNotices: the "
+             "lent CPU is never taken back)", _unblock_untold, 400, (LEND_V,)),
     Mutation("grant-twice", "tasks",
              "a request is answered twice (exactly-once of grants)", _grant_twice, 50, (LQ_V,)),
     Mutation("submit-drops-failures", "tasks",

@@ -22,7 +22,7 @@ def test_at_least_ten_mutations_across_machines():
     assert len(MU.MUTATIONS) >= 10
     targets = {cls for m in MU.MUTATIONS for _mod, cls in m.validate_off}
     assert {"LeaseQueue", "SubmitQueue", "LeaseGate", "CallOrder", "Lifecycle",
-            "GroupMachine"} <= targets
+            "GroupMachine", "LendNotices"} <= targets
     names = {m.name for m in MU.MUTATIONS}
     assert {"ledger-fits-ever", "lost-worker-leases-kept"} <= names
     # the production adapters the simulation drives are mutated too
@@ -35,6 +35,8 @@ def test_at_least_ten_mutations_across_machines():
     assert {"crash-charged-to-no-call", "crash-charged-to-oldest-only",
             "isolated-restart-out-of-order", "restart-budget-reset",
             "death-while-restarting-ignored"} <= names
+    # lending notices: a lasting wait never told (nested work hangs), a told one never ended
+    assert {"block-never-told", "unblock-untold"} <= names
 
 
 def test_mutations_reach_the_production_adapters():

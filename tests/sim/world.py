@@ -239,6 +239,8 @@ class _ProcEdge(_NodeEdge):
 
     def request_lease(self, ins: Any, near: str | None, answer: Any) -> None:
         name = self.node.name  # the answer comes back as GRANT / REFUSE (proc_message)
+        if self.node.task_side is not None:  # as the WorkerConnector's request_lease
+            self.node.task_side.asking(True)
         self.world.send(name, SCHED, f"rpc:{name}/{ins.request_id}", {
             "op": "REQUEST_LEASE", "request_id": ins.request_id, "shape": dict(ins.shape),
             "timeout_ms": ins.timeout_ms, "local": near, "queue": ins.queue,
@@ -299,6 +301,10 @@ class _TaskEdge(_NodeEdge):
     def exit_process(self, run: Run) -> None:
         raise AssertionError("cancel(force=True) is not simulated")
 
+    def notify(self, holding_id: str, blocked: bool) -> None:
+        self.world.send(self.node.name, SCHED, "stream", {
+            "op": "LEASE_BLOCKED" if blocked else "LEASE_UNBLOCKED", "lease_id": holding_id})
+
 
 class ProcNode(Node):
     """A driver or worker process: its Submitter (and SubmitQueue), and for workers the gate
@@ -316,10 +322,10 @@ class ProcNode(Node):
                                    M.new_submit_queue(name if worker else None, **sq_kwargs))
         self.submit = self.submitter.machine
         # a worker's task side (worker/task_side.py, as the agent runs it)
-        self.task_side = TaskSide(_TaskEdge(world, self), Run, M.new_gate()) if worker else None
+        self.task_side = TaskSide(_TaskEdge(world, self), Run, M.new_gate(),
+                                  M.new_notices(world.lend_delay)) if worker else None
         self.gate = self.task_side.gate if worker else None
         self.runs: dict[str, Run] = self.task_side.running if worker else {}  # computing
-        self.blocked: dict[str, int] = {}  # lease id -> tasks of it blocked in get
         self.closed = False
         # drivers
         self.tops: list[str] = []
@@ -333,6 +339,9 @@ class World:
         self.seed = seed
         self.sc = scenario
         self.rng = random.Random(seed * 7919 + 17)
+        # when workers tell the scheduler of blocks (worker/lending.py): a generator of its
+        # own, so that the other draws of a seed stay put
+        self.lend_delay = random.Random(f"lend-{seed}").choice(M.LEND_DELAYS)
         self.now = 0.0
         self.step = 0
         self.links: dict[tuple, deque] = {}
@@ -636,6 +645,8 @@ class World:
         op = msg["op"]
         submitter = node.submitter
         self.touched.append(node)
+        if op in ("GRANT", "REFUSE") and node.task_side is not None:
+            node.task_side.asking(False)  # the request's rpc returned
         if op == "GRANT":
             submitter.lease_answer(msg["request_id"], msg["lease_id"], msg["worker"])
         elif op == "REFUSE":
@@ -794,18 +805,10 @@ class World:
         self.timer(self.now + run.prog.compute_after, node.name, "run", run)
 
     def block(self, node: ProcNode, run: Run, blocked: bool) -> None:
-        """``yr.get`` in a task: the gate slot now, the CPU via the scheduler (counted)."""
-        lease = run.lease_id
-        self.gate_handle(node, M.gate.SlotLent(stimulus_id=f"get-{run.task_id}",
-                                               lease_id=lease, blocked=blocked))
-        n = node.blocked.get(lease, 0) + (1 if blocked else -1)
-        if n > 0:
-            node.blocked[lease] = n
-        else:
-            node.blocked.pop(lease, None)
-        if (blocked and n == 1) or (not blocked and n == 0):
-            self.send(node.name, SCHED, "stream", {
-                "op": "LEASE_BLOCKED" if blocked else "LEASE_UNBLOCKED", "lease_id": lease})
+        """``yr.get`` in a task: the gate slot now, the CPU via the scheduler if the wait
+        lasts (the task side's ``lend``, as ``agent.lend_slot`` calls it)."""
+        self.touched.append(node)
+        node.task_side.lend(run.lease_id, blocked)
 
     def finish(self, node: ProcNode, run: Run, outcome: str, value: Any) -> None:
         """The task's function returned or raised: the task side forgets it, then its
@@ -929,6 +932,7 @@ class World:
                         node.submit.validate()
                     if node.gate is not None:
                         node.gate.validate()
+                        node.task_side.notices.validate()
             except AssertionError as e:
                 raise SimFailure(f"{node.name}: validate() failed after step {self.step}: {e}",
                                  self) from e
@@ -985,12 +989,15 @@ class World:
             leases = getattr(nodes[h.owner].submit, "leases", None)
             if leases is not None and hid not in leases:
                 suspects.append(("ledger holds, owner does not know", hid, h.owner))
-            # lending while blocked, accounted: the CPU is lent iff a task of the lease is
-            # blocked in yr.get on its worker (up to a LEASE_(UN)BLOCKED in flight)
-            blocked = hid in nodes[h.worker].blocked
-            if h.lent_cpu != blocked:
-                suspects.append((f"lent_cpu={h.lent_cpu} but {'a' if blocked else 'no'} task "
-                                 "of it is blocked", hid, h.worker))
+            # lending while blocked, accounted: the CPU is lent iff its worker told the
+            # scheduler a task of the lease blocks in yr.get (up to a LEASE_(UN)BLOCKED in
+            # flight); the notices machine's validate() checks each block is told in time
+            told = hid in nodes[h.worker].task_side.notices.holds \
+                and nodes[h.worker].task_side.notices.holds[hid].told
+            if h.lent_cpu != told:
+                suspects.append((f"lent_cpu={h.lent_cpu} but its worker "
+                                 f"{'told' if told else 'did not tell'} a block", hid,
+                                 h.worker))
         for name in live:
             node = nodes[name]
             for lid, lease in getattr(node.submit, "leases", {}).items():

@@ -151,3 +151,76 @@ def test_the_refill_shortcut_does_what_the_general_dispatch_does(seed):
         assert fast.handle(ev) == general.handle(ev), (seed, step, ev)
         fast.validate()
         general.validate()
+
+def _gate_state(gate) -> tuple:
+    return ({lid: (lease.slots, sorted(lease.running), lease.blocked, list(lease.waiting))
+             for lid, lease in gate.leases.items()}, dict(gate.lease_of), gate.next_wake,
+            list(gate.story.entries))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_task_sides_direct_gate_calls_do_what_handle_does(seed):
+    """``arrived``/``ended``/``lent`` (what TaskSide calls, no event object) against
+    ``handle(TaskArrived/TaskEnded/SlotLent)``: the same instructions and the same state."""
+    import random
+
+    from yrdask.worker import lease_gate as G
+
+    rng = random.Random(seed)
+    by_event, direct = G.LeaseGate(0.05), G.LeaseGate(0.05)
+    now, started = 0.0, []
+    for step in range(200):
+        now += rng.choice([0.0, 0.01, 0.06])
+        lease = rng.choice(["L1", "L2"])
+        r = rng.random()
+        if r < 0.4:
+            tid = f"t{step}" if rng.random() < 0.9 else rng.choice(started or ["t0"])
+            slots = rng.choice([1, 2])
+            a = by_event.handle(G.TaskArrived("s", tid, lease, slots, now))
+            b = direct.arrived("s", tid, lease, slots, now)
+        elif r < 0.7:
+            tid = rng.choice(started) if started and rng.random() < 0.9 else "nope"
+            a = by_event.handle(G.TaskEnded("s", tid))
+            b = direct.ended("s", tid)
+        elif r < 0.9:
+            blocked = rng.random() < 0.5
+            a = by_event.handle(G.SlotLent("s", lease, blocked))
+            b = direct.lent("s", lease, blocked)
+        else:
+            a = by_event.handle(G.Tick("s", now))
+            b = direct.handle(G.Tick("s", now))
+        assert a == b, (seed, step)
+        started += [i.task_id for i in a if type(i) is G.StartTask]
+        assert _gate_state(by_event) == _gate_state(direct), (seed, step)
+        direct.validate()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_task_sides_direct_lending_calls_do_what_handle_does(seed):
+    """``LendNotices.blocked`` (the hot path) against ``handle(Blocked(...))``."""
+    import random
+
+    from yrdask.worker import lending as L
+
+    def state(m):
+        return ({h: (x.threads, x.since, x.told) for h, x in m.holds.items()}, m.asking,
+                m.next_wake, list(m.story.entries))
+
+    rng = random.Random(seed)
+    by_event, direct = L.LendNotices(0.002), L.LendNotices(0.002)
+    now = 0.0
+    for step in range(200):
+        now += rng.choice([0.0, 0.001, 0.003])
+        hid, blocked = rng.choice(["L1", "I1"]), rng.random() < 0.5
+        r = rng.random()
+        if r < 0.8:
+            a = by_event.handle(L.Blocked("s", hid, blocked, now))
+            b = direct.blocked("s", hid, blocked, now)
+        elif r < 0.9:
+            a = by_event.handle(L.Asking("s", blocked))
+            b = direct.handle(L.Asking("s", blocked))
+        else:
+            a = by_event.handle(L.Tick("s", now))
+            b = direct.handle(L.Tick("s", now))
+        assert a == b, (seed, step)
+        assert state(by_event) == state(direct), (seed, step)

@@ -32,3 +32,7 @@ class LocalNode(Protocol):
     def lend_slot(self, holding_id: str, blocked: bool) -> None:
         """A thread of this lease or instance blocks in ``yr.get`` (or runs again); ``""``:
         a thread with no lease (a Dask task), which lends its share of the worker."""
+
+    def asking(self, asking: bool) -> None:
+        """This process sends a lease request (``asking``) or has its answer: while it
+        waits, its blocked threads lend their CPU at once (the lease may need it)."""

@@ -284,15 +284,20 @@ class WorkerConnector:
         self.worker = worker
         self.dashboard = None
         self.connection_args = worker.connection_args
-        self.blocked: dict[str, int] = {}
 
     async def request_lease(self, shape: dict, timeout_ms: int, queue: str,
                             avoid: list[str], affinity: tuple, near: str | None) -> list:
         """``near``: the worker to place the lease on when it fits there (the submitter
-        decides: where large arguments live, else this worker while its queue is short)."""
-        return await self.request(P.RequestLease(
-            owner=self.worker.address, shape=shape, timeout_ms=timeout_ms,
-            local=near, queue=queue, avoid=avoid, affinity=affinity))
+        decides: where large arguments live, else this worker while its queue is short).
+        While it waits, tasks blocked here lend their CPU at once (``worker/lending.py``)."""
+        agent = self.rt.agent
+        agent.asking(True)
+        try:
+            return await self.request(P.RequestLease(
+                owner=self.worker.address, shape=shape, timeout_ms=timeout_ms,
+                local=near, queue=queue, avoid=avoid, affinity=affinity))
+        finally:
+            agent.asking(False)
 
     async def request(self, msg: P.Message) -> Any:
         """A scheduler rpc; returns its reply (``type(msg).reply_type``)."""
@@ -313,21 +318,9 @@ class WorkerConnector:
         self.stream_send(P.ReturnLeases(lease_ids))
 
     def notify_blocked(self, holding_id: str, blocked: bool) -> None:
-        """Lend the CPU of a lease or instance while its threads wait in ``yr.get``."""
-        # The scheduler's notice first: lend_slot may raise a cancel of the task once its
-        # bookkeeping is done, and both halves must have happened by then.
-        self.rt.on_loop(self._blocked, holding_id, blocked)
+        """Lend the CPU of a lease or instance while its threads wait in ``yr.get``: the
+        agent frees its gate slot at once, and tells the scheduler if the wait lasts."""
         self.rt.agent.lend_slot(holding_id, blocked)  # at once, from the task's thread
-
-    def _blocked(self, holding_id: str, blocked: bool) -> None:
-        n = self.blocked.get(holding_id, 0) + (1 if blocked else -1)
-        if n > 0:
-            self.blocked[holding_id] = n
-        else:
-            self.blocked.pop(holding_id, None)
-        if (blocked and n == 1) or (not blocked and n == 0):
-            self.stream_send(P.LeaseBlocked(holding_id) if blocked
-                             else P.LeaseUnblocked(holding_id))
 
     def rpc(self, address: str) -> Any:
         return self.worker.rpc(address)

@@ -48,6 +48,7 @@ from yrdask.worker.isolated import (IsolatedInstance, ProcessDied, ProcessPool, 
 from yrdask.worker.devices import device_isolation, gpu_offer, node_id, npu_offer
 from yrdask.worker.execution import Execution, current_execution
 from yrdask.worker import lease_gate as G
+from yrdask.worker.lending import LEND_DELAY_S, LendNotices, parse_delay
 from yrdask.worker.task_side import TaskSide
 from yrdask.worker.instance_side import InstanceSide
 from yrdask.worker.share import SharedThreadPoolExecutor, WorkerShare
@@ -128,7 +129,8 @@ class WorkerAgent:
         self.executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="yr-task")
         # The task side's decisions (worker/task_side.py, which the simulation drives too);
         # _AgentEdge below is its I/O edge.  Its tables and gate, by their short names:
-        self.task_side = TaskSide(_AgentEdge(self), Execution)
+        self.task_side = TaskSide(_AgentEdge(self), Execution, notices=LendNotices(
+            parse_delay(dask.config.get("yrdask.worker.lend-delay", LEND_DELAY_S))))
         self.tasks: dict[str, Execution] = self.task_side.tasks  # pushed, not ended/bounced
         self.running: dict[str, Execution] = self.task_side.running  # their function runs now
         self.gate = self.task_side.gate
@@ -223,7 +225,8 @@ class WorkerAgent:
             return self.gate.active()
 
     def lend_slot(self, holding_id: str, blocked: bool) -> None:
-        """A task of this lease waits in ``yr.get``: let the gate start the next one.
+        """A task of this lease waits in ``yr.get``: let the gate start the next one, and
+        lend its CPU to the cluster if the wait lasts (``worker/lending.py``).
 
         Runs in the task's thread: shielded, so a cancel cannot tear the gate's update.
         ``holding_id`` ``""``: a thread with no lease (a Dask task) lends its share only.
@@ -234,11 +237,11 @@ class WorkerAgent:
             return
         ex = current_execution()
         if ex is None:
-            self._gate(G.SlotLent("lend", holding_id, blocked))
+            self.task_side.lend(holding_id, blocked)
         else:
             ex.shield()
             try:
-                self._gate(G.SlotLent("lend", holding_id, blocked))
+                self.task_side.lend(holding_id, blocked)
             finally:
                 ex.unshield()
         if holding_id in self.gate.leases:  # a lease's task
@@ -249,6 +252,10 @@ class WorkerAgent:
                     share.yr_start()  # back from yr.get: waits while Dask uses its thread
         elif holding_id in self.instances:  # an instance's method call (share.py)
             share.call_lend(blocked)
+
+    def asking(self, asking: bool) -> None:
+        """This worker's runtime sends a lease request (``asking``) or has its answer."""
+        self.task_side.asking(asking)
 
     def prefers_local(self) -> bool:
         """Local first: ask for leases on this worker while its yr queue is short."""
@@ -730,6 +737,15 @@ class _AgentEdge:
             agent.loop.call_at(at, fn)
         else:
             agent.loop.call_soon_threadsafe(agent.loop.call_at, at, fn)
+
+    def notify(self, holding_id: str, blocked: bool) -> None:
+        rt = self.agent.runtime  # through its inbox: in order behind what it queued before
+        try:
+            rt.on_loop(rt.connector.stream_send, P.LeaseBlocked(holding_id) if blocked
+                       else P.LeaseUnblocked(holding_id))
+        except RuntimeError:
+            if not rt.loop.is_closed():
+                raise  # else the worker is closing: the scheduler learns that from Dask
 
     def exit_process(self, ex: Execution) -> None:
         # Ray's cancel(force=True): the task may be blocked in C (time.sleep, a socket

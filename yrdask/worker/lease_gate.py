@@ -138,24 +138,30 @@ class LeaseGate:
         """Apply ``event``; returns what the adapter must do, in order."""
         kind = type(event)
         if kind is TaskArrived:
-            return self._arrived(event)
+            return self.arrived(event.stimulus_id, event.task_id, event.lease_id, event.slots,
+                                event.now)
         if kind is TaskEnded:
-            return self._ended(event)
+            return self.ended(event.stimulus_id, event.task_id)
         if kind is SlotLent:
-            return self._lent(event)
+            return self.lent(event.stimulus_id, event.lease_id, event.blocked)
         if kind is Tick:
             return self._tick(event)
         self.story.log(event.stimulus_id, ("unknown-event", type(event).__name__), ())
         return []
 
-    def _arrived(self, ev: TaskArrived) -> list[Instruction]:
-        task_id, lease_id, sid = ev.task_id, ev.lease_id, ev.stimulus_id
+    # The hot path's events, by their fields: ``handle(TaskArrived(sid, ...))`` is
+    # ``arrived(sid, ...)``, and so for ``TaskEnded`` and ``SlotLent``.  The task side calls
+    # these directly (no event object per task); handle() is the one way in for the rest.
+
+    def arrived(self, sid: str, task_id: str, lease_id: str, slots: int,
+                now: float) -> list[Instruction]:
+        """``TaskArrived`` (see :meth:`handle`)."""
         if task_id in self.lease_of:
             self.story.log(sid, ("duplicate-ignored", task_id, lease_id), (task_id, lease_id))
             return []
         lease = self.leases.get(lease_id)
         if lease is None:
-            lease = self.leases[lease_id] = _Lease(ev.slots)
+            lease = self.leases[lease_id] = _Lease(slots)
         self.lease_of[task_id] = lease_id
         running = lease.running
         if not lease.waiting and len(running) - lease.blocked < lease.slots:  # free()
@@ -164,47 +170,54 @@ class LeaseGate:
             self._entries.append((sid, ("arrived-start", task_id, lease_id),
                                   (task_id, lease_id)))
             return [StartTask(sid, task_id)]
-        self._entries.append((sid, ("arrived", task_id, lease_id), (task_id, lease_id)))
-        deadline = ev.now + self.patience_s
+        deadline = now + self.patience_s
         lease.waiting.append((deadline, task_id))
-        self.story.log(sid, ("wait", task_id, deadline), (task_id, lease_id))
-        return self._wake(sid, deadline)
-
-    def _ended(self, ev: TaskEnded) -> list[Instruction]:
-        lease_id = self.lease_of.get(ev.task_id)
-        lease = self.leases.get(lease_id) if lease_id is not None else None
-        if lease is None or ev.task_id not in lease.running:
-            self.story.log(ev.stimulus_id, ("end-ignored", ev.task_id), (ev.task_id,))
+        # one entry (pipelined tasks wait here on the hot path): it arrived and waits
+        self._entries.append((sid, ("arrived-wait", task_id, lease_id, deadline),
+                              (task_id, lease_id)))
+        next_wake = self.next_wake  # _wake, inline
+        if next_wake is not None and next_wake <= deadline:
             return []
-        lease.running.discard(ev.task_id)
-        del self.lease_of[ev.task_id]
+        self.next_wake = deadline
+        return [WakeAt(sid, deadline)]
+
+    def ended(self, sid: str, task_id: str) -> list[Instruction]:
+        """``TaskEnded`` (see :meth:`handle`)."""
+        lease_id = self.lease_of.get(task_id)
+        lease = self.leases.get(lease_id) if lease_id is not None else None
+        if lease is None or task_id not in lease.running:
+            self.story.log(sid, ("end-ignored", task_id), (task_id,))
+            return []
+        lease.running.discard(task_id)
+        del self.lease_of[task_id]
         if lease.blocked > len(lease.running):  # a blocked task ended without unblocking
             lease.blocked = len(lease.running)
-        self._entries.append((ev.stimulus_id, ("ended", ev.task_id), (ev.task_id, lease_id)))
+        self._entries.append((sid, ("ended", task_id), (task_id, lease_id)))
         if lease.waiting:
-            return self._admit(ev.stimulus_id, lease_id, lease)
+            return self._admit(sid, lease_id, lease)
         if not lease.running:  # _forget_if_idle, inline (the hot path)
             del self.leases[lease_id]
         return []
 
-    def _lent(self, ev: SlotLent) -> list[Instruction]:
-        lease = self.leases.get(ev.lease_id)
+    def lent(self, sid: str, lease_id: str, blocked: bool) -> list[Instruction]:
+        """``SlotLent`` (see :meth:`handle`)."""
+        lease = self.leases.get(lease_id)
         if lease is None:  # an instance's holding, or a lease with nothing here any more
             return []
-        if ev.blocked:
+        if blocked:
             if lease.blocked >= len(lease.running):
-                self.story.log(ev.stimulus_id, ("lend-ignored", ev.lease_id), (ev.lease_id,))
+                self.story.log(sid, ("lend-ignored", lease_id), (lease_id,))
                 return []
             lease.blocked += 1
         else:
             if lease.blocked <= 0:
-                self.story.log(ev.stimulus_id, ("unlend-ignored", ev.lease_id), (ev.lease_id,))
+                self.story.log(sid, ("unlend-ignored", lease_id), (lease_id,))
                 return []
             lease.blocked -= 1
-        self._entries.append((ev.stimulus_id, ("lent" if ev.blocked else "unlent", ev.lease_id,
-                                               lease.blocked), (ev.lease_id,)))
-        if ev.blocked and lease.waiting:  # else _admit has nobody to start
-            return self._admit(ev.stimulus_id, ev.lease_id, lease)
+        self._entries.append((sid, ("lent" if blocked else "unlent", lease_id, lease.blocked),
+                              (lease_id,)))
+        if blocked and lease.waiting:  # else _admit has nobody to start
+            return self._admit(sid, lease_id, lease)
         return []
 
     def _tick(self, ev: Tick) -> list[Instruction]:

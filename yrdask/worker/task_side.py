@@ -8,7 +8,10 @@ one is answered ``requeue`` and forgotten, a task that ended is forgotten before
 back), any cancel interrupts the task, and a forced one of a task still running after a grace
 ends the process.
 It does no I/O itself: a small :class:`TaskEdge` runs tasks, answers callers and arms
-timers.  The agent (``worker/agent.py``) plugs in its executor, peers and loop; the
+timers.  It also lends: a thread of a lease or instance that waits in ``yr.get`` frees the
+lease's gate slot at once and its CPU at the scheduler if the wait lasts
+(``worker/lending.py``'s :class:`~yrdask.worker.lending.LendNotices`).
+The agent (``worker/agent.py``) plugs in its executor, peers and loop; the
 simulation (``tests/sim/world.py``) its virtual clock, links and simulated tasks, so it
 drives this very code (as ``runtime/submitter.py`` and ``scheduler/lease_service.py``).
 """
@@ -20,6 +23,7 @@ from typing import Any, Callable, Protocol
 
 from yrdask import protocol as P
 from yrdask.worker import lease_gate as G
+from yrdask.worker import lending as L
 
 #: cancel(force=True): how long a running task has to stop at the interrupt before its
 #: worker process is ended (a task blocked in C never sees the interrupt)
@@ -44,6 +48,10 @@ class TaskEdge(Protocol):
     def exit_process(self, ex: Any) -> None:
         """``cancel(force=True)`` of running task ``ex``: end this worker process."""
 
+    def notify(self, holding_id: str, blocked: bool) -> None:
+        """Send ``LeaseBlocked`` (``blocked``) or ``LeaseUnblocked`` to the scheduler, after
+        every notice asked for before (called under :attr:`TaskSide.lock`)."""
+
 
 class TaskSide:
     """The tasks pushed to one worker (see module docstring).  ``record(task_id, peer,
@@ -51,10 +59,12 @@ class TaskSide:
     ``task_id`` and ``cancel()``."""
 
     def __init__(self, edge: TaskEdge, record: Callable[[str, Any, dict], Any],
-                 gate: G.LeaseGate | None = None) -> None:
+                 gate: G.LeaseGate | None = None,
+                 notices: L.LendNotices | None = None) -> None:
         self.edge = edge
         self.record = record
         self.gate = gate if gate is not None else G.LeaseGate()
+        self.notices = notices if notices is not None else L.LendNotices()
         self.lock = threading.Lock()  # task threads end tasks and lend slots
         self.tasks: dict[str, Any] = {}  # pushed here and not ended (or bounced) yet
         self.running: dict[str, Any] = {}  # those whose function runs now (the edge's)
@@ -63,11 +73,16 @@ class TaskSide:
         """A task pushed on a lease (loop thread): the gate starts it, holds it or bounces
         it.  False if it is here already (pushed twice: the first one answers)."""
         task_id = msg["task_id"]
-        if task_id in self.tasks:
+        tasks = self.tasks
+        if task_id in tasks:
             return False
-        self.tasks[task_id] = self.record(task_id, peer, msg)
-        self.feed(G.TaskArrived("run", task_id, msg["lease_id"], msg.get("slots", 1),
-                                self.edge.now()))
+        tasks[task_id] = self.record(task_id, peer, msg)
+        now = self.edge.now()
+        with self.lock:  # feed(TaskArrived(...)), with no event object (the hot path)
+            instructions = self.gate.arrived("run", task_id, msg["lease_id"],
+                                             msg.get("slots", 1), now)
+        if instructions:
+            self._carry(instructions)
         return True
 
     def finished(self, ex: Any) -> None:
@@ -75,9 +90,13 @@ class TaskSide:
         of it (same id, same lease) may come back at once and must find the slot free."""
         task_id = ex.task_id
         self.running.pop(task_id, None)
-        if self.tasks.get(task_id) is ex:
-            del self.tasks[task_id]
-        self.feed(G.TaskEnded("end", task_id))
+        tasks = self.tasks
+        if tasks.get(task_id) is ex:
+            del tasks[task_id]
+        with self.lock:  # feed(TaskEnded(...)), with no event object (the hot path)
+            instructions = self.gate.ended("end", task_id)
+        if instructions:
+            self._carry(instructions)
 
     def cancel(self, task_id: str, force: bool = False) -> None:
         """``CANCEL_TASK`` (loop thread): a task not started yet never runs; a running one is
@@ -103,16 +122,57 @@ class TaskSide:
         """Tasks pushed here and not ended (running, blocked in ``yr.get`` or waiting)."""
         return len(self.tasks)
 
+    def lend(self, holding_id: str, blocked: bool) -> None:
+        """A thread of ``holding_id`` (a lease or an instance) waits in ``yr.get``
+        (``blocked``) or runs again (any thread): the gate may start the lease's next task
+        now, and the scheduler hears of the wait if it lasts (``worker/lending.py``)."""
+        now = self.edge.now() if blocked else 0.0
+        with self.lock:  # SlotLent and Blocked, with no event objects (the hot path)
+            instructions = self.gate.lent("lend", holding_id, blocked)
+            notices = self.notices.blocked("lend", holding_id, blocked, now)
+            if notices:  # under the lock: the scheduler hears them in the order decided
+                self._notify(notices)
+        if instructions:
+            self._carry(instructions)
+
+    def asking(self, asking: bool) -> None:
+        """This worker's submitter sends a lease request (``asking``) or has its answer:
+        while it waits, blocks are told at once (what it asks for may need their CPU)."""
+        with self.lock:
+            notices = self.notices.handle(L.Asking("asking", asking))
+            if notices:
+                self._notify(notices)
+
+    def lend_tick(self) -> None:
+        """The notices' timer fired: tell the scheduler of the blocks that lasted."""
+        with self.lock:
+            notices = self.notices.handle(L.Tick("lend-tick", self.edge.now()))
+            if notices:
+                self._notify(notices)
+
+    def _notify(self, notices: list) -> None:
+        for ins in notices:
+            if type(ins) is L.Notify:
+                self.edge.notify(ins.holding_id, ins.blocked)
+            elif type(ins) is L.WakeAt:
+                self.edge.call_at(ins.at, self.lend_tick)
+            else:  # pragma: no cover - a new instruction nobody taught the adapter
+                raise AssertionError(f"unknown lending instruction {ins!r}")
+
     def feed(self, event: G.Event) -> None:
         """Feed the lease gate (any thread) and carry out what it says."""
         with self.lock:
             instructions = self.gate.handle(event)
+        self._carry(instructions)
+
+    def _carry(self, instructions: list) -> None:
         for ins in instructions:
             kind = type(ins)
             if kind is G.StartTask:
                 ex = self.tasks.get(ins.task_id)
                 if ex is not None:
                     self.edge.start(ex)
+                continue
             elif kind is G.BounceTask:  # waited too long behind its lease's running tasks
                 ex = self.tasks.pop(ins.task_id, None)
                 if ex is not None:
