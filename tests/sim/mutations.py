@@ -432,6 +432,60 @@ def _restart_budget_reset(patch: Patch) -> None:
     patch(InstanceRecord, "can_restart", property(can_restart))
 
 
+def _stream_rerun_restarts(patch: Patch) -> None:
+    from yrdask.runtime import generators as G
+
+    real = G.StreamState.handle
+
+    def handle(self, event):
+        if type(event) is G.ItemArrived and event.index < self.received \
+                and not (self.abandoned or self.ended):
+            # a rerun's items start the stream over instead of being dropped as duplicates
+            self.received = event.index
+            self.taken = min(self.taken, event.index)
+            self.held = {i for i in self.held if i < event.index}
+        return real(self, event)
+    patch(G.StreamState, "handle", handle)
+
+
+def _stream_keeps_duplicates(patch: Patch) -> None:
+    from yrdask.runtime import generators as G
+
+    real = G.StreamState.handle
+
+    def handle(self, event):
+        if type(event) is G.ItemArrived and event.index < self.received \
+                and not (self.abandoned or self.ended):
+            self.held.add(event.index)  # a rerun's duplicate kept (never to be handed out)
+            return [G.KeepItem(event.stimulus_id, event.index)]
+        return real(self, event)
+    patch(G.StreamState, "handle", handle)
+
+
+def _stream_error_swallowed(patch: Patch) -> None:
+    from yrdask.runtime import generators as G
+
+    real = G.StreamState._take
+
+    def take(self, sid):
+        ins = real(self, sid)
+        if type(ins) is G.HandOutError:  # the consumer is told the end, not the error
+            return G.Stop(sid)
+        return ins
+    patch(G.StreamState, "_take", take)
+
+
+def _stream_end_kept_open(patch: Patch) -> None:
+    from yrdask.runtime import generators as G
+
+    real = G.Stream._on_end
+
+    def on_end(self):
+        real(self)
+        self.rt.streams[self.call_id] = self  # the runtime keeps routing items to it
+    patch(G.Stream, "_on_end", on_end)
+
+
 LQ_V = ("yrdask.scheduler.leases", "LeaseQueue")
 SQ_V = ("yrdask.runtime.submit_queue", "SubmitQueue")
 GATE_V = ("yrdask.worker.lease_gate", "LeaseGate")
@@ -440,6 +494,7 @@ LC_V = ("yrdask.scheduler.lifecycle", "Lifecycle")
 CQ_V = ("yrdask.worker.call_queue", "CallQueue")
 RG_V = ("yrdask.scheduler.groups", "GroupMachine")
 IC_V = ("yrdask.worker.isolated_calls", "IsolatedCalls")
+GEN_V = ("yrdask.runtime.generators", "StreamState")
 
 MUTATIONS: list[Mutation] = [
     Mutation("ledger-fits-ever", "tasks",
@@ -559,6 +614,19 @@ MUTATIONS: list[Mutation] = [
     Mutation("restart-budget-reset", "calls",
              "the restart budget starts afresh at every START_INSTANCE",
              _restart_budget_reset, 300, (LC_V,)),
+    # generators (one task seed in scenario.GEN_SEEDS): the stream's machine and adapter
+    Mutation("stream-rerun-restarts", "tasks",
+             "a generator rerun after its worker died or it raised starts the stream over: "
+             "an item is delivered twice", _stream_rerun_restarts, 200, (GEN_V,)),
+    Mutation("stream-keeps-duplicates", "tasks",
+             "a rerun's duplicate items are kept instead of dropped (kept for nobody)",
+             _stream_keeps_duplicates, 200, (GEN_V,)),
+    Mutation("stream-error-swallowed", "tasks",
+             "a failed generator's consumer gets the end instead of the error",
+             _stream_error_swallowed, 200, (GEN_V,)),
+    Mutation("stream-end-kept-open", "tasks",
+             "the stream adapter (Stream, production code) stays registered after its end",
+             _stream_end_kept_open, 200),
 ]
 
 

@@ -66,12 +66,27 @@ class TaskRec:
     top: bool = False
 
 
+@dataclass(slots=True, eq=False)
+class Consumer:
+    """Who reads a generator task's items: the process that submitted it (the driver, or the
+    worker running its parent), through the production ``Stream`` (``runtime/generators.py``,
+    what ``ObjectRefGenerator`` reads), and what it got so far."""
+
+    rec: TaskRec
+    node: "ProcNode"
+    stream: Any  # dropped once it is done (the stream's end ref with it)
+    handed: int = 0  # refs handed out: items 0 .. handed-1
+    total: int = 0  # the sum of their values
+    outcome: tuple | None = None  # ("ok", total), ("error", error) or ("dropped", handed)
+    armed: bool = False  # a "consume" timer is pending
+
+
 class Run:
     """One attempt of a task on a worker: the record the task side keeps (as
     ``worker/execution.py``'s ``Execution``), and what the simulated task does."""
 
     __slots__ = ("task_id", "caller", "msg", "lease_id", "prog", "started", "phase",
-                 "children", "pending", "cancelled")
+                 "children", "pending", "cancelled", "emitted")
 
     def __init__(self, task_id: str, caller: str, msg: dict) -> None:
         self.task_id = task_id
@@ -84,6 +99,7 @@ class Run:
         self.children: list = []
         self.pending = 0
         self.cancelled = False
+        self.emitted = 0  # generators: items yielded in this attempt
 
     def cancel(self) -> None:
         """``Execution.cancel``: a waiting task never runs, a running one stops."""
@@ -180,20 +196,60 @@ class _GroupEdge:
 
 class _SimEntry:
     """A task's result entry (``runtime/objects.py``'s ``Entry`` as the submitter sees it):
-    settling it settles the task in the world, which checks exactly-once and the outcome."""
+    settling it settles the task in the world, which checks exactly-once and the outcome.
+    A generator's end entry (``real``) is settled too: its stream watches it."""
 
-    __slots__ = ("world", "node", "task_id")
+    __slots__ = ("world", "node", "task_id", "real")
 
-    def __init__(self, world: "World", node: "ProcNode", task_id: str) -> None:
+    def __init__(self, world: "World", node: "ProcNode", task_id: str,
+                 real: Any = None) -> None:
         self.world = world
         self.node = node
         self.task_id = task_id
+        self.real = real
 
     def set_result(self, kind: str, payload: Any) -> None:
+        if self.real is not None:
+            self.real.set_result(kind, payload)
         self.world.settle(self.node, self.task_id, ("ok", payload))
 
     def set_error(self, error: BaseException) -> None:
+        if self.real is not None:
+            self.real.set_error(error)
         self.world.settle(self.node, self.task_id, ("error", error))
+
+
+class _SimRuntime:
+    """What a process's generator streams need of its runtime (``runtime.Runtime``): the
+    real object table (``ObjectTable``) that makes their refs, the registry of open streams
+    that ``on_generator_item`` routes items by, and the loop (here: at once)."""
+
+    def __init__(self, world: "World", node: "ProcNode") -> None:
+        from yrdask.runtime.objects import ObjectTable
+
+        self.world = world
+        self.node = node
+        self.address = node.name
+        self.streams: dict[str, Any] = {}
+        self.closed = False
+        self.loop_thread = None  # consumers never block here: they take with timeout 0
+        self.objects = ObjectTable(self, 1 << 16)
+
+    def on_loop(self, fn: Any, *args: Any) -> None:
+        fn(*args)
+
+    on_loop_later = on_loop
+
+    def free_remote(self, worker: str, object_ids: list) -> None:
+        self.world.say(self.address, ("free on", worker, object_ids), *object_ids)
+
+    def refs_message(self, address: str, cls: Any, item: Any) -> None:
+        raise AssertionError(f"{self.address} counts a ref ({item}) in the task world, "
+                             "where items travel inline")
+
+    def cancel(self, refs: list) -> None:
+        for ref in refs:
+            self.world.cancel(self.node, ref._id)
 
 
 class _SimTimer:
@@ -321,9 +377,15 @@ class ProcNode(Node):
         self.runs: dict[str, Run] = self.task_side.running if worker else {}  # computing
         self.blocked: dict[str, int] = {}  # lease id -> tasks of it blocked in get
         self.closed = False
+        self.rt: _SimRuntime | None = None  # made for its first generator
         # drivers
         self.tops: list[str] = []
         self.planned = 0  # submissions still to come
+
+    def runtime(self, world: "World") -> _SimRuntime:
+        if self.rt is None:
+            self.rt = _SimRuntime(world, self)
+        return self.rt
 
 
 class World:
@@ -342,6 +404,7 @@ class World:
         self.log: list[tuple] = []  # (now, node, text, keys)
         self.nodes: dict[str, Node] = {}
         self.tasks: dict[str, TaskRec] = {}
+        self.consumers: dict[str, Consumer] = {}  # generator task id -> its consumer
         self._ids = 0
         self.last_settle = 0.0
         self.errors_raised: dict[str, int] = {}  # task id -> UserBoom raised so far
@@ -388,6 +451,10 @@ class World:
         dnode = self.nodes.get(dst)
         if dnode is None or not dnode.alive:
             self.say(src, ("dropped (dead)", dst, msg), msg.get("task_id", ""))
+            if msg.get("op") == "RUN_TASK" and msg["task_id"] in self.tasks:
+                rec = self.tasks[msg["task_id"]]  # pushed to a dead worker: lost with it
+                rec.crash_hits += 1
+                rec.where = None
             if chan == "call":  # connecting to a dead worker fails: the channel is lost
                 self.send("net", src, "lost", {"op": "CHANNEL_LOST", "worker": dst})
             return
@@ -475,6 +542,9 @@ class World:
             if not data.cancelled:
                 self.touched.append(node)
                 data.fn(*data.args)
+        elif kind == "consume":
+            data.armed = False
+            self.consume(node, data)
         elif kind == "run":
             run = data
             if node.runs.get(run.task_id) is run:
@@ -537,6 +607,8 @@ class World:
             self.run_task(node, src, msg)
         elif op == P.TASK_DONE:
             self.task_done(node, src, msg)
+        elif op == P.GENERATOR_ITEM:
+            self.generator_item(node, msg)
         elif op == "CANCEL_TASK":
             self.cancel_task(node, msg["task_id"])
         else:
@@ -623,8 +695,17 @@ class World:
         self.say(node.name, ("submit", prog.path), task_id)
         name = f"f{prog.path}"
         affinity = P.bundle_wire(prog.group, prog.bundle) if prog.group is not None else ()
-        task = Task(task_id, name, b"", name, b"", [], [_SimEntry(self, node, task_id)],
-                    [f"{task_id}.0"], 1, dict(prog.shape),
+        entry, nret = _SimEntry(self, node, task_id), 1
+        if prog.generator:  # as Runtime.submit_task: its stream watches its end entry
+            from yrdask.runtime.generators import Stream
+
+            rt = node.runtime(self)
+            end_ref = rt.objects.new_ref(task_id)
+            stream = Stream(rt, task_id, end_ref, f"function {name}")
+            entry.real, nret = end_ref._entry, P.STREAMING
+            self.consumers[task_id] = Consumer(self.tasks[task_id], node, stream)
+        task = Task(task_id, name, b"", name, b"", [], [entry],
+                    [f"{task_id}.0"], nret, dict(prog.shape),
                     (prog.shape, prog.timeout_ms, prog.slots, affinity), prog.timeout_ms,
                     prog.retries, node.name, max_crashes=prog.max_crashes)
         self.touched.append(node)
@@ -672,9 +753,21 @@ class World:
         if rec.settled > 1:
             raise SimFailure(f"task {task_id} settled twice: {rec.outcome} then {outcome}",
                              self, (task_id,))
+        if rec.prog.generator and outcome[0] == "ok":
+            from yrdask.serialization import loads
+
+            outcome = ("ok", loads(outcome[1]))  # the end: the item count
         rec.outcome = outcome
         self.last_settle = self.now
         self.check_outcome(rec)
+        c = self.consumers.get(task_id)
+        if c is not None and c.outcome is None:  # its consumer goes on to the stream's end
+            self.wake_consumer(c)
+            return
+        self.child_done(node, rec)  # (a dropped generator's consumer is done already)
+
+    def child_done(self, node: ProcNode, rec: TaskRec) -> None:
+        """``rec`` is over for whoever waits for it (settled; a generator: consumed)."""
         run = rec.parent
         if run is not None:
             run.pending -= 1
@@ -682,12 +775,20 @@ class World:
             if run.pending == 0 and wnode.runs.get(run.task_id) is run:
                 self.unblock(wnode, run)
         elif rec.top and not node.closed and node.planned == 0 and all(
-                self.tasks[t].settled for t in node.tops):
+                self.tasks[t].settled and (t not in self.consumers
+                                           or self.consumers[t].outcome is not None)
+                for t in node.tops):
             self.timer(self.now, node.name, "close", None)
 
     def check_outcome(self, rec: TaskRec) -> None:
         kind, got = rec.outcome
         want_kind, want = rec.prog.expected()
+        if kind == "ok" and rec.prog.generator:  # the end's count: every item yielded
+            if want_kind != "ok" or got != rec.prog.items:
+                raise SimFailure(f"generator {rec.task_id} ({rec.prog.path}) ended with "
+                                 f"{got!r} items, expected {want_kind} "
+                                 f"({rec.prog.items} items)", self, (rec.task_id,))
+            return
         if kind == "ok":
             if (want_kind, want) != ("ok", got):
                 raise SimFailure(f"task {rec.task_id} ({rec.prog.path}) gave {got!r}, "
@@ -757,7 +858,12 @@ class World:
         node.runs[task_id] = run
         self.say(node.name, ("start", run.prog.path, "lease", run.lease_id), task_id,
                  run.lease_id)
-        self.timer(self.now + run.prog.compute, node.name, "run", run)
+        self.timer(self.now + self._pace(run.prog), node.name, "run", run)
+
+    @staticmethod
+    def _pace(prog: Program) -> float:
+        """Virtual seconds to the next step (a generator yields ``items`` times on the way)."""
+        return prog.compute / (prog.items + 1) if prog.generator else prog.compute
 
     def advance(self, node: ProcNode, run: Run) -> None:
         prog = run.prog
@@ -772,6 +878,8 @@ class World:
             if run.pending == 0 and node.runs.get(run.task_id) is run and run.phase == "blocked":
                 self.unblock(node, run)
             return
+        if prog.generator:
+            return self.yield_item(node, run)
         if prog.leaf:
             n = self.errors_raised.get(run.task_id, 0)
             if n < prog.fail_first:
@@ -780,11 +888,123 @@ class World:
             return self.finish(node, run, "ok", prog.value)
         total = prog.value
         for cid in run.children:
-            kind, got = self.tasks[cid].outcome
+            c = self.consumers.get(cid)
+            kind, got = c.outcome if c is not None else self.tasks[cid].outcome
             if kind == "error":
                 return self.finish(node, run, "error", got)
             total += got
         self.finish(node, run, "ok", total)
+
+    def yield_item(self, node: ProcNode, run: Run) -> None:
+        """A generator's next step: yield its next item (sent at once, as the agent's
+        ``item_sender``), or end (an attempt that fails raises halfway), answering the count."""
+        prog = run.prog
+        n = self.errors_raised.get(run.task_id, 0)
+        failing = n < prog.fail_first
+        upto = prog.items // 2 if failing else prog.items
+        if run.emitted < upto:
+            from yrdask.serialization import dumps
+
+            i = run.emitted
+            run.emitted += 1
+            self.say(node.name, ("yields", i), run.task_id)
+            self.send(node.name, run.caller, "call", P.GeneratorItem(
+                run.task_id, i, [P.VALUE, dumps(prog.item_value(i))]).to_msg())
+            self.timer(self.now + self._pace(prog), node.name, "run", run)
+            return
+        if failing:
+            self.errors_raised[run.task_id] = n + 1
+            return self.finish(node, run, "retryable", UserBoom(f"{prog.path} attempt {n}"))
+        from yrdask.serialization import dumps
+
+        self.finish(node, run, "ok", dumps(upto))
+
+    # -- generator consumers (runtime/generators.py's Stream, as ObjectRefGenerator reads it) --
+
+    def generator_item(self, node: ProcNode, msg: dict) -> None:
+        """A ``GENERATOR_ITEM`` from a worker (``Runtime.on_channel_message``)."""
+        from yrdask.runtime.generators import on_generator_item
+
+        self.touched.append(node)
+        on_generator_item(node.runtime(self), msg)
+        c = self.consumers.get(msg["task_id"])
+        if c is not None and c.node is node:
+            self.wake_consumer(c)
+
+    def wake_consumer(self, c: Consumer) -> None:
+        """The consumer reads soon (its thread wakes), unless it is done or already woken."""
+        if c.outcome is None and not c.armed:
+            c.armed = True
+            self.timer(self.now + self.rng.uniform(0.0, 0.01), c.node.name, "consume", c)
+
+    def consume(self, node: ProcNode, c: Consumer) -> None:
+        """The consumer takes every ref there is (``next`` with timeout 0) and checks each:
+        items in order, each once, with its value; the error ref only for a failed stream and
+        last; the end only after the stream's end, with every item handed out."""
+        from yrdask.errors import YRTimeoutError
+
+        if c.outcome is not None or node.closed:
+            return
+        rec, prog, stream = c.rec, c.rec.prog, c.stream
+        tid = rec.task_id
+        self.touched.append(node)
+        while True:
+            if prog.drop_after is not None and c.handed >= prog.drop_after:
+                self.say(node.name, ("drops its generator after", c.handed), tid)
+                stream.abandon()
+                if stream.next(0) is not None:
+                    raise SimFailure(f"generator {tid}: a ref handed out after its consumer "
+                                     "dropped it", self, (tid,))
+                return self.consumed(node, c, ("dropped", c.handed))
+            try:
+                ref = stream.next(0)
+            except YRTimeoutError:
+                return
+            state = stream.state
+            if ref is None:
+                why = None
+                if not state.ended:
+                    why = "the consumer was told the end before the stream ended"
+                elif state.failed:
+                    why = "the stream failed, yet its consumer got no error"
+                elif c.handed != prog.items:
+                    why = f"the consumer got {c.handed} of {prog.items} items, then the end"
+                elif stream.refs or state.held:
+                    why = f"items {sorted(state.held)} held after the end was handed out"
+                if why is not None:
+                    raise SimFailure(f"generator {tid} ({prog.path}): {why}", self, (tid,))
+                return self.consumed(node, c, ("ok", c.total))
+            index = int(ref._id.rsplit(".", 1)[1])
+            if index != c.handed:
+                raise SimFailure(f"generator {tid} ({prog.path}): item {index} handed out "
+                                 f"after {c.handed} items (each once, in order)", self, (tid,))
+            entry = ref._entry
+            if entry.state == P.ERROR:
+                if not (state.ended and state.failed):
+                    raise SimFailure(f"generator {tid}: an error ref though the stream did not "
+                                     "fail", self, (tid,))
+                error = entry.error
+                del ref
+                if stream.next(0) is not None:
+                    raise SimFailure(f"generator {tid}: a ref handed out after its error",
+                                     self, (tid,))
+                return self.consumed(node, c, ("error", error))
+            value = entry.get_value()
+            if index >= prog.items or value != prog.item_value(index):
+                raise SimFailure(f"generator {tid} ({prog.path}): item {index} is {value!r}, "
+                                 f"expected {prog.item_value(index) if index < prog.items else 'none'}",
+                                 self, (tid,))
+            del ref
+            c.handed += 1
+            c.total += value
+            self.say(node.name, ("takes item", index), tid)
+
+    def consumed(self, node: ProcNode, c: Consumer, outcome: tuple) -> None:
+        c.outcome = outcome
+        c.stream = None  # the generator goes (and its end ref with it)
+        self.say(node.name, ("consumed", outcome), c.rec.task_id)
+        self.last_settle = self.now
+        self.child_done(node, c.rec)
 
     def unblock(self, node: ProcNode, run: Run) -> None:
         if run.phase != "blocked":
@@ -878,6 +1098,10 @@ class World:
         for key in list(self.links):
             src, dst, _chan = key
             if dst == w or (src == w and self.rng.random() < 0.5):
+                for msg in self.links[key]:
+                    if msg.get("op") == P.TASK_DONE and msg.get("retryable"):
+                        # an error lost with its worker: the next attempt raises instead
+                        self.errors_raised[msg["task_id"]] -= 1
                 self.links[key].clear()
                 self.busy.pop(key, None)
         for rec in self.tasks.values():
@@ -929,10 +1153,23 @@ class World:
                         node.submit.validate()
                     if node.gate is not None:
                         node.gate.validate()
+                    if node.rt is not None:
+                        self.check_streams(node)
             except AssertionError as e:
                 raise SimFailure(f"{node.name}: validate() failed after step {self.step}: {e}",
                                  self) from e
         touched.clear()
+
+    def check_streams(self, node: ProcNode) -> None:
+        """Each open stream's machine is valid and the adapter holds a ref for exactly the
+        items the machine holds."""
+        for c in self.consumers.values():
+            if c.node is node and c.stream is not None:
+                st = c.stream.state
+                st.validate()
+                assert set(c.stream.refs) == st.held, \
+                    f"stream {st.stream_id} holds refs {sorted(c.stream.refs)}, its machine " \
+                    f"items {sorted(st.held)}"
 
     def in_flight_lease_ids(self) -> set[str]:
         """Lease ids named by a message still on a link (a grant on its way to its owner,
@@ -1013,7 +1250,10 @@ class World:
                              f"ledger {M.ledger_summary(self.sched.queue)}", self, (lid,))
 
     def unsettled(self) -> tuple:
-        return tuple(t for t, r in self.tasks.items() if not r.settled and not r.abandoned)
+        return tuple(t for t, r in self.tasks.items() if not r.settled and not r.abandoned) \
+            + tuple(f"{t} (consumer)" for t, c in self.consumers.items()
+                    if c.outcome is None and c.node.alive and not c.node.closed
+                    and not c.rec.abandoned)
 
     def check_quiescent(self) -> None:
         """Nothing moves any more: every task must be settled, nothing held or pending."""
@@ -1025,9 +1265,28 @@ class World:
         for node in self.nodes.values():
             if isinstance(node, ProcNode) and not node.worker and not node.closed:
                 raise SimFailure(f"driver {node.name} never finished", self)
-        problems = M.leftovers(self)
+        problems = M.leftovers(self) + self.stream_leftovers()
         if problems:
             raise SimFailure("left over at the end: " + "; ".join(problems), self)
+
+
+    def stream_leftovers(self) -> list[str]:
+        """Once every task of a process settled and every consumer of it is done, no stream
+        of it is open and its object table is empty (no item kept for nobody, no ref
+        leaked).  A driver that exited early is exempt: its runtime goes with it."""
+        out = []
+        for node in self.nodes.values():
+            if not isinstance(node, ProcNode) or node.rt is None or not node.alive:
+                continue
+            if any(c.node is node and c.outcome is None for c in self.consumers.values()) \
+                    or any(r.proc == node.name and not r.settled for r in self.tasks.values()):
+                continue
+            if node.rt.streams:
+                out.append(f"{node.name} still has open streams {sorted(node.rt.streams)}")
+            if node.rt.objects.entries:
+                out.append(f"{node.name}'s object table still has "
+                           f"{sorted(node.rt.objects.entries)}")
+        return out
 
 
 def _cancel_below(world: World, rec: TaskRec) -> bool:
