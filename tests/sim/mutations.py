@@ -486,6 +486,46 @@ def _stream_end_kept_open(patch: Patch) -> None:
     patch(G.Stream, "_on_end", on_end)
 
 
+def _task_args_let_go_when_queued(patch: Patch) -> None:
+    from yrdask.runtime.submitter import Submitter
+
+    real = Submitter._deps_ready
+
+    def deps_ready(self, task):
+        real(self, task)
+        task.held = None  # its ref arguments go once it is queued, not when it ends
+    patch(Submitter, "_deps_ready", deps_ready)
+
+
+def _borrowers_not_recorded(patch: Patch) -> None:
+    from yrdask.runtime.objects import ObjectTable
+
+    real = ObjectTable.on_done_refs
+
+    def on_done_refs(self, refs):
+        holder, _borrowed, nested = refs
+        return real(self, [holder, [], nested])  # the refs a task kept are not counted
+    patch(ObjectTable, "on_done_refs", on_done_refs)
+
+
+def _contains_ignored(patch: Patch) -> None:
+    from yrdask.runtime.objects import ObjectTable
+
+    patch(ObjectTable, "contains", lambda self, outer, inner: None)
+
+
+def _process_death_ignored(patch: Patch) -> None:
+    from yrdask.runtime.objects import ObjectTable
+
+    patch(ObjectTable, "process_died", lambda self, address: None)
+
+
+def _refs_never_freed(patch: Patch) -> None:
+    from yrdask.runtime.refcount import RefCounter
+
+    _filter_out(RefCounter, "FreeObject", patch)
+
+
 LQ_V = ("yrdask.scheduler.leases", "LeaseQueue")
 SQ_V = ("yrdask.runtime.submit_queue", "SubmitQueue")
 GATE_V = ("yrdask.worker.lease_gate", "LeaseGate")
@@ -495,6 +535,7 @@ CQ_V = ("yrdask.worker.call_queue", "CallQueue")
 RG_V = ("yrdask.scheduler.groups", "GroupMachine")
 IC_V = ("yrdask.worker.isolated_calls", "IsolatedCalls")
 GEN_V = ("yrdask.runtime.generators", "StreamState")
+RC_V = ("yrdask.runtime.refcount", "RefCounter")
 
 MUTATIONS: list[Mutation] = [
     Mutation("ledger-fits-ever", "tasks",
@@ -627,6 +668,25 @@ MUTATIONS: list[Mutation] = [
     Mutation("stream-end-kept-open", "tasks",
              "the stream adapter (Stream, production code) stays registered after its end",
              _stream_end_kept_open, 200),
+    # ref arguments and the borrower protocol (one task seed in scenario.REF_SEEDS)
+    Mutation("task-args-let-go-when-queued", "tasks",
+             "the submitter adapter (Submitter, production code) lets go of a task's ref "
+             "arguments once it is queued: the owner frees a ref a pending task still needs",
+             _task_args_let_go_when_queued, 200),
+    Mutation("borrowers-not-recorded", "tasks",
+             "the object table (ObjectTable, production code) ignores the refs a task's "
+             "worker kept (TaskDone.refs): the owner frees what a borrower holds",
+             _borrowers_not_recorded, 200),
+    Mutation("contains-ignored", "tasks",
+             "the object table ignores refs nested in a result: a ref a task returned is "
+             "freed before its owner reads the result (a borrower holding it through the "
+             "result covers it too: only a worker's death exposes it)", _contains_ignored, 400),
+    Mutation("refs-death-ignored", "tasks",
+             "the object table ignores a process's death: what a dead worker borrowed is "
+             "never freed", _process_death_ignored, 400),
+    Mutation("refs-never-freed", "tasks",
+             "the reference counter never frees an object (a leak: nothing is freed at the "
+             "end)", _refs_never_freed, 200, (RC_V,)),
 ]
 
 

@@ -43,6 +43,15 @@ class Program:
     bundle: int = -1  # the bundle index (-1: any bundle of the group)
     items: int | None = None  # leaves: a generator yielding this many items (None: a value)
     drop_after: int | None = None  # generators: the consumer drops the generator after so many
+    # ref arguments (top-level tasks of a driver, scenario.REF_SEEDS): the task's argument
+    # holds (nested in a list) the ref of an earlier top-level task of the same driver, the
+    # one at ``ref_arg`` (0..1) of those submitted so far; the task keeps that ref on its
+    # worker ``keep_ref`` virtual seconds after it ends, and/or returns it in its result;
+    # the driver may drop its own ref once passed, leaving the argument the only holder
+    ref_arg: float | None = None
+    keep_ref: float = 0.0
+    return_ref: bool = False
+    drop_passed: bool = False  # the driver drops that ref once it passed it (f.remote([r]))
 
     @property
     def generator(self) -> bool:

@@ -41,6 +41,7 @@ class Scenario:
     replace: bool
     sq_kwargs: dict
     groups: list[GroupPlan] = field(default_factory=list)
+    refs: bool = False  # top-level tasks hold refs of others (REF_SEEDS)
 
     def programs(self) -> list[Program]:
         """Every program of the drivers' trees (not the groups'), depth first."""
@@ -70,6 +71,14 @@ class Scenario:
                 f"{p.path} ({p.items} items" + (f", dropped after {p.drop_after}"
                                                 if p.drop_after is not None else "") + ")"
                 for p in gens))
+        refs = [p for p in self.programs() if p.ref_arg is not None]
+        if refs:
+            lines.append("  ref arguments: " + ", ".join(
+                f"{p.path} (an earlier task's ref at {p.ref_arg:.2f}"
+                + (f", kept {p.keep_ref:.2f} s" if p.keep_ref else "")
+                + (", returned" if p.return_ref else "")
+                + (", dropped by the driver once passed" if p.drop_passed else "") + ")"
+                for p in refs))
         for g in self.groups:
             lines.append(f"  d0 at {g.at:.3f} s creates group {g.name} ({g.strategy}) of "
                          f"{g.bundles}, runs {len(g.progs)} tasks in it, removes it at "
@@ -121,6 +130,7 @@ def make_scenario(seed: int) -> Scenario:
                   sq_kwargs)
     sc.groups = _groups(seed, sc)
     _generators(seed, sc)
+    _ref_args(seed, sc)
     return sc
 
 
@@ -183,4 +193,31 @@ def _generators(seed: int, sc: Scenario) -> None:
             prog.drop_after = rng.randint(0, prog.items)
         prog.compute = max(prog.compute, rng.uniform(0.001, 0.5))  # long enough to die in
     if rng.random() < 0.5:
+        sc.faults.append((rng.uniform(0.0, 1.5), "kill"))
+
+
+REF_SEEDS = 8  # one task seed in REF_SEEDS passes refs as task arguments (6 of them mod 8)
+
+
+def _ref_args(seed: int, sc: Scenario) -> None:
+    """Ref arguments of a seed, from a generator of their own (the other draws stay put):
+    half the top-level tasks of each driver get the ref of an earlier one of the same driver
+    (often still pending) nested in their argument, and the driver often drops its own ref
+    once passed; some keep it on their worker after they end, some return it in their
+    result; in some a worker dies or a driver exits early."""
+    if seed % REF_SEEDS != 6:
+        return
+    sc.refs = True
+    rng = random.Random(seed * 71 + 5)
+    for d in sc.drivers:
+        for _, progs in d.batches:
+            for prog in progs:
+                if rng.random() < 0.5:
+                    continue
+                prog.ref_arg = 1.0 - rng.random() ** 3  # mostly a recent one: still pending
+                if rng.random() < 0.3:
+                    prog.keep_ref = rng.uniform(0.0, 1.0)
+                prog.return_ref = rng.random() < 0.5
+                prog.drop_passed = rng.random() < 0.5
+    if rng.random() < 0.3:
         sc.faults.append((rng.uniform(0.0, 1.5), "kill"))

@@ -64,6 +64,9 @@ class TaskRec:
     crash_hits: int = 0  # times a worker died while the task was pushed to it
     where: str | None = None  # worker of its last push, until its TASK_DONE arrived
     top: bool = False
+    ref: Any = None  # ref seeds: the driver's ref to its result (dropped at the driver's end)
+    arg: str | None = None  # ref seeds: the task whose ref its argument holds
+    back: Any = None  # ref seeds: the ref its result returned (return_ref)
 
 
 @dataclass(slots=True, eq=False)
@@ -86,7 +89,7 @@ class Run:
     ``worker/execution.py``'s ``Execution``), and what the simulated task does."""
 
     __slots__ = ("task_id", "caller", "msg", "lease_id", "prog", "started", "phase",
-                 "children", "pending", "cancelled", "emitted")
+                 "children", "pending", "cancelled", "emitted", "args", "borrowed")
 
     def __init__(self, task_id: str, caller: str, msg: dict) -> None:
         self.task_id = task_id
@@ -100,6 +103,8 @@ class Run:
         self.pending = 0
         self.cancelled = False
         self.emitted = 0  # generators: items yielded in this attempt
+        self.args: tuple | None = None  # ref seeds: its unpickled arguments (refs borrowed)
+        self.borrowed: list = []  # the counted refs among them (TaskDone.refs)
 
     def cancel(self) -> None:
         """``Execution.cancel``: a waiting task never runs, a running one stops."""
@@ -209,14 +214,29 @@ class _SimEntry:
         self.real = real
 
     def set_result(self, kind: str, payload: Any) -> None:
-        if self.real is not None:
-            self.real.set_result(kind, payload)
         self.world.settle(self.node, self.task_id, ("ok", payload))
+        if self.real is not None:  # (its callbacks may settle tasks that wait for it)
+            self.real.set_result(kind, payload)
 
     def set_error(self, error: BaseException) -> None:
+        self.world.settle(self.node, self.task_id, ("error", error))
         if self.real is not None:
             self.real.set_error(error)
-        self.world.settle(self.node, self.task_id, ("error", error))
+
+
+class _AgentShim:
+    """What ``WorkerAgent.pack_results`` reads of its agent: the runtime, the inline limit
+    and the worker's address (the sim's results are small: inline)."""
+
+    __slots__ = ("runtime", "inline_limit", "worker")
+
+    def __init__(self, node: "ProcNode") -> None:
+        from types import SimpleNamespace
+
+        self.runtime = node.rt
+        assert node.rt is not None
+        self.inline_limit = 1 << 16
+        self.worker = SimpleNamespace(address=node.name)
 
 
 class _SimRuntime:
@@ -244,8 +264,13 @@ class _SimRuntime:
         self.world.say(self.address, ("free on", worker, object_ids), *object_ids)
 
     def refs_message(self, address: str, cls: Any, item: Any) -> None:
-        raise AssertionError(f"{self.address} counts a ref ({item}) in the task world, "
-                             "where items travel inline")
+        """One item of a ``WaitRefsRemoved`` / ``RefsRemoved`` / ``AddBorrower`` (the
+        runtime batches them per loop pass; here each goes at once, on a link of its own
+        kind, so they overtake the call channels as rpcs do)."""
+        if not self.node.alive or self.node.closed:  # its runtime is gone
+            return
+        self.world.send(self.address, address, "refs", {"op": "REFS", "kind": cls.__name__,
+                                                        "items": [list(item)]})
 
     def cancel(self, refs: list) -> None:
         for ref in refs:
@@ -302,8 +327,10 @@ class _ProcEdge(_NodeEdge):
 
     def push(self, task: Any, lease_id: str, worker: str, slots: int) -> None:
         self.world.tasks[task.task_id].where = worker
-        self.world.send(self.node.name, worker, "call", {
-            "op": "RUN_TASK", "task_id": task.task_id, "lease_id": lease_id, "slots": slots})
+        msg = {"op": "RUN_TASK", "task_id": task.task_id, "lease_id": lease_id, "slots": slots}
+        if task.args:
+            msg["args"] = task.args
+        self.world.send(self.node.name, worker, "call", msg)
 
     def send_cancel(self, worker: str, task_id: str, force: bool) -> None:
         self.world.send(self.node.name, worker, "call", {"op": "CANCEL_TASK",
@@ -377,7 +404,9 @@ class ProcNode(Node):
         self.runs: dict[str, Run] = self.task_side.running if worker else {}  # computing
         self.blocked: dict[str, int] = {}  # lease id -> tasks of it blocked in get
         self.closed = False
-        self.rt: _SimRuntime | None = None  # made for its first generator
+        self.rt: _SimRuntime | None = None  # made for its first generator or ref
+        self.kept: list = []  # ref seeds: argument refs kept after their tasks ended
+        self.exited = False  # a driver that exited before its work was done
         # drivers
         self.tops: list[str] = []
         self.planned = 0  # submissions still to come
@@ -455,6 +484,8 @@ class World:
                 rec = self.tasks[msg["task_id"]]  # pushed to a dead worker: lost with it
                 rec.crash_hits += 1
                 rec.where = None
+            if chan == "refs":  # the rpc fails: the sender learns the process died
+                self.timer(self.now, src, "refs-failed", dst)
             if chan == "call":  # connecting to a dead worker fails: the channel is lost
                 self.send("net", src, "lost", {"op": "CHANNEL_LOST", "worker": dst})
             return
@@ -486,6 +517,7 @@ class World:
 
     def _run(self) -> None:
         rng = self.rng
+        refs = self.sc.refs
         max_steps = 40_000 + 2_000 * len(self.tasks_planned())
         while True:
             self.step += 1
@@ -513,10 +545,11 @@ class World:
                     del busy[key]
                 self.deliver(key, msg)
             else:
-                at, _seq, node, kind, data = heapq.heappop(self.timers)
-                self.fire(node, kind, data)
+                self.fire(*heapq.heappop(self.timers)[2:])  # (no local keeps its data alive)
             self.validate_touched()
             self.check_conservation()
+            if refs:
+                self.check_borrowers()
         self.check_quiescent()
 
     def _idle(self) -> bool:
@@ -542,6 +575,19 @@ class World:
             if not data.cancelled:
                 self.touched.append(node)
                 data.fn(*data.args)
+        elif kind == "refs-failed":  # Runtime._send_refs: OSError -> process_died
+            if node.rt is not None and not node.closed:
+                self.touched.append(node)
+                node.rt.objects.process_died(data)
+                if not node.worker:
+                    self.maybe_close(node)
+        elif kind == "reread":  # yr.get of a result again, while the driver holds it
+            rec, payload = data
+            if rec.ref is not None and not node.closed:
+                self.read_result(node, rec, payload, again=False)
+        elif kind == "unkeep":  # the task's kept argument refs go
+            node.kept.remove(data)
+            self.touched.append(node)
         elif kind == "consume":
             data.armed = False
             self.consume(node, data)
@@ -554,13 +600,16 @@ class World:
             if not node.closed:
                 for prog in data:
                     node.tops.append(self.submit(node, prog, None, top=True))
+                self.maybe_close(node)  # (a task whose ref argument failed settles at once)
         elif kind == "exit":
             if not node.closed:
+                node.exited = True
                 self.say(name, "driver exits early")
                 self.close_driver(node)
         elif kind == "close":
-            if not node.closed:
-                self.close_driver(node)
+            if not node.closed and not (self.sc.refs and node.rt is not None
+                                        and node.rt.objects.entries):
+                self.close_driver(node)  # (in ref seeds: again at each borrower's answer)
         elif kind == "cancel":
             if not node.closed and data < len(node.tops):
                 rec = self.tasks[node.tops[data]]
@@ -597,6 +646,8 @@ class World:
         if node is None or not node.alive or getattr(node, "closed", False) and dst != SCHED:
             self.say(dst, ("lost on arrival", src, op), msg.get("task_id", ""),
                      msg.get("lease_id", ""))
+            if op == "REFS" and msg["kind"] != "Added":  # the rpc fails at its sender
+                self.timer(self.now, src, "refs-failed", dst)
             if op == "GRANT" and dst != SCHED:  # the reply to a gone requester
                 pass
             return
@@ -609,6 +660,8 @@ class World:
             self.task_done(node, src, msg)
         elif op == P.GENERATOR_ITEM:
             self.generator_item(node, msg)
+        elif op == "REFS":
+            self.refs_delivery(node, src, msg)
         elif op == "CANCEL_TASK":
             self.cancel_task(node, msg["task_id"])
         else:
@@ -704,10 +757,15 @@ class World:
             stream = Stream(rt, task_id, end_ref, f"function {name}")
             entry.real, nret = end_ref._entry, P.STREAMING
             self.consumers[task_id] = Consumer(self.tasks[task_id], node, stream)
-        task = Task(task_id, name, b"", name, b"", [], [entry],
+        blob, nested = b"", None
+        if top and self.sc.refs:  # as Runtime.submit_task: a real entry, refs in the args
+            blob, nested = self.ref_task(node, self.tasks[task_id], entry)
+        task = Task(task_id, name, b"", name, blob, [], [entry],
                     [f"{task_id}.0"], nret, dict(prog.shape),
                     (prog.shape, prog.timeout_ms, prog.slots, affinity), prog.timeout_ms,
                     prog.retries, node.name, max_crashes=prog.max_crashes)
+        if nested:  # yr's rule: refs nested in the arguments gate the start
+            task.nested, task.held = nested, list(nested)
         self.touched.append(node)
         node.submitter.submit(task)
         return task_id
@@ -725,6 +783,10 @@ class World:
             submitter.revoke(list(msg["lease_ids"]))
         elif op in ("WORKER_LOST", "CHANNEL_LOST"):
             submitter.on_channel_lost(msg["worker"])
+            if op == "WORKER_LOST" and node.rt is not None:  # Runtime.worker_lost
+                node.rt.objects.process_died(msg["worker"])  # (may free what it borrowed)
+                if not node.worker and node.planned == 0:
+                    self.maybe_close(node)
         elif op == "RG_CREATED":  # create_resource_group returned: run tasks in the group
             node.planned -= 1
             g = next(g for g in self.groups if g.name == msg["name"])
@@ -741,6 +803,8 @@ class World:
         if rec is not None and rec.where == src:
             rec.where = None
         self.touched.append(node)
+        if done.refs is not None:  # before the task lets go of its argument refs
+            node.runtime(self).objects.on_done_refs(done.refs)
         node.submitter.on_task_done(done)
 
     def settle(self, node: ProcNode, task_id: str, outcome: tuple) -> None:
@@ -757,6 +821,8 @@ class World:
             from yrdask.serialization import loads
 
             outcome = ("ok", loads(outcome[1]))  # the end: the item count
+        elif self.sc.refs and outcome[0] == "ok":
+            outcome = ("ok", self.read_result(node, rec, outcome[1]))
         rec.outcome = outcome
         self.last_settle = self.now
         self.check_outcome(rec)
@@ -774,15 +840,40 @@ class World:
             wnode = self.nodes[node.name]
             if run.pending == 0 and wnode.runs.get(run.task_id) is run:
                 self.unblock(wnode, run)
-        elif rec.top and not node.closed and node.planned == 0 and all(
+        elif rec.top:
+            self.maybe_close(node)
+
+    def maybe_close(self, node: ProcNode) -> None:
+        """A driver ends once its work is done: every top-level task settled (and consumed);
+        in ref seeds it then drops its refs, and ends once its object table is empty (every
+        borrower answered: the objects are freed)."""
+        if node.closed or node.planned or not all(
                 self.tasks[t].settled and (t not in self.consumers
                                            or self.consumers[t].outcome is not None)
                 for t in node.tops):
-            self.timer(self.now, node.name, "close", None)
+            return
+        if self.sc.refs and node.rt is not None:
+            for t in node.tops:
+                rec = self.tasks[t]
+                rec.ref = rec.back = None
+        self.timer(self.now, node.name, "close", None)  # after this event (its refs go)
 
     def check_outcome(self, rec: TaskRec) -> None:
         kind, got = rec.outcome
         want_kind, want = rec.prog.expected()
+        if rec.arg is not None:  # its argument's task settled first (nested refs gate it)
+            from yrdask.errors import DependencyError
+
+            arg = self.tasks[rec.arg]
+            failed = arg.outcome is not None and arg.outcome[0] == "error"
+            if isinstance(got, DependencyError) or (failed and not isinstance(
+                    got, CancelledError)):
+                if not failed or not isinstance(got, DependencyError) \
+                        or got.dependency != rec.arg:
+                    raise SimFailure(f"task {rec.task_id} ({rec.prog.path}) whose argument "
+                                     f"holds the ref of {rec.arg} ({arg.outcome}) ended with "
+                                     f"{got!r}", self, (rec.task_id, rec.arg))
+                return
         if kind == "ok" and rec.prog.generator:  # the end's count: every item yielded
             if want_kind != "ok" or got != rec.prog.items:
                 raise SimFailure(f"generator {rec.task_id} ({rec.prog.path}) ended with "
@@ -854,6 +945,8 @@ class World:
         if run.cancelled:  # cancelled while it waited: it never runs
             return self.finish(node, run, "error", CancelledError(f"task {task_id} cancelled"))
         run.prog = self.tasks[task_id].prog
+        if run.msg.get("args"):
+            self.borrow_args(node, run)
         run.phase = "compute"
         node.runs[task_id] = run
         self.say(node.name, ("start", run.prog.path, "lease", run.lease_id), task_id,
@@ -918,6 +1011,178 @@ class World:
         from yrdask.serialization import dumps
 
         self.finish(node, run, "ok", dumps(upto))
+
+    # -- ref arguments and the borrower protocol (runtime/objects.py's ObjectTable, real) ----
+
+    def ref_task(self, node: ProcNode, rec: TaskRec, entry: _SimEntry) -> tuple:
+        """A top-level task of a ref seed, as ``Runtime.submit_task`` builds it: its result
+        is an entry of the driver's object table (the driver holds its ref), and its argument
+        may hold an earlier task's ref, pickled by the production packer (which records the
+        refs it met and marks those the owner must count).  Returns ``(blob, nested refs)``."""
+        from yrdask.runtime.objects import ObjectRef, pack_recording_refs
+        from yrdask.serialization import pack_args
+
+        rt = node.runtime(self)
+        rec.ref = rt.objects.new_ref(rec.task_id)
+        entry.real = rec.ref._entry
+        prog = rec.prog
+        if prog.ref_arg is None or not node.tops:
+            return b"", None
+        target = self.tasks[node.tops[int(prog.ref_arg * len(node.tops))]]
+        if target.ref is None:
+            return b"", None
+        rec.arg = target.task_id
+        self.say(node.name, ("passes the ref of", target.task_id), rec.task_id, target.task_id)
+        (blob, _deps), nested = pack_recording_refs(
+            pack_args, ([target.ref],), {}, lambda v: type(v) is ObjectRef)
+        if prog.drop_passed:  # the argument (the task's held refs) is its only holder now
+            target.ref = None
+        return blob, nested
+
+    def _installed(self, node: ProcNode, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` with ``node``'s runtime as the process's (unpickled refs join its
+        object table, as in that process)."""
+        from yrdask.runtime import context
+
+        saved = context.installed_runtime()
+        context.install(node.runtime(self))
+        try:
+            return fn(*args)
+        finally:
+            context.install(saved)
+
+    def borrow_args(self, node: ProcNode, run: Run) -> None:
+        """The worker unpickles the task's arguments (``agent.unpack_call``): the refs in them
+        are borrowed (counted refs reported in its ``TaskDone``).  The owner must not have
+        freed them: the task's argument still needs them."""
+        from yrdask.runtime.objects import unpickling
+        from yrdask.serialization import unpack_args
+
+        (args, _kwargs), found = self._installed(node, unpickling, unpack_args,
+                                                 run.msg["args"], [])
+        run.args, run.borrowed = args, list(found)
+        rec = self.tasks[run.task_id]
+        if rec.cancelled or rec.settled:
+            return  # its argument no longer holds the ref: the owner may have freed it
+        for ref in args[0]:
+            self.check_held(node, ref, f"the argument of task {run.task_id}")
+
+    def check_held(self, node: ProcNode, ref: Any, what: str) -> None:
+        """Safety: ``node`` holds ``ref``, so its owner (alive, running) still has it, unless
+        the ref carries its value (small values travel inside the ref, never counted)."""
+        if ref._entry.state in (P.VALUE, P.ERROR):
+            return
+        owner = ref._entry.owner
+        onode = self.nodes.get(owner) if owner else None
+        if onode is None or not onode.alive or onode.closed or onode.rt is None:
+            return
+        if ref._id not in onode.rt.objects.entries:
+            raise SimFailure(f"borrowing: {owner} freed {ref._id} while {what} on {node.name} "
+                             "still holds it", self, (ref._id, ref._id.split(".")[0]))
+
+    def check_borrowers(self) -> None:
+        """After every step of a ref seed: no object is freed while a borrower holds it
+        (a running task's argument, or a ref a task kept)."""
+        for node in self.live_workers():
+            for run in node.runs.values():
+                if run.args is not None:
+                    rec = self.tasks[run.task_id]
+                    if not (rec.cancelled or rec.settled):
+                        for ref in run.args[0]:
+                            self.check_held(node, ref, f"the argument of task {run.task_id}")
+            for args in node.kept:
+                for ref in args[0]:
+                    self.check_held(node, ref, "a ref a task kept")
+
+    def ref_reply(self, node: ProcNode, run: Run, outcome: str, value: Any,
+                  took: float) -> P.TaskDone:
+        """The ``TASK_DONE`` of a ref seed's task, as ``agent._execute`` builds it: results
+        packed by the agent's own ``pack_results`` (a returned ref is lent to the caller via
+        the result), the counted refs its arguments held reported (``refs``); then its
+        arguments go, unless the task keeps them."""
+        from yrdask.worker.agent import WorkerAgent
+
+        prog = run.prog
+        borrowed = run.borrowed
+        if outcome == "ok":
+            if prog.return_ref and run.args:
+                value = (value, run.args[0][0])
+            node.runtime(self)
+            results, nested = self._installed(node, WorkerAgent.pack_results,
+                                              _AgentShim(node), run.task_id, value, 1,
+                                              run.caller)
+            done = P.TaskDone(run.task_id, results=results, took=took,
+                              refs=[node.name, borrowed, nested] if borrowed or nested
+                              else None)
+        else:
+            done = P.TaskDone(run.task_id, error=value, took=took,
+                              retryable=outcome == "retryable",
+                              refs=[node.name, borrowed, None] if borrowed else None)
+        args, run.args = run.args, None
+        if args is not None and prog.keep_ref and outcome == "ok":
+            node.kept.append(args)
+            self.timer(self.now + prog.keep_ref, node.name, "unkeep", args)
+        return done
+
+    def read_result(self, node: ProcNode, rec: TaskRec, payload: Any,
+                    again: bool = True) -> Any:
+        """The owner reads a result (``yr.get``): a ref the task returned is one of its own,
+        kept for the result that holds it (``Contains``), never freed meanwhile; the driver
+        reads it again a little later (while it holds the result) and keeps that ref."""
+        from yrdask.serialization import loads
+
+        value = self._installed(node, loads, payload)
+        if not isinstance(value, tuple):
+            return value
+        value, back = value
+        if back._entry.state == P.ERROR:
+            raise SimFailure(f"borrowing: task {rec.task_id} returned the ref {back._id}, but "
+                             f"its owner {node.name} had freed it: {back._entry.error}", self,
+                             (rec.task_id, back._id))
+        if again:
+            self.timer(self.now + self.rng.uniform(0.0, 0.3), node.name, "reread",
+                       (rec, payload))
+        else:
+            rec.back = back  # held until the driver's end
+        return value
+
+    def refs_delivery(self, node: ProcNode, src: str, msg: dict) -> None:
+        """A reference counting rpc (``Runtime.wait_refs_removed`` / ``refs_removed`` /
+        ``handle_add_borrower``), or the reply to an ``AddBorrower`` (``objects.added``)."""
+        rt = node.runtime(self)
+        kind, items = msg["kind"], msg["items"]
+        self.touched.append(node)
+        if kind == "WaitRefsRemoved":
+            rt.objects.on_wait(src, items)
+        elif kind == "RefsRemoved":
+            rt.objects.on_removed(src, items)
+        elif kind == "AddBorrower":
+            rt.objects.add_borrower([i[:3] for i in items])
+            self.send(node.name, src, "refs", {"op": "REFS", "kind": "Added", "items": items})
+        elif kind == "Added":
+            rt.objects.added(items)
+        else:
+            raise AssertionError(f"unknown refs message {msg}")
+        if not node.worker:
+            self.maybe_close(node)
+
+    def ref_leftovers(self) -> list[str]:
+        """At the end of a ref seed: every live worker let go of every ref (its table empty,
+        no record of a live owner's object left)."""
+        out = []
+        for node in self.live_workers():
+            if node.rt is None:
+                continue
+            if node.rt.objects.entries:
+                out.append(f"{node.name}'s object table still has "
+                           f"{sorted(node.rt.objects.entries)}")
+            live = [oid for oid, r in node.rt.objects.counter.refs.items()
+                    if r.owner is None or (r.owner in self.nodes
+                                           and self.nodes[r.owner].alive
+                                           and not self.nodes[r.owner].closed)]
+            if live:
+                out.append(f"{node.name}'s reference counter still has records {live}")
+        return out
 
     # -- generator consumers (runtime/generators.py's Stream, as ObjectRefGenerator reads it) --
 
@@ -1032,7 +1297,9 @@ class World:
         ``TASK_DONE`` goes to the caller (as ``agent._execute_gated``)."""
         took = self.now - run.started
         run.phase = "done"
-        if outcome == "ok":
+        if self.sc.refs:
+            done = self.ref_reply(node, run, outcome, value, took)
+        elif outcome == "ok":
             done = P.TaskDone(run.task_id, results=[[P.VALUE, value]], took=took)
         else:
             done = P.TaskDone(run.task_id, error=value, took=took,
@@ -1098,6 +1365,11 @@ class World:
         for key in list(self.links):
             src, dst, _chan = key
             if dst == w or (src == w and self.rng.random() < 0.5):
+                if _chan == "refs" and self.links[key]:  # rpcs to it, or their replies, fail
+                    if dst == w:
+                        self.timer(self.now, src, "refs-failed", w)
+                    elif any(m["kind"] == "Added" for m in self.links[key]):
+                        self.timer(self.now, dst, "refs-failed", w)
                 for msg in self.links[key]:
                     if msg.get("op") == P.TASK_DONE and msg.get("retryable"):
                         # an error lost with its worker: the next attempt raises instead
@@ -1113,6 +1385,7 @@ class World:
                 rec.crash_hits += 1
                 rec.where = None
         node.runs.clear()
+        node.kept.clear()
         self.send("cluster", SCHED, "ctl", {"op": "WORKER_LEFT", "worker": w})
         for name, other in self.nodes.items():
             if name != SCHED and other.alive and not getattr(other, "closed", False):
@@ -1264,8 +1537,13 @@ class World:
                              f"{M.ledger_summary(self.sched.queue)}", self, stuck)
         for node in self.nodes.values():
             if isinstance(node, ProcNode) and not node.worker and not node.closed:
-                raise SimFailure(f"driver {node.name} never finished", self)
+                table = sorted(node.rt.objects.entries) if node.rt is not None else []
+                raise SimFailure(f"driver {node.name} never finished" + (
+                    f": its object table still has {table} (never freed)" if table else ""),
+                    self, tuple(table))
         problems = M.leftovers(self) + self.stream_leftovers()
+        if self.sc.refs:
+            problems += [p for p in self.ref_leftovers() if p not in problems]
         if problems:
             raise SimFailure("left over at the end: " + "; ".join(problems), self)
 
@@ -1276,7 +1554,8 @@ class World:
         leaked).  A driver that exited early is exempt: its runtime goes with it."""
         out = []
         for node in self.nodes.values():
-            if not isinstance(node, ProcNode) or node.rt is None or not node.alive:
+            if not isinstance(node, ProcNode) or node.rt is None or not node.alive \
+                    or node.exited:
                 continue
             if any(c.node is node and c.outcome is None for c in self.consumers.values()) \
                     or any(r.proc == node.name and not r.settled for r in self.tasks.values()):
