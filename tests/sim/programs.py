@@ -43,9 +43,9 @@ class Program:
     bundle: int = -1  # the bundle index (-1: any bundle of the group)
     items: int | None = None  # leaves: a generator yielding this many items (None: a value)
     drop_after: int | None = None  # generators: the consumer drops the generator after so many
-    # ref arguments (top-level tasks of a driver, scenario.REF_SEEDS): the task's argument
-    # holds (nested in a list) the ref of an earlier top-level task of the same driver, the
-    # one at ``ref_arg`` (0..1) of those submitted so far; the task keeps that ref on its
+    # ref arguments (scenario.REF_SEEDS): the task's argument holds (nested in a list) the
+    # ref of an earlier task of the same submitter (a driver's top-level task, or a sibling),
+    # the one at ``ref_arg`` (0..1) of those submitted so far; the task keeps that ref on its
     # worker ``keep_ref`` virtual seconds after it ends, and/or returns it in its result;
     # the driver may drop its own ref once passed, leaving the argument the only holder
     ref_arg: float | None = None

@@ -202,22 +202,31 @@ REF_SEEDS = 8  # one task seed in REF_SEEDS passes refs as task arguments (6 of 
 def _ref_args(seed: int, sc: Scenario) -> None:
     """Ref arguments of a seed, from a generator of their own (the other draws stay put):
     half the top-level tasks of each driver get the ref of an earlier one of the same driver
-    (often still pending) nested in their argument, and the driver often drops its own ref
+    (often still pending) nested in their argument, and so do half the children of a task
+    (a sibling's ref, owned by the worker that runs the parent), and the driver often drops its own ref
     once passed; some keep it on their worker after they end, some return it in their
     result; in some a worker dies or a driver exits early."""
     if seed % REF_SEEDS != 6:
         return
     sc.refs = True
     rng = random.Random(seed * 71 + 5)
+
+    def draw(prog: Program) -> None:
+        if rng.random() < 0.5:
+            return
+        prog.ref_arg = 1.0 - rng.random() ** 3  # mostly a recent one: still pending
+        if rng.random() < 0.4:
+            prog.keep_ref = rng.uniform(0.0, 1.5)
+        prog.return_ref = rng.random() < 0.5
+        prog.drop_passed = rng.random() < 0.5
+        prog.compute = max(prog.compute, rng.uniform(0.05, 0.6))  # long enough to outlive
+
     for d in sc.drivers:
         for _, progs in d.batches:
             for prog in progs:
-                if rng.random() < 0.5:
-                    continue
-                prog.ref_arg = 1.0 - rng.random() ** 3  # mostly a recent one: still pending
-                if rng.random() < 0.3:
-                    prog.keep_ref = rng.uniform(0.0, 1.0)
-                prog.return_ref = rng.random() < 0.5
-                prog.drop_passed = rng.random() < 0.5
-    if rng.random() < 0.3:
-        sc.faults.append((rng.uniform(0.0, 1.5), "kill"))
+                draw(prog)
+    for prog in sc.programs():  # a task's children: a sibling's ref (owned by that worker)
+        for child in prog.children[1:]:
+            draw(child)
+    if rng.random() < 0.6:  # often while a worker owns refs that others borrow
+        sc.faults.append((rng.uniform(0.0, 1.0), "kill"))

@@ -758,8 +758,8 @@ class World:
             entry.real, nret = end_ref._entry, P.STREAMING
             self.consumers[task_id] = Consumer(self.tasks[task_id], node, stream)
         blob, nested = b"", None
-        if top and self.sc.refs:  # as Runtime.submit_task: a real entry, refs in the args
-            blob, nested = self.ref_task(node, self.tasks[task_id], entry)
+        if self.sc.refs:  # as Runtime.submit_task: a real entry, refs in the args
+            blob, nested = self.ref_task(node, self.tasks[task_id], entry, parent)
         task = Task(task_id, name, b"", name, blob, [], [entry],
                     [f"{task_id}.0"], nret, dict(prog.shape),
                     (prog.shape, prog.timeout_ms, prog.slots, affinity), prog.timeout_ms,
@@ -1014,10 +1014,12 @@ class World:
 
     # -- ref arguments and the borrower protocol (runtime/objects.py's ObjectTable, real) ----
 
-    def ref_task(self, node: ProcNode, rec: TaskRec, entry: _SimEntry) -> tuple:
-        """A top-level task of a ref seed, as ``Runtime.submit_task`` builds it: its result
-        is an entry of the driver's object table (the driver holds its ref), and its argument
-        may hold an earlier task's ref, pickled by the production packer (which records the
+    def ref_task(self, node: ProcNode, rec: TaskRec, entry: _SimEntry,
+                 parent: Run | None) -> tuple:
+        """A task of a ref seed, as ``Runtime.submit_task`` builds it: its result is an entry
+        of its submitter's object table (the driver, or the parent task until it ends, holds
+        its ref), and its argument may hold an earlier task's ref (a driver's earlier
+        top-level task, or an earlier sibling), pickled by the production packer (which records the
         refs it met and marks those the owner must count).  Returns ``(blob, nested refs)``."""
         from yrdask.runtime.objects import ObjectRef, pack_recording_refs
         from yrdask.serialization import pack_args
@@ -1026,9 +1028,10 @@ class World:
         rec.ref = rt.objects.new_ref(rec.task_id)
         entry.real = rec.ref._entry
         prog = rec.prog
-        if prog.ref_arg is None or not node.tops:
+        earlier = parent.children if parent is not None else node.tops
+        if prog.ref_arg is None or not earlier:
             return b"", None
-        target = self.tasks[node.tops[int(prog.ref_arg * len(node.tops))]]
+        target = self.tasks[earlier[int(prog.ref_arg * len(earlier))]]
         if target.ref is None:
             return b"", None
         rec.arg = target.task_id
@@ -1073,6 +1076,10 @@ class World:
         if ref._entry.state in (P.VALUE, P.ERROR):
             return
         owner = ref._entry.owner
+        if owner and owner in node.rt.objects.counter.dead:
+            raise SimFailure(f"owner died: {node.name} knows {owner} died, yet its ref "
+                             f"{ref._id} ({what}) is still pending: a read would hang instead "
+                             "of raising OwnerDiedError", self, (ref._id,))
         onode = self.nodes.get(owner) if owner else None
         if onode is None or not onode.alive or onode.closed or onode.rt is None:
             return
@@ -1298,6 +1305,9 @@ class World:
         took = self.now - run.started
         run.phase = "done"
         if self.sc.refs:
+            for cid in run.children:  # the task's refs to its children's results go
+                child = self.tasks[cid]
+                child.ref = child.back = None
             done = self.ref_reply(node, run, outcome, value, took)
         elif outcome == "ok":
             done = P.TaskDone(run.task_id, results=[[P.VALUE, value]], took=took)
