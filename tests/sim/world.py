@@ -16,7 +16,12 @@ does) and every worker the agent's task side (``worker/task_side.py``'s ``TaskSi
 virtual-time timers) and the user code (programs that compute, block in ``yr.get`` and
 submit children).  In the seeds with resource groups (``scenario.GROUP_SEEDS``) the scheduler
 also runs the group machine and its adapter's decisions (``group_adapter.GroupService``), and
-the first driver creates groups, runs tasks into their bundles and removes them.
+the first driver creates groups, runs tasks into their bundles and removes them.  In the
+generator seeds (``scenario.GEN_SEEDS``) some tasks are generators, read through the
+production ``Stream`` (``runtime/generators.py``) by their submitter; in the ref seeds
+(``scenario.REF_SEEDS``) tasks hold refs of others in their arguments, and every process
+runs the production object table and reference counter (``runtime/objects.py``,
+``runtime/refcount.py``) on a simulated runtime (``_SimRuntime``), their rpcs on links.
 """
 
 from __future__ import annotations
