@@ -153,6 +153,11 @@ class Submitter:
         # lineage: result id -> its Task, for results a worker keeps (LOCATION), while the
         # result lives: a result lost with its worker is computed again (reconstruct)
         self.lineage: dict[str, Task] = {}
+        # a cancelled task settles at once, but its worker may still run it and keep its ref
+        # arguments: they stay held until its TASK_DONE reports what it kept (or the worker
+        # is lost).  task id -> (worker, held refs); pushed[id] = worker of tasks with refs
+        self.pushed: dict[str, str] = {}
+        self.cancelled_args: dict[str, tuple[str, list]] = {}
 
     @classmethod
     def for_runtime(cls, runtime: Any, lease_idle_s: float = 1.0,
@@ -223,6 +228,8 @@ class Submitter:
             self.edge.call_soon(self.on_task_done, msg)
             return
         task_id = msg.task_id
+        if self.cancelled_args:  # its refs were counted (Runtime: objects.on_done_refs)
+            self.cancelled_args.pop(task_id, None)
         error = msg.error
         if msg.requeue:
             outcome = "requeue"
@@ -260,6 +267,9 @@ class Submitter:
 
     def on_channel_lost(self, worker: str) -> None:
         """The channel to ``worker`` broke (or the scheduler said it is gone)."""
+        for task_id, (where, _held) in list(self.cancelled_args.items()):
+            if where == worker:  # no TASK_DONE will come: the worker's borrowings ended
+                del self.cancelled_args[task_id]
         self._handle(M.WorkerLost("channel-lost", worker, self.edge.now()))
 
     def lease_answer(self, request_id: str, lease_id: str | None, where: str) -> None:
@@ -310,7 +320,10 @@ class Submitter:
     def _do(self, ins: Any) -> None:
         kind = type(ins)
         if kind is M.PushTask:
-            self.edge.push(self.tasks[ins.task_id], ins.lease_id, ins.worker, ins.slots)
+            task = self.tasks[ins.task_id]
+            if task.held:  # (ref arguments: see cancelled_args)
+                self.pushed[ins.task_id] = ins.worker
+            self.edge.push(task, ins.lease_id, ins.worker, ins.slots)
         elif kind is M.TaskSucceeded:
             task = self.tasks.pop(ins.task_id, None)
             results = self._results.pop(ins.task_id, None)
@@ -319,6 +332,8 @@ class Submitter:
                     f"TaskSucceeded for {ins.task_id}, " + (
                         "which is not pending (settled twice, or never queued)"
                         if task is None else "without a successful TASK_DONE for it"))
+            if task.held:
+                self.pushed.pop(ins.task_id, None)
             for oid, entry, (rkind, payload) in zip(task.ref_ids, task.entries, results):
                 entry.set_result(rkind, payload)
                 if rkind != P.LOCATION or task.nret < 0:
@@ -330,6 +345,10 @@ class Submitter:
             if task is None:  # a machine bug: say so, settle nothing twice
                 raise AssertionError(f"TaskFailed for {ins.task_id}, which is not pending "
                                      "(settled twice, or never queued)")
+            if task.held:
+                worker = self.pushed.pop(ins.task_id, None)
+                if task.cancelled and worker is not None:  # it may still run there
+                    self.cancelled_args[ins.task_id] = (worker, task.held)
             error = ins.error
             if isinstance(error, (bytes, bytearray, memoryview)):
                 error = loads(error)
