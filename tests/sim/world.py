@@ -811,6 +811,8 @@ class World:
         if done.refs is not None:  # before the task lets go of its argument refs
             node.runtime(self).objects.on_done_refs(done.refs)
         node.submitter.on_task_done(done)
+        if self.sc.refs and not node.worker:  # a cancelled task's refs may go only now
+            self.maybe_close(node)
 
     def settle(self, node: ProcNode, task_id: str, outcome: tuple) -> None:
         rec = self.tasks.get(task_id)

@@ -230,3 +230,16 @@ def test_a_finished_task_lets_go_of_its_refs_at_once():
     s, entry = _pushed_with_a_ref(edge)
     s.on_task_done(P.TaskDone("a", results=[(P.VALUE, b"A")], took=0.1))
     assert entry.got == [("ok", b"A")] and Held.alive == 0 and not s.pushed
+
+
+def test_a_task_cancelled_after_its_worker_was_lost_holds_nothing_for_it():
+    """Lost with its worker, the task waits to run again; cancelled then, no worker runs it,
+    so nothing waits for a TASK_DONE: its ref arguments go with it."""
+    Held.alive = 0
+    edge = Edge()
+    s, entry = _pushed_with_a_ref(edge)
+    s.on_channel_lost("tcp://w:1")  # requeued (a crash rerun)
+    assert "a" in s.tasks and not s.pushed
+    s.cancel("a")
+    assert entry.got and entry.got[0][0] == "error"
+    assert Held.alive == 0 and not s.cancelled_args

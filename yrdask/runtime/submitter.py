@@ -155,9 +155,9 @@ class Submitter:
         self.lineage: dict[str, Task] = {}
         # a cancelled task settles at once, but its worker may still run it and keep its ref
         # arguments: they stay held until its TASK_DONE reports what it kept (or the worker
-        # is lost).  task id -> (worker, held refs); pushed[id] = worker of tasks with refs
+        # is lost).  pushed: task id -> the worker running it now (tasks with ref arguments)
         self.pushed: dict[str, str] = {}
-        self.cancelled_args: dict[str, tuple[str, list]] = {}
+        self.cancelled_args: dict[str, tuple[str, list]] = {}  # task id -> (worker, refs)
 
     @classmethod
     def for_runtime(cls, runtime: Any, lease_idle_s: float = 1.0,
@@ -228,8 +228,10 @@ class Submitter:
             self.edge.call_soon(self.on_task_done, msg)
             return
         task_id = msg.task_id
-        if self.cancelled_args:  # its refs were counted (Runtime: objects.on_done_refs)
-            self.cancelled_args.pop(task_id, None)
+        if self.pushed:  # its worker runs it no more
+            self.pushed.pop(task_id, None)
+            if self.cancelled_args:  # its refs were counted (Runtime: objects.on_done_refs)
+                self.cancelled_args.pop(task_id, None)
         error = msg.error
         if msg.requeue:
             outcome = "requeue"
@@ -267,9 +269,10 @@ class Submitter:
 
     def on_channel_lost(self, worker: str) -> None:
         """The channel to ``worker`` broke (or the scheduler said it is gone)."""
-        for task_id, (where, _held) in list(self.cancelled_args.items()):
+        for task_id, where in list(self.pushed.items()):
             if where == worker:  # no TASK_DONE will come: the worker's borrowings ended
-                del self.cancelled_args[task_id]
+                del self.pushed[task_id]
+                self.cancelled_args.pop(task_id, None)
         self._handle(M.WorkerLost("channel-lost", worker, self.edge.now()))
 
     def lease_answer(self, request_id: str, lease_id: str | None, where: str) -> None:
@@ -332,8 +335,6 @@ class Submitter:
                     f"TaskSucceeded for {ins.task_id}, " + (
                         "which is not pending (settled twice, or never queued)"
                         if task is None else "without a successful TASK_DONE for it"))
-            if task.held:
-                self.pushed.pop(ins.task_id, None)
             for oid, entry, (rkind, payload) in zip(task.ref_ids, task.entries, results):
                 entry.set_result(rkind, payload)
                 if rkind != P.LOCATION or task.nret < 0:
@@ -346,9 +347,11 @@ class Submitter:
                 raise AssertionError(f"TaskFailed for {ins.task_id}, which is not pending "
                                      "(settled twice, or never queued)")
             if task.held:
-                worker = self.pushed.pop(ins.task_id, None)
+                worker = self.pushed.get(ins.task_id)
                 if task.cancelled and worker is not None:  # it may still run there
                     self.cancelled_args[ins.task_id] = (worker, task.held)
+                else:
+                    self.pushed.pop(ins.task_id, None)
             error = ins.error
             if isinstance(error, (bytes, bytearray, memoryview)):
                 error = loads(error)
