@@ -451,6 +451,100 @@ def _restart_budget_reset(patch: Patch) -> None:
     patch(InstanceRecord, "can_restart", property(can_restart))
 
 
+def _stream_rerun_restarts(patch: Patch) -> None:
+    from yrdask.runtime import generators as G
+
+    real = G.StreamState.handle
+
+    def handle(self, event):
+        if type(event) is G.ItemArrived and event.index < self.received \
+                and not (self.abandoned or self.ended):
+            # a rerun's items start the stream over instead of being dropped as duplicates
+            self.received = event.index
+            self.taken = min(self.taken, event.index)
+            self.held = {i for i in self.held if i < event.index}
+        return real(self, event)
+    patch(G.StreamState, "handle", handle)
+
+
+def _stream_keeps_duplicates(patch: Patch) -> None:
+    from yrdask.runtime import generators as G
+
+    real = G.StreamState.handle
+
+    def handle(self, event):
+        if type(event) is G.ItemArrived and event.index < self.received \
+                and not (self.abandoned or self.ended):
+            self.held.add(event.index)  # a rerun's duplicate kept (never to be handed out)
+            return [G.KeepItem(event.stimulus_id, event.index)]
+        return real(self, event)
+    patch(G.StreamState, "handle", handle)
+
+
+def _stream_error_swallowed(patch: Patch) -> None:
+    from yrdask.runtime import generators as G
+
+    real = G.StreamState._take
+
+    def take(self, sid):
+        ins = real(self, sid)
+        if type(ins) is G.HandOutError:  # the consumer is told the end, not the error
+            return G.Stop(sid)
+        return ins
+    patch(G.StreamState, "_take", take)
+
+
+def _stream_end_kept_open(patch: Patch) -> None:
+    from yrdask.runtime import generators as G
+
+    real = G.Stream._on_end
+
+    def on_end(self):
+        real(self)
+        self.rt.streams[self.call_id] = self  # the runtime keeps routing items to it
+    patch(G.Stream, "_on_end", on_end)
+
+
+def _task_args_let_go_when_queued(patch: Patch) -> None:
+    from yrdask.runtime.submitter import Submitter
+
+    real = Submitter._deps_ready
+
+    def deps_ready(self, task):
+        real(self, task)
+        task.held = None  # its ref arguments go once it is queued, not when it ends
+    patch(Submitter, "_deps_ready", deps_ready)
+
+
+def _borrowers_not_recorded(patch: Patch) -> None:
+    from yrdask.runtime.objects import ObjectTable
+
+    real = ObjectTable.on_done_refs
+
+    def on_done_refs(self, refs):
+        holder, _borrowed, nested = refs
+        return real(self, [holder, [], nested])  # the refs a task kept are not counted
+    patch(ObjectTable, "on_done_refs", on_done_refs)
+
+
+def _contains_ignored(patch: Patch) -> None:
+    from yrdask.runtime.objects import ObjectTable
+
+    patch(ObjectTable, "contains", lambda self, outer, inner: None)
+
+
+def _process_death_ignored(patch: Patch) -> None:
+    from yrdask.runtime.objects import ObjectTable
+
+    patch(ObjectTable, "process_died", lambda self, address: None)
+
+
+def _refs_never_freed(patch: Patch) -> None:
+    from yrdask.runtime.refcount import RefCounter
+
+    _filter_out(RefCounter, "FreeObject", patch)
+
+
 LQ_V = ("yrdask.scheduler.leases", "LeaseQueue")
 SQ_V = ("yrdask.runtime.submit_queue", "SubmitQueue")
 GATE_V = ("yrdask.worker.lease_gate", "LeaseGate")
@@ -460,6 +554,8 @@ CQ_V = ("yrdask.worker.call_queue", "CallQueue")
 RG_V = ("yrdask.scheduler.groups", "GroupMachine")
 IC_V = ("yrdask.worker.isolated_calls", "IsolatedCalls")
 LEND_V = ("yrdask.worker.lending", "LendNotices")
+GEN_V = ("yrdask.runtime.generators", "StreamState")
+RC_V = ("yrdask.runtime.refcount", "RefCounter")
 
 MUTATIONS: list[Mutation] = [
     Mutation("ledger-fits-ever", "tasks",
@@ -585,6 +681,38 @@ MUTATIONS: list[Mutation] = [
     Mutation("restart-budget-reset", "calls",
              "the restart budget starts afresh at every START_INSTANCE",
              _restart_budget_reset, 300, (LC_V,)),
+    # generators (one task seed in scenario.GEN_SEEDS): the stream's machine and adapter
+    Mutation("stream-rerun-restarts", "tasks",
+             "a generator rerun after its worker died or it raised starts the stream over: "
+             "an item is delivered twice", _stream_rerun_restarts, 200, (GEN_V,)),
+    Mutation("stream-keeps-duplicates", "tasks",
+             "a rerun's duplicate items are kept instead of dropped (kept for nobody)",
+             _stream_keeps_duplicates, 200, (GEN_V,)),
+    Mutation("stream-error-swallowed", "tasks",
+             "a failed generator's consumer gets the end instead of the error",
+             _stream_error_swallowed, 200, (GEN_V,)),
+    Mutation("stream-end-kept-open", "tasks",
+             "the stream adapter (Stream, production code) stays registered after its end",
+             _stream_end_kept_open, 200),
+    # ref arguments and the borrower protocol (one task seed in scenario.REF_SEEDS)
+    Mutation("task-args-let-go-when-queued", "tasks",
+             "the submitter adapter (Submitter, production code) lets go of a task's ref "
+             "arguments once it is queued: the owner frees a ref a pending task still needs",
+             _task_args_let_go_when_queued, 200),
+    Mutation("borrowers-not-recorded", "tasks",
+             "the object table (ObjectTable, production code) ignores the refs a task's "
+             "worker kept (TaskDone.refs): the owner frees what a borrower holds",
+             _borrowers_not_recorded, 200),
+    Mutation("contains-ignored", "tasks",
+             "the object table ignores refs nested in a result: a ref a task returned is "
+             "freed before its owner reads the result (a borrower holding it through the "
+             "result covers it too: only a worker's death exposes it)", _contains_ignored, 400),
+    Mutation("refs-death-ignored", "tasks",
+             "the object table ignores a process's death: what a dead worker borrowed is "
+             "never freed", _process_death_ignored, 400),
+    Mutation("refs-never-freed", "tasks",
+             "the reference counter never frees an object (a leak: nothing is freed at the "
+             "end)", _refs_never_freed, 200, (RC_V,)),
 ]
 
 

@@ -4,7 +4,10 @@ A *program* is what a simulated task does once a worker starts it: a leaf comput
 for some virtual time (and may raise a retryable user error its first few attempts); a
 fan-out computes a little, submits its children from inside the worker, blocks in a ``get``
 on them (lending its lease's CPU and its gate slot), then computes a little more and returns
-its own value plus the children's.  Expected outcomes follow from the tree alone.
+its own value plus the children's.  A generator leaf (``items``) yields its items one by one
+while it computes (an attempt that raises does so halfway); whoever submitted it consumes
+them, and its result in the tree is the sum of the items consumed.  Expected outcomes follow
+from the tree alone.
 """
 
 from __future__ import annotations
@@ -38,6 +41,25 @@ class Program:
     max_crashes: int | None = None  # reruns after lost workers (None: the queue's bound)
     group: str | None = None  # leaves: runs in this resource group's bundle (scenario.py)
     bundle: int = -1  # the bundle index (-1: any bundle of the group)
+    items: int | None = None  # leaves: a generator yielding this many items (None: a value)
+    drop_after: int | None = None  # generators: the consumer drops the generator after so many
+    # ref arguments (scenario.REF_SEEDS): the task's argument holds (nested in a list) the
+    # ref of an earlier task of the same submitter (a driver's top-level task, or a sibling),
+    # the one at ``ref_arg`` (0..1) of those submitted so far; the task keeps that ref on its
+    # worker ``keep_ref`` virtual seconds after it ends, and/or returns it in its result;
+    # the driver may drop its own ref once passed, leaving the argument the only holder
+    ref_arg: float | None = None
+    keep_ref: float = 0.0
+    return_ref: bool = False
+    drop_passed: bool = False  # the driver drops that ref once it passed it (f.remote([r]))
+
+    @property
+    def generator(self) -> bool:
+        return self.items is not None
+
+    def item_value(self, index: int) -> int:
+        """What a generator yields at ``index`` (the same in every attempt)."""
+        return self.value * 10 + index
 
     @property
     def leaf(self) -> bool:
@@ -51,7 +73,11 @@ class Program:
         if self.shape == NEVER_SHAPE:
             return ("error", "schedule")
         if self.leaf:
-            return ("error", "user") if self.fail_first > self.retries else ("ok", self.value)
+            if self.fail_first > self.retries:
+                return ("error", "user")
+            if self.generator:  # what its consumer sums up
+                return ("ok", sum(self.item_value(i) for i in range(self.items)))
+            return ("ok", self.value)
         total = self.value
         for child in self.children:  # the get raises the first failed child's error
             kind, value = child.expected()

@@ -41,6 +41,17 @@ class Scenario:
     replace: bool
     sq_kwargs: dict
     groups: list[GroupPlan] = field(default_factory=list)
+    refs: bool = False  # top-level tasks hold refs of others (REF_SEEDS)
+
+    def programs(self) -> list[Program]:
+        """Every program of the drivers' trees (not the groups'), depth first."""
+        out: list[Program] = []
+        todo = [p for d in self.drivers for _, progs in d.batches for p in progs][::-1]
+        while todo:
+            p = todo.pop()
+            out.append(p)
+            todo.extend(p.children[::-1])
+        return out
 
     def describe(self) -> str:
         lines = [f"seed {self.seed}: workers "
@@ -54,6 +65,20 @@ class Scenario:
                 lines.append(f"  {d.name} exits at {d.exit_at:.3f} s")
             for t, i in d.cancels:
                 lines.append(f"  {d.name} cancels its task #{i} at {t:.3f} s")
+        gens = [p for p in self.programs() if p.generator]
+        if gens:
+            lines.append("  generators: " + ", ".join(
+                f"{p.path} ({p.items} items" + (f", dropped after {p.drop_after}"
+                                                if p.drop_after is not None else "") + ")"
+                for p in gens))
+        refs = [p for p in self.programs() if p.ref_arg is not None]
+        if refs:
+            lines.append("  ref arguments: " + ", ".join(
+                f"{p.path} (an earlier task's ref at {p.ref_arg:.2f}"
+                + (f", kept {p.keep_ref:.2f} s" if p.keep_ref else "")
+                + (", returned" if p.return_ref else "")
+                + (", dropped by the driver once passed" if p.drop_passed else "") + ")"
+                for p in refs))
         for g in self.groups:
             lines.append(f"  d0 at {g.at:.3f} s creates group {g.name} ({g.strategy}) of "
                          f"{g.bundles}, runs {len(g.progs)} tasks in it, removes it at "
@@ -104,6 +129,8 @@ def make_scenario(seed: int) -> Scenario:
     sc = Scenario(seed, workers, drivers, faults, rng.random() < 0.5 or nworkers == 1,
                   sq_kwargs)
     sc.groups = _groups(seed, sc)
+    _generators(seed, sc)
+    _ref_args(seed, sc)
     return sc
 
 
@@ -141,3 +168,65 @@ def _groups(seed: int, sc: Scenario) -> list[GroupPlan]:
 def _group_duration(rng: random.Random) -> float:
     r = rng.random()
     return rng.uniform(0.2, 2.0) if r < 0.3 else rng.uniform(0.0005, 0.05)
+
+
+GEN_SEEDS = 8  # one task seed in GEN_SEEDS runs generators (GEN_SEEDS - 3 of them mod 8)
+
+
+def _generators(seed: int, sc: Scenario) -> None:
+    """Generator tasks of a seed, from a generator of their own (the other draws stay put):
+    some leaves become generators that yield 0-6 items, consumed by whoever submitted them
+    (the driver, or the task that submitted them); some fail their first attempts halfway,
+    some drivers drop a generator before its end, and in half of them a worker dies (often
+    mid-stream: the rerun yields the first items again)."""
+    if seed % GEN_SEEDS != 5:
+        return
+    rng = random.Random(seed * 53 + 3)
+    tops = {id(p) for d in sc.drivers for _, progs in d.batches for p in progs}
+    for prog in sc.programs():
+        if not prog.leaf or rng.random() < 0.4:
+            continue
+        prog.items = rng.randint(0, 6)
+        if rng.random() < 0.2:
+            prog.retries, prog.fail_first = rng.randint(0, 2), rng.randint(1, 2)
+        if id(prog) in tops and rng.random() < 0.2:
+            prog.drop_after = rng.randint(0, prog.items)
+        prog.compute = max(prog.compute, rng.uniform(0.001, 0.5))  # long enough to die in
+    if rng.random() < 0.5:
+        sc.faults.append((rng.uniform(0.0, 1.5), "kill"))
+
+
+REF_SEEDS = 8  # one task seed in REF_SEEDS passes refs as task arguments (6 of them mod 8)
+
+
+def _ref_args(seed: int, sc: Scenario) -> None:
+    """Ref arguments of a seed, from a generator of their own (the other draws stay put):
+    half the top-level tasks of each driver get the ref of an earlier one of the same driver
+    (often still pending) nested in their argument, and so do half the children of a task
+    (a sibling's ref, owned by the worker that runs the parent), and the driver often drops its own ref
+    once passed; some keep it on their worker after they end, some return it in their
+    result; in some a worker dies or a driver exits early."""
+    if seed % REF_SEEDS != 6:
+        return
+    sc.refs = True
+    rng = random.Random(seed * 71 + 5)
+
+    def draw(prog: Program) -> None:
+        if rng.random() < 0.5:
+            return
+        prog.ref_arg = 1.0 - rng.random() ** 3  # mostly a recent one: still pending
+        if rng.random() < 0.4:
+            prog.keep_ref = rng.uniform(0.0, 1.5)
+        prog.return_ref = rng.random() < 0.5
+        prog.drop_passed = rng.random() < 0.5
+        prog.compute = max(prog.compute, rng.uniform(0.05, 0.6))  # long enough to outlive
+
+    for d in sc.drivers:
+        for _, progs in d.batches:
+            for prog in progs:
+                draw(prog)
+    for prog in sc.programs():  # a task's children: a sibling's ref (owned by that worker)
+        for child in prog.children[1:]:
+            draw(child)
+    if rng.random() < 0.6:  # often while a worker owns refs that others borrow
+        sc.faults.append((rng.uniform(0.0, 1.0), "kill"))

@@ -49,6 +49,7 @@ class StandinSubmitQueue:
         self.requests: dict[str, Any] = {}
         self.leases: dict[str, _Lease] = {}
         self.lost: dict[str, float] = {}
+        self.cancelled: dict[str, _Lease] = {}  # settled, still running: its slot waits
         self.closed = False
         self.now = 0.0
         self.ids = 0
@@ -135,6 +136,9 @@ class StandinSubmitQueue:
     def _TaskFinished(self, ev, out):
         self.now = ev.now
         rec = self.tasks.get(ev.task_id)
+        if ev.task_id in self.cancelled:  # its cancel settled it: now its slot is free
+            self._free(self.cancelled.pop(ev.task_id), ev.task_id, out)
+            return
         if rec is None or rec[3] is None:
             return
         lease = rec[3]
@@ -161,8 +165,7 @@ class StandinSubmitQueue:
             self.queues[rec[0].key].remove(ev.task_id)
         else:
             out.append(SQ.SendCancel("d", ev.task_id, rec[3].worker))
-            rec[3].tasks.discard(ev.task_id)
-            self._free(rec[3], ev.task_id, out)
+            self.cancelled[ev.task_id] = rec[3]  # the lease runs it until its TASK_DONE
         out.append(SQ.TaskFailed("d", ev.task_id, CancelledError(ev.task_id)))
 
     def _LeasesRevoked(self, ev, out):
@@ -180,6 +183,8 @@ class StandinSubmitQueue:
         for lease in [l for l in self.leases.values() if l.worker == ev.worker]:
             del self.leases[lease.lease_id]
             for t in list(lease.tasks):
+                if self.cancelled.pop(t, None) is not None:
+                    continue
                 rec = self.tasks[t]
                 rec[3] = None
                 rec[2] += 1

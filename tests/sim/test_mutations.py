@@ -54,6 +54,16 @@ def test_mutations_reach_the_production_adapters():
             "hosting-init-error-ignored"} <= names
 
 
+def test_mutations_reach_generators_and_borrowing():
+    """Generators (the stream's machine and adapter) and ref arguments (the submitter's hold
+    on them, the object table, the reference counter) are mutated too."""
+    names = {m.name for m in MU.MUTATIONS}
+    assert {"stream-rerun-restarts", "stream-keeps-duplicates", "stream-error-swallowed",
+            "stream-end-kept-open"} <= names
+    assert {"task-args-let-go-when-queued", "borrowers-not-recorded", "contains-ignored",
+            "refs-death-ignored", "refs-never-freed"} <= names
+
+
 @pytest.mark.parametrize("mutation", MU.MUTATIONS, ids=lambda m: m.name)
 def test_mutation_is_caught(mutation, monkeypatch):
     MU.apply(mutation, monkeypatch.setattr)

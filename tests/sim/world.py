@@ -16,7 +16,12 @@ does) and every worker the agent's task side (``worker/task_side.py``'s ``TaskSi
 virtual-time timers) and the user code (programs that compute, block in ``yr.get`` and
 submit children).  In the seeds with resource groups (``scenario.GROUP_SEEDS``) the scheduler
 also runs the group machine and its adapter's decisions (``group_adapter.GroupService``), and
-the first driver creates groups, runs tasks into their bundles and removes them.
+the first driver creates groups, runs tasks into their bundles and removes them.  In the
+generator seeds (``scenario.GEN_SEEDS``) some tasks are generators, read through the
+production ``Stream`` (``runtime/generators.py``) by their submitter; in the ref seeds
+(``scenario.REF_SEEDS``) tasks hold refs of others in their arguments, and every process
+runs the production object table and reference counter (``runtime/objects.py``,
+``runtime/refcount.py``) on a simulated runtime (``_SimRuntime``), their rpcs on links.
 """
 
 from __future__ import annotations
@@ -64,6 +69,24 @@ class TaskRec:
     crash_hits: int = 0  # times a worker died while the task was pushed to it
     where: str | None = None  # worker of its last push, until its TASK_DONE arrived
     top: bool = False
+    ref: Any = None  # ref seeds: the driver's ref to its result (dropped at the driver's end)
+    arg: str | None = None  # ref seeds: the task whose ref its argument holds
+    back: Any = None  # ref seeds: the ref its result returned (return_ref)
+
+
+@dataclass(slots=True, eq=False)
+class Consumer:
+    """Who reads a generator task's items: the process that submitted it (the driver, or the
+    worker running its parent), through the production ``Stream`` (``runtime/generators.py``,
+    what ``ObjectRefGenerator`` reads), and what it got so far."""
+
+    rec: TaskRec
+    node: "ProcNode"
+    stream: Any  # dropped once it is done (the stream's end ref with it)
+    handed: int = 0  # refs handed out: items 0 .. handed-1
+    total: int = 0  # the sum of their values
+    outcome: tuple | None = None  # ("ok", total), ("error", error) or ("dropped", handed)
+    armed: bool = False  # a "consume" timer is pending
 
 
 class Run:
@@ -71,7 +94,7 @@ class Run:
     ``worker/execution.py``'s ``Execution``), and what the simulated task does."""
 
     __slots__ = ("task_id", "caller", "msg", "lease_id", "prog", "started", "phase",
-                 "children", "pending", "cancelled")
+                 "children", "pending", "cancelled", "emitted", "args", "borrowed")
 
     def __init__(self, task_id: str, caller: str, msg: dict) -> None:
         self.task_id = task_id
@@ -84,6 +107,9 @@ class Run:
         self.children: list = []
         self.pending = 0
         self.cancelled = False
+        self.emitted = 0  # generators: items yielded in this attempt
+        self.args: tuple | None = None  # ref seeds: its unpickled arguments (refs borrowed)
+        self.borrowed: list = []  # the counted refs among them (TaskDone.refs)
 
     def cancel(self) -> None:
         """``Execution.cancel``: a waiting task never runs, a running one stops."""
@@ -180,20 +206,80 @@ class _GroupEdge:
 
 class _SimEntry:
     """A task's result entry (``runtime/objects.py``'s ``Entry`` as the submitter sees it):
-    settling it settles the task in the world, which checks exactly-once and the outcome."""
+    settling it settles the task in the world, which checks exactly-once and the outcome.
+    A generator's end entry (``real``) is settled too: its stream watches it."""
 
-    __slots__ = ("world", "node", "task_id")
+    __slots__ = ("world", "node", "task_id", "real")
 
-    def __init__(self, world: "World", node: "ProcNode", task_id: str) -> None:
+    def __init__(self, world: "World", node: "ProcNode", task_id: str,
+                 real: Any = None) -> None:
         self.world = world
         self.node = node
         self.task_id = task_id
+        self.real = real
 
     def set_result(self, kind: str, payload: Any) -> None:
         self.world.settle(self.node, self.task_id, ("ok", payload))
+        if self.real is not None:  # (its callbacks may settle tasks that wait for it)
+            self.real.set_result(kind, payload)
 
     def set_error(self, error: BaseException) -> None:
         self.world.settle(self.node, self.task_id, ("error", error))
+        if self.real is not None:
+            self.real.set_error(error)
+
+
+class _AgentShim:
+    """What ``WorkerAgent.pack_results`` reads of its agent: the runtime, the inline limit
+    and the worker's address (the sim's results are small: inline)."""
+
+    __slots__ = ("runtime", "inline_limit", "worker")
+
+    def __init__(self, node: "ProcNode") -> None:
+        from types import SimpleNamespace
+
+        self.runtime = node.rt
+        assert node.rt is not None
+        self.inline_limit = 1 << 16
+        self.worker = SimpleNamespace(address=node.name)
+
+
+class _SimRuntime:
+    """What a process's generator streams need of its runtime (``runtime.Runtime``): the
+    real object table (``ObjectTable``) that makes their refs, the registry of open streams
+    that ``on_generator_item`` routes items by, and the loop (here: at once)."""
+
+    def __init__(self, world: "World", node: "ProcNode") -> None:
+        from yrdask.runtime.objects import ObjectTable
+
+        self.world = world
+        self.node = node
+        self.address = node.name
+        self.streams: dict[str, Any] = {}
+        self.closed = False
+        self.loop_thread = None  # consumers never block here: they take with timeout 0
+        self.objects = ObjectTable(self, 1 << 16)
+
+    def on_loop(self, fn: Any, *args: Any) -> None:
+        fn(*args)
+
+    on_loop_later = on_loop
+
+    def free_remote(self, worker: str, object_ids: list) -> None:
+        self.world.say(self.address, ("free on", worker, object_ids), *object_ids)
+
+    def refs_message(self, address: str, cls: Any, item: Any) -> None:
+        """One item of a ``WaitRefsRemoved`` / ``RefsRemoved`` / ``AddBorrower`` (the
+        runtime batches them per loop pass; here each goes at once, on a link of its own
+        kind, so they overtake the call channels as rpcs do)."""
+        if not self.node.alive or self.node.closed:  # its runtime is gone
+            return
+        self.world.send(self.address, address, "refs", {"op": "REFS", "kind": cls.__name__,
+                                                        "items": [list(item)]})
+
+    def cancel(self, refs: list) -> None:
+        for ref in refs:
+            self.world.cancel(self.node, ref._id)
 
 
 class _SimTimer:
@@ -248,8 +334,10 @@ class _ProcEdge(_NodeEdge):
 
     def push(self, task: Any, lease_id: str, worker: str, slots: int) -> None:
         self.world.tasks[task.task_id].where = worker
-        self.world.send(self.node.name, worker, "call", {
-            "op": "RUN_TASK", "task_id": task.task_id, "lease_id": lease_id, "slots": slots})
+        msg = {"op": "RUN_TASK", "task_id": task.task_id, "lease_id": lease_id, "slots": slots}
+        if task.args:
+            msg["args"] = task.args
+        self.world.send(self.node.name, worker, "call", msg)
 
     def send_cancel(self, worker: str, task_id: str, force: bool) -> None:
         self.world.send(self.node.name, worker, "call", {"op": "CANCEL_TASK",
@@ -327,9 +415,17 @@ class ProcNode(Node):
         self.gate = self.task_side.gate if worker else None
         self.runs: dict[str, Run] = self.task_side.running if worker else {}  # computing
         self.closed = False
+        self.rt: _SimRuntime | None = None  # made for its first generator or ref
+        self.kept: list = []  # ref seeds: argument refs kept after their tasks ended
+        self.exited = False  # a driver that exited before its work was done
         # drivers
         self.tops: list[str] = []
         self.planned = 0  # submissions still to come
+
+    def runtime(self, world: "World") -> _SimRuntime:
+        if self.rt is None:
+            self.rt = _SimRuntime(world, self)
+        return self.rt
 
 
 class World:
@@ -351,6 +447,7 @@ class World:
         self.log: list[tuple] = []  # (now, node, text, keys)
         self.nodes: dict[str, Node] = {}
         self.tasks: dict[str, TaskRec] = {}
+        self.consumers: dict[str, Consumer] = {}  # generator task id -> its consumer
         self._ids = 0
         self.last_settle = 0.0
         self.errors_raised: dict[str, int] = {}  # task id -> UserBoom raised so far
@@ -397,6 +494,12 @@ class World:
         dnode = self.nodes.get(dst)
         if dnode is None or not dnode.alive:
             self.say(src, ("dropped (dead)", dst, msg), msg.get("task_id", ""))
+            if msg.get("op") == "RUN_TASK" and msg["task_id"] in self.tasks:
+                rec = self.tasks[msg["task_id"]]  # pushed to a dead worker: lost with it
+                rec.crash_hits += 1
+                rec.where = None
+            if chan == "refs":  # the rpc fails: the sender learns the process died
+                self.timer(self.now, src, "refs-failed", dst)
             if chan == "call":  # connecting to a dead worker fails: the channel is lost
                 self.send("net", src, "lost", {"op": "CHANNEL_LOST", "worker": dst})
             return
@@ -428,6 +531,7 @@ class World:
 
     def _run(self) -> None:
         rng = self.rng
+        refs = self.sc.refs
         max_steps = 40_000 + 2_000 * len(self.tasks_planned())
         while True:
             self.step += 1
@@ -455,10 +559,11 @@ class World:
                     del busy[key]
                 self.deliver(key, msg)
             else:
-                at, _seq, node, kind, data = heapq.heappop(self.timers)
-                self.fire(node, kind, data)
+                self.fire(*heapq.heappop(self.timers)[2:])  # (no local keeps its data alive)
             self.validate_touched()
             self.check_conservation()
+            if refs:
+                self.check_borrowers()
         self.check_quiescent()
 
     def _idle(self) -> bool:
@@ -484,6 +589,22 @@ class World:
             if not data.cancelled:
                 self.touched.append(node)
                 data.fn(*data.args)
+        elif kind == "refs-failed":  # Runtime._send_refs: OSError -> process_died
+            if node.rt is not None and not node.closed:
+                self.touched.append(node)
+                node.rt.objects.process_died(data)
+                if not node.worker:
+                    self.maybe_close(node)
+        elif kind == "reread":  # yr.get of a result again, while the driver holds it
+            rec, payload = data
+            if rec.ref is not None and not node.closed:
+                self.read_result(node, rec, payload, again=False)
+        elif kind == "unkeep":  # the task's kept argument refs go
+            node.kept.remove(data)
+            self.touched.append(node)
+        elif kind == "consume":
+            data.armed = False
+            self.consume(node, data)
         elif kind == "run":
             run = data
             if node.runs.get(run.task_id) is run:
@@ -493,13 +614,16 @@ class World:
             if not node.closed:
                 for prog in data:
                     node.tops.append(self.submit(node, prog, None, top=True))
+                self.maybe_close(node)  # (a task whose ref argument failed settles at once)
         elif kind == "exit":
             if not node.closed:
+                node.exited = True
                 self.say(name, "driver exits early")
                 self.close_driver(node)
         elif kind == "close":
-            if not node.closed:
-                self.close_driver(node)
+            if not node.closed and not (self.sc.refs and node.rt is not None
+                                        and node.rt.objects.entries):
+                self.close_driver(node)  # (in ref seeds: again at each borrower's answer)
         elif kind == "cancel":
             if not node.closed and data < len(node.tops):
                 rec = self.tasks[node.tops[data]]
@@ -536,6 +660,8 @@ class World:
         if node is None or not node.alive or getattr(node, "closed", False) and dst != SCHED:
             self.say(dst, ("lost on arrival", src, op), msg.get("task_id", ""),
                      msg.get("lease_id", ""))
+            if op == "REFS" and msg["kind"] != "Added":  # the rpc fails at its sender
+                self.timer(self.now, src, "refs-failed", dst)
             if op == "GRANT" and dst != SCHED:  # the reply to a gone requester
                 pass
             return
@@ -546,6 +672,10 @@ class World:
             self.run_task(node, src, msg)
         elif op == P.TASK_DONE:
             self.task_done(node, src, msg)
+        elif op == P.GENERATOR_ITEM:
+            self.generator_item(node, msg)
+        elif op == "REFS":
+            self.refs_delivery(node, src, msg)
         elif op == "CANCEL_TASK":
             self.cancel_task(node, msg["task_id"])
         else:
@@ -632,10 +762,24 @@ class World:
         self.say(node.name, ("submit", prog.path), task_id)
         name = f"f{prog.path}"
         affinity = P.bundle_wire(prog.group, prog.bundle) if prog.group is not None else ()
-        task = Task(task_id, name, b"", name, b"", [], [_SimEntry(self, node, task_id)],
-                    [f"{task_id}.0"], 1, dict(prog.shape),
+        entry, nret = _SimEntry(self, node, task_id), 1
+        if prog.generator:  # as Runtime.submit_task: its stream watches its end entry
+            from yrdask.runtime.generators import Stream
+
+            rt = node.runtime(self)
+            end_ref = rt.objects.new_ref(task_id)
+            stream = Stream(rt, task_id, end_ref, f"function {name}")
+            entry.real, nret = end_ref._entry, P.STREAMING
+            self.consumers[task_id] = Consumer(self.tasks[task_id], node, stream)
+        blob, nested = b"", None
+        if self.sc.refs:  # as Runtime.submit_task: a real entry, refs in the args
+            blob, nested = self.ref_task(node, self.tasks[task_id], entry, parent)
+        task = Task(task_id, name, b"", name, blob, [], [entry],
+                    [f"{task_id}.0"], nret, dict(prog.shape),
                     (prog.shape, prog.timeout_ms, prog.slots, affinity), prog.timeout_ms,
                     prog.retries, node.name, max_crashes=prog.max_crashes)
+        if nested:  # yr's rule: refs nested in the arguments gate the start
+            task.nested, task.held = nested, list(nested)
         self.touched.append(node)
         node.submitter.submit(task)
         return task_id
@@ -655,6 +799,10 @@ class World:
             submitter.revoke(list(msg["lease_ids"]))
         elif op in ("WORKER_LOST", "CHANNEL_LOST"):
             submitter.on_channel_lost(msg["worker"])
+            if op == "WORKER_LOST" and node.rt is not None:  # Runtime.worker_lost
+                node.rt.objects.process_died(msg["worker"])  # (may free what it borrowed)
+                if not node.worker and node.planned == 0:
+                    self.maybe_close(node)
         elif op == "RG_CREATED":  # create_resource_group returned: run tasks in the group
             node.planned -= 1
             g = next(g for g in self.groups if g.name == msg["name"])
@@ -671,7 +819,11 @@ class World:
         if rec is not None and rec.where == src:
             rec.where = None
         self.touched.append(node)
+        if done.refs is not None:  # before the task lets go of its argument refs
+            node.runtime(self).objects.on_done_refs(done.refs)
         node.submitter.on_task_done(done)
+        if self.sc.refs and not node.worker:  # a cancelled task's refs may go only now
+            self.maybe_close(node)
 
     def settle(self, node: ProcNode, task_id: str, outcome: tuple) -> None:
         rec = self.tasks.get(task_id)
@@ -683,22 +835,69 @@ class World:
         if rec.settled > 1:
             raise SimFailure(f"task {task_id} settled twice: {rec.outcome} then {outcome}",
                              self, (task_id,))
+        if rec.prog.generator and outcome[0] == "ok":
+            from yrdask.serialization import loads
+
+            outcome = ("ok", loads(outcome[1]))  # the end: the item count
+        elif self.sc.refs and outcome[0] == "ok":
+            outcome = ("ok", self.read_result(node, rec, outcome[1]))
         rec.outcome = outcome
         self.last_settle = self.now
         self.check_outcome(rec)
+        c = self.consumers.get(task_id)
+        if c is not None and c.outcome is None:  # its consumer goes on to the stream's end
+            self.wake_consumer(c)
+            return
+        self.child_done(node, rec)  # (a dropped generator's consumer is done already)
+
+    def child_done(self, node: ProcNode, rec: TaskRec) -> None:
+        """``rec`` is over for whoever waits for it (settled; a generator: consumed)."""
         run = rec.parent
         if run is not None:
             run.pending -= 1
             wnode = self.nodes[node.name]
             if run.pending == 0 and wnode.runs.get(run.task_id) is run:
                 self.unblock(wnode, run)
-        elif rec.top and not node.closed and node.planned == 0 and all(
-                self.tasks[t].settled for t in node.tops):
-            self.timer(self.now, node.name, "close", None)
+        elif rec.top:
+            self.maybe_close(node)
+
+    def maybe_close(self, node: ProcNode) -> None:
+        """A driver ends once its work is done: every top-level task settled (and consumed);
+        in ref seeds it then drops its refs, and ends once its object table is empty (every
+        borrower answered: the objects are freed)."""
+        if node.closed or node.planned or not all(
+                self.tasks[t].settled and (t not in self.consumers
+                                           or self.consumers[t].outcome is not None)
+                for t in node.tops):
+            return
+        if self.sc.refs and node.rt is not None:
+            for t in node.tops:
+                rec = self.tasks[t]
+                rec.ref = rec.back = None
+        self.timer(self.now, node.name, "close", None)  # after this event (its refs go)
 
     def check_outcome(self, rec: TaskRec) -> None:
         kind, got = rec.outcome
         want_kind, want = rec.prog.expected()
+        if rec.arg is not None:  # its argument's task settled first (nested refs gate it)
+            from yrdask.errors import DependencyError
+
+            arg = self.tasks[rec.arg]
+            failed = arg.outcome is not None and arg.outcome[0] == "error"
+            if isinstance(got, DependencyError) or (failed and not isinstance(
+                    got, CancelledError)):
+                if not failed or not isinstance(got, DependencyError) \
+                        or got.dependency != rec.arg:
+                    raise SimFailure(f"task {rec.task_id} ({rec.prog.path}) whose argument "
+                                     f"holds the ref of {rec.arg} ({arg.outcome}) ended with "
+                                     f"{got!r}", self, (rec.task_id, rec.arg))
+                return
+        if kind == "ok" and rec.prog.generator:  # the end's count: every item yielded
+            if want_kind != "ok" or got != rec.prog.items:
+                raise SimFailure(f"generator {rec.task_id} ({rec.prog.path}) ended with "
+                                 f"{got!r} items, expected {want_kind} "
+                                 f"({rec.prog.items} items)", self, (rec.task_id,))
+            return
         if kind == "ok":
             if (want_kind, want) != ("ok", got):
                 raise SimFailure(f"task {rec.task_id} ({rec.prog.path}) gave {got!r}, "
@@ -764,11 +963,18 @@ class World:
         if run.cancelled:  # cancelled while it waited: it never runs
             return self.finish(node, run, "error", CancelledError(f"task {task_id} cancelled"))
         run.prog = self.tasks[task_id].prog
+        if run.msg.get("args"):
+            self.borrow_args(node, run)
         run.phase = "compute"
         node.runs[task_id] = run
         self.say(node.name, ("start", run.prog.path, "lease", run.lease_id), task_id,
                  run.lease_id)
-        self.timer(self.now + run.prog.compute, node.name, "run", run)
+        self.timer(self.now + self._pace(run.prog), node.name, "run", run)
+
+    @staticmethod
+    def _pace(prog: Program) -> float:
+        """Virtual seconds to the next step (a generator yields ``items`` times on the way)."""
+        return prog.compute / (prog.items + 1) if prog.generator else prog.compute
 
     def advance(self, node: ProcNode, run: Run) -> None:
         prog = run.prog
@@ -783,6 +989,8 @@ class World:
             if run.pending == 0 and node.runs.get(run.task_id) is run and run.phase == "blocked":
                 self.unblock(node, run)
             return
+        if prog.generator:
+            return self.yield_item(node, run)
         if prog.leaf:
             n = self.errors_raised.get(run.task_id, 0)
             if n < prog.fail_first:
@@ -791,11 +999,302 @@ class World:
             return self.finish(node, run, "ok", prog.value)
         total = prog.value
         for cid in run.children:
-            kind, got = self.tasks[cid].outcome
+            c = self.consumers.get(cid)
+            kind, got = c.outcome if c is not None else self.tasks[cid].outcome
             if kind == "error":
                 return self.finish(node, run, "error", got)
             total += got
         self.finish(node, run, "ok", total)
+
+    def yield_item(self, node: ProcNode, run: Run) -> None:
+        """A generator's next step: yield its next item (sent at once, as the agent's
+        ``item_sender``), or end (an attempt that fails raises halfway), answering the count."""
+        prog = run.prog
+        n = self.errors_raised.get(run.task_id, 0)
+        failing = n < prog.fail_first
+        upto = prog.items // 2 if failing else prog.items
+        if run.emitted < upto:
+            from yrdask.serialization import dumps
+
+            i = run.emitted
+            run.emitted += 1
+            self.say(node.name, ("yields", i), run.task_id)
+            self.send(node.name, run.caller, "call", P.GeneratorItem(
+                run.task_id, i, [P.VALUE, dumps(prog.item_value(i))]).to_msg())
+            self.timer(self.now + self._pace(prog), node.name, "run", run)
+            return
+        if failing:
+            self.errors_raised[run.task_id] = n + 1
+            return self.finish(node, run, "retryable", UserBoom(f"{prog.path} attempt {n}"))
+        from yrdask.serialization import dumps
+
+        self.finish(node, run, "ok", dumps(upto))
+
+    # -- ref arguments and the borrower protocol (runtime/objects.py's ObjectTable, real) ----
+
+    def ref_task(self, node: ProcNode, rec: TaskRec, entry: _SimEntry,
+                 parent: Run | None) -> tuple:
+        """A task of a ref seed, as ``Runtime.submit_task`` builds it: its result is an entry
+        of its submitter's object table (the driver, or the parent task until it ends, holds
+        its ref), and its argument may hold an earlier task's ref (a driver's earlier
+        top-level task, or an earlier sibling), pickled by the production packer (which records the
+        refs it met and marks those the owner must count).  Returns ``(blob, nested refs)``."""
+        from yrdask.runtime.objects import ObjectRef, pack_recording_refs
+        from yrdask.serialization import pack_args
+
+        rt = node.runtime(self)
+        rec.ref = rt.objects.new_ref(rec.task_id)
+        entry.real = rec.ref._entry
+        prog = rec.prog
+        earlier = parent.children if parent is not None else node.tops
+        if prog.ref_arg is None or not earlier:
+            return b"", None
+        target = self.tasks[earlier[int(prog.ref_arg * len(earlier))]]
+        if target.ref is None:
+            return b"", None
+        rec.arg = target.task_id
+        self.say(node.name, ("passes the ref of", target.task_id), rec.task_id, target.task_id)
+        (blob, _deps), nested = pack_recording_refs(
+            pack_args, ([target.ref],), {}, lambda v: type(v) is ObjectRef)
+        if prog.drop_passed:  # the argument (the task's held refs) is its only holder now
+            target.ref = None
+        return blob, nested
+
+    def _installed(self, node: ProcNode, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` with ``node``'s runtime as the process's (unpickled refs join its
+        object table, as in that process)."""
+        from yrdask.runtime import context
+
+        saved = context.installed_runtime()
+        context.install(node.runtime(self))
+        try:
+            return fn(*args)
+        finally:
+            context.install(saved)
+
+    def borrow_args(self, node: ProcNode, run: Run) -> None:
+        """The worker unpickles the task's arguments (``agent.unpack_call``): the refs in them
+        are borrowed (counted refs reported in its ``TaskDone``).  The owner must not have
+        freed them: the task's argument still needs them."""
+        from yrdask.runtime.objects import unpickling
+        from yrdask.serialization import unpack_args
+
+        (args, _kwargs), found = self._installed(node, unpickling, unpack_args,
+                                                 run.msg["args"], [])
+        run.args, run.borrowed = args, list(found)
+        rec = self.tasks[run.task_id]
+        if rec.cancelled or rec.settled:
+            return  # its argument no longer holds the ref: the owner may have freed it
+        for ref in args[0]:
+            self.check_held(node, ref, f"the argument of task {run.task_id}")
+
+    def check_held(self, node: ProcNode, ref: Any, what: str) -> None:
+        """Safety: ``node`` holds ``ref``, so its owner (alive, running) still has it, unless
+        the ref carries its value (small values travel inside the ref, never counted)."""
+        if ref._entry.state in (P.VALUE, P.ERROR):
+            return
+        owner = ref._entry.owner
+        if owner and owner in node.rt.objects.counter.dead:
+            raise SimFailure(f"owner died: {node.name} knows {owner} died, yet its ref "
+                             f"{ref._id} ({what}) is still pending: a read would hang instead "
+                             "of raising OwnerDiedError", self, (ref._id,))
+        onode = self.nodes.get(owner) if owner else None
+        if onode is None or not onode.alive or onode.closed or onode.rt is None:
+            return
+        if ref._id not in onode.rt.objects.entries:
+            raise SimFailure(f"borrowing: {owner} freed {ref._id} while {what} on {node.name} "
+                             "still holds it", self, (ref._id, ref._id.split(".")[0]))
+
+    def check_borrowers(self) -> None:
+        """After every step of a ref seed: no object is freed while a borrower holds it
+        (a running task's argument, or a ref a task kept)."""
+        for node in self.live_workers():
+            for run in node.runs.values():
+                if run.args is not None:
+                    rec = self.tasks[run.task_id]
+                    if not (rec.cancelled or rec.settled):
+                        for ref in run.args[0]:
+                            self.check_held(node, ref, f"the argument of task {run.task_id}")
+            for args in node.kept:
+                for ref in args[0]:
+                    self.check_held(node, ref, "a ref a task kept")
+
+    def ref_reply(self, node: ProcNode, run: Run, outcome: str, value: Any,
+                  took: float) -> P.TaskDone:
+        """The ``TASK_DONE`` of a ref seed's task, as ``agent._execute`` builds it: results
+        packed by the agent's own ``pack_results`` (a returned ref is lent to the caller via
+        the result), the counted refs its arguments held reported (``refs``); then its
+        arguments go, unless the task keeps them."""
+        from yrdask.worker.agent import WorkerAgent
+
+        prog = run.prog
+        borrowed = run.borrowed
+        if outcome == "ok":
+            if prog.return_ref and run.args:
+                value = (value, run.args[0][0])
+            node.runtime(self)
+            results, nested = self._installed(node, WorkerAgent.pack_results,
+                                              _AgentShim(node), run.task_id, value, 1,
+                                              run.caller)
+            done = P.TaskDone(run.task_id, results=results, took=took,
+                              refs=[node.name, borrowed, nested] if borrowed or nested
+                              else None)
+        else:
+            done = P.TaskDone(run.task_id, error=value, took=took,
+                              retryable=outcome == "retryable",
+                              refs=[node.name, borrowed, None] if borrowed else None)
+        args, run.args = run.args, None
+        if args is not None and prog.keep_ref and outcome == "ok":
+            node.kept.append(args)
+            self.timer(self.now + prog.keep_ref, node.name, "unkeep", args)
+        return done
+
+    def read_result(self, node: ProcNode, rec: TaskRec, payload: Any,
+                    again: bool = True) -> Any:
+        """The owner reads a result (``yr.get``): a ref the task returned is one of its own,
+        kept for the result that holds it (``Contains``), never freed meanwhile; the driver
+        reads it again a little later (while it holds the result) and keeps that ref."""
+        from yrdask.serialization import loads
+
+        value = self._installed(node, loads, payload)
+        if not isinstance(value, tuple):
+            return value
+        value, back = value
+        if back._entry.state == P.ERROR:
+            raise SimFailure(f"borrowing: task {rec.task_id} returned the ref {back._id}, but "
+                             f"its owner {node.name} had freed it: {back._entry.error}", self,
+                             (rec.task_id, back._id))
+        if again:
+            self.timer(self.now + self.rng.uniform(0.0, 0.3), node.name, "reread",
+                       (rec, payload))
+        else:
+            rec.back = back  # held until the driver's end
+        return value
+
+    def refs_delivery(self, node: ProcNode, src: str, msg: dict) -> None:
+        """A reference counting rpc (``Runtime.wait_refs_removed`` / ``refs_removed`` /
+        ``handle_add_borrower``), or the reply to an ``AddBorrower`` (``objects.added``)."""
+        rt = node.runtime(self)
+        kind, items = msg["kind"], msg["items"]
+        self.touched.append(node)
+        if kind == "WaitRefsRemoved":
+            rt.objects.on_wait(src, items)
+        elif kind == "RefsRemoved":
+            rt.objects.on_removed(src, items)
+        elif kind == "AddBorrower":
+            rt.objects.add_borrower([i[:3] for i in items])
+            self.send(node.name, src, "refs", {"op": "REFS", "kind": "Added", "items": items})
+        elif kind == "Added":
+            rt.objects.added(items)
+        else:
+            raise AssertionError(f"unknown refs message {msg}")
+        if not node.worker:
+            self.maybe_close(node)
+
+    def ref_leftovers(self) -> list[str]:
+        """At the end of a ref seed: every live worker let go of every ref (its table empty,
+        no record of a live owner's object left)."""
+        out = []
+        for node in self.live_workers():
+            if node.rt is None:
+                continue
+            if node.rt.objects.entries:
+                out.append(f"{node.name}'s object table still has "
+                           f"{sorted(node.rt.objects.entries)}")
+            live = [oid for oid, r in node.rt.objects.counter.refs.items()
+                    if r.owner is None or (r.owner in self.nodes
+                                           and self.nodes[r.owner].alive
+                                           and not self.nodes[r.owner].closed)]
+            if live:
+                out.append(f"{node.name}'s reference counter still has records {live}")
+        return out
+
+    # -- generator consumers (runtime/generators.py's Stream, as ObjectRefGenerator reads it) --
+
+    def generator_item(self, node: ProcNode, msg: dict) -> None:
+        """A ``GENERATOR_ITEM`` from a worker (``Runtime.on_channel_message``)."""
+        from yrdask.runtime.generators import on_generator_item
+
+        self.touched.append(node)
+        on_generator_item(node.runtime(self), msg)
+        c = self.consumers.get(msg["task_id"])
+        if c is not None and c.node is node:
+            self.wake_consumer(c)
+
+    def wake_consumer(self, c: Consumer) -> None:
+        """The consumer reads soon (its thread wakes), unless it is done or already woken."""
+        if c.outcome is None and not c.armed:
+            c.armed = True
+            self.timer(self.now + self.rng.uniform(0.0, 0.01), c.node.name, "consume", c)
+
+    def consume(self, node: ProcNode, c: Consumer) -> None:
+        """The consumer takes every ref there is (``next`` with timeout 0) and checks each:
+        items in order, each once, with its value; the error ref only for a failed stream and
+        last; the end only after the stream's end, with every item handed out."""
+        from yrdask.errors import YRTimeoutError
+
+        if c.outcome is not None or node.closed:
+            return
+        rec, prog, stream = c.rec, c.rec.prog, c.stream
+        tid = rec.task_id
+        self.touched.append(node)
+        while True:
+            if prog.drop_after is not None and c.handed >= prog.drop_after:
+                self.say(node.name, ("drops its generator after", c.handed), tid)
+                stream.abandon()
+                if stream.next(0) is not None:
+                    raise SimFailure(f"generator {tid}: a ref handed out after its consumer "
+                                     "dropped it", self, (tid,))
+                return self.consumed(node, c, ("dropped", c.handed))
+            try:
+                ref = stream.next(0)
+            except YRTimeoutError:
+                return
+            state = stream.state
+            if ref is None:
+                why = None
+                if not state.ended:
+                    why = "the consumer was told the end before the stream ended"
+                elif state.failed:
+                    why = "the stream failed, yet its consumer got no error"
+                elif c.handed != prog.items:
+                    why = f"the consumer got {c.handed} of {prog.items} items, then the end"
+                elif stream.refs or state.held:
+                    why = f"items {sorted(state.held)} held after the end was handed out"
+                if why is not None:
+                    raise SimFailure(f"generator {tid} ({prog.path}): {why}", self, (tid,))
+                return self.consumed(node, c, ("ok", c.total))
+            index = int(ref._id.rsplit(".", 1)[1])
+            if index != c.handed:
+                raise SimFailure(f"generator {tid} ({prog.path}): item {index} handed out "
+                                 f"after {c.handed} items (each once, in order)", self, (tid,))
+            entry = ref._entry
+            if entry.state == P.ERROR:
+                if not (state.ended and state.failed):
+                    raise SimFailure(f"generator {tid}: an error ref though the stream did not "
+                                     "fail", self, (tid,))
+                error = entry.error
+                del ref
+                if stream.next(0) is not None:
+                    raise SimFailure(f"generator {tid}: a ref handed out after its error",
+                                     self, (tid,))
+                return self.consumed(node, c, ("error", error))
+            value = entry.get_value()
+            if index >= prog.items or value != prog.item_value(index):
+                raise SimFailure(f"generator {tid} ({prog.path}): item {index} is {value!r}, "
+                                 f"expected {prog.item_value(index) if index < prog.items else 'none'}",
+                                 self, (tid,))
+            del ref
+            c.handed += 1
+            c.total += value
+            self.say(node.name, ("takes item", index), tid)
+
+    def consumed(self, node: ProcNode, c: Consumer, outcome: tuple) -> None:
+        c.outcome = outcome
+        c.stream = None  # the generator goes (and its end ref with it)
+        self.say(node.name, ("consumed", outcome), c.rec.task_id)
+        self.last_settle = self.now
+        self.child_done(node, c.rec)
 
     def unblock(self, node: ProcNode, run: Run) -> None:
         if run.phase != "blocked":
@@ -815,7 +1314,12 @@ class World:
         ``TASK_DONE`` goes to the caller (as ``agent._execute_gated``)."""
         took = self.now - run.started
         run.phase = "done"
-        if outcome == "ok":
+        if self.sc.refs:
+            for cid in run.children:  # the task's refs to its children's results go
+                child = self.tasks[cid]
+                child.ref = child.back = None
+            done = self.ref_reply(node, run, outcome, value, took)
+        elif outcome == "ok":
             done = P.TaskDone(run.task_id, results=[[P.VALUE, value]], took=took)
         else:
             done = P.TaskDone(run.task_id, error=value, took=took,
@@ -881,6 +1385,15 @@ class World:
         for key in list(self.links):
             src, dst, _chan = key
             if dst == w or (src == w and self.rng.random() < 0.5):
+                if _chan == "refs" and self.links[key]:  # rpcs to it, or their replies, fail
+                    if dst == w:
+                        self.timer(self.now, src, "refs-failed", w)
+                    elif any(m["kind"] == "Added" for m in self.links[key]):
+                        self.timer(self.now, dst, "refs-failed", w)
+                for msg in self.links[key]:
+                    if msg.get("op") == P.TASK_DONE and msg.get("retryable"):
+                        # an error lost with its worker: the next attempt raises instead
+                        self.errors_raised[msg["task_id"]] -= 1
                 self.links[key].clear()
                 self.busy.pop(key, None)
         for rec in self.tasks.values():
@@ -892,6 +1405,7 @@ class World:
                 rec.crash_hits += 1
                 rec.where = None
         node.runs.clear()
+        node.kept.clear()
         self.send("cluster", SCHED, "ctl", {"op": "WORKER_LEFT", "worker": w})
         for name, other in self.nodes.items():
             if name != SCHED and other.alive and not getattr(other, "closed", False):
@@ -933,10 +1447,23 @@ class World:
                     if node.gate is not None:
                         node.gate.validate()
                         node.task_side.notices.validate()
+                    if node.rt is not None:
+                        self.check_streams(node)
             except AssertionError as e:
                 raise SimFailure(f"{node.name}: validate() failed after step {self.step}: {e}",
                                  self) from e
         touched.clear()
+
+    def check_streams(self, node: ProcNode) -> None:
+        """Each open stream's machine is valid and the adapter holds a ref for exactly the
+        items the machine holds."""
+        for c in self.consumers.values():
+            if c.node is node and c.stream is not None:
+                st = c.stream.state
+                st.validate()
+                assert set(c.stream.refs) == st.held, \
+                    f"stream {st.stream_id} holds refs {sorted(c.stream.refs)}, its machine " \
+                    f"items {sorted(st.held)}"
 
     def in_flight_lease_ids(self) -> set[str]:
         """Lease ids named by a message still on a link (a grant on its way to its owner,
@@ -1020,7 +1547,10 @@ class World:
                              f"ledger {M.ledger_summary(self.sched.queue)}", self, (lid,))
 
     def unsettled(self) -> tuple:
-        return tuple(t for t, r in self.tasks.items() if not r.settled and not r.abandoned)
+        return tuple(t for t, r in self.tasks.items() if not r.settled and not r.abandoned) \
+            + tuple(f"{t} (consumer)" for t, c in self.consumers.items()
+                    if c.outcome is None and c.node.alive and not c.node.closed
+                    and not c.rec.abandoned)
 
     def check_quiescent(self) -> None:
         """Nothing moves any more: every task must be settled, nothing held or pending."""
@@ -1031,10 +1561,35 @@ class World:
                              f"{M.ledger_summary(self.sched.queue)}", self, stuck)
         for node in self.nodes.values():
             if isinstance(node, ProcNode) and not node.worker and not node.closed:
-                raise SimFailure(f"driver {node.name} never finished", self)
-        problems = M.leftovers(self)
+                table = sorted(node.rt.objects.entries) if node.rt is not None else []
+                raise SimFailure(f"driver {node.name} never finished" + (
+                    f": its object table still has {table} (never freed)" if table else ""),
+                    self, tuple(table))
+        problems = M.leftovers(self) + self.stream_leftovers()
+        if self.sc.refs:
+            problems += [p for p in self.ref_leftovers() if p not in problems]
         if problems:
             raise SimFailure("left over at the end: " + "; ".join(problems), self)
+
+
+    def stream_leftovers(self) -> list[str]:
+        """Once every task of a process settled and every consumer of it is done, no stream
+        of it is open and its object table is empty (no item kept for nobody, no ref
+        leaked).  A driver that exited early is exempt: its runtime goes with it."""
+        out = []
+        for node in self.nodes.values():
+            if not isinstance(node, ProcNode) or node.rt is None or not node.alive \
+                    or node.exited:
+                continue
+            if any(c.node is node and c.outcome is None for c in self.consumers.values()) \
+                    or any(r.proc == node.name and not r.settled for r in self.tasks.values()):
+                continue
+            if node.rt.streams:
+                out.append(f"{node.name} still has open streams {sorted(node.rt.streams)}")
+            if node.rt.objects.entries:
+                out.append(f"{node.name}'s object table still has "
+                           f"{sorted(node.rt.objects.entries)}")
+        return out
 
 
 def _cancel_below(world: World, rec: TaskRec) -> bool:

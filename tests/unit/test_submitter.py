@@ -1,6 +1,7 @@
 """The submitter's decisions (``runtime/submitter.py``'s ``Submitter``) on a recording edge:
-the rules the simulation's task world cannot reach (it has no ref arguments, and no result
-settles inside another event).  No cluster, no loop."""
+the rules the simulation's task world does not reach (no top-level ref arguments, no large
+values kept on workers, no result settling inside another event), and regressions of what it
+found.  No cluster, no loop."""
 
 from __future__ import annotations
 
@@ -170,3 +171,75 @@ def test_cancel_before_arguments_are_ready_fails_it_here():
     assert entry.got and entry.got[0][0] == "error" and "cancelled" in str(entry.got[0][1])
     assert s.waiting == 0 and "a" not in s.tasks
     assert edge.sent == []
+
+
+class Held:
+    """A ref argument the task holds (``Task.held``): counts whether anything still holds it."""
+
+    alive = 0
+
+    def __init__(self) -> None:
+        Held.alive += 1
+
+    def __del__(self) -> None:
+        Held.alive -= 1
+
+
+def _pushed_with_a_ref(edge: Edge) -> tuple[Submitter, Entry]:
+    s = submitter(edge)
+    entry = Entry()
+    t = task("a", entry)
+    t.held = [Held()]
+    s.submit(t)
+    del t
+    (_what, rid, _near), = requests(edge)
+    s.lease_answer(rid, "L1", "tcp://w:1")
+    assert ("push", "a", "L1", "tcp://w:1") in edge.sent
+    return s, entry
+
+
+def test_a_cancelled_task_holds_its_ref_arguments_until_its_worker_answers():
+    """A cancel settles a running task at once, but its worker may still run it and keep a
+    ref argument: the refs stay held until its TASK_DONE (which reports what it kept) has
+    been handled, so the owner cannot free them under the worker (FINDINGS.md I)."""
+    Held.alive = 0
+    edge = Edge()
+    s, entry = _pushed_with_a_ref(edge)
+    s.cancel("a")
+    assert entry.got and entry.got[0][0] == "error" and "cancelled" in str(entry.got[0][1])
+    assert "a" not in s.tasks and Held.alive == 1  # settled, its ref argument still held
+    s.on_task_done(P.TaskDone("a", results=[(P.VALUE, b"A")], took=0.1))
+    assert Held.alive == 0 and not s.cancelled_args and entry.got[1:] == []
+
+
+def test_a_cancelled_task_lets_go_of_its_refs_when_its_worker_is_lost():
+    Held.alive = 0
+    edge = Edge()
+    s, _entry = _pushed_with_a_ref(edge)
+    s.cancel("a")
+    assert Held.alive == 1
+    s.on_channel_lost("tcp://other:1")
+    assert Held.alive == 1
+    s.on_channel_lost("tcp://w:1")
+    assert Held.alive == 0 and not s.cancelled_args
+
+
+def test_a_finished_task_lets_go_of_its_refs_at_once():
+    Held.alive = 0
+    edge = Edge()
+    s, entry = _pushed_with_a_ref(edge)
+    s.on_task_done(P.TaskDone("a", results=[(P.VALUE, b"A")], took=0.1))
+    assert entry.got == [("ok", b"A")] and Held.alive == 0 and not s.pushed
+
+
+def test_a_task_cancelled_after_its_worker_was_lost_holds_nothing_for_it():
+    """Lost with its worker, the task waits to run again; cancelled then, no worker runs it,
+    so nothing waits for a TASK_DONE: its ref arguments go with it."""
+    Held.alive = 0
+    edge = Edge()
+    s, entry = _pushed_with_a_ref(edge)
+    s.on_channel_lost("tcp://w:1")  # requeued (a crash rerun)
+    assert "a" in s.tasks and not s.pushed
+    s.cancel("a")
+    assert entry.got and entry.got[0][0] == "error"
+    assert Held.alive == 0 and not s.cancelled_args

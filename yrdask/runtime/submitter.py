@@ -153,6 +153,11 @@ class Submitter:
         # lineage: result id -> its Task, for results a worker keeps (LOCATION), while the
         # result lives: a result lost with its worker is computed again (reconstruct)
         self.lineage: dict[str, Task] = {}
+        # a cancelled task settles at once, but its worker may still run it and keep its ref
+        # arguments: they stay held until its TASK_DONE reports what it kept (or the worker
+        # is lost).  pushed: task id -> the worker running it now (tasks with ref arguments)
+        self.pushed: dict[str, str] = {}
+        self.cancelled_args: dict[str, tuple[str, list]] = {}  # task id -> (worker, refs)
 
     @classmethod
     def for_runtime(cls, runtime: Any, lease_idle_s: float = 1.0,
@@ -230,6 +235,10 @@ class Submitter:
             self.edge.call_soon(self.on_task_done, msg)
             return
         task_id = msg.task_id
+        if self.pushed:  # its worker runs it no more
+            self.pushed.pop(task_id, None)
+            if self.cancelled_args:  # its refs were counted (Runtime: objects.on_done_refs)
+                self.cancelled_args.pop(task_id, None)
         error = msg.error
         if msg.requeue:
             outcome = "requeue"
@@ -267,6 +276,10 @@ class Submitter:
 
     def on_channel_lost(self, worker: str) -> None:
         """The channel to ``worker`` broke (or the scheduler said it is gone)."""
+        for task_id, where in list(self.pushed.items()):
+            if where == worker:  # no TASK_DONE will come: the worker's borrowings ended
+                del self.pushed[task_id]
+                self.cancelled_args.pop(task_id, None)
         self._handle(M.WorkerLost("channel-lost", worker, self.edge.now()))
 
     def lease_answer(self, request_id: str, lease_id: str | None, where: str) -> None:
@@ -326,7 +339,10 @@ class Submitter:
     def _do(self, ins: Any) -> None:
         kind = type(ins)
         if kind is M.PushTask:
-            self.edge.push(self.tasks[ins.task_id], ins.lease_id, ins.worker, ins.slots)
+            task = self.tasks[ins.task_id]
+            if task.held:  # (ref arguments: see cancelled_args)
+                self.pushed[ins.task_id] = ins.worker
+            self.edge.push(task, ins.lease_id, ins.worker, ins.slots)
         elif kind is M.TaskSucceeded:
             task = self.tasks.pop(ins.task_id, None)
             results = self._results.pop(ins.task_id, None)
@@ -346,6 +362,12 @@ class Submitter:
             if task is None:  # a machine bug: say so, settle nothing twice
                 raise AssertionError(f"TaskFailed for {ins.task_id}, which is not pending "
                                      "(settled twice, or never queued)")
+            if task.held:
+                worker = self.pushed.get(ins.task_id)
+                if task.cancelled and worker is not None:  # it may still run there
+                    self.cancelled_args[ins.task_id] = (worker, task.held)
+                else:
+                    self.pushed.pop(ins.task_id, None)
             error = ins.error
             if isinstance(error, (bytes, bytearray, memoryview)):
                 error = loads(error)
