@@ -324,8 +324,10 @@ class Submitter:
                 for ins in handle(event):
                     try:
                         if type(ins) is M.PushTask:  # the hot instruction, inline
-                            self.edge.push(self.tasks[ins.task_id], ins.lease_id, ins.worker,
-                                           ins.slots)
+                            task = self.tasks[ins.task_id]
+                            if task.held:  # (ref arguments: see cancelled_args)
+                                self.pushed[ins.task_id] = ins.worker
+                            self.edge.push(task, ins.lease_id, ins.worker, ins.slots)
                         else:
                             self._do(ins)
                     except Exception as e:
@@ -337,13 +339,8 @@ class Submitter:
             self._busy = False
 
     def _do(self, ins: Any) -> None:
-        kind = type(ins)
-        if kind is M.PushTask:
-            task = self.tasks[ins.task_id]
-            if task.held:  # (ref arguments: see cancelled_args)
-                self.pushed[ins.task_id] = ins.worker
-            self.edge.push(task, ins.lease_id, ins.worker, ins.slots)
-        elif kind is M.TaskSucceeded:
+        kind = type(ins)  # (PushTask, the hot one, is carried out in _handle)
+        if kind is M.TaskSucceeded:
             task = self.tasks.pop(ins.task_id, None)
             results = self._results.pop(ins.task_id, None)
             if task is None or results is None:  # a machine bug: say so, settle nothing twice
