@@ -177,13 +177,8 @@ class Submitter:
         self.tasks[task.task_id] = task
         if not task.nested:
             if not task.dep_refs and not self.closed:
-                # no ref arguments: queued at once (the common case, _deps_ready inline)
-                task.deps = ()
-                task.queued = True
-                _resources, _timeout, slots, affinity = task.shape_key
-                self._handle(M.TaskQueued("submit", task.task_id, task.shape_key, task.shape,
-                                          task.timeout_ms, slots, affinity, task.retries,
-                                          None, task.name, task.max_crashes))
+                task.deps = ()  # no ref arguments: queued at once (the common case)
+                self._queue(task, None)
                 return
             self.waiting += 1
             when_ready(task.dep_refs, lambda: self._deps_ready(task))
@@ -223,6 +218,10 @@ class Submitter:
                     break
         else:
             task.deps = ()
+        self._queue(task, data_home)
+
+    def _queue(self, task: Task, data_home: str | None) -> None:
+        """Hand a task whose ref arguments are ready to the machine."""
         task.queued = True
         _resources, _timeout, slots, affinity = task.shape_key
         self._handle(M.TaskQueued("submit", task.task_id, task.shape_key, task.shape,
