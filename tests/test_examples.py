@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -23,8 +24,29 @@ EXAMPLES = {
 }
 
 
+#: GPU examples: they need a detected GPU and torch (benchmarks/device_check.sh runs them on
+#: one); on a machine without a GPU they must say so and fail, not hang or pretend
+GPU_EXAMPLES = {
+    "gpu_torch.py": (["-m", "yrdask.ray"], "GPU resources: {}"),
+    "gpu_torch_yr.py": ([], "GPUs offered: 0"),
+}
+HAS_GPU = shutil.which("nvidia-smi") is not None
+
+
 def test_every_example_is_covered():
-    assert sorted(p.name for p in (ROOT / "examples").glob("*.py")) == sorted(EXAMPLES)
+    assert sorted(p.name for p in (ROOT / "examples").glob("*.py")) == sorted(
+        [*EXAMPLES, *GPU_EXAMPLES])
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU: device_check.sh runs these")
+@pytest.mark.parametrize("name", sorted(GPU_EXAMPLES))
+def test_gpu_example_without_a_gpu_says_so_and_fails(name, tmp_path):
+    how, expected = GPU_EXAMPLES[name]
+    env = {k: v for k, v in os.environ.items() if k != "YR_SERVER_ADDRESS"}
+    out = subprocess.run([sys.executable, *how, str(ROOT / "examples" / name)],
+                         capture_output=True, text=True, timeout=150, cwd=tmp_path, env=env)
+    assert out.returncode == 1, (out.stdout[-2000:], out.stderr[-3000:])
+    assert expected in out.stdout and "no GPU detected" in out.stderr, (out.stdout, out.stderr)
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
