@@ -10,7 +10,7 @@ import sys
 
 import yrdask as yr
 
-ONE_GPU = yr.InvokeOptions(custom_resources={"GPU": 1})
+ONE_GPU = yr.InvokeOptions(custom_resources={"GPU/.+/count": 1})
 
 
 @yr.invoke

@@ -48,7 +48,9 @@ def resources() -> list[dict]:
           "allocatable": {"CPU": 1500.0, "Memory": 7390.0, "host_a": 1.0}}, ...]
 
     ``capacity`` is what the node's worker processes offer together (CPU in millicores,
-    Memory in MB, ``GPU`` devices, their ``--resources`` tags); ``allocatable`` is what running tasks and live instances leave free.
+    Memory in MB, ``GPU`` devices, their ``--resources`` tags; detected GPUs of a model also
+    as ``GPU/<model>/count``); ``allocatable`` is what running tasks and live instances leave
+    free.
     A task blocked in ``yr.get`` lends its CPU back, so that CPU counts as free meanwhile.
     """
     return [{k: v for k, v in n.items() if k in ("id", "status", "capacity", "allocatable")}
@@ -68,10 +70,10 @@ def nodes_info() -> list[dict]:
 
 
 def _node(address: str, capacity: dict, held: dict) -> dict:
-    return {
-        "id": address,
-        "status": NODE_OK,
-        "capacity": {r: float(a) for r, a in capacity.items()},
-        "allocatable": {r: max(0.0, float(a) - float(held.get(r, 0.0)))
-                        for r, a in capacity.items()},
-    }
+    cap = {r: float(a) for r, a in capacity.items()}
+    free = {r: max(0.0, a - float(held.get(r, 0.0))) for r, a in cap.items()}
+    for r in list(cap):  # yr names a detected model's GPUs GPU/<model>/count (docs/nodes.md)
+        if r.startswith("accelerator_type:") and "GPU" in cap:
+            model = r.split(":", 1)[1]
+            cap[f"GPU/{model}/count"], free[f"GPU/{model}/count"] = cap["GPU"], free["GPU"]
+    return {"id": address, "status": NODE_OK, "capacity": cap, "allocatable": free}
