@@ -9,11 +9,19 @@ set -u
 out=${1:?usage: device_check.sh OUTDIR [CPUS] [SYSTEMS]}
 cpus=${2:-$(nproc)}
 systems=${3:-yrdask,dask,ray}
+site=""
 if [ -f .whl/site312.tar.xz ]; then
   tar xJf .whl/site312.tar.xz -C /tmp || exit 1
+  site=/tmp/site312
   export PYTHONPATH=/tmp/site312:$PWD
 fi
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 RAY_USAGE_STATS_ENABLED=0
+# Bytecode, as `pip install` writes it: the unpacked packages and this checkout hold only
+# sources, and with PYTHONDONTWRITEBYTECODE every interpreter (each system's driver, yrdask's
+# launcher, Dask's and Ray's worker processes) compiled them again, about 1 s more of every
+# init_s on 16 cores (docs/performance.md, "Start-up with many worker processes").
+python3 -m compileall -q -j0 $site yrdask benchmarks examples >/dev/null \
+  || echo "compileall failed: figures include compiling sources"
 nproc; nvidia-smi -L; python3 -V
 python3 -c "import ray, dask, torch; print('ray', ray.__version__, 'dask', dask.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 step() { echo "== $1 ($(date +%T))"; shift; "$@"; echo "-- rc=$?"; }
