@@ -21,7 +21,14 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 RAY_USAGE_STATS_ENABLED=0
 # launcher, Dask's and Ray's worker processes) compiled them again, about 1 s more of every
 # init_s on 16 cores (docs/performance.md, "Start-up with many worker processes").
 python3 -m compileall -q -j0 $site yrdask benchmarks examples >/dev/null \
-  || echo "compileall failed: figures include compiling sources"
+  || echo "compileall reported errors: what it could not compile is compiled at every start"
+# The machine's own packages that the systems import came without bytecode as well (numpy,
+# jinja2, packaging, psutil, certifi, markupsafe: 125 modules on the H200 machine); where
+# their folders are writable they get it too (a read-only image keeps compiling them).
+img=$(python3 -c "import importlib.util as u, os; print(' '.join(os.path.dirname(s.origin)
+  for n in ('numpy', 'jinja2', 'packaging', 'psutil', 'certifi', 'markupsafe')
+  for s in [u.find_spec(n)] if s and s.origin))")
+python3 -m compileall -q -j0 $img >/dev/null 2>&1 || echo "no bytecode written for: $img"
 nproc; nvidia-smi -L; python3 -V
 python3 -c "import ray, dask, torch; print('ray', ray.__version__, 'dask', dask.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 step() { echo "== $1 ($(date +%T))"; shift; "$@"; echo "-- rc=$?"; }
