@@ -1,8 +1,3 @@
-import time
-
-T0 = time.monotonic()  # first line: the timeline counts from here, as init_s does
-W0 = time.time()
-
 """``python -m benchmarks.init_timeline [--workers N]``: where ``yr.init`` spends its time.
 
 One ``yr.init()`` of the embedded cluster until its first result, as ``init_s`` times it, with
@@ -14,6 +9,11 @@ as ``num_cpus=N`` on an N-core host would): with more processes than cores it me
 CPU start-up costs per process, not the wall time an N-core host would see.  Timing hooks are
 wrapped around yrdask's functions in this process only; nothing in yrdask changes.
 """
+
+import time
+
+T0 = time.monotonic()  # first statement: the timeline counts from here, as init_s does
+W0 = time.time()
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
