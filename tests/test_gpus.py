@@ -307,19 +307,13 @@ def test_a_two_cpu_placement_group_is_ready_and_captures_child_tasks(gpu_ray):
     remove_placement_group(pg)
 
 
-NESTED = "nested calls are not available in work that runs in a process of its own"
-
-
-def test_nested_calls_from_gpu_work_raise_a_clear_error_at_the_call(gpu_ray):
-    """GPU work runs in a process of its own without a yr runtime (docs/nodes.md): a nested
-    call there fails at once, naming why and what to do instead, through both APIs; the node
-    id and top-level ObjectRef arguments still work there."""
-    with pytest.raises(yr.YRRuntimeError,
-                       match=f"{NESTED}.*hold GPUs or NPUs.*submit the next work from there"):
-        ray.get(gpu_nested.remote(), timeout=T)
+def test_nested_calls_from_gpu_work_run(gpu_ray):
+    """GPU work runs in a process of its own, whose first nested call starts a runtime
+    there (docs/isolation.md): nested calls work through both APIs; the node id and
+    top-level ObjectRef arguments work there too."""
+    assert ray.get(gpu_nested.remote(), timeout=T) == 2
     inst = YrGpu.invoke()
-    with pytest.raises(yr.YRRuntimeError, match=NESTED):
-        yr.get(inst.nested.invoke(), T)
+    assert yr.get(inst.nested.invoke(), T) == 2
     inst.terminate(is_sync=True)
     node, value = ray.get(gpu_node_and_arg.remote(inc.remote(1)), timeout=T)
     assert value == 2 and node == ray.nodes()[0]["NodeID"]

@@ -956,12 +956,15 @@ RUN_ISOLATED = "yr_run_isolated"
 @_message
 class RunIsolated(Message):
     """worker agent -> a pooled isolated process (rpc): run one stateless task there.
-    Fields as in :class:`RunTask` (``fn`` always sent, ``deps`` resolved to values).
-    Reply: a :class:`TaskDone` wire dict."""
+    Fields as in :class:`RunTask` (``fn`` always sent, ``deps`` resolved to values);
+    ``caller`` the submitter's address (refs nested in the results are lent to it).
+    Reply: ``[done, owner]``: a :class:`TaskDone` wire dict, and whether the process has a
+    runtime of its own (a nested call started it: it may own objects others hold, so the
+    agent keeps the process, docs/isolation.md)."""
 
     op: ClassVar[str] = RUN_ISOLATED
     channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_RPC,)
-    reply_type: ClassVar[Any] = dict
+    reply_type: ClassVar[Any] = tuple[dict, bool]
     task_id: str
     lease_id: str
     fn_id: str
@@ -972,6 +975,7 @@ class RunIsolated(Message):
     owner: str
     log_to: str | None = None  # where its prints go (RunTask.log_to)
     name: str = ""  # the function's name, for the prints' prefix
+    caller: str = ""  # the submitter's address (TaskDone.refs)
 
 
 # --- call channel -------------------------------------------------------------------------

@@ -854,3 +854,37 @@ def install_worker_runtime(agent: "LocalNode") -> Runtime:
 def uninstall_worker_runtime(rt: Runtime) -> None:
     if context.installed_runtime() is rt:
         context.install(None)
+
+
+async def join_as_client(scheduler: str, job_id: str, listen_host: str) -> Runtime:
+    """A runtime of its own for a process that has none: an isolated process of a worker
+    (docs/isolation.md), started at its first nested call, on the running loop.
+
+    It joins the scheduler the way a driver joining an address does (``DriverConnector``:
+    a job stream and an owner server), under a job id of its own, so it owns what it
+    creates and its job stream's end (the process died) releases its leases and handles.
+    TLS comes from Dask's config (``distributed.comm.tls.*``), as for any client.
+    """
+    from distributed.security import Security
+
+    from yrdask.runtime.transport import DriverConnector
+
+    security = Security()
+    connection_args = security.get_connection_args("client")
+    if scheduler.startswith("tls://") and connection_args.get("ssl_context") is None:
+        raise YRRuntimeError(
+            f"nested calls in an isolated process need TLS to reach the scheduler at "
+            f"{scheduler}, and this process has no certificates: set distributed.comm.tls.* "
+            "in the Dask config (or the DASK_DISTRIBUTED__COMM__TLS__* variables) on the "
+            "worker host")
+    rt = Runtime(asyncio.get_running_loop(), job_id)
+    rt.loop_thread = threading.get_ident()
+    rt.connector = DriverConnector(rt, scheduler, connection_args,
+                                   security.get_listen_args("client"))
+    try:
+        rt.address = await rt.connector.start(job_id, listen_host)
+    except BaseException:
+        rt.closed = True
+        await rt.connector.close()
+        raise
+    return rt

@@ -498,7 +498,7 @@ class WorkerAgent:
         request = P.RunIsolated(task_id, msg["lease_id"], msg["fn_id"],
                                 self.fn_payloads[msg["fn_id"]], msg["args"], deps,
                                 msg["nret"], msg["owner"], msg.get("log_to"),
-                                msg["name"]).to_msg()
+                                msg["name"], ex.peer.caller or "").to_msg()
         rec = self.recorder
         start = rec.begin(msg["name"], task_id) if rec is not None else 0.0
         if not ex.arm():

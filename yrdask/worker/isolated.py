@@ -95,7 +95,21 @@ def _node_name(agent: Any) -> str:
     return getattr(agent, "node_id", None) or agent.worker.address
 
 
-def spawn(isolation: dict, node: str = "") -> tuple[Any, str]:
+def child_info(agent: Any) -> dict:
+    """What a child needs to know of its worker: its node (``get_node_id()``, the prints'
+    prefix), and where the scheduler is, for the runtime its first nested call starts."""
+    from distributed.comm import get_address_host
+
+    worker = agent.worker
+    scheduler = getattr(getattr(worker, "scheduler", None), "address", "") or ""
+    try:
+        host = get_address_host(worker.address)
+    except Exception:  # noqa: BLE001 - an address without a host: loopback
+        host = "127.0.0.1"
+    return {"node": _node_name(agent), "scheduler": scheduler, "host": host}
+
+
+def spawn(isolation: dict, info: dict | None = None) -> tuple[Any, str]:
     """Start a child with the instance's env and cwd; returns it and its listening address.
 
     Forked from this worker's zygote (a warm interpreter with Dask and yrdask imported), so
@@ -106,7 +120,7 @@ def spawn(isolation: dict, node: str = "") -> tuple[Any, str]:
     if cwd is not None and not os.path.isdir(cwd):
         raise YRValueError(f"working_dir {cwd!r} does not exist on this worker host; create it "
                            "there or give runtime_env={'working_dir': <an existing dir>}")
-    return Zygote.get().fork(_child_env(isolation.get("env")), cwd, node)
+    return Zygote.get().fork(_child_env(isolation.get("env")), cwd, info or {})
 
 
 class ForkedProcess:
@@ -177,14 +191,14 @@ class Zygote:
         self.dead = False
         threading.Thread(target=self._read, daemon=True, name="yr-zygote-reader").start()
 
-    def fork(self, env: dict, cwd: str | None, node: str = "") -> tuple[ForkedProcess, str]:
+    def fork(self, env: dict, cwd: str | None, info: dict) -> tuple[ForkedProcess, str]:
         with self.lock:
             if self.dead:
                 raise RuntimeError("the worker's zygote process has exited")
             rid = next(self.ids)
             slot: list = [threading.Event(), None]
             self.waiting[rid] = slot
-            line = json.dumps({"id": rid, "env": env, "cwd": cwd, "node": node}) + "\n"
+            line = json.dumps({"id": rid, "env": env, "cwd": cwd, **info}) + "\n"
             try:
                 self.proc.stdin.write(line.encode())
                 self.proc.stdin.flush()
@@ -306,7 +320,7 @@ class IsolatedInstance:
                 spec["deps"] = await loop.run_in_executor(None, self.agent.deps_by_value,
                                                           spec["deps"])
             proc, address = await loop.run_in_executor(None, spawn, spec["isolation"],
-                                                       _node_name(self.agent))
+                                                       child_info(self.agent))
             if self.stopped is not None:
                 _kill(proc)
                 return
@@ -544,7 +558,7 @@ class ProcessDied(Exception):
 
 
 class _PooledProcess:
-    __slots__ = ("proc", "address", "comm", "idle_since", "calls")
+    __slots__ = ("proc", "address", "comm", "idle_since", "calls", "owner")
 
     def __init__(self, proc: subprocess.Popen, address: str) -> None:
         self.proc = proc
@@ -552,6 +566,9 @@ class _PooledProcess:
         self.comm: Any = None
         self.idle_since = 0.0
         self.calls = 0  # tasks it ran, for ``max_calls``
+        # a nested call started a runtime there: it may own objects that others hold
+        # (Ray's rule: they live as long as their owner), so it is not reaped when idle
+        self.owner = False
 
     async def request(self, msg: dict) -> dict:
         from distributed.comm import connect
@@ -595,7 +612,7 @@ class ProcessPool:
             free = self.idle.get(key)
             child = free.pop() if free else None
         if child is None:
-            proc, address = spawn(isolation, _node_name(self.agent))
+            proc, address = spawn(isolation, child_info(self.agent))
             child = _PooledProcess(proc, address)
             with self.lock:
                 if self.closed:
@@ -605,11 +622,14 @@ class ProcessPool:
         loop = self.agent.loop
         fut = asyncio.run_coroutine_threadsafe(child.request(request), loop)
         try:
-            reply = fut.result()
+            answer = fut.result()
         except BaseException:
             fut.cancel()
             self._drop(child)
             raise
+        # ``[done, owner]``; a dict: the child's Server reports a failure of its own
+        reply, owner = (answer, False) if isinstance(answer, dict) else answer
+        child.owner = child.owner or bool(owner)
         child.calls += 1
         max_calls = isolation.get("max_calls") or 0
         with self.lock:
@@ -639,8 +659,8 @@ class ProcessPool:
         doomed = []
         with self.lock:
             for key, free in list(self.idle.items()):
-                keep = [c for c in free if now - c.idle_since < self.idle_s]
-                doomed += [c for c in free if now - c.idle_since >= self.idle_s]
+                keep = [c for c in free if c.owner or now - c.idle_since < self.idle_s]
+                doomed += [c for c in free if not c.owner and now - c.idle_since >= self.idle_s]
                 if keep:
                     self.idle[key] = keep
                 else:
@@ -713,10 +733,16 @@ def _stored(object_id: str) -> Any:
 
 
 class IsolatedHost:
-    """What ``HostedInstance`` needs of an agent, in the child: values in, values out."""
+    """What ``HostedInstance`` needs of an agent, in the child: values in, values out.
 
-    def __init__(self) -> None:
+    Refs in the arguments and results are counted as a worker counts them (borrowing,
+    docs/objects.md), by this process's own runtime, which the first ref or nested call
+    starts (:class:`LazyRuntime`): the child is then the borrower of the refs it unpickled
+    and the owner of what it created."""
+
+    def __init__(self, runtime: "LazyRuntime | None" = None) -> None:
         self.loop = asyncio.get_running_loop()
+        self.runtime = runtime
         self.instance: Any = None
         self.inline_limit = 0  # every value goes back; the agent decides what it keeps
         self.functions: dict[str, Any] = {}
@@ -728,33 +754,64 @@ class IsolatedHost:
         return [payload if kind == P.VALUE else _stored(oid) for oid, kind, payload in deps]
 
     def pack_results(self, task_id: str, result: Any, nret: int,
-                     caller: str | None = None) -> tuple[list, None]:
-        """Small values go back in the reply; large ones are written to the node's store
-        here (the agent records them: :func:`keep_large`), not sent through the socket.
-        A child counts no refs (it holds none, docs/objects.md): ``nested`` is ``None``."""
+                     caller: str | None = None) -> tuple[list, list | None]:
+        """``([kind, payload] per value, nested)``.  Small values go back in the reply;
+        large ones are written to the node's store here (the agent records them:
+        :func:`keep_large`), not sent through the socket.  Refs nested in a value are lent
+        to ``caller`` via that result (``nested``, as a worker's ``TaskDone.refs``), or
+        pinned when the caller is not known (an instance's calls come through the agent)."""
+        from yrdask.runtime.objects import pack_counting
         from yrdask.runtime.store import node_store
 
         values = [result] if nret <= 1 else split_returns(result, nret)
         ids = [task_id] if len(values) <= 1 else [f"{task_id}.{i}" for i in range(len(values))]
         out = []
+        nested = None
         for oid, v in zip(ids, values):
-            payload = dumps_value(v)
+            payload, _refs, counted = pack_counting(dumps_value, v)
+            if counted:  # refs exist here only once this process's runtime has started
+                objects = self.runtime.started_runtime().objects
+                if caller:
+                    objects.lend(counted, caller, oid)
+                    nested = nested or []
+                    nested.append([oid, [[i, o] for i, o in counted.items()]])
+                else:
+                    objects.pin(counted)
             if type(payload) is Frames:
                 node_store().put(oid, payload)
                 out.append([P.STORED, None])
             else:
                 out.append([P.VALUE, payload])
-        return out, None
+        return out, nested
 
     def unpack_call(self, msg: dict) -> tuple[tuple, list]:
-        """``((args, kwargs), borrowed)`` of a method call; a child reports no borrowing."""
-        return unpack_args(msg["args"], [self.load_value(p) for p in self.payloads(msg["deps"])]), []
+        """``((args, kwargs), borrowed)`` of a method call: ``borrowed`` the ids of the refs
+        nested in its arguments, which this process may keep (reported in ``TaskDone``)."""
+        return self.unpack(msg["args"], msg["deps"])
 
-    def refs_report(self, borrowed: Any, nested: Any) -> None:
-        return None
+    def unpack(self, args: bytes, deps: list) -> tuple[tuple, list]:
+        from yrdask.runtime.objects import REF_MARK, unpickling
+
+        values = [self.load_value(p) for p in self.payloads(deps)]
+        if REF_MARK not in args:  # the hot path: no ref in the arguments
+            return unpack_args(args, values), []
+        unpacked, found = unpickling(unpack_args, args, values)
+        return unpacked, list(found)
+
+    def refs_report(self, borrowed: Any, nested: Any) -> list | None:
+        """``TaskDone.refs``: this process (its runtime's owner server) holds them."""
+        if not borrowed and not nested:
+            return None
+        return [self.runtime.started_runtime().address, borrowed or [], nested]
 
     def load_value(self, payload: Any) -> Any:
-        return loads(payload)
+        """Unpickle a ref argument's value; refs nested in it register with their owners."""
+        from yrdask.runtime.objects import unpickling
+
+        value, found = unpickling(loads, payload)
+        if found:
+            self.runtime.started_runtime().objects.register_reads(found)
+        return value
 
     def report_state(self, instance_id: str, state: str, error: bytes | None) -> None:
         self.loop.call_soon_threadsafe(self._built.set_result, error)
@@ -786,30 +843,36 @@ class IsolatedHost:
 
     async def run_isolated(self, task_id: str, lease_id: str, fn_id: str, fn: bytes,
                            args: bytes, deps: list, nret: int, owner: str,
-                           log_to: str | None = None, name: str = "") -> dict:
-        """One stateless task (``RUN_ISOLATED``), in a thread: its ``TASK_DONE`` dict."""
-        return await self.loop.run_in_executor(
+                           log_to: str | None = None, name: str = "",
+                           caller: str = "") -> tuple[dict, bool]:
+        """One stateless task (``RUN_ISOLATED``), in a thread: its ``TASK_DONE`` dict, and
+        whether this process has a runtime now (it may own objects: the agent keeps it)."""
+        done = await self.loop.run_in_executor(
             None, self._run_task, task_id, lease_id, fn_id, fn, args, deps, nret, owner,
-            log_to, name)
+            log_to, name, caller)
+        return done, self.runtime is not None and self.runtime.started
 
     def _run_task(self, task_id: str, lease_id: str, fn_id: str, fn: bytes, args: bytes,
                   deps: list, nret: int, owner: str, log_to: str | None = None,
-                  name: str = "") -> dict:
+                  name: str = "", caller: str = "") -> dict:
         from yrdask.runtime.context import task_context
         from yrdask.worker.output import task_prints_to
 
+        borrowed: list = []
         try:
             func = self.functions.get(fn_id)
             if func is None:
                 func = self.functions[fn_id] = loads(fn)
-            a, kw = unpack_args(args, [loads(p) for p in self.payloads(deps)])
+            (a, kw), borrowed = self.unpack(args, deps)
             with task_context(lease_id, owner), task_prints_to(log_to, name):
                 result = func(*a, **kw)
-            results = self.pack_results(task_id, result, nret)[0]
+            results, nested = self.pack_results(task_id, result, nret, caller)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             err = dumps(RemoteError.from_exception(e, user_traceback()))
-            return P.TaskDone(task_id, error=err, retryable=True).to_msg()
-        return P.TaskDone(task_id, results=results).to_msg()
+            return P.TaskDone(task_id, error=err, retryable=True,
+                              refs=self.refs_report(borrowed, None)).to_msg()
+        return P.TaskDone(task_id, results=results,
+                          refs=self.refs_report(borrowed, nested)).to_msg()
 
     async def open_channel(self, comm: Any, caller: str) -> None:
         from distributed.comm.core import CommClosedError
@@ -829,36 +892,102 @@ class IsolatedHost:
             os._exit(0)  # the agent let go of this process
 
 
-#: Why nested calls fail in an isolated process, and what to do instead (docs/nodes.md).
-NO_RUNTIME = (
-    "nested calls are not available in work that runs in a process of its own: tasks and "
-    "actors that hold GPUs or NPUs, and work with isolated=True, env_vars or runtime_env "
-    "(yr.get, yr.put, .invoke, ray.get, ray.put, .remote(), ... raise this there; Ray allows "
-    "them). Return the values to the caller and submit the next work from there (the driver, "
-    "or a CPU task or actor without env_vars), or pass other work's ObjectRefs in as "
-    "arguments (top-level ones arrive as their values)")
+class LazyRuntime:
+    """This process's runtime: none until the first nested call (or ref) needs one, then
+    a runtime of its own that joins the scheduler as a client (``join_as_client``, about
+    what ``yr.init(address)`` costs), so work that never nests pays nothing.
 
+    It stays installed as the process's runtime and hands every attribute to the real one
+    (starting it on first use); ``agent`` stands for the worker agent, which is not in this
+    process: it knows the node id (``get_node_id()``) and nothing else."""
 
-class _NoRuntime:
-    """This process's "runtime": no yr API calls, but it knows its node (``get_node_id()``,
-    ``ray.get_runtime_context().get_node_id()``)."""
+    def __init__(self, loop: asyncio.AbstractEventLoop, info: dict) -> None:
+        self.agent = _NoAgent(info.get("node") or "")
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+        self._info = info
+        self._real: Any = None
+        self._lock = threading.Lock()
+        self.output_target: Any = None  # set by worker.output; handed to the real runtime
+        self.start_s: float | None = None  # how long the start took (docs/isolation.md)
 
-    def __init__(self, node: str = "") -> None:
-        self.agent = _NoAgent(node)
-        self.address = node
+    @property
+    def started(self) -> bool:
+        return self._real is not None
+
+    @property
+    def address(self) -> str:
+        rt = self._real
+        return rt.address if rt is not None else self.agent.node_id
+
+    def started_runtime(self) -> Any:
+        """The real runtime, started now if it was not (blocking; not on the loop thread)."""
+        rt = self._real
+        if rt is not None:
+            return rt
+        with self._lock:
+            if self._real is None:
+                self._real = self._start()
+        return self._real
+
+    def _start(self) -> Any:
+        from yrdask.runtime.runtime import join_as_client
+
+        scheduler = self._info.get("scheduler") or ""
+        if not scheduler:
+            raise YRRuntimeError(
+                "nested calls in this isolated process need the scheduler's address, and its "
+                "worker did not know it (the worker is not connected to a scheduler)")
+        if threading.get_ident() == self._loop_thread:
+            raise YRRuntimeError(
+                "the first nested call of an isolated process was made on its event loop "
+                "thread; make it from the task's or method's thread")
+        t0 = time.perf_counter()
+        job = f"isolated-{os.getpid()}-{os.urandom(4).hex()}"
+        fut = asyncio.run_coroutine_threadsafe(
+            join_as_client(scheduler, job, self._info.get("host") or "127.0.0.1"), self._loop)
+        try:
+            rt = fut.result(START_TIMEOUT_S)
+        except YRRuntimeError:
+            raise
+        except Exception as e:
+            raise YRRuntimeError(
+                f"this isolated process could not start its runtime for a nested call: "
+                f"cannot join the scheduler at {scheduler}: {type(e).__name__}: {e}") from e
+        if self.output_target is not None:  # prints of nested work go where this work's do
+            rt.output_target = self.output_target
+        self.start_s = time.perf_counter() - t0
+        logger.debug("isolated process %s: runtime started in %.3f s", os.getpid(),
+                     self.start_s)
+        return rt
 
     def __getattr__(self, name: str) -> Any:
-        raise YRRuntimeError(NO_RUNTIME)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.started_runtime(), name)
 
 
 class _NoAgent:
-    """The worker agent as an isolated process sees it: only its node id."""
+    """The worker agent as an isolated process sees it: its node id, and the instance this
+    process hosts (``instances``), as the Ray surface's ``hosted_instance()`` asks."""
 
     def __init__(self, node: str) -> None:
         self.node_id = node
+        self.host: "IsolatedHost | None" = None
+
+    @property
+    def instances(self) -> dict:
+        inst = self.host.instance if self.host is not None else None
+        return {} if inst is None else {inst.instance_id: inst}
 
     def __getattr__(self, name: str) -> Any:
-        raise YRRuntimeError(NO_RUNTIME)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise YRRuntimeError(
+            "not available in work that runs in a process of its own (tasks and actors that "
+            "hold GPUs or NPUs, and work with isolated=True, env_vars or runtime_env): it "
+            f"needs the worker agent ({name!r}), which is in the worker's process, e.g. "
+            "yr.save_state, yr.load_state and yr.exit; use an in-process instance for them")
 
 
 class _OutputAgent:
@@ -879,7 +1008,7 @@ class _OutputAgent:
         return {} if inst is None else {inst.instance_id: inst}
 
 
-async def _child_main(announce: Any, node: str = "") -> None:
+async def _child_main(announce: Any, info: dict) -> None:
     """Serve the agent until it lets go (the channel closes) or the process is killed."""
     from distributed.core import Server
 
@@ -888,11 +1017,16 @@ async def _child_main(announce: Any, node: str = "") -> None:
     from yrdask.worker import output
 
     register_with_dask()
-    install(_NoRuntime(node))
-    host = IsolatedHost()
+    node = info.get("node") or ""
+    runtime = LazyRuntime(asyncio.get_running_loop(), info)
+    install(runtime)
+    host = IsolatedHost(runtime)
+    runtime.agent.host = host
     server = Server(P.handlers(P.ISOLATED_RPC, host))
     await server.listen("tcp://127.0.0.1:0")
-    output.install(_OutputAgent(host, server, node))
+    out = _OutputAgent(host, server, node)
+    output.install(out)
+    runtime.output_target = out.runtime.output_target
     announce(server.address)
     await asyncio.Event().wait()  # forever: killed by the agent, or with the zygote
 
@@ -919,7 +1053,7 @@ def _forked_child(zygote_pid: int, req: dict) -> None:
         def announce(address: str) -> None:
             _write_line({"id": req["id"], "pid": os.getpid(), "address": address})
 
-        asyncio.run(_child_main(announce, req.get("node") or ""))
+        asyncio.run(_child_main(announce, req))
     except BaseException as e:  # noqa: BLE001 - told to the agent, then this process ends
         _write_line({"id": req["id"], "error": f"{type(e).__name__}: {e}"})
         code = 1

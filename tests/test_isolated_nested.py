@@ -1,0 +1,170 @@
+"""Nested calls from work that runs in a process of its own (docs/isolation.md#nested-calls).
+
+GPU tasks and actors, and work with ``isolated=True`` or ``env_vars``, run in a child process
+of their worker.  Its first nested call starts a runtime of its own there, which joins the
+scheduler as a client: the child then owns what it creates and borrows the refs it was given.
+
+One embedded cluster for the module, started the Ray way with one declared GPU
+(``ray.init(num_cpus=2, num_gpus=1)``; no hardware needed), used through both APIs.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+
+import cloudpickle
+import psutil
+import pytest
+
+import yrdask as yr
+import yrdask.ray as ray
+from conftest import wait_until
+from yrdask.ray.exceptions import OwnerDiedError
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # isolated processes too
+
+pytestmark = pytest.mark.timeout(240)
+
+T = 60
+
+
+@pytest.fixture(scope="module")
+def gpu_ray(cluster):
+    cluster.finalize()  # this module starts its own cluster, as a Ray program would
+    ray.init(num_cpus=2, num_gpus=1)
+    yield
+    ray.shutdown()
+
+
+def _started_s() -> float | None:
+    """How long this isolated process took to start its runtime (None: not started)."""
+    from yrdask.runtime.context import installed_runtime
+
+    return getattr(installed_runtime(), "start_s", None)
+
+
+@ray.remote
+def inc(x):
+    return x + 1
+
+
+@ray.remote
+def slow(x, seconds):
+    time.sleep(seconds)
+    return x
+
+
+@ray.remote(num_gpus=1)
+def gpu_fan_out(n):
+    values = ray.get([inc.remote(i) for i in range(n)])
+    return {"values": values, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "pid": os.getpid(), "start_s": _started_s(), "later": [inc.remote(100)]}
+
+
+@ray.remote(num_gpus=1)
+class Trainer:
+    def __init__(self):
+        self.kept = None
+
+    def step(self, refs):
+        self.kept = refs  # still held after this call: the process borrows them
+        return ray.get(inc.remote(sum(ray.get(refs))))
+
+    def again(self):
+        return ray.get(self.kept)
+
+    def pending(self, seconds):
+        return [slow.remote(7, seconds)]
+
+    def pid(self):
+        return os.getpid()
+
+
+@yr.invoke
+def yr_inc(x):
+    return x + 1
+
+
+@yr.invoke(invoke_options=yr.InvokeOptions(cpu=100, memory=10,
+                                            env_vars={"YR_NESTED_TEST": "on"}))
+def env_task(size):
+    ref = yr.put(b"x" * size)
+    got = yr.get(ref, 30)
+    return {"env": os.environ.get("YR_NESTED_TEST"), "len": len(got),
+            "sum": yr.get(yr_inc.invoke(1), 30), "pid": os.getpid(), "put": [yr.put(size)]}
+
+
+@yr.instance
+class Isolated:
+    def work(self, box):
+        value = yr.get(box[0], 30)
+        return [yr.put(value * 2), yr_inc.invoke(value)]
+
+    def pid(self):
+        return os.getpid()
+
+
+PIDS: list[int] = []  # the isolated processes the tests used: none may outlive the cluster
+
+
+def test_a_gpu_task_submits_cpu_tasks_and_gets_them(gpu_ray):
+    out = ray.get(gpu_fan_out.remote(4), timeout=T)
+    assert out["values"] == [1, 2, 3, 4] and out["gpus"] == "0"
+    assert out["pid"] != os.getpid() and out["start_s"] is not None
+    # A ref the GPU task created and returned: the task's process owns it, the driver reads it
+    assert ray.get(out["later"][0], timeout=T) == 101
+    PIDS.append(out["pid"])
+
+
+def test_a_gpu_actor_gets_refs_passed_in_a_list_and_submits_a_task(gpu_ray):
+    trainer = Trainer.remote()
+    refs = [slow.remote(1, 0.3), inc.remote(2)]  # the first one still pending when passed
+    assert ray.get(trainer.step.remote(refs), timeout=T) == 5
+    del refs  # the actor's process still borrows them: the driver must keep them
+    gc.collect()
+    assert ray.get(trainer.again.remote(), timeout=T) == [1, 3]
+    PIDS.append(ray.get(trainer.pid.remote(), timeout=T))
+    ray.kill(trainer)
+
+
+def test_env_vars_task_puts_gets_and_submits_through_the_yr_api(gpu_ray):
+    out = yr.get(env_task.invoke(1 << 20), T)  # a large put: to the node's store
+    assert out["env"] == "on" and out["len"] == 1 << 20 and out["sum"] == 2
+    assert yr.get(out["put"][0], T) == 1 << 20  # owned by the task's process, still alive
+    PIDS.append(out["pid"])
+
+
+def test_isolated_instance_reads_a_ref_in_a_container_and_returns_its_own(gpu_ray):
+    h = Isolated.options(yr.InvokeOptions(cpu=100, memory=10, isolated=True)).invoke()
+    doubled, plus_one = yr.get(h.work.invoke([yr.put(20)]), T)
+    assert yr.get([doubled, plus_one], T) == [40, 21]
+    PIDS.append(yr.get(h.pid.invoke(), T))
+    h.terminate(is_sync=True)
+
+
+def test_reading_a_ref_whose_isolated_owner_is_gone_fails_with_owner_died(gpu_ray):
+    trainer = Trainer.remote()
+    pid = ray.get(trainer.pid.remote(), timeout=T)
+    (pending,) = ray.get(trainer.pending.remote(30), timeout=T)  # the actor's process owns it
+    # the driver asks the owner for it (and waits there): the owner's death ends that wait
+    assert ray.wait([pending], timeout=0.5) == ([], [pending])
+    ray.kill(trainer)
+    wait_until(lambda: not psutil.pid_exists(pid) or
+               psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30,
+               "the actor's process to end")
+    with pytest.raises(OwnerDiedError, match="its owner .* is unreachable"):
+        ray.get(pending, timeout=T)
+
+
+def test_no_isolated_process_outlives_the_cluster(gpu_ray):
+    assert PIDS
+    ray.shutdown()
+
+    def gone() -> bool:
+        return all(not psutil.pid_exists(p) or
+                   psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in PIDS)
+
+    wait_until(gone, 30, lambda: f"the isolated processes {PIDS} to end with the cluster")
