@@ -22,7 +22,7 @@ import pytest
 import yrdask as yr
 import yrdask.ray as ray
 from conftest import wait_until
-from yrdask.ray.exceptions import OwnerDiedError
+from yrdask.ray.exceptions import OwnerDiedError, TaskCancelledError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # isolated processes too
 
@@ -62,6 +62,11 @@ def gpu_fan_out(n):
     values = ray.get([inc.remote(i) for i in range(n)])
     return {"values": values, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "pid": os.getpid(), "start_s": _started_s(), "later": [inc.remote(100)]}
+
+
+@ray.remote(num_gpus=1)
+def gpu_waits(seconds):
+    return ray.get(slow.remote(1, seconds))
 
 
 @ray.remote(num_gpus=1)
@@ -143,6 +148,18 @@ def test_isolated_instance_reads_a_ref_in_a_container_and_returns_its_own(gpu_ra
     assert yr.get([doubled, plus_one], T) == [40, 21]
     PIDS.append(yr.get(h.pid.invoke(), T))
     h.terminate(is_sync=True)
+
+
+def test_cancelling_a_gpu_task_blocked_in_a_nested_get_frees_its_gpu_at_once(gpu_ray):
+    ref = gpu_waits.remote(5)
+    assert ray.wait([ref], timeout=0.5) == ([], [ref])  # it waits in its nested ray.get
+    t0 = time.monotonic()
+    ray.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        ray.get(ref, timeout=T)
+    # its process is killed, so the GPU is free long before the nested task's 5 s end
+    assert ray.get(gpu_fan_out.remote(0), timeout=T)["values"] == []
+    assert time.monotonic() - t0 < 4
 
 
 def test_reading_a_ref_whose_isolated_owner_is_gone_fails_with_owner_died(gpu_ray):

@@ -35,6 +35,7 @@ How (``docs/isolation.md``):
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -58,6 +59,7 @@ logger = logging.getLogger("yrdask.worker")
 START_TIMEOUT_S = 60.0
 READ_AFTER_EXIT_S = 2.0  # a dead child's answers still in its channel are read this long
 POOL_IDLE_S = 10.0  # a pooled task process unused this long is reaped
+CANCEL_POLL_S = 0.1  # a cancel of a running isolated task kills its process within this
 
 
 def describe_exit_of(pid: int, returncode: int) -> str:
@@ -622,6 +624,8 @@ class ProcessPool:
         loop = self.agent.loop
         fut = asyncio.run_coroutine_threadsafe(child.request(request), loop)
         try:
+            while not fut.done():  # short waits: a cancel (an exception raised in this
+                concurrent.futures.wait((fut,), CANCEL_POLL_S)  # thread) lands in between
             answer = fut.result()
         except BaseException:
             fut.cancel()
