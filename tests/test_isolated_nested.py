@@ -64,6 +64,11 @@ def gpu_fan_out(n):
             "pid": os.getpid(), "start_s": _started_s(), "later": [inc.remote(100)]}
 
 
+@ray.remote(num_gpus=1, num_cpus=2)
+def gpu_whole_node():
+    return ray.get([inc.remote(i) for i in range(3)])
+
+
 @ray.remote(num_gpus=1)
 def gpu_waits(seconds):
     return ray.get(slow.remote(1, seconds))
@@ -122,6 +127,12 @@ def test_a_gpu_task_submits_cpu_tasks_and_gets_them(gpu_ray):
     # A ref the GPU task created and returned: the task's process owns it, the driver reads it
     assert ray.get(out["later"][0], timeout=T) == 101
     PIDS.append(out["pid"])
+
+
+def test_a_gpu_task_holding_every_cpu_lends_them_while_it_waits(gpu_ray):
+    """It holds both CPUs of the node: the CPU tasks it waits for run on the CPU its nested
+    ray.get lends (Ray's rule), as a worker's task lends its own."""
+    assert ray.get(gpu_whole_node.remote(), timeout=T) == [1, 2, 3]
 
 
 def test_a_gpu_actor_gets_refs_passed_in_a_list_and_submits_a_task(gpu_ray):

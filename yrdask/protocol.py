@@ -637,11 +637,12 @@ class ReturnLeases(Message):
 
 @_message
 class LeaseBlocked(Message):
-    """worker -> scheduler.  The task running on the lease waits in ``yr.get``: its CPU is
-    lent back to the cluster until :class:`LeaseUnblocked`."""
+    """worker -> scheduler (or an isolated process's own job stream, for the holding of the
+    work it runs).  The task running on the lease waits in ``yr.get``: its CPU is lent back
+    to the cluster until :class:`LeaseUnblocked`."""
 
     op: ClassVar[str] = LEASE_BLOCKED
-    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM,)
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM, ON_JOB_STREAM)
     lease_id: str
 
 
@@ -651,7 +652,7 @@ class LeaseUnblocked(Message):
     capacity if it was lent out meanwhile)."""
 
     op: ClassVar[str] = LEASE_UNBLOCKED
-    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM,)
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM, ON_JOB_STREAM)
     lease_id: str
 
 

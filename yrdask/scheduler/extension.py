@@ -218,6 +218,11 @@ class YrSchedulerExtension:
         handlers = P.handlers(P.JOB_STREAM, self, self.instances)
         handlers[P.HANDLE_REFS] = functools.partial(handlers[P.HANDLE_REFS],
                                                     holder=owner_address)
+        # An isolated process's runtime lends the CPU of the work it runs (LeaseBlocked on
+        # its job stream); should it die while lent, the holding takes its CPU back here.
+        lent: set[str] = set()
+        handlers[P.LEASE_BLOCKED] = functools.partial(self._job_lent, lent, True)
+        handlers[P.LEASE_UNBLOCKED] = functools.partial(self._job_lent, lent, False)
         try:
             while True:
                 try:
@@ -229,6 +234,8 @@ class YrSchedulerExtension:
                         return
                     P.dispatch(handlers, msg)
         finally:
+            for lease_id in lent:
+                self.lease_unblocked(lease_id)
             self.jobs.pop(owner_address, None)
             self._release_owned_by(owner_address)
             self.instances.on_owner_gone(job_id, owner_address)
@@ -381,6 +388,15 @@ class YrSchedulerExtension:
         """A worker's yr calls for Dask's Task Stream and Progress (scheduler/panels.py)."""
         if worker is not None:
             self.panels.add(worker, records, running, queued)
+
+    def _job_lent(self, lent: set, blocked: bool, lease_id: str) -> None:
+        """``LeaseBlocked`` / ``LeaseUnblocked`` on a job stream: remembered per stream."""
+        if blocked:
+            lent.add(lease_id)
+            self.lease_blocked(lease_id)
+        else:
+            lent.discard(lease_id)
+            self.lease_unblocked(lease_id)
 
     def lease_blocked(self, lease_id: str, worker: str | None = None) -> None:
         self.lease_service.lease_blocked(lease_id)

@@ -960,6 +960,7 @@ class LazyRuntime:
                 f"cannot join the scheduler at {scheduler}: {type(e).__name__}: {e}") from e
         if self.output_target is not None:  # prints of nested work go where this work's do
             rt.output_target = self.output_target
+        rt.connector.notify_blocked = ChildLending(rt).notify_blocked  # (a driver lends none)
         self.start_s = time.perf_counter() - t0
         logger.debug("isolated process %s: runtime started in %.3f s", os.getpid(),
                      self.start_s)
@@ -969,6 +970,47 @@ class LazyRuntime:
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.started_runtime(), name)
+
+
+class ChildLending:
+    """A blocked ``yr.get`` in an isolated process lends its holding's CPU, as in a worker
+    (``worker/lending.py``'s :class:`~yrdask.worker.lending.LendNotices` decides: a block
+    that lasts ``lend-delay`` is told, ``LeaseBlocked`` / ``LeaseUnblocked``), here on the
+    child's own job stream: a GPU task that waits for the CPU tasks it submitted does not
+    hold the CPU they need (Ray's rule).  Fed on the child's loop, so no lock."""
+
+    def __init__(self, rt: Any) -> None:
+        import dask
+
+        from yrdask.worker.lending import LEND_DELAY_S, LendNotices, parse_delay
+
+        self.rt = rt
+        self.notices = LendNotices(
+            parse_delay(dask.config.get("yrdask.worker.lend-delay", LEND_DELAY_S)))
+
+    def notify_blocked(self, holding_id: str, blocked: bool) -> None:
+        """The connector's ``notify_blocked`` (any thread): in order, through the inbox."""
+        self.rt.on_loop(self._blocked, holding_id, blocked)
+
+    def _blocked(self, holding_id: str, blocked: bool) -> None:
+        self._do(self.notices.blocked("lend", holding_id, blocked, self.rt.loop.time()))
+
+    def _tick(self) -> None:
+        from yrdask.worker.lending import Tick
+
+        self._do(self.notices.handle(Tick("lend-tick", self.rt.loop.time())))
+
+    def _do(self, instructions: list) -> None:
+        from yrdask.worker.lending import Notify, WakeAt
+
+        for ins in instructions:
+            if type(ins) is Notify:
+                self.rt.connector.stream_send(P.LeaseBlocked(ins.holding_id) if ins.blocked
+                                              else P.LeaseUnblocked(ins.holding_id))
+            elif type(ins) is WakeAt:
+                self.rt.loop.call_at(ins.at, self._tick)
+            else:  # pragma: no cover - a new instruction nobody taught the adapter
+                raise AssertionError(f"unknown lending instruction {ins!r}")
 
 
 class _NoAgent:
