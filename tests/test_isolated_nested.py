@@ -116,6 +116,16 @@ class Isolated:
     def pid(self):
         return os.getpid()
 
+    def checkpoint(self, value):
+        self.value = value
+        yr.save_state(30)
+        self.value = None
+        yr.load_state(30)
+        return self.value
+
+    def leave(self):
+        yr.exit()
+
 
 PIDS: list[int] = []  # the isolated processes the tests used: none may outlive the cluster
 
@@ -158,7 +168,9 @@ def test_isolated_instance_reads_a_ref_in_a_container_and_returns_its_own(gpu_ra
     doubled, plus_one = yr.get(h.work.invoke([yr.put(20)]), T)
     assert yr.get([doubled, plus_one], T) == [40, 21]
     PIDS.append(yr.get(h.pid.invoke(), T))
-    h.terminate(is_sync=True)
+    assert yr.get(h.checkpoint.invoke(7), T) == 7  # yr.save_state / yr.load_state there
+    with pytest.raises(yr.InstanceDiedError, match="exited by yr.exit"):
+        yr.get(h.leave.invoke(), T)
 
 
 def test_cancelling_a_gpu_task_blocked_in_a_nested_get_frees_its_gpu_at_once(gpu_ray):

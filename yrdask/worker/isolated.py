@@ -1032,8 +1032,8 @@ class _NoAgent:
         raise YRRuntimeError(
             "not available in work that runs in a process of its own (tasks and actors that "
             "hold GPUs or NPUs, and work with isolated=True, env_vars or runtime_env): it "
-            f"needs the worker agent ({name!r}), which is in the worker's process, e.g. "
-            "yr.save_state, yr.load_state and yr.exit; use an in-process instance for them")
+            f"needs the worker agent ({name!r}), which runs in the worker's process; use an "
+            "in-process instance or task for it")
 
 
 class _OutputAgent:
