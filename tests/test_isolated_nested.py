@@ -208,3 +208,12 @@ def test_no_isolated_process_outlives_the_cluster(gpu_ray):
                    psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in PIDS)
 
     wait_until(gone, 30, lambda: f"the isolated processes {PIDS} to end with the cluster")
+
+
+def test_nested_calls_from_isolated_work_on_a_cli_cluster(cluster):
+    """A cluster of `dask scheduler` / `dask worker` processes: the isolated process finds
+    the scheduler through its worker."""
+    cluster(kind="cli", workers=[{}])
+    out = yr.get(env_task.invoke(10), T)
+    assert out["env"] == "on" and out["len"] == 10 and out["sum"] == 2
+    assert yr.get(out["put"][0], T) == 10

@@ -17,6 +17,11 @@ How (``docs/isolation.md``):
   (:class:`IsolatedInstance`), so routing, redelivery and the scheduler are unchanged.
   Results come back as values; the agent keeps large ones in its own store, as for
   in-process work, so they outlive the child.
+* Nested calls (``docs/isolation.md#nested-calls``): the child's first nested call (or
+  ref) starts a runtime of its own there (:class:`LazyRuntime`), which joins the scheduler
+  as a client: the child owns what it creates, borrows the refs it was given, lends what it
+  returns, and lends its holding's CPU while it waits (:class:`ChildLending`).  A pooled
+  process with a runtime is kept (it may own objects others hold).
 * No orphans: the agent kills its children on stop and on close; the zygote exits when its
   stdin closes (the agent closed it, or the worker died) and kills its children first; a
   child dies with the zygote (``PR_SET_PDEATHSIG``).
