@@ -116,6 +116,12 @@ class Isolated:
     def pid(self):
         return os.getpid()
 
+    def owned(self):
+        """Objects this process's runtime holds (refs it made that others still hold)."""
+        from yrdask.runtime.context import installed_runtime
+
+        return installed_runtime().objects.figures()["entries"]
+
     def checkpoint(self, value):
         self.value = value
         yr.save_state(30)
@@ -167,6 +173,11 @@ def test_isolated_instance_reads_a_ref_in_a_container_and_returns_its_own(gpu_ra
     h = Isolated.options(yr.InvokeOptions(cpu=100, memory=10, isolated=True)).invoke()
     doubled, plus_one = yr.get(h.work.invoke([yr.put(20)]), T)
     assert yr.get([doubled, plus_one], T) == [40, 21]
+    assert yr.get(h.owned.invoke(), T) >= 1  # lent to the driver: the process keeps it
+    del doubled, plus_one  # the driver lets go: the process frees them (none pinned)
+    gc.collect()
+    wait_until(lambda: yr.get(h.owned.invoke(), T) == 0, 30,
+               "the isolated process to free the objects the driver let go of")
     PIDS.append(yr.get(h.pid.invoke(), T))
     assert yr.get(h.checkpoint.invoke(7), T) == 7  # yr.save_state / yr.load_state there
     with pytest.raises(yr.InstanceDiedError, match="exited by yr.exit"):

@@ -1053,7 +1053,9 @@ class TaskDone(Message):
 @_message
 class CallMethod(Message):
     """caller -> worker.  ``task_id`` is the call id.  Answered by :class:`TaskDone`; calls
-    from one channel to one instance run in the order sent (concurrency 1)."""
+    from one channel to one instance run in the order sent (concurrency 1).  ``caller``:
+    set only by a worker agent that forwards the call to an isolated process (the caller's
+    address, to which refs nested in the results are lent)."""
 
     op: ClassVar[str] = CALL_METHOD
     channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_WORKER,)
@@ -1063,6 +1065,7 @@ class CallMethod(Message):
     args: bytes
     deps: list
     nret: int
+    caller: str = ""
 
 
 STREAMING = -1

@@ -365,8 +365,8 @@ class IsolatedInstance:
         if report:
             self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
         self._reader = loop.create_task(self._read(comm, gen))
-        for _cid, (_peer, msg) in self.decide.connect():
-            self._forward(msg)
+        for _cid, (peer, msg) in self.decide.connect():
+            self._forward(peer, msg)
 
     def _fail_init(self, peer: Any, msg: dict) -> None:
         peer.reply(P.TaskDone(msg["task_id"], error=self.init_error).to_msg())
@@ -375,15 +375,18 @@ class IsolatedInstance:
         """``CALL_METHOD`` for this instance (loop thread): forward it, or queue it."""
         what = self.decide.arrived(msg["task_id"], (peer, msg))
         if what is IC.FORWARD:
-            self._forward(msg)
+            self._forward(peer, msg)
         elif what is IC.ENDED:
             self._answer_died(peer, msg["task_id"], self.decide.stopped or "")
         elif what is IC.START_FAILED:
             self._fail_init(peer, msg)
 
-    def _forward(self, msg: dict) -> None:
+    def _forward(self, peer: Any, msg: dict) -> None:
         from distributed.comm.core import CommClosedError
 
+        caller = getattr(peer, "caller", None)
+        if caller:  # refs nested in the results are lent to the caller (CallMethod.caller)
+            msg["caller"] = caller
         try:
             self.stream.send(msg)
         except CommClosedError:
@@ -729,6 +732,20 @@ class _ChildPeer:
             pass
 
 
+class _CallerPeer:
+    """One call's peer in the child: replies go on the agent's channel, and ``caller`` says
+    who made the call (``CallMethod.caller``), to whom refs in its results are lent."""
+
+    __slots__ = ("peer", "caller")
+
+    def __init__(self, peer: _ChildPeer, caller: str) -> None:
+        self.peer = peer
+        self.caller = caller
+
+    def reply(self, msg: dict) -> None:
+        self.peer.reply(msg)
+
+
 def _stored(object_id: str) -> Any:
     from yrdask.runtime.store import node_store
 
@@ -894,7 +911,8 @@ class IsolatedHost:
                 msgs = await comm.read()
                 for msg in msgs if isinstance(msgs, (list, tuple)) else (msgs,):
                     if msg.get("op") == P.CALL_METHOD and self.instance is not None:
-                        self.instance.call(peer, msg)
+                        caller = msg.get("caller")
+                        self.instance.call(_CallerPeer(peer, caller) if caller else peer, msg)
         except (CommClosedError, OSError):
             pass
         finally:
