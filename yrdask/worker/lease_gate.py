@@ -112,7 +112,12 @@ class LeaseGate:
         self.lease_of: dict[str, str] = {}  # task id (waiting or running) -> lease id
         self.next_wake: float | None = None  # earliest WakeAt not yet answered by a Tick
         self.story = Story(story_len)
-        self._entries = self.story.entries  # the hot path appends plain tuples itself
+        # the hot path appends flat tuples itself: (stimulus_id, name, *ids), one allocation
+        # each, untracked by the collector (statemachine.Story)
+        self._entries = self.story.entries
+        # the last lease forgotten idle, reused for the next one (sequential tasks forget
+        # and remake their lease once per task: no _Lease, set and deque per task)
+        self._spare: _Lease | None = None
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -161,14 +166,19 @@ class LeaseGate:
             return []
         lease = self.leases.get(lease_id)
         if lease is None:
-            lease = self.leases[lease_id] = _Lease(slots)
+            lease = self._spare
+            if lease is None:
+                lease = _Lease(slots)
+            else:  # idle when kept: nothing running, blocked or waiting
+                self._spare = None
+                lease.slots = slots
+            self.leases[lease_id] = lease
         self.lease_of[task_id] = lease_id
         running = lease.running
         if not lease.waiting and len(running) - lease.blocked < lease.slots:  # free()
             running.add(task_id)
             # one entry for the common case (the hot path): it arrived and started at once
-            self._entries.append((sid, ("arrived-start", task_id, lease_id),
-                                  (task_id, lease_id)))
+            self._entries.append((sid, "arrived-start", task_id, lease_id))
             return [StartTask(sid, task_id)]
         deadline = now + self.patience_s
         lease.waiting.append((deadline, task_id))
@@ -192,11 +202,12 @@ class LeaseGate:
         del self.lease_of[task_id]
         if lease.blocked > len(lease.running):  # a blocked task ended without unblocking
             lease.blocked = len(lease.running)
-        self._entries.append((sid, ("ended", task_id), (task_id, lease_id)))
+        self._entries.append((sid, "ended", task_id, lease_id))
         if lease.waiting:
             return self._admit(sid, lease_id, lease)
         if not lease.running:  # _forget_if_idle, inline (the hot path)
             del self.leases[lease_id]
+            self._spare = lease  # idle: blocked is 0 (at most len(running), above)
         return []
 
     def lent(self, sid: str, lease_id: str, blocked: bool) -> list[Instruction]:
@@ -245,7 +256,7 @@ class LeaseGate:
         while waiting and len(running) - lease.blocked < slots:  # free(), inline
             _, task_id = waiting.popleft()
             running.add(task_id)
-            self._entries.append((stimulus_id, ("start", task_id), (task_id, lease_id)))
+            self._entries.append((stimulus_id, "start", task_id, lease_id))
             out.append(StartTask(stimulus_id, task_id))
         return out
 
