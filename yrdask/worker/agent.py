@@ -443,7 +443,12 @@ class WorkerAgent:
                     result = drain(result, self.item_sender(ex.peer, task_id), ex)
             finally:
                 ex.disarm()  # if a late cancel interrupts this, the caller disarms again
-            results, nested = self.pack_results(task_id, result, msg["nret"], ex.peer.caller)
+            if type(result) in PLAIN_TYPES and msg["nret"] <= 1 \
+                    and len(payload := dumps(result)) <= self.inline_limit:
+                results, nested = [[P.VALUE, payload]], None  # pack_results' hot path
+            else:
+                results, nested = self.pack_results(task_id, result, msg["nret"],
+                                                    ex.peer.caller)
             ok = True
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             reply = self._error_reply(task_id, e, user_traceback(), not ex.cancelled)
@@ -716,17 +721,16 @@ class _AgentEdge:
     """The task side's I/O edge in a worker: the agent's task threads, its peers and its
     event loop."""
 
-    __slots__ = ("agent",)
+    __slots__ = ("agent", "now", "_submit", "_run")
 
     def __init__(self, agent: WorkerAgent) -> None:
         self.agent = agent
-
-    def now(self) -> float:
-        return self.agent.loop.time()
+        self.now = agent.loop.time  # the loop's clock, with no frame of ours per task
+        self._submit = agent.executor.submit
+        self._run = agent._execute_gated
 
     def start(self, ex: Execution) -> None:
-        agent = self.agent
-        agent.executor.submit(agent._execute_gated, ex)
+        self._submit(self._run, ex)
 
     def reply(self, ex: Execution, msg: dict) -> None:
         ex.peer.reply(msg)

@@ -76,13 +76,17 @@ class TaskSide:
         tasks = self.tasks
         if task_id in tasks:
             return False
-        tasks[task_id] = self.record(task_id, peer, msg)
-        now = self.edge.now()
+        ex = tasks[task_id] = self.record(task_id, peer, msg)
+        edge = self.edge
+        now = edge.now()
         with self.lock:  # feed(TaskArrived(...)), with no event object (the hot path)
             instructions = self.gate.arrived("run", task_id, msg["lease_id"],
                                              msg.get("slots", 1), now)
         if instructions:
-            self._carry(instructions)
+            if len(instructions) == 1 and type(instructions[0]) is G.StartTask:
+                edge.start(ex)  # _carry's one StartTask of this very task, inline
+            else:
+                self._carry(instructions)
         return True
 
     def finished(self, ex: Any) -> None:
