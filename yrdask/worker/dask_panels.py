@@ -34,6 +34,9 @@ from yrdask import protocol as P
 
 FLUSH_MS = 250  # how often a batch goes to the scheduler (only when something changed)
 
+_get_ident = threading.get_ident  # begin/end run twice per task and call: no lookups
+_time = time.time
+
 
 class Recorder:
     """Records the yr work of one worker for Dask's panels (module docstring)."""
@@ -53,11 +56,10 @@ class Recorder:
     def begin(self, name: str, call_id: str) -> float:
         """The calling thread starts ``name`` now (for Dask's profiler, if on, as key
         ``name``: its samples group by function); returns the start time."""
-        ident = threading.get_ident()
+        ident = _get_ident()
         self.running[ident] = name
-        if self.profile:
-            self.active[ident] = name
-        return time.time()
+        self.active[ident] = name  # Dask's table, or a table of our own when profile is off
+        return _time()
 
     def drop(self) -> None:
         """The call begun in this thread never ran (cancelled first): no record."""
@@ -67,10 +69,9 @@ class Recorder:
 
     def end(self, name: str, call_id: str, start: float, ok: bool) -> None:
         """The call begun by :meth:`begin` in this thread ended (``ok``: without an error)."""
-        stop = time.time()
-        ident = threading.get_ident()
-        if self.profile:
-            self.active.pop(ident, None)
+        stop = _time()
+        ident = _get_ident()
+        self.active.pop(ident, None)
         self.running.pop(ident, None)
         self.records.append((name, call_id, start, stop, ident, ok))
 
