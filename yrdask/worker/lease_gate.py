@@ -225,8 +225,7 @@ class LeaseGate:
                 self.story.log(sid, ("unlend-ignored", lease_id), (lease_id,))
                 return []
             lease.blocked -= 1
-        self._entries.append((sid, ("lent" if blocked else "unlent", lease_id, lease.blocked),
-                              (lease_id,)))
+        self._entries.append((sid, "lent" if blocked else "unlent", lease_id, lease.blocked))
         if blocked and lease.waiting:  # else _admit has nobody to start
             return self._admit(sid, lease_id, lease)
         return []
