@@ -138,7 +138,7 @@ def test_five_outer_tasks_revoked_while_busy_never_stall():
     """The nested program: 5 outer tasks, leases revoked while they run (their CPU lent to
     the leaves), a refusal; the old submitter then had a queued outer task and nothing
     asking for a lease."""
-    m = mk(max_pending_requests=4)
+    m = mk(max_pending_requests=4, keep_revoked_s=0)
     out = []
     for i in range(5):
         out += queue(m, f"o{i}")
@@ -161,7 +161,7 @@ def test_five_outer_tasks_revoked_while_busy_never_stall():
 def test_a_task_back_from_a_revoked_lease_asks_for_a_new_one():
     """Revoke while busy, then the task ends (a user error to retry): the lease goes back
     and the task needs a new one."""
-    m = mk()
+    m = mk(keep_revoked_s=0)
     queue(m, "t", retries=1)
     grant(m, "r1", "L1")
     assert step(m, LeasesRevoked("rv", ("L1",))) == []
@@ -180,7 +180,7 @@ def test_revoking_an_idle_or_unknown_lease():
 
 
 def test_revoked_while_a_backlog_waits_asks_at_once():
-    m = mk(max_pending_requests=1)
+    m = mk(max_pending_requests=1, keep_revoked_s=0)
     queue(m, "a")
     grant(m, "r1", "L1")
     out = queue(m, "b")
@@ -188,6 +188,72 @@ def test_revoked_while_a_backlog_waits_asks_at_once():
     step(m, LeaseRefused("rf", "r2", "no room"))  # L1 still serves the queue
     out = step(m, LeasesRevoked("rv", ("L1",)))
     assert requests(out) == ["r3"]
+
+
+def test_a_busy_queues_only_lease_is_kept_when_revoked_and_goes_back_when_it_runs_dry():
+    """Nested fan-out: every parent's children queue holds one lease and waits for more, so
+    each revokes the others'; returning them after every task traded them round the queues
+    (a scheduler round trip of idle CPU per task).  The only usable lease is kept."""
+    m = mk(max_pending_requests=1)
+    queue(m, "a")
+    queue(m, "b")
+    grant(m, "r1", "L1")
+    out = step(m, LeasesRevoked("rv", ("L1",)))
+    assert out == [] and "L1" in m.leases and not m.leases["L1"].revoked
+    assert step(m, LeasesRevoked("rv2", ("L1",))) == []  # another waiter's revoke: the same
+    out = finish(m, "a")
+    assert pushed(out) == [("b", "L1")] and returned(out) == []
+    queue(m, "c")  # submitted while kept: the kept lease takes it too
+    out = finish(m, "b")
+    assert pushed(out) == [("c", "L1")] and returned(out) == []
+    out = finish(m, "c")
+    assert returned(out) == ["L1"] and not m.leases  # ran dry: back at once, no idle time
+
+
+def test_a_kept_lease_goes_back_after_keep_revoked_s():
+    m = mk(keep_revoked_s=0.5)
+    for t in "abc":
+        queue(m, t)
+    grant(m, "r1", "L1", now=1.0)
+    step(m, LeasesRevoked("rv", ("L1",)))
+    assert pushed(finish(m, "a", now=1.4)) == [("b", "L1")]  # within 0.5 s: kept
+    out = finish(m, "b", now=1.6)
+    assert returned(out) == ["L1"] and pushed(out) == [] and m.requests  # c waits for one
+    assert [t.task_id for t in m.queues["k"].tasks] == ["c"]
+
+
+def test_only_the_last_usable_lease_of_a_queue_is_kept():
+    m = mk(max_pending_requests=2)
+    for t in "abcd":
+        queue(m, t)
+    grant(m, "r1", "L1")
+    grant(m, "r2", "L2")
+    assert step(m, LeasesRevoked("rv", ("L1", "L2"))) == []  # both busy
+    assert m.leases["L1"].revoked and not m.leases["L2"].revoked  # L2 kept
+    out = finish(m, "a")
+    assert returned(out) == ["L1"] and pushed(out) == []
+    assert pushed(finish(m, "b")) == [("c", "L2")]
+
+
+def test_a_revoke_that_comes_before_its_grant_is_applied_with_the_grant():
+    """The scheduler revokes a lease it has just granted (another queue waits): the revoke
+    travels on its stream, the grant in the rpc's reply, and may come first."""
+    m = mk(max_pending_requests=2)
+    for t in "abc":
+        queue(m, t)
+    grant(m, "r1", "L1")
+    assert step(m, LeasesRevoked("rv", ("L2",))) == []  # not granted yet
+    out = grant(m, "r2", "L2")
+    assert pushed(out) == [("b", "L2")] and m.leases["L2"].revoked  # L1 serves the queue
+    out = finish(m, "b")
+    assert returned(out) == ["L2"] and pushed(out) == []
+    # alone, the early revoked lease is kept like any other
+    m = mk()
+    queue(m, "a")
+    step(m, LeasesRevoked("rv", ("L1",)))
+    out = grant(m, "r1", "L1")
+    assert pushed(out) == [("a", "L1")] and not m.leases["L1"].revoked
+    assert returned(finish(m, "a")) == ["L1"]
 
 
 # -- pipelining ----------------------------------------------------------------------------------
