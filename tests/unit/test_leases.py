@@ -234,6 +234,35 @@ def test_a_lease_granted_from_freed_resources_while_others_wait_is_revoked_at_on
     assert grants(out) == {"r": ("L3", "a")} and revokes(out) == {}
 
 
+def test_freed_room_goes_to_the_queue_with_the_fewest_leases_not_the_oldest_request():
+    # Nested fan-out on a full cluster: d1's children queue runs on L1 and asked for more
+    # first; d2's runs nowhere.  The freed CPU goes to d2 (in arrival order it went to d1,
+    # whose extra lease d2's waiters then revoked after one task, and round again).
+    q = Q(a=cpu(2))
+    q(req("x1", owner="d1", queue="q1"))  # L1
+    q(req("p", owner="drv", queue="parents"))  # L2: fills the node
+    q(req("x2", owner="d1", queue="q1"))  # waits, older
+    q(req("y1", owner="d2", queue="q2"))  # waits, its queue holds nothing
+    out = q(HoldingsReleased("t", ("L2",)))
+    assert grants(out) == {"y1": ("L3", "a")} and list(q.q.pending) == ["x2"]
+    # Equal shares: arrival order again.
+    q(req("y2", owner="d2", queue="q2"))
+    out = q(HoldingsReleased("t", ("L1",)))  # d1 holds 0 now, d2 holds 1: x2 first
+    assert grants(out) == {"x2": ("L4", "a")} and list(q.q.pending) == ["y2"]
+
+
+def test_a_pass_counts_its_own_grants_when_it_orders_the_queues():
+    q = Q(a=cpu(3))
+    q(req("f1", owner="d0", queue="q0"))
+    q(req("f2", owner="d0", queue="q0"))
+    q(req("f3", owner="d0", queue="q0"))  # the node is full
+    for rid, owner in (("x1", "d1"), ("x2", "d1"), ("y1", "d2")):
+        q(req(rid, owner=owner, queue="q"))
+    out = q(HoldingsReleased("t", ("L1", "L2")))
+    # x1 first (arrival order, both hold none), then y1: d1 now holds one, d2 none
+    assert list(grants(out)) == ["x1", "y1"] and list(q.q.pending) == ["x2"]
+
+
 # ------------------------------------------------------------------------------- lending
 
 

@@ -14,7 +14,11 @@ The rules:
 * a request is granted at once when a worker fits it (:meth:`Ledger.choose`: hard
   affinities filter, soft ones rank, the requester's ``local`` worker first, ``avoid`` never);
 * otherwise it waits, first come first served but without head-of-line blocking: whenever
-  resources free up, every waiting request that fits now is granted, in arrival order;
+  resources free up, every waiting request that fits now is granted, in arrival order,
+  except that a task lease request whose queue already holds leases comes after those whose
+  queues hold fewer (fair shares: freed room goes to the queue with the fewest leases, not
+  back to an older request of a queue that runs already, whose extra lease other waiters
+  would then revoke after one task);
 * a waiting request asks the owners of idle leases that stand in its way (leases on workers
   that could run it, except those serving the requester's own queue) to return them, each
   lease at most once per request;
@@ -28,6 +32,7 @@ The rules:
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -464,7 +469,8 @@ class LeaseQueue:
         return True
 
     def _grant_pending(self, sid: str, out: list[Instruction]) -> None:
-        """Grant every waiting request that fits now, oldest first (no head-of-line blocking).
+        """Grant every waiting request that fits now, oldest first but the poorer queues'
+        lease requests before richer ones (:meth:`_fair_order`; no head-of-line blocking).
 
         Resources only shrink during a pass, so a request shape that did not fit is not tried
         again in it; an instance granted with labels may admit an earlier request's
@@ -477,7 +483,8 @@ class LeaseQueue:
         while pending:
             unfit: set[tuple] = set()
             relabelled = False
-            for rid, w in list(pending.items()):
+            for w in self._fair_order():
+                rid = w.request_id
                 key = w.fit_key()
                 if key in unfit:
                     continue
@@ -492,6 +499,36 @@ class LeaseQueue:
         if granted:
             for w in list(pending.values()):
                 self._revoke_for(w, sid, out)
+
+    def _fair_order(self):
+        """The waiters in the order :meth:`_grant_pending` tries them: arrival order, but a
+        lease request after the requests whose queues hold fewer leases (counted as grants
+        happen during the pass).  A generator: it sees the grants made while it runs."""
+        pending = self.pending
+        queues = {(w.owner, w.queue) for w in pending.values() if w.kind == "lease"}
+        if len(queues) < 2:  # one queue (or none) waits: arrival order is fair
+            yield from list(pending.values())
+            return
+        held: dict[tuple, int] = dict.fromkeys(queues, 0)
+        for h in self.ledger.holdings.values():
+            key = (h.owner, h.queue)
+            if h.kind == "lease" and key in held:
+                held[key] += 1
+        heap = []
+        for seq, w in enumerate(pending.values()):
+            n = held[(w.owner, w.queue)] if w.kind == "lease" else 0
+            heap.append((n, seq, w))
+        heapq.heapify(heap)
+        while heap:
+            n, seq, w = heapq.heappop(heap)
+            if w.kind == "lease":
+                now = held[(w.owner, w.queue)]
+                if now != n:  # its queue was granted a lease since: behind the poorer ones
+                    heapq.heappush(heap, (now, seq, w))
+                    continue
+            yield w
+            if w.kind == "lease" and w.request_id not in pending:  # granted
+                held[(w.owner, w.queue)] += 1
 
     def _holders_for(self, w: _Waiter) -> list[Holding]:
         if self._in_bundle(w):  # only leases inside its bundle(s) can make room for it
