@@ -190,10 +190,10 @@ def test_revoked_while_a_backlog_waits_asks_at_once():
     assert requests(out) == ["r3"]
 
 
-def test_a_busy_queues_only_lease_is_kept_when_revoked_and_goes_back_when_it_runs_dry():
-    """Nested fan-out: every parent's children queue holds one lease and waits for more, so
+def test_a_busy_lease_is_kept_when_revoked_and_goes_back_when_it_runs_dry():
+    """Nested fan-out: every parent's children queue holds a lease and waits for more, so
     each revokes the others'; returning them after every task traded them round the queues
-    (a scheduler round trip of idle CPU per task).  The only usable lease is kept."""
+    (a scheduler round trip of idle CPU per task).  A busy revoked lease is kept."""
     m = mk(max_pending_requests=1)
     queue(m, "a")
     queue(m, "b")
@@ -222,17 +222,27 @@ def test_a_kept_lease_goes_back_after_keep_revoked_s():
     assert [t.task_id for t in m.queues["k"].tasks] == ["c"]
 
 
-def test_only_the_last_usable_lease_of_a_queue_is_kept():
+def test_every_busy_revoked_lease_is_kept_while_its_queue_has_tasks():
+    """Two parents on one worker share its children queue (and its leases): both leases
+    serve the backlog, each goes back when it runs dry."""
     m = mk(max_pending_requests=2)
     for t in "abcd":
         queue(m, t)
     grant(m, "r1", "L1")
     grant(m, "r2", "L2")
-    assert step(m, LeasesRevoked("rv", ("L1", "L2"))) == []  # both busy
-    assert m.leases["L1"].revoked and not m.leases["L2"].revoked  # L2 kept
-    out = finish(m, "a")
-    assert returned(out) == ["L1"] and pushed(out) == []
-    assert pushed(finish(m, "b")) == [("c", "L2")]
+    assert step(m, LeasesRevoked("rv", ("L1", "L2"))) == []  # both busy: both kept
+    assert pushed(finish(m, "a")) == [("c", "L1")]
+    assert pushed(finish(m, "b")) == [("d", "L2")]
+    assert returned(finish(m, "c")) == ["L1"]
+    assert returned(finish(m, "d")) == ["L2"] and not m.leases
+
+
+def test_a_revoked_busy_lease_without_a_backlog_goes_back_after_its_task():
+    m = mk()
+    queue(m, "a")
+    grant(m, "r1", "L1")
+    assert step(m, LeasesRevoked("rv", ("L1",))) == []
+    assert returned(finish(m, "a")) == ["L1"] and not m.leases  # no idle time
 
 
 def test_a_revoke_that_comes_before_its_grant_is_applied_with_the_grant():
@@ -244,16 +254,19 @@ def test_a_revoke_that_comes_before_its_grant_is_applied_with_the_grant():
     grant(m, "r1", "L1")
     assert step(m, LeasesRevoked("rv", ("L2",))) == []  # not granted yet
     out = grant(m, "r2", "L2")
-    assert pushed(out) == [("b", "L2")] and m.leases["L2"].revoked  # L1 serves the queue
-    out = finish(m, "b")
-    assert returned(out) == ["L2"] and pushed(out) == []
-    # alone, the early revoked lease is kept like any other
-    m = mk()
+    assert pushed(out) == [("b", "L2")] and m.leases["L2"].kept_until is not None
+    assert pushed(finish(m, "b")) == [("c", "L2")]
+    assert returned(finish(m, "c")) == ["L2"]
+    assert returned(finish(m, "a")) == [] and "L1" in m.leases  # never revoked: kept idle
+    # granted after its queue's tasks went elsewhere: back at once, revoked or not
+    m = mk(max_pending_requests=2)
     queue(m, "a")
-    step(m, LeasesRevoked("rv", ("L1",)))
-    out = grant(m, "r1", "L1")
-    assert pushed(out) == [("a", "L1")] and not m.leases["L1"].revoked
-    assert returned(finish(m, "a")) == ["L1"]
+    queue(m, "b")
+    grant(m, "r1", "L1")
+    assert pushed(finish(m, "a")) == [("b", "L1")]
+    step(m, LeasesRevoked("rv", ("L2",)))
+    out = grant(m, "r2", "L2")
+    assert returned(out) == ["L2"] and "L2" not in m.leases
 
 
 # -- pipelining ----------------------------------------------------------------------------------

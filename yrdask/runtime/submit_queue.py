@@ -13,13 +13,14 @@ One :class:`SubmitQueue` per process (driver or worker).  How a task travels:
    when there is a backlog: up to ``pipeline_depth`` tasks per slot are pushed at once and
    the worker's lease gate starts each as the previous ends.
 4. A lease idle for ``lease_idle_s`` goes back (:class:`ReturnLeases`), and at once when the
-   scheduler revokes it (after its last task, if it is busy).  A busy lease that is its
-   queue's only usable one is *kept* when revoked: it goes on taking the queue's tasks until
-   it runs out of them (then it goes back at once) or for ``keep_revoked_s`` (0: never
-   kept), so that queues
-   which each hold one lease do not trade them after every task (each trade leaves a CPU
-   idle for a round trip through the scheduler) while a waiter still gets the lease within
-   a bound.
+   scheduler revokes it.  A revoked lease that is busy is *kept* a while: it goes on taking
+   its queue's tasks until it runs out of them (then it goes back at once, as before) or
+   until ``keep_revoked_s`` has passed since the revoke (0: never kept; then it goes back
+   after the task it runs), as Ray's owner keeps a leased worker for its backlog until the
+   lease expires.  Queues that all have a backlog and all wait for more leases (nested
+   fan-out: every parent's children queue) therefore do not trade their leases after every
+   task, each trade leaving a CPU idle for a round trip through the scheduler, while a
+   waiter still gets a lease within a bound.
 5. A lost worker voids its leases: its tasks go back to the front of their queues (not counted
    against ``retries``) at most ``max_crash_retries`` times each, and lease requests avoid it
    for ``avoid_lost_s``.  A user exception reruns a task while its ``retries`` last; a task
@@ -235,8 +236,8 @@ class _Lease:
         self.tasks: dict[str, _Task] = {}  # pushed, in push order
         self.idle_since = now
         self.revoked = False
-        # revoked while its queue's only usable lease: kept (usable) until it runs out of
-        # tasks or this time passes, then returned; None: not revoked so
+        # revoked while busy: kept (usable) until it runs out of tasks or this time passes,
+        # then returned; None: not revoked so
         self.kept_until: float | None = None
 
 
@@ -534,10 +535,9 @@ class SubmitQueue:
             if lease.revoked:
                 continue
             q = lease.q
-            if lease.tasks and self.keep_revoked_s > 0 and not any(
-                    l is not lease and not l.revoked for l in q.leases.values()):
-                # busy and its queue's only usable lease: kept (module docstring, rule 4);
-                # other waiters' revokes of it change nothing
+            if lease.tasks and self.keep_revoked_s > 0:
+                # busy: kept until it runs dry or for keep_revoked_s (module docstring, rule
+                # 4); other waiters' revokes of it change nothing
                 if lease.kept_until is None:
                     lease.kept_until = self.now + self.keep_revoked_s
                     self._note("lease kept", lease_id)

@@ -16,7 +16,8 @@ The rules:
 * otherwise it waits, first come first served but without head-of-line blocking: whenever
   resources free up, every waiting request that fits now is granted, in arrival order,
   except that a task lease request whose queue already holds leases comes after those whose
-  queues hold fewer (fair shares: freed room goes to the queue with the fewest leases, not
+  queues hold fewer, not counting leases whose CPU is lent (fair shares: freed room goes to
+  the queue with the fewest running leases, not
   back to an older request of a queue that runs already, whose extra lease other waiters
   would then revoke after one task);
 * a waiting request asks the owners of idle leases that stand in its way (leases on workers
@@ -503,7 +504,9 @@ class LeaseQueue:
     def _fair_order(self):
         """The waiters in the order :meth:`_grant_pending` tries them: arrival order, but a
         lease request after the requests whose queues hold fewer leases (counted as grants
-        happen during the pass).  A generator: it sees the grants made while it runs."""
+        happen during the pass).  A lease whose task waits in ``yr.get`` (its CPU lent) is
+        not counted: the parents of nested work stay in arrival order with their children.
+        A generator: it sees the grants made while it runs."""
         pending = self.pending
         queues = {(w.owner, w.queue) for w in pending.values() if w.kind == "lease"}
         if len(queues) < 2:  # one queue (or none) waits: arrival order is fair
@@ -512,7 +515,7 @@ class LeaseQueue:
         held: dict[tuple, int] = dict.fromkeys(queues, 0)
         for h in self.ledger.holdings.values():
             key = (h.owner, h.queue)
-            if h.kind == "lease" and key in held:
+            if h.kind == "lease" and key in held and not h.lent_cpu:
                 held[key] += 1
         heap = []
         for seq, w in enumerate(pending.values()):
