@@ -263,6 +263,19 @@ def test_a_pass_counts_its_own_grants_when_it_orders_the_queues():
     assert list(grants(out)) == ["x1", "y1"] and list(q.q.pending) == ["x2"]
 
 
+def test_a_lease_whose_cpu_is_lent_does_not_count_against_its_queue():
+    # The driver's parents block in yr.get (their CPU lent to their children): its queue of
+    # parents still to start is not "rich", and keeps its place in arrival order.
+    q = Q(a=cpu(1))
+    q(req("p1", owner="drv", queue="parents"))  # L1
+    q(LeaseBlocked("t", "L1"))
+    q(req("k1", owner="w1", queue="kids"))  # L2, on the lent CPU
+    q(req("p2", owner="drv", queue="parents"))  # waits
+    q(req("k2", owner="w2", queue="kids"))  # waits, later
+    out = q(HoldingsReleased("t", ("L2",)))
+    assert grants(out) == {"p2": ("L3", "a")} and list(q.q.pending) == ["k2"]
+
+
 # ------------------------------------------------------------------------------- lending
 
 
