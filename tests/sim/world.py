@@ -166,7 +166,8 @@ class _SchedEdge:
         from yrdask import protocol as P
 
         if msg["op"] == P.REVOKE_LEASES:
-            msg = {"op": "REVOKE_LEASES", "lease_ids": tuple(msg["lease_ids"])}
+            msg = {"op": "REVOKE_LEASES", "lease_ids": tuple(msg["lease_ids"]),
+                   "keep": bool(msg.get("keep", False))}
         self.world.send(SCHED, owner, "stream", msg)
 
     def has_job(self, owner: str) -> bool:
@@ -800,7 +801,7 @@ class World:
         elif op == "REFUSE":
             submitter.lease_answer(msg["request_id"], None, msg["reason"])
         elif op == "REVOKE_LEASES":
-            submitter.revoke(list(msg["lease_ids"]))
+            submitter.revoke(list(msg["lease_ids"]), msg.get("keep", False))
         elif op in ("WORKER_LOST", "CHANNEL_LOST"):
             submitter.on_channel_lost(msg["worker"])
             if op == "WORKER_LOST" and node.rt is not None:  # Runtime.worker_lost

@@ -276,6 +276,31 @@ def test_a_lease_whose_cpu_is_lent_does_not_count_against_its_queue():
     assert grants(out) == {"p2": ("L3", "a")} and list(q.q.pending) == ["k2"]
 
 
+def test_a_waiter_whose_queue_runs_revokes_with_keep_others_firmly():
+    q = Q(a=cpu(2))
+    q(req("x1", owner="d1", queue="q1"))  # L1
+    q(req("y1", owner="d2", queue="q2"))  # L2: the node is full
+    out = q(req("y2", owner="d2", queue="q2"))  # d2's queue runs (L2): keep
+    assert [(r.owner, r.lease_ids, r.keep) for r in of(out, Revoke)] == [("d1", ("L1",), True)]
+    out = q(req("z", owner="d3", queue="q3"))  # runs nothing: firm
+    assert sorted((r.owner, r.lease_ids, r.keep) for r in of(out, Revoke)) == [
+        ("d1", ("L1",), False), ("d2", ("L2",), False)]
+    out = q(req("i", owner="I", kind="instance", holding_id="I", shape=cpu(1)))
+    assert of(out, Revoke) and all(not r.keep for r in of(out, Revoke))  # never with keep
+
+
+def test_a_waiter_asks_again_firmly_once_its_queue_runs_nothing():
+    q = Q(a=cpu(2))
+    q(req("x1", owner="d1", queue="q1"))  # L1
+    q(req("y1", owner="d2", queue="q2"))  # L2
+    out = q(req("y2", owner="d2", queue="q2", shape=cpu(2), timeout_ms=100))
+    assert [(r.lease_ids, r.keep) for r in of(out, Revoke)] == [(("L1",), True)]
+    q(LeaseBlocked("t", "L2"))  # y1 waits in yr.get: d2's queue runs nothing
+    out = q(Tick("t", 0.1))  # the deadline extension asks again, firmly now
+    assert [(r.owner, r.lease_ids, r.keep) for r in of(out, Revoke)] == [("d1", ("L1",), False)]
+    assert of(q(Tick("t", 1.2)), Revoke) == []  # and only once
+
+
 # ------------------------------------------------------------------------------- lending
 
 

@@ -138,7 +138,7 @@ def test_five_outer_tasks_revoked_while_busy_never_stall():
     """The nested program: 5 outer tasks, leases revoked while they run (their CPU lent to
     the leaves), a refusal; the old submitter then had a queued outer task and nothing
     asking for a lease."""
-    m = mk(max_pending_requests=4, keep_revoked_s=0)
+    m = mk(max_pending_requests=4)
     out = []
     for i in range(5):
         out += queue(m, f"o{i}")
@@ -161,7 +161,7 @@ def test_five_outer_tasks_revoked_while_busy_never_stall():
 def test_a_task_back_from_a_revoked_lease_asks_for_a_new_one():
     """Revoke while busy, then the task ends (a user error to retry): the lease goes back
     and the task needs a new one."""
-    m = mk(keep_revoked_s=0)
+    m = mk()
     queue(m, "t", retries=1)
     grant(m, "r1", "L1")
     assert step(m, LeasesRevoked("rv", ("L1",))) == []
@@ -180,7 +180,7 @@ def test_revoking_an_idle_or_unknown_lease():
 
 
 def test_revoked_while_a_backlog_waits_asks_at_once():
-    m = mk(max_pending_requests=1, keep_revoked_s=0)
+    m = mk(max_pending_requests=1)
     queue(m, "a")
     grant(m, "r1", "L1")
     out = queue(m, "b")
@@ -198,9 +198,10 @@ def test_a_busy_lease_is_kept_when_revoked_and_goes_back_when_it_runs_dry():
     queue(m, "a")
     queue(m, "b")
     grant(m, "r1", "L1")
-    out = step(m, LeasesRevoked("rv", ("L1",)))
+    out = step(m, LeasesRevoked("rv", ("L1",), keep=True))
     assert out == [] and "L1" in m.leases and not m.leases["L1"].revoked
-    assert step(m, LeasesRevoked("rv2", ("L1",))) == []  # another waiter's revoke: the same
+    # another waiter's revoke changes nothing
+    assert step(m, LeasesRevoked("rv2", ("L1",), keep=True)) == []
     out = finish(m, "a")
     assert pushed(out) == [("b", "L1")] and returned(out) == []
     queue(m, "c")  # submitted while kept: the kept lease takes it too
@@ -215,7 +216,7 @@ def test_a_kept_lease_goes_back_after_keep_revoked_s():
     for t in "abc":
         queue(m, t)
     grant(m, "r1", "L1", now=1.0)
-    step(m, LeasesRevoked("rv", ("L1",)))
+    step(m, LeasesRevoked("rv", ("L1",), keep=True))
     assert pushed(finish(m, "a", now=1.4)) == [("b", "L1")]  # within 0.5 s: kept
     out = finish(m, "b", now=1.6)
     assert returned(out) == ["L1"] and pushed(out) == [] and m.requests  # c waits for one
@@ -230,18 +231,39 @@ def test_every_busy_revoked_lease_is_kept_while_its_queue_has_tasks():
         queue(m, t)
     grant(m, "r1", "L1")
     grant(m, "r2", "L2")
-    assert step(m, LeasesRevoked("rv", ("L1", "L2"))) == []  # both busy: both kept
+    assert step(m, LeasesRevoked("rv", ("L1", "L2"), keep=True)) == []  # both busy: both kept
     assert pushed(finish(m, "a")) == [("c", "L1")]
     assert pushed(finish(m, "b")) == [("d", "L2")]
     assert returned(finish(m, "c")) == ["L1"]
     assert returned(finish(m, "d")) == ["L2"] and not m.leases
 
 
+def test_a_plain_revoke_ends_the_keeping():
+    """Resource groups' removals and waiters whose queue runs nothing revoke without keep:
+    the lease takes no more tasks."""
+    m = mk()
+    for t in "abc":
+        queue(m, t)
+    grant(m, "r1", "L1")
+    step(m, LeasesRevoked("rv", ("L1",), keep=True))
+    assert pushed(finish(m, "a")) == [("b", "L1")]
+    assert step(m, LeasesRevoked("rv", ("L1",))) == [] and m.leases["L1"].revoked
+    out = finish(m, "b")
+    assert returned(out) == ["L1"] and pushed(out) == [] and m.requests  # c asks anew
+    # without keep a busy lease is never kept
+    m = mk()
+    queue(m, "a")
+    queue(m, "b")
+    grant(m, "r1", "L1")
+    step(m, LeasesRevoked("rv", ("L1",)))
+    assert returned(finish(m, "a")) == ["L1"]
+
+
 def test_a_revoked_busy_lease_without_a_backlog_goes_back_after_its_task():
     m = mk()
     queue(m, "a")
     grant(m, "r1", "L1")
-    assert step(m, LeasesRevoked("rv", ("L1",))) == []
+    assert step(m, LeasesRevoked("rv", ("L1",), keep=True)) == []
     assert returned(finish(m, "a")) == ["L1"] and not m.leases  # no idle time
 
 
@@ -252,7 +274,7 @@ def test_a_revoke_that_comes_before_its_grant_is_applied_with_the_grant():
     for t in "abc":
         queue(m, t)
     grant(m, "r1", "L1")
-    assert step(m, LeasesRevoked("rv", ("L2",))) == []  # not granted yet
+    assert step(m, LeasesRevoked("rv", ("L2",), keep=True)) == []  # not granted yet
     out = grant(m, "r2", "L2")
     assert pushed(out) == [("b", "L2")] and m.leases["L2"].kept_until is not None
     assert pushed(finish(m, "b")) == [("c", "L2")]
@@ -264,7 +286,7 @@ def test_a_revoke_that_comes_before_its_grant_is_applied_with_the_grant():
     queue(m, "b")
     grant(m, "r1", "L1")
     assert pushed(finish(m, "a")) == [("b", "L1")]
-    step(m, LeasesRevoked("rv", ("L2",)))
+    step(m, LeasesRevoked("rv", ("L2",), keep=True))
     out = grant(m, "r2", "L2")
     assert returned(out) == ["L2"] and "L2" not in m.leases
 
@@ -600,7 +622,7 @@ class _Driver:
             self.feed(CancelRequested("c", rng.choice(self.submitted)))
         elif r < 0.82 and m.leases:
             ids = tuple(rng.sample(sorted(m.leases), rng.randint(1, len(m.leases))))
-            self.feed(LeasesRevoked("rv", ids))
+            self.feed(LeasesRevoked("rv", ids, rng.random() < 0.5))
         elif r < 0.86:
             self.feed(WorkerLost("x", rng.choice(["w0", "w1", "w2"]), self.now))
         elif r < 0.95:

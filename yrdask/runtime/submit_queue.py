@@ -13,11 +13,12 @@ One :class:`SubmitQueue` per process (driver or worker).  How a task travels:
    when there is a backlog: up to ``pipeline_depth`` tasks per slot are pushed at once and
    the worker's lease gate starts each as the previous ends.
 4. A lease idle for ``lease_idle_s`` goes back (:class:`ReturnLeases`), and at once when the
-   scheduler revokes it.  A revoked lease that is busy is *kept* a while: it goes on taking
-   its queue's tasks until it runs out of them (then it goes back at once, as before) or
-   until ``keep_revoked_s`` has passed since the revoke (0: never kept; then it goes back
-   after the task it runs), as Ray's owner keeps a leased worker for its backlog until the
-   lease expires.  Queues that all have a backlog and all wait for more leases (nested
+   scheduler revokes it: an idle one at once, a busy one after the task it runs.  A revoke
+   with ``keep`` (the scheduler sends it for a waiter whose queue runs already) lets a busy
+   lease be *kept* a while: it goes on taking its queue's tasks until it runs out of them
+   (then it goes back at once) or until ``keep_revoked_s`` has passed since the revoke (0:
+   never kept), as Ray's owner keeps a leased worker for its backlog until the lease
+   expires; a plain revoke of a kept lease ends the keeping.  Queues that all have a backlog and all wait for more leases (nested
    fan-out: every parent's children queue) therefore do not trade their leases after every
    task, each trade leaving a CPU idle for a round trip through the scheduler, while a
    waiter still gets a lease within a bound.
@@ -103,9 +104,11 @@ class CancelRequested(Event):
 
 @dataclass(frozen=True, slots=True)
 class LeasesRevoked(Event):
-    """The scheduler wants these leases back."""
+    """The scheduler wants these leases back; ``keep``: a busy one may run its queue's
+    backlog first, for up to ``keep_revoked_s`` (rule 4)."""
 
     lease_ids: tuple
+    keep: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,8 +303,8 @@ class SubmitQueue:
         self._idle: list[_Lease] = []  # leases left without tasks: a timer if they stay so
         # revokes of leases not granted yet (the revoke came on the scheduler's stream before
         # the grant's reply), applied when the grant comes; the latest EARLY_REVOKES kept
-        self.early_revokes: dict[str, None] = {}
-        self._revoke_granted: list[str] = []  # early-revoked leases granted in this event
+        self.early_revokes: dict[str, bool] = {}  # lease id -> keep
+        self._revoke_granted: list[tuple] = []  # (lease id, keep) granted in this event
         self._out: list = []
         self._sid = ""
         self.log = Story(story_len, keys_of=_event_keys)
@@ -352,9 +355,10 @@ class SubmitQueue:
             for q in dirty.values():
                 self._dispatch(q)
         if self._revoke_granted:  # after the dispatch: a busy lease may be kept
-            ids = tuple(self._revoke_granted)
+            early = tuple(self._revoke_granted)
             self._revoke_granted.clear()
-            self._revoke_ids(ids)
+            for lease_id, keep in early:
+                self._revoke_ids((lease_id,), keep)
             dirty = self._dirty
             self._dirty = {}
             for q in dirty.values():
@@ -421,9 +425,9 @@ class SubmitQueue:
         self._note("lease", ev.request_id, ev.lease_id, ev.worker)
         self._dirty[q.name] = q
         if ev.lease_id in self.early_revokes:
-            del self.early_revokes[ev.lease_id]
+            keep = self.early_revokes.pop(ev.lease_id)
             self._note("revoked before its grant", ev.lease_id)
-            self._revoke_granted.append(ev.lease_id)
+            self._revoke_granted.append((ev.lease_id, keep))
 
     def _lease_refused(self, ev: LeaseRefused) -> None:
         q = self.requests.pop(ev.request_id, None)
@@ -519,23 +523,23 @@ class SubmitQueue:
         self._emit(TaskFailed(self._sid, task.task_id, error), task.task_id)
 
     def _leases_revoked(self, ev: LeasesRevoked) -> None:
-        self._revoke_ids(ev.lease_ids)
+        self._revoke_ids(ev.lease_ids, ev.keep)
 
-    def _revoke_ids(self, lease_ids: tuple) -> None:
+    def _revoke_ids(self, lease_ids: tuple, keep: bool) -> None:
         back = []
         for lease_id in lease_ids:
             lease = self.leases.get(lease_id)
             if lease is None:
                 # granted but not heard of yet (or returned already: forgotten in time)
                 early = self.early_revokes
-                early[lease_id] = None
+                early[lease_id] = keep and early.get(lease_id, True)  # a plain one wins
                 if len(early) > EARLY_REVOKES:
                     del early[next(iter(early))]
                 continue
             if lease.revoked:
                 continue
             q = lease.q
-            if lease.tasks and self.keep_revoked_s > 0:
+            if keep and lease.tasks and self.keep_revoked_s > 0:
                 # busy: kept until it runs dry or for keep_revoked_s (module docstring, rule
                 # 4); other waiters' revokes of it change nothing
                 if lease.kept_until is None:

@@ -22,7 +22,9 @@ The rules:
   would then revoke after one task);
 * a waiting request asks the owners of idle leases that stand in its way (leases on workers
   that could run it, except those serving the requester's own queue) to return them, each
-  lease at most once per request;
+  lease at most once per request; a lease request whose queue runs already asks with
+  ``keep`` (a busy lease may run its backlog a while first), and asks again without it
+  once its queue runs nothing;
 * a lease whose task blocks in ``yr.get`` lends its CPU back (``LeaseBlocked``), and what
   waits may be granted on it: nested work cannot deadlock even on a one-CPU cluster;
 * at its deadline a request keeps waiting (another ``timeout`` or at least 1 s) while leases
@@ -164,10 +166,13 @@ class Refused(Instruction):
 
 @dataclass(frozen=True, slots=True)
 class Revoke(Instruction):
-    """Ask ``owner`` to return these leases once idle (``REVOKE_LEASES`` on its stream)."""
+    """Ask ``owner`` to return these leases once idle (``REVOKE_LEASES`` on its stream);
+    ``keep``: the waiter's queue runs already, so a busy lease may run its backlog a while
+    first."""
 
     owner: str
     lease_ids: tuple
+    keep: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +205,7 @@ class _Waiter:
         self.labels = tuple(ev.labels or ())
         self.holding_id = ev.holding_id
         self.deadline: float | None = None if ev.timeout_ms < 0 else ev.now + ev.timeout_ms / 1000
-        self.revoked: set[str] = set()  # leases already revoked for it
+        self.revoked: dict[str, bool] = {}  # leases already revoked for it -> with keep
         self.label = ev.label
         self.since = ev.now  # when it arrived (the adapter's clock)
 
@@ -543,17 +548,33 @@ class LeaseQueue:
         return bool(self._holders_for(w))
 
     def _revoke_for(self, w: _Waiter, sid: str, out: list[Instruction]) -> None:
-        """Ask the owners of leases that stand in ``w``'s way to return the idle ones."""
+        """Ask the owners of leases that stand in ``w``'s way to return the idle ones.
+
+        A lease request whose own queue runs already (holds a lease whose CPU is not lent)
+        revokes with ``keep``: busy leases may run their backlog a while first, so that
+        queues that all run and all want more do not trade their leases after every task.
+        Once its queue runs nothing, it asks again without ``keep``."""
+        holders = self._holders_for(w)
+        if not holders:
+            return
+        keep = w.kind == "lease" and any(
+            h.owner == w.owner and h.queue == w.queue and h.kind == "lease" and not h.lent_cpu
+            for h in self.ledger.holdings.values())
         by_owner: dict[str, list[str]] = {}
-        for h in self._holders_for(w):
-            if (h.owner == w.owner and h.queue == w.queue) or h.holding_id in w.revoked:
-                continue  # it serves this very queue, or was asked for already
-            w.revoked.add(h.holding_id)
-            by_owner.setdefault(h.owner, []).append(h.holding_id)
+        revoked = w.revoked
+        for h in holders:
+            hid = h.holding_id
+            if h.owner == w.owner and h.queue == w.queue:
+                continue  # it serves this very queue
+            asked = revoked.get(hid)
+            if asked is not None and (asked <= keep):
+                continue  # asked for already (as firmly)
+            revoked[hid] = keep
+            by_owner.setdefault(h.owner, []).append(hid)
         for owner, lease_ids in by_owner.items():
-            self._story.log(sid, ("revoke", w.request_id, owner, tuple(lease_ids)),
+            self._story.log(sid, ("revoke", w.request_id, owner, tuple(lease_ids), keep),
                             (w.request_id, owner, *lease_ids))
-            out.append(Revoke(sid, owner, tuple(lease_ids)))
+            out.append(Revoke(sid, owner, tuple(lease_ids), keep))
 
     def _drop_owner(self, owner: str, sid: str, out: list[Instruction]) -> None:
         """Release ``owner``'s leases and refuse its waiting requests."""
