@@ -18,10 +18,10 @@ One :class:`SubmitQueue` per process (driver or worker).  How a task travels:
    lease be *kept* a while: it goes on taking its queue's tasks until it runs out of them
    (then it goes back at once) or until ``keep_revoked_s`` has passed since the revoke (0:
    never kept), as Ray's owner keeps a leased worker for its backlog until the lease
-   expires; a plain revoke of a kept lease ends the keeping.  Queues that all have a backlog and all wait for more leases (nested
-   fan-out: every parent's children queue) therefore do not trade their leases after every
-   task, each trade leaving a CPU idle for a round trip through the scheduler, while a
-   waiter still gets a lease within a bound.
+   expires; a plain revoke of a kept lease ends the keeping.  Queues that all have a
+   backlog and all wait for more leases (nested fan-out: every parent's children queue)
+   therefore do not trade their leases after every task, each trade leaving a CPU idle for
+   a round trip through the scheduler, while a waiter still gets a lease within a bound.
 5. A lost worker voids its leases: its tasks go back to the front of their queues (not counted
    against ``retries``) at most ``max_crash_retries`` times each, and lease requests avoid it
    for ``avoid_lost_s``.  A user exception reruns a task while its ``retries`` last; a task
