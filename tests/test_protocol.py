@@ -219,8 +219,8 @@ class _Handlers:
     def __init__(self):
         self.seen: list = []
 
-    def revoke_leases(self, lease_ids):
-        self.seen.append(("revoke", lease_ids))
+    def revoke_leases(self, lease_ids, keep=False):
+        self.seen.append(("revoke", lease_ids, keep))
 
     def worker_lost(self, worker):
         self.seen.append(("lost", worker))
@@ -255,7 +255,9 @@ def test_dispatch_calls_the_handler_with_fields_and_leaves_the_dict_alone():
     msg = P.WorkerLost("tcp://w:9").to_msg()
     assert P.dispatch(table, msg) == "ok"
     P.dispatch(table, P.RevokeLeases(["l-1"]).to_msg())
-    assert a.seen == [("lost", "tcp://w:9"), ("revoke", ["l-1"])]
+    P.dispatch(table, P.RevokeLeases(["l-2"], keep=True).to_msg())
+    assert a.seen == [("lost", "tcp://w:9"), ("revoke", ["l-1"], False),
+                      ("revoke", ["l-2"], True)]
     assert msg == {"op": P.WORKER_LOST, "worker": "tcp://w:9"}
     peer, fields = P.dispatch(P.handlers((P.RUN_TASK,), _More()), RUN.to_msg(), "peer")
     assert peer == "peer" and P.RunTask(**fields) == RUN

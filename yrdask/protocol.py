@@ -726,11 +726,14 @@ WORKER_EXIT = "yr_worker_exit"
 @_message
 class RevokeLeases(Message):
     """scheduler -> submitter.  Others wait for these resources: return the leases that are
-    idle now, and the others as soon as their task ends."""
+    idle now, and the others as soon as their task ends; with ``keep`` (the waiter's queue
+    runs already) a busy lease may first run its queue's backlog for a while
+    (``runtime/submit_queue.py`` rule 4)."""
 
     op: ClassVar[str] = REVOKE_LEASES
     channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
     lease_ids: list[str]
+    keep: bool = False
 
 
 @_message

@@ -64,6 +64,7 @@ def new_gate() -> Any:
 #: the lend delays a seed draws from (virtual seconds; tasks compute 0.2 ms to 3 s): at once,
 #: short, and longer than most waits (blocks that end untold)
 LEND_DELAYS = (0.0, 0.002, 0.05, 0.5)
+KEEP_REVOKED = (0.0, 0.05, 0.5, 5.0)  # SubmitQueue keep_revoked_s drawn per seed
 
 
 def new_notices(delay_s: float) -> Any:

@@ -166,7 +166,8 @@ class _SchedEdge:
         from yrdask import protocol as P
 
         if msg["op"] == P.REVOKE_LEASES:
-            msg = {"op": "REVOKE_LEASES", "lease_ids": tuple(msg["lease_ids"])}
+            msg = {"op": "REVOKE_LEASES", "lease_ids": tuple(msg["lease_ids"]),
+                   "keep": bool(msg.get("keep", False))}
         self.world.send(SCHED, owner, "stream", msg)
 
     def has_job(self, owner: str) -> bool:
@@ -407,7 +408,8 @@ class ProcNode(Node):
         self.worker = worker
         self.capacity = capacity
         self.submitter = Submitter(_ProcEdge(world, self),
-                                   M.new_submit_queue(name if worker else None, **sq_kwargs))
+                                   M.new_submit_queue(name if worker else None, **sq_kwargs,
+                                                      keep_revoked_s=world.keep_revoked_s))
         self.submit = self.submitter.machine
         # a worker's task side (worker/task_side.py, as the agent runs it)
         self.task_side = TaskSide(_TaskEdge(world, self), Run, M.new_gate(),
@@ -438,6 +440,9 @@ class World:
         # when workers tell the scheduler of blocks (worker/lending.py): a generator of its
         # own, so that the other draws of a seed stay put
         self.lend_delay = random.Random(f"lend-{seed}").choice(M.LEND_DELAYS)
+        # how long a revoked queue's only lease is kept (runtime/submit_queue.py rule 4; 0:
+        # never), drawn the same way
+        self.keep_revoked_s = random.Random(f"keep-{seed}").choice(M.KEEP_REVOKED)
         self.now = 0.0
         self.step = 0
         self.links: dict[tuple, deque] = {}
@@ -796,7 +801,7 @@ class World:
         elif op == "REFUSE":
             submitter.lease_answer(msg["request_id"], None, msg["reason"])
         elif op == "REVOKE_LEASES":
-            submitter.revoke(list(msg["lease_ids"]))
+            submitter.revoke(list(msg["lease_ids"]), msg.get("keep", False))
         elif op in ("WORKER_LOST", "CHANNEL_LOST"):
             submitter.on_channel_lost(msg["worker"])
             if op == "WORKER_LOST" and node.rt is not None:  # Runtime.worker_lost

@@ -234,6 +234,73 @@ def test_a_lease_granted_from_freed_resources_while_others_wait_is_revoked_at_on
     assert grants(out) == {"r": ("L3", "a")} and revokes(out) == {}
 
 
+def test_freed_room_goes_to_the_queue_with_the_fewest_leases_not_the_oldest_request():
+    # Nested fan-out on a full cluster: d1's children queue runs on L1 and asked for more
+    # first; d2's runs nowhere.  The freed CPU goes to d2 (in arrival order it went to d1,
+    # whose extra lease d2's waiters then revoked after one task, and round again).
+    q = Q(a=cpu(2))
+    q(req("x1", owner="d1", queue="q1"))  # L1
+    q(req("p", owner="drv", queue="parents"))  # L2: fills the node
+    q(req("x2", owner="d1", queue="q1"))  # waits, older
+    q(req("y1", owner="d2", queue="q2"))  # waits, its queue holds nothing
+    out = q(HoldingsReleased("t", ("L2",)))
+    assert grants(out) == {"y1": ("L3", "a")} and list(q.q.pending) == ["x2"]
+    # Equal shares: arrival order again.
+    q(req("y2", owner="d2", queue="q2"))
+    out = q(HoldingsReleased("t", ("L1",)))  # d1 holds 0 now, d2 holds 1: x2 first
+    assert grants(out) == {"x2": ("L4", "a")} and list(q.q.pending) == ["y2"]
+
+
+def test_a_pass_counts_its_own_grants_when_it_orders_the_queues():
+    q = Q(a=cpu(3))
+    q(req("f1", owner="d0", queue="q0"))
+    q(req("f2", owner="d0", queue="q0"))
+    q(req("f3", owner="d0", queue="q0"))  # the node is full
+    for rid, owner in (("x1", "d1"), ("x2", "d1"), ("y1", "d2")):
+        q(req(rid, owner=owner, queue="q"))
+    out = q(HoldingsReleased("t", ("L1", "L2")))
+    # x1 first (arrival order, both hold none), then y1: d1 now holds one, d2 none
+    assert list(grants(out)) == ["x1", "y1"] and list(q.q.pending) == ["x2"]
+
+
+def test_a_lease_whose_cpu_is_lent_does_not_count_against_its_queue():
+    # The driver's parents block in yr.get (their CPU lent to their children): its queue of
+    # parents still to start is not "rich", and keeps its place in arrival order.
+    q = Q(a=cpu(1))
+    q(req("p1", owner="drv", queue="parents"))  # L1
+    q(LeaseBlocked("t", "L1"))
+    q(req("k1", owner="w1", queue="kids"))  # L2, on the lent CPU
+    q(req("p2", owner="drv", queue="parents"))  # waits
+    q(req("k2", owner="w2", queue="kids"))  # waits, later
+    out = q(HoldingsReleased("t", ("L2",)))
+    assert grants(out) == {"p2": ("L3", "a")} and list(q.q.pending) == ["k2"]
+
+
+def test_a_waiter_whose_queue_runs_revokes_with_keep_others_firmly():
+    q = Q(a=cpu(2))
+    q(req("x1", owner="d1", queue="q1"))  # L1
+    q(req("y1", owner="d2", queue="q2"))  # L2: the node is full
+    out = q(req("y2", owner="d2", queue="q2"))  # d2's queue runs (L2): keep
+    assert [(r.owner, r.lease_ids, r.keep) for r in of(out, Revoke)] == [("d1", ("L1",), True)]
+    out = q(req("z", owner="d3", queue="q3"))  # runs nothing: firm
+    assert sorted((r.owner, r.lease_ids, r.keep) for r in of(out, Revoke)) == [
+        ("d1", ("L1",), False), ("d2", ("L2",), False)]
+    out = q(req("i", owner="I", kind="instance", holding_id="I", shape=cpu(1)))
+    assert of(out, Revoke) and all(not r.keep for r in of(out, Revoke))  # never with keep
+
+
+def test_a_waiter_asks_again_firmly_once_its_queue_runs_nothing():
+    q = Q(a=cpu(2))
+    q(req("x1", owner="d1", queue="q1"))  # L1
+    q(req("y1", owner="d2", queue="q2"))  # L2
+    out = q(req("y2", owner="d2", queue="q2", shape=cpu(2), timeout_ms=100))
+    assert [(r.lease_ids, r.keep) for r in of(out, Revoke)] == [(("L1",), True)]
+    q(LeaseBlocked("t", "L2"))  # y1 waits in yr.get: d2's queue runs nothing
+    out = q(Tick("t", 0.1))  # the deadline extension asks again, firmly now
+    assert [(r.owner, r.lease_ids, r.keep) for r in of(out, Revoke)] == [("d1", ("L1",), False)]
+    assert of(q(Tick("t", 1.2)), Revoke) == []  # and only once
+
+
 # ------------------------------------------------------------------------------- lending
 
 

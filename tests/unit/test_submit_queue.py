@@ -190,6 +190,107 @@ def test_revoked_while_a_backlog_waits_asks_at_once():
     assert requests(out) == ["r3"]
 
 
+def test_a_busy_lease_is_kept_when_revoked_and_goes_back_when_it_runs_dry():
+    """Nested fan-out: every parent's children queue holds a lease and waits for more, so
+    each revokes the others'; returning them after every task traded them round the queues
+    (a scheduler round trip of idle CPU per task).  A busy revoked lease is kept."""
+    m = mk(max_pending_requests=1)
+    queue(m, "a")
+    queue(m, "b")
+    grant(m, "r1", "L1")
+    out = step(m, LeasesRevoked("rv", ("L1",), keep=True))
+    assert out == [] and "L1" in m.leases and not m.leases["L1"].revoked
+    # another waiter's revoke changes nothing
+    assert step(m, LeasesRevoked("rv2", ("L1",), keep=True)) == []
+    out = finish(m, "a")
+    assert pushed(out) == [("b", "L1")] and returned(out) == []
+    queue(m, "c")  # submitted while kept: the kept lease takes it too
+    out = finish(m, "b")
+    assert pushed(out) == [("c", "L1")] and returned(out) == []
+    out = finish(m, "c")
+    assert returned(out) == ["L1"] and not m.leases  # ran dry: back at once, no idle time
+
+
+def test_a_kept_lease_goes_back_after_keep_revoked_s():
+    m = mk(keep_revoked_s=0.5)
+    for t in "abc":
+        queue(m, t)
+    grant(m, "r1", "L1", now=1.0)
+    step(m, LeasesRevoked("rv", ("L1",), keep=True))
+    assert pushed(finish(m, "a", now=1.4)) == [("b", "L1")]  # within 0.5 s: kept
+    out = finish(m, "b", now=1.6)
+    assert returned(out) == ["L1"] and pushed(out) == [] and m.requests  # c waits for one
+    assert [t.task_id for t in m.queues["k"].tasks] == ["c"]
+
+
+def test_every_busy_revoked_lease_is_kept_while_its_queue_has_tasks():
+    """Two parents on one worker share its children queue (and its leases): both leases
+    serve the backlog, each goes back when it runs dry."""
+    m = mk(max_pending_requests=2)
+    for t in "abcd":
+        queue(m, t)
+    grant(m, "r1", "L1")
+    grant(m, "r2", "L2")
+    assert step(m, LeasesRevoked("rv", ("L1", "L2"), keep=True)) == []  # both busy: both kept
+    assert pushed(finish(m, "a")) == [("c", "L1")]
+    assert pushed(finish(m, "b")) == [("d", "L2")]
+    assert returned(finish(m, "c")) == ["L1"]
+    assert returned(finish(m, "d")) == ["L2"] and not m.leases
+
+
+def test_a_plain_revoke_ends_the_keeping():
+    """Resource groups' removals and waiters whose queue runs nothing revoke without keep:
+    the lease takes no more tasks."""
+    m = mk()
+    for t in "abc":
+        queue(m, t)
+    grant(m, "r1", "L1")
+    step(m, LeasesRevoked("rv", ("L1",), keep=True))
+    assert pushed(finish(m, "a")) == [("b", "L1")]
+    assert step(m, LeasesRevoked("rv", ("L1",))) == [] and m.leases["L1"].revoked
+    out = finish(m, "b")
+    assert returned(out) == ["L1"] and pushed(out) == [] and m.requests  # c asks anew
+    # without keep a busy lease is never kept
+    m = mk()
+    queue(m, "a")
+    queue(m, "b")
+    grant(m, "r1", "L1")
+    step(m, LeasesRevoked("rv", ("L1",)))
+    assert returned(finish(m, "a")) == ["L1"]
+
+
+def test_a_revoked_busy_lease_without_a_backlog_goes_back_after_its_task():
+    m = mk()
+    queue(m, "a")
+    grant(m, "r1", "L1")
+    assert step(m, LeasesRevoked("rv", ("L1",), keep=True)) == []
+    assert returned(finish(m, "a")) == ["L1"] and not m.leases  # no idle time
+
+
+def test_a_revoke_that_comes_before_its_grant_is_applied_with_the_grant():
+    """The scheduler revokes a lease it has just granted (another queue waits): the revoke
+    travels on its stream, the grant in the rpc's reply, and may come first."""
+    m = mk(max_pending_requests=2)
+    for t in "abc":
+        queue(m, t)
+    grant(m, "r1", "L1")
+    assert step(m, LeasesRevoked("rv", ("L2",), keep=True)) == []  # not granted yet
+    out = grant(m, "r2", "L2")
+    assert pushed(out) == [("b", "L2")] and m.leases["L2"].kept_until is not None
+    assert pushed(finish(m, "b")) == [("c", "L2")]
+    assert returned(finish(m, "c")) == ["L2"]
+    assert returned(finish(m, "a")) == [] and "L1" in m.leases  # never revoked: kept idle
+    # granted after its queue's tasks went elsewhere: back at once, revoked or not
+    m = mk(max_pending_requests=2)
+    queue(m, "a")
+    queue(m, "b")
+    grant(m, "r1", "L1")
+    assert pushed(finish(m, "a")) == [("b", "L1")]
+    step(m, LeasesRevoked("rv", ("L2",), keep=True))
+    out = grant(m, "r2", "L2")
+    assert returned(out) == ["L2"] and "L2" not in m.leases
+
+
 # -- pipelining ----------------------------------------------------------------------------------
 
 
@@ -521,7 +622,7 @@ class _Driver:
             self.feed(CancelRequested("c", rng.choice(self.submitted)))
         elif r < 0.82 and m.leases:
             ids = tuple(rng.sample(sorted(m.leases), rng.randint(1, len(m.leases))))
-            self.feed(LeasesRevoked("rv", ids))
+            self.feed(LeasesRevoked("rv", ids, rng.random() < 0.5))
         elif r < 0.86:
             self.feed(WorkerLost("x", rng.choice(["w0", "w1", "w2"]), self.now))
         elif r < 0.95:

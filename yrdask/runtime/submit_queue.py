@@ -13,7 +13,15 @@ One :class:`SubmitQueue` per process (driver or worker).  How a task travels:
    when there is a backlog: up to ``pipeline_depth`` tasks per slot are pushed at once and
    the worker's lease gate starts each as the previous ends.
 4. A lease idle for ``lease_idle_s`` goes back (:class:`ReturnLeases`), and at once when the
-   scheduler revokes it (after its last task, if it is busy).
+   scheduler revokes it: an idle one at once, a busy one after the task it runs.  A revoke
+   with ``keep`` (the scheduler sends it for a waiter whose queue runs already) lets a busy
+   lease be *kept* a while: it goes on taking its queue's tasks until it runs out of them
+   (then it goes back at once) or until ``keep_revoked_s`` has passed since the revoke (0:
+   never kept), as Ray's owner keeps a leased worker for its backlog until the lease
+   expires; a plain revoke of a kept lease ends the keeping.  Queues that all have a
+   backlog and all wait for more leases (nested fan-out: every parent's children queue)
+   therefore do not trade their leases after every task, each trade leaving a CPU idle for
+   a round trip through the scheduler, while a waiter still gets a lease within a bound.
 5. A lost worker voids its leases: its tasks go back to the front of their queues (not counted
    against ``retries``) at most ``max_crash_retries`` times each, and lease requests avoid it
    for ``avoid_lost_s``.  A user exception reruns a task while its ``retries`` last; a task
@@ -96,9 +104,11 @@ class CancelRequested(Event):
 
 @dataclass(frozen=True, slots=True)
 class LeasesRevoked(Event):
-    """The scheduler wants these leases back."""
+    """The scheduler wants these leases back; ``keep``: a busy one may run its queue's
+    backlog first, for up to ``keep_revoked_s`` (rule 4)."""
 
     lease_ids: tuple
+    keep: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +200,7 @@ class WakeAt(Instruction):
 # -- state -----------------------------------------------------------------------------------
 
 QUEUED, PUSHED = "queued", "pushed"
+EARLY_REVOKES = 256  # revokes of unknown leases remembered for a grant that comes after
 
 
 class _Task:
@@ -216,7 +227,8 @@ class _Task:
 class _Lease:
     """The right to run ``slots`` tasks of one queue at once on ``worker``."""
 
-    __slots__ = ("lease_id", "worker", "key", "q", "slots", "tasks", "idle_since", "revoked")
+    __slots__ = ("lease_id", "worker", "key", "q", "slots", "tasks", "idle_since", "revoked",
+                 "kept_until")
 
     def __init__(self, lease_id: str, worker: str, q: "_Queue", slots: int, now: float) -> None:
         self.lease_id = lease_id
@@ -227,6 +239,9 @@ class _Lease:
         self.tasks: dict[str, _Task] = {}  # pushed, in push order
         self.idle_since = now
         self.revoked = False
+        # revoked while busy: kept (usable) until it runs out of tasks or this time passes,
+        # then returned; None: not revoked so
+        self.kept_until: float | None = None
 
 
 class _Queue:
@@ -263,12 +278,14 @@ class SubmitQueue:
     def __init__(self, local_worker: str | None, *, max_pending_requests: int = 4,
                  pipeline_depth: int = 4, pipeline_below_s: float = 0.005,
                  lease_idle_s: float = 1.0, avoid_lost_s: float = 30.0,
-                 max_crash_retries: int = 3, story_len: int = 20_000) -> None:
+                 max_crash_retries: int = 3, keep_revoked_s: float = 0.5,
+                 story_len: int = 20_000) -> None:
         self.local_worker = local_worker
         self.max_pending_requests = max(1, max_pending_requests)
         self.pipeline_depth = max(1, pipeline_depth)
         self.pipeline_below_s = pipeline_below_s
         self.lease_idle_s = lease_idle_s
+        self.keep_revoked_s = keep_revoked_s
         self.avoid_lost_s = avoid_lost_s
         self.max_crash_retries = max_crash_retries
         self.tasks: dict[str, _Task] = {}  # queued or pushed, not yet forgotten
@@ -284,6 +301,10 @@ class SubmitQueue:
         self._seq = 0  # tasks queued so far (their submission order)
         self._dirty: dict[Any, _Queue] = {}  # queues to dispatch before handle returns
         self._idle: list[_Lease] = []  # leases left without tasks: a timer if they stay so
+        # revokes of leases not granted yet (the revoke came on the scheduler's stream before
+        # the grant's reply), applied when the grant comes; the latest EARLY_REVOKES kept
+        self.early_revokes: dict[str, bool] = {}  # lease id -> keep
+        self._revoke_granted: list[tuple] = []  # (lease id, keep) granted in this event
         self._out: list = []
         self._sid = ""
         self.log = Story(story_len, keys_of=_event_keys)
@@ -333,10 +354,22 @@ class SubmitQueue:
             self._dirty = {}
             for q in dirty.values():
                 self._dispatch(q)
+        if self._revoke_granted:  # after the dispatch: a busy lease may be kept
+            early = tuple(self._revoke_granted)
+            self._revoke_granted.clear()
+            for lease_id, keep in early:
+                self._revoke_ids((lease_id,), keep)
+            dirty = self._dirty
+            self._dirty = {}
+            for q in dirty.values():
+                self._dispatch(q)
         if self._idle:
             for lease in self._idle:
                 if not lease.tasks and lease.lease_id in self.leases:
-                    self._arm_at(lease.idle_since + self.lease_idle_s)
+                    if lease.kept_until is not None:  # kept until it ran out of tasks
+                        self._revoke(lease)
+                    else:
+                        self._arm_at(lease.idle_since + self.lease_idle_s)
             self._idle.clear()
         return out
 
@@ -391,6 +424,10 @@ class SubmitQueue:
         q.free[lease.lease_id] = lease
         self._note("lease", ev.request_id, ev.lease_id, ev.worker)
         self._dirty[q.name] = q
+        if ev.lease_id in self.early_revokes:
+            keep = self.early_revokes.pop(ev.lease_id)
+            self._note("revoked before its grant", ev.lease_id)
+            self._revoke_granted.append((ev.lease_id, keep))
 
     def _lease_refused(self, ev: LeaseRefused) -> None:
         q = self.requests.pop(ev.request_id, None)
@@ -419,6 +456,10 @@ class SubmitQueue:
             return
         q = task.q
         lease = task.lease
+        if lease is not None and lease.kept_until is not None and (
+                ev.now >= lease.kept_until):
+            self._note("kept lease revoked", lease.lease_id)
+            self._revoke(lease)
         if task.state == QUEUED:
             # requeued after its worker was lost, but its answer came through after all
             if ev.outcome in ("ok", "error"):
@@ -482,13 +523,31 @@ class SubmitQueue:
         self._emit(TaskFailed(self._sid, task.task_id, error), task.task_id)
 
     def _leases_revoked(self, ev: LeasesRevoked) -> None:
+        self._revoke_ids(ev.lease_ids, ev.keep)
+
+    def _revoke_ids(self, lease_ids: tuple, keep: bool) -> None:
         back = []
-        for lease_id in ev.lease_ids:
+        for lease_id in lease_ids:
             lease = self.leases.get(lease_id)
-            if lease is None or lease.revoked:
+            if lease is None:
+                # granted but not heard of yet (or returned already: forgotten in time)
+                early = self.early_revokes
+                early[lease_id] = keep and early.get(lease_id, True)  # a plain one wins
+                if len(early) > EARLY_REVOKES:
+                    del early[next(iter(early))]
+                continue
+            if lease.revoked:
+                continue
+            q = lease.q
+            if keep and lease.tasks and self.keep_revoked_s > 0:
+                # busy: kept until it runs dry or for keep_revoked_s (module docstring, rule
+                # 4); other waiters' revokes of it change nothing
+                if lease.kept_until is None:
+                    lease.kept_until = self.now + self.keep_revoked_s
+                    self._note("lease kept", lease_id)
                 continue
             lease.revoked = True
-            q = lease.q
+            lease.kept_until = None
             q.free.pop(lease_id, None)
             if not lease.tasks:
                 self._drop(lease)
@@ -496,6 +555,18 @@ class SubmitQueue:
             self._dirty[q.name] = q
         if back:
             self._emit(ReturnLeases(self._sid, tuple(back)), *back)
+
+    def _revoke(self, lease: _Lease) -> None:
+        """Revoke a kept lease for good: it takes no more tasks, and goes back once idle."""
+        lease.revoked = True
+        lease.kept_until = None
+        q = lease.q
+        q.free.pop(lease.lease_id, None)
+        if not lease.tasks:
+            self._drop(lease)
+            self._emit(ReturnLeases(self._sid, (lease.lease_id,)), lease.lease_id)
+        else:
+            self._dirty[q.name] = q
 
     def _worker_lost(self, ev: WorkerLost) -> None:
         self._clock(ev.now)
@@ -558,6 +629,7 @@ class SubmitQueue:
         self.tasks.clear()
         self.requests.clear()
         self.lost.clear()
+        self.early_revokes.clear()
         if ids:
             self._emit(ReturnLeases(self._sid, ids), *ids)
         self._dirty.clear()
@@ -644,7 +716,8 @@ class SubmitQueue:
             lease.q.free[lease.lease_id] = lease
 
     def _lease_freed(self, lease: _Lease, now: float) -> None:
-        """A task left the lease: a revoked one goes back after its last task."""
+        """A task left the lease: a revoked one goes back after its last task (a kept one
+        once its queue's dispatch left it idle: ``handle``)."""
         if lease.tasks or lease.lease_id not in self.leases:
             return
         lease.idle_since = now
@@ -762,6 +835,9 @@ class SubmitQueue:
             assert lease_id in lease.q.leases
             assert len(lease.tasks) <= lease.slots * self.pipeline_depth
             assert not (lease.revoked and not lease.tasks), f"{lease_id} revoked, idle, kept"
+            if lease.kept_until is not None:
+                assert not lease.revoked, f"{lease_id} both kept and revoked"
+                assert lease.tasks or self.closed, f"{lease_id} kept while idle"
             for task_id, task in lease.tasks.items():
                 assert task_id not in seen, f"{task_id} both queued and pushed, or pushed twice"
                 seen.add(task_id)
@@ -772,6 +848,8 @@ class SubmitQueue:
                     self.next_wake <= lease.idle_since + self.lease_idle_s, \
                     f"idle {lease_id} has no timer to go back"
         assert seen == set(self.tasks), f"tasks lost track of: {set(self.tasks) ^ seen}"
+        assert len(self.early_revokes) <= EARLY_REVOKES
+        assert not self._revoke_granted, "an early revoke left unapplied"
         if self.lost and not self.closed:
             assert self.next_wake is not None and self.next_wake <= min(self.lost.values()), \
                 "no timer to forget a lost worker"

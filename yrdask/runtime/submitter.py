@@ -269,9 +269,10 @@ class Submitter:
         for entry in task.entries:
             entry.set_error(error)
 
-    def revoke(self, lease_ids: list[str]) -> None:
-        """The scheduler wants these leases back."""
-        self._handle(M.LeasesRevoked("revoke", tuple(lease_ids)))
+    def revoke(self, lease_ids: list[str], keep: bool = False) -> None:
+        """The scheduler wants these leases back (``keep``: a busy one may run its queue's
+        backlog a while first)."""
+        self._handle(M.LeasesRevoked("revoke", tuple(lease_ids), keep))
 
     def on_channel_lost(self, worker: str) -> None:
         """The channel to ``worker`` broke (or the scheduler said it is gone)."""

@@ -212,9 +212,9 @@ class DriverConnector:
         if sink is not None:
             sink(records)
 
-    def revoke_leases(self, lease_ids: list[str]) -> None:
+    def revoke_leases(self, lease_ids: list[str], keep: bool = False) -> None:
         """:class:`yrdask.protocol.RevokeLeases` from the job stream."""
-        self.rt.submitter.revoke(lease_ids)
+        self.rt.submitter.revoke(lease_ids, keep)
 
     def worker_lost(self, worker: str) -> None:
         """:class:`yrdask.protocol.WorkerLost` from the job stream."""

@@ -155,7 +155,8 @@ class LeaseService:
                 if entry is not None:
                     entry[0]([None, ins.reason])
             elif kind is LQ.Revoke:
-                edge.send_to_owner(ins.owner, P.RevokeLeases(list(ins.lease_ids)).to_msg())
+                edge.send_to_owner(ins.owner, P.RevokeLeases(list(ins.lease_ids),
+                                                                   ins.keep).to_msg())
             elif kind is LQ.WakeAt:
                 edge.call_at(ins.at, self.tick)
             else:  # pragma: no cover - a new instruction nobody taught the adapter

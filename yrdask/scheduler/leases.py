@@ -14,10 +14,17 @@ The rules:
 * a request is granted at once when a worker fits it (:meth:`Ledger.choose`: hard
   affinities filter, soft ones rank, the requester's ``local`` worker first, ``avoid`` never);
 * otherwise it waits, first come first served but without head-of-line blocking: whenever
-  resources free up, every waiting request that fits now is granted, in arrival order;
+  resources free up, every waiting request that fits now is granted, in arrival order,
+  except that a task lease request whose queue already holds leases comes after those whose
+  queues hold fewer, not counting leases whose CPU is lent (fair shares: freed room goes to
+  the queue with the fewest running leases, not
+  back to an older request of a queue that runs already, whose extra lease other waiters
+  would then revoke after one task);
 * a waiting request asks the owners of idle leases that stand in its way (leases on workers
   that could run it, except those serving the requester's own queue) to return them, each
-  lease at most once per request;
+  lease at most once per request; a lease request whose queue runs already asks with
+  ``keep`` (a busy lease may run its backlog a while first), and asks again without it
+  once its queue runs nothing;
 * a lease whose task blocks in ``yr.get`` lends its CPU back (``LeaseBlocked``), and what
   waits may be granted on it: nested work cannot deadlock even on a one-CPU cluster;
 * at its deadline a request keeps waiting (another ``timeout`` or at least 1 s) while leases
@@ -28,6 +35,7 @@ The rules:
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -158,10 +166,13 @@ class Refused(Instruction):
 
 @dataclass(frozen=True, slots=True)
 class Revoke(Instruction):
-    """Ask ``owner`` to return these leases once idle (``REVOKE_LEASES`` on its stream)."""
+    """Ask ``owner`` to return these leases once idle (``REVOKE_LEASES`` on its stream);
+    ``keep``: the waiter's queue runs already, so a busy lease may run its backlog a while
+    first."""
 
     owner: str
     lease_ids: tuple
+    keep: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +205,7 @@ class _Waiter:
         self.labels = tuple(ev.labels or ())
         self.holding_id = ev.holding_id
         self.deadline: float | None = None if ev.timeout_ms < 0 else ev.now + ev.timeout_ms / 1000
-        self.revoked: set[str] = set()  # leases already revoked for it
+        self.revoked: dict[str, bool] = {}  # leases already revoked for it -> with keep
         self.label = ev.label
         self.since = ev.now  # when it arrived (the adapter's clock)
 
@@ -464,7 +475,8 @@ class LeaseQueue:
         return True
 
     def _grant_pending(self, sid: str, out: list[Instruction]) -> None:
-        """Grant every waiting request that fits now, oldest first (no head-of-line blocking).
+        """Grant every waiting request that fits now, oldest first but the poorer queues'
+        lease requests before richer ones (:meth:`_fair_order`; no head-of-line blocking).
 
         Resources only shrink during a pass, so a request shape that did not fit is not tried
         again in it; an instance granted with labels may admit an earlier request's
@@ -477,7 +489,8 @@ class LeaseQueue:
         while pending:
             unfit: set[tuple] = set()
             relabelled = False
-            for rid, w in list(pending.items()):
+            for w in self._fair_order():
+                rid = w.request_id
                 key = w.fit_key()
                 if key in unfit:
                     continue
@@ -493,6 +506,38 @@ class LeaseQueue:
             for w in list(pending.values()):
                 self._revoke_for(w, sid, out)
 
+    def _fair_order(self):
+        """The waiters in the order :meth:`_grant_pending` tries them: arrival order, but a
+        lease request after the requests whose queues hold fewer leases (counted as grants
+        happen during the pass).  A lease whose task waits in ``yr.get`` (its CPU lent) is
+        not counted: the parents of nested work stay in arrival order with their children.
+        A generator: it sees the grants made while it runs."""
+        pending = self.pending
+        queues = {(w.owner, w.queue) for w in pending.values() if w.kind == "lease"}
+        if len(queues) < 2:  # one queue (or none) waits: arrival order is fair
+            yield from list(pending.values())
+            return
+        held: dict[tuple, int] = dict.fromkeys(queues, 0)
+        for h in self.ledger.holdings.values():
+            key = (h.owner, h.queue)
+            if h.kind == "lease" and key in held and not h.lent_cpu:
+                held[key] += 1
+        heap = []
+        for seq, w in enumerate(pending.values()):
+            n = held[(w.owner, w.queue)] if w.kind == "lease" else 0
+            heap.append((n, seq, w))
+        heapq.heapify(heap)
+        while heap:
+            n, seq, w = heapq.heappop(heap)
+            if w.kind == "lease":
+                now = held[(w.owner, w.queue)]
+                if now != n:  # its queue was granted a lease since: behind the poorer ones
+                    heapq.heappush(heap, (now, seq, w))
+                    continue
+            yield w
+            if w.kind == "lease" and w.request_id not in pending:  # granted
+                held[(w.owner, w.queue)] += 1
+
     def _holders_for(self, w: _Waiter) -> list[Holding]:
         if self._in_bundle(w):  # only leases inside its bundle(s) can make room for it
             return self.bundles.lease_holders(w.affinity)
@@ -503,17 +548,33 @@ class LeaseQueue:
         return bool(self._holders_for(w))
 
     def _revoke_for(self, w: _Waiter, sid: str, out: list[Instruction]) -> None:
-        """Ask the owners of leases that stand in ``w``'s way to return the idle ones."""
+        """Ask the owners of leases that stand in ``w``'s way to return the idle ones.
+
+        A lease request whose own queue runs already (holds a lease whose CPU is not lent)
+        revokes with ``keep``: busy leases may run their backlog a while first, so that
+        queues that all run and all want more do not trade their leases after every task.
+        Once its queue runs nothing, it asks again without ``keep``."""
+        holders = self._holders_for(w)
+        if not holders:
+            return
+        keep = w.kind == "lease" and any(
+            h.owner == w.owner and h.queue == w.queue and h.kind == "lease" and not h.lent_cpu
+            for h in self.ledger.holdings.values())
         by_owner: dict[str, list[str]] = {}
-        for h in self._holders_for(w):
-            if (h.owner == w.owner and h.queue == w.queue) or h.holding_id in w.revoked:
-                continue  # it serves this very queue, or was asked for already
-            w.revoked.add(h.holding_id)
-            by_owner.setdefault(h.owner, []).append(h.holding_id)
+        revoked = w.revoked
+        for h in holders:
+            hid = h.holding_id
+            if h.owner == w.owner and h.queue == w.queue:
+                continue  # it serves this very queue
+            asked = revoked.get(hid)
+            if asked is not None and (asked <= keep):
+                continue  # asked for already (as firmly)
+            revoked[hid] = keep
+            by_owner.setdefault(h.owner, []).append(hid)
         for owner, lease_ids in by_owner.items():
-            self._story.log(sid, ("revoke", w.request_id, owner, tuple(lease_ids)),
+            self._story.log(sid, ("revoke", w.request_id, owner, tuple(lease_ids), keep),
                             (w.request_id, owner, *lease_ids))
-            out.append(Revoke(sid, owner, tuple(lease_ids)))
+            out.append(Revoke(sid, owner, tuple(lease_ids), keep))
 
     def _drop_owner(self, owner: str, sid: str, out: list[Instruction]) -> None:
         """Release ``owner``'s leases and refuse its waiting requests."""

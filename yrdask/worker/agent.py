@@ -656,8 +656,8 @@ class WorkerAgent:
     def worker_exit(self, worker: str, how: str) -> None:
         self.runtime.worker_exit(worker, how)
 
-    def revoke_leases(self, lease_ids: list[str]) -> None:
-        self.runtime.submitter.revoke(lease_ids)
+    def revoke_leases(self, lease_ids: list[str], keep: bool = False) -> None:
+        self.runtime.submitter.revoke(lease_ids, keep)
 
     # -- instances -------------------------------------------------------------------------
 
