@@ -553,11 +553,13 @@ class LeaseQueue:
         A lease request whose own queue runs already (holds a lease whose CPU is not lent)
         revokes with ``keep``: busy leases may run their backlog a while first, so that
         queues that all run and all want more do not trade their leases after every task.
-        Once its queue runs nothing, it asks again without ``keep``."""
+        Once its queue runs nothing, it asks again without ``keep``. A request for a
+        resource-group bundle always revokes firmly: what its queue runs outside the bundle
+        says nothing about room inside it."""
         holders = self._holders_for(w)
         if not holders:
             return
-        keep = w.kind == "lease" and any(
+        keep = w.kind == "lease" and not self._in_bundle(w) and any(
             h.owner == w.owner and h.queue == w.queue and h.kind == "lease" and not h.lent_cpu
             for h in self.ledger.holdings.values())
         by_owner: dict[str, list[str]] = {}
