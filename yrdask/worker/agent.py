@@ -127,6 +127,7 @@ class WorkerAgent:
         self.fn_payloads: dict[str, bytes] = {}
         self.functions: dict[str, Callable] = {}
         self.executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="yr-task")
+        self._ending = _Ending()  # per task thread: the task its ending admits (see start)
         # The task side's decisions (worker/task_side.py, which the simulation drives too);
         # _AgentEdge below is its I/O edge.  Its tables and gate, by their short names:
         self.task_side = TaskSide(_AgentEdge(self), Execution, notices=LendNotices(
@@ -345,39 +346,59 @@ class WorkerAgent:
         if not self.task_side.run_task(peer, msg):  # pushed twice: the first one answers
             logger.warning("task %s pushed again while it is here; ignored", msg["task_id"])
 
-    def _execute_gated(self, ex: Execution) -> None:
-        """Run one admitted task (task thread); whatever happens, answer it and end it.
+    def _execute_gated(self, ex: Execution | None) -> None:
+        """Run admitted tasks (task thread); whatever happens, answer each and end it.
+
+        A task whose end admits the next one of its lease (pipelined tasks waiting in the
+        gate) hands it to this very thread (:meth:`_AgentEdge.start`): it runs once the
+        answer is on its way, with no other thread to wake, and a run of short tasks keeps
+        the thread busy, so their answers share the loop's wake-ups and writes.
 
         A cancel raised in this thread may arrive late, after the user code (see
         :mod:`yrdask.worker.execution`): it is caught here, the task answers as cancelled,
         and the loop below makes sure the record is disarmed before the bookkeeping runs.
         """
-        if self.share.dask:  # Dask tasks run here: wait for a thread (share.py)
-            self.share.yr_start()
-        try:
-            reply = self._execute(ex)
-        except CancelledError:
-            reply = None
-        # in this frame: a CancelledError raised on entering disarm lands here.  _execute's
-        # own disarm leaves it neither armed nor shielded unless a cancel cut it short
-        while ex.armed or ex.shielded:
+        ending = self._ending
+        while ex is not None:
+            if self.share.dask:  # Dask tasks run here: wait for a thread (share.py)
+                self.share.yr_start()
             try:
-                ex.disarm()
-                break
+                reply = self._execute(ex)
             except CancelledError:
                 reply = None
-        # Forgotten before it answers: a retry of it (same id, same lease) may come back
-        # before this thread runs again, and must find the slot free.
-        self.task_side.finished(ex)
-        if self.share.dask:
-            self.share.yr_freed()
-        try:
-            if reply is None:
-                reply = self._error_reply(ex.task_id, CancelledError(
-                    f"task {ex.task_id} cancelled"), "", False)
-            ex.peer.reply(reply)
-        except Exception:
-            logger.exception("cannot answer task %s", ex.task_id)
+            # in this frame: a CancelledError raised on entering disarm lands here.
+            # _execute's own disarm leaves it neither armed nor shielded unless a cancel cut
+            # it short
+            while ex.armed or ex.shielded:
+                try:
+                    ex.disarm()
+                    break
+                except CancelledError:
+                    reply = None
+            # Forgotten before it answers: a retry of it (same id, same lease) may come back
+            # before this thread runs again, and must find the slot free.  A task it admits
+            # comes back in ending.next (the first one; any other goes to the executor).
+            ending.free = True
+            try:
+                self.task_side.finished(ex)
+            except BaseException:
+                ending.free = False
+                after, ending.next = ending.next, None
+                if after is not None:  # admitted all the same: another thread runs it
+                    self.executor.submit(self._execute_gated, after)
+                raise
+            ending.free = False
+            after, ending.next = ending.next, None
+            if self.share.dask:
+                self.share.yr_freed()
+            try:
+                if reply is None:
+                    reply = self._error_reply(ex.task_id, CancelledError(
+                        f"task {ex.task_id} cancelled"), "", False)
+                ex.peer.reply(reply)
+            except Exception:
+                logger.exception("cannot answer task %s", ex.task_id)
+            ex = after
 
     def payloads(self, deps: list) -> list[bytes]:
         """Pickled values of a call's ref arguments; fetches remote ones (not on the loop)."""
@@ -717,19 +738,33 @@ class _InstanceEdge:
                     instance_id)
 
 
+class _Ending(threading.local):
+    """A task thread's hand-over slot: ``free`` while it ends a task, ``next`` the first
+    task that end admitted (the thread runs it instead of waking another)."""
+
+    free = False
+    next: Execution | None = None
+
+
 class _AgentEdge:
     """The task side's I/O edge in a worker: the agent's task threads, its peers and its
     event loop."""
 
-    __slots__ = ("agent", "now", "_submit", "_run")
+    __slots__ = ("agent", "now", "_submit", "_run", "_ending")
 
     def __init__(self, agent: WorkerAgent) -> None:
         self.agent = agent
         self.now = agent.loop.time  # the loop's clock, with no frame of ours per task
         self._submit = agent.executor.submit
         self._run = agent._execute_gated
+        self._ending = agent._ending  # per task thread (see WorkerAgent._execute_gated)
 
     def start(self, ex: Execution) -> None:
+        ending = self._ending
+        if ending.free:  # a task thread ending a task: it runs this one next (_execute_gated)
+            ending.free = False
+            ending.next = ex
+            return
         self._submit(self._run, ex)
 
     def reply(self, ex: Execution, msg: dict) -> None:
