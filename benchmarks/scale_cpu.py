@@ -1,9 +1,17 @@
-"""``python -m benchmarks.scale_cpu N [TASKS]``: where the CPU of a task burst goes, N workers.
+"""``python -m benchmarks.scale_cpu N [TASKS] [--processes]``: where the CPU of a task burst
+goes, N workers.
 
 ``scale_tasks_per_s`` (TASKS empty tasks submitted, then gathered) on an embedded cluster of N
 worker processes, with the CPU each process spent per task and, in the driver (which also
 hosts the scheduler), each thread's.  A driver thread near its wall time per task is the
-bottleneck; workers far below it are waiting for work.  Prints one JSON line.
+bottleneck; workers far below it are waiting for work.  ``messages`` counts the driver's TCP
+reads and writes during the burst and the messages they carried (the call channels'
+``RUN_TASK`` out and ``TASK_DONE`` in, plus a few scheduler messages).  Prints one JSON line.
+
+``--processes``: start N worker processes even where the machine has fewer cores (the
+embedded cluster starts one per core; this sets Dask's core count in this benchmark process
+only).  Wall figures then mean little; CPU per task per process and messages per task are
+what to compare.
 """
 
 from __future__ import annotations
@@ -13,9 +21,31 @@ import sys
 import threading
 import time
 
+import dask.system
 import psutil
+from distributed.comm.tcp import TCP
 
 import yrdask as yr
+
+_counts = {"reads": 0, "msgs_in": 0, "writes": 0, "msgs_out": 0}
+
+
+def _count_messages() -> None:
+    """Count the driver's TCP reads and writes and the messages in them (this process)."""
+    read, write = TCP.read, TCP.write
+
+    async def counted_read(self, *args, **kwargs):
+        msgs = await read(self, *args, **kwargs)
+        _counts["reads"] += 1
+        _counts["msgs_in"] += len(msgs) if isinstance(msgs, (list, tuple)) else 1
+        return msgs
+
+    async def counted_write(self, msg, *args, **kwargs):
+        _counts["writes"] += 1
+        _counts["msgs_out"] += len(msg) if isinstance(msg, (list, tuple)) else 1
+        return await write(self, msg, *args, **kwargs)
+
+    TCP.read, TCP.write = counted_read, counted_write
 
 
 @yr.invoke
@@ -28,12 +58,14 @@ def _threads(proc: psutil.Process) -> dict[str, float]:
     return {f"{names.get(t.id, t.id)}": t.user_time + t.system_time for t in proc.threads()}
 
 
-def _procs(me: psutil.Process) -> dict[int, tuple[str, float]]:
+def _procs(me: psutil.Process) -> dict[int, tuple[str, float, int]]:
     out = {}
     for p in [me] + me.children(recursive=True):
         try:
             t = p.cpu_times()
-            out[p.pid] = (" ".join(p.cmdline())[-50:], t.user + t.system)
+            c = p.num_ctx_switches()
+            out[p.pid] = (" ".join(p.cmdline())[-50:], t.user + t.system,
+                          c.voluntary + c.involuntary)
         except psutil.Error:
             pass
     return out
@@ -47,12 +79,14 @@ def main(cpus: int, tasks: int) -> dict:
     yr.get([empty.invoke(i) for i in range(2000)])  # warm every worker and lease
     me = psutil.Process()
     procs0, threads0 = _procs(me), _threads(me)
+    _counts.update(dict.fromkeys(_counts, 0))
     t = time.perf_counter()
     refs = [empty.invoke(i) for i in range(tasks)]
     submitted = time.perf_counter() - t
     yr.get(refs)
     wall = time.perf_counter() - t
     procs1, threads1 = _procs(me), _threads(me)
+    counts = dict(_counts)
     per = 1e6 / tasks
     workers = sorted((procs1[p][1] - procs0[p][1]) * per for p in procs1 if p in procs0 and p != me.pid)
     out = {
@@ -64,10 +98,23 @@ def main(cpus: int, tasks: int) -> dict:
                                        for k, v in threads1.items()
                                        if (v - threads0.get(k, 0.0)) * per >= 0.5},
         "other_processes_us_per_task": [round(w, 1) for w in workers],
+        "context_switches_per_task": {
+            "driver": round((procs1[me.pid][2] - procs0[me.pid][2]) / tasks, 2),
+            "other_processes": round(sum(procs1[p][2] - procs0[p][2] for p in procs1
+                                         if p in procs0 and p != me.pid) / tasks, 2)},
+        "messages": {
+            "in_per_task": round(counts["msgs_in"] / tasks, 2),
+            "in_per_read": round(counts["msgs_in"] / max(1, counts["reads"]), 2),
+            "out_per_task": round(counts["msgs_out"] / tasks, 2),
+            "out_per_write": round(counts["msgs_out"] / max(1, counts["writes"]), 2)},
     }
     yr.finalize()
     return out
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 20000)))
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if "--processes" in sys.argv:
+        dask.system.CPU_COUNT = int(args[0])  # worker_layout: one process per "core"
+    _count_messages()
+    print(json.dumps(main(int(args[0]), int(args[1]) if len(args) > 1 else 20000)))
