@@ -125,7 +125,9 @@ def make_scenario(seed: int) -> Scenario:
         faults.append((rng.uniform(0.0, 5.0), "kill"))
     sq_kwargs = {"max_crash_retries": rng.choice([1, 3]),
                  "max_pending_requests": rng.choice([1, 4]),
-                 "lease_idle_s": 1.0}
+                 "lease_idle_s": 1.0,
+                 # its own stream: drawing it from rng would change every later draw
+                 "pipeline_refill": random.Random(seed * 97 + 11).choice([1, 2, 3])}
     sc = Scenario(seed, workers, drivers, faults, rng.random() < 0.5 or nworkers == 1,
                   sq_kwargs)
     sc.groups = _groups(seed, sc)

@@ -118,15 +118,17 @@ def test_one_task_at_a_time_stays_on_the_lease_that_freed_last():
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_the_refill_shortcut_does_what_the_general_dispatch_does(seed):
+@pytest.mark.parametrize("refill", [1, 2])
+def test_the_refill_shortcut_does_what_the_general_dispatch_does(seed, refill):
     """The same random events into a queue with the refill shortcut and one without: the
-    same instructions, and both valid after every event."""
+    same instructions, and both valid after every event (refill: pipeline_refill)."""
     import random
 
     from yrdask.runtime import submit_queue as M
 
     rnd = random.Random(seed)
-    fast, general = M.SubmitQueue(None), M.SubmitQueue(None)
+    fast = M.SubmitQueue(None, pipeline_refill=refill)
+    general = M.SubmitQueue(None, pipeline_refill=refill)
     general.refill_shortcut = False
     n = leases = 0
     for step in range(300):

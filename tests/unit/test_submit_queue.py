@@ -308,6 +308,23 @@ def test_short_tasks_are_pipelined_long_ones_are_not():
     assert pushed(finish(m2, "t0", took=0.5)) == [("t1", "L1")]
 
 
+def test_a_pipelined_lease_is_refilled_once_it_has_room_for_a_whole_refill():
+    # pipeline_refill=2: with many workers each push carries two tasks, not one
+    m = mk(pipeline_depth=4, pipeline_refill=2, max_pending_requests=1)
+    for i in range(12):
+        queue(m, f"t{i}")
+    grant(m, "r1", "L1")
+    assert pushed(finish(m, "t0", took=0.001)) == [(f"t{i}", "L1") for i in (1, 2, 3, 4)]
+    assert pushed(finish(m, "t1", took=0.001)) == []  # room for one task only
+    assert pushed(finish(m, "t2", took=0.001)) == [("t5", "L1"), ("t6", "L1")]
+    m.validate()
+    m2 = mk(pipeline_depth=4, pipeline_refill=2, max_pending_requests=1)  # not pipelined:
+    for i in range(3):  # a free slot is filled at once, as always
+        queue(m2, f"t{i}")
+    grant(m2, "r1", "L1")
+    assert pushed(finish(m2, "t0", took=0.5)) == [("t1", "L1")]
+
+
 def test_pipelining_goes_round_robin_over_the_leases():
     m = mk(pipeline_depth=2, max_pending_requests=2)
     for i in range(2):

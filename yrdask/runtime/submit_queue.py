@@ -11,7 +11,9 @@ One :class:`SubmitQueue` per process (driver or worker).  How a task travels:
 3. A lease with a free slot takes the queue's next task (:class:`PushTask`).  Short tasks
    (the queue's moving average of ``took`` at most ``pipeline_below_s``) are *pipelined*
    when there is a backlog: up to ``pipeline_depth`` tasks per slot are pushed at once and
-   the worker's lease gate starts each as the previous ends.
+   the worker's lease gate starts each as the previous ends.  A pipelined lease takes more
+   only once it has room for ``pipeline_refill`` tasks (or a free slot): with many workers,
+   each refill then carries several tasks in one message instead of one task per message.
 4. A lease idle for ``lease_idle_s`` goes back (:class:`ReturnLeases`), and at once when the
    scheduler revokes it: an idle one at once, a busy one after the task it runs.  A revoke
    with ``keep`` (the scheduler sends it for a waiter whose queue runs already) lets a busy
@@ -277,12 +279,13 @@ class SubmitQueue:
 
     def __init__(self, local_worker: str | None, *, max_pending_requests: int = 4,
                  pipeline_depth: int = 4, pipeline_below_s: float = 0.005,
-                 lease_idle_s: float = 1.0, avoid_lost_s: float = 30.0,
-                 max_crash_retries: int = 3, keep_revoked_s: float = 0.5,
-                 story_len: int = 20_000) -> None:
+                 pipeline_refill: int = 1, lease_idle_s: float = 1.0,
+                 avoid_lost_s: float = 30.0, max_crash_retries: int = 3,
+                 keep_revoked_s: float = 0.5, story_len: int = 20_000) -> None:
         self.local_worker = local_worker
         self.max_pending_requests = max(1, max_pending_requests)
         self.pipeline_depth = max(1, pipeline_depth)
+        self.pipeline_refill = max(1, pipeline_refill)
         self.pipeline_below_s = pipeline_below_s
         self.lease_idle_s = lease_idle_s
         self.keep_revoked_s = keep_revoked_s
@@ -484,7 +487,12 @@ class SubmitQueue:
             # this lease lost a task: what _dispatch would do is refill this lease.
             self._finish(task, ev)
             tasks = q.tasks
-            cap = lease.slots * self.pipeline_depth if pipelined else lease.slots
+            if pipelined:
+                cap = lease.slots * self.pipeline_depth
+                if len(lease.tasks) >= lease.slots and len(lease.tasks) > cap - self.pipeline_refill:
+                    cap = 0  # no room for a whole refill yet (see _pipeline)
+            else:
+                cap = lease.slots
             while tasks and len(lease.tasks) < cap:
                 self._push(lease, tasks.popleft())
             if tasks and len(q.requests) < self.max_pending_requests:
@@ -676,11 +684,14 @@ class SubmitQueue:
                                     avoid, q.affinity), request_id)
 
     def _pipeline(self, q: _Queue) -> None:
-        """Short tasks with a backlog: up to ``pipeline_depth`` per slot, round robin."""
+        """Short tasks with a backlog: up to ``pipeline_depth`` per slot, round robin, to
+        the leases with room for ``pipeline_refill`` tasks (or a free slot)."""
         depth = self.pipeline_depth
+        refill = self.pipeline_refill
         leases = []  # a loop, not a comprehension: this runs once per task with a backlog
         for l in q.leases.values():
-            if not l.revoked and len(l.tasks) < l.slots * depth:
+            n = len(l.tasks)
+            if not l.revoked and (n < l.slots or n <= l.slots * depth - refill):
                 leases.append(l)
         if not leases:  # the usual case with a backlog: every lease is as deep as it goes
             return

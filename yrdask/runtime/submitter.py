@@ -47,6 +47,11 @@ from yrdask.serialization import loads
 
 logger = logging.getLogger("yrdask.submitter")
 
+# A pipelined lease (4 short tasks per slot in flight) takes more once it has room for two:
+# each push then carries two tasks, where with a worker per core one task ends at a time
+# and each finish would send one (docs/performance.md, "perf round 6").
+PIPELINE_REFILL = 2
+
 
 @dataclass(eq=False, slots=True)
 class Task:
@@ -165,8 +170,9 @@ class Submitter:
         """The submitter of a process's runtime: its machine, on the runtime's edge."""
         if max_crash_retries is None:
             max_crash_retries = int(dask.config.get("yrdask.scheduling.max-task-crashes", 3))
-        return cls(RuntimeEdge(runtime), M.SubmitQueue(None, lease_idle_s=lease_idle_s,
-                                                        max_crash_retries=max_crash_retries))
+        return cls(RuntimeEdge(runtime), M.SubmitQueue(
+            None, lease_idle_s=lease_idle_s, max_crash_retries=max_crash_retries,
+            pipeline_refill=PIPELINE_REFILL))
 
     # -- entry points (loop thread) --------------------------------------------------------
 
