@@ -292,6 +292,21 @@ def test_fan_out_200_gathered_in_order(yr_cluster):
     assert yr.get(refs, 120) == [i * i for i in range(200)]
 
 
+@yr.invoke
+def replies_held():
+    from yrdask.runtime.context import current_runtime
+
+    return current_runtime().agent.replies_held
+
+
+def test_a_burst_of_short_tasks_answers_in_runs(yr_cluster):
+    """Pipelined short tasks: every result right and in order, and their workers held plain
+    answers back while running the next task of the lease (agent._hold_reply)."""
+    refs = [add.invoke(i) for i in range(2000)]
+    assert yr.get(refs, 120) == [i + 1 for i in range(2000)]
+    assert max(yr.get([replies_held.invoke() for _ in range(8)], T)) > 0
+
+
 def test_kwargs_and_defaults(yr_cluster):
     assert yr.get(signature_echo.invoke(1), T) == (1, 2, (), 3, {})
     assert yr.get(signature_echo.invoke(1, 5, 6, 7, c=8, d=9), T) == (1, 5, (6, 7), 8, {"d": 9})

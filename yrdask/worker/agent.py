@@ -14,6 +14,7 @@ worker's threads is shared with Dask's own tasks (:mod:`yrdask.worker.share`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
@@ -60,6 +61,9 @@ from yrdask.serialization import (PLAIN_TYPES, Frames, dumps, dumps_value, loads
 logger = logging.getLogger("yrdask.worker")
 
 MAX_THREADS = 4096
+# A pipelined task's plain answer waits at most this long while its thread runs the next
+# task of its lease, so a run of short tasks answers in one write (_execute_gated).
+HOLD_REPLY_S = 0.001
 
 
 def _loop_closed(on_loop: Callable) -> bool:
@@ -128,6 +132,12 @@ class WorkerAgent:
         self.functions: dict[str, Callable] = {}
         self.executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="yr-task")
         self._ending = _Ending()  # per task thread: the task its ending admits (see start)
+        # answers held back while their threads run the next task (_hold_reply); the loop
+        # sends them at the end of the run, or HOLD_REPLY_S after the first at the latest
+        self._held: collections.deque = collections.deque()
+        self._held_armed = False
+        self._held_timer: asyncio.TimerHandle | None = None
+        self.replies_held = 0  # answers held back so far (a figure: threads may race on it)
         # The task side's decisions (worker/task_side.py, which the simulation drives too);
         # _AgentEdge below is its I/O edge.  Its tables and gate, by their short names:
         self.task_side = TaskSide(_AgentEdge(self), Execution, notices=LendNotices(
@@ -395,10 +405,55 @@ class WorkerAgent:
                 if reply is None:
                     reply = self._error_reply(ex.task_id, CancelledError(
                         f"task {ex.task_id} cancelled"), "", False)
-                ex.peer.reply(reply)
+                if type(ex.peer) is Peer and (after is not None or self._held):
+                    self._hold_reply(ex.peer, reply, after is not None
+                                     and "refs" not in reply and "error" not in reply)
+                else:
+                    ex.peer.reply(reply)
             except Exception:
                 logger.exception("cannot answer task %s", ex.task_id)
             ex = after
+
+    def _hold_reply(self, peer: "Peer", reply: dict, hold: bool) -> None:
+        """Answer ``reply`` through the held answers (task thread): ``hold`` it while this
+        thread runs the next task, else send it with those held so far (in order).
+
+        Only a plain result is held (op, task id, results, took: no refs report, whose order
+        against the worker's other reference messages matters, no error).  With a worker per
+        core each answer otherwise goes in a write of its own, and the caller's loop pays a
+        read per task; held, the answers of a run of short tasks share one write, and an
+        answer waits at most HOLD_REPLY_S (a loop timer, armed by the first one held).
+        """
+        self._held.append((peer, reply))
+        if hold:
+            self.replies_held += 1
+            if not self._held_armed:
+                self._held_armed = True
+                self._on_loop(self._arm_held)
+        else:
+            self._on_loop(self._send_held)
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        try:
+            self.runtime.on_loop(fn)
+        except RuntimeError:
+            if not self.runtime.loop.is_closed():
+                raise  # else the worker is closing: nobody is left to answer (see Peer)
+
+    def _arm_held(self) -> None:
+        if self._held and self._held_timer is None:
+            self._held_timer = self.loop.call_later(HOLD_REPLY_S, self._send_held)
+
+    def _send_held(self) -> None:
+        """Send the answers held so far (loop thread), each on its caller's stream."""
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        self._held_armed = False  # before draining: an answer held later arms again
+        held = self._held
+        while held:
+            peer, reply = held.popleft()
+            peer._send(reply)
 
     def payloads(self, deps: list) -> list[bytes]:
         """Pickled values of a call's ref arguments; fetches remote ones (not on the loop)."""
