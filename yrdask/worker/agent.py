@@ -422,7 +422,9 @@ class WorkerAgent:
         against the worker's other reference messages matters, no error).  With a worker per
         core each answer otherwise goes in a write of its own, and the caller's loop pays a
         read per task; held, the answers of a run of short tasks share one write, and an
-        answer waits at most HOLD_REPLY_S (a loop timer, armed by the first one held).
+        answer waits at most HOLD_REPLY_S: the first one held arms a loop timer, which then
+        covers every run of the next HOLD_REPLY_S (one wake-up to arm it per period, not per
+        run); the last answer of each run sends the held ones at once.
         """
         self._held.append((peer, reply))
         if hold:
@@ -441,15 +443,16 @@ class WorkerAgent:
                 raise  # else the worker is closing: nobody is left to answer (see Peer)
 
     def _arm_held(self) -> None:
-        if self._held and self._held_timer is None:
-            self._held_timer = self.loop.call_later(HOLD_REPLY_S, self._send_held)
+        if self._held_timer is None:
+            self._held_timer = self.loop.call_later(HOLD_REPLY_S, self._held_expired)
+
+    def _held_expired(self) -> None:
+        self._held_timer = None
+        self._held_armed = False  # before draining: an answer held later arms again
+        self._send_held()
 
     def _send_held(self) -> None:
         """Send the answers held so far (loop thread), each on its caller's stream."""
-        if self._held_timer is not None:
-            self._held_timer.cancel()
-            self._held_timer = None
-        self._held_armed = False  # before draining: an answer held later arms again
         held = self._held
         while held:
             peer, reply = held.popleft()
