@@ -76,3 +76,41 @@ def put_get_result(secs: list[float], size_mb: int, kind: str) -> tuple[float, d
     med = statistics.median(secs)
     return 2 * size_mb / med, {"repeats": len(secs), "median_s": med, "payload": kind,
                                "runs_mb_per_s": [2 * size_mb / s for s in secs]}
+
+
+class CpuMeter:
+    """CPU seconds per process of a cluster, net of each process's idle rate.
+
+    :meth:`idle` reads every process's CPU rate over ``seconds`` of doing nothing (Dask's
+    periodic callbacks), :meth:`start` / :meth:`per_item` then give the CPU per item of the
+    work in between, with that idle rate over its wall time subtracted, in µs per pid."""
+
+    def __init__(self, procs: list[psutil.Process]) -> None:
+        self.procs = procs
+        self.rates: dict[int, float] = {}
+        self.begun: tuple[dict[int, float], float] = ({}, 0.0)
+
+    def snap(self) -> tuple[dict[int, float], float]:
+        out = {}
+        for p in self.procs:
+            try:
+                t = p.cpu_times()
+                out[p.pid] = t.user + t.system
+            except psutil.Error:
+                pass
+        return out, time.perf_counter()
+
+    def idle(self, seconds: float = 1.5) -> None:
+        a, ta = self.snap()
+        time.sleep(seconds)
+        b, tb = self.snap()
+        self.rates = {pid: (b[pid] - a[pid]) / (tb - ta) for pid in a if pid in b}
+        self.begun = (b, tb)
+
+    def start(self) -> None:
+        self.begun = self.snap()
+
+    def per_item(self, n: int) -> dict[int, float]:
+        (b, tb), (c, tc) = self.begun, self.snap()
+        return {pid: ((c[pid] - b[pid]) - rate * (tc - tb)) / n * 1e6
+                for pid, rate in self.rates.items() if pid in c and pid in b}

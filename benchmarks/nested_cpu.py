@@ -20,6 +20,11 @@ import psutil
 
 import yrdask as yr
 
+try:  # python -m benchmarks.X, or run by path (sys.path[0] is this folder)
+    from benchmarks.common import CpuMeter
+except ImportError:
+    from common import CpuMeter
+
 
 @yr.invoke
 def inc(i):
@@ -48,26 +53,10 @@ def main(kind: str) -> None:
         yr.get(sequential.invoke(300))
         yr.get(burst.invoke(300))
         me = psutil.Process()
-        procs = [me] + me.children(recursive=True)
-
-        def snap() -> tuple[dict, float]:
-            out = {}
-            for p in procs:
-                try:
-                    t = p.cpu_times()
-                    out[p.pid] = t.user + t.system
-                except psutil.Error:
-                    pass
-            return out, time.perf_counter()
-
-        a, ta = snap()
-        time.sleep(1.5)
-        b, tb = snap()
-        idle = {pid: (b[pid] - a[pid]) / (tb - ta) for pid in a if pid in b}
+        meter = CpuMeter([me] + me.children(recursive=True))
+        meter.idle()
         rate, wpid = yr.get(task.invoke(n))
-        c, tc = snap()
-        per = {pid: ((c[pid] - b[pid]) - idle[pid] * (tc - tb)) / n * 1e6
-               for pid in idle if pid in c}
+        per = meter.per_item(n)
         other = sum(v for pid, v in per.items() if pid not in (me.pid, wpid))
         what = f"nested rtt {rate:.3f} ms" if kind == "nest" else f"burst {rate:.0f} tasks/s"
         print(f"{what}  parent's worker {per.get(wpid, 0.0):6.1f}  driver+scheduler "

@@ -21,6 +21,11 @@ import psutil
 
 import yrdask as yr
 
+try:  # python -m benchmarks.X, or run by path (sys.path[0] is this folder)
+    from benchmarks.common import CpuMeter
+except ImportError:
+    from common import CpuMeter
+
 
 @yr.invoke
 def echo(i):
@@ -33,31 +38,15 @@ def main(n: int) -> None:
         for i in range(500):
             yr.get(echo.invoke(i))
         me = psutil.Process()
-        procs = [me] + me.children(recursive=True)
-
-        def snap() -> tuple[dict, float]:
-            out = {}
-            for p in procs:
-                try:
-                    t = p.cpu_times()
-                    out[p.pid] = t.user + t.system
-                except psutil.Error:
-                    pass
-            return out, time.perf_counter()
-
-        a, ta = snap()
-        time.sleep(1.5)
-        b, tb = snap()
-        idle = {pid: (b[pid] - a[pid]) / (tb - ta) for pid in a if pid in b}
+        meter = CpuMeter([me] + me.children(recursive=True))
+        meter.idle()
         lat = []
         pc = time.perf_counter
         for i in range(n):
             t = pc()
             yr.get(echo.invoke(i))
             lat.append(pc() - t)
-        c, tc = snap()
-        per = {pid: ((c[pid] - b[pid]) - idle[pid] * (tc - tb)) / n * 1e6
-               for pid in idle if pid in c}
+        per = meter.per_item(n)
         lat.sort()
         others = sorted((v for pid, v in per.items() if pid != me.pid), reverse=True)
         print(f"rtt p10 {lat[n // 10] * 1e3:.3f} p50 {lat[n // 2] * 1e3:.3f} ms  driver "

@@ -33,6 +33,13 @@ GPU_EXAMPLES = {
 HAS_GPU = shutil.which("nvidia-smi") is not None
 
 
+def run_example(how: list, name: str, cwd) -> subprocess.CompletedProcess:
+    """``examples/name`` as a user runs it, on its own embedded cluster."""
+    env = {k: v for k, v in os.environ.items() if k != "YR_SERVER_ADDRESS"}
+    return subprocess.run([sys.executable, *how, str(ROOT / "examples" / name)],
+                          capture_output=True, text=True, timeout=150, cwd=cwd, env=env)
+
+
 def test_every_example_is_covered():
     assert sorted(p.name for p in (ROOT / "examples").glob("*.py")) == sorted(
         [*EXAMPLES, *GPU_EXAMPLES])
@@ -42,9 +49,7 @@ def test_every_example_is_covered():
 @pytest.mark.parametrize("name", sorted(GPU_EXAMPLES))
 def test_gpu_example_without_a_gpu_says_so_and_fails(name, tmp_path):
     how, expected = GPU_EXAMPLES[name]
-    env = {k: v for k, v in os.environ.items() if k != "YR_SERVER_ADDRESS"}
-    out = subprocess.run([sys.executable, *how, str(ROOT / "examples" / name)],
-                         capture_output=True, text=True, timeout=150, cwd=tmp_path, env=env)
+    out = run_example(how, name, tmp_path)
     assert out.returncode == 1, (out.stdout[-2000:], out.stderr[-3000:])
     assert expected in out.stdout and "no GPU detected" in out.stderr, (out.stdout, out.stderr)
 
@@ -52,8 +57,6 @@ def test_gpu_example_without_a_gpu_says_so_and_fails(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_example_runs_and_prints_its_result(name, tmp_path):
     how, expected = EXAMPLES[name]
-    env = {k: v for k, v in os.environ.items() if k != "YR_SERVER_ADDRESS"}
-    out = subprocess.run([sys.executable, *how, str(ROOT / "examples" / name)],
-                         capture_output=True, text=True, timeout=150, cwd=tmp_path, env=env)
+    out = run_example(how, name, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert expected in out.stdout, (out.stdout[-2000:], out.stderr[-2000:])
