@@ -216,7 +216,7 @@ def test_a_later_reader_of_a_ref_whose_isolated_owner_is_gone_fails_at_once(gpu_
     Dask's 30 s connect timeout (docs/faults.md "Owners that are gone")."""
     trainer = Trainer.remote()
     pid = ray.get(trainer.pid.remote(), timeout=T)
-    (pending,) = ray.get(trainer.pending.remote(60), timeout=T)  # owned by the actor's process
+    (pending,) = ray.get(trainer.pending.remote(5), timeout=T)  # owned by the actor's process
     ray.kill(trainer)
     wait_until(lambda: not psutil.pid_exists(pid) or
                psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30,
