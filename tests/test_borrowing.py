@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 
+import cloudpickle
 import distributed
 import numpy as np
 import pytest
@@ -147,3 +151,42 @@ def test_a_borrower_reading_after_its_owner_died_gets_owner_died_error(borrow_cl
     assert refs[0].id in str(err.value) and "owner" in str(err.value)
     wait_until(lambda: len(borrow_cluster.scheduler_info()["workers"]) == 2, 60,
                "the killed worker back under its nanny")
+
+
+# A driver that joins the cluster by address, submits a task, and hands the ref out (pickled,
+# as hex on stdout) before its result is back: the ref carries no value, only its owner.
+JOINED_DRIVER = """
+import sys, time, cloudpickle, yrdask as yr
+yr.init(yr.Config(server_address=sys.argv[1]))
+
+@yr.invoke
+def later():
+    time.sleep(2)
+    return 1
+
+print(cloudpickle.dumps(later.invoke()).hex(), flush=True)
+sys.stdin.read()  # until the test kills it
+"""
+
+
+def test_a_ref_whose_joined_driver_died_fails_at_once_for_a_later_reader(borrow_cluster):
+    """The owner is a driver that joined by address and was killed; this process reads its
+    ref only afterwards: the scheduler no longer knows that owner, so the read fails at once
+    instead of after Dask's 30 s connect timeout (docs/faults.md "Owners that are gone")."""
+    address = borrow_cluster.scheduler.address
+    proc = subprocess.Popen([sys.executable, "-c", JOINED_DRIVER, address],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line, "the joined driver printed no ref"
+    finally:
+        proc.kill()
+        proc.wait(30)
+        proc.stdin.close()
+        proc.stdout.close()
+    ref = cloudpickle.loads(bytes.fromhex(line.strip()))
+    t0 = time.monotonic()
+    with pytest.raises(yr.errors.OwnerDiedError, match="unreachable: the scheduler no longer"):
+        yr.get(ref, T)
+    assert time.monotonic() - t0 < 8  # not the 30 s connect timeout
+    del ref

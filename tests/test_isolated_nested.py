@@ -210,6 +210,23 @@ def test_reading_a_ref_whose_isolated_owner_is_gone_fails_with_owner_died(gpu_ra
         ray.get(pending, timeout=T)
 
 
+def test_a_later_reader_of_a_ref_whose_isolated_owner_is_gone_fails_at_once(gpu_ray):
+    """Nobody waited on the ref while its owner lived: the first read after its death asks
+    the scheduler, which no longer knows the owner, instead of retrying the connect for
+    Dask's 30 s connect timeout (docs/faults.md "Owners that are gone")."""
+    trainer = Trainer.remote()
+    pid = ray.get(trainer.pid.remote(), timeout=T)
+    (pending,) = ray.get(trainer.pending.remote(5), timeout=T)  # owned by the actor's process
+    ray.kill(trainer)
+    wait_until(lambda: not psutil.pid_exists(pid) or
+               psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30,
+               "the actor's process to end")
+    t0 = time.monotonic()
+    with pytest.raises(OwnerDiedError, match="its owner .* is unreachable: the scheduler"):
+        ray.get(pending, timeout=T)
+    assert time.monotonic() - t0 < 8  # not the 30 s connect timeout
+
+
 def test_no_isolated_process_outlives_the_cluster(gpu_ray):
     assert PIDS
     ray.shutdown()

@@ -29,6 +29,7 @@ SAMPLES: list[P.Message] = [
     P.RequestLease("tcp://o:1", {"CPU": 1000.0}, -1, local="tcp://w:1", queue="q1",
                    avoid=("tcp://w:2",), affinity=(("RESOURCE", "gpu", "Exists", (), True),)),
     P.ClusterInfo(instances=False),
+    P.OwnerAlive("tcp://o:1"),
     P.CreateInstance({"instance_id": "i-1", "cls": b"\x80pickled", "cls_name": "C",
                       "args": b"args", "deps": (), "shape": {"CPU": 1000.0}, "timeout_ms": -1,
                       "owner": "job-1", "holder": "tcp://o:1", "name": None,
@@ -133,7 +134,7 @@ def test_channel_groups_are_derived_from_the_table():
                                     P.INSTANCE_STATUS, P.SAVE_STATE, P.LOAD_STATE,
                                     P.CREATE_RESOURCE_GROUP, P.REMOVE_RESOURCE_GROUP,
                                     P.WAIT_RESOURCE_GROUP, P.KV_PUT, P.KV_GET, P.KV_DEL,
-                                    P.WORKER_EXITED}
+                                    P.WORKER_EXITED, P.OWNER_ALIVE}
     assert set(P.SCHEDULER_STREAM) == {P.RETURN_LEASES, P.LEASE_BLOCKED, P.LEASE_UNBLOCKED,
                                        P.HANDLE_REFS, P.INSTANCE_STATE, P.TASK_RECORDS}
     assert set(P.JOB_STREAM) == {P.RETURN_LEASES, P.HANDLE_REFS,  # an isolated process

@@ -261,6 +261,7 @@ CONNECT_JOB = "yr_connect_job"
 REGISTER_WORKER = "yr_register_worker"
 REQUEST_LEASE = "yr_request_lease"
 CLUSTER_INFO = "yr_cluster_info"
+OWNER_ALIVE = "yr_owner_alive"
 CREATE_INSTANCE = "yr_create_instance"
 LOCATE_INSTANCE = "yr_locate_instance"
 INSTANCE_STATUS = "yr_instance_status"
@@ -379,6 +380,19 @@ class ClusterInfo(Message):
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
     reply_type: ClassVar[Any] = ClusterInfoReply
     instances: bool = True
+
+
+@_message
+class OwnerAlive(Message):
+    """reader -> scheduler rpc, when connecting to the owner of a borrowed object fails at
+    first: is ``address`` still a worker or a job's owner server the scheduler knows?  Reply:
+    ``bool``; ``False`` lets the reader fail with ``OwnerDiedError`` at once instead of
+    retrying the connect for ``distributed.comm.timeouts.connect`` (docs/faults.md)."""
+
+    op: ClassVar[str] = OWNER_ALIVE
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = bool
+    address: str
 
 
 @_message

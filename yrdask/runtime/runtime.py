@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("yrdask")
 
 INLINE_LIMIT = 512 * 1024  # results larger than this stay on the worker that made them
+OWNER_PROBE_S = 1.0  # first connect to a borrowed object's owner; then ask the scheduler
 
 @dataclass
 class ClientInfo:
@@ -291,8 +292,12 @@ class Runtime:
         if threading.get_ident() == self.loop_thread:
             self.loop.create_task(self._send_refs(owner, msg))
             return
+        async def send() -> None:
+            if await self.owner_gone(owner) is None:
+                await P.request(self.connector.rpc(owner), msg)
+
         try:
-            self.run_sync(P.request(self.connector.rpc(owner), msg))
+            self.run_sync(send())
         except Exception:  # the owner is gone: reading those refs says so
             pass
 
@@ -559,9 +564,34 @@ class Runtime:
                 raise loads(payload).to_exception()
             address = payload  # the owner says: a worker keeps it there
 
+    async def owner_gone(self, address: str) -> str | None:
+        """Why the owner at ``address`` is gone, or ``None`` if it may be alive (reached, or
+        still known to the scheduler).  Dask retries a refused connect until
+        ``distributed.comm.timeouts.connect`` (30 s): a first try of :data:`OWNER_PROBE_S`
+        that fails asks the scheduler instead, so a dead owner's readers fail at once."""
+        if address in self.lost_workers or address in self.objects.counter.dead:
+            return "the scheduler reported it gone"
+        rpc = self.connector.rpc(address)
+        try:
+            comm = await rpc.pool.connect(address, timeout=OWNER_PROBE_S)
+        except OSError as e:
+            try:
+                alive = await self.connector.request(P.OwnerAlive(address))
+            except Exception:  # the scheduler cannot say: keep trying the owner
+                return None
+            if alive is False:  # (None: a scheduler without the rpc)
+                return f"the scheduler no longer knows it ({e})"
+            return None
+        rpc.pool.reuse(address, comm)  # the request that follows takes it
+        return None
+
     async def _fetch(self, address: str, object_id: str, timeout: float | None,
                      owner: bool = False) -> list:
         try:
+            gone = await self.owner_gone(address) if owner else None
+            if gone is not None:  # its other objects here fail too, at once
+                self.objects.process_died(address)
+                raise OSError(gone)
             return await P.request(self.connector.rpc(address),
                                    P.FetchObject(object_id, timeout=timeout))
         except Exception as e:

@@ -185,6 +185,12 @@ class YrSchedulerExtension:
             if address != worker:
                 self._send_to_owner(address, msg.to_msg())
 
+    def owner_alive(self, address: str) -> bool:
+        """:class:`yrdask.protocol.OwnerAlive`: is ``address`` a worker or a job's owner
+        server still registered here?  (A process that died is neither once its stream
+        closed.)"""
+        return address in self.jobs or address in self.scheduler.workers
+
     async def worker_gone(self, address: str, timeout: float) -> bool:
         """Wait until Dask has removed ``address`` (a caller lost its channel to it).
 
