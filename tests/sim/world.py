@@ -334,6 +334,7 @@ class _ProcEdge(_NodeEdge):
             "avoid": tuple(ins.avoid), "affinity": ins.affinity})
 
     def push(self, task: Any, lease_id: str, worker: str, slots: int) -> None:
+        self.world.check_revoked_push(self.node, task.task_id, lease_id)
         self.world.tasks[task.task_id].where = worker
         msg = {"op": "RUN_TASK", "task_id": task.task_id, "lease_id": lease_id, "slots": slots}
         if task.args:
@@ -419,6 +420,8 @@ class ProcNode(Node):
         self.closed = False
         self.rt: _SimRuntime | None = None  # made for its first generator or ref
         self.kept: list = []  # ref seeds: argument refs kept after their tasks ended
+        # lease id -> (when, keep): the first revoke of a lease it held, a firm one over it
+        self.revoked_at: dict[str, tuple[float, bool]] = {}
         self.exited = False  # a driver that exited before its work was done
         # drivers
         self.tops: list[str] = []
@@ -801,7 +804,12 @@ class World:
         elif op == "REFUSE":
             submitter.lease_answer(msg["request_id"], None, msg["reason"])
         elif op == "REVOKE_LEASES":
-            submitter.revoke(list(msg["lease_ids"]), msg.get("keep", False))
+            keep = msg.get("keep", False)
+            held = getattr(node.submit, "leases", {})
+            for lid in msg["lease_ids"]:  # (a revoke before its grant is applied after it)
+                if lid in held and (not keep or lid not in node.revoked_at):
+                    node.revoked_at[lid] = (self.now, keep)
+            submitter.revoke(list(msg["lease_ids"]), keep)
         elif op in ("WORKER_LOST", "CHANNEL_LOST"):
             submitter.on_channel_lost(msg["worker"])
             if op == "WORKER_LOST" and node.rt is not None:  # Runtime.worker_lost
@@ -1469,6 +1477,20 @@ class World:
                 assert set(c.stream.refs) == st.held, \
                     f"stream {st.stream_id} holds refs {sorted(c.stream.refs)}, its machine " \
                     f"items {sorted(st.held)}"
+
+    def check_revoked_push(self, node: ProcNode, task_id: str, lease_id: str) -> None:
+        """A revoked lease takes no new task (runtime/submit_queue.py rule 4): none after a
+        firm revoke of it, and none once ``keep_revoked_s`` has passed since a revoke with
+        ``keep`` (a kept lease runs its queue's backlog only that long)."""
+        rv = node.revoked_at.get(lease_id)
+        if rv is None:
+            return
+        at, keep = rv
+        if not keep or self.now > at + self.keep_revoked_s:
+            raise SimFailure(
+                f"revoke: {node.name} pushed {task_id} under lease {lease_id} at "
+                f"{self.now:.3f} s, revoked {'with keep' if keep else 'firmly'} at {at:.3f} s "
+                f"(keep_revoked_s={self.keep_revoked_s})", self, (task_id, lease_id))
 
     def in_flight_lease_ids(self) -> set[str]:
         """Lease ids named by a message still on a link (a grant on its way to its owner,
