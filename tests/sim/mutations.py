@@ -545,6 +545,60 @@ def _refs_never_freed(patch: Patch) -> None:
     _filter_out(RefCounter, "FreeObject", patch)
 
 
+# -- revokes with keep and early revokes (runtime/submit_queue.py rule 4): the world's revoke
+# checks (World.check_revoked_push, check_revoked_idle) catch them -------------------------
+
+
+def _kept_lease_held_when_dry(patch: Patch) -> None:
+    from yrdask.runtime.submit_queue import SubmitQueue
+
+    real = SubmitQueue._revoke
+
+    def revoke(self, lease):  # a kept lease revoked once idle (it ran dry) is not given
+        if lease.tasks:  # back: it takes no task but stays held (the idle timer, if one is
+            return real(self, lease)  # armed, returns it lease_idle_s later)
+        lease.revoked = True
+        lease.kept_until = None
+        lease.q.free.pop(lease.lease_id, None)
+    patch(SubmitQueue, "_revoke", revoke)
+
+
+def _keep_unbounded(patch: Patch) -> None:
+    from yrdask.runtime.submit_queue import SubmitQueue
+
+    real = SubmitQueue._revoke_ids
+
+    def revoke_ids(self, lease_ids, keep):  # keep_revoked_s ignored: kept while it has work
+        bound = self.keep_revoked_s  # (for 100 s: longer than any queue's work, shorter
+        if bound > 0:  # than the world's livelock bound, so that only the check catches it)
+            self.keep_revoked_s = 100.0
+        try:
+            return real(self, lease_ids, keep)
+        finally:
+            self.keep_revoked_s = bound
+    patch(SubmitQueue, "_revoke_ids", revoke_ids)
+
+
+def _firm_revoke_kept(patch: Patch) -> None:
+    from yrdask.runtime.submit_queue import SubmitQueue
+
+    real = SubmitQueue._revoke_ids
+
+    def revoke_ids(self, lease_ids, keep):  # every revoke is taken as one with keep
+        return real(self, lease_ids, True)
+    patch(SubmitQueue, "_revoke_ids", revoke_ids)
+
+
+def _early_revoke_dropped(patch: Patch) -> None:
+    from yrdask.runtime.submit_queue import SubmitQueue
+
+    real = SubmitQueue._revoke_ids
+
+    def revoke_ids(self, lease_ids, keep):  # a revoke of a lease not granted yet is lost
+        return real(self, tuple(i for i in lease_ids if i in self.leases), keep)
+    patch(SubmitQueue, "_revoke_ids", revoke_ids)
+
+
 LQ_V = ("yrdask.scheduler.leases", "LeaseQueue")
 SQ_V = ("yrdask.runtime.submit_queue", "SubmitQueue")
 GATE_V = ("yrdask.worker.lease_gate", "LeaseGate")
@@ -710,6 +764,22 @@ MUTATIONS: list[Mutation] = [
     Mutation("refs-death-ignored", "tasks",
              "the object table ignores a process's death: what a dead worker borrowed is "
              "never freed", _process_death_ignored, 400),
+    # revokes (runtime/submit_queue.py rule 4): keep, its bound, firm revokes, early ones
+    Mutation("kept-lease-held-when-dry", "tasks",
+             "a kept lease revoked once its queue runs dry takes no task but is not given "
+             "back (held idle while the waiter that revoked it waits)", _kept_lease_held_when_dry,
+             100, (SQ_V,)),
+    Mutation("keep-unbounded", "tasks",
+             "keep_revoked_s ignored: a kept lease takes its queue's tasks for as long as "
+             "there are any while the waiter that revoked it waits", _keep_unbounded, 100,
+             (SQ_V,)),
+    Mutation("firm-revoke-kept", "tasks",
+             "a firm revoke (a waiter whose queue runs nothing, a group's removal) is taken "
+             "as one with keep: the lease takes more tasks", _firm_revoke_kept, 100, (SQ_V,)),
+    Mutation("early-revoke-dropped", "tasks",
+             "a revoke that comes before its lease's grant is dropped (as before rule 4's "
+             "fix): the lease is used and kept idle as if never revoked",
+             _early_revoke_dropped, 100, (SQ_V,)),
     Mutation("refs-never-freed", "tasks",
              "the reference counter never frees an object (a leak: nothing is freed at the "
              "end)", _refs_never_freed, 200, (RC_V,)),

@@ -50,6 +50,7 @@ class StandinSubmitQueue:
         self.leases: dict[str, _Lease] = {}
         self.lost: dict[str, float] = {}
         self.cancelled: dict[str, _Lease] = {}  # settled, still running: its slot waits
+        self.early: set[str] = set()  # revoked before their grant: revoked after it
         self.closed = False
         self.now = 0.0
         self.ids = 0
@@ -107,6 +108,9 @@ class StandinSubmitQueue:
                                                   idle_since=ev.now)
         self._dispatch(key, out)
         out.append(SQ.WakeAt("d", ev.now + self.idle_s))
+        if ev.lease_id in self.early:
+            self.early.discard(ev.lease_id)
+            self._LeasesRevoked(SQ.LeasesRevoked("d", (ev.lease_id,)), out)
 
     def _LeaseRefused(self, ev, out):
         key = self.requests.pop(ev.request_id, None)
@@ -171,7 +175,9 @@ class StandinSubmitQueue:
     def _LeasesRevoked(self, ev, out):
         for lid in ev.lease_ids:
             lease = self.leases.get(lid)
-            if lease is not None:
+            if lease is None:
+                self.early.add(lid)
+            else:
                 lease.revoked = True
                 if not lease.tasks:
                     del self.leases[lid]

@@ -37,6 +37,9 @@ def test_at_least_ten_mutations_across_machines():
             "death-while-restarting-ignored"} <= names
     # lending notices: a lasting wait never told (nested work hangs), a told one never ended
     assert {"block-never-told", "unblock-untold"} <= names
+    # revokes: a kept lease's return and bound, firm revokes, revokes before their grant
+    assert {"kept-lease-held-when-dry", "keep-unbounded", "firm-revoke-kept",
+            "early-revoke-dropped"} <= names
 
 
 def test_mutations_reach_the_production_adapters():

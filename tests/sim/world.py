@@ -334,6 +334,7 @@ class _ProcEdge(_NodeEdge):
             "avoid": tuple(ins.avoid), "affinity": ins.affinity})
 
     def push(self, task: Any, lease_id: str, worker: str, slots: int) -> None:
+        self.world.check_revoked_push(self.node, task.task_id, lease_id)
         self.world.tasks[task.task_id].where = worker
         msg = {"op": "RUN_TASK", "task_id": task.task_id, "lease_id": lease_id, "slots": slots}
         if task.args:
@@ -419,6 +420,9 @@ class ProcNode(Node):
         self.closed = False
         self.rt: _SimRuntime | None = None  # made for its first generator or ref
         self.kept: list = []  # ref seeds: argument refs kept after their tasks ended
+        # lease id -> (when, keep): the first revoke of a lease it held, a firm one over it
+        self.revoked_at: dict[str, tuple[float, bool]] = {}
+        self.early_revoked: dict[str, bool] = {}  # lease id -> keep: revoked before its grant
         self.exited = False  # a driver that exited before its work was done
         # drivers
         self.tops: list[str] = []
@@ -798,10 +802,21 @@ class World:
             node.task_side.asking(False)  # the request's rpc returned
         if op == "GRANT":
             submitter.lease_answer(msg["request_id"], msg["lease_id"], msg["worker"])
+            keep = node.early_revoked.pop(msg["lease_id"], None)
+            if keep is not None and msg["lease_id"] in getattr(node.submit, "leases", {}):
+                node.revoked_at[msg["lease_id"]] = (self.now, keep)  # revoked from now on
         elif op == "REFUSE":
             submitter.lease_answer(msg["request_id"], None, msg["reason"])
         elif op == "REVOKE_LEASES":
-            submitter.revoke(list(msg["lease_ids"]), msg.get("keep", False))
+            keep = msg.get("keep", False)
+            held = getattr(node.submit, "leases", {})
+            for lid in msg["lease_ids"]:
+                if lid in held:
+                    if not keep or lid not in node.revoked_at:
+                        node.revoked_at[lid] = (self.now, keep)
+                else:  # before its grant (or after its return): applied with the grant
+                    node.early_revoked[lid] = keep and node.early_revoked.get(lid, True)
+            submitter.revoke(list(msg["lease_ids"]), keep)
         elif op in ("WORKER_LOST", "CHANNEL_LOST"):
             submitter.on_channel_lost(msg["worker"])
             if op == "WORKER_LOST" and node.rt is not None:  # Runtime.worker_lost
@@ -1457,6 +1472,8 @@ class World:
             except AssertionError as e:
                 raise SimFailure(f"{node.name}: validate() failed after step {self.step}: {e}",
                                  self) from e
+            if node is not self.sched and not node.closed:
+                self.check_revoked_idle(node)
         touched.clear()
 
     def check_streams(self, node: ProcNode) -> None:
@@ -1469,6 +1486,35 @@ class World:
                 assert set(c.stream.refs) == st.held, \
                     f"stream {st.stream_id} holds refs {sorted(c.stream.refs)}, its machine " \
                     f"items {sorted(st.held)}"
+
+    def check_revoked_idle(self, node: ProcNode) -> None:
+        """A lease its owner was asked to revoke goes back as soon as it runs no task (a kept
+        one once its queue runs dry): none sits idle in the owner's submit queue."""
+        held = getattr(node.submit, "leases", None)
+        if held is None or not node.revoked_at:
+            return
+        for lid in [lid for lid in node.revoked_at if lid not in held]:
+            del node.revoked_at[lid]  # given back (lease ids are never reused)
+        for lid, (at, keep) in node.revoked_at.items():
+            if not held[lid].tasks:
+                raise SimFailure(
+                    f"revoke: {node.name}'s lease {lid}, revoked "
+                    f"{'with keep' if keep else 'firmly'} at {at:.3f} s, runs no task at "
+                    f"{self.now:.3f} s but was not given back", self, (lid,))
+
+    def check_revoked_push(self, node: ProcNode, task_id: str, lease_id: str) -> None:
+        """A revoked lease takes no new task (runtime/submit_queue.py rule 4): none after a
+        firm revoke of it, and none once ``keep_revoked_s`` has passed since a revoke with
+        ``keep`` (a kept lease runs its queue's backlog only that long)."""
+        rv = node.revoked_at.get(lease_id)
+        if rv is None:
+            return
+        at, keep = rv
+        if not keep or self.now > at + self.keep_revoked_s:
+            raise SimFailure(
+                f"revoke: {node.name} pushed {task_id} under lease {lease_id} at "
+                f"{self.now:.3f} s, revoked {'with keep' if keep else 'firmly'} at {at:.3f} s "
+                f"(keep_revoked_s={self.keep_revoked_s})", self, (task_id, lease_id))
 
     def in_flight_lease_ids(self) -> set[str]:
         """Lease ids named by a message still on a link (a grant on its way to its owner,

@@ -199,7 +199,8 @@ def test_a_busy_lease_is_kept_when_revoked_and_goes_back_when_it_runs_dry():
     queue(m, "b")
     grant(m, "r1", "L1")
     out = step(m, LeasesRevoked("rv", ("L1",), keep=True))
-    assert out == [] and "L1" in m.leases and not m.leases["L1"].revoked
+    assert out == [WakeAt("rv", 0.5)]  # the keep's bound, also if no task of it ends
+    assert "L1" in m.leases and not m.leases["L1"].revoked
     # another waiter's revoke changes nothing
     assert step(m, LeasesRevoked("rv2", ("L1",), keep=True)) == []
     out = finish(m, "a")
@@ -223,6 +224,26 @@ def test_a_kept_lease_goes_back_after_keep_revoked_s():
     assert [t.task_id for t in m.queues["k"].tasks] == ["c"]
 
 
+def test_a_kept_lease_whose_tasks_do_not_end_is_revoked_at_its_bound():
+    """A kept lease with two slots, one task blocked for long (a parent in yr.get): the bound
+    is kept by a timer, not only when a task of the lease ends, so the lease takes no new
+    task after it (the simulation's revoke check found new tasks taken 0.5 s past it)."""
+    m = mk(keep_revoked_s=0.5)
+    queue(m, "a", slots=2)
+    queue(m, "b", slots=2)
+    grant(m, "r1", "L1", now=1.0)
+    assert step(m, LeasesRevoked("rv", ("L1",), keep=True)) == [WakeAt("rv", 1.5)]
+    out = finish(m, "b", now=1.2)
+    queue(m, "c", slots=2)  # within the bound: the kept lease takes it
+    assert m.leases["L1"].tasks.keys() == {"a", "c"}
+    out = step(m, Tick("t", 1.5))
+    assert m.leases["L1"].revoked and returned(out) == [] and pushed(out) == []
+    queue(m, "d", slots=2)  # past the bound: it waits for a lease of its own
+    assert "d" not in m.leases["L1"].tasks and m.requests
+    finish(m, "c", now=1.6)
+    assert returned(finish(m, "a", now=9.0)) == ["L1"]
+
+
 def test_every_busy_revoked_lease_is_kept_while_its_queue_has_tasks():
     """Two parents on one worker share its children queue (and its leases): both leases
     serve the backlog, each goes back when it runs dry."""
@@ -231,7 +252,8 @@ def test_every_busy_revoked_lease_is_kept_while_its_queue_has_tasks():
         queue(m, t)
     grant(m, "r1", "L1")
     grant(m, "r2", "L2")
-    assert step(m, LeasesRevoked("rv", ("L1", "L2"), keep=True)) == []  # both busy: both kept
+    out = step(m, LeasesRevoked("rv", ("L1", "L2"), keep=True))
+    assert out == [WakeAt("rv", 0.5)]  # both busy: both kept
     assert pushed(finish(m, "a")) == [("c", "L1")]
     assert pushed(finish(m, "b")) == [("d", "L2")]
     assert returned(finish(m, "c")) == ["L1"]
@@ -263,7 +285,7 @@ def test_a_revoked_busy_lease_without_a_backlog_goes_back_after_its_task():
     m = mk()
     queue(m, "a")
     grant(m, "r1", "L1")
-    assert step(m, LeasesRevoked("rv", ("L1",), keep=True)) == []
+    assert step(m, LeasesRevoked("rv", ("L1",), keep=True)) == [WakeAt("rv", 0.5)]
     assert returned(finish(m, "a")) == ["L1"] and not m.leases  # no idle time
 
 

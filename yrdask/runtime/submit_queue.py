@@ -553,6 +553,7 @@ class SubmitQueue:
                 if lease.kept_until is None:
                     lease.kept_until = self.now + self.keep_revoked_s
                     self._note("lease kept", lease_id)
+                    self._arm_at(lease.kept_until)  # the bound holds while no task ends
                 continue
             lease.revoked = True
             lease.kept_until = None
@@ -618,6 +619,10 @@ class SubmitQueue:
         self.next_wake = None  # the timer fired (maybe early): ask again for what is left
         for worker in [w for w, until in self.lost.items() if until <= ev.now]:
             del self.lost[worker]
+        for lease in [l for l in self.leases.values()
+                      if l.kept_until is not None and l.kept_until <= ev.now]:
+            self._note("kept lease revoked", lease.lease_id)
+            self._revoke(lease)  # its bound passed (its tasks may not end for long)
         idle = [l for l in self.leases.values()
                 if not l.tasks and l.idle_since + self.lease_idle_s <= ev.now]
         for lease in idle:
@@ -773,13 +778,15 @@ class SubmitQueue:
         q.free.pop(lease.lease_id, None)
 
     def _arm(self) -> None:
-        """Keep a timer for the first idle lease to go back, or lost worker to forget."""
+        """Keep a timer for the first idle lease to go back, kept lease to be revoked, or
+        lost worker to forget."""
         due = min(self.lost.values(), default=None)
         for lease in self.leases.values():
+            at = lease.kept_until
             if not lease.tasks:
                 at = lease.idle_since + self.lease_idle_s
-                if due is None or at < due:
-                    due = at
+            if at is not None and (due is None or at < due):
+                due = at
         if due is not None:
             self._arm_at(due)
 
