@@ -56,7 +56,7 @@ def _hook(workers: int | None) -> None:
             mark("launcher started (Popen returned)")
             threading.Thread(target=_sample_launcher, args=(self.proc.pid,), daemon=True).start()
 
-    async def timed_start(self) -> str:
+    async def timed_start(self, *args, **kwargs) -> str:
         mark("driver: cluster.start (distributed imported)")
         import yrdask.deploy.preload as preload
 
@@ -87,7 +87,7 @@ def _hook(workers: int | None) -> None:
 
         self.proc.stdin = TimedPipe()
         try:
-            return await start(self)
+            return await start(self, *args, **kwargs)
         finally:
             self.proc.stdin = stdin
             mark("driver: every worker and nanny up")

@@ -42,7 +42,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from yrdask.errors import YRRuntimeError
 
@@ -133,8 +133,13 @@ class EmbeddedCluster:
         except BaseException as e:  # noqa: BLE001 - re-raised by start()
             self._node_env.set_exception(e)
 
-    async def start(self) -> str:
-        """Start the scheduler and the workers; returns the scheduler's address."""
+    async def start(self, after_order: Callable[[], None] | None = None) -> str:
+        """Start the scheduler and the workers; returns the scheduler's address.
+
+        What is not needed before the workers' start order (the dashboard's routes and
+        metrics, and ``after_order``: the driver runtime's submitter and router) runs once
+        the order is sent, while the launcher forks: off yr.init's critical path.
+        """
         self.launch()
         from distributed import Scheduler
 
@@ -152,6 +157,7 @@ class EmbeddedCluster:
                                    dashboard=False, validate=False, **security)
         LazyDashboard(self.scheduler).install()
         ext = install_scheduler(self.scheduler)
+        ext.defer_monitoring = True
         await self.scheduler
         address = self.scheduler.address
         # All nannies of one `dask worker` share its options; equal CPU offers per process.
@@ -164,6 +170,9 @@ class EmbeddedCluster:
             self.proc.stdin.flush()
         except OSError:
             pass  # it exited: reported below
+        ext.start_monitoring()
+        if after_order is not None:
+            after_order()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STARTUP_TIMEOUT_S
         while len(ext.ledger.processes) < nprocs:

@@ -64,7 +64,8 @@ class ClientInfo:
 class Runtime:
     """Object table, submitter and channels of one process (see module docstring)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, job_id: str) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, job_id: str,
+                 defer_machines: bool = False) -> None:
         self.loop = loop
         self.loop_thread: int | None = None
         self.job_id = job_id
@@ -72,13 +73,9 @@ class Runtime:
         self.connector: Any = None
         self.agent: "LocalNode | None" = None  # the worker agent, when this runtime lives in a worker
         register_with_dask()  # large values travel as Dask frames (serialization.Frames)
-        _load_machines()
         self.objects = ObjectTable(self, INLINE_LIMIT)
-        self.submitter = Submitter.for_runtime(self)
-        self.router = InstanceRouter(self)
-        # bound once: on_loop's inbox holds one per submission until the loop drains it
-        self._submit_on_loop = self.submitter.submit
-        self._call_on_loop = self.router.call
+        if not defer_machines:  # else the caller runs build_machines() before any use
+            self.build_machines()
         self.channels: dict[str, Any] = {}
         self.streams: dict[str, Stream] = {}  # generator calls whose end has not come
         # how recently lost worker processes ended (WORKER_EXIT), and who waits to know
@@ -96,6 +93,15 @@ class Runtime:
         # Where prints of work submitted by the calling thread go: a driver's owner address
         # (Config.log_to_driver), or None.  The worker's output module replaces it.
         self.output_target: Callable[[], str | None] = _no_target
+
+    def build_machines(self) -> None:
+        """The submitter and the instance router (their imports take ~20 ms)."""
+        _load_machines()
+        self.submitter = Submitter.for_runtime(self)
+        self.router = InstanceRouter(self)
+        # bound once: on_loop's inbox holds one per submission until the loop drains it
+        self._submit_on_loop = self.submitter.submit
+        self._call_on_loop = self.router.call
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -717,7 +723,8 @@ class Runtime:
 
     async def close(self) -> None:
         self.closed = True
-        self.submitter.close()
+        if hasattr(self, "submitter"):  # not built if an embedded cluster failed to start
+            self.submitter.close()
         for chan in list(self.channels.values()):
             await chan.close()
         self.channels.clear()
@@ -801,7 +808,10 @@ class DriverRuntime(Runtime):
             cluster.launch()  # first: its launcher imports while this process builds the rest
         try:
             self.loop_runner = _LoopThread()
-            super().__init__(self.loop_runner.loop, conf.job_id)
+            # An embedded cluster's driver builds its submitter and router once the workers'
+            # start order is sent (EmbeddedCluster.start): they import while the launcher forks.
+            super().__init__(self.loop_runner.loop, conf.job_id,
+                             defer_machines=cluster is not None)
         except BaseException:
             proc = getattr(cluster, "proc", None)
             if proc is not None:  # it only waits for an address: nothing else to stop
@@ -836,7 +846,7 @@ class DriverRuntime(Runtime):
             listen_host = "127.0.0.1" if host in ("127.0.0.1", "localhost") else get_ip(host)
         else:
             self.cluster.security = security if tls else None
-            address = await self.cluster.start()
+            address = await self.cluster.start(after_order=self.build_machines)
             listen_host = "127.0.0.1"
         from yrdask.runtime.transport import DriverConnector
 

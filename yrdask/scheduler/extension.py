@@ -65,6 +65,7 @@ class YrSchedulerExtension:
         self.nanny_plugin = nanny_plugin  # on every nanny: reports how worker processes end
         self.worker_of_nanny: dict[str, str] = {}  # nanny address -> its latest worker
         self.monitoring = monitoring  # called with the scheduler at start (dashboard pages)
+        self.defer_monitoring = False  # True: start() leaves it to start_monitoring()
         # Every lease and instance holding is decided by this pure machine (leases.py); what
         # the adapter does with its answers is decided by LeaseService (lease_service.py,
         # which the simulation drives too); _LoopEdge below is its I/O edge.
@@ -112,6 +113,15 @@ class YrSchedulerExtension:
         self.scheduler.periodic_callbacks["yr-dask-panels"] = panels
         panels.start()
         self.kv.start(self.scheduler)
+        if not self.defer_monitoring:
+            self.start_monitoring()
+
+    def start_monitoring(self) -> None:
+        """Install the dashboard's pages, JSON API and metrics (the ``monitoring`` hook).
+
+        Run by :meth:`start`, or later by a composition root that set ``defer_monitoring``
+        (the embedded cluster: after its workers' start order, off yr.init's critical path).
+        """
         try:  # monitoring (docs/monitoring.md) must never keep the scheduler from serving yr
             if self.monitoring is not None:
                 self.monitoring(self.scheduler)
