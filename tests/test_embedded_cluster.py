@@ -6,7 +6,8 @@ Its workers are forked by Dask nannies inside one launcher subprocess (``python 
 with SIGKILL or SIGTERM is forked again and rejoins with the yr agent and runs work;
 ``yr.finalize()`` is quick even with a task that never returns and leaves no process behind,
 nor does a killed driver or launcher; the Dask dashboard is mounted at its first request;
-``import yrdask`` does not import distributed (the launcher's imports overlap the driver's).
+``import yrdask`` does not import distributed (the launcher's imports overlap the driver's);
+the driver builds its submitter and metrics after the workers' start order.
 
 Every test that kills something starts its own cluster.  Order comes from files a task
 writes or waits for and from ``wait_until`` on state, never from sleeps.
@@ -321,6 +322,54 @@ def test_import_yrdask_does_not_import_distributed():
                                "if m.split('.')[0] in ('distributed', 'bokeh')))"],
         capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_start_order_goes_before_the_driver_builds_its_submitter_and_metrics(tmp_path):
+    """What the driver needs only once workers run (its submitter and instance router, the
+    dashboard's routes and metrics) is built after the workers' start order is sent, while
+    the launcher forks (docs/performance.md, start-up); all of it is there when init returns."""
+    result = run_driver(tmp_path, """
+        import sys, urllib.request
+        import yrdask as yr
+        from yrdask.deploy.embedded import EmbeddedCluster
+
+        LATER = ("yrdask.runtime.submitter", "yrdask.runtime.instance_router",
+                 "yrdask.dashboard.prometheus")
+        launch = EmbeddedCluster.launch
+
+        def recording_launch(self):
+            launch(self)
+            pipe = self.proc.stdin
+
+            class Recorder:
+                def write(self, data):
+                    print("at the order:", [m for m in LATER if m in sys.modules], flush=True)
+                    return pipe.write(data)
+
+                def __getattr__(self, name):
+                    return getattr(pipe, name)
+
+            self.proc.stdin = Recorder()
+
+        EmbeddedCluster.launch = recording_launch
+
+        @yr.invoke
+        def one():
+            return 1
+
+        info = yr.init(yr.Config(num_cpus=1))
+        print("at init:", [m for m in LATER if m in sys.modules])
+        base = info.dashboard_link.rsplit("/", 1)[0]
+        with urllib.request.urlopen(base + "/metrics", timeout=60) as r:
+            print("metrics:", b"yr_" in r.read())
+        assert yr.get(one.invoke(), timeout=60) == 1
+        yr.finalize()
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "at the order: []" in result.stdout, result.stdout
+    assert ("at init: ['yrdask.runtime.submitter', 'yrdask.runtime.instance_router', "
+            "'yrdask.dashboard.prometheus']") in result.stdout, result.stdout
+    assert "metrics: True" in result.stdout, result.stdout
 
 
 def test_workers_start_light_and_follow_the_dask_pre_spawn_config(tmp_path, monkeypatch):
