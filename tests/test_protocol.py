@@ -27,7 +27,8 @@ SAMPLES: list[P.Message] = [
     P.ConnectJob("job-1", "tcp://127.0.0.1:4000", P.PROTOCOL_VERSION),
     P.RegisterWorker("tcp://w:1", {"CPU": 4000.0, "Memory": 1024.0}, P.PROTOCOL_VERSION),
     P.RequestLease("tcp://o:1", {"CPU": 1000.0}, -1, local="tcp://w:1", queue="q1",
-                   avoid=("tcp://w:2",), affinity=(("RESOURCE", "gpu", "Exists", (), True),)),
+                   avoid=("tcp://w:2",), affinity=(("RESOURCE", "gpu", "Exists", (), True),),
+                   request_id="r7"),
     P.ClusterInfo(instances=False),
     P.OwnerAlive("tcp://o:1"),
     P.CreateInstance({"instance_id": "i-1", "cls": b"\x80pickled", "cls_name": "C",
@@ -49,6 +50,7 @@ SAMPLES: list[P.Message] = [
     P.RemoveResourceGroup("rg-1"),
     P.WaitResourceGroup("rg-1", timeout=2.5),
     P.ReturnLeases(("l-1", "l-2")),
+    P.WithdrawLeaseRequests("tcp://o:1", ("r1", "r2")),
     P.LeaseBlocked("l-1"),
     P.LeaseUnblocked("l-1"),
     P.HandleRefs({"i-1": 1, "i-2": -1}, transit=(("i-1", "tok"),), arrived=(("i-2", "tok2"),)),
@@ -136,9 +138,11 @@ def test_channel_groups_are_derived_from_the_table():
                                     P.WAIT_RESOURCE_GROUP, P.KV_PUT, P.KV_GET, P.KV_DEL,
                                     P.WORKER_EXITED, P.OWNER_ALIVE}
     assert set(P.SCHEDULER_STREAM) == {P.RETURN_LEASES, P.LEASE_BLOCKED, P.LEASE_UNBLOCKED,
-                                       P.HANDLE_REFS, P.INSTANCE_STATE, P.TASK_RECORDS}
+                                       P.HANDLE_REFS, P.INSTANCE_STATE, P.TASK_RECORDS,
+                                       P.WITHDRAW_LEASE_REQUESTS}
     assert set(P.JOB_STREAM) == {P.RETURN_LEASES, P.HANDLE_REFS,  # an isolated process
-                                 P.LEASE_BLOCKED, P.LEASE_UNBLOCKED}  # lends on its own
+                                 P.LEASE_BLOCKED, P.LEASE_UNBLOCKED,  # lends on its own
+                                 P.WITHDRAW_LEASE_REQUESTS}
     assert set(P.DRIVER_STREAM) == {P.REVOKE_LEASES, P.WORKER_LOST, P.WAIT_WARNING,
                                     P.WORKER_EXIT}
     assert set(P.WORKER_RPC) == {P.OPEN_CHANNEL, P.FETCH_OBJECT, P.FREE_OBJECTS,

@@ -356,7 +356,9 @@ class RequestLease(Message):
     first, else ``None``), ``affinity`` (:func:`yrdask.affinity.to_wire` form), ``queue``
     (which of the submitter's task queues it is for: the scheduler never revokes an owner's
     lease to serve the same queue), ``avoid`` (workers the submitter just lost its channel
-    to: never granted while it waits).  Reply: :data:`LeaseReply`."""
+    to: never granted while it waits), ``request_id`` (the submitter's own id of the
+    request, named by a later :class:`WithdrawLeaseRequests`; empty: never withdrawn).
+    Reply: :data:`LeaseReply`."""
 
     op: ClassVar[str] = REQUEST_LEASE
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
@@ -368,6 +370,7 @@ class RequestLease(Message):
     queue: str = ""
     avoid: Sequence[str] = ()
     affinity: Sequence[Any] | None = None
+    request_id: str = ""
 
 
 @_message
@@ -631,6 +634,7 @@ KV_RPC = (KV_PUT, KV_GET, KV_DEL)  # the KV store's group (all on the scheduler 
 # --- job stream / worker stream, -> scheduler ---------------------------------------------
 
 RETURN_LEASES = "yr_return_leases"
+WITHDRAW_LEASE_REQUESTS = "yr_withdraw_lease_requests"
 LEASE_BLOCKED = "yr_lease_blocked"
 LEASE_UNBLOCKED = "yr_lease_unblocked"
 HANDLE_REFS = "yr_handle_refs"
@@ -647,6 +651,19 @@ class ReturnLeases(Message):
     op: ClassVar[str] = RETURN_LEASES
     channels: ClassVar[tuple[str, ...]] = (ON_JOB_STREAM, ON_SCHEDULER_STREAM)
     lease_ids: list[str]
+
+
+@_message
+class WithdrawLeaseRequests(Message):
+    """submitter -> scheduler (job stream or worker stream).  ``owner``'s queue drained:
+    its waiting lease requests (the submitter's own ``request_id`` of each
+    :class:`RequestLease`) are withdrawn, each answered ``[None, reason]``.  One already
+    granted or unknown is left alone (a grant that crossed it is returned as unwanted)."""
+
+    op: ClassVar[str] = WITHDRAW_LEASE_REQUESTS
+    channels: ClassVar[tuple[str, ...]] = (ON_JOB_STREAM, ON_SCHEDULER_STREAM)
+    owner: str
+    request_ids: list[str]
 
 
 @_message

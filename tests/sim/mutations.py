@@ -47,6 +47,19 @@ def _filter_out(cls: Any, instruction: str, patch: Patch, double: bool = False) 
 # -- the mutations ---------------------------------------------------------------------------
 
 
+def _withdrawn_grant_kept(patch: Patch) -> None:
+    from yrdask.runtime.submit_queue import LeaseGranted, SubmitQueue
+
+    real = SubmitQueue.handle
+
+    def handle(self, ev):
+        if type(ev) is LeaseGranted and self.withdrawn.pop(ev.request_id, None) is not None:
+            return []  # a grant that crossed the withdraw: forgotten, never returned
+        return real(self, ev)
+    patch(SubmitQueue, "handle", handle)
+
+
+
 def _group_removal_keeps_leases(patch: Patch) -> None:
     from yrdask.scheduler.groups import GroupMachine
 
@@ -612,6 +625,9 @@ GEN_V = ("yrdask.runtime.generators", "StreamState")
 RC_V = ("yrdask.runtime.refcount", "RefCounter")
 
 MUTATIONS: list[Mutation] = [
+    Mutation("withdrawn-grant-kept", "tasks",
+             "a grant that crossed its request's withdraw is neither used nor returned (leak)",
+             _withdrawn_grant_kept, 500, (SQ_V,)),
     Mutation("ledger-fits-ever", "tasks",
              "Ledger.choose places on a worker that could ever fit the shape, not one where it "
              "fits now", _fits_ever, 200, (LQ_V,)),

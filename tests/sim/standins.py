@@ -296,6 +296,12 @@ class StandinLeaseQueue:
             out.append(LQ.Refused("s", req.request_id, "owner gone"))
         self._grant_pending(out)
 
+    def _RequestWithdrawn(self, ev, out):
+        for req in [r for r in self.pending if r.request_id == ev.request_id]:
+            if req.owner == ev.owner:
+                self.pending.remove(req)
+                out.append(LQ.Refused("s", req.request_id, "withdrawn"))
+
     def _Tick(self, ev, out):
         for req in list(self.pending):
             at = self.deadline.get(req.request_id)

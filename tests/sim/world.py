@@ -349,6 +349,10 @@ class _ProcEdge(_NodeEdge):
         self.world.send(self.node.name, SCHED, "stream", {"op": "RETURN_LEASES",
                                                           "lease_ids": tuple(lease_ids)})
 
+    def withdraw_requests(self, request_ids: list) -> None:
+        self.world.send(self.node.name, SCHED, "stream", {"op": "WITHDRAW_LEASE_REQUESTS",
+                                                          "request_ids": tuple(request_ids)})
+
     def crashed(self, error: Any, entries: list) -> None:
         for entry in entries:  # how the process ended is not modelled: fail at once
             entry.set_error(error)
@@ -707,7 +711,8 @@ class World:
             from yrdask.scheduler.requests import LeaseRequest, freeze
 
             req = LeaseRequest(src, dict(msg["shape"]), local=msg["local"], queue=msg["queue"],
-                               avoid=tuple(msg["avoid"] or ()), affinity=freeze(msg["affinity"]))
+                               avoid=tuple(msg["avoid"] or ()), affinity=freeze(msg["affinity"]),
+                               own_id=own_id)
 
             def answer(result: list) -> None:  # the rpc's reply
                 if result[0] is None:
@@ -724,6 +729,8 @@ class World:
             service.open(req, msg["timeout_ms"], answer)
         elif op == "RETURN_LEASES":
             service.release(tuple(msg["lease_ids"]), "return")
+        elif op == "WITHDRAW_LEASE_REQUESTS":
+            service.withdraw(src, tuple(msg["request_ids"]))
         elif op == "LEASE_BLOCKED":
             service.lease_blocked(msg["lease_id"])
         elif op == "LEASE_UNBLOCKED":

@@ -16,8 +16,8 @@ import pytest
 from yrdask.affinity import AffinityKind, AffinityType, OperatorType
 from yrdask.scheduler.leases import (Granted, HoldingsReleased, HoldRequested, LeaseBlocked,
                                      LeaseQueue, LeaseUnblocked, OwnerGone, Refused,
-                                     RequestCancelled, Revoke, Tick, WakeAt, WorkerJoined,
-                                     WorkerLeft)
+                                     RequestCancelled, RequestWithdrawn, Revoke, Tick, WakeAt,
+                                     WorkerJoined, WorkerLeft)
 from yrdask.statemachine import Event
 
 pytestmark = pytest.mark.timeout(120)
@@ -86,7 +86,7 @@ def test_a_request_that_fits_is_granted_at_once_and_counted():
     assert grants(out) == {"r1": ("L1", "a")} and len(out) == 1
     assert q.q.ledger.workers["a"].held == {"CPU": 1000.0}
     assert q.q.counters == {"leases_granted": 1, "leases_local": 0, "leases_forwarded": 1,
-                            "lease_timeouts": 0}
+                            "lease_timeouts": 0, "requests_withdrawn": 0}
     q(req("r2", local="a"))
     assert q.q.counters["leases_local"] == 1 and q.q.counters["leases_granted"] == 2
 
@@ -452,6 +452,25 @@ def test_a_cancelled_request_is_refused_once():
     assert q(HoldingsReleased("t", ("L1",))) == []  # nobody waits any more
 
 
+def test_a_withdrawn_lease_request_leaves_the_queue_refused_once_with_its_revokes():
+    q = Q(a=cpu(1))
+    q(req("x", owner="d1", queue="p"))  # L1
+    out = q(req("r", owner="d2", queue="c"))
+    assert revokes(out) == {"d1": ("L1",)} and "r" in q.q.pending
+    assert q(RequestWithdrawn("t", "r", "d1")) == []  # only its owner withdraws it
+    out = q(RequestWithdrawn("t", "r", "d2"))
+    assert "withdrawn by its owner d2" in refusals(out)["r"] and len(out) == 1
+    assert not q.q.pending and q.q.counters["requests_withdrawn"] == 1
+    assert q(RequestWithdrawn("t", "r", "d2")) == []  # answered already
+    assert q(RequestWithdrawn("t", "x", "d1")) == []  # granted: the holding stays
+    assert "L1" in q.q.ledger.holdings
+    assert q(HoldingsReleased("t", ("L1",))) == []  # the revoked lease back: nobody waits
+    assert ("withdrawn", "r", "d2", ("L1",)) in [e for _, e in q.q.story("r")]
+    q(req("i", kind="instance", holding_id="I1", owner="I1"))
+    q(req("j", kind="instance", holding_id="I2", owner="I2"))
+    assert q(RequestWithdrawn("t", "j", "I2")) == []  # instances are cancelled, not withdrawn
+
+
 def test_story_by_request_holding_and_owner():
     q = Q(a=cpu(1))
     q(req("r1", owner="d1"))
@@ -553,7 +572,12 @@ def _random_run(seed: int, steps: int = 40) -> None:
         elif roll < 0.82:
             feed(OwnerGone(sid, rng.choice(OWNERS)))
         elif roll < 0.86 and asked:
-            feed(RequestCancelled(sid, rng.choice(sorted(asked))))
+            rid = rng.choice(sorted(asked))
+            if rng.random() < 0.5:
+                feed(RequestCancelled(sid, rid))
+            else:  # its owner's withdraw, now and then another's (ignored)
+                owner = asked[rid].owner if rng.random() < 0.9 else rng.choice(OWNERS)
+                feed(RequestWithdrawn(sid, rid, owner))
         else:
             if timers and rng.random() < 0.7:
                 now = max(now, min(timers))

@@ -10,7 +10,8 @@ from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError, YRRun
 from yrdask.runtime.submit_queue import (Closing, CancelRequested, LeaseGranted, LeaseRefused,
                                          LeasesRevoked, PushTask, RequestLease, ReturnLeases,
                                          SendCancel, SubmitQueue, TaskFailed, TaskFinished,
-                                         TaskQueued, TaskSucceeded, Tick, WakeAt, WorkerLost)
+                                         TaskQueued, TaskSucceeded, Tick, WakeAt,
+                                         WithdrawRequests, WorkerLost)
 
 IDLE = 1.0
 
@@ -118,6 +119,71 @@ def test_a_grant_with_nothing_queued_goes_back_at_once():
     grant(m, "r1", "L1")
     finish(m, "t0")  # L1 takes t1
     assert returned(grant(m, "r2", "L2")) == ["L2"]
+
+
+def withdrawn(out: list) -> list[str]:
+    return [rid for i in of(out, WithdrawRequests) for rid in i.request_ids]
+
+
+def test_a_drained_queue_withdraws_its_unanswered_requests_and_returns_a_crossing_grant():
+    m = mk()
+    for i in range(3):
+        queue(m, f"t{i}")
+    grant(m, "r1", "L1")  # r2, r3 wait at the scheduler
+    for tid in ("t1", "t2"):
+        assert withdrawn(step(m, CancelRequested("c", tid))) == []  # t0 runs: not drained
+    out = finish(m, "t0")
+    assert succeeded(out) == ["t0"] and withdrawn(out) == ["r2", "r3"]
+    assert m.requests == {} and set(m.withdrawn) == {"r2", "r3"}
+    out = step(m, LeaseRefused("x", "r2", "withdrawn"))  # the scheduler's answer
+    assert out == [] and "r2" not in m.withdrawn
+    assert returned(grant(m, "r3", "L3")) == ["L3"]  # the grant crossed the withdraw
+    assert m.withdrawn == {} and set(m.leases) == {"L1"}
+    assert any(e[1] == ("granted after its withdraw", "r3", "L3") for e in m.story("r3"))
+
+
+def test_a_burst_never_withdraws_while_its_tasks_run():
+    m = mk()
+    out = []
+    for i in range(10):
+        out += queue(m, f"t{i}")
+    assert requests(out) == ["r1", "r2", "r3", "r4"]
+    assert requests(grant(m, "r1", "L1")) == ["r5"]  # four wait again
+    out = []
+    for i in range(9):  # the queue empties once t9 is pushed, but t9 runs: no withdraw
+        out += finish(m, f"t{i}")
+    out += queue(m, "u")  # a late task of the burst
+    assert withdrawn(out) == [] and requests(out) == []
+    out = finish(m, "t9")
+    assert withdrawn(out) == [] and pushed(out) == [("u", "L1")]
+    assert withdrawn(finish(m, "u")) == ["r2", "r3", "r4", "r5"]
+
+
+def test_a_grant_after_the_withdraw_serves_new_tasks_of_its_queue():
+    m = mk()
+    queue(m, "t0")
+    queue(m, "t1")
+    grant(m, "r1", "L1")
+    step(m, CancelRequested("c", "t1"))
+    assert withdrawn(finish(m, "t0")) == ["r2"]
+    out = queue(m, "t2")
+    assert pushed(out) == [("t2", "L1")]  # the idle lease takes it
+    assert requests(queue(m, "t3")) == ["r3"]
+    out = grant(m, "r2", "L2")  # withdrawn, crossed: its queue has a task again
+    assert returned(out) == [] and pushed(out) == [("t3", "L2")]
+    assert m.withdrawn == {} and list(m.requests) == ["r3"]
+
+
+def test_a_withdrawn_request_is_forgotten_on_closing():
+    m = mk()
+    queue(m, "t0")
+    queue(m, "t1")
+    grant(m, "r1", "L1")
+    step(m, CancelRequested("c", "t1"))
+    finish(m, "t0")
+    assert set(m.withdrawn) == {"r2"}
+    step(m, Closing("z"))
+    assert m.withdrawn == {} and returned(grant(m, "r2", "L2")) == ["L2"]
 
 
 def test_local_and_forwarded_pushes_are_counted():

@@ -46,6 +46,9 @@ class Edge:
     def return_leases(self, lease_ids) -> None:
         self.sent.append(("return", tuple(lease_ids)))
 
+    def withdraw_requests(self, request_ids) -> None:
+        self.sent.append(("withdraw", tuple(request_ids)))
+
     def crashed(self, error, entries) -> None:
         for entry in entries:
             entry.set_error(error)

@@ -47,6 +47,7 @@ COUNTERS = {
     "leases_local": "Leases granted on the requester's own worker",
     "leases_forwarded": "Leases granted on another worker than the requester's",
     "lease_timeouts": "Lease or instance requests not met in time",
+    "requests_withdrawn": "Waiting lease requests withdrawn by their owner (its queue drained)",
 }
 OWN_NAMES = {"workers", "instances", "instance_restarts", "resource_capacity", "resource_held",
              "lease_requests_waiting", "tasks_running", "tasks_queued", "tasks_local",

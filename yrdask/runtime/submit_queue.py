@@ -24,7 +24,14 @@ One :class:`SubmitQueue` per process (driver or worker).  How a task travels:
    backlog and all wait for more leases (nested fan-out: every parent's children queue)
    therefore do not trade their leases after every task, each trade leaving a CPU idle for
    a round trip through the scheduler, while a waiter still gets a lease within a bound.
-5. A lost worker voids its leases: its tasks go back to the front of their queues (not counted
+5. A queue that *drains* (no task queued and none running on its leases) while lease
+   requests of it are unanswered withdraws them (:class:`WithdrawRequests`): they would
+   only be granted later and returned at once, a CPU held away from the queues that wait
+   meanwhile (and their revokes taking others' leases).  Only a drained queue withdraws: a
+   queue whose tasks still run may be refilled (requeues, retries, the rest of a burst), so
+   a burst does not withdraw and ask again.  A grant that crosses the withdraw is kept if
+   its queue has tasks again, else returned at once.
+6. A lost worker voids its leases: its tasks go back to the front of their queues (not counted
    against ``retries``) at most ``max_crash_retries`` times each, and lease requests avoid it
    for ``avoid_lost_s``.  A user exception reruns a task while its ``retries`` last; a task
    the worker's gate handed back unrun (``"requeue"``) is queued again and its queue stops
@@ -177,6 +184,14 @@ class ReturnLeases(Instruction):
 
 
 @dataclass(frozen=True, slots=True)
+class WithdrawRequests(Instruction):
+    """The queue of these unanswered :class:`RequestLease` drained: withdraw them
+    (``WITHDRAW_LEASE_REQUESTS``).  Each is still answered, a refusal or a crossing grant."""
+
+    request_ids: tuple
+
+
+@dataclass(frozen=True, slots=True)
 class TaskSucceeded(Instruction):
     """Settle the task's refs with the results of its ``TASK_DONE``."""
 
@@ -295,6 +310,7 @@ class SubmitQueue:
         self.queues: dict[Any, _Queue] = {}
         self.leases: dict[str, _Lease] = {}
         self.requests: dict[str, _Queue] = {}  # outstanding request id -> its queue
+        self.withdrawn: dict[str, _Queue] = {}  # withdrawn, not answered yet -> its queue
         self.lost: dict[str, float] = {}  # worker -> until when requests avoid it
         self.counts = {"local": 0, "forwarded": 0, "lease_requests": 0}
         self.now = 0.0  # the latest time an event carried
@@ -400,13 +416,19 @@ class SubmitQueue:
     def _lease_granted(self, ev: LeaseGranted) -> None:
         self._clock(ev.now)
         q = self.requests.pop(ev.request_id, None)
-        if q is None:
-            if self.closed:
-                self._emit(ReturnLeases(self._sid, (ev.lease_id,)), ev.lease_id)
-            else:
-                self._note("ignored: not an outstanding request", ev.request_id, ev.lease_id)
-            return
-        q.requests.discard(ev.request_id)
+        if q is not None:
+            q.requests.discard(ev.request_id)
+        else:
+            q = self.withdrawn.pop(ev.request_id, None)
+            if q is None:
+                if self.closed:
+                    self._emit(ReturnLeases(self._sid, (ev.lease_id,)), ev.lease_id)
+                else:
+                    self._note("ignored: not an outstanding request", ev.request_id,
+                               ev.lease_id)
+                return
+            # the grant crossed the withdraw: kept if the queue has tasks again (below)
+            self._note("granted after its withdraw", ev.request_id, ev.lease_id)
         q.backoff = False
         if self.closed:
             self._emit(ReturnLeases(self._sid, (ev.lease_id,)), ev.lease_id)
@@ -435,7 +457,10 @@ class SubmitQueue:
     def _lease_refused(self, ev: LeaseRefused) -> None:
         q = self.requests.pop(ev.request_id, None)
         if q is None:
-            self._note("ignored: not an outstanding request", ev.request_id)
+            if self.withdrawn.pop(ev.request_id, None) is not None:
+                self._note("withdrawn request answered", ev.request_id)
+            else:
+                self._note("ignored: not an outstanding request", ev.request_id)
             return
         q.requests.discard(ev.request_id)
         if q.requests or q.leases:
@@ -468,6 +493,7 @@ class SubmitQueue:
             if ev.outcome in ("ok", "error"):
                 q.tasks.remove(task)
                 self._finish(task, ev)
+                self._dirty[q.name] = q  # it may have drained (rule 5)
             else:
                 self._note("ignored: finish of a queued task", ev.task_id)
             return
@@ -641,6 +667,7 @@ class SubmitQueue:
         self.queues.clear()
         self.tasks.clear()
         self.requests.clear()
+        self.withdrawn.clear()
         self.lost.clear()
         self.early_revokes.clear()
         if ids:
@@ -655,7 +682,11 @@ class SubmitQueue:
         if self.closed:
             return
         tasks = q.tasks
-        if tasks and q.free:
+        if not tasks:
+            if q.requests:
+                self._withdraw(q)
+            return
+        if q.free:
             # the lease freed last first: one task at a time stays on one warm worker (in
             # grant order it would go round every lease, waking each worker in turn), and
             # leases left idle go back
@@ -668,6 +699,19 @@ class SubmitQueue:
             self._pipeline(q)
         if tasks and len(q.requests) < self.max_pending_requests:  # else _ask wants none
             self._ask(q, tasks)
+
+    def _withdraw(self, q: _Queue) -> None:
+        """Rule 5: a drained queue (no task queued, none running) withdraws its requests."""
+        for lease in q.leases.values():
+            if lease.tasks:
+                return  # its tasks still run: it may be refilled
+        ids = tuple(r for r, of in self.requests.items() if of is q)  # in asking order
+        for request_id in ids:
+            del self.requests[request_id]
+            self.withdrawn[request_id] = q
+        q.requests.clear()
+        q.backoff = False
+        self._emit(WithdrawRequests(self._sid, ids), *ids)
 
     def _ask(self, q: _Queue, tasks: deque) -> None:
         """Make sure leases are coming for the queue's backlog ``tasks`` (not empty)."""
@@ -849,6 +893,13 @@ class SubmitQueue:
                     "outstanding request")
         for request_id, q in self.requests.items():
             assert request_id in q.requests
+        for request_id, q in self.withdrawn.items():
+            assert request_id not in self.requests, f"{request_id} withdrawn yet outstanding"
+        if not self.closed:
+            for q in self.queues.values():  # rule 5: a drained queue asks for nothing
+                if q.requests and not q.tasks:
+                    assert any(l.tasks for l in q.leases.values()), (
+                        f"{q.name} drained with request(s) {sorted(q.requests)} not withdrawn")
         for lease_id, lease in self.leases.items():
             assert lease_id in lease.q.leases
             assert len(lease.tasks) <= lease.slots * self.pipeline_depth

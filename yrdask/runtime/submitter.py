@@ -109,6 +109,9 @@ class SubmitEdge(Protocol):
     def return_leases(self, lease_ids: list[str]) -> None:
         """``RETURN_LEASES`` on the scheduler stream."""
 
+    def withdraw_requests(self, request_ids: list[str]) -> None:
+        """``WITHDRAW_LEASE_REQUESTS`` on the scheduler stream (the queue drained)."""
+
     def crashed(self, error: TaskCrashedError, entries: list[Entry]) -> None:
         """Fail ``entries`` with ``error``, once it can say how the worker's process ended."""
 
@@ -386,6 +389,8 @@ class Submitter:
             self.edge.request_lease(ins, near, self.lease_answer)
         elif kind is M.ReturnLeases:
             self.edge.return_leases(list(ins.lease_ids))
+        elif kind is M.WithdrawRequests:
+            self.edge.withdraw_requests(list(ins.request_ids))
         elif kind is M.SendCancel:
             self.edge.send_cancel(ins.worker, ins.task_id, ins.force)
         elif kind is M.WakeAt:
@@ -477,7 +482,8 @@ class RuntimeEdge:
                              answer: Callable[[str, str | None, str], None]) -> None:
         try:
             lease_id, where = await self.rt.connector.request_lease(
-                ins.shape, ins.timeout_ms, ins.queue, list(ins.avoid), ins.affinity, near)
+                ins.shape, ins.timeout_ms, ins.queue, list(ins.avoid), ins.affinity, near,
+                ins.request_id)
         except Exception as e:  # scheduler unreachable
             lease_id, where = None, f"lease request failed: {e!r}"
         answer(ins.request_id, lease_id, where)
@@ -497,6 +503,9 @@ class RuntimeEdge:
 
     def return_leases(self, lease_ids: list[str]) -> None:
         self.rt.connector.return_leases(lease_ids)
+
+    def withdraw_requests(self, request_ids: list[str]) -> None:
+        self.rt.connector.withdraw_lease_requests(request_ids)
 
     def crashed(self, error: TaskCrashedError, entries: list[Entry]) -> None:
         self.rt.with_exit_reason(error, failing_entries(entries))

@@ -232,10 +232,11 @@ class DriverConnector:
             logger.warning("yrdask: %s", text)
 
     async def request_lease(self, shape: dict, timeout_ms: int, queue: str,
-                            avoid: list[str], affinity: tuple, near: str | None) -> list:
+                            avoid: list[str], affinity: tuple, near: str | None,
+                            request_id: str = "") -> list:
         return await self.request(P.RequestLease(
             owner=self.rt.address, shape=shape, timeout_ms=timeout_ms, local=near, queue=queue,
-            avoid=avoid, affinity=affinity))
+            avoid=avoid, affinity=affinity, request_id=request_id))
 
     async def request(self, msg: P.Message) -> Any:
         """A scheduler rpc; returns its reply (``type(msg).reply_type``)."""
@@ -254,6 +255,9 @@ class DriverConnector:
 
     def return_leases(self, lease_ids: list[str]) -> None:
         self.stream_send(P.ReturnLeases(lease_ids))
+
+    def withdraw_lease_requests(self, request_ids: list[str]) -> None:
+        self.stream_send(P.WithdrawLeaseRequests(self.rt.address, request_ids))
 
     def notify_blocked(self, lease_id: str, blocked: bool) -> None:
         """Drivers run no leased tasks, so there is nothing to lend."""
@@ -286,7 +290,8 @@ class WorkerConnector:
         self.connection_args = worker.connection_args
 
     async def request_lease(self, shape: dict, timeout_ms: int, queue: str,
-                            avoid: list[str], affinity: tuple, near: str | None) -> list:
+                            avoid: list[str], affinity: tuple, near: str | None,
+                            request_id: str = "") -> list:
         """``near``: the worker to place the lease on when it fits there (the submitter
         decides: where large arguments live, else this worker while its queue is short).
         While it waits, tasks blocked here lend their CPU at once (``worker/lending.py``)."""
@@ -295,7 +300,8 @@ class WorkerConnector:
         try:
             return await self.request(P.RequestLease(
                 owner=self.worker.address, shape=shape, timeout_ms=timeout_ms,
-                local=near, queue=queue, avoid=avoid, affinity=affinity))
+                local=near, queue=queue, avoid=avoid, affinity=affinity,
+                request_id=request_id))
         finally:
             agent.asking(False)
 
@@ -316,6 +322,9 @@ class WorkerConnector:
 
     def return_leases(self, lease_ids: list[str]) -> None:
         self.stream_send(P.ReturnLeases(lease_ids))
+
+    def withdraw_lease_requests(self, request_ids: list[str]) -> None:
+        self.stream_send(P.WithdrawLeaseRequests(self.worker.address, request_ids))
 
     def notify_blocked(self, holding_id: str, blocked: bool) -> None:
         """Lend the CPU of a lease or instance while its threads wait in ``yr.get``: the

@@ -318,17 +318,19 @@ class YrSchedulerExtension:
 
     async def request_lease(self, owner: str, shape: Shape, timeout_ms: int,
                             local: str | None = None, queue: str = "",
-                            avoid: list[str] | None = None, affinity: list | None = None) -> list:
+                            avoid: list[str] | None = None, affinity: list | None = None,
+                            request_id: str = "") -> list:
         """Grant a lease now, or queue the request until resources free up or time runs out.
 
-        Reply: ``[lease_id, worker]``, or ``[None, reason]`` when it cannot be met in time.
+        Reply: ``[lease_id, worker]``, or ``[None, reason]`` when it cannot be met in time
+        (or is withdrawn: ``request_id`` is the owner's own id of it).
         """
         gone = self.lease_service.requester_gone(owner)
         if gone is not None:  # its job stream (or its worker) is gone already
             return [None, gone]
         return await self.acquire(LeaseRequest(
             owner, shape_of(shape), local=local, queue=queue, avoid=tuple(avoid or ()),
-            affinity=freeze(affinity)), timeout_ms)
+            affinity=freeze(affinity), own_id=request_id or ""), timeout_ms)
 
     async def acquire(self, req: LeaseRequest, timeout_ms: int) -> list:
         """Hold ``req``'s resources on a worker: ``[holding_id, worker]`` or ``[None, why]``.
@@ -394,6 +396,11 @@ class YrSchedulerExtension:
 
     def return_leases(self, lease_ids: list[str], worker: str | None = None) -> None:
         self.lease_service.release(lease_ids, "return")
+
+    def withdraw_lease_requests(self, owner: str, request_ids: list[str],
+                                worker: str | None = None) -> None:
+        """:class:`yrdask.protocol.WithdrawLeaseRequests`: ``owner``'s queue drained."""
+        self.lease_service.withdraw(owner, request_ids)
 
     def _release_owned_by(self, owner: str) -> None:
         """The owner's job ended: its leases are released, its waiting requests refused."""

@@ -59,6 +59,8 @@ class LeaseService:
         self.edge = edge
         self.leases = leases if leases is not None else LQ.LeaseQueue()
         self._answers: dict[str, tuple[Answer, LeaseRequest]] = {}  # by request id
+        # (owner, the owner's own id) -> request id, while unanswered: what a withdraw names
+        self._own: dict[tuple[str, str], str] = {}
         self._request_ids = itertools.count(1)
         self._stimuli = itertools.count(1)
 
@@ -79,22 +81,42 @@ class LeaseService:
         be called before this returns (a request that fits now is granted at once)."""
         rid = req.request_id = f"R{next(self._request_ids)}"
         self._answers[rid] = (answer, req)
+        if req.own_id:
+            self._own[(req.owner, req.own_id)] = rid
         try:
             self.feed(LQ.HoldRequested(
                 f"request-{rid}", rid, req.owner, req.kind, req.shape, timeout_ms, req.local,
                 req.queue, req.avoid, req.affinity, req.labels, req.holding_id,
                 self.edge.now(), req.label))
         except BaseException:
-            self._answers.pop(rid, None)
+            self._forget(rid)
             raise
         return rid
 
     def close(self, request_id: str) -> None:
         """The caller stopped waiting for ``request_id``: a later grant is released, and a
         request still waiting is withdrawn."""
-        self._answers.pop(request_id, None)
+        self._forget(request_id)
         if request_id in self.leases.pending:
             self.feed(LQ.RequestCancelled(f"withdrawn-{request_id}", request_id))
+
+    def withdraw(self, owner: str, own_ids: list[str] | tuple[str, ...]) -> None:
+        """``owner`` no longer wants these lease requests (its queue drained; ``own_ids``
+        are its own ids of them): each still waiting leaves the queue and is answered
+        ``[None, reason]``.  One answered already or not heard of yet is left alone (a grant
+        that crossed the withdraw is returned by the owner as unwanted)."""
+        for own_id in own_ids:
+            rid = self._own.get((owner, own_id))
+            if rid is None:
+                continue
+            self.feed(LQ.RequestWithdrawn(f"withdraw-{rid}", rid, owner))
+
+    def _forget(self, request_id: str) -> tuple[Answer, LeaseRequest] | None:
+        """The request's answer, no longer waited for (None if it was answered)."""
+        entry = self._answers.pop(request_id, None)
+        if entry is not None and entry[1].own_id:
+            self._own.pop((entry[1].owner, entry[1].own_id), None)
+        return entry
 
     def cancel(self, request_id: str) -> None:
         """Withdraw a waiting request (its instance ended): its answer is ``[None, reason]``.
@@ -140,7 +162,7 @@ class LeaseService:
         for ins in self.leases.handle(event):
             kind = type(ins)
             if kind is LQ.Granted:
-                entry = self._answers.pop(ins.request_id, None)
+                entry = self._forget(ins.request_id)
                 if entry is None:
                     gone.append(ins.holding_id)  # its caller went away (or it was answered)
                     continue
@@ -151,7 +173,7 @@ class LeaseService:
                 else:
                     answer([ins.holding_id, ins.worker])
             elif kind is LQ.Refused:
-                entry = self._answers.pop(ins.request_id, None)
+                entry = self._forget(ins.request_id)
                 if entry is not None:
                     entry[0]([None, ins.reason])
             elif kind is LQ.Revoke:

@@ -138,6 +138,16 @@ class RequestCancelled(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class RequestWithdrawn(Event):
+    """``owner`` withdraws its waiting lease request (its queue drained): it leaves the
+    queue, answered ``Refused``; a request answered already, or another owner's, is left
+    alone."""
+
+    request_id: str
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
 class Tick(Event):
     """A timer asked for with ``WakeAt`` fired (or time simply passed)."""
 
@@ -236,7 +246,8 @@ class LeaseQueue:
         self.ledger = Ledger()
         self.pending: dict[str, _Waiter] = {}
         self.counters: dict[str, int] = {"leases_granted": 0, "leases_local": 0,
-                                         "leases_forwarded": 0, "lease_timeouts": 0}
+                                         "leases_forwarded": 0, "lease_timeouts": 0,
+                                         "requests_withdrawn": 0}
         self.next_wake: float | None = None  # earliest WakeAt not yet answered by a Tick
         self._ids = 0
         self._story = Story(story_len)
@@ -246,7 +257,8 @@ class LeaseQueue:
         self._handlers: dict[type, Callable[[Any], list[Instruction]]] = {
             HoldRequested: self._requested, HoldingsReleased: self._released,
             LeaseBlocked: self._blocked, LeaseUnblocked: self._unblocked,
-            OwnerGone: self._owner_gone, RequestCancelled: self._cancelled, Tick: self._tick,
+            OwnerGone: self._owner_gone, RequestCancelled: self._cancelled,
+            RequestWithdrawn: self._withdrawn, Tick: self._tick,
             WorkerJoined: self._worker_joined, WorkerLeft: self._worker_left,
         }
 
@@ -368,6 +380,21 @@ class LeaseQueue:
         self._story.log(ev.stimulus_id, ("cancelled", ev.request_id), (ev.request_id, w.owner))
         return [Refused(ev.stimulus_id, ev.request_id,
                         f"the {w.kind} request {ev.request_id} was cancelled")]
+
+    def _withdrawn(self, ev: RequestWithdrawn) -> list[Instruction]:
+        """The waiter goes, and with it the revokes asked for on its behalf (its record of
+        them: leases already revoked stay so at their owners, and go back once idle)."""
+        sid, rid = ev.stimulus_id, ev.request_id
+        w = self.pending.get(rid)
+        if w is None or w.owner != ev.owner or w.kind != "lease":
+            self._story.log(sid, ("withdraw-ignored", rid, ev.owner), (rid, ev.owner))
+            return []
+        del self.pending[rid]
+        self.counters["requests_withdrawn"] += 1
+        self._story.log(sid, ("withdrawn", rid, w.owner, tuple(w.revoked)),
+                        (rid, w.owner, *w.revoked))
+        return [Refused(sid, rid, f"the lease request {rid} was withdrawn by its owner "
+                                  f"{w.owner} (its queue drained)")]
 
     def _tick(self, ev: Tick) -> list[Instruction]:
         sid, now = ev.stimulus_id, ev.now

@@ -28,6 +28,7 @@ class LeaseRequest:
     labels: tuple[str, ...] = ()  # an instance's labels (targets of INSTANCE affinities)
     request_id: str = ""  # assigned by the extension's acquire()
     label: str = ""  # what it is for people (an instance's class name), in explanations
+    own_id: str = ""  # the owner's own id of a lease request (named when it withdraws it)
 
 
 def shape_of(shape: dict) -> Shape:
