@@ -124,6 +124,29 @@ def test_wait_based_back_pressure(one_cpu):
     assert sorted(results) == [i * i for i in range(100)]
 
 
+@yr.invoke(invoke_options=yr.InvokeOptions(cpu=1000))
+def whole_cpu_fan_out(n):
+    return yr.get([whole_cpu_inner.invoke(i) for i in range(n)], 60)
+
+
+def _lease_counters() -> dict:
+    from yrdask import protocol as P
+    from yrdask.runtime.context import current_runtime
+
+    return current_runtime().scheduler_call(P.CLUSTER_INFO, instances=False)["counters"]
+
+
+def test_a_drained_children_queue_withdraws_its_waiting_lease_requests(one_cpu, wait_until):
+    """Three whole-CPU children on one CPU: one runs on the parent's lent CPU at a time, so
+    two of their worker's lease requests wait throughout; once the children are done the
+    queue withdraws them (WITHDRAW_LEASE_REQUESTS on the worker stream), instead of letting
+    them be granted later and returned at once."""
+    before = _lease_counters().get("requests_withdrawn", 0)
+    assert yr.get(whole_cpu_fan_out.invoke(3), T) == [1, 2, 3]
+    wait_until(lambda: _lease_counters()["requests_withdrawn"] > before, 10,
+               lambda: f"no lease request withdrawn: {_lease_counters()}")
+
+
 # -- nested fan-out wider than the slots (num_cpus=2: 4 task slots of 500 millicores) --------
 
 
