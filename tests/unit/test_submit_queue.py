@@ -159,13 +159,19 @@ def test_a_burst_never_withdraws_while_its_tasks_run():
     assert withdrawn(finish(m, "u")) == ["r2", "r3", "r4", "r5"]
 
 
-def test_a_grant_after_the_withdraw_serves_new_tasks_of_its_queue():
-    m = mk()
+def drained_with_a_request_open(m) -> list:
+    """Two tasks, one lease (r1) and one request (r2) open; t1 is cancelled and t0 ends:
+    the queue drains with r2 unanswered.  The instructions of t0's end."""
     queue(m, "t0")
     queue(m, "t1")
     grant(m, "r1", "L1")
     step(m, CancelRequested("c", "t1"))
-    assert withdrawn(finish(m, "t0")) == ["r2"]
+    return finish(m, "t0")
+
+
+def test_a_grant_after_the_withdraw_serves_new_tasks_of_its_queue():
+    m = mk()
+    assert withdrawn(drained_with_a_request_open(m)) == ["r2"]
     out = queue(m, "t2")
     assert pushed(out) == [("t2", "L1")]  # the idle lease takes it
     assert requests(queue(m, "t3")) == ["r3"]
@@ -176,11 +182,7 @@ def test_a_grant_after_the_withdraw_serves_new_tasks_of_its_queue():
 
 def test_a_withdrawn_request_is_forgotten_on_closing():
     m = mk()
-    queue(m, "t0")
-    queue(m, "t1")
-    grant(m, "r1", "L1")
-    step(m, CancelRequested("c", "t1"))
-    finish(m, "t0")
+    drained_with_a_request_open(m)
     assert set(m.withdrawn) == {"r2"}
     step(m, Closing("z"))
     assert m.withdrawn == {} and returned(grant(m, "r2", "L2")) == ["L2"]
