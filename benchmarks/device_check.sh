@@ -3,7 +3,7 @@
 # the GPU programs on yrdask.ray, the yr API and Ray, then `--only scale` for yrdask, Dask and
 # Ray, then where a task burst's CPU goes.  Run from the repository root on a machine with
 # Python 3.12, torch and no package index: the other packages come pre-installed in
-# .whl/site312.tar.xz (see docs/performance.md, "many cores and a GPU").
+# .whl/site312.tar.xz (docs/performance.md, "Many cores and a GPU: how the run is prepared").
 # Usage: bash benchmarks/device_check.sh OUTDIR [CPUS] [SYSTEMS]
 set -u
 out=${1:?usage: device_check.sh OUTDIR [CPUS] [SYSTEMS]}
