@@ -19,7 +19,7 @@ import timeit
 
 from yrdask import protocol as P
 from yrdask.serialization import pack_plain_args
-from yrdask.worker.agent import WorkerAgent, _AgentEdge
+from yrdask.worker.agent import WorkerAgent, _AgentEdge, _Ending
 from yrdask.worker.dask_panels import Recorder
 from yrdask.worker.execution import Execution
 from yrdask.worker.lending import LendNotices
@@ -42,6 +42,7 @@ def agent() -> WorkerAgent:
     a.share.dask = 0
     a.executor = _Bag()
     a.executor.submit = lambda fn, ex: fn(ex)
+    a._ending, a._held = _Ending(), []  # the hand-over slot; no answer is ever held here
     a.task_side = TaskSide(_AgentEdge(a), Execution, notices=LendNotices())
     a.tasks, a.running, a.gate = a.task_side.tasks, a.task_side.running, a.task_side.gate
     a.gate_lock = a.task_side.lock
