@@ -522,9 +522,9 @@ class WorkerAgent:
                     result = drain(result, self.item_sender(ex.peer, task_id), ex)
             finally:
                 ex.disarm()  # if a late cancel interrupts this, the caller disarms again
-            if type(result) in PLAIN_TYPES and msg["nret"] <= 1 \
-                    and len(payload := dumps(result)) <= self.inline_limit:
-                results, nested = [[P.VALUE, payload]], None  # pack_results' hot path
+            if type(result) in PLAIN_TYPES and msg["nret"] <= 1:  # pack_results' hot path
+                # pickled once: a large plain value is kept as it is, not pickled again
+                results, nested = [self._place(task_id, dumps(result))], None
             else:
                 results, nested = self.pack_results(task_id, result, msg["nret"],
                                                     ex.peer.caller)
@@ -655,12 +655,15 @@ class WorkerAgent:
                     if nested is None:
                         nested = []
                     nested.append([oid, [[i, o] for i, o in counted.items()]])
-            if type(payload) is Frames or len(payload) > self.inline_limit:
-                self.keep(oid, payload)
-                out.append([P.LOCATION, self.worker.address])
-            else:
-                out.append([P.VALUE, payload])
+            out.append(self._place(oid, payload))
         return out, nested
+
+    def _place(self, object_id: str, payload: Any) -> list:
+        """A pickled return value's ``[kind, payload]``: inline if small, else kept here."""
+        if type(payload) is not Frames and len(payload) <= self.inline_limit:
+            return [P.VALUE, payload]
+        self.keep(object_id, payload)
+        return [P.LOCATION, self.worker.address]
 
     def keep(self, object_id: str, payload: Any) -> None:
         """Keep a large value here for its owner: written once to the node's shared store."""
