@@ -1,0 +1,75 @@
+"""A task thread ending a task runs the next task of its lease (``WorkerAgent._execute_gated``
+with the thread-local ``_Ending``), and hands it to another thread if ``finished`` raises."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from yrdask.worker.agent import WorkerAgent, _AgentEdge, _Ending
+
+
+class _Recording:
+    """A caller that is no call-channel ``Peer``: its answers go out at once, in order."""
+
+    def __init__(self) -> None:
+        self.replies: list = []
+
+    def reply(self, msg: dict) -> None:
+        self.replies.append(msg["task_id"])
+
+
+def _agent(admits: dict, fail: set) -> SimpleNamespace:
+    """What ``_execute_gated`` reads of an agent; ``finished(ex)`` starts ``admits[ex]``
+    through the real edge's ``start`` and raises for the tasks in ``fail``."""
+    agent = SimpleNamespace(share=SimpleNamespace(dask=False), _ending=_Ending(), _held=[],
+                            ran=[], submitted=[], loop=SimpleNamespace(time=lambda: 0.0))
+    agent.executor = SimpleNamespace(submit=lambda fn, ex: agent.submitted.append(ex))
+    agent._execute_gated = lambda ex: None
+    edge = _AgentEdge(agent)  # type: ignore[arg-type]
+
+    def execute(ex):
+        agent.ran.append((ex.task_id, threading.get_ident()))
+        return {"task_id": ex.task_id}
+
+    def finished(ex):
+        for after in admits.get(ex.task_id, ()):
+            edge.start(after)
+        if ex.task_id in fail:
+            raise RuntimeError("finished failed")
+
+    agent._execute = execute
+    agent.task_side = SimpleNamespace(finished=finished)
+    return agent
+
+
+def _task(task_id: str, peer: _Recording) -> SimpleNamespace:
+    return SimpleNamespace(task_id=task_id, peer=peer, armed=False, shielded=False)
+
+
+def test_the_ending_thread_runs_the_first_task_its_end_admits():
+    peer = _Recording()
+    t1, t2, t3, t4 = (_task(f"t{i}", peer) for i in range(1, 5))
+    agent = _agent({"t1": [t2, t4], "t2": [t3]}, set())
+    WorkerAgent._execute_gated(agent, t1)  # type: ignore[arg-type]
+    assert [t for t, _ in agent.ran] == ["t1", "t2", "t3"]  # t4: the second one admitted
+    assert {ident for _, ident in agent.ran} == {threading.get_ident()}
+    assert agent.submitted == [t4]
+    assert peer.replies == ["t1", "t2", "t3"]
+    assert not agent._ending.free and agent._ending.next is None
+
+
+def test_a_task_admitted_by_a_failing_finish_goes_to_another_thread():
+    peer = _Recording()
+    t1, t2 = _task("t1", peer), _task("t2", peer)
+    agent = _agent({"t1": [t2]}, {"t1"})
+    with pytest.raises(RuntimeError, match="finished failed"):
+        WorkerAgent._execute_gated(agent, t1)  # type: ignore[arg-type]
+    assert agent.submitted == [t2]  # not lost with this thread's frame
+    assert [t for t, _ in agent.ran] == ["t1"]
+    assert not agent._ending.free and agent._ending.next is None
+    # the thread's slot is clear: a task started later from it goes to the executor
+    _AgentEdge(agent).start(_task("t3", peer))  # type: ignore[arg-type]
+    assert [ex.task_id for ex in agent.submitted] == ["t2", "t3"]
