@@ -73,3 +73,75 @@ def test_a_task_admitted_by_a_failing_finish_goes_to_another_thread():
     # the thread's slot is clear: a task started later from it goes to the executor
     _AgentEdge(agent).start(_task("t3", peer))  # type: ignore[arg-type]
     assert [ex.task_id for ex in agent.submitted] == ["t2", "t3"]
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def send(self, msg: dict) -> None:
+        self.sent.append(msg["task_id"])
+
+
+def _holding_agent(results: dict) -> tuple[SimpleNamespace, list, list]:
+    """``_agent`` with the real held answers (``results``: extra fields per task id): its loop is a list of calls run by hand
+    (``calls``), its timers a list (``timers``)."""
+    import collections
+
+    from yrdask.worker.agent import WorkerAgent as W
+
+    calls: list = []
+    timers: list = []
+    agent = _agent({}, set())
+    agent._held = collections.deque()
+    agent._held_armed = False
+    agent._held_timer = None
+    agent.replies_held = 0
+    agent.runtime = SimpleNamespace(on_loop=lambda fn, *a: calls.append((fn, a)))
+    agent.loop = SimpleNamespace(time=lambda: 0.0,
+                                 call_later=lambda s, fn: timers.append(fn) or fn)
+    for name in ("_hold_reply", "_on_loop", "_arm_held", "_held_expired", "_send_held"):
+        setattr(agent, name, getattr(W, name).__get__(agent))
+    agent._execute = lambda ex: {"task_id": ex.task_id, **results.get(ex.task_id, {})}
+    return agent, calls, timers
+
+
+def _run(calls: list) -> None:
+    while calls:
+        fn, args = calls.pop(0)
+        fn(*args)
+
+
+def test_a_run_of_plain_answers_is_held_and_sent_in_order_at_its_end():
+    from yrdask.worker.agent import Peer
+
+    stream = _Stream()
+    agent, calls, timers = _holding_agent({})
+    peer = Peer(agent.runtime.on_loop, stream)  # type: ignore[arg-type]
+    t1, t2, t3 = (_task(f"t{i}", peer) for i in range(1, 4))
+    nxt = {"t1": t2, "t2": t3}
+    agent.task_side.finished = lambda ex: (
+        _AgentEdge(agent).start(nxt[ex.task_id]) if ex.task_id in nxt else None)
+    WorkerAgent._execute_gated(agent, t1)  # type: ignore[arg-type]
+    assert stream.sent == [] and agent.replies_held == 2  # t3 ends the run: not held
+    _run(calls)
+    assert stream.sent == ["t1", "t2", "t3"] and not agent._held
+    assert len(timers) == 1  # armed once for the run
+    timers.pop()()  # the timer finds nothing held, and disarms
+    assert not agent._held_armed and agent._held_timer is None
+
+
+def test_an_answer_with_refs_or_an_error_is_not_held():
+    from yrdask.worker.agent import Peer
+
+    stream = _Stream()
+    agent, calls, timers = _holding_agent({"t1": {"refs": []}, "t2": {"error": 1}})
+    peer = Peer(agent.runtime.on_loop, stream)  # type: ignore[arg-type]
+    t1, t2, t3 = (_task(f"t{i}", peer) for i in range(1, 4))
+    nxt = {"t1": t2, "t2": t3}
+    agent.task_side.finished = lambda ex: (
+        _AgentEdge(agent).start(nxt[ex.task_id]) if ex.task_id in nxt else None)
+    WorkerAgent._execute_gated(agent, t1)  # type: ignore[arg-type]
+    assert agent.replies_held == 0 and not timers
+    _run(calls)
+    assert stream.sent == ["t1", "t2", "t3"] and not agent._held
