@@ -100,7 +100,8 @@ def _holding_agent(results: dict) -> tuple[SimpleNamespace, list, list]:
     agent.runtime = SimpleNamespace(on_loop=lambda fn, *a: calls.append((fn, a)))
     agent.loop = SimpleNamespace(time=lambda: 0.0,
                                  call_later=lambda s, fn: timers.append(fn) or fn)
-    for name in ("_hold_reply", "_on_loop", "_arm_held", "_held_expired", "_send_held"):
+    for name in ("_hold_reply", "_on_loop", "_arm_held", "_held_expired", "_send_held",
+                 "_send_after_held"):
         setattr(agent, name, getattr(W, name).__get__(agent))
     agent._execute = lambda ex: {"task_id": ex.task_id, **results.get(ex.task_id, {})}
     return agent, calls, timers
@@ -145,3 +146,19 @@ def test_an_answer_with_refs_or_an_error_is_not_held():
     assert agent.replies_held == 0 and not timers
     _run(calls)
     assert stream.sent == ["t1", "t2", "t3"] and not agent._held
+
+
+def test_an_answer_not_held_keeps_its_place_behind_what_its_thread_sent_before():
+    """A drain already queued (another thread's run ended) must not carry a refs answer
+    ahead of the messages its own thread queued first."""
+    from yrdask.worker.agent import Peer
+
+    stream = _Stream()
+    agent, calls, _ = _holding_agent({})
+    peer = Peer(agent.runtime.on_loop, stream)  # type: ignore[arg-type]
+    agent._hold_reply(peer, {"task_id": "t1"}, True)  # another thread's run, held
+    agent._on_loop(agent._send_held)  # ...whose end queues its drain
+    peer.reply({"task_id": "item"})  # this thread's earlier message (a generator item, say)
+    agent._hold_reply(peer, {"task_id": "t2", "refs": []}, False)
+    _run(calls)
+    assert stream.sent == ["t1", "item", "t2"]

@@ -426,18 +426,18 @@ class WorkerAgent:
         covers every run of the next HOLD_REPLY_S (one wake-up to arm it per period, not per
         run); the last answer of each run sends the held ones at once.
         """
-        self._held.append((peer, reply))
         if hold:
+            self._held.append((peer, reply))
             self.replies_held += 1
             if not self._held_armed:
                 self._held_armed = True
                 self._on_loop(self._arm_held)
-        else:
-            self._on_loop(self._send_held)
+        else:  # at its own place in the inbox: never ahead of what this thread queued before
+            self._on_loop(self._send_after_held, peer, reply)
 
-    def _on_loop(self, fn: Callable[[], None]) -> None:
+    def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
         try:
-            self.runtime.on_loop(fn)
+            self.runtime.on_loop(fn, *args)
         except RuntimeError:
             if not self.runtime.loop.is_closed():
                 raise  # else the worker is closing: nobody is left to answer (see Peer)
@@ -450,6 +450,11 @@ class WorkerAgent:
         self._held_timer = None
         self._held_armed = False  # before draining: an answer held later arms again
         self._send_held()
+
+    def _send_after_held(self, peer: "Peer", reply: dict) -> None:
+        """Send the answers held so far, then ``reply`` (loop thread)."""
+        self._send_held()
+        peer._send(reply)
 
     def _send_held(self) -> None:
         """Send the answers held so far (loop thread), each on its caller's stream."""
