@@ -231,8 +231,8 @@ class _SimEntry:
 
 
 class _AgentShim:
-    """What ``WorkerAgent.pack_results`` reads of its agent: the runtime, the inline limit
-    and the worker's address (the sim's results are small: inline)."""
+    """What ``WorkerAgent.pack_results`` reads of its agent: the runtime, the inline limit,
+    the worker's address and its ``_place`` (the sim's results are small: inline)."""
 
     __slots__ = ("runtime", "inline_limit", "worker")
 
@@ -243,6 +243,11 @@ class _AgentShim:
         assert node.rt is not None
         self.inline_limit = 1 << 16
         self.worker = SimpleNamespace(address=node.name)
+
+    def _place(self, object_id: str, payload: Any) -> list:
+        from yrdask.worker.agent import WorkerAgent
+
+        return WorkerAgent._place(self, object_id, payload)  # type: ignore[arg-type]
 
 
 class _SimRuntime:

@@ -226,3 +226,38 @@ def test_the_task_sides_direct_lending_calls_do_what_handle_does(seed):
             b = direct.handle(L.Tick("s", now))
         assert a == b, (seed, step)
         assert state(by_event) == state(direct), (seed, step)
+
+
+class _PackingAgent:
+    """What ``WorkerAgent.pack_results`` and ``_place`` read of an agent; keeps are recorded."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.runtime = SimpleNamespace(objects=None)
+        self.inline_limit = 100
+        self.worker = SimpleNamespace(address="tcp://w:1")
+        self.kept: dict = {}
+
+    def keep(self, object_id: str, payload: object) -> None:
+        self.kept[object_id] = payload
+
+
+@pytest.mark.parametrize("value", [None, 3, "short", b"x" * 50, b"x" * 500, "y" * 500])
+def test_a_plain_result_places_as_pack_results_does(value):
+    """The task path's plain result (``_execute``: pickled once, then ``_place``) gives what
+    ``pack_results`` gives: inline when small, else kept here under the task id."""
+    from yrdask.serialization import dumps
+    from yrdask.worker.agent import WorkerAgent
+
+    fast, general = _PackingAgent(), _PackingAgent()
+    fast._place = WorkerAgent._place.__get__(fast)
+    general._place = WorkerAgent._place.__get__(general)
+    from yrdask import protocol as P
+
+    payload = dumps(value)
+    large = len(payload) > 100
+    placed = fast._place("t1", payload)
+    assert [placed] == WorkerAgent.pack_results(general, "t1", value, 1, "caller")[0]
+    assert placed == ([P.LOCATION, "tcp://w:1"] if large else [P.VALUE, payload])
+    assert fast.kept == general.kept == ({"t1": payload} if large else {})

@@ -426,18 +426,18 @@ class WorkerAgent:
         covers every run of the next HOLD_REPLY_S (one wake-up to arm it per period, not per
         run); the last answer of each run sends the held ones at once.
         """
-        self._held.append((peer, reply))
         if hold:
+            self._held.append((peer, reply))
             self.replies_held += 1
             if not self._held_armed:
                 self._held_armed = True
                 self._on_loop(self._arm_held)
-        else:
-            self._on_loop(self._send_held)
+        else:  # at its own place in the inbox: never ahead of what this thread queued before
+            self._on_loop(self._send_after_held, peer, reply)
 
-    def _on_loop(self, fn: Callable[[], None]) -> None:
+    def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
         try:
-            self.runtime.on_loop(fn)
+            self.runtime.on_loop(fn, *args)
         except RuntimeError:
             if not self.runtime.loop.is_closed():
                 raise  # else the worker is closing: nobody is left to answer (see Peer)
@@ -450,6 +450,11 @@ class WorkerAgent:
         self._held_timer = None
         self._held_armed = False  # before draining: an answer held later arms again
         self._send_held()
+
+    def _send_after_held(self, peer: "Peer", reply: dict) -> None:
+        """Send the answers held so far, then ``reply`` (loop thread)."""
+        self._send_held()
+        peer._send(reply)
 
     def _send_held(self) -> None:
         """Send the answers held so far (loop thread), each on its caller's stream."""
@@ -522,9 +527,9 @@ class WorkerAgent:
                     result = drain(result, self.item_sender(ex.peer, task_id), ex)
             finally:
                 ex.disarm()  # if a late cancel interrupts this, the caller disarms again
-            if type(result) in PLAIN_TYPES and msg["nret"] <= 1 \
-                    and len(payload := dumps(result)) <= self.inline_limit:
-                results, nested = [[P.VALUE, payload]], None  # pack_results' hot path
+            if type(result) in PLAIN_TYPES and msg["nret"] <= 1:  # pack_results' hot path
+                # pickled once: a large plain value is kept as it is, not pickled again
+                results, nested = [self._place(task_id, dumps(result))], None
             else:
                 results, nested = self.pack_results(task_id, result, msg["nret"],
                                                     ex.peer.caller)
@@ -655,12 +660,15 @@ class WorkerAgent:
                     if nested is None:
                         nested = []
                     nested.append([oid, [[i, o] for i, o in counted.items()]])
-            if type(payload) is Frames or len(payload) > self.inline_limit:
-                self.keep(oid, payload)
-                out.append([P.LOCATION, self.worker.address])
-            else:
-                out.append([P.VALUE, payload])
+            out.append(self._place(oid, payload))
         return out, nested
+
+    def _place(self, object_id: str, payload: Any) -> list:
+        """A pickled return value's ``[kind, payload]``: inline if small, else kept here."""
+        if type(payload) is not Frames and len(payload) <= self.inline_limit:
+            return [P.VALUE, payload]
+        self.keep(object_id, payload)
+        return [P.LOCATION, self.worker.address]
 
     def keep(self, object_id: str, payload: Any) -> None:
         """Keep a large value here for its owner: written once to the node's shared store."""

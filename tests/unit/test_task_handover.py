@@ -1,0 +1,164 @@
+"""A task thread ending a task runs the next task of its lease (``WorkerAgent._execute_gated``
+with the thread-local ``_Ending``), and hands it to another thread if ``finished`` raises."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from yrdask.worker.agent import WorkerAgent, _AgentEdge, _Ending
+
+
+class _Recording:
+    """A caller that is no call-channel ``Peer``: its answers go out at once, in order."""
+
+    def __init__(self) -> None:
+        self.replies: list = []
+
+    def reply(self, msg: dict) -> None:
+        self.replies.append(msg["task_id"])
+
+
+def _agent(admits: dict, fail: set) -> SimpleNamespace:
+    """What ``_execute_gated`` reads of an agent; ``finished(ex)`` starts ``admits[ex]``
+    through the real edge's ``start`` and raises for the tasks in ``fail``."""
+    agent = SimpleNamespace(share=SimpleNamespace(dask=False), _ending=_Ending(), _held=[],
+                            ran=[], submitted=[], loop=SimpleNamespace(time=lambda: 0.0))
+    agent.executor = SimpleNamespace(submit=lambda fn, ex: agent.submitted.append(ex))
+    agent._execute_gated = lambda ex: None
+    edge = _AgentEdge(agent)  # type: ignore[arg-type]
+
+    def execute(ex):
+        agent.ran.append((ex.task_id, threading.get_ident()))
+        return {"task_id": ex.task_id}
+
+    def finished(ex):
+        for after in admits.get(ex.task_id, ()):
+            edge.start(after)
+        if ex.task_id in fail:
+            raise RuntimeError("finished failed")
+
+    agent._execute = execute
+    agent.task_side = SimpleNamespace(finished=finished)
+    return agent
+
+
+def _task(task_id: str, peer: _Recording) -> SimpleNamespace:
+    return SimpleNamespace(task_id=task_id, peer=peer, armed=False, shielded=False)
+
+
+def test_the_ending_thread_runs_the_first_task_its_end_admits():
+    peer = _Recording()
+    t1, t2, t3, t4 = (_task(f"t{i}", peer) for i in range(1, 5))
+    agent = _agent({"t1": [t2, t4], "t2": [t3]}, set())
+    WorkerAgent._execute_gated(agent, t1)  # type: ignore[arg-type]
+    assert [t for t, _ in agent.ran] == ["t1", "t2", "t3"]  # t4: the second one admitted
+    assert {ident for _, ident in agent.ran} == {threading.get_ident()}
+    assert agent.submitted == [t4]
+    assert peer.replies == ["t1", "t2", "t3"]
+    assert not agent._ending.free and agent._ending.next is None
+
+
+def test_a_task_admitted_by_a_failing_finish_goes_to_another_thread():
+    peer = _Recording()
+    t1, t2 = _task("t1", peer), _task("t2", peer)
+    agent = _agent({"t1": [t2]}, {"t1"})
+    with pytest.raises(RuntimeError, match="finished failed"):
+        WorkerAgent._execute_gated(agent, t1)  # type: ignore[arg-type]
+    assert agent.submitted == [t2]  # not lost with this thread's frame
+    assert [t for t, _ in agent.ran] == ["t1"]
+    assert not agent._ending.free and agent._ending.next is None
+    # the thread's slot is clear: a task started later from it goes to the executor
+    _AgentEdge(agent).start(_task("t3", peer))  # type: ignore[arg-type]
+    assert [ex.task_id for ex in agent.submitted] == ["t2", "t3"]
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def send(self, msg: dict) -> None:
+        self.sent.append(msg["task_id"])
+
+
+def _holding_agent(results: dict) -> tuple[SimpleNamespace, list, list]:
+    """``_agent`` with the real held answers (``results``: extra fields per task id): its loop is a list of calls run by hand
+    (``calls``), its timers a list (``timers``)."""
+    import collections
+
+    from yrdask.worker.agent import WorkerAgent as W
+
+    calls: list = []
+    timers: list = []
+    agent = _agent({}, set())
+    agent._held = collections.deque()
+    agent._held_armed = False
+    agent._held_timer = None
+    agent.replies_held = 0
+    agent.runtime = SimpleNamespace(on_loop=lambda fn, *a: calls.append((fn, a)))
+    agent.loop = SimpleNamespace(time=lambda: 0.0,
+                                 call_later=lambda s, fn: timers.append(fn) or fn)
+    for name in ("_hold_reply", "_on_loop", "_arm_held", "_held_expired", "_send_held",
+                 "_send_after_held"):
+        setattr(agent, name, getattr(W, name).__get__(agent))
+    agent._execute = lambda ex: {"task_id": ex.task_id, **results.get(ex.task_id, {})}
+    return agent, calls, timers
+
+
+def _run(calls: list) -> None:
+    while calls:
+        fn, args = calls.pop(0)
+        fn(*args)
+
+
+def test_a_run_of_plain_answers_is_held_and_sent_in_order_at_its_end():
+    from yrdask.worker.agent import Peer
+
+    stream = _Stream()
+    agent, calls, timers = _holding_agent({})
+    peer = Peer(agent.runtime.on_loop, stream)  # type: ignore[arg-type]
+    t1, t2, t3 = (_task(f"t{i}", peer) for i in range(1, 4))
+    nxt = {"t1": t2, "t2": t3}
+    agent.task_side.finished = lambda ex: (
+        _AgentEdge(agent).start(nxt[ex.task_id]) if ex.task_id in nxt else None)
+    WorkerAgent._execute_gated(agent, t1)  # type: ignore[arg-type]
+    assert stream.sent == [] and agent.replies_held == 2  # t3 ends the run: not held
+    _run(calls)
+    assert stream.sent == ["t1", "t2", "t3"] and not agent._held
+    assert len(timers) == 1  # armed once for the run
+    timers.pop()()  # the timer finds nothing held, and disarms
+    assert not agent._held_armed and agent._held_timer is None
+
+
+def test_an_answer_with_refs_or_an_error_is_not_held():
+    from yrdask.worker.agent import Peer
+
+    stream = _Stream()
+    agent, calls, timers = _holding_agent({"t1": {"refs": []}, "t2": {"error": 1}})
+    peer = Peer(agent.runtime.on_loop, stream)  # type: ignore[arg-type]
+    t1, t2, t3 = (_task(f"t{i}", peer) for i in range(1, 4))
+    nxt = {"t1": t2, "t2": t3}
+    agent.task_side.finished = lambda ex: (
+        _AgentEdge(agent).start(nxt[ex.task_id]) if ex.task_id in nxt else None)
+    WorkerAgent._execute_gated(agent, t1)  # type: ignore[arg-type]
+    assert agent.replies_held == 0 and not timers
+    _run(calls)
+    assert stream.sent == ["t1", "t2", "t3"] and not agent._held
+
+
+def test_an_answer_not_held_keeps_its_place_behind_what_its_thread_sent_before():
+    """A drain already queued (another thread's run ended) must not carry a refs answer
+    ahead of the messages its own thread queued first."""
+    from yrdask.worker.agent import Peer
+
+    stream = _Stream()
+    agent, calls, _ = _holding_agent({})
+    peer = Peer(agent.runtime.on_loop, stream)  # type: ignore[arg-type]
+    agent._hold_reply(peer, {"task_id": "t1"}, True)  # another thread's run, held
+    agent._on_loop(agent._send_held)  # ...whose end queues its drain
+    peer.reply({"task_id": "item"})  # this thread's earlier message (a generator item, say)
+    agent._hold_reply(peer, {"task_id": "t2", "refs": []}, False)
+    _run(calls)
+    assert stream.sent == ["t1", "item", "t2"]
