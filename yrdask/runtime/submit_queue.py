@@ -581,25 +581,24 @@ class SubmitQueue:
                     self._note("lease kept", lease_id)
                     self._arm_at(lease.kept_until)  # the bound holds while no task ends
                 continue
-            lease.revoked = True
-            lease.kept_until = None
-            q.free.pop(lease_id, None)
-            if not lease.tasks:
-                self._drop(lease)
-                back.append(lease_id)
+            self._revoke(lease, back)
             self._dirty[q.name] = q
         if back:
             self._emit(ReturnLeases(self._sid, tuple(back)), *back)
 
-    def _revoke(self, lease: _Lease) -> None:
-        """Revoke a kept lease for good: it takes no more tasks, and goes back once idle."""
+    def _revoke(self, lease: _Lease, back: list | None = None) -> None:
+        """Revoke a lease (a kept one for good): it takes no more tasks, and goes back once
+        idle: at once if idle now (its id added to ``back``, else returned alone)."""
         lease.revoked = True
         lease.kept_until = None
         q = lease.q
         q.free.pop(lease.lease_id, None)
         if not lease.tasks:
             self._drop(lease)
-            self._emit(ReturnLeases(self._sid, (lease.lease_id,)), lease.lease_id)
+            if back is not None:
+                back.append(lease.lease_id)
+            else:
+                self._emit(ReturnLeases(self._sid, (lease.lease_id,)), lease.lease_id)
         else:
             self._dirty[q.name] = q
 
