@@ -894,6 +894,7 @@ class SubmitQueue:
             assert request_id in q.requests
         for request_id, q in self.withdrawn.items():
             assert request_id not in self.requests, f"{request_id} withdrawn yet outstanding"
+            assert request_id not in q.requests, f"{q.name} still waits for {request_id}"
         if not self.closed:
             for q in self.queues.values():  # rule 5: a drained queue asks for nothing
                 if q.requests and not q.tasks:
@@ -917,6 +918,8 @@ class SubmitQueue:
                     f"idle {lease_id} has no timer to go back"
         assert seen == set(self.tasks), f"tasks lost track of: {set(self.tasks) ^ seen}"
         assert len(self.early_revokes) <= EARLY_REVOKES
+        assert not self.early_revokes.keys() & self.leases.keys(), \
+            "a held lease's revoke remembered as early (never applied)"
         assert not self._revoke_granted, "an early revoke left unapplied"
         if self.lost and not self.closed:
             assert self.next_wake is not None and self.next_wake <= min(self.lost.values()), \
