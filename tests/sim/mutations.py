@@ -567,9 +567,10 @@ def _kept_lease_held_when_dry(patch: Patch) -> None:
 
     real = SubmitQueue._revoke
 
-    def revoke(self, lease):  # a kept lease revoked once idle (it ran dry) is not given
-        if lease.tasks:  # back: it takes no task but stays held (the idle timer, if one is
-            return real(self, lease)  # armed, returns it lease_idle_s later)
+    def revoke(self, lease, back=None):  # a kept lease revoked once idle (it ran dry) is
+        if lease.tasks or back is not None:  # not given back: it takes no task but stays
+            return real(self, lease, back)  # held (the idle timer, if one is armed, returns
+        # it lease_idle_s later); plain revokes (_revoke_ids passes ``back``) are left alone
         lease.revoked = True
         lease.kept_until = None
         lease.q.free.pop(lease.lease_id, None)

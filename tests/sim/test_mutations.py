@@ -74,3 +74,7 @@ def test_mutation_is_caught(mutation, monkeypatch):
     assert seed is not None, (
         f"the simulation missed {mutation.name} ({mutation.what}) in {mutation.budget} seeds "
         f"(PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')})")
+    # caught by a check, not by the mutation's own crash (a patch whose signature no longer
+    # matches the method it replaces raises, and would count as caught while proving nothing)
+    assert not line.startswith("exception at step"), (
+        f"{mutation.name} was caught only by an exception, not a check: {line}")

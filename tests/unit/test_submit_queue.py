@@ -7,10 +7,10 @@ import random
 import pytest
 
 from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError, YRRuntimeError
-from yrdask.runtime.submit_queue import (Closing, CancelRequested, LeaseGranted, LeaseRefused,
-                                         LeasesRevoked, PushTask, RequestLease, ReturnLeases,
-                                         SendCancel, SubmitQueue, TaskFailed, TaskFinished,
-                                         TaskQueued, TaskSucceeded, Tick, WakeAt,
+from yrdask.runtime.submit_queue import (EARLY_REVOKES, Closing, CancelRequested, LeaseGranted,
+                                         LeaseRefused, LeasesRevoked, PushTask, RequestLease,
+                                         ReturnLeases, SendCancel, SubmitQueue, TaskFailed,
+                                         TaskFinished, TaskQueued, TaskSucceeded, Tick, WakeAt,
                                          WithdrawRequests, WorkerLost)
 
 IDLE = 1.0
@@ -379,6 +379,25 @@ def test_a_revoke_that_comes_before_its_grant_is_applied_with_the_grant():
     step(m, LeasesRevoked("rv", ("L2",), keep=True))
     out = grant(m, "r2", "L2")
     assert returned(out) == ["L2"] and "L2" not in m.leases
+
+
+def test_early_revokes_are_bounded_and_a_plain_one_wins_over_keep():
+    """Revokes of unknown leases (mostly ones returned already: the revoke crossed the
+    return) are remembered, the latest EARLY_REVOKES only; keep then plain is plain."""
+    m = mk(max_pending_requests=2)
+    step(m, LeasesRevoked("rv", ("L2",), keep=True))
+    step(m, LeasesRevoked("rv", ("L2",)))
+    step(m, LeasesRevoked("rv", ("L2",), keep=True))
+    assert m.early_revokes == {"L2": False}
+    gone = tuple(f"X{i}" for i in range(EARLY_REVOKES))
+    step(m, LeasesRevoked("rv", gone, keep=True))
+    assert len(m.early_revokes) == EARLY_REVOKES and "L2" not in m.early_revokes
+    assert "X0" in m.early_revokes and gone[-1] in m.early_revokes
+    for t in "ab":
+        queue(m, t)
+    out = grant(m, "r1", "X0")  # remembered: kept, busy
+    assert pushed(out) == [("a", "X0")] and m.leases["X0"].kept_until is not None
+    assert "X0" not in m.early_revokes
 
 
 # -- pipelining ----------------------------------------------------------------------------------

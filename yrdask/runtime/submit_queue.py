@@ -581,25 +581,24 @@ class SubmitQueue:
                     self._note("lease kept", lease_id)
                     self._arm_at(lease.kept_until)  # the bound holds while no task ends
                 continue
-            lease.revoked = True
-            lease.kept_until = None
-            q.free.pop(lease_id, None)
-            if not lease.tasks:
-                self._drop(lease)
-                back.append(lease_id)
+            self._revoke(lease, back)
             self._dirty[q.name] = q
         if back:
             self._emit(ReturnLeases(self._sid, tuple(back)), *back)
 
-    def _revoke(self, lease: _Lease) -> None:
-        """Revoke a kept lease for good: it takes no more tasks, and goes back once idle."""
+    def _revoke(self, lease: _Lease, back: list | None = None) -> None:
+        """Revoke a lease (a kept one for good): it takes no more tasks, and goes back once
+        idle: at once if idle now (its id added to ``back``, else returned alone)."""
         lease.revoked = True
         lease.kept_until = None
         q = lease.q
         q.free.pop(lease.lease_id, None)
         if not lease.tasks:
             self._drop(lease)
-            self._emit(ReturnLeases(self._sid, (lease.lease_id,)), lease.lease_id)
+            if back is not None:
+                back.append(lease.lease_id)
+            else:
+                self._emit(ReturnLeases(self._sid, (lease.lease_id,)), lease.lease_id)
         else:
             self._dirty[q.name] = q
 
@@ -895,6 +894,7 @@ class SubmitQueue:
             assert request_id in q.requests
         for request_id, q in self.withdrawn.items():
             assert request_id not in self.requests, f"{request_id} withdrawn yet outstanding"
+            assert request_id not in q.requests, f"{q.name} still waits for {request_id}"
         if not self.closed:
             for q in self.queues.values():  # rule 5: a drained queue asks for nothing
                 if q.requests and not q.tasks:
@@ -918,6 +918,8 @@ class SubmitQueue:
                     f"idle {lease_id} has no timer to go back"
         assert seen == set(self.tasks), f"tasks lost track of: {set(self.tasks) ^ seen}"
         assert len(self.early_revokes) <= EARLY_REVOKES
+        assert not self.early_revokes.keys() & self.leases.keys(), \
+            "a held lease's revoke remembered as early (never applied)"
         assert not self._revoke_granted, "an early revoke left unapplied"
         if self.lost and not self.closed:
             assert self.next_wake is not None and self.next_wake <= min(self.lost.values()), \

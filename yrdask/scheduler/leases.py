@@ -530,8 +530,9 @@ class LeaseQueue:
             if not relabelled:
                 break
         if granted:
+            running = self._running_queues()  # once for the pass: revokes change no holding
             for w in list(pending.values()):
-                self._revoke_for(w, sid, out)
+                self._revoke_for(w, sid, out, running)
 
     def _fair_order(self):
         """The waiters in the order :meth:`_grant_pending` tries them: arrival order, but a
@@ -574,7 +575,13 @@ class LeaseQueue:
         """True if leases (tasks, which end) hold resources on a worker that could run ``w``."""
         return bool(self._holders_for(w))
 
-    def _revoke_for(self, w: _Waiter, sid: str, out: list[Instruction]) -> None:
+    def _running_queues(self) -> set[tuple]:
+        """The (owner, queue) of every lease whose CPU is not lent: the queues that run."""
+        return {(h.owner, h.queue) for h in self.ledger.holdings.values()
+                if h.kind == "lease" and not h.lent_cpu}
+
+    def _revoke_for(self, w: _Waiter, sid: str, out: list[Instruction],
+                    running: set[tuple] | None = None) -> None:
         """Ask the owners of leases that stand in ``w``'s way to return the idle ones.
 
         A lease request whose own queue runs already (holds a lease whose CPU is not lent)
@@ -586,9 +593,10 @@ class LeaseQueue:
         holders = self._holders_for(w)
         if not holders:
             return
-        keep = w.kind == "lease" and not self._in_bundle(w) and any(
-            h.owner == w.owner and h.queue == w.queue and h.kind == "lease" and not h.lent_cpu
-            for h in self.ledger.holdings.values())
+        if running is None:
+            running = self._running_queues()
+        keep = (w.kind == "lease" and not self._in_bundle(w)
+                and (w.owner, w.queue) in running)
         by_owner: dict[str, list[str]] = {}
         revoked = w.revoked
         for h in holders:
