@@ -671,13 +671,16 @@ class ProcessPool:
         doomed = []
         with self.lock:
             for key, free in list(self.idle.items()):
-                keep = [c for c in free if c.owner or now - c.idle_since < self.idle_s]
-                doomed += [c for c in free if not c.owner and now - c.idle_since >= self.idle_s]
+                keep = []
+                for c in free:
+                    (keep if c.owner or now - c.idle_since < self.idle_s else doomed).append(c)
                 if keep:
                     self.idle[key] = keep
                 else:
                     del self.idle[key]
-            self._reaping = bool(self.idle) and not self.closed
+            # owners are kept: no tick for them alone (the next release arms it again)
+            self._reaping = not self.closed and any(
+                not c.owner for free in self.idle.values() for c in free)
         for child in doomed:
             self._drop(child)
         if self._reaping:
