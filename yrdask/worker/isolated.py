@@ -800,12 +800,10 @@ class IsolatedHost:
             payload, _refs, counted = pack_counting(dumps_value, v)
             if counted:  # refs exist here only once this process's runtime has started
                 objects = self.runtime.started_runtime().objects
-                if caller:
-                    objects.lend(counted, caller, oid)
+                lent = objects.lend_result(counted, caller or None, oid)
+                if lent is not None:
                     nested = nested or []
-                    nested.append([oid, [[i, o] for i, o in counted.items()]])
-                else:
-                    objects.pin(counted)
+                    nested.append(lent)
             if type(payload) is Frames:
                 node_store().put(oid, payload)
                 out.append([P.STORED, None])
