@@ -831,6 +831,12 @@ class IsolatedHost:
             return None
         return [self.runtime.started_runtime().address, borrowed or [], nested]
 
+    @property
+    def instances(self) -> dict:
+        """The instance this process hosts, as an agent's ``instances`` (none: ``{}``)."""
+        inst = self.instance
+        return {} if inst is None else {inst.instance_id: inst}
+
     def load_value(self, payload: Any) -> Any:
         """Unpickle a ref argument's value; refs nested in it register with their owners."""
         from yrdask.runtime.objects import unpickling
@@ -1047,8 +1053,7 @@ class _NoAgent:
 
     @property
     def instances(self) -> dict:
-        inst = self.host.instance if self.host is not None else None
-        return {} if inst is None else {inst.instance_id: inst}
+        return {} if self.host is None else self.host.instances
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -1074,8 +1079,7 @@ class _OutputAgent:
 
     @property
     def instances(self) -> dict:
-        inst = self.host.instance
-        return {} if inst is None else {inst.instance_id: inst}
+        return self.host.instances
 
 
 async def _child_main(announce: Any, info: dict) -> None:
