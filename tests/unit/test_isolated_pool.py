@@ -50,3 +50,8 @@ def test_an_idle_process_that_owns_a_runtime_is_kept_the_others_are_reaped():
     assert plain.proc.killed and not owner.proc.killed and not fresh.proc.killed
     assert pool.idle == {"k": [owner, fresh]} and pool.every == {owner, fresh}
     assert pool._reaping and loop.later  # it looks again while any is left
+    fresh.idle_since = long_ago
+    loop.later.clear()
+    pool._reap()
+    assert fresh.proc.killed and not owner.proc.killed and pool.idle == {"k": [owner]}
+    assert not pool._reaping and not loop.later  # owners alone: no timer ticks for nothing

@@ -566,6 +566,16 @@ class ObjectTable:
                                      None if owner == self.runtime.address else owner, held,
                                      via_alive))
 
+    def lend_result(self, counted: dict, caller: str | None, result_id: str) -> list | None:
+        """Counted refs nested in the result ``result_id``: lent to ``caller`` via that result,
+        and its ``TaskDone.refs`` nested entry ``[result_id, [[id, owner], ...]]`` returned; or
+        pinned (``None`` returned) when the caller is not known."""
+        if caller is None:
+            self.pin(counted)
+            return None
+        self.lend(counted, caller, result_id)
+        return [result_id, [[i, o] for i, o in counted.items()]]
+
     def contains(self, outer: str, inner: Any) -> None:
         """The value of ``outer`` (ours, alive) holds ``inner``: ``[(id, owner), ...]``."""
         with REFS_LOCK:

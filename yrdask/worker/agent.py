@@ -653,13 +653,10 @@ class WorkerAgent:
             else:
                 payload, _refs, counted = pack_counting(dumps_value, value)
             if counted:
-                if caller is None:
-                    objects.pin(counted)
-                else:
-                    objects.lend(counted, caller, oid)
-                    if nested is None:
-                        nested = []
-                    nested.append([oid, [[i, o] for i, o in counted.items()]])
+                lent = objects.lend_result(counted, caller, oid)
+                if lent is not None:
+                    nested = nested or []
+                    nested.append(lent)
             out.append(self._place(oid, payload))
         return out, nested
 

@@ -671,13 +671,16 @@ class ProcessPool:
         doomed = []
         with self.lock:
             for key, free in list(self.idle.items()):
-                keep = [c for c in free if c.owner or now - c.idle_since < self.idle_s]
-                doomed += [c for c in free if not c.owner and now - c.idle_since >= self.idle_s]
+                keep = []
+                for c in free:
+                    (keep if c.owner or now - c.idle_since < self.idle_s else doomed).append(c)
                 if keep:
                     self.idle[key] = keep
                 else:
                     del self.idle[key]
-            self._reaping = bool(self.idle) and not self.closed
+            # owners are kept: no tick for them alone (the next release arms it again)
+            self._reaping = not self.closed and any(
+                not c.owner for free in self.idle.values() for c in free)
         for child in doomed:
             self._drop(child)
         if self._reaping:
@@ -797,12 +800,10 @@ class IsolatedHost:
             payload, _refs, counted = pack_counting(dumps_value, v)
             if counted:  # refs exist here only once this process's runtime has started
                 objects = self.runtime.started_runtime().objects
-                if caller:
-                    objects.lend(counted, caller, oid)
+                lent = objects.lend_result(counted, caller or None, oid)
+                if lent is not None:
                     nested = nested or []
-                    nested.append([oid, [[i, o] for i, o in counted.items()]])
-                else:
-                    objects.pin(counted)
+                    nested.append(lent)
             if type(payload) is Frames:
                 node_store().put(oid, payload)
                 out.append([P.STORED, None])
@@ -829,6 +830,12 @@ class IsolatedHost:
         if not borrowed and not nested:
             return None
         return [self.runtime.started_runtime().address, borrowed or [], nested]
+
+    @property
+    def instances(self) -> dict:
+        """The instance this process hosts, as an agent's ``instances`` (none: ``{}``)."""
+        inst = self.instance
+        return {} if inst is None else {inst.instance_id: inst}
 
     def load_value(self, payload: Any) -> Any:
         """Unpickle a ref argument's value; refs nested in it register with their owners."""
@@ -1046,8 +1053,7 @@ class _NoAgent:
 
     @property
     def instances(self) -> dict:
-        inst = self.host.instance if self.host is not None else None
-        return {} if inst is None else {inst.instance_id: inst}
+        return {} if self.host is None else self.host.instances
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -1073,8 +1079,7 @@ class _OutputAgent:
 
     @property
     def instances(self) -> dict:
-        inst = self.host.instance
-        return {} if inst is None else {inst.instance_id: inst}
+        return self.host.instances
 
 
 async def _child_main(announce: Any, info: dict) -> None:
