@@ -113,17 +113,25 @@ def _run(calls: list) -> None:
         fn(*args)
 
 
-def test_a_run_of_plain_answers_is_held_and_sent_in_order_at_its_end():
+def _run_of_three(replies: dict) -> tuple:
+    """Tasks t1, t2, t3 of one lease, each admitted by the end of the one before, run by
+    one thread; ``replies`` gives some of them extra answer fields.  (stream, agent, the
+    loop calls queued, the timers armed)."""
     from yrdask.worker.agent import Peer
 
     stream = _Stream()
-    agent, calls, timers = _holding_agent({})
+    agent, calls, timers = _holding_agent(replies)
     peer = Peer(agent.runtime.on_loop, stream)  # type: ignore[arg-type]
     t1, t2, t3 = (_task(f"t{i}", peer) for i in range(1, 4))
     nxt = {"t1": t2, "t2": t3}
     agent.task_side.finished = lambda ex: (
         _AgentEdge(agent).start(nxt[ex.task_id]) if ex.task_id in nxt else None)
     WorkerAgent._execute_gated(agent, t1)  # type: ignore[arg-type]
+    return stream, agent, calls, timers
+
+
+def test_a_run_of_plain_answers_is_held_and_sent_in_order_at_its_end():
+    stream, agent, calls, timers = _run_of_three({})
     assert stream.sent == [] and agent.replies_held == 2  # t3 ends the run: not held
     _run(calls)
     assert stream.sent == ["t1", "t2", "t3"] and not agent._held
@@ -133,16 +141,7 @@ def test_a_run_of_plain_answers_is_held_and_sent_in_order_at_its_end():
 
 
 def test_an_answer_with_refs_or_an_error_is_not_held():
-    from yrdask.worker.agent import Peer
-
-    stream = _Stream()
-    agent, calls, timers = _holding_agent({"t1": {"refs": []}, "t2": {"error": 1}})
-    peer = Peer(agent.runtime.on_loop, stream)  # type: ignore[arg-type]
-    t1, t2, t3 = (_task(f"t{i}", peer) for i in range(1, 4))
-    nxt = {"t1": t2, "t2": t3}
-    agent.task_side.finished = lambda ex: (
-        _AgentEdge(agent).start(nxt[ex.task_id]) if ex.task_id in nxt else None)
-    WorkerAgent._execute_gated(agent, t1)  # type: ignore[arg-type]
+    stream, agent, calls, timers = _run_of_three({"t1": {"refs": []}, "t2": {"error": 1}})
     assert agent.replies_held == 0 and not timers
     _run(calls)
     assert stream.sent == ["t1", "t2", "t3"] and not agent._held
