@@ -1115,13 +1115,17 @@ class GeneratorItem(Message):
     yielded: ``index`` 0, 1, ... and ``result`` ``[kind, payload]`` stored like a
     :class:`TaskDone` result (object id ``<task_id>.<index>``).  A call's items come in order,
     before its ``TaskDone``, which ends the stream: ``results`` ``[[value, item count]]``, or
-    ``error`` (the item after the last one fails with it)."""
+    ``error`` (the item after the last one fails with it).  ``refs`` ``[[id, owner], ...]``:
+    refs nested in the item that its producer lent to the caller via the item (the caller
+    holds them while it holds the item, as a :class:`TaskDone` result's nested refs);
+    ``None``: none (or pinned by the producer)."""
 
     op: ClassVar[str] = GENERATOR_ITEM
     channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_CALLER,)
     task_id: str
     index: int
     result: list
+    refs: list | None = None
 
 
 # --- channel groupings, derived from the table --------------------------------------------

@@ -170,6 +170,11 @@ class StreamState:
             return HandOutError(sid, i)
         return Stop(sid)
 
+    def expects(self, index: int) -> bool:
+        """Whether item ``index`` would be kept if it arrived now (not received yet, and the
+        stream neither over nor abandoned)."""
+        return index >= self.received and not self.abandoned and not self.ended
+
     @property
     def finished(self) -> bool:
         """Nothing more will be handed out."""
@@ -206,6 +211,7 @@ class Stream:
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.refs: dict[int, ObjectRef] = {}  # held items, by index
+        self.early: set[int] = set()  # items polled for (lent via them) before they came
         self.error: Any = None
         self.waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
         runtime.streams[call_id] = self
@@ -213,20 +219,36 @@ class Stream:
 
     # -- loop thread -------------------------------------------------------------------------
 
-    def on_item(self, index: int, result: list) -> None:
-        """A ``GeneratorItem`` (loop thread)."""
+    def on_item(self, index: int, result: list, refs: list | None = None) -> None:
+        """A ``GeneratorItem`` (loop thread).  ``refs``: those its producer lent to this
+        process via the item; the item's value holds them while the item lives."""
         kind, payload = result
         location = payload if kind == P.LOCATION else None
         oid = f"{self.call_id}.{index}"
         with self.lock:
             ins = self.state.handle(ItemArrived(f"item-{index}", index, location))[0]
+            early = index in self.early
+            self.early.discard(index)
             if type(ins) is KeepItem:  # held before a consumer can be told it is there
                 entry = Entry()
                 entry.set_result(kind, payload)
                 self.refs[index] = self.rt.objects.new_ref(oid, entry)
+                if refs:
+                    self.rt.objects.contains(oid, refs)
                 self._wake()
                 return
         free_duplicate(self.rt, oid, location)
+        if early:
+            self.rt.objects.release_unreceived(oid)
+
+    def expect(self, index: int) -> bool:
+        """(loop thread) A poll names item ``index``, not received yet, as the holder of
+        refs lent to this process: whether the item will be kept when it comes."""
+        with self.lock:
+            if self.state.expects(index):
+                self.early.add(index)
+                return True
+        return False
 
     def _on_end(self) -> None:
         entry = self.end_ref._entry
@@ -242,6 +264,9 @@ class Stream:
             self.error = entry.error if failed else None
             self.state.handle(Ended("end", count, failed))
             self._wake()
+            never, self.early = self.early, set()  # lent via items that never came
+        for index in sorted(never):
+            self.rt.objects.release_unreceived(f"{self.call_id}.{index}")
 
     def _abandon(self) -> None:
         with self.lock:
@@ -366,7 +391,7 @@ def on_generator_item(rt: Any, msg: dict) -> None:
     """A ``GeneratorItem`` from a call channel (loop thread)."""
     stream = rt.streams.get(msg["task_id"])
     if stream is not None:
-        stream.on_item(msg["index"], msg["result"])
+        stream.on_item(msg["index"], msg["result"], msg.get("refs"))
         return
     kind, payload = msg["result"]
     if kind == P.LOCATION:  # its stream is over: nobody will read it

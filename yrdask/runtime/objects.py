@@ -608,11 +608,32 @@ class ObjectTable:
             self.contains(outer, inner)
 
     def on_wait(self, sender: str, items: list) -> None:
-        """``WAIT_REFS_REMOVED`` from an owner."""
+        """``WAIT_REFS_REMOVED`` from an owner.  ``via`` counts as alive also when it is a
+        generator item not received yet: its producer lends before it sends the item, on
+        another connection, so the poll may come first (``GeneratorItem.refs``)."""
+        entries = self.entries
+        coming = {via for _oid, _seq, via in items
+                  if via is not None and via not in entries and self._item_coming(via)}
         with REFS_LOCK:
             for oid, seq, via in items:
                 self._handle(RC.WaitReceived("wait", oid, sender, seq, via,
-                                             via is not None and via in self.entries))
+                                             via is not None and (via in entries
+                                                                  or via in coming)))
+
+    def _item_coming(self, via: str) -> bool:
+        """Whether ``via`` is an item (``<call id>.<index>``) a live generator stream of
+        this process will still keep when it arrives (it then holds what was lent via it)."""
+        call_id, _, index = via.rpartition(".")
+        streams = getattr(self.runtime, "streams", None)
+        stream = streams.get(call_id) if streams and call_id else None
+        return stream is not None and index.isdigit() and stream.expect(int(index))
+
+    def release_unreceived(self, object_id: str) -> None:
+        """A generator item polls were told of (:meth:`on_wait`) will not be kept after all
+        (dropped on arrival, or never sent): what was lent via it is answered now."""
+        with REFS_LOCK:
+            if object_id not in self.entries and self.counter.knows(object_id):
+                self._handle(RC.LocalRefs("item-dropped", object_id, False))
 
     def on_removed(self, sender: str, items: list) -> None:
         """``REFS_REMOVED`` from a borrower."""
