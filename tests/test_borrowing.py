@@ -186,7 +186,8 @@ def test_a_ref_whose_joined_driver_died_fails_at_once_for_a_later_reader(borrow_
         proc.stdout.close()
     ref = cloudpickle.loads(bytes.fromhex(line.strip()))
     t0 = time.monotonic()
-    with pytest.raises(yr.errors.OwnerDiedError, match="unreachable: the scheduler no longer"):
+    # whether or not the scheduler has seen the driver's stream close by now
+    with pytest.raises(yr.errors.OwnerDiedError, match="its owner .* is unreachable: "):
         yr.get(ref, T)
     assert time.monotonic() - t0 < 8  # not the 30 s connect timeout
     del ref

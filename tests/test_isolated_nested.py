@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
 import time
 
 import cloudpickle
+import dask
 import psutil
 import pytest
 
@@ -122,6 +124,11 @@ class Isolated:
 
         return installed_runtime().objects.figures()["entries"]
 
+    def stream(self, n, size):
+        """Items holding refs to large values this process puts (kept in its node's store)."""
+        for i in range(n):
+            yield [yr.put(bytes([i]) * size)]
+
     def checkpoint(self, value):
         self.value = value
         yr.save_state(30)
@@ -222,9 +229,46 @@ def test_a_later_reader_of_a_ref_whose_isolated_owner_is_gone_fails_at_once(gpu_
                psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30,
                "the actor's process to end")
     t0 = time.monotonic()
-    with pytest.raises(OwnerDiedError, match="its owner .* is unreachable: the scheduler"):
+    # whether or not the scheduler has seen the process's stream close by now
+    with pytest.raises(OwnerDiedError, match="its owner .* is unreachable: "):
         ray.get(pending, timeout=T)
     assert time.monotonic() - t0 < 8  # not the 30 s connect timeout
+
+
+def test_a_reader_of_a_ref_whose_owner_hangs_fails_within_seconds(gpu_ray):
+    """The owner is still listed by the scheduler (SIGSTOPped: its stream stays open), and
+    no connect reaches it: the read is given up after yrdask.object-store.owner-unreachable,
+    not Dask's 30 s connect timeout."""
+    trainer = Trainer.remote()
+    pid = ray.get(trainer.pid.remote(), timeout=T)
+    (pending,) = ray.get(trainer.pending.remote(2), timeout=T)  # owned by the actor's process
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with dask.config.set({"yrdask.object-store.owner-unreachable": "2s"}):
+            with pytest.raises(OwnerDiedError, match="no connection within 2 s, though the "
+                                                     "scheduler still lists it"):
+                ray.get(pending, timeout=T)
+        assert time.monotonic() - t0 < 6  # the bound plus one connect try, not 30 s
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        ray.kill(trainer)
+
+
+def test_refs_in_an_isolated_generators_items_are_freed_once_the_consumer_drops_them(gpu_ray):
+    """Refs nested in the items of a generator method of an isolated instance are lent to the
+    caller via each item, as refs nested in a result are: the process frees the objects once
+    the consumer holds neither the items nor the refs (they are not pinned to its end)."""
+    h = Isolated.options(yr.InvokeOptions(cpu=100, memory=10, isolated=True)).invoke()
+    boxes = [yr.get(item, T) for item in h.stream.invoke(3, 600 << 10)]  # items dropped
+    assert [yr.get(box[0], T)[:2] for box in boxes] == [b"\0\0", b"\1\1", b"\2\2"]
+    assert yr.get(h.owned.invoke(), T) == 3  # the consumer still holds the refs
+    del boxes
+    gc.collect()
+    wait_until(lambda: yr.get(h.owned.invoke(), T) == 0, 30,
+               "the isolated process to free the objects its generator's items lent")
+    PIDS.append(yr.get(h.pid.invoke(), T))
+    h.terminate()
 
 
 def test_no_isolated_process_outlives_the_cluster(gpu_ray):

@@ -40,7 +40,27 @@ if TYPE_CHECKING:
 logger = logging.getLogger("yrdask")
 
 INLINE_LIMIT = 512 * 1024  # results larger than this stay on the worker that made them
-OWNER_PROBE_S = 1.0  # first connect to a borrowed object's owner; then ask the scheduler
+OWNER_PROBE_S = 1.0  # one connect try to a borrowed object's owner; then ask the scheduler
+OWNER_UNREACHABLE_S = 4.0  # an owner not reached for this long (still listed) is given up
+
+
+def owner_timeouts() -> tuple[float, float]:
+    """``(probe, unreachable)`` seconds: ``yrdask.object-store.owner-probe`` (one connect try
+    to an owner) and ``yrdask.object-store.owner-unreachable`` (how long a reader keeps trying
+    an owner the scheduler still lists before it fails), docs/faults.md."""
+    import dask
+    from dask.utils import parse_timedelta
+
+    def get(key: str, default: float) -> float:
+        value = dask.config.get(f"yrdask.object-store.{key}", None)
+        seconds = default if value is None else parse_timedelta(value, default="s")
+        if seconds is None or seconds <= 0:
+            raise YRValueError(f"yrdask.object-store.{key} must be a positive duration such "
+                               f"as '1s', got {value!r}")
+        return float(seconds)
+
+    return get("owner-probe", OWNER_PROBE_S), get("owner-unreachable", OWNER_UNREACHABLE_S)
+
 
 @dataclass
 class ClientInfo:
@@ -571,25 +591,40 @@ class Runtime:
             address = payload  # the owner says: a worker keeps it there
 
     async def owner_gone(self, address: str) -> str | None:
-        """Why the owner at ``address`` is gone, or ``None`` if it may be alive (reached, or
-        still known to the scheduler).  Dask retries a refused connect until
-        ``distributed.comm.timeouts.connect`` (30 s): a first try of :data:`OWNER_PROBE_S`
-        that fails asks the scheduler instead, so a dead owner's readers fail at once."""
+        """Why the owner at ``address`` is gone, or ``None`` if it is reached (or the
+        scheduler cannot say).  Dask retries a refused connect until
+        ``distributed.comm.timeouts.connect`` (30 s); instead each connect try lasts
+        ``owner-probe`` (1 s), and after a failed one the scheduler is asked
+        (:class:`~yrdask.protocol.OwnerAlive`): an owner it no longer lists is gone at once;
+        one it still lists (its stream not closed yet, or a hung process) is tried again
+        until ``owner-unreachable`` (4 s) has passed, then given up (:func:`owner_timeouts`)."""
         if address in self.lost_workers or address in self.objects.counter.dead:
             return "the scheduler reported it gone"
+        probe, unreachable = owner_timeouts()
         rpc = self.connector.rpc(address)
-        try:
-            comm = await rpc.pool.connect(address, timeout=OWNER_PROBE_S)
-        except OSError as e:
+        deadline = time.monotonic() + unreachable
+        while True:
             try:
-                alive = await self.connector.request(P.OwnerAlive(address))
-            except Exception:  # the scheduler cannot say: keep trying the owner
-                return None
-            if alive is False:  # (None: a scheduler without the rpc)
-                return f"the scheduler no longer knows it ({e})"
+                # bounded as a whole: Dask's handshake read after the connect has no
+                # timeout, and a hung owner's kernel still accepts the connection
+                comm = await asyncio.wait_for(rpc.pool.connect(address, timeout=probe),
+                                              probe)
+            except OSError as e:
+                try:
+                    alive = await self.connector.request(P.OwnerAlive(address))
+                except Exception:  # the scheduler cannot say: keep trying the owner
+                    return None
+                if alive is False:  # (None: a scheduler without the rpc)
+                    return f"the scheduler no longer knows it ({e})"
+                if alive is None:
+                    return None
+                if time.monotonic() >= deadline:
+                    return (f"no connection within {unreachable:g} s, though the scheduler "
+                            f"still lists it (a hung process, or one whose death the scheduler "
+                            f"has not seen yet; yrdask.object-store.owner-unreachable) ({e})")
+                continue
+            rpc.pool.reuse(address, comm)  # the request that follows takes it
             return None
-        rpc.pool.reuse(address, comm)  # the request that follows takes it
-        return None
 
     async def _fetch(self, address: str, object_id: str, timeout: float | None,
                      owner: bool = False) -> list:
