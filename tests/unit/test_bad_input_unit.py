@@ -245,3 +245,17 @@ def test_method_accepts_the_keywords_yr_documents_as_ignored():
 
     assert two.__yr_return_nums__ == 2
 
+
+
+def test_owner_timeouts_are_read_from_the_config_and_checked():
+    """``yrdask.object-store.owner-probe`` / ``owner-unreachable`` (docs/faults.md)."""
+    import dask
+
+    from yrdask.runtime.runtime import owner_timeouts
+
+    assert owner_timeouts() == (1.0, 4.0)
+    with dask.config.set({"yrdask.object-store.owner-unreachable": "500ms"}):
+        assert owner_timeouts() == (1.0, 0.5)
+    with dask.config.set({"yrdask.object-store.owner-probe": 0}):
+        with pytest.raises(yr.errors.YRValueError, match="owner-probe must be a positive"):
+            owner_timeouts()

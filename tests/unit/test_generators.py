@@ -225,3 +225,39 @@ def test_stream_adapter_cancel_and_abandon():
     stream.abandon()
     assert stream.finished()
     assert rt.freed == [("tcp://w:1", ["c1.0"])]  # the held ref died: its copy is freed
+
+
+def test_refs_lent_via_an_item_are_answered_once_the_item_and_the_refs_go():
+    """An isolated producer lends the refs nested in an item via the item
+    (``GeneratorItem.refs``); its poll travels on another connection and may come first."""
+    import gc
+
+    from yrdask import protocol as P
+    from yrdask.runtime.objects import REFS_LOCK
+    from yrdask.serialization import dumps_value
+
+    rt, end, stream = _stream()
+    sent: list = []
+    rt.refs_message = lambda address, cls, item: sent.append((address, cls.op, item))
+    child = "tcp://child:1"
+    # the poll of r0 comes before item 0: the item is expected, so nothing is answered yet
+    rt.objects.on_wait(child, [["r0", 1, "c1.0"]])
+    assert sent == []
+    stream.on_item(0, [P.VALUE, dumps_value("box0")], [["r0", child]])
+    stream.on_item(1, [P.VALUE, dumps_value("box1")], [["r1", child]])
+    rt.objects.on_wait(child, [["r1", 1, "c1.1"]])  # the usual order: after its item
+    assert sent == []
+    item0 = stream.next(1)
+    del item0
+    gc.collect()  # the consumer dropped item 0 (and never read r0): r0 is answered
+    assert sent == [(child, P.REFS_REMOVED, ["r0", 1])]
+    # a poll via an item the stream will never keep (dropped: the consumer abandoned it)
+    rt.objects.on_wait(child, [["r2", 1, "c1.2"]])
+    stream.abandon()  # item 1, held and never taken, goes too
+    assert (child, P.REFS_REMOVED, ["r1", 1]) in sent
+    stream.on_item(2, [P.VALUE, dumps_value("box2")], [["r2", child]])
+    assert (child, P.REFS_REMOVED, ["r2", 1]) in sent
+    end._entry.set_result(P.VALUE, dumps_value(3))
+    with REFS_LOCK:
+        rt.objects.counter.validate()
+        assert rt.objects.counter.figures() == {"owned": 0, "borrowed": 0, "freed": 3}
