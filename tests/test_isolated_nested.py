@@ -113,7 +113,9 @@ def env_task(size):
 class Isolated:
     def work(self, box):
         value = yr.get(box[0], 30)
-        return [yr.put(value * 2), yr_inc.invoke(value)]
+        # the large put is always counted (a reader needs its owner): the inc may be done by
+        # the time this returns, and then its small value travels with the ref, uncounted
+        return [yr.put(value * 2), yr_inc.invoke(value), yr.put(bytes(600 << 10))]
 
     def pid(self):
         return os.getpid()
@@ -178,10 +180,10 @@ def test_env_vars_task_puts_gets_and_submits_through_the_yr_api(gpu_ray):
 
 def test_isolated_instance_reads_a_ref_in_a_container_and_returns_its_own(gpu_ray):
     h = Isolated.options(yr.InvokeOptions(cpu=100, memory=10, isolated=True)).invoke()
-    doubled, plus_one = yr.get(h.work.invoke([yr.put(20)]), T)
-    assert yr.get([doubled, plus_one], T) == [40, 21]
+    doubled, plus_one, big = yr.get(h.work.invoke([yr.put(20)]), T)
+    assert yr.get([doubled, plus_one], T) == [40, 21] and len(yr.get(big, T)) == 600 << 10
     assert yr.get(h.owned.invoke(), T) >= 1  # lent to the driver: the process keeps it
-    del doubled, plus_one  # the driver lets go: the process frees them (none pinned)
+    del doubled, plus_one, big  # the driver lets go: the process frees them (none pinned)
     gc.collect()
     wait_until(lambda: yr.get(h.owned.invoke(), T) == 0, 30,
                "the isolated process to free the objects the driver let go of")
