@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from yrdask import protocol as P
 from yrdask.runtime import context
 from yrdask.runtime.context import current_lease, current_owner
-from yrdask.runtime.objects import (REFS_LOCK, Entry, ObjectRef, ObjectTable, pack_counting,
-                                    pack_recording_refs, unpickling)
+from yrdask.runtime.objects import (REFS_LOCK, AllReady, Entry, ObjectRef, ObjectTable,
+                                    pack_counting, pack_recording_refs, unpickling)
 from yrdask.runtime.store import close_node_store, node_store
 from yrdask.runtime.store import configure as configure_store
 from yrdask.runtime.generators import Stream, on_generator_item
@@ -487,8 +487,9 @@ class Runtime:
         deadline = None if timeout == -1 else time.monotonic() + timeout
         lease_id = current_lease()
         blocked = False
+        gather = True  # many refs still pending are waited for at once, the first time
         try:
-            for ref in refs:
+            for at, ref in enumerate(refs):
                 entry = ref._entry
                 if entry.ready:
                     continue
@@ -498,6 +499,9 @@ class Runtime:
                 self._ensure_fetch(ref)
                 if not blocked and (lease_id is not None or self.agent is not None):
                     blocked = self._lend(lease_id, True)
+                if gather and at + GATHER_MIN_PENDING <= len(refs):  # one wake-up for all
+                    gather = False
+                    self._wait_all(refs[at:], deadline)
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if not entry.wait(remaining) and not allow_partial:
                     raise YRTimeoutError(
@@ -507,6 +511,28 @@ class Runtime:
             if blocked:
                 self._lend(lease_id, False)
         return [self._value_of(ref) for ref in refs]
+
+    def _wait_all(self, refs: Sequence[ObjectRef], deadline: float | None) -> None:
+        """Wait (bounded by ``deadline``) until every ref of ``refs`` is ready, woken once
+        (:class:`AllReady`) rather than once per ref the thread catches up with; the caller's
+        loop then checks each ref as before.  Few still pending: nothing to share."""
+        pending = [r for r in refs if not r._entry.ready]
+        if len(pending) < GATHER_MIN_PENDING:
+            return
+        for ref in pending:
+            self._ensure_fetch(ref)
+        waiter = AllReady(len(pending))
+        entries = [r._entry for r in pending]
+        try:
+            self.on_loop(waiter.arm, entries)
+        except RuntimeError:  # the loop is closed: the caller's loop waits entry by entry
+            return
+        if not waiter.event.wait(
+                None if deadline is None else max(0.0, deadline - time.monotonic())):
+            try:
+                self.on_loop(waiter.disarm, entries)
+            except RuntimeError:
+                pass
 
     def _lend(self, lease_id: str | None, blocked: bool) -> bool:
         """A thread waits in ``yr.get``/``yr.wait`` (or runs again): a task's lease lends its
@@ -787,6 +813,7 @@ def _load_machines() -> None:
         from yrdask.runtime.submitter import Submitter, Task
 
 
+GATHER_MIN_PENDING = 4  # a get of at least this many pending refs waits once for all (AllReady)
 EXITS_KEPT = 1000  # worker processes whose end this runtime remembers
 EXIT_REASON_WAIT_S = 0.5  # how long a crash error waits to learn how the process ended
 LOST_WAIT_S = 30.0  # how long a failed fetch waits to hear that its worker is gone
