@@ -26,3 +26,9 @@ def test_task_path_cpu_runs_the_real_task_path_and_answers_every_task():
 
 def test_task_path_cpu_runs_the_lending_steps():
     assert in_a_thread_of_its_own(task_path_cpu.lend_cycle, n=200) > 0.0
+
+
+def test_owner_path_cpu_runs_the_real_owner_path_and_settles_every_task():
+    from benchmarks import owner_path_cpu
+
+    assert owner_path_cpu.one_round(500, 4, 2) > 0.0  # it asserts every task settled

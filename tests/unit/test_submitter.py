@@ -246,3 +246,59 @@ def test_a_task_cancelled_after_its_worker_was_lost_holds_nothing_for_it():
     s.cancel("a")
     assert entry.got and entry.got[0][0] == "error"
     assert Held.alive == 0 and not s.cancelled_args
+
+
+def test_a_plain_answer_read_from_its_wire_dict_inside_another_settlement_waits_its_turn():
+    """``on_task_ok`` (the driver's hot path, no ``TaskDone`` object) keeps the same rule:
+    inside another event's settlement it is deferred, then settles with its own results."""
+    edge = Edge()
+    s = submitter(edge)
+    a_entry = Entry(on_set=lambda: s.on_task_ok("b", [(P.VALUE, b"B")], 0.1))
+    b_entry = Entry()
+    s.submit(task("a", a_entry))
+    s.submit(task("b", b_entry))
+    for i, (_what, rid, _near) in enumerate(requests(edge)):
+        s.lease_answer(rid, f"L{i}", f"tcp://w{i}:1")
+    s.on_task_ok("a", [(P.VALUE, b"A")], 0.1)
+    assert a_entry.got == [("ok", b"A")] and b_entry.got == [] and len(edge.soon) == 1
+    fn, arg = edge.soon.pop()
+    fn(arg)
+    assert b_entry.got == [("ok", b"B")] and not s.tasks and not s._results
+
+
+def test_the_runtime_reads_a_plain_answer_without_a_message_object():
+    """``Runtime.on_channel_message``: a task's plain answer goes to ``on_task_ok``; one with
+    an error, a requeue or a refs report, and a method call's, take the ``TaskDone`` path."""
+    from yrdask.runtime.runtime import Runtime
+
+    seen: list = []
+
+    class Sub:
+        tasks = {"t1": None, "t2": None, "t3": None}
+
+        def on_task_ok(self, task_id, results, took):
+            seen.append(("ok", task_id, results, took))
+
+        def on_task_done(self, done):
+            seen.append(("done", done.task_id))
+
+    class Router:
+        def on_done(self, done):
+            return done.task_id == "call1"
+
+    class Objects:
+        def on_done_refs(self, refs):
+            seen.append(("refs", refs))
+
+    rt = object.__new__(Runtime)
+    rt.submitter, rt.router, rt.objects = Sub(), Router(), Objects()
+    rt.on_channel_message(P.TaskDone.wire("t1", results=[[P.VALUE, b"x"]], took=0.5))
+    rt.on_channel_message(P.TaskDone("t1", results=[[P.VALUE, b"y"]]).to_msg())  # every key
+    rt.on_channel_message(P.TaskDone.wire("t2", error=b"err"))
+    rt.on_channel_message(P.TaskDone.wire("t3", requeue=True))
+    rt.on_channel_message(P.TaskDone.wire("t1", results=[], refs=["w", [], []]))
+    rt.on_channel_message(P.TaskDone.wire("call1", results=[]))
+    rt.on_channel_message(P.TaskDone.wire("gone", results=[]))  # settled already (a cancel)
+    assert seen == [("ok", "t1", [[P.VALUE, b"x"]], 0.5), ("ok", "t1", [[P.VALUE, b"y"]], None),
+                    ("done", "t2"), ("done", "t3"), ("refs", ["w", [], []]), ("done", "t1"),
+                    ("done", "gone")]

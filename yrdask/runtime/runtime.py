@@ -195,6 +195,13 @@ class Runtime:
         """A message from a worker on a call channel (:data:`P.CHANNEL_TO_CALLER`): the
         :class:`P.TaskDone` of a method call goes to the router, of a task to the submitter."""
         if msg["op"] == P.TASK_DONE:  # the one op of P.CHANNEL_TO_CALLER
+            task_id = msg["task_id"]
+            if (task_id in self.submitter.tasks and msg.get("refs") is None
+                    and msg.get("error") is None and not msg.get("requeue")):
+                # a task's plain answer (the hot path): no message object, no router lookup
+                # (call and task ids never collide: both come from new_id)
+                self.submitter.on_task_ok(task_id, msg.get("results") or [], msg.get("took"))
+                return
             done = P.TaskDone.from_msg(msg)
             if done.refs is not None:  # before the call lets go of its argument refs
                 self.objects.on_done_refs(done.refs)
