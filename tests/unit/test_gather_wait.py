@@ -1,20 +1,20 @@
-"""``yr.get`` of many pending refs waits once for all of them (``AllReady``), not entry by
-entry: the waiting thread is woken when the last one is ready (a burst's gather no longer
-hands the GIL to the caller every few results), timeouts and ``allow_partial`` behave as
-before, and a timed-out wait leaves no callbacks on the entries.  A real loop thread
-settles the entries; no cluster."""
+"""``yr.get`` of many pending refs waits for them from the last one back
+(``Runtime._wait_all``): a burst's results arrive about in order, so the waiting thread
+sleeps once until the last is ready instead of catching up with the loop every few results
+(a wake-up and a GIL hand-over each time).  Out-of-order results, timeouts and
+``allow_partial`` behave as before; borrowed refs are all asked for before the wait.  A
+real loop thread settles the entries; no cluster."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 
 from yrdask.errors import YRTimeoutError
 from yrdask.runtime import runtime as R
-from yrdask.runtime.objects import AllReady, Entry
+from yrdask.runtime.objects import Entry
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -35,7 +35,7 @@ class LoopRuntime:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.agent = None
-        self.armed: list = []
+        self.fetched: list[str] = []
         ready = threading.Event()
 
         def run() -> None:
@@ -48,21 +48,18 @@ class LoopRuntime:
         self.thread.start()
         ready.wait(5)
 
-    def on_loop(self, fn, *args) -> None:
-        self.armed.append(getattr(fn, "__name__", fn))
-        self.loop.call_soon_threadsafe(fn, *args)
-
     def _ensure_fetch(self, ref) -> None:
-        pass
+        if ref._id not in self.fetched:
+            self.fetched.append(ref._id)
 
     def _lend(self, lease_id, blocked) -> bool:
         return False
 
     def settle_later(self, refs, gap_s: float = 0.002) -> None:
-        """Settle ``refs`` one by one on the loop, ``gap_s`` apart."""
+        """Settle ``refs`` one by one on the loop, in this order, ``gap_s`` apart."""
         for i, ref in enumerate(refs):
             self.loop.call_soon_threadsafe(
-                self.loop.call_later, gap_s * (i + 1), ref._entry.set_value, i)
+                self.loop.call_later, gap_s * (i + 1), ref._entry.set_value, int(ref._id[1:]))
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -77,64 +74,43 @@ def rt():
     rt.close()
 
 
-def test_all_ready_sets_its_event_once_the_last_entry_is_ready():
-    entries = [Entry() for _ in range(3)]
-    entries[0].set_value("ready before")
-    waiter = AllReady(len(entries))
-    waiter.arm(entries)
-    entries[1].set_value(1)
-    assert not waiter.event.is_set()
-    entries[2].set_error(ValueError("failed"))  # an error is ready too
-    assert waiter.event.is_set()
+def waited(refs) -> list[str]:
+    """The refs the thread slept on (an entry gets its event only when a thread waits)."""
+    return [ref._id for ref in refs if ref._entry.event is not None]
 
 
-def test_all_ready_disarm_leaves_no_callback_on_pending_entries():
-    entries = [Entry() for _ in range(3)]
-    other = []
-    entries[0].add_callback(lambda: other.append(1))  # someone else's callback stays
-    waiter = AllReady(len(entries))
-    waiter.arm(entries)
-    waiter.disarm(entries)
-    assert [len(e.callbacks or ()) for e in entries] == [1, 0, 0]
-    entries[0].set_value(0)
-    assert other == [1] and not waiter.event.is_set()
-
-
-def test_get_of_many_pending_refs_waits_once_for_all(rt):
+def test_get_of_many_refs_in_order_sleeps_once(rt):
     refs = [Ref(i) for i in range(20)]
     refs[0]._entry.set_value(0)  # the first is ready: the wait starts at the second
-    rt.settle_later(refs[1:])
-    t0 = time.monotonic()
-    values = rt.get(refs, 10)
-    assert values == [0] + list(range(19))
-    assert rt.armed == ["arm"]  # one AllReady for the 19 pending refs
-    # the thread never waited on an entry of its own: no per-entry event was made
-    assert all(ref._entry.event is None for ref in refs)
-    assert time.monotonic() - t0 < 10
+    rt.settle_later(refs[1:], gap_s=0.005)
+    assert rt.get(refs, 10) == list(range(20))
+    assert waited(refs) == ["o19"]  # only the last one was waited for
+    assert rt.fetched == [f"o{i}" for i in range(1, 20)]  # every pending one asked first
 
 
-def test_get_of_few_pending_refs_waits_entry_by_entry(rt):
+def test_get_of_refs_out_of_order_still_gets_every_value(rt):
+    refs = [Ref(i) for i in range(12)]
+    rt.settle_later(refs[6:] + refs[:6], gap_s=0.005)  # the last ones first
+    assert rt.get(refs, 10) == list(range(12))
+    # it slept on the last; then maybe on o5 (unless o0..o5 were in by the time it looked)
+    assert waited(refs) in (["o11"], ["o5", "o11"])
+
+
+def test_get_of_few_pending_refs_waits_front_to_back(rt):
     refs = [Ref(i) for i in range(R.GATHER_MIN_PENDING - 1)]
-    rt.settle_later(refs)
+    rt.settle_later(refs, gap_s=0.005)
     assert rt.get(refs, 10) == list(range(len(refs)))
-    assert rt.armed == []
+    assert waited(refs)[0] == "o0"  # front to back: it slept on the first
 
 
-def test_get_timeout_still_raises_and_disarms(rt):
+def test_get_timeout_still_raises_naming_the_first_missing_ref(rt):
     refs = [Ref(i) for i in range(8)]
-    rt.settle_later(refs[:3])  # the rest never become ready
-    with pytest.raises(YRTimeoutError, match="within 0.2 s"):
+    rt.settle_later([refs[0], refs[1], refs[2], refs[7]])  # 3..6 never become ready
+    with pytest.raises(YRTimeoutError, match="failed to get object o3 within 0.2 s"):
         rt.get(refs, 0.2)
-    assert rt.armed == ["arm", "disarm"]
-    done = threading.Event()
-    rt.loop.call_soon_threadsafe(done.set)  # the disarm ran before this
-    assert done.wait(5)
-    assert [len(ref._entry.callbacks or ()) for ref in refs[3:]] == [0] * 5
 
 
 def test_get_allow_partial_returns_what_is_ready(rt):
     refs = [Ref(i) for i in range(6)]
     rt.settle_later(refs[:2])
-    values = rt.get(refs, 0.2, allow_partial=True)
-    assert values == [0, 1, None, None, None, None]
-    assert rt.armed == ["arm", "disarm"]  # one gather for the whole call, not one per ref
+    assert rt.get(refs, 0.2, allow_partial=True) == [0, 1, None, None, None, None]

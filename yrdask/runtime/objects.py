@@ -251,45 +251,6 @@ def when_ready(refs: list, then: Callable[[], None]) -> None:
         entry.add_callback(one)
 
 
-class AllReady:
-    """One wake-up for a thread that waits for many entries (``yr.get`` of a list).
-
-    Waiting entry by entry wakes the thread each time it catches up with the loop (in a
-    burst of short tasks: every few results), and each wake-up hands the GIL over while the
-    loop settles the rest.  This counts the entries down on the loop thread instead and sets
-    one event when the last is ready.  Build it in the waiting thread, :meth:`arm` it on the
-    loop thread (entries settle there), then wait on :attr:`event`.
-    """
-
-    __slots__ = ("left", "event")
-
-    def __init__(self, n: int) -> None:
-        self.left = n
-        self.event = threading.Event()
-
-    def arm(self, entries: list[Entry]) -> None:
-        """(loop) Count each entry once it is ready (at once if it already is)."""
-        for entry in entries:
-            entry.add_callback(self.one)
-
-    def one(self) -> None:
-        self.left -= 1
-        if self.left == 0:
-            self.event.set()
-
-    def disarm(self, entries: list[Entry]) -> None:
-        """(loop) The thread stopped waiting (a timeout): drop the counts still armed, so
-        polling gets of never-ready refs do not pile callbacks on them."""
-        one = self.one
-        for entry in entries:
-            cbs = entry.callbacks
-            if cbs:
-                try:
-                    cbs.remove(one)
-                except ValueError:
-                    pass
-
-
 def pending_owned(refs: list) -> list[Entry]:
     """Entries of ``refs`` this process owns that are not ready yet."""
     return [r._entry for r in refs if not r._entry.ready and r._entry.owner is None]

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from yrdask import protocol as P
 from yrdask.runtime import context
 from yrdask.runtime.context import current_lease, current_owner
-from yrdask.runtime.objects import (REFS_LOCK, AllReady, Entry, ObjectRef, ObjectTable,
-                                    pack_counting, pack_recording_refs, unpickling)
+from yrdask.runtime.objects import (REFS_LOCK, Entry, ObjectRef, ObjectTable, pack_counting,
+                                    pack_recording_refs, unpickling)
 from yrdask.runtime.store import close_node_store, node_store
 from yrdask.runtime.store import configure as configure_store
 from yrdask.runtime.generators import Stream, on_generator_item
@@ -494,7 +494,7 @@ class Runtime:
         deadline = None if timeout == -1 else time.monotonic() + timeout
         lease_id = current_lease()
         blocked = False
-        gather = True  # many refs still pending are waited for at once, the first time
+        gather = True  # many refs still pending: waited for from the last back, once
         try:
             for at, ref in enumerate(refs):
                 entry = ref._entry
@@ -506,7 +506,7 @@ class Runtime:
                 self._ensure_fetch(ref)
                 if not blocked and (lease_id is not None or self.agent is not None):
                     blocked = self._lend(lease_id, True)
-                if gather and at + GATHER_MIN_PENDING <= len(refs):  # one wake-up for all
+                if gather and at + GATHER_MIN_PENDING <= len(refs):  # few wake-ups for all
                     gather = False
                     self._wait_all(refs[at:], deadline)
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -520,26 +520,21 @@ class Runtime:
         return [self._value_of(ref) for ref in refs]
 
     def _wait_all(self, refs: Sequence[ObjectRef], deadline: float | None) -> None:
-        """Wait (bounded by ``deadline``) until every ref of ``refs`` is ready, woken once
-        (:class:`AllReady`) rather than once per ref the thread catches up with; the caller's
-        loop then checks each ref as before.  Few still pending: nothing to share."""
+        """Wait (bounded by ``deadline``) for the pending refs of ``refs`` from the last one
+        back; the caller's loop then checks each ref as before.
+
+        Results of a burst arrive about in submission order: waiting front to back, the
+        thread caught up with them every few results, made an event, slept and was woken
+        (a wake-up and a GIL hand-over per few results, paid by the loop too).  From the
+        back it sleeps until the last is ready and then finds nearly all the others ready.
+        Borrowed refs are all asked for first, so their owners answer in parallel."""
         pending = [r for r in refs if not r._entry.ready]
-        if len(pending) < GATHER_MIN_PENDING:
-            return
         for ref in pending:
             self._ensure_fetch(ref)
-        waiter = AllReady(len(pending))
-        entries = [r._entry for r in pending]
-        try:
-            self.on_loop(waiter.arm, entries)
-        except RuntimeError:  # the loop is closed: the caller's loop waits entry by entry
-            return
-        if not waiter.event.wait(
-                None if deadline is None else max(0.0, deadline - time.monotonic())):
-            try:
-                self.on_loop(waiter.disarm, entries)
-            except RuntimeError:
-                pass
+        for ref in reversed(pending):
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not ref._entry.wait(remaining):
+                return  # timed out: the caller's loop says which ref
 
     def _lend(self, lease_id: str | None, blocked: bool) -> bool:
         """A thread waits in ``yr.get``/``yr.wait`` (or runs again): a task's lease lends its
@@ -820,7 +815,7 @@ def _load_machines() -> None:
         from yrdask.runtime.submitter import Submitter, Task
 
 
-GATHER_MIN_PENDING = 4  # a get of at least this many pending refs waits once for all (AllReady)
+GATHER_MIN_PENDING = 4  # a get of at least this many pending refs waits from the last one back
 EXITS_KEPT = 1000  # worker processes whose end this runtime remembers
 EXIT_REASON_WAIT_S = 0.5  # how long a crash error waits to learn how the process ended
 LOST_WAIT_S = 30.0  # how long a failed fetch waits to hear that its worker is gone
