@@ -65,6 +65,9 @@ def new_gate() -> Any:
 #: short, and longer than most waits (blocks that end untold)
 LEND_DELAYS = (0.0, 0.002, 0.05, 0.5)
 KEEP_REVOKED = (0.0, 0.05, 0.5, 5.0)  # SubmitQueue keep_revoked_s drawn per seed
+#: how often a lease request's rpc is passed over when its turn comes (drawn per seed): a
+#: slow rpc connection, so that the owner's later withdraw (on its stream) overtakes it
+RPC_LAG = (0.0, 0.0, 0.0, 0.9)
 
 
 def new_notices(delay_s: float) -> Any:

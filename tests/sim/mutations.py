@@ -613,6 +613,16 @@ def _early_revoke_dropped(patch: Patch) -> None:
     patch(SubmitQueue, "_revoke_ids", revoke_ids)
 
 
+def _overtaking_withdraw_forgotten(patch: Patch) -> None:
+    from yrdask.scheduler.leases import LeaseQueue
+
+    real = LeaseQueue._withdrawn
+
+    def withdrawn(self, ev):  # a withdraw of a request not heard of yet is a no-op (as
+        return real(self, ev) if ev.request_id else []  # before): it is granted later
+    patch(LeaseQueue, "_withdrawn", withdrawn)
+
+
 LQ_V = ("yrdask.scheduler.leases", "LeaseQueue")
 SQ_V = ("yrdask.runtime.submit_queue", "SubmitQueue")
 GATE_V = ("yrdask.worker.lease_gate", "LeaseGate")
@@ -629,6 +639,10 @@ MUTATIONS: list[Mutation] = [
     Mutation("withdrawn-grant-kept", "tasks",
              "a grant that crossed its request's withdraw is neither used nor returned (leak)",
              _withdrawn_grant_kept, 500, (SQ_V,)),
+    Mutation("overtaking-withdraw-forgotten", "tasks",
+             "a withdraw that overtakes its lease request is forgotten: the request is "
+             "granted later (and the grant returned)", _overtaking_withdraw_forgotten, 300,
+             (LQ_V,)),
     Mutation("ledger-fits-ever", "tasks",
              "Ledger.choose places on a worker that could ever fit the shape, not one where it "
              "fits now", _fits_ever, 200, (LQ_V,)),

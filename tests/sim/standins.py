@@ -230,6 +230,7 @@ class StandinLeaseQueue:
         self.deadline: dict = {}
         self.ids = 0
         self.story = Story()
+        self.unseen: set = set()  # (owner, own id) withdrawn before the request came
 
     def handle(self, ev: Any) -> list:
         out: list = []
@@ -259,6 +260,9 @@ class StandinLeaseQueue:
         self._OwnerGone(LQ.OwnerGone(ev.stimulus_id, ev.worker), out)  # its submitter too
 
     def _HoldRequested(self, ev, out):
+        if (ev.owner, ev.own_id) in self.unseen:
+            self.unseen.discard((ev.owner, ev.own_id))
+            return out.append(LQ.Refused("s", ev.request_id, "withdrawn"))
         shape = {r: float(a) for r, a in ev.shape.items()}
         w = self.ledger.choose(shape, ev.local, ev.avoid)
         if w is not None:
@@ -297,6 +301,8 @@ class StandinLeaseQueue:
         self._grant_pending(out)
 
     def _RequestWithdrawn(self, ev, out):
+        if not ev.request_id:
+            self.unseen.add((ev.owner, ev.own_id))
         for req in [r for r in self.pending if r.request_id == ev.request_id]:
             if req.owner == ev.owner:
                 self.pending.remove(req)

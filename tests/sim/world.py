@@ -456,6 +456,9 @@ class World:
         # how long a revoked queue's only lease is kept (runtime/submit_queue.py rule 4; 0:
         # never), drawn the same way
         self.keep_revoked_s = random.Random(f"keep-{seed}").choice(M.KEEP_REVOKED)
+        # how often a lease request's rpc is passed over (M.RPC_LAG): its own generator too
+        self.lag_rng = random.Random(f"lag-{seed}")
+        self.rpc_lag = self.lag_rng.choice(M.RPC_LAG)
         self.now = 0.0
         self.step = 0
         self.links: dict[tuple, deque] = {}
@@ -476,6 +479,8 @@ class World:
         self.shrunk: set[str] = set()  # holdings on a node when it lost a process
         self.group_revoked: set[str] = set()  # leases revoked by a group's removal
         self.removed_groups: set[str] = set()  # groups whose removal the scheduler handled
+        # (owner, own request id) -> when the scheduler got the owner's withdraw of it
+        self.withdraws_seen: dict[tuple, float] = {}
         self.sched = SchedNode(self)
         self.nodes[SCHED] = self.sched
         for name, cap in scenario.workers:
@@ -571,6 +576,11 @@ class World:
             if busy and (not due or rng.random() < 0.75):
                 keys = list(busy)
                 key = keys[rng.randrange(len(keys))] if len(keys) > 1 else keys[0]
+                if self.rpc_lag and key[1] == SCHED and key[2].startswith("rpc:") \
+                        and "/rg-" not in key[2] and self.lag_rng.random() < self.rpc_lag:
+                    key = self._lagged(key, keys)
+                    if key is None:
+                        continue
                 q = self.links[key]
                 msg = q.popleft()
                 if not q:
@@ -583,6 +593,23 @@ class World:
             if refs:
                 self.check_borrowers()
         self.check_quiescent()
+
+    def _lagged(self, key: tuple, keys: list) -> tuple | None:
+        """A slow rpc (``rpc_lag``): another link's message goes first, or, with none, time
+        passes to the next timer if it is due within 20 ms, which fires (None: nothing is
+        delivered this step)."""
+        others = [k for k in keys if k != key]
+        if others:
+            return others[self.lag_rng.randrange(len(others))]
+        if not self.timers or self.timers[0][0] > self.now + 0.02:
+            return key
+        self.now = max(self.now, self.timers[0][0])
+        self.fire(*heapq.heappop(self.timers)[2:])
+        self.validate_touched()
+        self.check_conservation()
+        if self.sc.refs:
+            self.check_borrowers()
+        return None
 
     def _idle(self) -> bool:
         """Nothing but machine timers left: no message, no computing task, no plan."""
@@ -724,6 +751,12 @@ class World:
                     self.send(SCHED, src, chan, {"op": "REFUSE", "request_id": own_id,
                                                 "reason": result[1]})
                     return
+                at = self.withdraws_seen.get((src, own_id))
+                if at is not None:  # scheduler/leases.py: a withdraw that overtook it
+                    raise SimFailure(
+                        f"withdraw: the scheduler granted {src}'s lease request {own_id} "
+                        f"({result[0]}) at {self.now:.3f} s, withdrawn by its owner at "
+                        f"{at:.3f} s", self, (own_id, result[0]))
                 try:
                     M.check_grant(self.sched.queue, result[0])
                     M.check_bundle_grant(self.sched, result[0], req.affinity)
@@ -735,6 +768,8 @@ class World:
         elif op == "RETURN_LEASES":
             service.release(tuple(msg["lease_ids"]), "return")
         elif op == "WITHDRAW_LEASE_REQUESTS":
+            for own_id in msg["request_ids"]:
+                self.withdraws_seen.setdefault((src, own_id), self.now)
             service.withdraw(src, tuple(msg["request_ids"]))
         elif op == "LEASE_BLOCKED":
             service.lease_blocked(msg["lease_id"])

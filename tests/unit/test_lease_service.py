@@ -84,12 +84,16 @@ def test_withdraw_names_the_owners_own_id_and_answers_a_waiting_request_once(svc
     rid = svc.open(LeaseRequest("d2", dict(CPU1), own_id="r5"), 5000, answers.append)
     svc.withdraw("d1", ["r5"])  # another owner's id: nothing
     assert rid in svc.leases.pending and answers == []
-    svc.withdraw("d2", ["r9", "r5"])  # r9: unknown (not heard of yet): nothing
+    svc.withdraw("d2", ["r9", "r5"])  # r9: not heard of yet (overtaken): remembered
     assert rid not in svc.leases.pending and answers[0][0] is None and len(answers) == 1
     assert svc._own == {}
     svc.withdraw("d2", ["r5"])  # answered already
     svc.release([lid])
     assert len(answers) == 1 and not svc.leases.ledger.holdings
+    late: list = []  # the overtaken request comes: refused at once, nothing held
+    svc.open(LeaseRequest("d2", dict(CPU1), own_id="r9"), 5000, late.append)
+    assert late[0][0] is None and "before it arrived" in late[0][1] and len(late) == 1
+    assert not svc.leases.ledger.holdings and svc._own == {}
 
 
 def test_a_withdraw_after_the_grant_changes_nothing(svc):

@@ -14,6 +14,7 @@ import random
 import pytest
 
 from yrdask.affinity import AffinityKind, AffinityType, OperatorType
+from yrdask.scheduler import leases as LQ
 from yrdask.scheduler.leases import (Granted, HoldingsReleased, HoldRequested, LeaseBlocked,
                                      LeaseQueue, LeaseUnblocked, OwnerGone, Refused,
                                      RequestCancelled, RequestWithdrawn, Revoke, Tick, WakeAt,
@@ -32,9 +33,9 @@ def cpu(n: float = 1, **tags: float) -> dict:
 def req(rid: str, owner: str = "tcp://d:1", shape: dict | None = None, timeout_ms: int = 1000,
         kind: str = "lease", local: str | None = None, queue: str = "q", avoid: tuple = (),
         affinity: tuple = (), labels: tuple = (), holding_id: str | None = None,
-        now: float = 0.0) -> HoldRequested:
+        now: float = 0.0, own_id: str = "") -> HoldRequested:
     return HoldRequested("t", rid, owner, kind, shape or cpu(1), timeout_ms, local, queue, avoid,
-                         affinity, labels, holding_id, now)
+                         affinity, labels, holding_id, now, own_id=own_id)
 
 
 def required(kind: int, key: str, *values: str, anti: bool = False) -> tuple:
@@ -469,6 +470,32 @@ def test_a_withdrawn_lease_request_leaves_the_queue_refused_once_with_its_revoke
     q(req("i", kind="instance", holding_id="I1", owner="I1"))
     q(req("j", kind="instance", holding_id="I2", owner="I2"))
     assert q(RequestWithdrawn("t", "j", "I2")) == []  # instances are cancelled, not withdrawn
+
+
+def test_a_withdraw_that_overtakes_its_request_refuses_it_on_arrival():
+    q = Q(a=cpu(1))
+    assert q(RequestWithdrawn("t", "", "d2", "r5")) == []  # not heard of yet: remembered
+    assert q(RequestWithdrawn("t", "", "d2", "r6")) == []
+    out = q(req("R1", owner="d2", own_id="r5"))  # it arrives: refused, never granted
+    assert "withdrawn by its owner d2 before it arrived" in refusals(out)["R1"] and len(out) == 1
+    assert not q.q.ledger.holdings and q.q.counters["requests_withdrawn"] == 1
+    assert grants(q(req("R2", owner="d1", own_id="r5")))["R2"][1] == "a"  # another owner's id
+    assert grants(q(req("R3", owner="d2", own_id="r7", timeout_ms=-1))) == {}  # waits
+    assert ("withdrawn-before-arrival", "R1", "d2", "r5") in [e for _, e in q.q.story("R1")]
+    assert q.q.withdrawn_unseen == {("d2", "r6"): None}
+    q(OwnerGone("t", "d2"))  # a process later at its address counts its ids from 1 again
+    assert q.q.withdrawn_unseen == {}
+    assert grants(q(req("R4", owner="d2", own_id="r6", timeout_ms=-1))) == {}  # waits: not refused
+    assert "R4" in q.q.pending
+
+
+def test_the_memory_of_overtaking_withdraws_is_bounded():
+    q = LeaseQueue()
+    for i in range(LQ.WITHDRAWN_UNSEEN + 5):
+        q.handle(RequestWithdrawn("t", "", "d", f"r{i}"))  # answered already, say: never come
+    q.validate()
+    assert len(q.withdrawn_unseen) == LQ.WITHDRAWN_UNSEEN
+    assert ("d", "r0") not in q.withdrawn_unseen and ("d", "r5") in q.withdrawn_unseen
 
 
 def test_story_by_request_holding_and_owner():

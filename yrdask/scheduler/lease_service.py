@@ -87,7 +87,7 @@ class LeaseService:
             self.feed(LQ.HoldRequested(
                 f"request-{rid}", rid, req.owner, req.kind, req.shape, timeout_ms, req.local,
                 req.queue, req.avoid, req.affinity, req.labels, req.holding_id,
-                self.edge.now(), req.label))
+                self.edge.now(), req.label, req.own_id))
         except BaseException:
             self._forget(rid)
             raise
@@ -103,13 +103,14 @@ class LeaseService:
     def withdraw(self, owner: str, own_ids: list[str] | tuple[str, ...]) -> None:
         """``owner`` no longer wants these lease requests (its queue drained; ``own_ids``
         are its own ids of them): each still waiting leaves the queue and is answered
-        ``[None, reason]``.  One answered already or not heard of yet is left alone (a grant
-        that crossed the withdraw is returned by the owner as unwanted)."""
+        ``[None, reason]``.  One not heard of yet (the withdraw overtook it: the request
+        travels on an rpc, the withdraw on the owner's stream) is remembered by the lease
+        queue and refused when it comes; one answered already is left alone (a grant that
+        crossed the withdraw is returned by the owner as unwanted)."""
         for own_id in own_ids:
             rid = self._own.get((owner, own_id))
-            if rid is None:
-                continue
-            self.feed(LQ.RequestWithdrawn(f"withdraw-{rid}", rid, owner))
+            self.feed(LQ.RequestWithdrawn(f"withdraw-{rid or own_id}", rid or "", owner,
+                                          own_id))
 
     def _forget(self, request_id: str) -> tuple[Answer, LeaseRequest] | None:
         """The request's answer, no longer waited for (None if it was answered)."""

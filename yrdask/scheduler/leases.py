@@ -30,6 +30,10 @@ The rules:
 * at its deadline a request keeps waiting (another ``timeout`` or at least 1 s) while leases
   hold what it needs on a worker that could run it, since tasks end; otherwise it is refused
   with :meth:`Ledger.explain_unfit`.  ``timeout_ms < 0`` waits forever;
+* a lease request withdrawn by its owner (its queue drained) leaves the queue, ``Refused``;
+  a withdraw that overtakes its request (it names the owner's own id of a request not heard
+  of yet) is remembered, boundedly, and the request is refused on arrival, never granted
+  only to be returned;
 * every request is answered exactly once (``Granted`` or ``Refused``).
 """
 
@@ -47,6 +51,7 @@ from yrdask.scheduler.resources import (DEVICE_KINDS, FIX_HINT, Holding, Ledger,
 from yrdask.statemachine import Event, Instruction, Story
 
 EXTEND_MIN_MS = 1000  # a request that could be freed waits at least this long more
+WITHDRAWN_UNSEEN = 1024  # withdraws of requests not heard of yet remembered (oldest forgotten)
 TOLERANCE = 1e-6  # float slack of the ledger checks
 
 
@@ -99,6 +104,7 @@ class HoldRequested(Event):
     holding_id: str | None
     now: float
     label: str = ""
+    own_id: str = ""  # the owner's own id of a lease request (what its withdraw names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,10 +147,13 @@ class RequestCancelled(Event):
 class RequestWithdrawn(Event):
     """``owner`` withdraws its waiting lease request (its queue drained): it leaves the
     queue, answered ``Refused``; a request answered already, or another owner's, is left
-    alone."""
+    alone.  ``request_id`` empty: the request (the owner's ``own_id``) is not heard of yet
+    (the withdraw overtook it, or it was answered already): remembered, so that it is
+    refused on arrival."""
 
     request_id: str
     owner: str
+    own_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +258,9 @@ class LeaseQueue:
                                          "leases_forwarded": 0, "lease_timeouts": 0,
                                          "requests_withdrawn": 0}
         self.next_wake: float | None = None  # earliest WakeAt not yet answered by a Tick
+        # (owner, own id) withdrawn before the request came (or after its answer): refused
+        # on arrival; at most WITHDRAWN_UNSEEN, oldest forgotten first
+        self.withdrawn_unseen: dict[tuple[str, str], None] = {}
         self._ids = 0
         self._story = Story(story_len)
         # Resource groups (scheduler/groups.py GroupMachine, set by the adapter): a request
@@ -324,6 +336,13 @@ class LeaseQueue:
         if rid in self.pending:
             self._story.log(sid, ("duplicate-request-ignored", rid), (rid, ev.owner))
             return []
+        if ev.own_id and self.withdrawn_unseen and ev.kind == "lease" \
+                and self.withdrawn_unseen.pop((ev.owner, ev.own_id), 0) is None:
+            self.counters["requests_withdrawn"] += 1
+            self._story.log(sid, ("withdrawn-before-arrival", rid, ev.owner, ev.own_id),
+                            (rid, ev.owner))
+            return [Refused(sid, rid, f"the lease request {rid} was withdrawn by its owner "
+                                      f"{ev.owner} before it arrived (its queue drained)")]
         w = _Waiter(ev)
         self._story.log(sid, ("requested", rid, w.kind, w.owner, format_shape(w.shape),
                               w.timeout_ms), (rid, w.owner, w.holding_id))
@@ -385,6 +404,14 @@ class LeaseQueue:
         """The waiter goes, and with it the revokes asked for on its behalf (its record of
         them: leases already revoked stay so at their owners, and go back once idle)."""
         sid, rid = ev.stimulus_id, ev.request_id
+        if not rid:
+            if ev.own_id:
+                unseen = self.withdrawn_unseen
+                unseen[(ev.owner, ev.own_id)] = None
+                if len(unseen) > WITHDRAWN_UNSEEN:
+                    del unseen[next(iter(unseen))]
+                self._story.log(sid, ("withdrawn-unseen", ev.own_id, ev.owner), (ev.owner,))
+            return []
         w = self.pending.get(rid)
         if w is None or w.owner != ev.owner or w.kind != "lease":
             self._story.log(sid, ("withdraw-ignored", rid, ev.owner), (rid, ev.owner))
@@ -614,8 +641,12 @@ class LeaseQueue:
             out.append(Revoke(sid, owner, tuple(lease_ids), keep))
 
     def _drop_owner(self, owner: str, sid: str, out: list[Instruction]) -> None:
-        """Release ``owner``'s leases and refuse its waiting requests."""
+        """Release ``owner``'s leases, refuse its waiting requests and forget its withdraws
+        (a process started later at the same address counts its ids from the start again)."""
         ledger = self.ledger
+        if self.withdrawn_unseen:
+            for key in [k for k in self.withdrawn_unseen if k[0] == owner]:
+                del self.withdrawn_unseen[key]
         for h in [h for h in ledger.holdings.values() if h.owner == owner and h.kind == "lease"]:
             ledger.release(h.holding_id)
             self._story.log(sid, ("released-owner-gone", h.holding_id, h.worker),
@@ -672,6 +703,7 @@ class LeaseQueue:
                 assert abs(used - due) < TOLERANCE, \
                     f"{address} GPU {g} used {used:g} but its holdings sum to {due:g}"
                 assert used < 1.0 + TOLERANCE, f"{address} GPU {g} over-committed: {used:g}"
+        assert len(self.withdrawn_unseen) <= WITHDRAWN_UNSEEN, "unbounded withdraw memory"
         deadlines = []
         for rid, w in self.pending.items():
             assert w.request_id == rid, f"request {rid} filed as {w.request_id}"
