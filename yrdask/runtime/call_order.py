@@ -377,6 +377,48 @@ class CallOrder:
         handler(event, out)
         return out
 
+    # the hot path: a call sent at once, a call answered (CallRouter takes these first)
+
+    def send_at_once(self, call_id: str, instance_id: str, max_redeliveries: int | None,
+                     unordered: bool, concurrency: int) -> SendCall | None:
+        """``CallSubmitted`` of a ready call without a failed argument, when it leaves at
+        once: its route knows its worker, queues nothing and is alive, and the instance is
+        counted already.  Then it does what :meth:`handle` does (the same state and story)
+        and returns the one ``SendCall``; otherwise None, having changed nothing (the event
+        goes through :meth:`handle`)."""
+        route = self.routes.get(instance_id)
+        if route is None or route.worker is None or route.queue or route.dead is not None:
+            return None
+        n = self.counts.get(instance_id)
+        if not n or call_id in self.calls:
+            return None
+        call = _Call(call_id, instance_id, next(self._seq), True, None, max_redeliveries,
+                     unordered, concurrency)
+        self.calls[call_id] = call
+        self.counts[instance_id] = n + 1
+        route.inflight[call_id] = call
+        worker, target = route.worker, route.real_id or instance_id
+        self._entries.append((call_id, "send", call_id, target, worker))  # as _pump's
+        return SendCall(call_id, call_id, target, worker)
+
+    def succeeded_at_once(self, call_id: str) -> bool:
+        """``CallDone`` without an error, when the call is in flight and its instance stays
+        counted after it (the usual answer): what :meth:`handle` does (its ``CallSucceeded``
+        is the caller's to carry out), True; otherwise False, having changed nothing."""
+        call = self.calls.get(call_id)
+        if call is None:
+            return False
+        iid = call.instance_id
+        route = self.routes.get(iid)
+        n = self.counts.get(iid)
+        if route is None or n is None or n < 2 or call_id not in route.inflight:
+            return False
+        del route.inflight[call_id]
+        del self.calls[call_id]
+        self._entries.append((call_id, "succeeded", call_id, iid))  # as _done's
+        self.counts[iid] = n - 1
+        return True
+
     # calls
 
     def _submitted(self, ev: CallSubmitted, out: list) -> None:

@@ -65,6 +65,12 @@ class CallRouter:
     def submit(self, call_id: str, instance_id: str, ready: bool, error: Any = None,
                max_redeliveries: int | None = None, unordered: bool = False,
                concurrency: int = 1) -> None:
+        if ready and error is None:  # the usual: it leaves at once
+            ins = self.order.send_at_once(call_id, instance_id, max_redeliveries, unordered,
+                                          concurrency)
+            if ins is not None:
+                self.edge.send_call(ins)
+                return
         out = self.order.handle(C.CallSubmitted(call_id, call_id, instance_id, ready, error,
                                                 max_redeliveries, unordered, concurrency))
         if len(out) == 1 and type(out[0]) is C.SendCall:  # the usual: sent at once
@@ -77,6 +83,9 @@ class CallRouter:
 
     def done(self, call_id: str, error: Any = None) -> None:
         """The call's ``TASK_DONE`` (``error``: the loaded error object, None on success)."""
+        if error is None and self.order.succeeded_at_once(call_id):  # the usual answer
+            self.edge.call_succeeded(call_id)
+            return
         out = self.order.handle(C.CallDone(call_id, call_id, error))
         if len(out) == 1 and type(out[0]) is C.CallSucceeded:  # the usual answer
             self.edge.call_succeeded(call_id)

@@ -88,8 +88,16 @@ class InstanceRouter(CallRouter):
             self.submit(cid, call.instance_id, False, None, call.max_redeliveries,
                         call.unordered, call.concurrency)
             when_ready(refs, lambda: self.deps_ready(cid, failed_dep(refs)))
+        elif not refs:  # the usual: no ref argument, sent at once (submit's shortcut)
+            ins = self.order.send_at_once(cid, call.instance_id, call.max_redeliveries,
+                                          call.unordered, call.concurrency)
+            if ins is not None:
+                self.send_call(ins)
+            else:
+                self.submit(cid, call.instance_id, True, None, call.max_redeliveries,
+                            call.unordered, call.concurrency)
         else:
-            error = failed_dep(refs) if refs else None
+            error = failed_dep(refs)
             self.submit(cid, call.instance_id, True, error, call.max_redeliveries,
                         call.unordered, call.concurrency)
 
@@ -110,6 +118,22 @@ class InstanceRouter(CallRouter):
                     entry.set_error(error)
             else:
                 self.rt.channel(call.sent_to).send(P.CancelTask(cid))
+        return True
+
+    def on_result(self, cid: str, results: list | None) -> bool:
+        """A plain answer (``TaskDone`` with results only: no error, no refs report) to
+        method call ``cid`` (the hot path, read off its wire dict); False if it is no call
+        waiting here or one answered after a cancel (then :meth:`on_done` has the rule)."""
+        call = self.calls.get(cid)
+        if call is None or call.cancelled or results is None:
+            return False
+        if self.order.succeeded_at_once(cid):  # done() and call_succeeded() in one
+            del self.calls[cid]
+            for entry, (k, payload) in zip(call.entries, results):
+                entry.set_result(k, payload)
+            return True
+        call.results = results
+        self.done(cid)
         return True
 
     def on_done(self, msg: P.TaskDone) -> bool:

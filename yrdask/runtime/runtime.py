@@ -202,6 +202,8 @@ class Runtime:
                 # (call and task ids never collide: both come from new_id)
                 self.submitter.on_task_ok(task_id, msg.get("results") or [], msg.get("took"))
                 return
+            if len(msg) == 3 and self.router.on_result(task_id, msg.get("results")):
+                return  # a method call's plain answer (op, id, results): no message object
             done = P.TaskDone.from_msg(msg)
             if done.refs is not None:  # before the call lets go of its argument refs
                 self.objects.on_done_refs(done.refs)
