@@ -161,11 +161,33 @@ class HostedInstance(HostedCalls):
             pass
 
     def _chain(self, item: tuple | None) -> None:
-        while item is not None:
-            try:
-                self._run_job(self._run_call, *item)
-            finally:
-                item = self.finished()
+        """Run ``item`` and the calls the queue starts in its place, under one share of the
+        worker while no Dask task waits for a thread (a run of calls then takes and frees
+        it once, not per call); with Dask tasks about, each call takes its turn again."""
+        share = self.share
+        if share is None:
+            while item is not None:
+                try:
+                    self._run_call(*item)
+                finally:
+                    item = self.finished()
+            return
+        turn = False  # whether this thread holds its share now
+        try:
+            while item is not None:
+                try:
+                    if turn and share.dask:  # a Dask task may wait: it gets its turn
+                        turn = False
+                        share.call_end()
+                    if not turn:
+                        share.call_start()
+                        turn = True
+                    self._run_call(*item)
+                finally:
+                    item = self.finished()
+        finally:
+            if turn:
+                share.call_end()
 
     def _chain_async(self, item: tuple) -> None:
         async def chain(item: tuple | None) -> None:
