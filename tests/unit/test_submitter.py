@@ -283,6 +283,9 @@ def test_the_runtime_reads_a_plain_answer_without_a_message_object():
             seen.append(("done", done.task_id))
 
     class Router:
+        def on_result(self, cid, results):  # a method call's plain answer: declined here,
+            return False  # so call1 takes on_done (tests/unit/test_instance_call_fast_path.py)
+
         def on_done(self, done):
             return done.task_id == "call1"
 
