@@ -89,6 +89,31 @@ class Keeper:
         self.kept = None
 
 
+@yr.invoke
+def boxed_stream(n):
+    """Items holding refs to 1 MB values this worker puts (counted: kept in its store)."""
+    for i in range(n):
+        yield [yr.put(np.full(MB4 // 4, i, dtype=np.uint8)), os.getpid()]
+
+
+@yr.instance
+class Boxer:
+    def stream(self, n):
+        for i in range(n):
+            yield [yr.put(np.full(MB4 // 4, i, dtype=np.uint8)), os.getpid()]
+
+
+@yr.invoke
+def consume_boxed_stream(n):
+    """A task consuming a generator task (on its own worker when it is the only one): the
+    values its items' refs hold, and whether every item came from this very process."""
+    items = list(boxed_stream.invoke(n))  # to its end: the producer dropped its own refs
+    boxes = yr.get(items, T)
+    del items
+    values = [int(yr.get(box[0], T)[0]) for box in boxes]
+    return values, all(box[1] == os.getpid() for box in boxes)
+
+
 def test_nested_refs_read_kept_and_dropped_leave_nothing_behind(borrow_cluster):
     """The issue's pattern: a task returns ``[put(4 MB)]``, the driver reads it and an
     instance keeps it until the next one comes; 300 rounds hold at most a few objects."""
@@ -191,3 +216,35 @@ def test_a_ref_whose_joined_driver_died_fails_at_once_for_a_later_reader(borrow_
         yr.get(ref, T)
     assert time.monotonic() - t0 < 8  # not the 30 s connect timeout
     del ref
+
+
+@pytest.mark.parametrize("source", ["task", "method"])
+def test_refs_in_a_workers_generator_items_are_freed_once_the_consumer_drops_them(
+        borrow_cluster, source):
+    """Refs nested in the items of a generator in a worker are lent to the consumer via each
+    item, as refs nested in a result are (not pinned to the worker's end): once the driver
+    holds neither the items nor the refs, every table and store is empty again."""
+    boxer = Boxer.invoke() if source == "method" else None
+    gen = boxer.stream.invoke(3) if boxer else boxed_stream.invoke(3)
+    boxes = [yr.get(item, T) for item in gen]  # the items themselves are dropped here
+    del gen
+    assert [int(yr.get(box[0], T)[0]) for box in boxes] == [0, 1, 2]
+    assert sum(f["owned"] for f in borrow_cluster.run(probe).values()) == 3  # still held
+    del boxes
+    wait_until(lambda: sum(live(borrow_cluster).values()) == 0, 30,
+               lambda: f"every table and store empty, not {live(borrow_cluster)}")
+    if boxer:
+        boxer.terminate(is_sync=True)
+
+
+def test_refs_in_generator_items_consumed_in_the_producers_process_are_freed(cluster):
+    """The consumer is a task on the producer's own worker (the only one): the item is not
+    there yet when its refs are lent, so the consumer's stream counts it held from the lend
+    on; once the task drops the items and the refs, nothing is left."""
+    active = cluster(kind="embedded", num_cpus=1)
+    with distributed.Client(active.address, set_as_default=False, timeout=30) as client:
+        assert len(client.run(probe)) == 1
+        values, here = yr.get(consume_boxed_stream.invoke(3), T)
+        assert values == [0, 1, 2] and here
+        wait_until(lambda: sum(live(client).values()) == 0, 30,
+                   lambda: f"every table and store empty, not {live(client)}")

@@ -242,8 +242,9 @@ class Stream:
             self.rt.objects.release_unreceived(oid)
 
     def expect(self, index: int) -> bool:
-        """(loop thread) A poll names item ``index``, not received yet, as the holder of
-        refs lent to this process: whether the item will be kept when it comes."""
+        """A poll (loop thread), or a lend from a generator in this very process (its
+        thread), names item ``index``, not received yet, as the holder of refs lent to this
+        process: whether the item will be kept when it comes."""
         with self.lock:
             if self.state.expects(index):
                 self.early.add(index)

@@ -556,9 +556,13 @@ class ObjectTable:
             entry.set_error(error)
 
     def lend(self, counted: dict, to: str, via: str | None = None) -> None:
-        """``to`` holds the refs ``counted`` (``{id: owner}``) now, from this process."""
+        """``to`` holds the refs ``counted`` (``{id: owner}``) now, from this process.  Lent
+        to itself via a generator item not received yet (a call it made to itself), the item
+        holds them from now on if its stream will keep it (it is released if it never does)."""
+        coming = (via is not None and to == self.runtime.address and via not in self.entries
+                  and self._item_coming(via))  # (outside REFS_LOCK: takes the stream's lock)
         with REFS_LOCK:
-            via_alive = via is not None and via in self.entries  # lent to itself: its result
+            via_alive = via is not None and (via in self.entries or coming)  # lent to itself
             for oid, owner in counted.items():
                 entry = self.entries.get(oid)
                 held = entry is not None and entry.refs > 0

@@ -624,10 +624,16 @@ class WorkerAgent:
 
     def item_sender(self, peer: Any, task_id: str) -> Callable[[int, Any], None]:
         """``emit(index, value)`` for a generator call: stored like a result, sent at once.
-        Refs nested in items are pinned (their owners keep them to the end, docs/objects.md)."""
+        Refs nested in an item are lent to the caller via the item (``GeneratorItem.refs``),
+        as a result's are: their owners free them once the caller drops the item and the refs
+        it read out of it.  A caller in this process: the item holds them from the lend on
+        (:meth:`ObjectTable.lend`), as the caller's stream will still keep it."""
+        caller = peer.caller or None
+
         def emit(index: int, value: Any) -> None:
-            result = self.pack_results(f"{task_id}.{index}", value, 1, None)[0][0]
-            peer.reply(P.GeneratorItem(task_id, index, result).to_msg())
+            results, nested = self.pack_results(f"{task_id}.{index}", value, 1, caller)
+            refs = nested[0][1] if nested and caller != self.runtime.address else None
+            peer.reply(P.GeneratorItem(task_id, index, results[0], refs).to_msg())
         return emit
 
     def pack_results(self, task_id: str, result: Any, nret: int,
