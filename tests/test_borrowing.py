@@ -8,6 +8,7 @@ client runs the probe in each worker), so "flat memory" is counted, not guessed 
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -223,7 +224,9 @@ def test_refs_in_a_workers_generator_items_are_freed_once_the_consumer_drops_the
         borrow_cluster, source):
     """Refs nested in the items of a generator in a worker are lent to the consumer via each
     item, as refs nested in a result are (not pinned to the worker's end): once the driver
-    holds neither the items nor the refs, every table and store is empty again."""
+    holds neither the items nor the refs, every worker's table and store is empty again."""
+    gc.collect()
+    before = live(borrow_cluster)["driver"]  # what earlier tests' refs still hold there
     boxer = Boxer.invoke() if source == "method" else None
     gen = boxer.stream.invoke(3) if boxer else boxed_stream.invoke(3)
     boxes = [yr.get(item, T) for item in gen]  # the items themselves are dropped here
@@ -231,8 +234,14 @@ def test_refs_in_a_workers_generator_items_are_freed_once_the_consumer_drops_the
     assert [int(yr.get(box[0], T)[0]) for box in boxes] == [0, 1, 2]
     assert sum(f["owned"] for f in borrow_cluster.run(probe).values()) == 3  # still held
     del boxes
-    wait_until(lambda: sum(live(borrow_cluster).values()) == 0, 30,
-               lambda: f"every table and store empty, not {live(borrow_cluster)}")
+    gc.collect()
+
+    def back() -> bool:  # the workers' tables empty, the driver's no fuller than before
+        now = live(borrow_cluster)
+        return now.pop("driver") <= before and sum(now.values()) == 0
+
+    wait_until(back, 30, lambda: f"every worker's table and store empty and the driver's "
+                                 f"back to {before}, not {live(borrow_cluster)}")
     if boxer:
         boxer.terminate(is_sync=True)
 
