@@ -41,7 +41,8 @@ def _agent(admits: dict, fail: set) -> SimpleNamespace:
             raise RuntimeError("finished failed")
 
     agent._execute = execute
-    agent.task_side = SimpleNamespace(finished=finished)
+    agent.task_side = SimpleNamespace(finished=finished,
+                                      next_waits=lambda task_id: task_id in admits)
     return agent
 
 
@@ -126,6 +127,7 @@ def _run_of_three(replies: dict) -> tuple:
     nxt = {"t1": t2, "t2": t3}
     agent.task_side.finished = lambda ex: (
         _AgentEdge(agent).start(nxt[ex.task_id]) if ex.task_id in nxt else None)
+    agent.task_side.next_waits = lambda task_id: task_id in nxt
     WorkerAgent._execute_gated(agent, t1)  # type: ignore[arg-type]
     return stream, agent, calls, timers
 
@@ -161,3 +163,41 @@ def test_an_answer_not_held_keeps_its_place_behind_what_its_thread_sent_before()
     agent._hold_reply(peer, {"task_id": "t2", "refs": []}, False)
     _run(calls)
     assert stream.sent == ["t1", "item", "t2"]
+
+
+def _ordered(results: dict, waits: set, peer_kind: str = "peer") -> list:
+    """One task t1 run to its end: the order of its answer (``answer``) and the gate's
+    bookkeeping (``finished``); ``waits``: task ids whose lease has a task waiting."""
+    from yrdask.worker.agent import Peer
+
+    order: list = []
+    agent, calls, _ = _holding_agent(results)
+    if peer_kind == "peer":
+        peer = Peer(lambda fn, *a: order.append(("answer", a[0].get("error") is not None)),
+                    _Stream())  # type: ignore[arg-type]
+    else:
+        peer = SimpleNamespace(reply=lambda msg: order.append(("answer", "error" in msg)),
+                               caller="")
+    agent.task_side.finished = lambda ex: order.append(("finished", ex.task_id))
+    agent.task_side.next_waits = lambda task_id: task_id in waits
+    WorkerAgent._execute_gated(agent, _task("t1", peer))  # type: ignore[arg-type]
+    return order
+
+
+def test_a_plain_answer_goes_before_the_bookkeeping_when_nothing_would_hold_it():
+    assert _ordered({}, set()) == [("answer", False), ("finished", "t1")]
+    assert _ordered({"t1": {"refs": []}}, set()) == [("answer", False), ("finished", "t1")]
+    assert _ordered({}, {"t1"}, "local") == [("answer", False), ("finished", "t1")]
+
+
+def test_an_error_answer_goes_after_the_task_is_forgotten():
+    """An error may be retried (same id, same lease): the retry must find the slot free."""
+    assert _ordered({"t1": {"error": b"x"}}, set()) == [("finished", "t1"), ("answer", True)]
+    assert _ordered({"t1": {"error": b"x"}}, set(), "local") == [("finished", "t1"),
+                                                                 ("answer", True)]
+
+
+def test_a_plain_answer_that_may_be_held_waits_for_the_hold_decision():
+    """A task of its lease waits (the end admits it): whether the answer is held depends on
+    what the bookkeeping admits, so it runs first."""
+    assert _ordered({}, {"t1"}) == [("finished", "t1"), ("answer", False)]

@@ -385,9 +385,22 @@ class WorkerAgent:
                     break
                 except CancelledError:
                     reply = None
-            # Forgotten before it answers: a retry of it (same id, same lease) may come back
-            # before this thread runs again, and must find the slot free.  A task it admits
-            # comes back in ending.next (the first one; any other goes to the executor).
+            # A plain answer goes first when it would not be held (no task of its lease waits
+            # here, none held before it): the caller's next step starts while the gate's
+            # bookkeeping runs.  A plain answer is never retried, so no retry of it needs
+            # the slot free.  Any other answer (an error, a cancel: maybe retried) is sent
+            # only once the task is forgotten: a retry of it (same id, same lease) may come
+            # back before this thread runs again, and must find the slot free.
+            early = reply is not None and "error" not in reply and (
+                type(ex.peer) is not Peer
+                or not (self._held or self.task_side.next_waits(ex.task_id)))
+            if early:
+                try:
+                    ex.peer.reply(reply)
+                except Exception:
+                    logger.exception("cannot answer task %s", ex.task_id)
+            # A task its end admits comes back in ending.next (the first one; any other
+            # goes to the executor).
             ending.free = True
             try:
                 self.task_side.finished(ex)
@@ -401,6 +414,9 @@ class WorkerAgent:
             after, ending.next = ending.next, None
             if self.share.dask:
                 self.share.yr_freed()
+            if early:
+                ex = after
+                continue
             try:
                 if reply is None:
                     reply = self._error_reply(ex.task_id, CancelledError(

@@ -125,6 +125,12 @@ class LeaseGate:
         """Tasks waiting for a slot."""
         return len(self.lease_of) - self.running()
 
+    def waits_after(self, task_id: str) -> bool:
+        """Whether a task of ``task_id``'s lease waits for a slot (a read-only peek)."""
+        lease_id = self.lease_of.get(task_id)
+        lease = self.leases.get(lease_id) if lease_id is not None else None
+        return lease is not None and bool(lease.waiting)
+
     def running(self) -> int:
         """Tasks started and not ended."""
         return sum(len(lease.running) for lease in self.leases.values())

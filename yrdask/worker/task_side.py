@@ -102,6 +102,13 @@ class TaskSide:
         if instructions:
             self._carry(instructions)
 
+    def next_waits(self, task_id: str) -> bool:
+        """Whether a task of ``task_id``'s lease waits in the gate (its end would admit it).
+
+        A peek without the lock (task thread, on ending ``task_id``): a task that arrives
+        just after it answers False is admitted by :meth:`finished` all the same."""
+        return self.gate.waits_after(task_id)
+
     def cancel(self, task_id: str, force: bool = False) -> None:
         """``CANCEL_TASK`` (loop thread): a task not started yet never runs; a running one is
         interrupted (``force``: its process ends).  Unknown ids (ended, bounced) are dropped:
