@@ -22,6 +22,7 @@ import sys
 import textwrap
 import time
 
+import dask
 import psutil
 import pytest
 
@@ -408,3 +409,27 @@ def test_workers_start_light_and_follow_the_dask_pre_spawn_config(tmp_path, monk
     heavy, env = eval(result.stdout.split("PROBE", 1)[1].strip())  # noqa: S307 - our repr
     assert heavy == [], f"a worker process imported the scheduler side: {heavy}"
     assert env == ["3", "1234", "5"]
+
+
+def test_init_freezes_the_started_heap_and_finalize_gives_it_back(cluster):
+    """yr.init moves what is alive once the driver has started into the GC's permanent
+    generation (collections in bursts skip it); yr.finalize gives it back, so objects of
+    the ended session that became garbage are collected again."""
+    import gc
+
+    cluster.finalize()
+    assert gc.get_freeze_count() == 0
+    yr.init(yr.Config(num_cpus=2))
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 10_000, frozen  # the imported libraries at least
+        assert yr.get(where.invoke(), timeout=T)[0] != os.getpid()
+    finally:
+        yr.finalize()
+    assert gc.get_freeze_count() == 0
+    with dask.config.set({"yrdask.process.gc-freeze": False}):
+        yr.init(yr.Config(num_cpus=2))
+        try:
+            assert gc.get_freeze_count() == 0
+        finally:
+            yr.finalize()

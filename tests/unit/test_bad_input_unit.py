@@ -259,3 +259,19 @@ def test_owner_timeouts_are_read_from_the_config_and_checked():
     with dask.config.set({"yrdask.object-store.owner-probe": 0}):
         with pytest.raises(yr.errors.YRValueError, match="owner-probe must be a positive"):
             owner_timeouts()
+
+
+def test_gc_freeze_key_is_a_bool_checked_before_init_starts_anything():
+    """``yrdask.process.gc-freeze`` (docs/performance.md): a non-bool is refused by name at
+    ``yr.init``, before a cluster starts."""
+    import dask
+
+    from yrdask.runtime.heap import freeze_enabled
+
+    assert freeze_enabled() is True
+    with dask.config.set({"yrdask.process.gc-freeze": False}):
+        assert freeze_enabled() is False
+    with dask.config.set({"yrdask.process.gc-freeze": "no"}):
+        with pytest.raises(yr.errors.YRValueError, match="gc-freeze is 'no'; set it to true"):
+            yr.init()
+        assert not yr.is_initialized()

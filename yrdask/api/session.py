@@ -18,7 +18,7 @@ from typing import Any
 
 from yrdask.errors import YRRuntimeError, YRValueError
 from yrdask.options import Config, check_config
-from yrdask.runtime import context
+from yrdask.runtime import context, heap
 from yrdask.runtime.runtime import ClientInfo, DriverRuntime
 
 logger = logging.getLogger("yrdask")
@@ -34,6 +34,7 @@ def init(conf: Config | None = None) -> ClientInfo:
         if context.installed_runtime() is not None:
             raise YRRuntimeError("yr.init cannot be called twice; call yr.finalize() first")
         conf = check_config(conf)
+        freeze = heap.freeze_enabled()  # checked before anything starts
         if conf.env_file:
             _load_env_file(conf.env_file)
         _apply_log_level(conf.log_level)
@@ -58,6 +59,9 @@ def init(conf: Config | None = None) -> ClientInfo:
             _forward_logs(None)
             raise
         context.install(rt)
+        if freeze:  # the libraries' objects: collections in bursts skip them (heap.py)
+            heap.freeze()
+            rt.heap_frozen = True
         if not _atexit_registered:
             atexit.register(finalize)
             _atexit_registered = True
@@ -82,6 +86,8 @@ def finalize() -> None:
         finally:
             rt.loop_runner.stop()
             _forward_logs(None)
+            if rt.heap_frozen:
+                heap.unfreeze()
 
 
 def is_initialized() -> bool:

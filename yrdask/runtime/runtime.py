@@ -887,6 +887,7 @@ class DriverRuntime(Runtime):
         self.loop_thread = self.loop_runner.thread.ident
         self.conf = conf
         self.cluster = cluster  # the embedded cluster to start (no server_address), if any
+        self.heap_frozen = False  # yr.init froze the GC's heap; yr.finalize gives it back
         self.info: ClientInfo | None = None
         # Config.log_to_driver: TaskOutput from workers goes to output_sink(records).
         self.output_sink: Callable[[list], None] | None = None
