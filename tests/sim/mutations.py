@@ -80,6 +80,20 @@ def _group_removal_keeps_leases(patch: Patch) -> None:
     patch(GroupMachine, "_remove", remove)
 
 
+def _group_for_gone_owner(patch: Patch) -> None:
+    from yrdask.scheduler.group_adapter import GroupService
+
+    real = GroupService.create
+
+    def create(self, owner, *args, **kwargs):  # the owner is never taken as gone
+        self.edge.requester_gone = lambda owner: None
+        try:
+            return real(self, owner, *args, **kwargs)
+        finally:
+            del self.edge.requester_gone
+    patch(GroupService, "create", create)
+
+
 def _bundle_fit_ignores_use(patch: Patch) -> None:
     from yrdask.scheduler.groups import GroupMachine
 
@@ -694,6 +708,10 @@ MUTATIONS: list[Mutation] = [
     Mutation("group-removal-keeps-leases", "tasks",
              "removing a resource group leaves the leases that ran in its bundles held",
              _group_removal_keeps_leases, 100, (RG_V,)),
+    Mutation("group-for-gone-owner", "tasks",
+             "the group adapter (GroupService, production code) creates a group whose owner's "
+             "job already ended (its create rpc came after the job stream's end)",
+             _group_for_gone_owner, 400),
     Mutation("bundle-fit-ignores-use", "tasks",
              "a request for a bundle fits against its whole reservation, not what is left of it",
              _bundle_fit_ignores_use, 100, (RG_V,)),

@@ -142,7 +142,8 @@ STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 def _groups(seed: int, sc: Scenario) -> list[GroupPlan]:
     """Resource groups of a seed, from a generator of their own (the other draws stay put);
-    in some of them a worker dies while the groups live (bundles lost and placed again)."""
+    in some of them a worker dies while the groups live (bundles lost and placed again), in
+    some the driver exits with a group's create on its way."""
     if seed % GROUP_SEEDS != 2:
         return []
     rng = random.Random(seed * 31 + 7)
@@ -164,6 +165,10 @@ def _groups(seed: int, sc: Scenario) -> list[GroupPlan]:
                 prog.retries, prog.fail_first = 1, 1
             progs.append(prog)
         plans.append(GroupPlan(f"g{k}", bundles, rng.choice(STRATEGIES), at, remove_at, progs))
+    if sc.drivers[0].exit_at is None and rng.random() < 0.15:
+        # the first driver exits right after asking for a group, its create rpc in flight
+        # (it can reach the scheduler after the job stream's end)
+        sc.drivers[0].exit_at = plans[-1].at + 1e-6
     return plans
 
 

@@ -44,10 +44,10 @@ def test_at_least_ten_mutations_across_machines():
 
 def test_mutations_reach_the_production_adapters():
     """The adapters the worlds drive as production code are mutated too: the lease service,
-    the instance router, the instance manager, hosting's call queue and call rules, and the
-    worker agent's instance side."""
+    the group service, the instance router, the instance manager, hosting's call queue and
+    call rules, and the worker agent's instance side."""
     names = {m.name for m in MU.MUTATIONS}
-    assert {"adapter-serves-gone-requester", "router-sends-reversed",
+    assert {"adapter-serves-gone-requester", "group-for-gone-owner", "router-sends-reversed",
             "router-ignores-lost-channel", "manager-forgets-dead-worker",
             "manager-never-releases", "hosting-exceeds-concurrency",
             "hosting-before-init"} <= names

@@ -204,6 +204,9 @@ class _GroupEdge:
     def group_settled(self, group: str) -> None:
         self.world.say(SCHED, ("group settled", group), group)
 
+    def requester_gone(self, owner: str) -> str | None:
+        return self.sched.service.requester_gone(owner)
+
 
 class _SimEntry:
     """A task's result entry (``runtime/objects.py``'s ``Entry`` as the submitter sees it):
@@ -577,7 +580,7 @@ class World:
                 keys = list(busy)
                 key = keys[rng.randrange(len(keys))] if len(keys) > 1 else keys[0]
                 if self.rpc_lag and key[1] == SCHED and key[2].startswith("rpc:") \
-                        and "/rg-" not in key[2] and self.lag_rng.random() < self.rpc_lag:
+                        and self.lag_rng.random() < self.rpc_lag:
                     key = self._lagged(key, keys)
                     if key is None:
                         continue
@@ -783,6 +786,11 @@ class World:
                 self.sched.groups.on_owner_gone(src)
         elif op == "CREATE_RG":  # group_adapter.create_resource_group
             why = self.sched.groups.create(src, msg["name"], msg["bundles"], msg["strategy"])
+            if why and src not in self.sched.jobs and src not in self.sched.workers:
+                # it came after the driver's OWNER_GONE (RPC_LAG): refused, to nobody
+                self.send(SCHED, src, f"rpc:{src}/rg-{msg['name']}", {
+                    "op": "RG_REFUSED", "name": msg["name"], "reason": why})
+                return
             if why:
                 raise SimFailure(f"group {msg['name']} refused: {why}", self, (msg["name"],))
             self.send(SCHED, src, f"rpc:{src}/rg-{msg['name']}", {"op": "RG_CREATED",
@@ -876,6 +884,9 @@ class World:
             for prog in g.progs:
                 node.tops.append(self.submit(node, prog, None, top=True))
             self.timer(max(self.now, g.remove_at), node.name, "rg-remove", g)
+        elif op == "RG_REFUSED":  # only ever sent to an owner that is gone
+            raise SimFailure(f"{node.name} is running, yet its group {msg['name']} was refused "
+                             f"as if it were gone: {msg['reason']}", self, (msg["name"],))
         else:
             raise AssertionError(f"unknown message to {node.name}: {msg}")
 

@@ -44,6 +44,9 @@ class Edge(LeaseRecorder):
     def group_settled(self, group) -> None:
         self.settled.append(group)
 
+    def requester_gone(self, owner):
+        return self.leases.requester_gone(owner)
+
 
 @pytest.fixture
 def edge():
@@ -103,8 +106,24 @@ def test_removing_a_group_revokes_its_leases_and_refuses_what_asks_again(edge):
 
 def test_an_owner_gone_removes_its_groups_only(edge):
     join(edge, W1, 2000.0)
+    edge.jobs.add("d2")
     edge.groups.create("d1", "mine", [HALF])
     edge.groups.create("d2", "theirs", [HALF])
     edge.groups.on_owner_gone("d1")
     assert edge.groups.machine.live("mine") is None
     assert edge.groups.machine.live("theirs") is not None
+
+
+def test_a_create_that_comes_after_its_owner_ended_is_refused_and_holds_nothing(edge):
+    """The create rpc can arrive after the job stream's end (whose OWNER_GONE removed the
+    owner's groups): a group made now would never be removed, so it is refused."""
+    join(edge, W1)
+    edge.jobs.discard("d1")  # the job ended; its create was still on its way
+    why = edge.groups.create("d1", "late", [HALF])
+    assert why == ("resource group 'late' was not created: the requester d1 is gone (its job "
+                   "ended or its worker left before the request arrived)")
+    assert edge.groups.machine.live("late") is None and edge.settled == []
+    assert edge.leases.leases.ledger.holdings == {}  # no bundle reserved
+    # a worker's runtime (no job stream) may own groups: it is asked of the lease service too
+    assert edge.groups.create(W1, "nested", [HALF]) == ""
+    assert edge.groups.machine.live("nested") is not None

@@ -43,6 +43,10 @@ class GroupEdge(Protocol):
     def group_settled(self, group: str) -> None:
         """``group`` is placed or removed: answer the callers waiting for it."""
 
+    def requester_gone(self, owner: str) -> str | None:
+        """Why ``owner`` can own nothing new (its job ended, its worker left), or None: the
+        lease service's :meth:`~yrdask.scheduler.lease_service.LeaseService.requester_gone`."""
+
 
 class GroupService:
     """Feeds the group machine and carries out its instructions through a
@@ -60,7 +64,16 @@ class GroupService:
 
     def create(self, owner: str, name: str, bundles: list, strategy: str = "PACK",
                fate_sharing: bool = False) -> str:
-        """Accept the group (placement goes on here); ``""`` or why it is refused."""
+        """Accept the group (placement goes on here); ``""`` or why it is refused.
+
+        The create is an rpc on a pooled connection, not on the owner's job stream, so it can
+        arrive after the owner ended (its groups were removed then): a group made now would
+        never be removed, so it is refused, as a lease request is.
+        """
+        gone = self.edge.requester_gone(owner)
+        if gone is not None:
+            return (f"resource group {name!r} was not created: {gone} (its job ended or its "
+                    "worker left before the request arrived)")
         if self.machine.live(name) is not None:
             return (f"resource group {name!r} already exists; remove it first "
                     "(yr.remove_resource_group) or choose another name")
@@ -212,3 +225,6 @@ class _LoopGroupEdge:
         for future in self.rg._waiters.pop(group, []):
             if not future.done():
                 future.set_result(None)
+
+    def requester_gone(self, owner: str) -> str | None:
+        return self.rg.ext.lease_service.requester_gone(owner)
