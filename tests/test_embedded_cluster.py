@@ -433,3 +433,7 @@ def test_init_freezes_the_started_heap_and_finalize_gives_it_back(cluster):
             assert gc.get_freeze_count() == 0
         finally:
             yr.finalize()
+    with dask.config.set({"yrdask.process.gc-freeze": "no"}):  # refused before a start
+        with pytest.raises(yr.errors.YRValueError, match="gc-freeze is 'no'"):
+            yr.init(yr.Config(num_cpus=2))
+    assert not yr.is_initialized()
