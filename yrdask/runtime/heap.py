@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import gc
 
-import dask
-
 from yrdask.errors import YRValueError
 
 KEY = "yrdask.process.gc-freeze"
@@ -21,6 +19,8 @@ KEY = "yrdask.process.gc-freeze"
 
 def freeze_enabled() -> bool:
     """``yrdask.process.gc-freeze``, checked: a bool."""
+    import dask  # not at import: ``import yrdask`` imports no Dask (yr.init does)
+
     value = dask.config.get(KEY, True)
     if not isinstance(value, bool):
         raise YRValueError(f"{KEY} is {value!r}; set it to true or false (a YAML bool, or "
