@@ -229,8 +229,10 @@ def test_refs_in_a_workers_generator_items_are_freed_once_the_consumer_drops_the
     before = live(borrow_cluster)["driver"]  # what earlier tests' refs still hold there
     boxer = Boxer.invoke() if source == "method" else None
     gen = boxer.stream.invoke(3) if boxer else boxed_stream.invoke(3)
-    boxes = [yr.get(item, T) for item in gen]  # the items themselves are dropped here
-    del gen
+    items = list(gen)
+    item_ids = {item.id for item in items}  # "<call id>.<index>": none may stay in the driver
+    boxes = yr.get(items, T)
+    del gen, items  # the items themselves are dropped here
     assert [int(yr.get(box[0], T)[0]) for box in boxes] == [0, 1, 2]
     assert sum(f["owned"] for f in borrow_cluster.run(probe).values()) == 3  # still held
     del boxes
@@ -242,6 +244,9 @@ def test_refs_in_a_workers_generator_items_are_freed_once_the_consumer_drops_the
 
     wait_until(back, 30, lambda: f"every worker's table and store empty and the driver's "
                                  f"back to {before}, not {live(borrow_cluster)}")
+    # the items' entries (holders of the lent refs) left the driver's table: a driver count
+    # no higher than before alone could hide them behind earlier tests' refs freed since
+    assert len(item_ids) == 3 and not item_ids & set(installed_runtime().objects.entries)
     if boxer:
         boxer.terminate(is_sync=True)
 
