@@ -243,6 +243,7 @@ def test_a_reader_of_a_ref_whose_owner_hangs_fails_within_seconds(gpu_ray):
     not Dask's 30 s connect timeout."""
     trainer = Trainer.remote()
     pid = ray.get(trainer.pid.remote(), timeout=T)
+    PIDS.append(pid)  # resumed and killed below: the last test checks that it ended
     (pending,) = ray.get(trainer.pending.remote(2), timeout=T)  # owned by the actor's process
     os.kill(pid, signal.SIGSTOP)
     try:
