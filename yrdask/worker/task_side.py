@@ -90,8 +90,9 @@ class TaskSide:
         return True
 
     def finished(self, ex: Any) -> None:
-        """Task ``ex`` ended (its thread, before it answers): forget it first, since a retry
-        of it (same id, same lease) may come back at once and must find the slot free."""
+        """Task ``ex`` ended (its thread): forgotten before any answer that may be retried
+        (an error, a cancel), since a retry of it (same id, same lease) may come back at once
+        and must find the slot free; a plain answer may have gone already (never retried)."""
         task_id = ex.task_id
         self.running.pop(task_id, None)
         tasks = self.tasks
