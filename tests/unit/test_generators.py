@@ -261,3 +261,26 @@ def test_refs_lent_via_an_item_are_answered_once_the_item_and_the_refs_go():
     with REFS_LOCK:
         rt.objects.counter.validate()
         assert rt.objects.counter.figures() == {"owned": 0, "borrowed": 0, "freed": 3}
+
+
+def test_refs_lent_via_items_that_never_come_are_answered_when_the_stream_ends():
+    """A poll named an item not received yet (so the stream expected it); the call ends
+    without it (it yielded fewer, or failed first): what was lent via it is answered at the
+    end, and a poll via an item after the end is answered at once."""
+    from yrdask import protocol as P
+    from yrdask.runtime.objects import REFS_LOCK
+    from yrdask.serialization import dumps_value
+
+    rt, end, stream = _stream()
+    sent: list = []
+    rt.refs_message = lambda address, cls, item: sent.append((address, cls.op, item))
+    child = "tcp://child:1"
+    stream.on_item(0, [P.VALUE, dumps_value("box0")])
+    rt.objects.on_wait(child, [["r1", 1, "c1.1"]])  # item 1 is expected: nothing answered
+    assert sent == [] and stream.early == {1}
+    end._entry.set_result(P.VALUE, dumps_value(1))  # one item only: item 1 never comes
+    assert sent == [(child, P.REFS_REMOVED, ["r1", 1])] and stream.early == set()
+    rt.objects.on_wait(child, [["r2", 1, "c1.2"]])  # the stream is over: answered at once
+    assert (child, P.REFS_REMOVED, ["r2", 1]) in sent
+    with REFS_LOCK:
+        rt.objects.counter.validate()
