@@ -164,8 +164,16 @@ def _call(rt, cid: str) -> _Entry:
     return entry
 
 
+def _general_way(*args, **kwargs):
+    pytest.fail("the general way was taken where a shortcut should have been")
+
+
 def test_a_plain_answer_settles_its_call_without_a_message_object():
     rt, tasks, chan = _runtime()
+    # the shortcuts only: neither CallOrder.handle (send_at_once, succeeded_at_once) nor the
+    # TaskDone object (on_done) nor done() may be reached
+    rt.router.order.handle = _general_way
+    rt.router.on_done = rt.router.done = _general_way
     entry = _call(rt, "c1")
     assert [m["task_id"] for m in chan.sent] == ["c1"]  # sent at once
     rt.on_channel_message(P.TaskDone.wire("c1", results=[[P.VALUE, b"x"]]))
