@@ -496,7 +496,7 @@ class Runtime:
         deadline = None if timeout == -1 else time.monotonic() + timeout
         lease_id = current_lease()
         blocked = False
-        gather = True  # many refs still pending: waited for from the last back, once
+        gather = True  # many refs left from the first pending one: waited for from the back, once
         try:
             for at, ref in enumerate(refs):
                 entry = ref._entry
@@ -817,7 +817,9 @@ def _load_machines() -> None:
         from yrdask.runtime.submitter import Submitter, Task
 
 
-GATHER_MIN_PENDING = 4  # a get of at least this many pending refs waits from the last one back
+# a get with at least this many refs from its first pending one on (counted whether ready or
+# not: _wait_all skips the ready ones) waits for them from the last one back
+GATHER_MIN_PENDING = 4
 EXITS_KEPT = 1000  # worker processes whose end this runtime remembers
 EXIT_REASON_WAIT_S = 0.5  # how long a crash error waits to learn how the process ended
 LOST_WAIT_S = 30.0  # how long a failed fetch waits to hear that its worker is gone
