@@ -634,6 +634,7 @@ class Runtime:
         rpc = self.connector.rpc(address)
         deadline = time.monotonic() + unreachable
         while True:
+            began = time.monotonic()
             try:
                 # bounded as a whole: Dask's handshake read after the connect has no
                 # timeout, and a hung owner's kernel still accepts the connection
@@ -652,6 +653,9 @@ class Runtime:
                     return (f"no connection within {unreachable:g} s, though the scheduler "
                             f"still lists it (a hung process, or one whose death the scheduler "
                             f"has not seen yet; yrdask.object-store.owner-unreachable) ({e})")
+                # one try per probe at most: a connect that fails at once does not turn
+                # this into a tight loop of OwnerAlive requests
+                await asyncio.sleep(max(0.0, began + probe - time.monotonic()))
                 continue
             rpc.pool.reuse(address, comm)  # the request that follows takes it
             return None
