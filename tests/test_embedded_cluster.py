@@ -433,6 +433,17 @@ def test_init_freezes_the_started_heap_and_finalize_gives_it_back(cluster):
             assert gc.get_freeze_count() == 0
         finally:
             yr.finalize()
+    gc.freeze()  # the program manages its collector itself: yr leaves its freeze alone
+    try:
+        own = gc.get_freeze_count()
+        yr.init(yr.Config(num_cpus=2))
+        try:  # (frozen objects freed since leave the count: it only ever falls)
+            assert 0 < gc.get_freeze_count() <= own
+        finally:
+            yr.finalize()
+        assert 0 < gc.get_freeze_count() <= own
+    finally:
+        gc.unfreeze()
     with dask.config.set({"yrdask.process.gc-freeze": "no"}):  # refused before a start
         with pytest.raises(yr.errors.YRValueError, match="gc-freeze is 'no'"):
             yr.init(yr.Config(num_cpus=2))

@@ -59,9 +59,8 @@ def init(conf: Config | None = None) -> ClientInfo:
             _forward_logs(None)
             raise
         context.install(rt)
-        if freeze:  # the libraries' objects: collections in bursts skip them (heap.py)
-            heap.freeze()
-            rt.heap_frozen = True
+        # the libraries' objects: collections in bursts skip them (heap.py)
+        rt.heap_frozen = freeze and heap.freeze()
         if not _atexit_registered:
             atexit.register(finalize)
             _atexit_registered = True

@@ -28,9 +28,14 @@ def freeze_enabled() -> bool:
     return value
 
 
-def freeze() -> None:
-    """Move the objects alive now to the permanent generation (callers check the key)."""
+def freeze() -> bool:
+    """Move the objects alive now to the permanent generation (callers check the key);
+    False, and nothing done, when the program froze objects itself: it manages its
+    collector, and ``unfreeze`` at ``yr.finalize`` would undo its freeze too."""
+    if gc.get_freeze_count():
+        return False
     gc.freeze()
+    return True
 
 
 def unfreeze() -> None:
