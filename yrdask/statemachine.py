@@ -76,6 +76,15 @@ def fast_init(*classes: type) -> None:
             cls.__init__ = init
 
 
+def remember(memory: dict, key: Any, value: Any, bound: int) -> None:
+    """Set ``memory[key] = value``, forgetting the oldest entry once ``memory`` holds more
+    than ``bound``: the machines' bounded memories of messages that overtook what they name
+    (an early revoke of a lease not granted yet, a withdraw of a request not heard of yet)."""
+    memory[key] = value
+    if len(memory) > bound:
+        del memory[next(iter(memory))]
+
+
 def _describe(obj: Any) -> tuple:
     """``(ClassName, field=value, ...)`` of an event or instruction, for the story."""
     return (type(obj).__name__, *(f"{f.name}={getattr(obj, f.name)!r}"

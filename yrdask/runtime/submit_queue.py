@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError
-from yrdask.statemachine import Event, Instruction, Story, fast_init
+from yrdask.statemachine import Event, Instruction, Story, fast_init, remember
 
 # -- events ----------------------------------------------------------------------------------
 
@@ -565,10 +565,8 @@ class SubmitQueue:
             lease = self.leases.get(lease_id)
             if lease is None:
                 # granted but not heard of yet (or returned already: forgotten in time)
-                early = self.early_revokes
-                early[lease_id] = keep and early.get(lease_id, True)  # a plain one wins
-                if len(early) > EARLY_REVOKES:
-                    del early[next(iter(early))]
+                early = self.early_revokes  # a plain one wins
+                remember(early, lease_id, keep and early.get(lease_id, True), EARLY_REVOKES)
                 continue
             if lease.revoked:
                 continue

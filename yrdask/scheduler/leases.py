@@ -48,7 +48,7 @@ from yrdask.protocol import with_devices
 from yrdask.scheduler.requests import freeze, shape_of
 from yrdask.scheduler.resources import (DEVICE_KINDS, FIX_HINT, Holding, Ledger, Shape,
                                          device_kind, format_shape)
-from yrdask.statemachine import Event, Instruction, Story
+from yrdask.statemachine import Event, Instruction, Story, remember
 
 EXTEND_MIN_MS = 1000  # a request that could be freed waits at least this long more
 WITHDRAWN_UNSEEN = 1024  # withdraws of requests not heard of yet remembered (oldest forgotten)
@@ -406,10 +406,7 @@ class LeaseQueue:
         sid, rid = ev.stimulus_id, ev.request_id
         if not rid:
             if ev.own_id:
-                unseen = self.withdrawn_unseen
-                unseen[(ev.owner, ev.own_id)] = None
-                if len(unseen) > WITHDRAWN_UNSEEN:
-                    del unseen[next(iter(unseen))]
+                remember(self.withdrawn_unseen, (ev.owner, ev.own_id), None, WITHDRAWN_UNSEEN)
                 self._story.log(sid, ("withdrawn-unseen", ev.own_id, ev.owner), (ev.owner,))
             return []
         w = self.pending.get(rid)
