@@ -102,8 +102,6 @@ def one_round(n_tasks: int, leases: int, per_read: int) -> float:
     rt.router = object.__new__(InstanceRouter)
     rt.router.calls = {}
     on_message = Runtime.on_channel_message.__get__(rt)
-    on_messages = getattr(Runtime, "on_channel_messages", None)
-    on_messages = on_messages.__get__(rt) if on_messages else None
     shape = {"CPU": 1000.0}
     key = (tuple(shape.items()), 30000, 1, ())
     tasks = [Task(f"t{i}", "fn", b"fn", "empty", b"args", (), [Entry()], [f"t{i}.0"], 1,
@@ -128,11 +126,8 @@ def one_round(n_tasks: int, leases: int, per_read: int) -> float:
                 replies = [P.TaskDone.wire(m["task_id"], results=result, took=1e-5)
                            for m in out[at:at + per_read]]
                 t0 = perf()
-                if on_messages is not None:
-                    on_messages(replies)
-                else:
-                    for reply in replies:
-                        on_message(reply)
+                for reply in replies:
+                    on_message(reply)
                 took += perf() - t0
                 done += len(replies)
     assert not sub.tasks, f"{len(sub.tasks)} tasks not settled"
