@@ -102,10 +102,25 @@ def node_ids() -> set[str]:
     return {p for n in nodes_info() for p in n["processes"]}
 
 
-def replaced(node: str) -> set[str] | None:
-    """The worker processes once two are up again and ``node`` is not one of them."""
-    ids = node_ids()
-    return ids if len(ids) == 2 and node not in ids else None
+def worker_pids() -> dict[int, str]:
+    """Dask's view of the worker processes: pid -> address (the embedded cluster's scheduler
+    runs in this process)."""
+    from yrdask.runtime.context import current_runtime
+
+    scheduler = current_runtime().cluster.scheduler
+    return {ws.pid: address for address, ws in list(scheduler.workers.items())}
+
+
+def replaced(pid: int) -> dict[int, str] | None:
+    """Dask's workers (pid -> address) once two are up again, neither is process ``pid``,
+    and yr lists exactly them (each one's agent registered).
+
+    By pid, not address: a restarted worker may be given its dead predecessor's port.
+    """
+    workers = worker_pids()
+    if len(workers) == 2 and pid not in workers and set(workers.values()) == node_ids():
+        return workers
+    return None
 
 
 @pytest.fixture
@@ -143,16 +158,20 @@ def test_script_without_main_guard_runs_once(tmp_path):
 
             return os.getpid(), current_runtime().address
 
-        def nodes():
+        def workers():  # pid -> address, once yr lists the same processes as Dask
             from yrdask.api.nodes import nodes_info
+            from yrdask.runtime.context import current_runtime
 
-            return {{p for n in nodes_info() for p in n["processes"]}}
+            listed = {{p for n in nodes_info() for p in n["processes"]}}
+            dask_view = current_runtime().cluster.scheduler.workers
+            now = {{ws.pid: a for a, ws in list(dask_view.items())}}
+            return now if set(now.values()) == listed else {{}}
 
         yr.init(yr.Config(num_cpus=2))
         pid, node = yr.get(where.invoke(), timeout=60)
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while len(now := nodes()) < 2 or node in now:
+        while len(now := workers()) < 2 or pid in now:  # by pid: a port may be reused
             assert time.monotonic() < deadline, "the killed worker did not come back"
         one_cpu = yr.InvokeOptions(cpu=1000)
         yr.get([where.options(one_cpu).invoke() for _ in range(4)], timeout=60)
@@ -171,20 +190,20 @@ def test_killed_worker_is_forked_again_and_rejoins_with_the_agent(own_cluster, t
     nanny_process = launcher()
     pid, node = yr.get(where.options(ONE_CPU).invoke(), timeout=T)
     assert psutil.Process(pid).ppid() == nanny_process.pid  # forked by a nanny in the launcher
-    before = node_ids()
-    assert node in before and len(before) == 2
+    before = worker_pids()
+    assert before.get(pid) == node and set(before.values()) == node_ids()
 
     os.kill(pid, sig)
     # A node is listed once its worker's yr agent registered with the scheduler extension.
-    now = wait_until(lambda: replaced(node), 60,
-                     lambda: f"the nanny to bring the worker back with its agent: {node_ids()}")
-    (new_node,) = now - before
+    now = wait_until(lambda: replaced(pid), 60,
+                     lambda: f"the nanny to bring the worker back with its agent: "
+                             f"{worker_pids()}, yr lists {node_ids()}")
+    (new_pid,) = set(now) - set(before)
 
     # Two one-CPU tasks at once: one on each worker, so one on the restarted worker.
     ran = yr.get([meet.options(MEET).invoke(str(tmp_path), 2) for _ in range(2)], timeout=T)
-    on_new = [p for p, n in ran if n == new_node]
-    assert len(on_new) == 1, (ran, new_node)
-    assert on_new[0] != pid and psutil.Process(on_new[0]).ppid() == nanny_process.pid
+    assert sorted(ran) == sorted(now.items()), (ran, now)
+    assert psutil.Process(new_pid).ppid() == nanny_process.pid
 
 
 @pytest.mark.parametrize("cancelled", [True, False], ids=["cancelled", "running"])

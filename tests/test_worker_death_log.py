@@ -32,12 +32,18 @@ DRIVER = textwrap.dedent('''
     def processes(info):  # the worker processes of every node (a node is a host)
         return {p for node in info["workers"].values() for p in node["processes"]}
 
+    def dask_view():  # pid -> address, by pid: a restarted worker may get its old port again
+        workers = current_runtime().cluster.scheduler.workers
+        return {ws.pid: a for a, ws in list(workers.items())}
+
     before = processes(asyncio.run(fetch_cluster_info(address, 30)))
-    os.kill(yr.get(where.invoke(), 60), signal.SIGKILL)
+    killed = yr.get(where.invoke(), 60)
+    os.kill(killed, signal.SIGKILL)
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:  # polls the scheduler's state in another process
+    while time.monotonic() < deadline:  # polls the scheduler's state over its comm
         now = processes(asyncio.run(fetch_cluster_info(address, 30)))
-        if len(now) == len(before) and now != before:
+        pids = dask_view()
+        if len(now) == len(before) and set(pids.values()) == now and killed not in pids:
             break
         time.sleep(0.1)
     else:
