@@ -18,6 +18,7 @@ import time
 
 import cloudpickle
 import dask
+import numpy as np
 import psutil
 import pytest
 
@@ -130,6 +131,32 @@ class Isolated:
         """Items holding refs to large values this process puts (kept in its node's store)."""
         for i in range(n):
             yield [yr.put(bytes([i]) * size)]
+
+    def arrays(self, n, size):
+        """Items holding refs to arrays this process puts (out of band: in the node's store)."""
+        for i in range(n):
+            yield [yr.put(np.full(size, i, dtype=np.uint8))]
+
+    def consume_own(self, me, n, size):
+        """Consume this instance's own generator method through a handle to itself (the call
+        goes out and comes back to this very process): the items' first values, the ids of
+        the refs they held, how many of those the store had while they were read, and this
+        process's table count before it started."""
+        before = self.owned()
+        items = list(me.arrays.invoke(n, size))  # to its end: the producer dropped its refs
+        boxes = yr.get(items, 30)
+        del items
+        firsts = [int(yr.get(box[0], 30)[0]) for box in boxes]
+        ids = [box[0].id for box in boxes]
+        stored = self.holds(ids)[1]
+        del boxes
+        return firsts, ids, stored, before
+
+    def holds(self, ids):
+        """This process's table count, and how many of ``ids`` its node's store still has."""
+        from yrdask.runtime.store import node_store
+
+        return self.owned(), sum(node_store().contains(i) for i in ids)
 
     def checkpoint(self, value):
         self.value = value
@@ -270,6 +297,23 @@ def test_refs_in_an_isolated_generators_items_are_freed_once_the_consumer_drops_
     gc.collect()
     wait_until(lambda: yr.get(h.owned.invoke(), T) == 0, 30,
                "the isolated process to free the objects its generator's items lent")
+    PIDS.append(yr.get(h.pid.invoke(), T))
+    h.terminate()
+
+
+def test_refs_in_items_an_isolated_instance_reads_from_its_own_generator_are_freed(gpu_ray):
+    """The instance consumes its own generator method (through a handle to itself): the
+    item is not in this process yet when its refs are lent to it, so its stream counts the
+    item as holding them from the lend on; once the method drops the items and the refs,
+    the process's table is back to its count before and the store has none of the values
+    (they are not pinned to the process's end)."""
+    h = Isolated.options(yr.InvokeOptions(cpu=100, memory=10, isolated=True,
+                                          concurrency=2)).invoke()
+    firsts, ids, stored, before = yr.get(h.consume_own.invoke(h, 3, 600 << 10), T)
+    assert firsts == [0, 1, 2] and stored == 3  # the values were in the store, as read
+    wait_until(lambda: yr.get(h.holds.invoke(ids), T) == (before, 0), 30,
+               lambda: f"table count {before} and none of {ids} in the store, not "
+                       f"{yr.get(h.holds.invoke(ids), T)}")
     PIDS.append(yr.get(h.pid.invoke(), T))
     h.terminate()
 

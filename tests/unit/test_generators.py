@@ -127,6 +127,46 @@ def test_drain_lets_the_generator_error_through_after_the_items_before_it():
     assert out == [1]
 
 
+class _ItemPeer:
+    """A call's peer: who made the call, and the replies sent to it."""
+
+    def __init__(self, caller: str | None) -> None:
+        if caller is not None:
+            self.caller = caller
+        self.sent: list = []
+
+    def reply(self, msg: dict) -> None:
+        self.sent.append(msg)
+
+
+class _Producer:
+    address = "tcp://me:1"
+
+
+@pytest.mark.parametrize("caller, lent_to, refs", [
+    ("tcp://other:2", "tcp://other:2", [["r1", "tcp://me:1"]]),  # told in the item
+    ("tcp://me:1", "tcp://me:1", None),  # lent here already: the item's stream counts it
+    (None, None, None),  # no caller known (a peer without one): pack_results pins them
+])
+def test_item_sender_lends_an_items_refs_to_its_caller(caller, lent_to, refs):
+    """Worker and isolated process share this rule: refs nested in an item are lent to the
+    call's caller via the item; only another process is told of them in the message."""
+    packed = []
+
+    def pack_results(oid, value, nret, to):
+        packed.append((oid, value, nret, to))
+        nested = [[oid, [["r1", "tcp://me:1"]]]] if to is not None else None
+        return [["value", b"v"]], nested
+
+    peer = _ItemPeer(caller)
+    emit = G.item_sender(pack_results, _Producer(), peer, "c1")
+    emit(0, "x")
+    emit(1, "y")
+    assert packed == [("c1.0", "x", 1, lent_to), ("c1.1", "y", 1, lent_to)]
+    assert [(m["index"], m["refs"]) for m in peer.sent] == [(0, refs), (1, refs)]
+    assert {m["op"] for m in peer.sent} == {G.P.GENERATOR_ITEM}
+
+
 def test_drain_async():
     async def agen():
         for i in range(3):

@@ -402,6 +402,25 @@ def on_generator_item(rt: Any, msg: dict) -> None:
 # --- the producer side (worker) ---------------------------------------------------------------
 
 
+def item_sender(pack_results: Callable[..., tuple], runtime: Any, peer: Any,
+                task_id: str) -> Callable[[int, Any], None]:
+    """``emit(index, value)`` for a generator call, in a worker or an isolated process: each
+    value stored like a result (``pack_results(id, value, 1, caller)``) and sent at once as a
+    ``GeneratorItem`` on ``peer``.  Refs nested in an item are lent to the caller (``peer``'s
+    ``caller``) via the item, as a result's are: their owners free them once the caller drops
+    the item and the refs it read out of it (``GeneratorItem.refs``; no caller known: pinned).
+    A caller in this very process (``runtime``'s, a call it made to itself): the lend is
+    told here, before the item exists, and the item holds them from the lend on as its
+    stream will still keep it (:meth:`ObjectTable.lend`), so the message carries none."""
+    caller = getattr(peer, "caller", None) or None
+
+    def emit(index: int, value: Any) -> None:
+        results, nested = pack_results(f"{task_id}.{index}", value, 1, caller)
+        refs = nested[0][1] if nested and caller != runtime.address else None
+        peer.reply(P.GeneratorItem(task_id, index, results[0], refs).to_msg())
+    return emit
+
+
 def drain(gen: Iterator, emit: Callable[[int, Any], None],
           guard: Any = None) -> int:
     """Run a generator to its end, ``emit(index, value)`` for each value; returns the count.

@@ -32,7 +32,7 @@ from tornado.ioloop import PeriodicCallback
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
 from yrdask.runtime.objects import REF_MARK, pack_counting, unpickling
-from yrdask.runtime.generators import drain
+from yrdask.runtime.generators import drain, item_sender
 from yrdask.runtime.runtime import install_worker_runtime, uninstall_worker_runtime
 # A driver imports these when its runtime is built; a worker with its agent, so that the
 # embedded cluster's launcher imports them once, before it forks the workers.
@@ -639,18 +639,9 @@ class WorkerAgent:
         peer.reply(self._error_reply(task_id, exc, tb, retryable))
 
     def item_sender(self, peer: Any, task_id: str) -> Callable[[int, Any], None]:
-        """``emit(index, value)`` for a generator call: stored like a result, sent at once.
-        Refs nested in an item are lent to the caller via the item (``GeneratorItem.refs``),
-        as a result's are: their owners free them once the caller drops the item and the refs
-        it read out of it.  A caller in this process: the item holds them from the lend on
-        (:meth:`ObjectTable.lend`), as the caller's stream will still keep it."""
-        caller = peer.caller or None
-
-        def emit(index: int, value: Any) -> None:
-            results, nested = self.pack_results(f"{task_id}.{index}", value, 1, caller)
-            refs = nested[0][1] if nested and caller != self.runtime.address else None
-            peer.reply(P.GeneratorItem(task_id, index, results[0], refs).to_msg())
-        return emit
+        """``emit(index, value)`` for a generator call: stored like a result, sent at once,
+        its nested refs lent to the caller via the item (:func:`generators.item_sender`)."""
+        return item_sender(self.pack_results, self.runtime, peer, task_id)
 
     def pack_results(self, task_id: str, result: Any, nret: int,
                      caller: str | None) -> tuple[list, list | None]:

@@ -850,18 +850,12 @@ class IsolatedHost:
         self.loop.call_soon_threadsafe(self._built.set_result, error)
 
     def item_sender(self, peer: Any, task_id: str) -> Any:
-        """``emit(index, value)`` for a generator method: each value goes to the agent.
-        Refs nested in an item are lent to the caller via the item (``GeneratorItem.refs``),
-        as a result's are: this process frees them once the caller drops the item.  A call
-        this process made to itself pins them (the item is not there yet to hold them)."""
-        caller = getattr(peer, "caller", None)
+        """``emit(index, value)`` for a generator method: each value goes to the agent, its
+        nested refs lent to the caller via the item as a worker's are, a call this process
+        made to itself included (:func:`~yrdask.runtime.generators.item_sender`)."""
+        from yrdask.runtime.generators import item_sender
 
-        def emit(index: int, value: Any) -> None:
-            lend_to = caller if caller and caller != getattr(self.runtime, "address", None) else None
-            results, nested = self.pack_results(f"{task_id}.{index}", value, 1, lend_to)
-            refs = nested[0][1] if nested else None
-            peer.reply(P.GeneratorItem(task_id, index, results[0], refs).to_msg())
-        return emit
+        return item_sender(self.pack_results, self.runtime, peer, task_id)
 
     async def start_isolated(self, spec: dict) -> bytes | None:
         from yrdask.worker.hosting import HostedInstance
