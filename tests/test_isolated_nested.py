@@ -137,13 +137,19 @@ class Isolated:
         for i in range(n):
             yield [yr.put(np.full(size, i, dtype=np.uint8))]
 
-    def consume_own(self, me, n, size):
+    def consume_own(self, me, n, size, take=None):
         """Consume this instance's own generator method through a handle to itself (the call
         goes out and comes back to this very process): the items' first values, the ids of
         the refs they held, how many of those the store had while they were read, and this
-        process's table count before it started."""
+        process's table count before it started.  ``take``: read only so many items, then
+        drop the generator while the rest are still coming."""
         before = self.owned()
-        items = list(me.arrays.invoke(n, size))  # to its end: the producer dropped its refs
+        gen = me.arrays.invoke(n, size)
+        if take is None:
+            items = list(gen)  # to its end: the producer dropped its refs
+        else:
+            items = [next(gen) for _ in range(take)]
+        del gen
         boxes = yr.get(items, 30)
         del items
         firsts = [int(yr.get(box[0], 30)[0]) for box in boxes]
@@ -301,16 +307,20 @@ def test_refs_in_an_isolated_generators_items_are_freed_once_the_consumer_drops_
     h.terminate()
 
 
-def test_refs_in_items_an_isolated_instance_reads_from_its_own_generator_are_freed(gpu_ray):
+@pytest.mark.parametrize("take", [None, 1])
+def test_refs_in_items_an_isolated_instance_reads_from_its_own_generator_are_freed(
+        gpu_ray, take):
     """The instance consumes its own generator method (through a handle to itself): the
     item is not in this process yet when its refs are lent to it, so its stream counts the
     item as holding them from the lend on; once the method drops the items and the refs,
     the process's table is back to its count before and the store has none of the values
-    (they are not pinned to the process's end)."""
+    (they are not pinned to the process's end).  ``take=1``: the generator is dropped after
+    one item, and the items still coming let go of what was lent via them."""
     h = Isolated.options(yr.InvokeOptions(cpu=100, memory=10, isolated=True,
                                           concurrency=2)).invoke()
-    firsts, ids, stored, before = yr.get(h.consume_own.invoke(h, 3, 600 << 10), T)
-    assert firsts == [0, 1, 2] and stored == 3  # the values were in the store, as read
+    firsts, ids, stored, before = yr.get(h.consume_own.invoke(h, 3, 600 << 10, take), T)
+    read = 3 if take is None else take
+    assert firsts == list(range(read)) and stored == read  # in the store, as read
     wait_until(lambda: yr.get(h.holds.invoke(ids), T) == (before, 0), 30,
                lambda: f"table count {before} and none of {ids} in the store, not "
                        f"{yr.get(h.holds.invoke(ids), T)}")
