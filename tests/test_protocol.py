@@ -62,6 +62,7 @@ SAMPLES: list[P.Message] = [
     P.WaitWarning("Counter instance i-1 waits for {CPU: 500} (6 s so far): ..."),
     P.WorkerExited("tcp://n:1", -9),
     P.WorkerExit("tcp://w:2", "was killed by signal 9 (SIGKILL)"),
+    P.WorkerJoined("tcp://w:2"),
     P.OpenChannel("tcp://o:1"),
     P.FetchObject("t-1.0", timeout=None),
     P.FreeObjects(("t-1.0", "t-2")),
@@ -144,12 +145,12 @@ def test_channel_groups_are_derived_from_the_table():
                                  P.LEASE_BLOCKED, P.LEASE_UNBLOCKED,  # lends on its own
                                  P.WITHDRAW_LEASE_REQUESTS}
     assert set(P.DRIVER_STREAM) == {P.REVOKE_LEASES, P.WORKER_LOST, P.WAIT_WARNING,
-                                    P.WORKER_EXIT}
+                                    P.WORKER_EXIT, P.WORKER_JOINED}
     assert set(P.WORKER_RPC) == {P.OPEN_CHANNEL, P.FETCH_OBJECT, P.FREE_OBJECTS,
                                  P.STOP_INSTANCE, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,
                                  P.ADD_BORROWER, P.CANCEL_OWNED}
     assert set(P.WORKER_STREAM) == {P.REVOKE_LEASES, P.START_INSTANCE, P.WORKER_LOST,
-                                    P.WORKER_EXIT}
+                                    P.WORKER_EXIT, P.WORKER_JOINED}
     assert P.OWNER_RPC == (P.FETCH_OBJECT, P.TASK_OUTPUT, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,
                            P.ADD_BORROWER, P.CANCEL_OWNED)
     assert set(P.CHANNEL_TO_WORKER) == {P.RUN_TASK, P.CANCEL_TASK, P.CALL_METHOD}
@@ -237,6 +238,9 @@ class _Handlers:
     def worker_exit(self, worker, how):
         self.seen.append(("exit", worker, how))
 
+    def worker_joined(self, worker):
+        self.seen.append(("joined", worker))
+
 
 class _More:
     def run_task(self, peer, **fields):
@@ -247,7 +251,8 @@ def test_handlers_maps_ops_to_declared_methods_of_the_first_target_that_has_them
     a, b = _Handlers(), _More()
     table = P.handlers(P.DRIVER_STREAM, a, b)
     assert table == {P.REVOKE_LEASES: a.revoke_leases, P.WORKER_LOST: a.worker_lost,
-                     P.WAIT_WARNING: a.wait_warning, P.WORKER_EXIT: a.worker_exit}
+                     P.WAIT_WARNING: a.wait_warning, P.WORKER_EXIT: a.worker_exit,
+                     P.WORKER_JOINED: a.worker_joined}
     both = P.handlers((P.WORKER_LOST, P.RUN_TASK), b, a)
     assert both[P.RUN_TASK] == b.run_task and both[P.WORKER_LOST] == a.worker_lost
     with pytest.raises(LookupError, match="cancel_task"):

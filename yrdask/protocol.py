@@ -752,6 +752,7 @@ WORKER_LOST = "yr_worker_lost"
 WAIT_WARNING = "yr_wait_warning"
 WORKER_EXITED = "yr_worker_exited"
 WORKER_EXIT = "yr_worker_exit"
+WORKER_JOINED = "yr_worker_joined"
 
 
 @_message
@@ -803,6 +804,19 @@ class WorkerExit(Message):
     channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
     worker: str
     how: str
+
+
+@_message
+class WorkerJoined(Message):
+    """scheduler -> every driver and worker that was told :class:`WorkerLost` of
+    ``worker``: a new process registered at that same address (a nanny restarted its worker
+    at a fixed ``--worker-port``, or the kernel handed the dead one's port out again).  What
+    a process remembers of the dead one's death (unreachable owner, workers to avoid) must
+    not keep it from the new one; sent after the ``WorkerLost`` on the same stream."""
+
+    op: ClassVar[str] = WORKER_JOINED
+    channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
+    worker: str
 
 
 @_message

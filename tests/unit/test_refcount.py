@@ -87,7 +87,7 @@ def test_a_borrower_goes_once_every_poll_sent_to_it_is_answered():
     assert w.freed == 1
 
 
-def test_a_dead_borrower_stops_holding_and_is_never_added_again():
+def test_a_dead_borrower_stops_holding_and_is_not_added_again_while_dead():
     w = R.RefCounter("W")
     w.handle(R.Lent("a", "r", "B", held=True))
     w.handle(R.LocalRefs("drop", "r", False))
@@ -105,6 +105,25 @@ def test_records_of_a_dead_owner_are_dropped_and_reported():
     assert set(c.refs) == {"q"}
     c.handle(R.LocalRefs("unpickled", "r2", True, owner="W"))  # a late one is not kept
     assert "r2" not in c.refs
+    c.validate()
+
+
+def test_a_new_process_at_a_dead_ones_address_owns_and_borrows_afresh():
+    """A worker restarted at its dead predecessor's address (ProcessJoined): what the dead
+    one owned stays dropped, the new one's objects are counted as any live process's."""
+    c = R.RefCounter("C")
+    c.handle(R.LocalRefs("unpickled", "old", True, owner="W"))
+    c.handle(R.ProcessDied("lost", "W"))
+    assert c.handle(R.ProcessJoined("joined", "W")) == []
+    assert "old" not in c.refs
+    c.handle(R.LocalRefs("unpickled", "new", True, owner="W"))  # borrowed from the new one
+    out = c.handle(R.WaitReceived("wire", "new", "W", 1, None, True))
+    assert out == []  # held here: answered when it is dropped, not ignored as a dead poll
+    (removed,) = of(c.handle(R.LocalRefs("drop", "new", False)), R.SendRemoved)
+    assert (removed.owner, removed.object_id, removed.seq) == ("W", "new", 1)
+    # lent to the new process: it is counted as a borrower
+    (poll,) = of(c.handle(R.Lent("call", "mine", "W", held=True)), R.SendWait)
+    assert poll.borrower == "W"
     c.validate()
 
 

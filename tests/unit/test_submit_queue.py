@@ -11,7 +11,7 @@ from yrdask.runtime.submit_queue import (EARLY_REVOKES, Closing, CancelRequested
                                          LeaseRefused, LeasesRevoked, PushTask, RequestLease,
                                          ReturnLeases, SendCancel, SubmitQueue, TaskFailed,
                                          TaskFinished, TaskQueued, TaskSucceeded, Tick, WakeAt,
-                                         WithdrawRequests, WorkerLost)
+                                         WithdrawRequests, WorkerJoined, WorkerLost)
 
 IDLE = 1.0
 
@@ -587,6 +587,33 @@ def test_a_lost_worker_requeues_its_tasks_first_and_is_avoided():
     assert pushed(grant(m, "r3", "L3", worker="w2", now=12.0)) == [("a", "L3")]
     step(m, Tick("t", 41.0))
     assert m.lost == {}
+
+
+def test_a_new_process_at_a_lost_workers_address_is_asked_for_at_once():
+    """WorkerJoined: a worker restarted at its dead predecessor's address (a fixed
+    --worker-port) ends the avoidance; the requests that avoid it are asked again."""
+    m = mk(avoid_lost_s=30.0, max_pending_requests=1)
+    queue(m, "a")
+    grant(m, "r1", "L1", worker="w1")
+    out = step(m, WorkerLost("x", "w1", 10.0))
+    assert returned(out) == ["L1"]
+    (req,) = of(out, RequestLease)
+    assert req.avoid == ("w1",)  # the only worker, at the scheduler: it would wait 30 s
+    out = step(m, WorkerJoined("j", "w1", 11.0))
+    assert withdrawn(out) == [req.request_id]
+    (again,) = of(out, RequestLease)
+    assert again.avoid == () and m.lost == {}
+    queue(m, "b")
+    # the withdrawn request's answer, a grant crossing the withdraw, serves the backlog
+    assert pushed(grant(m, req.request_id, "L2", worker="w1", now=11.1)) == [("a", "L2")]
+    assert pushed(grant(m, again.request_id, "L3", worker="w1", now=11.2)) == [("b", "L3")]
+
+
+def test_a_join_at_an_address_that_was_never_lost_changes_nothing():
+    m = mk(max_pending_requests=1)
+    queue(m, "a")
+    assert step(m, WorkerJoined("j", "w1", 1.0)) == []
+    assert m.requests and not m.withdrawn
 
 
 def test_a_task_that_keeps_killing_workers_fails_after_max_crash_retries():

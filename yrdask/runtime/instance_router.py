@@ -202,6 +202,11 @@ class InstanceRouter(CallRouter):
         self.rt.loop.create_task(self._create_rpc(instance_id))
 
     def send_locate(self, instance_id: str, lost: str | None) -> None:
+        if lost is not None and self.rt.confirmed_gone(lost):
+            # the scheduler removed the process lost here already: the one at that address
+            # now (a worker restarted at a fixed port) is another, where the instance may
+            # run again; the scheduler must not wait for *it* to go (LocateInstance.lost)
+            lost = None
         self.rt.loop.create_task(self._locate_rpc(instance_id, lost))
 
     async def _create_rpc(self, iid: str) -> None:

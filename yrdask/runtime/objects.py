@@ -672,6 +672,12 @@ class ObjectTable:
         with REFS_LOCK:
             self._handle(RC.ProcessDied(f"died-{address}", address))
 
+    def process_joined(self, address: str) -> None:
+        """A new process registered at ``address`` (a worker restarted at a dead one's
+        address): it may own and borrow objects again."""
+        with REFS_LOCK:
+            self._handle(RC.ProcessJoined(f"joined-{address}", address))
+
     def location_lost(self, worker: str, rebuilt: list) -> None:
         """(loop) ``worker`` is gone with the values it kept.  Ours that no task recomputes
         (``rebuilt``: those that one does) fail with ``ObjectLostError`` (a method call's

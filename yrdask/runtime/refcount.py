@@ -31,9 +31,11 @@ borrowers, ``WaitForRefRemoved``), reduced to what yrdask needs:
   (:class:`SendRemoved`, ``RefsRemoved``) when it holds the ref no longer, locally, through
   an outer value, or through the result named ``via``.  The borrower is removed when every
   poll sent to it is answered, so duplicate, late and reordered messages change nothing.
-* Dead processes: a dead borrower is removed everywhere (and never added again); records
-  owned by a dead process are dropped and their readers fail with ``OwnerDiedError``
-  (:class:`OwnersDied`).
+* Dead processes: a dead borrower is removed everywhere (and not added again while it is
+  dead); records owned by a dead process are dropped and their readers fail with
+  ``OwnerDiedError`` (:class:`OwnersDied`).  A new process at a dead one's address
+  (:class:`ProcessJoined`, a worker restarted at a fixed port) is alive again: it starts
+  with no records, as the dead one's were dropped.
 
 A record is **freed** (:class:`FreeObject`) when it has no local refs, no containing object
 and no borrower: the adapter deletes the value and every copy (the worker stores holding it),
@@ -135,6 +137,15 @@ class AddAcked(Event):
 @dataclass(frozen=True)
 class ProcessDied(Event):
     """The process at ``address`` is gone (a lost worker, or a poll that could not be sent)."""
+
+    address: str
+
+
+@dataclass(frozen=True)
+class ProcessJoined(Event):
+    """A new process registered at ``address``, where one died (a worker restarted at a
+    fixed port, or given a reused one): it owns and borrows afresh.  Nothing of the dead
+    one's comes back: its records were dropped when it died."""
 
     address: str
 
@@ -257,6 +268,8 @@ class RefCounter:
                 self._check(event.object_id, rec, event.stimulus_id, out)
         elif kind is ProcessDied:
             self._died(event, out)
+        elif kind is ProcessJoined:
+            self.dead.discard(event.address)
         else:
             raise TypeError(f"unknown refcount event {event!r}")
         for ins in out:

@@ -102,6 +102,11 @@ class Runtime:
         self.exits: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._exit_waiters: dict[str, list[Callable[[], None]]] = {}
         self.lost_workers: dict[str, None] = {}  # workers the scheduler removed (recent)
+        # how often the scheduler removed a process at each address (recent), and that count
+        # when the last lost channel to it was opened: a new process at the same address is
+        # told apart from the one a channel was lost to (confirmed_gone)
+        self.removals: dict[str, int] = {}
+        self.lost_generation: dict[str, int] = {}
         self._lost_waiters: dict[str, list[Callable[[], None]]] = {}
         self._prefix = uuid.uuid4().hex[:10]
         self._counter = itertools.count()
@@ -188,6 +193,7 @@ class Runtime:
             else:
                 chan = Channel(address, self.address, self.connection_args,
                                self.on_channel_message, self.on_channel_lost)
+                chan.generation = self.removals.get(address, 0)
             self.channels[address] = chan
         return chan
 
@@ -252,11 +258,35 @@ class Runtime:
         self.lost_workers[address] = None
         while len(self.lost_workers) > EXITS_KEPT:
             self.lost_workers.pop(next(iter(self.lost_workers)))
+        self.removals[address] = self.removals.pop(address, 0) + 1  # (newest last)
+        while len(self.removals) > EXITS_KEPT:
+            gone = next(iter(self.removals))
+            del self.removals[gone]
+            self.lost_generation.pop(gone, None)
         for wake in self._lost_waiters.pop(address, ()):
             wake()
 
+    def confirmed_gone(self, address: str) -> bool:
+        """Has the scheduler removed the process at ``address`` that this runtime's last lost
+        channel there was connected to?  (Then the process there now, if any, is another
+        one: a worker restarted at the same address.)"""
+        generation = self.lost_generation.get(address)
+        return generation is not None and self.removals.get(address, 0) > generation
+
+    def worker_joined(self, address: str) -> None:
+        """``WORKER_JOINED``: a new process registered at the address of a lost worker.  Forget
+        the old one's death (how it ended, the unreachable owner, the worker its lease
+        requests avoid): objects it owned or kept stay lost, the new one is usable at once."""
+        self.exits.pop(address, None)
+        self.lost_workers.pop(address, None)
+        self.objects.process_joined(address)
+        self.submitter.worker_joined(address)
+
     def on_channel_lost(self, address: str) -> None:
-        self.channels.pop(address, None)
+        chan = self.channels.pop(address, None)
+        generation = getattr(chan, "generation", None)
+        if generation is not None:
+            self.lost_generation[address] = generation
         self.submitter.on_channel_lost(address)
         self.router.on_channel_lost(address)
 

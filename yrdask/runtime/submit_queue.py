@@ -33,7 +33,8 @@ One :class:`SubmitQueue` per process (driver or worker).  How a task travels:
    its queue has tasks again, else returned at once.
 6. A lost worker voids its leases: its tasks go back to the front of their queues (not counted
    against ``retries``) at most ``max_crash_retries`` times each, and lease requests avoid it
-   for ``avoid_lost_s``.  A user exception reruns a task while its ``retries`` last; a task
+   for ``avoid_lost_s``, or until a new process registers at its address
+   (:class:`WorkerJoined`: the requests sent meanwhile are withdrawn and asked again).  A user exception reruns a task while its ``retries`` last; a task
    the worker's gate handed back unrun (``"requeue"``) is queued again and its queue stops
    pipelining.
 
@@ -123,6 +124,15 @@ class LeasesRevoked(Event):
 @dataclass(frozen=True, slots=True)
 class WorkerLost(Event):
     """The channel to ``worker`` broke, or the scheduler said it is gone."""
+
+    worker: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerJoined(Event):
+    """A new process registered at the address of a lost ``worker`` (the scheduler said so):
+    requests stop avoiding it."""
 
     worker: str
     now: float
@@ -637,6 +647,24 @@ class SubmitQueue:
             q.backoff = False
             self._dirty[q.name] = q
 
+    def _worker_joined(self, ev: WorkerJoined) -> None:
+        """Rule 6's avoidance ends: requests sent while it lasted avoid the worker at the
+        scheduler (where it may be the only one that fits), so they are withdrawn and
+        asked again (a grant crossing the withdraw is kept while its queue has tasks)."""
+        self._clock(ev.now)
+        if self.lost.pop(ev.worker, None) is None:
+            return
+        for q in self.queues.values():
+            ids = tuple(r for r, of in self.requests.items() if of is q)
+            if ids:
+                for request_id in ids:
+                    del self.requests[request_id]
+                    self.withdrawn[request_id] = q
+                q.requests.clear()
+                self._emit(WithdrawRequests(self._sid, ids), *ids)
+            q.backoff = False
+            self._dirty[q.name] = q
+
     def _tick(self, ev: Tick) -> None:
         self._clock(ev.now)
         self.next_wake = None  # the timer fired (maybe early): ask again for what is left
@@ -942,6 +970,7 @@ _KEYS = {
     CancelRequested: ("task_id",),
     LeasesRevoked: (),
     WorkerLost: ("worker",),
+    WorkerJoined: ("worker",),
     Tick: (),
     Closing: (),
     PushTask: ("task_id", "lease_id"),
@@ -956,6 +985,7 @@ _HANDLERS = {
     CancelRequested: SubmitQueue._cancel_requested,
     LeasesRevoked: SubmitQueue._leases_revoked,
     WorkerLost: SubmitQueue._worker_lost,
+    WorkerJoined: SubmitQueue._worker_joined,
     Tick: SubmitQueue._tick,
     Closing: SubmitQueue._closing,
 }

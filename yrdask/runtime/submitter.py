@@ -309,6 +309,10 @@ class Submitter:
                 self.cancelled_args.pop(task_id, None)
         self._handle(M.WorkerLost("channel-lost", worker, self.edge.now()))
 
+    def worker_joined(self, worker: str) -> None:
+        """A new process registered at the address of the lost ``worker``."""
+        self._handle(M.WorkerJoined("worker-joined", worker, self.edge.now()))
+
     def lease_answer(self, request_id: str, lease_id: str | None, where: str) -> None:
         """The scheduler's answer to a lease request: granted on worker ``where``, or
         refused (``lease_id`` None, ``where`` the reason)."""

@@ -58,6 +58,7 @@ class Channel:
         self.stream: StreamSender | None = None
         self.comm: Any = None
         self.closed = False
+        self.generation = 0  # the runtime's count of removals at this address when opened
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def send(self, msg: Outgoing) -> None:
@@ -223,6 +224,10 @@ class DriverConnector:
     def worker_exit(self, worker: str, how: str) -> None:
         """:class:`yrdask.protocol.WorkerExit` from the job stream."""
         self.rt.worker_exit(worker, how)
+
+    def worker_joined(self, worker: str) -> None:
+        """:class:`yrdask.protocol.WorkerJoined` from the job stream."""
+        self.rt.worker_joined(worker)
 
     def wait_warning(self, text: str) -> None:
         """:class:`yrdask.protocol.WaitWarning`: a request of this job waits long.  Logged

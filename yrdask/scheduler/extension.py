@@ -40,6 +40,7 @@ logger = logging.getLogger("yrdask.scheduler")
 
 EXTENSION_NAME = "yr"
 LOAD_REFRESH_MS = 1000  # how often worker load reports (heartbeats) reach the ledger
+REMOVED_KEPT = 10_000  # removed worker addresses remembered (to announce a comeback)
 
 
 @dataclass
@@ -77,6 +78,9 @@ class YrSchedulerExtension:
         self.pending_workers: dict[str, tuple] = {}
         self.worker_added = asyncio.Event()  # set on each yr worker registration
         self._gone: dict[str, asyncio.Event] = {}  # worker address -> set once removed
+        # addresses Dask removed (oldest first, bounded): a new process registering at one
+        # of them is announced (WorkerJoined), so no process keeps treating it as dead
+        self.removed: dict[str, None] = {}
         self.figures = SchedulingFigures()
         self.waits = WaitWatch(self)  # explains waiting requests, warns about long waits
         self.panels = DaskPanels(scheduler)  # yr work in Dask's Task Stream and Progress
@@ -152,6 +156,9 @@ class YrSchedulerExtension:
         self.lease_service.worker_joined(address, shape_of(capacity), node, gpus,
                                          shape_of(shared))
         self.worker_added.set()
+        if self.removed.pop(address, 0) is None:  # a new process at a dead one's address
+            logger.info("yr worker %s joined again at the address of a lost worker", address)
+            self._broadcast(P.WorkerJoined(address), but=address)
 
     def on_add_worker(self, address: str) -> None:
         ws = self.scheduler.workers.get(address)
@@ -172,13 +179,20 @@ class YrSchedulerExtension:
         gone = self._gone.pop(address, None)
         if gone is not None:
             gone.set()
-        lost = P.WorkerLost(address)
-        msg = lost.to_msg()
+        self.removed.pop(address, None)
+        self.removed[address] = None  # (newest last)
+        while len(self.removed) > REMOVED_KEPT:
+            self.removed.pop(next(iter(self.removed)))
+        self._broadcast(P.WorkerLost(address), but=address)
+
+    def _broadcast(self, msg: Any, but: str) -> None:
+        """Send ``msg`` to every driver, and to every worker but ``but`` (each stream in
+        order: a ``WorkerJoined`` never overtakes the ``WorkerLost`` of its address)."""
         for job in list(self.jobs.values()):
-            self._send_to_owner(job.owner, msg)
-        for worker in self.scheduler.workers:
-            if worker != address:
-                self._send_to_owner(worker, lost.to_msg())
+            self._send_to_owner(job.owner, msg.to_msg())
+        for worker in list(self.scheduler.workers):
+            if worker != but:
+                self._send_to_owner(worker, msg.to_msg())
 
     def worker_exited(self, nanny: str, exitcode: int) -> None:
         """:class:`yrdask.protocol.WorkerExited` from a nanny: tell every driver and worker

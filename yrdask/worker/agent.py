@@ -753,6 +753,9 @@ class WorkerAgent:
     def worker_exit(self, worker: str, how: str) -> None:
         self.runtime.worker_exit(worker, how)
 
+    def worker_joined(self, worker: str) -> None:
+        self.runtime.worker_joined(worker)
+
     def revoke_leases(self, lease_ids: list[str], keep: bool = False) -> None:
         self.runtime.submitter.revoke(lease_ids, keep)
 

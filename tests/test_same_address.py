@@ -1,0 +1,145 @@
+"""A worker process that comes back at its dead predecessor's address (docs/faults.md).
+
+``dask worker --worker-port P`` restarts a crashed worker process on port P again, and a
+nanny's worker on port 0 may be handed the dead one's port by the kernel.  Dask then lists
+the same address for a new process.  yrdask must treat it as a new worker: usable at once
+(tasks, instances, objects it owns), while what lived on the dead process stays lost
+(restarted or reported dead, computed again or a typed error), never read from the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import yrdask as yr
+from conftest import CliCluster, WorkerProc, wait_until
+from yrdask.errors import OwnerDiedError
+
+pytestmark = pytest.mark.timeout(120)
+
+T = 20  # seconds any one yr.get may take here (each is far quicker when it works)
+BIG = 600 * 1024  # over the inline limit: the value stays in the worker that computed it
+
+
+@yr.invoke
+def where() -> tuple[int, str]:
+    from yrdask.runtime.context import current_runtime
+
+    return os.getpid(), current_runtime().address
+
+
+@yr.invoke
+def big(seed: int) -> bytes:
+    return bytes([seed]) * BIG
+
+
+@yr.invoke
+def put_here(size: int = 0) -> list:
+    """A ref this worker process owns, nested in the result (the driver borrows it)."""
+    return [yr.put(f"owned by {os.getpid()}".ljust(size))]
+
+
+@yr.instance
+class Keeper:
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dask_pids(address: str) -> dict[str, int]:
+    """Worker address -> pid, as the scheduler lists them."""
+    from distributed import Client
+
+    with Client(address, timeout=10, set_as_default=False) as client:
+        return client.run_on_scheduler(
+            lambda dask_scheduler: {a: ws.pid for a, ws in dask_scheduler.workers.items()})
+
+
+class _FixedPort(CliCluster):
+    """The suite's cli cluster whose workers listen on a fixed port (``--worker-port``)."""
+
+    port = 0
+
+    def _launch_worker(self, resources: str = "", nthreads: int = 1, name: str | None = None,
+                       node: str | None = None) -> WorkerProc:
+        log = self.workdir / "worker.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", self.address,
+                 "--preload", "yrdask", "--nthreads", str(nthreads), "--nanny",
+                 "--worker-port", str(self.port), "--host", "127.0.0.1", "--no-dashboard"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                cwd=self.workdir, env={**os.environ, "YRDASK_NODE_ID": "node-fixed"})
+        worker = WorkerProc("fixed", resources, proc, log)
+        self.workers.append(worker)
+        return worker
+
+
+@pytest.fixture
+def fixed_port_cluster(cluster, tmp_path):
+    """A scheduler and one ``dask worker --nanny --worker-port P`` (2 threads, a node of its
+    own), both with ``--preload yrdask``; the driver joined with ``server_address``."""
+    cluster.finalize()
+    _FixedPort.port = _free_port()
+    cli = _FixedPort.start([{"nthreads": 2}], tmp_path)
+    try:
+        yr.init(yr.Config(server_address=cli.address))
+        yield cli, f"tcp://127.0.0.1:{_FixedPort.port}"
+    finally:
+        try:
+            if yr.is_initialized():
+                yr.finalize()
+        finally:
+            cli.stop()
+
+
+def test_a_worker_restarted_at_its_address_is_a_new_worker(fixed_port_cluster):
+    cli, address = fixed_port_cluster
+    pid, at = yr.get(where.invoke(), timeout=T)
+    assert at == address
+    kept = big.invoke(7)
+    yr.wait(kept, timeout=T)  # computed: its value lives in that worker process only
+    # owned by that process, too large to travel inline with the result: only it has it
+    (owned,) = yr.get(put_here.invoke(BIG), timeout=T)
+    gone = Keeper.options(recover_retry_times=0).invoke()
+    back = Keeper.options(recover_retry_times=1).invoke()
+    assert yr.get([gone.pid.invoke(), back.pid.invoke()], timeout=T) == [pid, pid]
+
+    os.kill(pid, signal.SIGKILL)  # the worker process, not its nanny
+    wait_until(lambda: _dask_pids(cli.address).get(address) not in (None, pid), 30,
+               lambda: f"the nanny to restart the worker at {address}: "
+                       f"{_dask_pids(cli.address)}")
+    new_pid = _dask_pids(cli.address)[address]
+
+    t0 = time.monotonic()
+    # new tasks run on the new process (the only worker: no request may avoid it)
+    assert yr.get(where.invoke(), timeout=T) == (new_pid, address)
+    # a ref the new process owns is readable (its owner is alive, though at a dead one's
+    # address)
+    (fresh,) = yr.get(put_here.invoke(BIG), timeout=T)
+    assert yr.get(fresh, timeout=T).strip() == f"owned by {new_pid}"
+    # a new instance is created there
+    assert yr.get(Keeper.invoke().pid.invoke(), timeout=T) == new_pid
+    # the old instances: one restarted on the new process, one reported dead
+    assert yr.get(back.pid.invoke(), timeout=T) == new_pid
+    with pytest.raises(yr.InstanceDiedError, match="was lost"):
+        yr.get(gone.pid.invoke(), timeout=T)
+    # what lived on the dead process: a task result is computed again, a ref the dead
+    # process owned is an OwnerDiedError, never a value asked of the new process
+    assert yr.get(kept, timeout=T) == bytes([7]) * BIG
+    with pytest.raises(OwnerDiedError, match=address):
+        yr.get(owned, timeout=T)
+    took = time.monotonic() - t0
+    assert took < 10, f"the restarted worker took {took:.1f} s to serve all that"
