@@ -687,6 +687,42 @@ def test_the_extension_adapter_answers_cancels_times_out_and_releases():
     asyncio.run(main())
 
 
+def test_the_extension_announces_a_new_process_at_a_removed_workers_address():
+    """A worker back at a removed one's address (``--worker-port``): every job hears
+    ``WorkerJoined`` after that address's ``WorkerLost``, on the same stream; a first join,
+    or a join at an address never removed, is not announced."""
+    import asyncio
+
+    from distributed import Scheduler
+
+    from yrdask import protocol as P
+    from yrdask.scheduler.extension import Job, YrSchedulerExtension
+
+    class Stream:
+        def __init__(self) -> None:
+            self.sent: list = []
+
+        def send(self, *msgs: dict) -> None:
+            self.sent += msgs
+
+    async def main() -> None:
+        async with Scheduler(dashboard_address=":0", port=0) as s:
+            ext = YrSchedulerExtension(s)
+            stream = Stream()
+            ext.jobs["tcp://d:1"] = Job("j", "tcp://d:1", stream)
+            ext._add_worker("tcp://x:1", {"CPU": 1000.0})
+            ext.on_remove_worker("tcp://x:1")
+            assert stream.sent == [P.WorkerLost("tcp://x:1").to_msg()]
+            ext._add_worker("tcp://y:1", {"CPU": 1000.0})  # a new address: nothing to say
+            ext._add_worker("tcp://x:1", {"CPU": 1000.0})  # back at the removed address
+            assert stream.sent[1:] == [P.WorkerJoined("tcp://x:1").to_msg()]
+            assert set(ext.ledger.processes) == {"tcp://x:1", "tcp://y:1"}
+            assert ext.removed == {}
+            ext.leases.validate()
+
+    asyncio.run(main())
+
+
 # ------------------------------------------------------------------------- wait explanations
 
 
