@@ -156,7 +156,8 @@ class YrSchedulerExtension:
         self.lease_service.worker_joined(address, shape_of(capacity), node, gpus,
                                          shape_of(shared))
         self.worker_added.set()
-        if self.removed.pop(address, 0) is None:  # a new process at a dead one's address
+        if address in self.removed:  # a new process at a dead one's address
+            del self.removed[address]
             logger.info("yr worker %s joined again at the address of a lost worker", address)
             self._broadcast(P.WorkerJoined(address), but=address)
 
