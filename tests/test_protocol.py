@@ -58,12 +58,12 @@ SAMPLES: list[P.Message] = [
     P.TaskRecords((("f", "ab1", 1.5, 2.5, 140001, True),), {"C.m": 1}, {"f": 2}),
     P.CloseStream(),
     P.RevokeLeases(("l-3",)),
-    P.WorkerLost("tcp://w:2"),
+    P.WorkerLost("tcp://w:2", "Worker-7d1e"),
     P.WaitWarning("Counter instance i-1 waits for {CPU: 500} (6 s so far): ..."),
-    P.WorkerExited("tcp://n:1", -9),
-    P.WorkerExit("tcp://w:2", "was killed by signal 9 (SIGKILL)"),
-    P.WorkerJoined("tcp://w:2"),
-    P.OpenChannel("tcp://o:1"),
+    P.WorkerExited("tcp://n:1", -9, pid=4242),
+    P.WorkerExit("tcp://w:2", "exited with code 3", "Worker-7d1e"),
+    P.WorkerJoined("tcp://w:2", "Worker-99aa"),
+    P.OpenChannel("tcp://o:1", expect="Worker-99aa"),
     P.FetchObject("t-1.0", timeout=None),
     P.FreeObjects(("t-1.0", "t-2")),
     P.TaskOutput((("f pid=1, node=tcp://h:1", "stdout", "hi\n"),)),
@@ -228,17 +228,17 @@ class _Handlers:
     def revoke_leases(self, lease_ids, keep=False):
         self.seen.append(("revoke", lease_ids, keep))
 
-    def worker_lost(self, worker):
+    def worker_lost(self, worker, incarnation=""):
         self.seen.append(("lost", worker))
         return "ok"
 
     def wait_warning(self, text):
         self.seen.append(("wait", text))
 
-    def worker_exit(self, worker, how):
+    def worker_exit(self, worker, how, incarnation=""):
         self.seen.append(("exit", worker, how))
 
-    def worker_joined(self, worker):
+    def worker_joined(self, worker, incarnation=""):
         self.seen.append(("joined", worker))
 
 
@@ -268,7 +268,7 @@ def test_dispatch_calls_the_handler_with_fields_and_leaves_the_dict_alone():
     P.dispatch(table, P.RevokeLeases(["l-2"], keep=True).to_msg())
     assert a.seen == [("lost", "tcp://w:9"), ("revoke", ["l-1"], False),
                       ("revoke", ["l-2"], True)]
-    assert msg == {"op": P.WORKER_LOST, "worker": "tcp://w:9"}
+    assert msg == {"op": P.WORKER_LOST, "worker": "tcp://w:9", "incarnation": ""}
     peer, fields = P.dispatch(P.handlers((P.RUN_TASK,), _More()), RUN.to_msg(), "peer")
     assert peer == "peer" and P.RunTask(**fields) == RUN
     with pytest.raises(P.UnknownMessage):

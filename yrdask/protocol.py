@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, ClassVar, Iterable, Literal, Mapping, Sequence, TypedDict, Union
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: worker incarnations (lease replies, OpenChannel, WorkerLost/Joined/Exit)
 
 # --- instance states ----------------------------------------------------------------------
 
@@ -74,9 +74,11 @@ FetchReply = Union[tuple[Literal["value"], bytes], tuple[Literal["error"], bytes
 """``[kind, payload]``: ``"value"`` with the pickled bytes, ``"error"`` with a pickled
 RemoteError, or ``"location"`` with the address of the worker holding the value."""
 
-LeaseReply = Union[tuple[str, str], tuple[None, str]]
-"""``[lease_id, worker_address]``, or ``[None, reason]`` when no worker could meet the
-request in time (the API raises :class:`yrdask.errors.ScheduleError`)."""
+LeaseReply = Union[tuple[str, str, str], tuple[None, str]]
+"""``[lease_id, worker_address, incarnation]`` (``incarnation``: the worker process's Dask
+``server_id``, see ``runtime/incarnations.py``; ``""`` if the scheduler no longer lists it), or
+``[None, reason]`` when no worker could meet the request in time (the API raises
+:class:`yrdask.errors.ScheduleError`)."""
 
 InstanceReply = Union[tuple[str, str, dict], tuple[None, str, Union[str, None]]]
 """``[instance_id, worker, meta]`` once placed or alive, ``[None, reason, None]`` when it
@@ -773,11 +775,14 @@ class WorkerLost(Message):
     """scheduler -> every driver (job stream) and worker (worker stream).  Dask removed
     ``worker`` (its stream closed, or it missed heartbeats for
     ``distributed.scheduler.worker-ttl``): channels to it are dead even if their socket is
-    not, so their unanswered calls are sent again or fail, and their tasks run elsewhere."""
+    not, so their unanswered calls are sent again or fail, and their tasks run elsewhere.
+    ``incarnation``: which process it was (its Dask ``server_id``): a process already dealing
+    with a newer one at that address keeps it (``runtime/incarnations.py``)."""
 
     op: ClassVar[str] = WORKER_LOST
     channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
     worker: str
+    incarnation: str = ""
 
 
 @_message
@@ -785,25 +790,31 @@ class WorkerExited(Message):
     """nanny -> scheduler (rpc).  The worker process of the nanny at ``nanny`` exited with
     ``exitcode`` (negative: killed by that signal).  The scheduler knows which worker that
     nanny ran last (the nanny may not: a worker that dies before it reported its address
-    leaves the nanny with the previous one).  Reply: ``None``."""
+    leaves the nanny with the previous one).  ``pid``: the exited process's (0: unknown), which
+    ties a report that arrives after the next process registered to the one that exited.
+    Reply: ``None``."""
 
     op: ClassVar[str] = WORKER_EXITED
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
     reply_type: ClassVar[Any] = type(None)
     nanny: str
     exitcode: int
+    pid: int = 0
 
 
 @_message
 class WorkerExit(Message):
     """scheduler -> every driver (job stream) and worker (worker stream): how the process of
     ``worker`` ended (``how``: "exited with code 3", "was killed by signal 9 (SIGKILL)"), so
-    errors about work lost with it can say so."""
+    errors about work lost with it can say so.  ``incarnation``: which process at that
+    address ended (``""``: unknown); a report about one that a new process replaced already
+    is not kept for the new one."""
 
     op: ClassVar[str] = WORKER_EXIT
     channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
     worker: str
     how: str
+    incarnation: str = ""
 
 
 @_message
@@ -812,11 +823,13 @@ class WorkerJoined(Message):
     ``worker``: a new process registered at that same address (a nanny restarted its worker
     at a fixed ``--worker-port``, or the kernel handed the dead one's port out again).  What
     a process remembers of the dead one's death (unreachable owner, workers to avoid) must
-    not keep it from the new one; sent after the ``WorkerLost`` on the same stream."""
+    not keep it from the new one; sent after the ``WorkerLost`` on the same stream.
+    ``incarnation``: the new process's Dask ``server_id``."""
 
     op: ClassVar[str] = WORKER_JOINED
     channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
     worker: str
+    incarnation: str = ""
 
 
 @_message
@@ -843,12 +856,16 @@ STOP_INSTANCE = "yr_stop_instance"
 @_message
 class OpenChannel(Message):
     """caller -> worker, opens a *call channel* on that comm.  ``caller`` is the caller's
-    owner address.  No reply: from then on both sides send batched messages."""
+    owner address.  No reply: from then on both sides send batched messages.  ``expect``:
+    the worker process (incarnation, Dask ``server_id``) the caller means; another process at
+    that address closes the comm at once (the caller then treats the channel as lost), so a
+    channel is always to the process the caller thinks (``""``: any)."""
 
     op: ClassVar[str] = OPEN_CHANNEL
     channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_ISOLATED_RPC)
     opens_stream: ClassVar[bool] = True
     caller: str
+    expect: str = ""
 
 
 @_message

@@ -28,6 +28,7 @@ from yrdask.runtime.objects import (REFS_LOCK, Entry, ObjectRef, ObjectTable, pa
 from yrdask.runtime.store import close_node_store, node_store
 from yrdask.runtime.store import configure as configure_store
 from yrdask.runtime.generators import Stream, on_generator_item
+from yrdask.runtime import incarnations as I
 from yrdask.errors import (OwnerDiedError, RemoteError, YRRuntimeError, YRTimeoutError,
                            YRTypeError, YRValueError)
 from yrdask.options import Config, resolve_security
@@ -108,6 +109,9 @@ class Runtime:
         self.removals: dict[str, int] = {}
         self.lost_generation: dict[str, int] = {}
         self._lost_waiters: dict[str, list[Callable[[], None]]] = {}
+        # which worker process (incarnation) this process deals with at each address: a
+        # WorkerLost of a dead one does not touch what belongs to its successor there
+        self.incarnations = I.Incarnations()
         self._prefix = uuid.uuid4().hex[:10]
         self._counter = itertools.count()
         self._inbox: collections.deque = collections.deque()  # (fn, args) from user threads
@@ -192,7 +196,8 @@ class Runtime:
                 chan = LocalChannel(self.agent, address, self.on_channel_message)
             else:
                 chan = Channel(address, self.address, self.connection_args,
-                               self.on_channel_message, self.on_channel_lost)
+                               self.on_channel_message, self.on_channel_lost,
+                               self.incarnations.current.get(address, ""))
                 chan.generation = self.removals.get(address, 0)
             self.channels[address] = chan
         return chan
@@ -218,13 +223,18 @@ class Runtime:
         elif msg["op"] == P.GENERATOR_ITEM:
             on_generator_item(self, msg)
 
-    def worker_exit(self, worker: str, how: str) -> None:
-        """``WORKER_EXIT``: how the process of ``worker`` ended (its nanny told the scheduler)."""
+    def worker_exit(self, worker: str, how: str, incarnation: str = "") -> None:
+        """``WORKER_EXIT``: how the process of ``worker`` ended (its nanny told the scheduler).
+        A report about a process that a newer one at that address replaced here already
+        settles the errors waiting for it but is not kept (it would describe the new one)."""
+        current = self.incarnations.current.get(worker)
         self.exits[worker] = how
         while len(self.exits) > EXITS_KEPT:
             self.exits.popitem(last=False)
         for wake in self._exit_waiters.pop(worker, ()):
             wake()
+        if incarnation and current is not None and current != incarnation:
+            self.exits.pop(worker, None)
 
     def with_exit_reason(self, error: Any, fail: Callable[[BaseException], None]) -> None:
         """Fail with ``error`` (a crash error naming ``error.worker``) once it can say how that
@@ -247,17 +257,33 @@ class Runtime:
         self._exit_waiters.setdefault(worker, []).append(settle)
         self.loop.call_later(EXIT_REASON_WAIT_S, settle)
 
-    def worker_lost(self, address: str) -> None:
+    def worker_lost(self, address: str, incarnation: str = "") -> None:
         """The scheduler removed a worker: treat a channel to it as lost, socket or not; its
-        borrowings end and the objects it owned can no longer be read (OwnerDiedError)."""
-        chan = self.channels.get(address)
-        if chan is not None and hasattr(chan, "abort"):
-            chan.abort()
+        borrowings end and the objects it owned can no longer be read (OwnerDiedError).
+        Unless it is a process whose successor at that address this process already deals
+        with (a lease reply about the new one overtook this message): then its death was
+        carried out when the successor was seen, and nothing here is the dead one's."""
+        for ins in self.incarnations.handle(I.Lost("worker-lost", address, incarnation)):
+            if type(ins) is I.Gone:
+                chan = self.channels.get(address)
+                if chan is not None and hasattr(chan, "abort"):
+                    chan.abort()
+                self._process_died(address)
+                self.lost_workers[address] = None
+                while len(self.lost_workers) > EXITS_KEPT:
+                    self.lost_workers.pop(next(iter(self.lost_workers)))
+            elif type(ins) is I.Stranger:
+                # a channel opened before the current one was known may be to the dead one
+                chan = self.channels.get(address)
+                if (chan is not None and hasattr(chan, "abort")
+                        and not self.incarnations.live(address, chan.expect)):
+                    chan.abort()
+
+    def _process_died(self, address: str) -> None:
+        """The process this process dealt with at ``address`` is dead: objects it owned or
+        kept are lost, its borrowings end, its removal is counted (confirmed_gone)."""
         self.objects.process_died(address)
         self.objects.location_lost(address, self.submitter.reconstruct(address))
-        self.lost_workers[address] = None
-        while len(self.lost_workers) > EXITS_KEPT:
-            self.lost_workers.pop(next(iter(self.lost_workers)))
         self.removals[address] = self.removals.pop(address, 0) + 1  # (newest last)
         while len(self.removals) > EXITS_KEPT:
             gone = next(iter(self.removals))
@@ -266,6 +292,27 @@ class Runtime:
         for wake in self._lost_waiters.pop(address, ()):
             wake()
 
+    def incarnation_seen(self, address: str, incarnation: str) -> None:
+        """(loop) A lease grant (or ``WorkerJoined``) says ``incarnation`` runs at ``address``.
+        If this process dealt with another one there, that one is dead (Dask lists one worker
+        per address): its death is carried out now, before anything of the new one is
+        recorded, and the address is usable again (a ``WorkerLost`` of it that comes later
+        changes nothing)."""
+        for ins in self.incarnations.handle(I.Seen("seen", address, incarnation)):
+            if type(ins) is I.Superseded:
+                chan = self.channels.get(address)
+                if chan is not None and hasattr(chan, "abort") and chan.expect != ins.new:
+                    self._drop_channel(address, chan)
+                self._process_died(address)
+                self._joined(address)
+
+    def _drop_channel(self, address: str, chan: Any) -> None:
+        """Drop a channel to a process known dead now, and handle its loss at once (so
+        that its late loss report cannot void what is granted on the new process)."""
+        chan.closed = True  # its reader reports nothing when it ends
+        chan.abort()
+        self.on_channel_lost(address, chan)
+
     def confirmed_gone(self, address: str) -> bool:
         """Has the scheduler removed the process at ``address`` that this runtime's last lost
         channel there was connected to?  (Then the process there now, if any, is another
@@ -273,16 +320,26 @@ class Runtime:
         generation = self.lost_generation.get(address)
         return generation is not None and self.removals.get(address, 0) > generation
 
-    def worker_joined(self, address: str) -> None:
+    def worker_joined(self, address: str, incarnation: str = "") -> None:
         """``WORKER_JOINED``: a new process registered at the address of a lost worker.  Forget
         the old one's death (how it ended, the unreachable owner, the worker its lease
         requests avoid): objects it owned or kept stay lost, the new one is usable at once."""
+        before = self.incarnations.current.get(address)
+        self.incarnation_seen(address, incarnation)
+        if before is None or before == incarnation:  # (else incarnation_seen did it all)
+            self._joined(address)
+
+    def _joined(self, address: str) -> None:
         self.exits.pop(address, None)
         self.lost_workers.pop(address, None)
         self.objects.process_joined(address)
         self.submitter.worker_joined(address)
 
-    def on_channel_lost(self, address: str) -> None:
+    def on_channel_lost(self, address: str, lost: Any = None) -> None:
+        """A call channel to ``address`` broke (``lost``: that channel; a newer one to the
+        same address stays)."""
+        if lost is not None and self.channels.get(address) is not lost:
+            return
         chan = self.channels.pop(address, None)
         generation = getattr(chan, "generation", None)
         if generation is not None:

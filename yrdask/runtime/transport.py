@@ -43,12 +43,24 @@ def wire(msg: Outgoing) -> dict:
     return msg if type(msg) is dict else msg.to_msg()
 
 
+def granted(rt: Any, reply: Any) -> list:
+    """A lease reply as the submitter takes it (``[lease_id, worker]`` or ``[None, reason]``),
+    after telling the runtime which process the lease is on (:meth:`Runtime.incarnation_seen`:
+    a process this one dealt with at that address before is dead, and is handled as such
+    before the grant is, so a ``WorkerLost`` of it arriving later cannot void the grant)."""
+    if reply[0] is not None and len(reply) > 2:
+        rt.incarnation_seen(reply[1], reply[2])
+    return [reply[0], reply[1]]
+
+
 class Channel:
     """A call channel from this process to one worker (see module docstring)."""
 
     def __init__(self, address: str, caller: str, connection_args: dict,
-                 on_message: Callable[[dict], None], on_lost: Callable[[str], None]) -> None:
+                 on_message: Callable[[dict], None], on_lost: Callable[[str, Any], None],
+                 expect: str = "") -> None:
         self.address = address
+        self.expect = expect  # the worker process (incarnation) meant; "": whichever is there
         self.caller = caller
         self.connection_args = connection_args
         self.on_message = on_message
@@ -75,7 +87,7 @@ class Channel:
         try:
             self.comm = comm = await connect(self.address, timeout=CONNECT_TIMEOUT_S,
                                              **self.connection_args)
-            await comm.write(P.OpenChannel(self.caller).to_msg())
+            await comm.write(P.OpenChannel(self.caller, self.expect).to_msg())
             self.stream = StreamSender(comm)
             backlog, self.backlog = self.backlog, None
             if backlog:
@@ -92,7 +104,7 @@ class Channel:
             self.backlog = None
             if not self.closed:
                 self.closed = True
-                self.on_lost(self.address)
+                self.on_lost(self.address, self)
             if self.comm is not None and not self.comm.closed():
                 self.comm.abort()
 
@@ -217,17 +229,17 @@ class DriverConnector:
         """:class:`yrdask.protocol.RevokeLeases` from the job stream."""
         self.rt.submitter.revoke(lease_ids, keep)
 
-    def worker_lost(self, worker: str) -> None:
+    def worker_lost(self, worker: str, incarnation: str = "") -> None:
         """:class:`yrdask.protocol.WorkerLost` from the job stream."""
-        self.rt.worker_lost(worker)
+        self.rt.worker_lost(worker, incarnation)
 
-    def worker_exit(self, worker: str, how: str) -> None:
+    def worker_exit(self, worker: str, how: str, incarnation: str = "") -> None:
         """:class:`yrdask.protocol.WorkerExit` from the job stream."""
-        self.rt.worker_exit(worker, how)
+        self.rt.worker_exit(worker, how, incarnation)
 
-    def worker_joined(self, worker: str) -> None:
+    def worker_joined(self, worker: str, incarnation: str = "") -> None:
         """:class:`yrdask.protocol.WorkerJoined` from the job stream."""
-        self.rt.worker_joined(worker)
+        self.rt.worker_joined(worker, incarnation)
 
     def wait_warning(self, text: str) -> None:
         """:class:`yrdask.protocol.WaitWarning`: a request of this job waits long.  Logged
@@ -239,9 +251,11 @@ class DriverConnector:
     async def request_lease(self, shape: dict, timeout_ms: int, queue: str,
                             avoid: list[str], affinity: tuple, near: str | None,
                             request_id: str = "") -> list:
-        return await self.request(P.RequestLease(
+        """``[lease_id, worker]`` or ``[None, reason]``; the granted worker's incarnation
+        goes to the runtime first (see :func:`granted`)."""
+        return granted(self.rt, await self.request(P.RequestLease(
             owner=self.rt.address, shape=shape, timeout_ms=timeout_ms, local=near, queue=queue,
-            avoid=avoid, affinity=affinity, request_id=request_id))
+            avoid=avoid, affinity=affinity, request_id=request_id)))
 
     async def request(self, msg: P.Message) -> Any:
         """A scheduler rpc; returns its reply (``type(msg).reply_type``)."""
@@ -303,10 +317,10 @@ class WorkerConnector:
         agent = self.rt.agent
         agent.asking(True)
         try:
-            return await self.request(P.RequestLease(
+            return granted(self.rt, await self.request(P.RequestLease(
                 owner=self.worker.address, shape=shape, timeout_ms=timeout_ms,
                 local=near, queue=queue, avoid=avoid, affinity=affinity,
-                request_id=request_id))
+                request_id=request_id)))
         finally:
             agent.asking(False)
 

@@ -65,6 +65,10 @@ class YrSchedulerExtension:
         self.worker_plugin = worker_plugin  # installed on every worker at start
         self.nanny_plugin = nanny_plugin  # on every nanny: reports how worker processes end
         self.worker_of_nanny: dict[str, str] = {}  # nanny address -> its latest worker
+        # each worker process's incarnation (Dask's server_id; runtime/incarnations.py), and
+        # which one a nanny's (nanny, pid) was, so a late exit report names the right one
+        self.incarnation: dict[str, str] = {}  # address -> its registered process's
+        self.process_of_pid: dict[tuple[str, int], tuple[str, str]] = {}
         self.monitoring = monitoring  # called with the scheduler at start (dashboard pages)
         self.defer_monitoring = False  # True: start() leaves it to start_monitoring()
         # Every lease and instance holding is decided by this pure machine (leases.py); what
@@ -80,7 +84,7 @@ class YrSchedulerExtension:
         self._gone: dict[str, asyncio.Event] = {}  # worker address -> set once removed
         # addresses Dask removed (oldest first, bounded): a new process registering at one
         # of them is announced (WorkerJoined), so no process keeps treating it as dead
-        self.removed: dict[str, None] = {}
+        self.removed: dict[str, str] = {}  # address -> the incarnation removed there
         self.figures = SchedulingFigures()
         self.waits = WaitWatch(self)  # explains waiting requests, warns about long waits
         self.panels = DaskPanels(scheduler)  # yr work in Dask's Task Stream and Progress
@@ -159,12 +163,24 @@ class YrSchedulerExtension:
         if address in self.removed:  # a new process at a dead one's address
             del self.removed[address]
             logger.info("yr worker %s joined again at the address of a lost worker", address)
-            self._broadcast(P.WorkerJoined(address), but=address)
+            self._broadcast(P.WorkerJoined(address, self.incarnation_of(address)), but=address)
+
+    def incarnation_of(self, address: str) -> str:
+        """The incarnation (Dask ``server_id``) of the process registered at ``address``, or
+        ``""`` if none is."""
+        ws = self.scheduler.workers.get(address)
+        return ws.server_id if ws is not None else ""
 
     def on_add_worker(self, address: str) -> None:
         ws = self.scheduler.workers.get(address)
-        if ws is not None and ws.nanny:  # a nanny's exit report may only name itself
-            self.worker_of_nanny[ws.nanny] = address
+        if ws is not None:
+            self.incarnation[address] = ws.server_id
+            if ws.nanny:  # a nanny's exit report may only name itself (and the pid)
+                self.worker_of_nanny[ws.nanny] = address
+                if ws.pid:
+                    self.process_of_pid[(ws.nanny, ws.pid)] = (address, ws.server_id)
+                    while len(self.process_of_pid) > REMOVED_KEPT:
+                        self.process_of_pid.pop(next(iter(self.process_of_pid)))
         offer = self.pending_workers.pop(address, None)
         if offer is not None:
             self._add_worker(address, *offer)
@@ -180,11 +196,12 @@ class YrSchedulerExtension:
         gone = self._gone.pop(address, None)
         if gone is not None:
             gone.set()
+        incarnation = self.incarnation.pop(address, "")
         self.removed.pop(address, None)
-        self.removed[address] = None  # (newest last)
+        self.removed[address] = incarnation  # (newest last)
         while len(self.removed) > REMOVED_KEPT:
             self.removed.pop(next(iter(self.removed)))
-        self._broadcast(P.WorkerLost(address), but=address)
+        self._broadcast(P.WorkerLost(address, incarnation), but=address)
 
     def _broadcast(self, msg: Any, but: str) -> None:
         """Send ``msg`` to every driver, and to every worker but ``but`` (each stream in
@@ -195,15 +212,18 @@ class YrSchedulerExtension:
             if worker != but:
                 self._send_to_owner(worker, msg.to_msg())
 
-    def worker_exited(self, nanny: str, exitcode: int) -> None:
+    def worker_exited(self, nanny: str, exitcode: int, pid: int = 0) -> None:
         """:class:`yrdask.protocol.WorkerExited` from a nanny: tell every driver and worker
-        how that process ended, for the errors of the work lost with it."""
-        worker = self.worker_of_nanny.get(nanny, "")
+        how that process ended, for the errors of the work lost with it.  The pid names the
+        process that ended even when the report comes after the next one registered."""
+        worker, incarnation = self.process_of_pid.get((nanny, pid), ("", ""))
+        if not worker:  # (a process that died before it registered, or no pid)
+            worker = self.worker_of_nanny.get(nanny, "")
         if not worker:
             return
         how = describe_exit(exitcode)
         logger.info("yrdask: worker process %s %s", worker, how)
-        msg = P.WorkerExit(worker, how)
+        msg = P.WorkerExit(worker, how, incarnation)
         for job in list(self.jobs.values()):
             self._send_to_owner(job.owner, msg.to_msg())
         for address in self.scheduler.workers:
@@ -337,15 +357,20 @@ class YrSchedulerExtension:
                             request_id: str = "") -> list:
         """Grant a lease now, or queue the request until resources free up or time runs out.
 
-        Reply: ``[lease_id, worker]``, or ``[None, reason]`` when it cannot be met in time
-        (or is withdrawn: ``request_id`` is the owner's own id of it).
+        Reply: ``[lease_id, worker, incarnation]`` (which process at that address: the
+        owner tells it apart from a dead one there, ``runtime/incarnations.py``), or
+        ``[None, reason]`` when it cannot be met in time (or is withdrawn: ``request_id`` is
+        the owner's own id of it).
         """
         gone = self.lease_service.requester_gone(owner)
         if gone is not None:  # its job stream (or its worker) is gone already
             return [None, gone]
-        return await self.acquire(LeaseRequest(
+        reply = await self.acquire(LeaseRequest(
             owner, shape_of(shape), local=local, queue=queue, avoid=tuple(avoid or ()),
             affinity=freeze(affinity), own_id=request_id or ""), timeout_ms)
+        if reply and reply[0] is not None:
+            return [reply[0], reply[1], self.incarnation_of(reply[1])]
+        return reply
 
     async def acquire(self, req: LeaseRequest, timeout_ms: int) -> list:
         """Hold ``req``'s resources on a worker: ``[holding_id, worker]`` or ``[None, why]``.

@@ -324,7 +324,10 @@ class WorkerAgent:
 
     # -- call channels ---------------------------------------------------------------------
 
-    async def open_channel(self, comm: Any, caller: str) -> None:
+    async def open_channel(self, comm: Any, caller: str, expect: str = "") -> None:
+        if expect and expect != self.worker.id:  # meant for a dead process at this address
+            comm.abort()
+            return
         stream = StreamSender(comm)
         peer = Peer(self.runtime.on_loop_later, stream, caller)
         try:
@@ -747,14 +750,14 @@ class WorkerAgent:
         """:class:`P.CancelOwned`: a borrower cancels tasks this process submitted."""
         self.runtime.handle_cancel_owned(object_ids, force)
 
-    def worker_lost(self, worker: str) -> None:
-        self.runtime.worker_lost(worker)
+    def worker_lost(self, worker: str, incarnation: str = "") -> None:
+        self.runtime.worker_lost(worker, incarnation)
 
-    def worker_exit(self, worker: str, how: str) -> None:
-        self.runtime.worker_exit(worker, how)
+    def worker_exit(self, worker: str, how: str, incarnation: str = "") -> None:
+        self.runtime.worker_exit(worker, how, incarnation)
 
-    def worker_joined(self, worker: str) -> None:
-        self.runtime.worker_joined(worker)
+    def worker_joined(self, worker: str, incarnation: str = "") -> None:
+        self.runtime.worker_joined(worker, incarnation)
 
     def revoke_leases(self, lease_ids: list[str], keep: bool = False) -> None:
         self.runtime.submitter.revoke(lease_ids, keep)

@@ -908,10 +908,14 @@ class IsolatedHost:
         return P.TaskDone(task_id, results=results,
                           refs=self.refs_report(borrowed, nested)).to_msg()
 
-    async def open_channel(self, comm: Any, caller: str) -> None:
+    async def open_channel(self, comm: Any, caller: str, expect: str = "") -> None:
         from distributed.comm.core import CommClosedError
 
         from yrdask.stream import StreamSender
+
+        if expect:  # a caller meaning a worker process (incarnation): this is not one
+            comm.abort()
+            return
 
         peer = _ChildPeer(self.loop, StreamSender(comm))
         try:

@@ -60,15 +60,26 @@ class YrNannyPlugin(NannyPlugin):
         original = nanny._on_worker_exit_sync  # what each new worker process calls at exit
         if getattr(original, "_yrdask", False):
             return
+        # the pid of the running worker process (gone from the nanny by the time it exits),
+        # so the scheduler ties a report that comes late to the process that ended
+        pid = [nanny.pid or 0]
+        instantiate = nanny.instantiate
+
+        async def instantiate_noting_pid(*args: Any, **kwargs: Any) -> Any:
+            result = await instantiate(*args, **kwargs)
+            pid[0] = nanny.pid or 0
+            return result
 
         def on_exit(exitcode: int) -> None:
             if exitcode:  # sent before the nanny starts the next worker process
-                nanny.loop.add_callback(_report, nanny, P.WorkerExited(nanny.address,
-                                                                       int(exitcode)))
+                nanny.loop.add_callback(_report, nanny, P.WorkerExited(
+                    nanny.address, int(exitcode), pid[0]))
+            pid[0] = 0
             original(exitcode)
 
         on_exit._yrdask = True  # type: ignore[attr-defined]
         nanny._on_worker_exit_sync = on_exit
+        nanny.instantiate = instantiate_noting_pid
 
 
 async def _report(nanny: Any, msg: Any) -> None:

@@ -1,0 +1,142 @@
+"""Which worker process this process deals with at each address (pure, no I/O).
+
+An address names a worker process only until it dies: a nanny restarting its worker at a
+fixed ``--worker-port`` (or the kernel handing a dead one's port out again) puts a new process
+there.  Each worker process has an *incarnation*, Dask's ``Worker.id`` (the scheduler's
+``WorkerState.server_id``), and the messages that could be about either process carry it:
+lease grants (``RequestLease``'s reply), the call channel handshake (``OpenChannel.expect``),
+``WorkerLost``, ``WorkerJoined`` and ``WorkerExit``.
+
+Everything a process keeps per worker address (its call channel, leases, the values kept
+there, borrowers there, objects owned there) belongs to the incarnation this machine names
+*current* there.  The rule that keeps that true with no per-task cost: the first word of a new
+incarnation at an address (a lease grant, a ``WorkerJoined``) proves the current one is gone
+(Dask never lists two workers at one address), so its death is carried out at once
+(:class:`Superseded`), before anything of the new one is recorded.  A ``WorkerLost`` that comes
+later (the job stream and the lease reply use different connections, so it can be overtaken)
+names an incarnation already dead here and changes nothing (:class:`AlreadyGone`).
+
+Events: :class:`Seen`, :class:`Lost`.  Instructions: :class:`Superseded` (the old
+incarnation's death, then the new one is current), :class:`Gone` (the current incarnation,
+or one never heard of while none is current, died: today's full ``WorkerLost``),
+:class:`AlreadyGone` (a death carried out before), :class:`Stranger` (the scheduler removed an
+incarnation this process never dealt with, while it deals with a newer one there: nothing of
+what it keeps at that address is the dead one's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from yrdask.statemachine import Event, Instruction, Story, remember
+
+DEAD_KEPT = 10_000  # incarnations remembered as dead (a late WorkerLost of one is ignored)
+
+
+@dataclass(frozen=True)
+class Seen(Event):
+    """``incarnation`` runs at ``address`` (a lease grant there, or ``WorkerJoined``)."""
+
+    address: str
+    incarnation: str
+
+
+@dataclass(frozen=True)
+class Lost(Event):
+    """The scheduler removed ``incarnation`` at ``address`` (``WorkerLost``; ``""``: a
+    scheduler that did not say which process)."""
+
+    address: str
+    incarnation: str
+
+
+@dataclass(frozen=True)
+class Superseded(Instruction):
+    """``old`` at ``address`` is dead (``new`` runs there now): carry out ``old``'s death,
+    then treat ``address`` as alive (``new``'s)."""
+
+    address: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Gone(Instruction):
+    """The process this process deals with at ``address`` is dead: carry out its death."""
+
+    address: str
+    incarnation: str
+
+
+@dataclass(frozen=True)
+class AlreadyGone(Instruction):
+    """A late ``WorkerLost`` of ``incarnation``: its death was carried out when its successor
+    was seen; only the removal is counted."""
+
+    address: str
+    incarnation: str
+
+
+@dataclass(frozen=True)
+class Stranger(Instruction):
+    """``incarnation`` at ``address`` died, but this process deals with ``current`` there (seen
+    first): what it keeps at ``address`` is ``current``'s and stays."""
+
+    address: str
+    incarnation: str
+    current: str
+
+
+class Incarnations:
+    """The incarnation current at each worker address, and those known dead (see module)."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, str] = {}  # address -> the incarnation dealt with there
+        self.dead: dict[str, None] = {}  # incarnations known dead (bounded, oldest first)
+        self.log = Story(maxlen=10_000)
+
+    def handle(self, event: Event) -> list[Instruction]:
+        sid = event.stimulus_id
+        out: list[Instruction] = []
+        address, inc = event.address, event.incarnation
+        if type(event) is Seen:
+            if inc and inc not in self.dead:
+                old = self.current.get(address)
+                self.current[address] = inc
+                if old is not None and old != inc:
+                    remember(self.dead, old, None, DEAD_KEPT)
+                    out.append(Superseded(sid, address, old, inc))
+        elif type(event) is Lost:
+            current = self.current.get(address)
+            if inc and inc in self.dead:
+                out.append(AlreadyGone(sid, address, inc))
+            elif inc and current is not None and current != inc:
+                remember(self.dead, inc, None, DEAD_KEPT)
+                out.append(Stranger(sid, address, inc, current))
+            else:  # the current one, or none known (or a scheduler not naming it)
+                if inc:
+                    remember(self.dead, inc, None, DEAD_KEPT)
+                self.current.pop(address, None)
+                out.append(Gone(sid, address, inc or current or ""))
+        else:
+            raise TypeError(f"unknown incarnations event {event!r}")
+        self.log.log(sid, event, (address, inc))
+        for ins in out:
+            self.log.log(sid, ins, (address, inc))
+        return out
+
+    def live(self, address: str, incarnation: str) -> bool:
+        """Is ``incarnation`` the one current at ``address``?  (A channel opened to it is not
+        dropped for another's death.)"""
+        return bool(incarnation) and self.current.get(address) == incarnation
+
+    def is_dead(self, incarnation: str) -> bool:
+        return incarnation in self.dead
+
+    def story(self, *keys: str) -> str:
+        return self.log.dump(*keys)
+
+    def validate(self) -> None:
+        """No current incarnation is also known dead."""
+        for address, inc in self.current.items():
+            assert inc not in self.dead, (address, inc)
