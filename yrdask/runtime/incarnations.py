@@ -96,6 +96,8 @@ class Incarnations:
         self.log = Story(maxlen=10_000)
 
     def handle(self, event: Event) -> list[Instruction]:
+        if type(event) not in (Seen, Lost):
+            raise TypeError(f"unknown incarnations event {event!r}")
         sid = event.stimulus_id
         out: list[Instruction] = []
         address, inc = event.address, event.incarnation
@@ -106,7 +108,7 @@ class Incarnations:
                 if old is not None and old != inc:
                     remember(self.dead, old, None, DEAD_KEPT)
                     out.append(Superseded(sid, address, old, inc))
-        elif type(event) is Lost:
+        else:  # Lost
             current = self.current.get(address)
             if inc and inc in self.dead:
                 out.append(AlreadyGone(sid, address, inc))
@@ -118,8 +120,6 @@ class Incarnations:
                     remember(self.dead, inc, None, DEAD_KEPT)
                 self.current.pop(address, None)
                 out.append(Gone(sid, address, inc or current or ""))
-        else:
-            raise TypeError(f"unknown incarnations event {event!r}")
         self.log.log(sid, event, (address, inc))
         for ins in out:
             self.log.log(sid, ins, (address, inc))

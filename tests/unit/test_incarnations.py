@@ -1,0 +1,108 @@
+"""Worker incarnations (runtime/incarnations.py): a WorkerLost of a dead process never touches
+what belongs to the new process at the same address, whichever of the lease reply about the
+new one and the WorkerLost of the old one comes first."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from yrdask import protocol as P
+from yrdask.runtime import incarnations as I
+from yrdask.runtime.objects import Entry
+from tests.unit.harness import MachineHarness
+
+X = "tcp://10.0.0.1:7000"
+
+
+def kinds(out: list) -> list:
+    return [type(i).__name__ for i in out]
+
+
+def test_a_lease_for_the_new_process_overtaking_the_old_ones_worker_lost():
+    """The overtaking order: the new process B is seen (lease reply) before WorkerLost(A)
+    arrives.  A's death is carried out when B is seen; the late WorkerLost changes nothing,
+    and B stays the process dealt with at the address."""
+    h = MachineHarness(I.Incarnations())
+    assert h(I.Seen, X, "A") == []
+    assert h(I.Seen, X, "A") == []  # another grant on the same process
+    out = h(I.Seen, X, "B")
+    assert out == [I.Superseded("s3", X, "A", "B")]
+    assert kinds(h(I.Lost, X, "A")) == ["AlreadyGone"]
+    assert h.m.live(X, "B") and not h.m.live(X, "A")
+    assert h(I.Seen, X, "A") == []  # a stale grant naming the dead one changes nothing
+    assert h.m.live(X, "B")
+    assert "Superseded" in h.m.story(X)
+
+
+def test_the_usual_order_worker_lost_then_the_new_process():
+    h = MachineHarness(I.Incarnations())
+    h(I.Seen, X, "A")
+    assert h(I.Lost, X, "A") == [I.Gone("s2", X, "A")]
+    assert h(I.Seen, X, "B") == []  # nothing of A's is left to drop
+    assert h.m.live(X, "B")
+    assert h(I.Lost, X, "B") == [I.Gone("s4", X, "B")]
+    assert not h.m.live(X, "B")
+
+
+def test_an_incarnation_never_dealt_with_dies_while_a_newer_one_is_current():
+    """A died without this process ever dealing with it, and B was seen first: A's death is
+    a stranger's; B's records stay.  A scheduler that names no incarnation is obeyed."""
+    h = MachineHarness(I.Incarnations())
+    h(I.Seen, X, "B")
+    assert h(I.Lost, X, "A") == [I.Stranger("s2", X, "A", "B")]
+    assert h.m.live(X, "B") and h.m.is_dead("A")
+    assert h(I.Lost, X, "") == [I.Gone("s3", X, "B")]  # (no incarnation named: as before)
+    assert h(I.Lost, X, "") == [I.Gone("s4", X, "")]
+    with pytest.raises(TypeError):
+        h.m.handle(object())  # type: ignore[arg-type]
+
+
+class _Chan:
+    """A call channel as the runtime sees it (no socket)."""
+
+    def __init__(self, expect: str) -> None:
+        self.expect = expect
+        self.closed = False
+        self.aborted = False
+        self.generation = 0
+        self.sent_functions: set = set()
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_runtime_keeps_the_new_process_channel_and_records_when_the_old_ones_worker_lost_comes_late():
+    """The adapter (Runtime): lease reply for B, then WorkerLost(A).  B's channel is not
+    aborted nor dropped, the value B keeps is not lost, X is not marked dead or lost, and the
+    removal is counted once (confirmed_gone of a channel to B stays false)."""
+    from yrdask.runtime.runtime import Runtime
+
+    loop = asyncio.new_event_loop()
+    try:
+        rt = Runtime(loop, "job-incarnations")
+        rt.incarnation_seen(X, "A")
+        old = rt.channels[X] = _Chan("A")  # tasks ran on A: a value A keeps
+        kept_by_a = rt.objects.entries["t-a.0"] = Entry()
+        kept_by_a.set_result(P.LOCATION, X)
+        rt.incarnation_seen(X, "B")  # the lease reply about B, before WorkerLost(A)
+        assert old.aborted and X not in rt.channels  # A's channel went at once
+        assert isinstance(kept_by_a.error, Exception)  # A's value is lost (no lineage here)
+        assert X not in rt.objects.counter.dead and X not in rt.lost_workers
+        new = rt.channels[X] = _Chan("B")  # Runtime.channel(X) now opens it expecting B
+        kept_by_b = rt.objects.entries["t-b.0"] = Entry()
+        kept_by_b.set_result(P.LOCATION, X)
+        rt.worker_lost(X, "A")  # the late WorkerLost of A
+        assert rt.channels.get(X) is new and not new.aborted
+        assert kept_by_b.state == P.LOCATION and kept_by_b.location == X
+        assert X not in rt.objects.counter.dead and X not in rt.lost_workers
+        assert rt.removals[X] == 1
+        rt.on_channel_lost(X, old)  # A's channel reporting its end late drops nothing
+        assert rt.channels.get(X) is new
+        rt.worker_exit(X, "was killed by signal 9 (SIGKILL)", "A")  # a late exit report
+        assert X not in rt.exits  # not kept to describe B
+        rt.worker_lost(X, "B")  # B dies in turn: its channel and records go
+        assert new.aborted and X in rt.lost_workers and kept_by_b.state != P.LOCATION
+    finally:
+        loop.close()
