@@ -60,11 +60,17 @@ def _free_port() -> int:
 
 def _dask_pids(address: str) -> dict[str, int]:
     """Worker address -> pid, as the scheduler lists them."""
+    return {a: pid for a, (pid, _) in _dask_workers(address).items()}
+
+
+def _dask_workers(address: str) -> dict[str, tuple[int, str]]:
+    """Worker address -> (pid, incarnation: Dask's server_id), as the scheduler lists them."""
     from distributed import Client
 
     with Client(address, timeout=10, set_as_default=False) as client:
         return client.run_on_scheduler(
-            lambda dask_scheduler: {a: ws.pid for a, ws in dask_scheduler.workers.items()})
+            lambda dask_scheduler: {a: (ws.pid, ws.server_id)
+                                    for a, ws in dask_scheduler.workers.items()})
 
 
 class _FixedPort(CliCluster):
@@ -109,6 +115,7 @@ def test_a_worker_restarted_at_its_address_is_a_new_worker(fixed_port_cluster):
     cli, address = fixed_port_cluster
     pid, at = yr.get(where.invoke(), timeout=T)
     assert at == address
+    old_id = _dask_workers(cli.address)[address][1]
     kept = big.invoke(7)
     yr.wait(kept, timeout=T)  # computed: its value lives in that worker process only
     # owned by that process, too large to travel inline with the result: only it has it
@@ -143,3 +150,25 @@ def test_a_worker_restarted_at_its_address_is_a_new_worker(fixed_port_cluster):
         yr.get(owned, timeout=T)
     took = time.monotonic() - t0
     assert took < 10, f"the restarted worker took {took:.1f} s to serve all that"
+
+    # The driver deals with the new process (its lease replies named it), and a WorkerLost
+    # of the old one arriving now (as when a lease reply overtook it) leaves the new
+    # process's channel and the value it keeps alone (docs/faults.md)
+    from yrdask.runtime.context import current_runtime
+
+    new_id = _dask_workers(cli.address)[address][1]
+    rt = current_runtime()
+    assert new_id != old_id and rt.incarnations.live(address, new_id)
+    kept_new = big.invoke(8)
+    yr.wait(kept_new, timeout=T)
+    chan = rt.channels[address]
+    rt.run_sync(_late_worker_lost(rt, address, old_id), timeout=T)
+    assert rt.channels.get(address) is chan and not chan.closed
+    entry = rt.objects.entries[kept_new.id]
+    assert entry.location == address, f"the new process's value was dropped: {entry.state}"
+    assert yr.get(where.invoke(), timeout=T) == (new_pid, address)
+    assert yr.get(kept_new, timeout=T) == bytes([8]) * BIG
+
+
+async def _late_worker_lost(rt, address: str, incarnation: str) -> None:
+    rt.worker_lost(address, incarnation)  # on the loop, as the job stream's reader calls it

@@ -765,3 +765,48 @@ def test_wait_explanations_name_leases_and_workers_that_can_never_run_it():
         f"worker {A}: needs CPU 1000, free 0 of 1000 millicores; held by task lease L1 of "
         "tcp://d:1",
         f"can never run it: {B} (offers {{CPU: 500}})"]
+
+
+def test_the_extension_names_the_worker_process_in_grants_losses_joins_and_exits():
+    """Incarnations (runtime/incarnations.py): a grant says which process it is on (Dask's
+    ``server_id``), ``WorkerLost`` names the removed one, and a nanny's exit report is tied to
+    the process that exited by its pid, even when it comes after the next one registered."""
+    import asyncio
+
+    from distributed import Scheduler, Worker
+
+    from yrdask import protocol as P
+    from yrdask.scheduler.extension import Job, YrSchedulerExtension
+
+    class Stream:
+        def __init__(self) -> None:
+            self.sent: list = []
+
+        def send(self, *msgs: dict) -> None:
+            self.sent += msgs
+
+    async def main() -> None:
+        async with Scheduler(dashboard_address=":0", port=0) as s:
+            ext = YrSchedulerExtension(s)
+            stream = Stream()
+            ext.jobs["tcp://d:1"] = Job("j", "tcp://d:1", stream)
+            async with Worker(s.address, nthreads=1, dashboard=False) as w:
+                ext.on_add_worker(w.address)
+                ext._add_worker(w.address, {"CPU": 1000.0})
+                lease_id, where, incarnation = await ext.request_lease(
+                    "tcp://d:1", {"CPU": 1000.0}, 1000)
+                assert (where, incarnation) == (w.address, w.id)
+                ext.release([lease_id])
+                ext.on_remove_worker(w.address)  # (Dask's plugin hook, called by hand)
+                assert stream.sent == [P.WorkerLost(w.address, w.id).to_msg()]
+                assert ext.removed == {w.address: w.id}
+            # a nanny's report about a process it ran, after that one was replaced
+            ext.process_of_pid[("tcp://n:1", 41)] = ("tcp://x:1", "Worker-old")
+            ext.worker_of_nanny["tcp://n:1"] = "tcp://x:1"
+            ext.worker_exited("tcp://n:1", -9, 41)
+            assert stream.sent[-1] == P.WorkerExit(
+                "tcp://x:1", "was killed by signal 9 (SIGKILL)", "Worker-old").to_msg()
+            ext.worker_exited("tcp://n:1", 3)  # no pid: the nanny's latest worker, unnamed
+            assert stream.sent[-1] == P.WorkerExit("tcp://x:1", "exited with code 3").to_msg()
+
+    asyncio.run(main())
