@@ -157,6 +157,14 @@ def test_a_worker_restarted_at_its_address_is_a_new_worker(fixed_port_cluster):
     from yrdask.runtime.context import current_runtime
 
     new_id = _dask_workers(cli.address)[address][1]
+    # the scheduler ties a nanny's exit report to the process by its pid (a late one names
+    # the old process, not the new one at its address)
+    from distributed import Client
+
+    with Client(cli.address, timeout=10, set_as_default=False) as client:
+        tied = client.run_on_scheduler(
+            lambda dask_scheduler: list(dask_scheduler.extensions["yr"].process_of_pid.items()))
+    assert [tuple(v) for (_, p), v in tied if p == pid] == [(address, old_id)], tied
     rt = current_runtime()
     assert new_id != old_id and rt.incarnations.live(address, new_id)
     kept_new = big.invoke(8)
