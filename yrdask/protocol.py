@@ -80,13 +80,15 @@ LeaseReply = Union[tuple[str, str, str], tuple[None, str]]
 ``[None, reason]`` when no worker could meet the request in time (the API raises
 :class:`yrdask.errors.ScheduleError`)."""
 
-InstanceReply = Union[tuple[str, str, dict], tuple[None, str, Union[str, None]]]
-"""``[instance_id, worker, meta]`` once placed or alive, ``[None, reason, None]`` when it
-cannot be placed or does not exist, ``[None, reason, "timeout"]`` when waiting timed out."""
+InstanceReply = Union[tuple[str, str, dict, str], tuple[None, str, Union[str, None]]]
+"""``[instance_id, worker, meta, incarnation]`` once placed or alive (``incarnation``: which
+worker process, its Dask ``server_id``: ``runtime/incarnations.py``), ``[None, reason, None]``
+when it cannot be placed or does not exist, ``[None, reason, "timeout"]`` when waiting timed
+out."""
 
-LocateReply = tuple[str, Union[str, None], str, str]
-"""``[state, worker, reason, instance_id]``; the last is the id a named creation's alias
-stands for."""
+LocateReply = tuple[str, Union[str, None], str, str, str]
+"""``[state, worker, reason, instance_id, incarnation]``; ``instance_id`` is the id a named
+creation's alias stands for, ``incarnation`` which process at ``worker`` (``""``: none)."""
 
 ListNamedReply = list[tuple[str, str]]
 """``[[namespace, name], ...]``."""

@@ -215,6 +215,10 @@ class InstanceRouter(CallRouter):
             reply: Any = await self.rt.connector.request(P.CreateInstance(spec))
         except Exception as e:
             reply = e
+        else:
+            if reply[0] is not None and len(reply) > 3:  # which process it is on, first
+                self.rt.incarnation_seen(reply[1], reply[3])
+                reply = reply[:3]
         self.create_answered(iid, reply)
 
     async def _locate_rpc(self, iid: str, lost: str | None) -> None:
@@ -222,4 +226,9 @@ class InstanceRouter(CallRouter):
             reply: Any = await self.rt.connector.request(P.LocateInstance(iid, lost=lost))
         except Exception as e:
             reply = e
+        else:
+            if len(reply) > 4:  # which process it is on, first (runtime/incarnations.py)
+                if reply[1] and reply[0] != P.DEAD:
+                    self.rt.incarnation_seen(reply[1], reply[4])
+                reply = reply[:4]
         self.locate_answered(iid, reply)

@@ -49,20 +49,26 @@ class InstanceManager:
     # -- rpcs ------------------------------------------------------------------------------
 
     async def create_instance(self, spec: dict) -> list:
-        """Reply ``[instance_id, worker, meta]`` once placed, or ``[None, reason, None]``."""
+        """Reply ``[instance_id, worker, meta, incarnation]`` once placed (``incarnation``:
+        which process at ``worker``, ``runtime/incarnations.py``), or ``[None, reason, None]``."""
         fut = asyncio.get_running_loop().create_future()
         self.service.create(spec, _setter(fut))
-        return await fut
+        reply = await fut
+        if reply[0] is not None:
+            return [*reply, self.ext.incarnation_of(reply[1])]
+        return reply
 
     async def locate_instance(self, instance_id: str, lost: str | None = None) -> list:
-        """Reply ``[state, worker, reason, instance_id]`` (the id an alias stands for).
+        """Reply ``[state, worker, reason, instance_id, incarnation]`` (the id an alias stands
+        for; which process at ``worker``, ``""`` for none).
 
         ``lost``: the caller lost its channel to that worker; if the instance is still
         recorded there, wait until Dask confirms the worker gone (it then restarts or ends).
         """
         fut = asyncio.get_running_loop().create_future()
         self.service.locate(instance_id, lost, _setter(fut))
-        return await fut
+        reply = await fut
+        return [*reply, self.ext.incarnation_of(reply[1]) if reply[1] else ""]
 
     def instance_status(self, instance_id: str) -> dict:
         """``{state, worker, restarts, reason, waiting}`` of an instance, without waiting.
