@@ -88,6 +88,7 @@ def test_runtime_keeps_the_new_process_channel_and_records_when_the_old_ones_wor
         kept_by_a.set_result(P.LOCATION, X)
         rt.incarnation_seen(X, "B")  # the lease reply about B, before WorkerLost(A)
         assert old.aborted and X not in rt.channels  # A's channel went at once
+        assert rt.confirmed_gone(X)  # a locate after it does not wait for B to go
         assert isinstance(kept_by_a.error, Exception)  # A's value is lost (no lineage here)
         assert X not in rt.objects.counter.dead and X not in rt.lost_workers
         new = rt.channels[X] = _Chan("B")  # Runtime.channel(X) now opens it expecting B

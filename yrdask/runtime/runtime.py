@@ -300,10 +300,12 @@ class Runtime:
         changes nothing)."""
         for ins in self.incarnations.handle(I.Seen("seen", address, incarnation)):
             if type(ins) is I.Superseded:
+                # the removal is counted first: a locate for an instance whose channel is
+                # dropped here must not wait for the new process to go (confirmed_gone)
+                self._process_died(address)
                 chan = self.channels.get(address)
                 if chan is not None and hasattr(chan, "abort") and chan.expect != ins.new:
                     self._drop_channel(address, chan)
-                self._process_died(address)
                 self._joined(address)
 
     def _drop_channel(self, address: str, chan: Any) -> None:
