@@ -107,3 +107,36 @@ def test_runtime_keeps_the_new_process_channel_and_records_when_the_old_ones_wor
         assert new.aborted and X in rt.lost_workers and kept_by_b.state != P.LOCATION
     finally:
         loop.close()
+
+
+def test_instance_locations_name_the_process_before_the_router_uses_the_address():
+    """``CREATE_INSTANCE``/``LOCATE_INSTANCE`` replies carry the incarnation: the runtime
+    learns it (a process it dealt with there before is dead: superseded) before the router
+    sees the reply, in the form it always had."""
+    from yrdask.runtime.runtime import Runtime
+
+    class Scheduler:  # the scheduler rpc's answers, in order
+        def __init__(self, *replies: list) -> None:
+            self.replies = list(replies)
+
+        async def request(self, msg: P.Message) -> list:
+            return self.replies.pop(0)
+
+    loop = asyncio.new_event_loop()
+    try:
+        rt = Runtime(loop, "job-incarnations")
+        answered: list = []
+        rt.router.create_answered = lambda iid, reply: answered.append(("create", reply))
+        rt.router.locate_answered = lambda iid, reply: answered.append(("locate", reply))
+        rt.connector = Scheduler(["i-1", X, {}, "A"], [P.ALIVE, X, "", "i-1", "B"],
+                                 [P.DEAD, None, "it ended", "i-1", ""])
+        rt.router.specs["i-1"] = ({}, [])
+        loop.run_until_complete(rt.router._create_rpc("i-1"))
+        assert rt.incarnations.live(X, "A")
+        loop.run_until_complete(rt.router._locate_rpc("i-1", X))
+        assert rt.incarnations.live(X, "B") and rt.incarnations.is_dead("A")
+        loop.run_until_complete(rt.router._locate_rpc("i-1", None))
+        assert answered == [("create", ["i-1", X, {}]), ("locate", [P.ALIVE, X, "", "i-1"]),
+                            ("locate", [P.DEAD, None, "it ended", "i-1"])]
+    finally:
+        loop.close()
