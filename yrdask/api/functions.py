@@ -28,6 +28,11 @@ class FunctionProxy:
     keeps its own (unlike openYuanrong, where ``options`` changes the proxy in place).
     """
 
+    # Set per proxy by the Ray surface; the class defaults spare every yr ``invoke`` the
+    # AttributeError that getattr(self, name, default) raises inside for a missing name.
+    _wait_nested = True  # refs nested in the arguments gate the start (yr's rule)
+    _max_crashes: int | None = None  # reruns after a lost worker (None: the config's bound)
+
     def __init__(self, func: Callable, options: InvokeOptions, return_nums: int,
                  initializer: Callable | None = None) -> None:
         self._func = func
@@ -99,8 +104,7 @@ class FunctionProxy:
         refs = rt.submit_task(self._fn_id, self._payload, self._name, args, kwargs,
                               self._return_nums, self._shape, self._shape_key,
                               opts.schedule_timeout_ms, opts.retry_times,
-                              wait_nested=getattr(self, "_wait_nested", True),
-                              max_crashes=getattr(self, "_max_crashes", None))
+                              wait_nested=self._wait_nested, max_crashes=self._max_crashes)
         if self._return_nums == 0:
             return None
         if self._return_nums == 1:

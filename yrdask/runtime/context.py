@@ -12,7 +12,18 @@ from typing import Any
 from yrdask.errors import YRRuntimeError
 
 _runtime: Any = None  # a yrdask.runtime.runtime.Runtime (not imported: it imports us)
-_ctx = threading.local()  # .lease_id / .owner while a thread runs a task or method
+
+
+class _Context(threading.local):
+    """``.lease_id`` / ``.owner`` while a thread runs a task or method.  The class defaults
+    answer for every other thread (the driver's): reading an attribute a thread never set
+    costs no ``AttributeError`` inside ``getattr`` (once per submitted task)."""
+
+    lease_id: str | None = None
+    owner: str | None = None
+
+
+_ctx = _Context()
 
 
 _driver_api = "yr"  # "ray" once yrdask.ray.init starts this process's session
@@ -65,12 +76,12 @@ def current_task_cancelled() -> bool:
 
 def current_owner() -> str | None:
     """The lifetime owner that work created by this thread belongs to."""
-    return getattr(_ctx, "owner", None)
+    return _ctx.owner
 
 
 def current_lease() -> str | None:
     """The lease (or instance) whose slot this thread runs in, if any."""
-    return getattr(_ctx, "lease_id", None)
+    return _ctx.lease_id
 
 
 class task_context:
@@ -82,7 +93,7 @@ class task_context:
         self.lease_id, self.owner = lease_id, owner
 
     def __enter__(self) -> None:
-        self.saved = (getattr(_ctx, "lease_id", None), getattr(_ctx, "owner", None))
+        self.saved = (_ctx.lease_id, _ctx.owner)
         _ctx.lease_id, _ctx.owner = self.lease_id, self.owner
 
     def __exit__(self, *exc: Any) -> None:
