@@ -184,6 +184,19 @@ def test_a_plain_answer_settles_its_call_without_a_message_object():
     rt.router.order.validate()
 
 
+def test_a_plain_answer_with_its_run_time_settles_its_call_without_a_message_object():
+    """``took`` (the worker's run time, which ``TaskDone.wire`` carries for tasks) does not
+    send a call's plain answer the general way."""
+    rt, tasks, chan = _runtime()
+    rt.router.order.handle = _general_way
+    rt.router.on_done = rt.router.done = _general_way
+    entry = _call(rt, "c1")
+    rt.on_channel_message(P.TaskDone.wire("c1", results=[[P.VALUE, b"x"]], took=1e-5))
+    assert entry.result == (P.VALUE, b"x") and entry.error is None
+    assert "c1" not in rt.router.calls and tasks == []
+    rt.router.order.validate()
+
+
 def test_other_answers_go_the_general_way():
     rt, tasks, chan = _runtime()
     entry = _call(rt, "c2")
