@@ -6,7 +6,10 @@ worker processes, with the CPU each process spent per task and, in the driver (w
 hosts the scheduler), each thread's.  A driver thread near its wall time per task is the
 bottleneck; workers far below it are waiting for work.  ``messages`` counts the driver's TCP
 reads and writes during the burst and the messages they carried (the call channels'
-``RUN_TASK`` out and ``TASK_DONE`` in, plus a few scheduler messages).  Prints one JSON line.
+``RUN_TASK`` out and ``TASK_DONE`` in, plus a few scheduler messages), and ``epoll_ops_per_read``
+the driver's selector registrations changed per read (tornado drops a socket's read interest
+when a read leaves bytes in its buffer and adds it back when the buffer empties: two
+``epoll_ctl`` calls per read of a message that arrived whole).  Prints one JSON line.
 
 ``--processes``: start N worker processes even where the machine has fewer cores (the
 embedded cluster starts one per core; this sets Dask's core count in this benchmark process
@@ -26,13 +29,15 @@ import sys
 import threading
 import time
 
+import selectors
+
 import dask.system
 import psutil
 from distributed.comm.tcp import TCP
 
 import yrdask as yr
 
-_counts = {"reads": 0, "msgs_in": 0, "writes": 0, "msgs_out": 0}
+_counts = {"reads": 0, "msgs_in": 0, "writes": 0, "msgs_out": 0, "epoll_ops": 0}
 
 
 def _count_messages() -> None:
@@ -51,6 +56,14 @@ def _count_messages() -> None:
         return await write(self, msg, *args, **kwargs)
 
     TCP.read, TCP.write = counted_read, counted_write
+
+    sel = selectors.DefaultSelector
+    for name in ("register", "unregister", "modify"):
+        def counted(self, *args, _op=getattr(sel, name), **kwargs):
+            _counts["epoll_ops"] += 1
+            return _op(self, *args, **kwargs)
+
+        setattr(sel, name, counted)
 
 
 @yr.invoke
@@ -128,7 +141,8 @@ def main(cpus: int, tasks: int, pin: bool = False) -> dict:
             "in_per_task": round(counts["msgs_in"] / tasks, 2),
             "in_per_read": round(counts["msgs_in"] / max(1, counts["reads"]), 2),
             "out_per_task": round(counts["msgs_out"] / tasks, 2),
-            "out_per_write": round(counts["msgs_out"] / max(1, counts["writes"]), 2)},
+            "out_per_write": round(counts["msgs_out"] / max(1, counts["writes"]), 2),
+            "epoll_ops_per_read": round(counts["epoll_ops"] / max(1, counts["reads"]), 2)},
     }
     yr.finalize()
     return out
