@@ -22,7 +22,8 @@ import time
 from yrdask import protocol as P
 from yrdask.runtime import submit_queue as M
 from yrdask.runtime.objects import Entry
-from yrdask.runtime.submitter import PIPELINE_REFILL, RuntimeEdge, Submitter, Task
+from yrdask.runtime.submitter import (PIPELINE_DEPTH, PIPELINE_REFILL, RuntimeEdge, Submitter,
+                                      Task)
 from yrdask.runtime.instance_router import InstanceRouter
 
 
@@ -97,6 +98,7 @@ def one_round(n_tasks: int, leases: int, per_read: int) -> float:
     granted: list = []
     edge = _Edge(rt, granted)
     sub = Submitter(edge, M.SubmitQueue(None, lease_idle_s=1.0, max_crash_retries=3,
+                                        pipeline_depth=PIPELINE_DEPTH,
                                         pipeline_refill=PIPELINE_REFILL))
     rt.submitter = sub
     rt.router = object.__new__(InstanceRouter)

@@ -127,13 +127,18 @@ def make_scenario(seed: int) -> Scenario:
                  "max_pending_requests": rng.choice([1, 4]),
                  "lease_idle_s": 1.0,
                  # its own stream: drawing it from rng would change every later draw
-                 "pipeline_refill": random.Random(seed * 97 + 11).choice([1, 2, 3])}
+                 **_pipelining(random.Random(seed * 97 + 11))}
     sc = Scenario(seed, workers, drivers, faults, rng.random() < 0.5 or nworkers == 1,
                   sq_kwargs)
     sc.groups = _groups(seed, sc)
     _generators(seed, sc)
     _ref_args(seed, sc)
     return sc
+
+
+def _pipelining(rng: random.Random) -> dict:
+    """The submit queues' pipelining: the runtime's (depth 8, refill 4) and others."""
+    return {"pipeline_depth": rng.choice([4, 8]), "pipeline_refill": rng.choice([1, 2, 3, 4])}
 
 
 GROUP_SEEDS = 8  # one task seed in GROUP_SEEDS runs resource groups

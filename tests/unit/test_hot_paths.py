@@ -118,17 +118,18 @@ def test_one_task_at_a_time_stays_on_the_lease_that_freed_last():
 
 
 @pytest.mark.parametrize("seed", range(20))
-@pytest.mark.parametrize("refill", [1, 2])
-def test_the_refill_shortcut_does_what_the_general_dispatch_does(seed, refill):
+@pytest.mark.parametrize("depth,refill", [(4, 1), (4, 2), (8, 4)])
+def test_the_refill_shortcut_does_what_the_general_dispatch_does(seed, depth, refill):
     """The same random events into a queue with the refill shortcut and one without: the
-    same instructions, and both valid after every event (refill: pipeline_refill)."""
+    same instructions, and both valid after every event (pipeline_depth, pipeline_refill;
+    (8, 4) the runtime's)."""
     import random
 
     from yrdask.runtime import submit_queue as M
 
     rnd = random.Random(seed)
-    fast = M.SubmitQueue(None, pipeline_refill=refill)
-    general = M.SubmitQueue(None, pipeline_refill=refill)
+    fast = M.SubmitQueue(None, pipeline_depth=depth, pipeline_refill=refill)
+    general = M.SubmitQueue(None, pipeline_depth=depth, pipeline_refill=refill)
     general.refill_shortcut = False
     n = leases = 0
     for step in range(300):

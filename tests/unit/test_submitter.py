@@ -305,3 +305,24 @@ def test_the_runtime_reads_a_plain_answer_without_a_message_object():
     assert seen == [("ok", "t1", [[P.VALUE, b"x"]], 0.5), ("ok", "t1", [[P.VALUE, b"y"]], None),
                     ("done", "t2"), ("done", "t3"), ("refs", ["w", [], []]), ("done", "t1"),
                     ("done", "gone")]
+
+
+def test_the_pipelining_keys_reach_the_submit_queue():
+    """``yrdask.scheduling.pipeline-depth`` / ``pipeline-refill`` set the runtime's submit
+    queue (defaults 8 and 4); a value out of range is refused naming its key."""
+    import dask
+    import pytest
+
+    from yrdask.errors import YRValueError
+
+    queue = Submitter.for_runtime(object()).machine
+    assert (queue.pipeline_depth, queue.pipeline_refill) == (8, 4)
+    with dask.config.set({"yrdask.scheduling.pipeline-depth": 4,
+                          "yrdask.scheduling.pipeline-refill": "2"}):  # "2": as from the env
+        queue = Submitter.for_runtime(object()).machine
+    assert (queue.pipeline_depth, queue.pipeline_refill) == (4, 2)
+    for bad, key in (({"yrdask.scheduling.pipeline-refill": 0}, "pipeline-refill=0"),
+                     ({"yrdask.scheduling.pipeline-depth": 2.5}, "pipeline-depth=2.5"),
+                     ({"yrdask.scheduling.pipeline-refill": 9}, "pipeline-refill=9 is more")):
+        with dask.config.set(bad), pytest.raises(YRValueError, match=key):
+            Submitter.for_runtime(object())

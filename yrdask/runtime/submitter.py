@@ -38,7 +38,7 @@ import dask
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
 from yrdask.errors import (CancelledError, DependencyError, ObjectLostError, TaskCrashedError,
-                           dependency_error)
+                           YRValueError, dependency_error)
 from yrdask.runtime import submit_queue as M
 from yrdask.runtime.store import node_store
 from yrdask.runtime.objects import (Entry, dep_of, failed_dep, failing_entries, pending_owned,
@@ -47,10 +47,37 @@ from yrdask.serialization import loads
 
 logger = logging.getLogger("yrdask.submitter")
 
-# A pipelined lease (4 short tasks per slot in flight) takes more once it has room for two:
-# each push then carries two tasks, where with a worker per core one task ends at a time
-# and each finish would send one (docs/performance.md, "perf round 6").
-PIPELINE_REFILL = 2
+# Short tasks with a backlog: up to 8 per lease slot in flight, and a lease takes more once
+# it has room for four, so each push carries four tasks and each run of them on the worker
+# answers in one write.  With a worker per core the batches are what these make them (one
+# task ends at a time), and a write and a read cost ~40 times a message in them
+# (docs/performance.md, "perf round 6" and "perf round 8").  The defaults of
+# yrdask.scheduling.pipeline-depth / pipeline-refill (yrdask.yaml).
+PIPELINE_DEPTH = 8
+PIPELINE_REFILL = 4
+
+
+def pipeline_settings() -> tuple[int, int]:
+    """``(depth, refill)`` from ``yrdask.scheduling.pipeline-depth`` / ``pipeline-refill``;
+    ``YRValueError`` naming the key for a value that is not a whole number in range."""
+    depth = _whole("yrdask.scheduling.pipeline-depth", PIPELINE_DEPTH, 1)
+    refill = _whole("yrdask.scheduling.pipeline-refill", PIPELINE_REFILL, 1)
+    if refill > depth:
+        raise YRValueError(
+            f"yrdask.scheduling.pipeline-refill={refill} is more than "
+            f"yrdask.scheduling.pipeline-depth={depth}: a lease never has room for that many "
+            "tasks; set pipeline-refill at most pipeline-depth")
+    return depth, refill
+
+
+def _whole(key: str, default: int, least: int) -> int:
+    value = dask.config.get(key, default)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)  # an environment variable's text
+    if type(value) is not int or value < least:
+        raise YRValueError(f"{key}={value!r}: expected a whole number, at least {least} "
+                           f"(the default is {default})")
+    return value
 
 
 @dataclass(eq=False, slots=True)
@@ -173,9 +200,10 @@ class Submitter:
         """The submitter of a process's runtime: its machine, on the runtime's edge."""
         if max_crash_retries is None:
             max_crash_retries = int(dask.config.get("yrdask.scheduling.max-task-crashes", 3))
+        depth, refill = pipeline_settings()
         return cls(RuntimeEdge(runtime), M.SubmitQueue(
             None, lease_idle_s=lease_idle_s, max_crash_retries=max_crash_retries,
-            pipeline_refill=PIPELINE_REFILL))
+            pipeline_depth=depth, pipeline_refill=refill))
 
     # -- entry points (loop thread) --------------------------------------------------------
 
