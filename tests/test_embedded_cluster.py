@@ -296,7 +296,7 @@ def test_killed_launcher_takes_its_workers_down(own_cluster):
     nanny_process = launcher()
     pid, node = yr.get(where.options(ONE_CPU).invoke(), timeout=T)
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: replaced(node), 60, "the nanny to bring the worker back")
+    wait_until(lambda: replaced(pid), 60, "the nanny to bring the worker back")
     workers = nanny_process.children()
     assert len(workers) == 2, workers
     os.kill(nanny_process.pid, signal.SIGKILL)
