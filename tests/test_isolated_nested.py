@@ -24,7 +24,7 @@ import pytest
 
 import yrdask as yr
 import yrdask.ray as ray
-from conftest import wait_until
+from conftest import wait_for_file, wait_until
 from yrdask.ray.exceptions import OwnerDiedError, TaskCancelledError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # isolated processes too
@@ -72,9 +72,15 @@ def gpu_whole_node():
     return ray.get([inc.remote(i) for i in range(3)])
 
 
+@ray.remote
+def released(path):
+    wait_for_file(path, 120)  # until the test creates ``path``
+    return 1
+
+
 @ray.remote(num_gpus=1)
-def gpu_waits(seconds):
-    return ray.get(slow.remote(1, seconds))
+def gpu_waits(path):
+    return ray.get(released.remote(path))
 
 
 @ray.remote(num_gpus=1)
@@ -226,16 +232,20 @@ def test_isolated_instance_reads_a_ref_in_a_container_and_returns_its_own(gpu_ra
         yr.get(h.leave.invoke(), T)
 
 
-def test_cancelling_a_gpu_task_blocked_in_a_nested_get_frees_its_gpu_at_once(gpu_ray):
-    ref = gpu_waits.remote(5)
-    assert ray.wait([ref], timeout=0.5) == ([], [ref])  # it waits in its nested ray.get
-    t0 = time.monotonic()
-    ray.cancel(ref)
-    with pytest.raises(TaskCancelledError):
-        ray.get(ref, timeout=T)
-    # its process is killed, so the GPU is free long before the nested task's 5 s end
-    assert ray.get(gpu_fan_out.remote(0), timeout=T)["values"] == []
-    assert time.monotonic() - t0 < 4
+def test_cancelling_a_gpu_task_blocked_in_a_nested_get_frees_its_gpu_at_once(gpu_ray, tmp_path):
+    release = str(tmp_path / "release")  # the nested task runs until the test creates it
+    ref = gpu_waits.remote(release)
+    try:
+        assert ray.wait([ref], timeout=0.5) == ([], [ref])  # it waits in its nested ray.get
+        t0 = time.monotonic()
+        ray.cancel(ref)
+        with pytest.raises(TaskCancelledError):
+            ray.get(ref, timeout=T)
+        # its process is killed, so the GPU is free while the nested task still runs
+        assert ray.get(gpu_fan_out.remote(0), timeout=T)["values"] == []
+        assert time.monotonic() - t0 < 20
+    finally:
+        open(release, "w").close()
 
 
 def test_reading_a_ref_whose_isolated_owner_is_gone_fails_with_owner_died(gpu_ray):
