@@ -499,14 +499,16 @@ def test_before_init(not_initialized, case):
 
 
 def test_init_to_an_unreachable_address_fails_naming_it(not_initialized):
-    with socket.socket() as s:  # a port nobody listens on
+    # A port bound and held, never listened on: connects are refused, and no other process
+    # (a worker of another test) can take it meanwhile, as it could once a probe closed it.
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    address = f"tcp://127.0.0.1:{port}"
-    start = time.monotonic()
-    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
-        with pytest.raises((yr.YRRuntimeError, OSError)) as info:
-            yr.init(yr.Config(server_address=address))
+        address = f"tcp://127.0.0.1:{port}"
+        start = time.monotonic()
+        with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
+            with pytest.raises((yr.YRRuntimeError, OSError)) as info:
+                yr.init(yr.Config(server_address=address))
     assert address in str(info.value)
     assert time.monotonic() - start < 30
     assert not yr.is_initialized()

@@ -105,10 +105,10 @@ def test_status_usage_errors():
     done = subprocess.run([sys.executable, "-m", "yrdask", "status"], capture_output=True,
                           text=True, timeout=T, env=env, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and "YR_SERVER_ADDRESS" in done.stderr
-    with socket.socket() as s:  # a port nothing listens on
+    with socket.socket() as s:  # bound and held, never listened on: connects are refused
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    done = run_status(f"tcp://127.0.0.1:{port}", "--timeout", "2")
+        done = run_status(f"tcp://127.0.0.1:{port}", "--timeout", "2")
     assert done.returncode == 1 and "cannot get the cluster state" in done.stderr
     done = subprocess.run([sys.executable, "-m", "yrdask"], capture_output=True, text=True,
                           timeout=T, stdin=subprocess.DEVNULL)
@@ -242,9 +242,13 @@ def test_status_without_the_yr_preload_and_on_a_closed_port(tmp_path):
          "--port", "0", "--dashboard-address", ":0", "--scheduler-file", str(scheduler_file)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     try:
-        wait_until(lambda: scheduler_file.exists() and scheduler_file.read_text(),
-                   STARTUP_TIMEOUT, "the plain dask scheduler to start")
-        address = json.loads(scheduler_file.read_text())["address"]
+        def written() -> str | None:  # the file may be read while it is half written
+            try:
+                return json.loads(scheduler_file.read_text())["address"]
+            except (OSError, ValueError, KeyError):
+                return None
+
+        address = wait_until(written, STARTUP_TIMEOUT, "the plain dask scheduler to start")
         done = run_status(address, "--timeout", "20")
         assert done.returncode == 1, done
         assert "Traceback" not in done.stderr and "AttributeError" not in done.stderr
@@ -253,10 +257,12 @@ def test_status_without_the_yr_preload_and_on_a_closed_port(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
-    with socket.socket() as s:  # a port nothing listens on
+    # Bound and held, never listened on: connects are refused, and no other process can take
+    # the port meanwhile (as it could once a probe socket closed it).
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    done = run_status(f"tcp://127.0.0.1:{port}", "--timeout", "2")
+        done = run_status(f"tcp://127.0.0.1:{port}", "--timeout", "2")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"could not connect to tcp://127.0.0.1:{port}: " in done.stderr
     assert not done.stderr.rstrip().endswith(":"), done.stderr  # the reason is there
