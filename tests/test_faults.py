@@ -21,7 +21,7 @@ from conftest import wait_for_file, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
-NUM_CPUS = 3  # three worker processes: a restarted instance always has somewhere to go
+NUM_CPUS = 3  # a worker process per core, up to three: a restarted instance has somewhere to go
 
 
 @pytest.fixture
@@ -66,13 +66,6 @@ class Counter:
 def kill(pid: int) -> None:
     assert pid != os.getpid(), "refusing to kill the driver"
     os.kill(pid, signal.SIGKILL)
-
-
-def alive_workers() -> int:
-    from yrdask.runtime.context import current_runtime
-
-    info = current_runtime().scheduler_call("yr_cluster_info")
-    return len(info["workers"])
 
 
 def test_restart_redelivers_in_flight_and_queued_calls(faults_cluster, tmp_path):
@@ -284,20 +277,56 @@ def test_a_task_that_kills_its_process_fails_after_its_bound_naming_the_exit(clu
     assert yr.get(plus_one.invoke(1), timeout=60) == 2  # the cluster goes on
 
 
-def test_killed_worker_comes_back_and_runs_work(faults_cluster):
-    before = alive_workers()
+def dask_workers() -> dict[int, str]:
+    """Dask's view of the worker processes, pid -> address (the embedded cluster's scheduler
+    runs in this process).  By pid: a restarted worker may get its predecessor's port."""
+    from yrdask.runtime.context import current_runtime
+
+    scheduler = current_runtime().cluster.scheduler
+    return {ws.pid: address for address, ws in list(scheduler.workers.items())}
+
+
+def yr_processes() -> set[str]:
+    """The worker processes yr lists (each one's agent registered with the extension)."""
+    from yrdask.runtime.context import current_runtime
+
+    info = current_runtime().scheduler_call("yr_cluster_info")
+    return {p for node in info["workers"].values() for p in node["processes"]}
+
+
+@yr.invoke
+def meet(folder: str, n: int) -> int:
+    """Check in, then wait until ``n`` tasks checked in: they ran at the same time."""
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {os.listdir(folder)} checked in")
+        time.sleep(0.01)
+    return os.getpid()
+
+
+def test_killed_worker_comes_back_and_runs_work(faults_cluster, tmp_path):
+    before = dask_workers()  # one process per core, up to NUM_CPUS (docs/nodes.md)
     h = Counter.options(small()).invoke()
     pid = yr.get(h.pid.invoke(), timeout=30)
+    assert pid in before
     kill(pid)
-    wait_until(lambda: alive_workers() == before, 90, "the nanny to bring the worker back")
 
-    @yr.invoke
-    def where() -> int:
-        return os.getpid()
+    def back() -> dict[int, str] | None:
+        now = dask_workers()
+        ok = len(now) == len(before) and pid not in now and set(now.values()) == yr_processes()
+        return now if ok else None
 
-    pids = set(yr.get([where.options(yr.InvokeOptions(cpu=1000)).invoke()
-                       for _ in range(3 * NUM_CPUS)], timeout=60))
-    assert pid not in pids
+    now = wait_until(back, 90, lambda: f"the nanny to bring the worker back: Dask lists "
+                                       f"{dask_workers()}, yr lists {yr_processes()}")
+    h.terminate()  # its restart holds a lease: the meeting tasks below get the processes alone
+    # One one-CPU task per worker process, all at once (they wait for each other), so one runs
+    # on the new process.
+    meeting = yr.InvokeOptions(cpu=1000, memory=10)
+    pids = yr.get([meet.options(meeting).invoke(str(tmp_path), len(now)) for _ in now],
+                  timeout=60)
+    assert sorted(pids) == sorted(now), (pids, now)
 
 
 @yr.instance
@@ -305,16 +334,19 @@ class Worker:
     def __init__(self) -> None:
         self.calls = 0
 
-    def work(self, i: int) -> int:
+    def work(self, i: int, gate: str | None = None) -> int:
         self.calls += 1
+        if gate:
+            wait_for_file(gate, 120)
         time.sleep(0.04)
         return i
 
 
-def test_chaos_every_call_returns_while_workers_are_killed(faults_cluster):
+def test_chaos_every_call_returns_while_workers_are_killed(faults_cluster, tmp_path):
     """16 instances with unlimited restarts get 300 calls each while a killer SIGKILLs a
     random worker process every 2 s (once all workers are back); every call returns.
-    Each call takes 40 ms, so the 300 calls of an instance span several kills."""
+    Call 150 of each instance waits until the second kill landed, so at least two kills
+    land while every instance still has calls pending, however slow the machine is."""
     import random
     import threading
 
@@ -324,7 +356,8 @@ def test_chaos_every_call_returns_while_workers_are_killed(faults_cluster):
     yr.get([h.work.invoke(-1) for h in instances], timeout=60)
     done = threading.Event()
     kills: list[float] = []
-    n_workers = alive_workers()
+    n_workers = len(dask_workers())
+    gate = tmp_path / "two-kills-landed"
 
     def killer() -> None:
         with Client(faults_cluster.address, set_as_default=False, timeout=30) as client:
@@ -341,12 +374,15 @@ def test_chaos_every_call_returns_while_workers_are_killed(faults_cluster):
                     kills.append(time.monotonic())
                 except ProcessLookupError:
                     pass
+                if len(kills) >= 2:
+                    gate.touch()
 
     thread = threading.Thread(target=killer, name="chaos-killer", daemon=True)
     start = time.monotonic()
     thread.start()
     try:
-        refs = {h.instance_id: [h.work.invoke(i) for i in range(300)] for h in instances}
+        refs = {h.instance_id: [h.work.invoke(i, str(gate) if i == 150 else None)
+                                for i in range(300)] for h in instances}
         results = {iid: yr.get(r, timeout=300) for iid, r in refs.items()}
     finally:
         done.set()
