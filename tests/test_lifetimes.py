@@ -71,7 +71,14 @@ class SchedulerView:
                   and self.held_cpu() == 0, "an idle cluster", timeout)
 
     def watch_alive(self, iid: str, seconds: float = GRACE_WATCH_S) -> None:
-        """Assert ``iid`` stays alive for ``seconds`` (bounded watch of a negative)."""
+        """Assert ``iid`` becomes ALIVE without ending (its creation may still run: PENDING is
+        not ended), then stays alive for ``seconds`` (bounded watch of a negative)."""
+        def created() -> bool:
+            rec = self.live().get(iid)
+            assert rec is not None, f"instance {iid} ended while it should be alive"
+            return rec["state"] == "ALIVE"
+
+        self.wait(created, f"instance {iid} to be created", T)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             rec = self.live().get(iid)
@@ -262,9 +269,11 @@ def test_handle_held_only_by_a_task_keeps_the_instance(embedded, tmp_path):
     wait_file(started)  # the task has unpickled its handle
     del leaf
     gc.collect()
-    embedded.watch_alive(iid)  # only the running task holds a handle now
-    with open(release, "w") as f:
-        f.write("go")
+    try:
+        embedded.watch_alive(iid)  # only the running task holds a handle now
+    finally:  # a failure must not leave the task holding its CPU for the next tests
+        with open(release, "w") as f:
+            f.write("go")
     assert yr.get(ref, T) == "pong"
     embedded.wait_gone(iid)  # the task finished: no handle is left anywhere
 
@@ -281,9 +290,11 @@ def test_handle_in_transit_to_a_task_keeps_the_instance(embedded, tmp_path):
     ref = submit()
     gc.collect()
     wait_file(started)
-    embedded.watch_alive(iid_holder[0])
-    with open(release, "w") as f:
-        f.write("go")
+    try:
+        embedded.watch_alive(iid_holder[0])
+    finally:  # a failure must not leave the task holding its CPU for the next tests
+        with open(release, "w") as f:
+            f.write("go")
     assert yr.get(ref, T) == "pong"
     embedded.wait_gone(iid_holder[0])
 
