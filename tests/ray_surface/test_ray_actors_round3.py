@@ -27,8 +27,9 @@ pytestmark = pytest.mark.timeout(120)
 
 @ray.remote(concurrency_groups={"side": 1})
 class LoopBlocker:
-    async def block_loop(self, path):
+    async def block_loop(self, path, started):
         # a blocking call inside an async method: the actor's own event loop stops
+        open(started, "w").close()
         wait_for_file(path)
         return "released"
 
@@ -45,10 +46,9 @@ def test_a_blocked_default_group_does_not_hold_up_other_groups(ray_env, tmp_path
     # Ray gives each concurrency group its own executor: a call of another group runs while
     # the default group's event loop is blocked (Ray issue 20475)
     a = LoopBlocker.remote()
-    release = str(tmp_path / "release")
-    blocked = a.block_loop.remote(release)
-    ready, _ = ray.wait([blocked], timeout=0.5)  # the blocking call has started
-    assert not ready
+    release, started = str(tmp_path / "release"), str(tmp_path / "started")
+    blocked = a.block_loop.remote(release, started)
+    wait_until(lambda: os.path.exists(started), 60, "the blocking call to start")
     assert ray.get(a.side_sync.remote(), timeout=30) != threading.current_thread().name
     assert ray.get(a.side_async.remote(), timeout=30) == "side async"
     open(release, "w").close()
@@ -148,7 +148,9 @@ class Sleeper:
 
 @ray.remote
 class SyncWaiter:
-    def sync_wait(self, path):
+    def sync_wait(self, path, started=None):
+        if started:
+            open(started, "w").close()
         wait_for_file(path)
         return ray.get_runtime_context().is_canceled()
 
@@ -185,10 +187,11 @@ def test_cancel_of_a_sync_actor_task_sets_is_canceled(ray_env, tmp_path):
     # Ray: a running sync actor task goes on and sees is_canceled(); its result is dropped
     s = SyncWaiter.options(max_concurrency=2).remote()
     release = str(tmp_path / "release")
-    running = s.sync_wait.remote(release)
+    started = str(tmp_path / "started")
+    running = s.sync_wait.remote(release, started)
     other = s.sync_wait.remote(release)
     queued_ok = s.sync_wait.options(name="later").remote(release)
-    ray.wait([running], timeout=0.5)
+    wait_until(lambda: os.path.exists(started), 60, "the call to start")  # it runs: cancel it
     ray.cancel(running)
     open(release, "w").close()
     with pytest.raises(ray.exceptions.TaskCancelledError):
