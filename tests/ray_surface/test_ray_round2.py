@@ -134,8 +134,9 @@ def note_cancel(start, out):
         while True:
             time.sleep(0.01)
     except BaseException:  # the cancel lands here; the task may still look at its context
-        with open(out, "w") as f:
+        with open(out + ".part", "w") as f:
             f.write(str(ray.get_runtime_context().is_canceled()))
+        os.replace(out + ".part", out)  # whole: the test reads it as soon as it exists
         raise
 
 

@@ -226,8 +226,9 @@ def test_cancel_of_a_borrowed_ref_goes_to_its_owner(ray_env):
 
 @ray.remote
 def busy_in_python(path):
-    with open(path, "w") as f:
+    with open(path + ".part", "w") as f:
         f.write(str(os.getpid()))
+    os.replace(path + ".part", path)  # whole: the test reads it as soon as it exists
     while True:  # Python bytecode runs between the short sleeps: an interrupt reaches it
         time.sleep(0.01)
 
