@@ -234,7 +234,10 @@ def _dual_typed(cause: BaseException, traceback_str: str) -> BaseException:
     dual = _dual_classes.get(cls)
     if dual is None:
 
-        def __init__(self, cause=cause, traceback_str=traceback_str):  # noqa: N807
+        # No defaults taken from this first cause: the class is cached for the process's
+        # life, and a default would pin that exception, its traceback and every frame's
+        # locals (the ObjectRef being read, so its object was never freed).
+        def __init__(self, cause=None, traceback_str=""):  # noqa: N807
             YRInvokeError.__init__(self, cause, traceback_str)
 
         def __getattr__(self, name):  # noqa: N807
