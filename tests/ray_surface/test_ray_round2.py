@@ -261,11 +261,32 @@ def two_then_fail():
 
 
 def test_dynamic_generator_that_raised_gives_its_refs_and_an_error_ref(ray_env):
+    import gc
+
+    import distributed
+
+    from yrdask.runtime.context import current_runtime
+
     refs = list(ray.get(two_then_fail.remote()))
     assert len(refs) == 3
     assert ray.get(refs[:2]) == [1, 2]
     with pytest.raises(KeyError):
         ray.get(refs[2])
+    # once the driver lets go, the worker that made them frees all three (the error's live
+    # traceback held the generator's frame, and so the refs, in that worker for good)
+    ids = {r.hex() for r in refs}
+    del refs
+    gc.collect()
+
+    def kept(ids: set) -> list:
+        from yrdask.runtime.context import installed_runtime
+
+        return sorted(ids & set(installed_runtime().objects.entries))
+
+    with distributed.Client(current_runtime().info.scheduler_address, set_as_default=False,
+                            timeout=30) as client:
+        wait_until(lambda: not any(client.run(kept, ids).values()), 30,
+                   lambda: f"the dynamic generator's refs freed: {client.run(kept, ids)}")
 
 
 # -- ray.init() and python -m yrdask.ray ---------------------------------------------------------

@@ -80,6 +80,9 @@ def dynamic_refs(gen: Any, qualname: str, reraise: Callable[[Exception], bool] |
             raise
         import traceback
 
-        refs.append(failed_ref(RayTaskError(qualname, traceback.format_exc(),
-                                            e).as_instanceof_cause()))
+        text = traceback.format_exc()
+        # The error ref keeps the error: not its live traceback, whose frames (this one
+        # included) hold the refs yielded so far, so they and their values were never freed.
+        e.__traceback__ = None
+        refs.append(failed_ref(RayTaskError(qualname, text, e).as_instanceof_cause()))
     return DynamicObjectRefGenerator(refs)
