@@ -152,6 +152,37 @@ def _stop_process(proc: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> None
     psutil.wait_procs(alive, timeout=5)
 
 
+def _stop_processes(procs: list[subprocess.Popen], timeout: float = STOP_TIMEOUT) -> None:
+    """:func:`_stop_process` for several at once: all are sent SIGTERM before any is waited
+    for, so their graceful shutdowns overlap instead of adding up."""
+    live = [p for p in procs if p.poll() is None]
+    below: list[psutil.Process] = []
+    for proc in live:
+        try:
+            below += psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    for proc in live:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:  # exited meanwhile; reaped by wait below
+            pass
+    deadline = time.monotonic() + timeout
+    for proc in live:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    _, alive = psutil.wait_procs(below, timeout=10)
+    for p in alive:  # orphans of the processes we started
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
 def named_semaphores(pids: list[int]) -> tuple[set[str], set[str]]:
     """The ``/dev/shm/sem.mp-*`` semaphores the processes ``pids`` have open: (all of them,
     those whose name is still in /dev/shm).  Scoped to our processes: other programs on the
@@ -289,8 +320,7 @@ class CliCluster:
         return cluster
 
     def stop(self) -> None:
-        for w in list(self.workers):
-            _stop_process(w.proc)
+        _stop_processes([w.proc for w in self.workers])  # workers first, all at once
         self.workers.clear()
         _stop_process(self.scheduler)
 
