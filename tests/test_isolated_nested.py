@@ -42,6 +42,14 @@ def gpu_ray(cluster):
     ray.shutdown()
 
 
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` is gone or a zombie (it may be reaped between two looks)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _started_s() -> float | None:
     """How long this isolated process took to start its runtime (None: not started)."""
     from yrdask.runtime.context import installed_runtime
@@ -255,9 +263,7 @@ def test_reading_a_ref_whose_isolated_owner_is_gone_fails_with_owner_died(gpu_ra
     # the driver asks the owner for it (and waits there): the owner's death ends that wait
     assert ray.wait([pending], timeout=0.5) == ([], [pending])
     ray.kill(trainer)
-    wait_until(lambda: not psutil.pid_exists(pid) or
-               psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30,
-               "the actor's process to end")
+    wait_until(lambda: _ended(pid), 30, "the actor's process to end")
     with pytest.raises(OwnerDiedError, match="its owner .* is unreachable"):
         ray.get(pending, timeout=T)
 
@@ -270,9 +276,7 @@ def test_a_later_reader_of_a_ref_whose_isolated_owner_is_gone_fails_at_once(gpu_
     pid = ray.get(trainer.pid.remote(), timeout=T)
     (pending,) = ray.get(trainer.pending.remote(5), timeout=T)  # owned by the actor's process
     ray.kill(trainer)
-    wait_until(lambda: not psutil.pid_exists(pid) or
-               psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30,
-               "the actor's process to end")
+    wait_until(lambda: _ended(pid), 30, "the actor's process to end")
     t0 = time.monotonic()
     # whether or not the scheduler has seen the process's stream close by now
     with pytest.raises(OwnerDiedError, match="its owner .* is unreachable: "):
@@ -343,8 +347,7 @@ def test_no_isolated_process_outlives_the_cluster(gpu_ray):
     ray.shutdown()
 
     def gone() -> bool:
-        return all(not psutil.pid_exists(p) or
-                   psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in PIDS)
+        return all(_ended(p) for p in PIDS)
 
     wait_until(gone, 30, lambda: f"the isolated processes {PIDS} to end with the cluster")
 
