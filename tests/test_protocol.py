@@ -228,17 +228,17 @@ class _Handlers:
     def revoke_leases(self, lease_ids, keep=False):
         self.seen.append(("revoke", lease_ids, keep))
 
-    def worker_lost(self, worker, incarnation=""):
+    def worker_lost(self, worker, server_id=""):
         self.seen.append(("lost", worker))
         return "ok"
 
     def wait_warning(self, text):
         self.seen.append(("wait", text))
 
-    def worker_exit(self, worker, how, incarnation=""):
+    def worker_exit(self, worker, how, server_id=""):
         self.seen.append(("exit", worker, how))
 
-    def worker_joined(self, worker, incarnation=""):
+    def worker_joined(self, worker, server_id=""):
         self.seen.append(("joined", worker))
 
 
@@ -268,7 +268,7 @@ def test_dispatch_calls_the_handler_with_fields_and_leaves_the_dict_alone():
     P.dispatch(table, P.RevokeLeases(["l-2"], keep=True).to_msg())
     assert a.seen == [("lost", "tcp://w:9"), ("revoke", ["l-1"], False),
                       ("revoke", ["l-2"], True)]
-    assert msg == {"op": P.WORKER_LOST, "worker": "tcp://w:9", "incarnation": ""}
+    assert msg == {"op": P.WORKER_LOST, "worker": "tcp://w:9", "server_id": ""}
     peer, fields = P.dispatch(P.handlers((P.RUN_TASK,), _More()), RUN.to_msg(), "peer")
     assert peer == "peer" and P.RunTask(**fields) == RUN
     with pytest.raises(P.UnknownMessage):

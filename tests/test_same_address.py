@@ -82,7 +82,7 @@ def _dask_pids(address: str) -> dict[str, int]:
 
 
 def _dask_workers(address: str) -> dict[str, tuple[int, str]]:
-    """Worker address -> (pid, incarnation: Dask's server_id), as the scheduler lists them."""
+    """Worker address -> (pid, Dask's server_id), as the scheduler lists them."""
     from distributed import Client
 
     with Client(address, timeout=10, set_as_default=False) as client:
@@ -184,7 +184,7 @@ def test_a_worker_restarted_at_its_address_is_a_new_worker(fixed_port_cluster):
             lambda dask_scheduler: list(dask_scheduler.extensions["yr"].process_of_pid.items()))
     assert [tuple(v) for (_, p), v in tied if p == pid] == [(address, old_id)], tied
     rt = current_runtime()
-    assert new_id != old_id and rt.incarnations.live(address, new_id)
+    assert new_id != old_id and rt.worker_processes.live(address, new_id)
     kept_new = big.invoke(8)
     yr.wait(kept_new, timeout=T)
     chan = rt.channels[address]
@@ -196,5 +196,5 @@ def test_a_worker_restarted_at_its_address_is_a_new_worker(fixed_port_cluster):
     assert yr.get(kept_new, timeout=T) == bytes([8]) * BIG
 
 
-async def _late_worker_lost(rt, address: str, incarnation: str) -> None:
-    rt.worker_lost(address, incarnation)  # on the loop, as the job stream's reader calls it
+async def _late_worker_lost(rt, address: str, server_id: str) -> None:
+    rt.worker_lost(address, server_id)  # on the loop, as the job stream's reader calls it

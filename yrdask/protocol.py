@@ -33,7 +33,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, ClassVar, Iterable, Literal, Mapping, Sequence, TypedDict, Union
 
-PROTOCOL_VERSION = 2  # 2: worker incarnations (lease replies, OpenChannel, WorkerLost/Joined/Exit)
+PROTOCOL_VERSION = 2  # 2: worker processes' server ids (lease replies, instance locations,
+#                       OpenChannel, WorkerLost/Joined/Exit)
 
 # --- instance states ----------------------------------------------------------------------
 
@@ -75,20 +76,22 @@ FetchReply = Union[tuple[Literal["value"], bytes], tuple[Literal["error"], bytes
 RemoteError, or ``"location"`` with the address of the worker holding the value."""
 
 LeaseReply = Union[tuple[str, str, str], tuple[None, str]]
-"""``[lease_id, worker_address, incarnation]`` (``incarnation``: the worker process's Dask
-``server_id``, see ``runtime/incarnations.py``; ``""`` if the scheduler no longer lists it), or
+"""``[lease_id, worker_address, server_id]`` (``server_id``: the worker process's Dask
+``server_id``, see ``runtime/worker_processes.py``; ``""`` if the scheduler no longer lists
+it), or
 ``[None, reason]`` when no worker could meet the request in time (the API raises
 :class:`yrdask.errors.ScheduleError`)."""
 
 InstanceReply = Union[tuple[str, str, dict, str], tuple[None, str, Union[str, None]]]
-"""``[instance_id, worker, meta, incarnation]`` once placed or alive (``incarnation``: which
-worker process, its Dask ``server_id``: ``runtime/incarnations.py``), ``[None, reason, None]``
+"""``[instance_id, worker, meta, server_id]`` once placed or alive (``server_id``: which
+worker process, its Dask ``server_id``: ``runtime/worker_processes.py``),
+``[None, reason, None]``
 when it cannot be placed or does not exist, ``[None, reason, "timeout"]`` when waiting timed
 out."""
 
 LocateReply = tuple[str, Union[str, None], str, str, str]
-"""``[state, worker, reason, instance_id, incarnation]``; ``instance_id`` is the id a named
-creation's alias stands for, ``incarnation`` which process at ``worker`` (``""``: none)."""
+"""``[state, worker, reason, instance_id, server_id]``; ``instance_id`` is the id a named
+creation's alias stands for, ``server_id`` which process at ``worker`` (``""``: none)."""
 
 ListNamedReply = list[tuple[str, str]]
 """``[[namespace, name], ...]``."""
@@ -778,13 +781,13 @@ class WorkerLost(Message):
     ``worker`` (its stream closed, or it missed heartbeats for
     ``distributed.scheduler.worker-ttl``): channels to it are dead even if their socket is
     not, so their unanswered calls are sent again or fail, and their tasks run elsewhere.
-    ``incarnation``: which process it was (its Dask ``server_id``): a process already dealing
-    with a newer one at that address keeps it (``runtime/incarnations.py``)."""
+    ``server_id``: which process it was (its Dask ``server_id``): a process already dealing
+    with a newer one at that address keeps it (``runtime/worker_processes.py``)."""
 
     op: ClassVar[str] = WORKER_LOST
     channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
     worker: str
-    incarnation: str = ""
+    server_id: str = ""
 
 
 @_message
@@ -808,7 +811,7 @@ class WorkerExited(Message):
 class WorkerExit(Message):
     """scheduler -> every driver (job stream) and worker (worker stream): how the process of
     ``worker`` ended (``how``: "exited with code 3", "was killed by signal 9 (SIGKILL)"), so
-    errors about work lost with it can say so.  ``incarnation``: which process at that
+    errors about work lost with it can say so.  ``server_id``: which process at that
     address ended (``""``: unknown); a report about one that a new process replaced already
     is not kept for the new one."""
 
@@ -816,7 +819,7 @@ class WorkerExit(Message):
     channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
     worker: str
     how: str
-    incarnation: str = ""
+    server_id: str = ""
 
 
 @_message
@@ -826,12 +829,12 @@ class WorkerJoined(Message):
     at a fixed ``--worker-port``, or the kernel handed the dead one's port out again).  What
     a process remembers of the dead one's death (unreachable owner, workers to avoid) must
     not keep it from the new one; sent after the ``WorkerLost`` on the same stream.
-    ``incarnation``: the new process's Dask ``server_id``."""
+    ``server_id``: the new process's Dask ``server_id``."""
 
     op: ClassVar[str] = WORKER_JOINED
     channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
     worker: str
-    incarnation: str = ""
+    server_id: str = ""
 
 
 @_message
@@ -859,7 +862,7 @@ STOP_INSTANCE = "yr_stop_instance"
 class OpenChannel(Message):
     """caller -> worker, opens a *call channel* on that comm.  ``caller`` is the caller's
     owner address.  No reply: from then on both sides send batched messages.  ``expect``:
-    the worker process (incarnation, Dask ``server_id``) the caller means; another process at
+    the worker process (its Dask ``server_id``) the caller means; another process at
     that address closes the comm at once (the caller then treats the channel as lost), so a
     channel is always to the process the caller thinks (``""``: any)."""
 

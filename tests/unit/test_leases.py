@@ -768,7 +768,7 @@ def test_wait_explanations_name_leases_and_workers_that_can_never_run_it():
 
 
 def test_the_extension_names_the_worker_process_in_grants_losses_joins_and_exits():
-    """Incarnations (runtime/incarnations.py): a grant says which process it is on (Dask's
+    """Worker processes (runtime/worker_processes.py): a grant says which process it is on (Dask's
     ``server_id``), ``WorkerLost`` names the removed one, and a nanny's exit report is tied to
     the process that exited by its pid, even when it comes after the next one registered."""
     import asyncio
@@ -793,9 +793,9 @@ def test_the_extension_names_the_worker_process_in_grants_losses_joins_and_exits
             async with Worker(s.address, nthreads=1, dashboard=False) as w:
                 ext.on_add_worker(w.address)
                 ext._add_worker(w.address, {"CPU": 1000.0})
-                lease_id, where, incarnation = await ext.request_lease(
+                lease_id, where, server_id = await ext.request_lease(
                     "tcp://d:1", {"CPU": 1000.0}, 1000)
-                assert (where, incarnation) == (w.address, w.id)
+                assert (where, server_id) == (w.address, w.id)
                 ext.release([lease_id])
                 ext.on_remove_worker(w.address)  # (Dask's plugin hook, called by hand)
                 assert stream.sent == [P.WorkerLost(w.address, w.id).to_msg()]

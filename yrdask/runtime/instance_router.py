@@ -217,7 +217,7 @@ class InstanceRouter(CallRouter):
             reply = e
         else:
             if reply[0] is not None and len(reply) > 3:  # which process it is on, first
-                self.rt.incarnation_seen(reply[1], reply[3])
+                self.rt.worker_seen(reply[1], reply[3])
                 reply = reply[:3]
         self.create_answered(iid, reply)
 
@@ -227,8 +227,8 @@ class InstanceRouter(CallRouter):
         except Exception as e:
             reply = e
         else:
-            if len(reply) > 4:  # which process it is on, first (runtime/incarnations.py)
+            if len(reply) > 4:  # which process it is on, first (runtime/worker_processes.py)
                 if reply[1] and reply[0] != P.DEAD:
-                    self.rt.incarnation_seen(reply[1], reply[4])
+                    self.rt.worker_seen(reply[1], reply[4])
                 reply = reply[:4]
         self.locate_answered(iid, reply)

@@ -28,7 +28,7 @@ from yrdask.runtime.objects import (REFS_LOCK, Entry, ObjectRef, ObjectTable, pa
 from yrdask.runtime.store import close_node_store, node_store
 from yrdask.runtime.store import configure as configure_store
 from yrdask.runtime.generators import Stream, on_generator_item
-from yrdask.runtime import incarnations as I
+from yrdask.runtime import worker_processes as WP
 from yrdask.errors import (OwnerDiedError, RemoteError, YRRuntimeError, YRTimeoutError,
                            YRTypeError, YRValueError)
 from yrdask.options import Config, resolve_security
@@ -109,9 +109,9 @@ class Runtime:
         self.removals: dict[str, int] = {}
         self.lost_generation: dict[str, int] = {}
         self._lost_waiters: dict[str, list[Callable[[], None]]] = {}
-        # which worker process (incarnation) this process deals with at each address: a
+        # which worker process (Dask server id) this process deals with at each address: a
         # WorkerLost of a dead one does not touch what belongs to its successor there
-        self.incarnations = I.Incarnations()
+        self.worker_processes = WP.WorkerProcesses()
         self._prefix = uuid.uuid4().hex[:10]
         self._counter = itertools.count()
         self._inbox: collections.deque = collections.deque()  # (fn, args) from user threads
@@ -197,7 +197,7 @@ class Runtime:
             else:
                 chan = Channel(address, self.address, self.connection_args,
                                self.on_channel_message, self.on_channel_lost,
-                               self.incarnations.current.get(address, ""))
+                               self.worker_processes.current.get(address, ""))
                 chan.generation = self.removals.get(address, 0)
             self.channels[address] = chan
         return chan
@@ -228,17 +228,17 @@ class Runtime:
         elif msg["op"] == P.GENERATOR_ITEM:
             on_generator_item(self, msg)
 
-    def worker_exit(self, worker: str, how: str, incarnation: str = "") -> None:
+    def worker_exit(self, worker: str, how: str, server_id: str = "") -> None:
         """``WORKER_EXIT``: how the process of ``worker`` ended (its nanny told the scheduler).
         A report about a process that a newer one at that address replaced here already
         settles the errors waiting for it but is not kept (it would describe the new one)."""
-        current = self.incarnations.current.get(worker)
+        current = self.worker_processes.current.get(worker)
         self.exits[worker] = how
         while len(self.exits) > EXITS_KEPT:
             self.exits.popitem(last=False)
         for wake in self._exit_waiters.pop(worker, ()):
             wake()
-        if incarnation and current is not None and current != incarnation:
+        if server_id and current is not None and current != server_id:
             self.exits.pop(worker, None)
 
     def with_exit_reason(self, error: Any, fail: Callable[[BaseException], None]) -> None:
@@ -262,14 +262,14 @@ class Runtime:
         self._exit_waiters.setdefault(worker, []).append(settle)
         self.loop.call_later(EXIT_REASON_WAIT_S, settle)
 
-    def worker_lost(self, address: str, incarnation: str = "") -> None:
+    def worker_lost(self, address: str, server_id: str = "") -> None:
         """The scheduler removed a worker: treat a channel to it as lost, socket or not; its
         borrowings end and the objects it owned can no longer be read (OwnerDiedError).
         Unless it is a process whose successor at that address this process already deals
         with (a lease reply about the new one overtook this message): then its death was
         carried out when the successor was seen, and nothing here is the dead one's."""
-        for ins in self.incarnations.handle(I.Lost("worker-lost", address, incarnation)):
-            if type(ins) is I.Gone:
+        for ins in self.worker_processes.handle(WP.Lost("worker-lost", address, server_id)):
+            if type(ins) is WP.Gone:
                 chan = self.channels.get(address)
                 if chan is not None and hasattr(chan, "abort"):
                     chan.abort()
@@ -277,11 +277,11 @@ class Runtime:
                 self.lost_workers[address] = None
                 while len(self.lost_workers) > EXITS_KEPT:
                     self.lost_workers.pop(next(iter(self.lost_workers)))
-            elif type(ins) is I.Stranger:
+            elif type(ins) is WP.Stranger:
                 # a channel opened before the current one was known may be to the dead one
                 chan = self.channels.get(address)
                 if (chan is not None and hasattr(chan, "abort")
-                        and not self.incarnations.live(address, chan.expect)):
+                        and not self.worker_processes.live(address, chan.expect)):
                     chan.abort()
 
     def _process_died(self, address: str) -> None:
@@ -297,14 +297,15 @@ class Runtime:
         for wake in self._lost_waiters.pop(address, ()):
             wake()
 
-    def incarnation_seen(self, address: str, incarnation: str) -> None:
-        """(loop) A lease grant (or ``WorkerJoined``) says ``incarnation`` runs at ``address``.
+    def worker_seen(self, address: str, server_id: str) -> None:
+        """(loop) A lease grant, an instance location or ``WorkerJoined`` says the process
+        ``server_id`` runs at ``address``.
         If this process dealt with another one there, that one is dead (Dask lists one worker
         per address): its death is carried out now, before anything of the new one is
         recorded, and the address is usable again (a ``WorkerLost`` of it that comes later
         changes nothing)."""
-        for ins in self.incarnations.handle(I.Seen("seen", address, incarnation)):
-            if type(ins) is I.Superseded:
+        for ins in self.worker_processes.handle(WP.Seen("seen", address, server_id)):
+            if type(ins) is WP.Superseded:
                 # the removal is counted first: a locate for an instance whose channel is
                 # dropped here must not wait for the new process to go (confirmed_gone)
                 self._process_died(address)
@@ -327,13 +328,13 @@ class Runtime:
         generation = self.lost_generation.get(address)
         return generation is not None and self.removals.get(address, 0) > generation
 
-    def worker_joined(self, address: str, incarnation: str = "") -> None:
+    def worker_joined(self, address: str, server_id: str = "") -> None:
         """``WORKER_JOINED``: a new process registered at the address of a lost worker.  Forget
         the old one's death (how it ended, the unreachable owner, the worker its lease
         requests avoid): objects it owned or kept stay lost, the new one is usable at once."""
-        before = self.incarnations.current.get(address)
-        self.incarnation_seen(address, incarnation)
-        if before is None or before == incarnation:  # (else incarnation_seen did it all)
+        before = self.worker_processes.current.get(address)
+        self.worker_seen(address, server_id)
+        if before is None or before == server_id:  # (else worker_seen did it all)
             self._joined(address)
 
     def _joined(self, address: str) -> None:

@@ -45,11 +45,11 @@ def wire(msg: Outgoing) -> dict:
 
 def granted(rt: Any, reply: Any) -> list:
     """A lease reply as the submitter takes it (``[lease_id, worker]`` or ``[None, reason]``),
-    after telling the runtime which process the lease is on (:meth:`Runtime.incarnation_seen`:
+    after telling the runtime which process the lease is on (:meth:`Runtime.worker_seen`:
     a process this one dealt with at that address before is dead, and is handled as such
     before the grant is, so a ``WorkerLost`` of it arriving later cannot void the grant)."""
     if reply[0] is not None and len(reply) > 2:
-        rt.incarnation_seen(reply[1], reply[2])
+        rt.worker_seen(reply[1], reply[2])
     return [reply[0], reply[1]]
 
 
@@ -60,7 +60,7 @@ class Channel:
                  on_message: Callable[[dict], None], on_lost: Callable[[str, Any], None],
                  expect: str = "") -> None:
         self.address = address
-        self.expect = expect  # the worker process (incarnation) meant; "": whichever is there
+        self.expect = expect  # the worker process (Dask server id) meant; "": whichever is there
         self.caller = caller
         self.connection_args = connection_args
         self.on_message = on_message
@@ -229,17 +229,17 @@ class DriverConnector:
         """:class:`yrdask.protocol.RevokeLeases` from the job stream."""
         self.rt.submitter.revoke(lease_ids, keep)
 
-    def worker_lost(self, worker: str, incarnation: str = "") -> None:
+    def worker_lost(self, worker: str, server_id: str = "") -> None:
         """:class:`yrdask.protocol.WorkerLost` from the job stream."""
-        self.rt.worker_lost(worker, incarnation)
+        self.rt.worker_lost(worker, server_id)
 
-    def worker_exit(self, worker: str, how: str, incarnation: str = "") -> None:
+    def worker_exit(self, worker: str, how: str, server_id: str = "") -> None:
         """:class:`yrdask.protocol.WorkerExit` from the job stream."""
-        self.rt.worker_exit(worker, how, incarnation)
+        self.rt.worker_exit(worker, how, server_id)
 
-    def worker_joined(self, worker: str, incarnation: str = "") -> None:
+    def worker_joined(self, worker: str, server_id: str = "") -> None:
         """:class:`yrdask.protocol.WorkerJoined` from the job stream."""
-        self.rt.worker_joined(worker, incarnation)
+        self.rt.worker_joined(worker, server_id)
 
     def wait_warning(self, text: str) -> None:
         """:class:`yrdask.protocol.WaitWarning`: a request of this job waits long.  Logged
@@ -251,8 +251,8 @@ class DriverConnector:
     async def request_lease(self, shape: dict, timeout_ms: int, queue: str,
                             avoid: list[str], affinity: tuple, near: str | None,
                             request_id: str = "") -> list:
-        """``[lease_id, worker]`` or ``[None, reason]``; the granted worker's incarnation
-        goes to the runtime first (see :func:`granted`)."""
+        """``[lease_id, worker]`` or ``[None, reason]``; the granted worker process's server
+        id goes to the runtime first (see :func:`granted`)."""
         return granted(self.rt, await self.request(P.RequestLease(
             owner=self.rt.address, shape=shape, timeout_ms=timeout_ms, local=near, queue=queue,
             avoid=avoid, affinity=affinity, request_id=request_id)))

@@ -65,9 +65,9 @@ class YrSchedulerExtension:
         self.worker_plugin = worker_plugin  # installed on every worker at start
         self.nanny_plugin = nanny_plugin  # on every nanny: reports how worker processes end
         self.worker_of_nanny: dict[str, str] = {}  # nanny address -> its latest worker
-        # each worker process's incarnation (Dask's server_id; runtime/incarnations.py), and
-        # which one a nanny's (nanny, pid) was, so a late exit report names the right one
-        self.incarnation: dict[str, str] = {}  # address -> its registered process's
+        # each worker process's Dask server_id (runtime/worker_processes.py), and which
+        # one a nanny's (nanny, pid) was, so a late exit report names the right one
+        self.server_ids: dict[str, str] = {}  # address -> its registered process's
         self.process_of_pid: dict[tuple[str, int], tuple[str, str]] = {}
         self.monitoring = monitoring  # called with the scheduler at start (dashboard pages)
         self.defer_monitoring = False  # True: start() leaves it to start_monitoring()
@@ -84,7 +84,7 @@ class YrSchedulerExtension:
         self._gone: dict[str, asyncio.Event] = {}  # worker address -> set once removed
         # addresses Dask removed (oldest first, bounded): a new process registering at one
         # of them is announced (WorkerJoined), so no process keeps treating it as dead
-        self.removed: dict[str, str] = {}  # address -> the incarnation removed there
+        self.removed: dict[str, str] = {}  # address -> the server_id removed there
         self.figures = SchedulingFigures()
         self.waits = WaitWatch(self)  # explains waiting requests, warns about long waits
         self.panels = DaskPanels(scheduler)  # yr work in Dask's Task Stream and Progress
@@ -163,10 +163,10 @@ class YrSchedulerExtension:
         if address in self.removed:  # a new process at a dead one's address
             del self.removed[address]
             logger.info("yr worker %s joined again at the address of a lost worker", address)
-            self._broadcast(P.WorkerJoined(address, self.incarnation_of(address)), but=address)
+            self._broadcast(P.WorkerJoined(address, self.server_id_of(address)), but=address)
 
-    def incarnation_of(self, address: str) -> str:
-        """The incarnation (Dask ``server_id``) of the process registered at ``address``, or
+    def server_id_of(self, address: str) -> str:
+        """The Dask ``server_id`` of the worker process registered at ``address``, or
         ``""`` if none is."""
         ws = self.scheduler.workers.get(address)
         return ws.server_id if ws is not None else ""
@@ -174,7 +174,7 @@ class YrSchedulerExtension:
     def on_add_worker(self, address: str) -> None:
         ws = self.scheduler.workers.get(address)
         if ws is not None:
-            self.incarnation[address] = ws.server_id
+            self.server_ids[address] = ws.server_id
             if ws.nanny:  # a nanny's exit report may only name itself (and the pid)
                 self.worker_of_nanny[ws.nanny] = address
                 if ws.pid:
@@ -196,12 +196,12 @@ class YrSchedulerExtension:
         gone = self._gone.pop(address, None)
         if gone is not None:
             gone.set()
-        incarnation = self.incarnation.pop(address, "")
+        server_id = self.server_ids.pop(address, "")
         self.removed.pop(address, None)
-        self.removed[address] = incarnation  # (newest last)
+        self.removed[address] = server_id  # (newest last)
         while len(self.removed) > REMOVED_KEPT:
             self.removed.pop(next(iter(self.removed)))
-        self._broadcast(P.WorkerLost(address, incarnation), but=address)
+        self._broadcast(P.WorkerLost(address, server_id), but=address)
 
     def _broadcast(self, msg: Any, but: str) -> None:
         """Send ``msg`` to every driver, and to every worker but ``but`` (each stream in
@@ -216,14 +216,14 @@ class YrSchedulerExtension:
         """:class:`yrdask.protocol.WorkerExited` from a nanny: tell every driver and worker
         how that process ended, for the errors of the work lost with it.  The pid names the
         process that ended even when the report comes after the next one registered."""
-        worker, incarnation = self.process_of_pid.get((nanny, pid), ("", ""))
+        worker, server_id = self.process_of_pid.get((nanny, pid), ("", ""))
         if not worker:  # (a process that died before it registered, or no pid)
             worker = self.worker_of_nanny.get(nanny, "")
         if not worker:
             return
         how = describe_exit(exitcode)
         logger.info("yrdask: worker process %s %s", worker, how)
-        msg = P.WorkerExit(worker, how, incarnation)
+        msg = P.WorkerExit(worker, how, server_id)
         for job in list(self.jobs.values()):
             self._send_to_owner(job.owner, msg.to_msg())
         for address in self.scheduler.workers:
@@ -357,8 +357,8 @@ class YrSchedulerExtension:
                             request_id: str = "") -> list:
         """Grant a lease now, or queue the request until resources free up or time runs out.
 
-        Reply: ``[lease_id, worker, incarnation]`` (which process at that address: the
-        owner tells it apart from a dead one there, ``runtime/incarnations.py``), or
+        Reply: ``[lease_id, worker, server_id]`` (which process at that address: the
+        owner tells it apart from a dead one there, ``runtime/worker_processes.py``), or
         ``[None, reason]`` when it cannot be met in time (or is withdrawn: ``request_id`` is
         the owner's own id of it).
         """
@@ -369,7 +369,7 @@ class YrSchedulerExtension:
             owner, shape_of(shape), local=local, queue=queue, avoid=tuple(avoid or ()),
             affinity=freeze(affinity), own_id=request_id or ""), timeout_ms)
         if reply and reply[0] is not None:
-            return [reply[0], reply[1], self.incarnation_of(reply[1])]
+            return [reply[0], reply[1], self.server_id_of(reply[1])]
         return reply
 
     async def acquire(self, req: LeaseRequest, timeout_ms: int) -> list:

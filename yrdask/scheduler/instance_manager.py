@@ -49,17 +49,18 @@ class InstanceManager:
     # -- rpcs ------------------------------------------------------------------------------
 
     async def create_instance(self, spec: dict) -> list:
-        """Reply ``[instance_id, worker, meta, incarnation]`` once placed (``incarnation``:
-        which process at ``worker``, ``runtime/incarnations.py``), or ``[None, reason, None]``."""
+        """Reply ``[instance_id, worker, meta, server_id]`` once placed (``server_id``:
+        which process at ``worker``, ``runtime/worker_processes.py``), or
+        ``[None, reason, None]``."""
         fut = asyncio.get_running_loop().create_future()
         self.service.create(spec, _setter(fut))
         reply = await fut
         if reply[0] is not None:
-            return [*reply, self.ext.incarnation_of(reply[1])]
+            return [*reply, self.ext.server_id_of(reply[1])]
         return reply
 
     async def locate_instance(self, instance_id: str, lost: str | None = None) -> list:
-        """Reply ``[state, worker, reason, instance_id, incarnation]`` (the id an alias stands
+        """Reply ``[state, worker, reason, instance_id, server_id]`` (the id an alias stands
         for; which process at ``worker``, ``""`` for none).
 
         ``lost``: the caller lost its channel to that worker; if the instance is still
@@ -68,7 +69,7 @@ class InstanceManager:
         fut = asyncio.get_running_loop().create_future()
         self.service.locate(instance_id, lost, _setter(fut))
         reply = await fut
-        return [*reply, self.ext.incarnation_of(reply[1]) if reply[1] else ""]
+        return [*reply, self.ext.server_id_of(reply[1]) if reply[1] else ""]
 
     def instance_status(self, instance_id: str) -> dict:
         """``{state, worker, restarts, reason, waiting}`` of an instance, without waiting.

@@ -750,14 +750,14 @@ class WorkerAgent:
         """:class:`P.CancelOwned`: a borrower cancels tasks this process submitted."""
         self.runtime.handle_cancel_owned(object_ids, force)
 
-    def worker_lost(self, worker: str, incarnation: str = "") -> None:
-        self.runtime.worker_lost(worker, incarnation)
+    def worker_lost(self, worker: str, server_id: str = "") -> None:
+        self.runtime.worker_lost(worker, server_id)
 
-    def worker_exit(self, worker: str, how: str, incarnation: str = "") -> None:
-        self.runtime.worker_exit(worker, how, incarnation)
+    def worker_exit(self, worker: str, how: str, server_id: str = "") -> None:
+        self.runtime.worker_exit(worker, how, server_id)
 
-    def worker_joined(self, worker: str, incarnation: str = "") -> None:
-        self.runtime.worker_joined(worker, incarnation)
+    def worker_joined(self, worker: str, server_id: str = "") -> None:
+        self.runtime.worker_joined(worker, server_id)
 
     def revoke_leases(self, lease_ids: list[str], keep: bool = False) -> None:
         self.runtime.submitter.revoke(lease_ids, keep)

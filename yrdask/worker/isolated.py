@@ -913,7 +913,7 @@ class IsolatedHost:
 
         from yrdask.stream import StreamSender
 
-        if expect:  # a caller meaning a worker process (incarnation): this is not one
+        if expect:  # a caller meaning a worker process (its server id): this is not one
             comm.abort()
             return
 

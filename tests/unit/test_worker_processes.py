@@ -1,4 +1,4 @@
-"""Worker incarnations (runtime/incarnations.py): a WorkerLost of a dead process never touches
+"""Worker processes (runtime/worker_processes.py): a WorkerLost of a dead process never touches
 what belongs to the new process at the same address, whichever of the lease reply about the
 new one and the WorkerLost of the old one comes first."""
 
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from yrdask import protocol as P
-from yrdask.runtime import incarnations as I
+from yrdask.runtime import worker_processes as WP
 from yrdask.runtime.objects import Entry
 from tests.unit.harness import MachineHarness
 
@@ -24,37 +24,37 @@ def test_a_lease_for_the_new_process_overtaking_the_old_ones_worker_lost():
     """The overtaking order: the new process B is seen (lease reply) before WorkerLost(A)
     arrives.  A's death is carried out when B is seen; the late WorkerLost changes nothing,
     and B stays the process dealt with at the address."""
-    h = MachineHarness(I.Incarnations())
-    assert h(I.Seen, X, "A") == []
-    assert h(I.Seen, X, "A") == []  # another grant on the same process
-    out = h(I.Seen, X, "B")
-    assert out == [I.Superseded("s3", X, "A", "B")]
-    assert kinds(h(I.Lost, X, "A")) == ["AlreadyGone"]
+    h = MachineHarness(WP.WorkerProcesses())
+    assert h(WP.Seen, X, "A") == []
+    assert h(WP.Seen, X, "A") == []  # another grant on the same process
+    out = h(WP.Seen, X, "B")
+    assert out == [WP.Superseded("s3", X, "A", "B")]
+    assert kinds(h(WP.Lost, X, "A")) == ["AlreadyGone"]
     assert h.m.live(X, "B") and not h.m.live(X, "A")
-    assert h(I.Seen, X, "A") == []  # a stale grant naming the dead one changes nothing
+    assert h(WP.Seen, X, "A") == []  # a stale grant naming the dead one changes nothing
     assert h.m.live(X, "B")
     assert "Superseded" in h.m.story(X)
 
 
 def test_the_usual_order_worker_lost_then_the_new_process():
-    h = MachineHarness(I.Incarnations())
-    h(I.Seen, X, "A")
-    assert h(I.Lost, X, "A") == [I.Gone("s2", X, "A")]
-    assert h(I.Seen, X, "B") == []  # nothing of A's is left to drop
+    h = MachineHarness(WP.WorkerProcesses())
+    h(WP.Seen, X, "A")
+    assert h(WP.Lost, X, "A") == [WP.Gone("s2", X, "A")]
+    assert h(WP.Seen, X, "B") == []  # nothing of A's is left to drop
     assert h.m.live(X, "B")
-    assert h(I.Lost, X, "B") == [I.Gone("s4", X, "B")]
+    assert h(WP.Lost, X, "B") == [WP.Gone("s4", X, "B")]
     assert not h.m.live(X, "B")
 
 
-def test_an_incarnation_never_dealt_with_dies_while_a_newer_one_is_current():
+def test_a_process_never_dealt_with_dies_while_a_newer_one_is_current():
     """A died without this process ever dealing with it, and B was seen first: A's death is
-    a stranger's; B's records stay.  A scheduler that names no incarnation is obeyed."""
-    h = MachineHarness(I.Incarnations())
-    h(I.Seen, X, "B")
-    assert h(I.Lost, X, "A") == [I.Stranger("s2", X, "A", "B")]
+    a stranger's; B's records stay.  A scheduler that names no process is obeyed."""
+    h = MachineHarness(WP.WorkerProcesses())
+    h(WP.Seen, X, "B")
+    assert h(WP.Lost, X, "A") == [WP.Stranger("s2", X, "A", "B")]
     assert h.m.live(X, "B") and h.m.is_dead("A")
-    assert h(I.Lost, X, "") == [I.Gone("s3", X, "B")]  # (no incarnation named: as before)
-    assert h(I.Lost, X, "") == [I.Gone("s4", X, "")]
+    assert h(WP.Lost, X, "") == [WP.Gone("s3", X, "B")]  # (no process named: as before)
+    assert h(WP.Lost, X, "") == [WP.Gone("s4", X, "")]
     with pytest.raises(TypeError):
         h.m.handle(object())  # type: ignore[arg-type]
 
@@ -81,12 +81,12 @@ def test_runtime_keeps_the_new_process_channel_and_records_when_the_old_ones_wor
 
     loop = asyncio.new_event_loop()
     try:
-        rt = Runtime(loop, "job-incarnations")
-        rt.incarnation_seen(X, "A")
+        rt = Runtime(loop, "job-worker-processes")
+        rt.worker_seen(X, "A")
         old = rt.channels[X] = _Chan("A")  # tasks ran on A: a value A keeps
         kept_by_a = rt.objects.entries["t-a.0"] = Entry()
         kept_by_a.set_result(P.LOCATION, X)
-        rt.incarnation_seen(X, "B")  # the lease reply about B, before WorkerLost(A)
+        rt.worker_seen(X, "B")  # the lease reply about B, before WorkerLost(A)
         assert old.aborted and X not in rt.channels  # A's channel went at once
         assert rt.confirmed_gone(X)  # a locate after it does not wait for B to go
         assert isinstance(kept_by_a.error, Exception)  # A's value is lost (no lineage here)
@@ -110,7 +110,7 @@ def test_runtime_keeps_the_new_process_channel_and_records_when_the_old_ones_wor
 
 
 def test_instance_locations_name_the_process_before_the_router_uses_the_address():
-    """``CREATE_INSTANCE``/``LOCATE_INSTANCE`` replies carry the incarnation: the runtime
+    """``CREATE_INSTANCE``/``LOCATE_INSTANCE`` replies carry the server id: the runtime
     learns it (a process it dealt with there before is dead: superseded) before the router
     sees the reply, in the form it always had."""
     from yrdask.runtime.runtime import Runtime
@@ -124,7 +124,7 @@ def test_instance_locations_name_the_process_before_the_router_uses_the_address(
 
     loop = asyncio.new_event_loop()
     try:
-        rt = Runtime(loop, "job-incarnations")
+        rt = Runtime(loop, "job-worker-processes")
         answered: list = []
         rt.router.create_answered = lambda iid, reply: answered.append(("create", reply))
         rt.router.locate_answered = lambda iid, reply: answered.append(("locate", reply))
@@ -132,9 +132,9 @@ def test_instance_locations_name_the_process_before_the_router_uses_the_address(
                                  [P.DEAD, None, "it ended", "i-1", ""])
         rt.router.specs["i-1"] = ({}, [])
         loop.run_until_complete(rt.router._create_rpc("i-1"))
-        assert rt.incarnations.live(X, "A")
+        assert rt.worker_processes.live(X, "A")
         loop.run_until_complete(rt.router._locate_rpc("i-1", X))
-        assert rt.incarnations.live(X, "B") and rt.incarnations.is_dead("A")
+        assert rt.worker_processes.live(X, "B") and rt.worker_processes.is_dead("A")
         loop.run_until_complete(rt.router._locate_rpc("i-1", None))
         assert answered == [("create", ["i-1", X, {}]), ("locate", [P.ALIVE, X, "", "i-1"]),
                             ("locate", [P.DEAD, None, "it ended", "i-1"])]
