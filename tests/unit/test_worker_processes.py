@@ -140,3 +140,30 @@ def test_instance_locations_name_the_process_before_the_router_uses_the_address(
                             ("locate", [P.DEAD, None, "it ended", "i-1"])]
     finally:
         loop.close()
+
+
+def test_a_new_process_named_after_the_old_ones_worker_lost_is_usable_at_once():
+    """WorkerLost(A) was handled here, then a lease reply about B overtakes WorkerJoined(B)
+    (the job stream): the address is usable at once (lease requests stop avoiding it, an
+    owner there is not dead), not only once WorkerJoined comes; a stale grant naming A is
+    not."""
+    from yrdask.runtime.runtime import Runtime
+
+    loop = asyncio.new_event_loop()
+    try:
+        rt = Runtime(loop, "job-worker-processes")
+        rt.worker_seen(X, "A")
+        rt.worker_lost(X, "A")
+        rt.on_channel_lost(X)  # (A's channel reports its end)
+        dead = rt.objects.counter.dead
+        assert X in rt.lost_workers and X in dead and X in rt.submitter.machine.lost
+        assert not rt.worker_seen(X, "A")  # a stale grant naming A: the address stays dead
+        assert X in rt.lost_workers and X in dead and X in rt.submitter.machine.lost
+        assert rt.worker_seen(X, "B")  # the lease reply about B, before WorkerJoined(B)
+        assert X not in rt.lost_workers and X not in dead
+        assert X not in rt.submitter.machine.lost
+        assert not rt.worker_seen(X, "B")  # another grant on B: nothing more to do
+        rt.worker_joined(X, "B")  # the WorkerJoined that comes later
+        assert rt.worker_processes.live(X, "B") and X not in rt.lost_workers
+    finally:
+        loop.close()

@@ -297,14 +297,19 @@ class Runtime:
         for wake in self._lost_waiters.pop(address, ()):
             wake()
 
-    def worker_seen(self, address: str, server_id: str) -> None:
+    def worker_seen(self, address: str, server_id: str) -> bool:
         """(loop) A lease grant, an instance location or ``WorkerJoined`` says the process
         ``server_id`` runs at ``address``.
         If this process dealt with another one there, that one is dead (Dask lists one worker
         per address): its death is carried out now, before anything of the new one is
         recorded, and the address is usable again (a ``WorkerLost`` of it that comes later
-        changes nothing)."""
-        for ins in self.worker_processes.handle(WP.Seen("seen", address, server_id)):
+        changes nothing).  If the old one's ``WorkerLost`` was handled already, the address
+        is usable again at once too, not only once ``WorkerJoined`` (on the job stream,
+        which a lease reply can overtake) comes.  Returns whether it was made usable."""
+        processes = self.worker_processes
+        before = processes.current.get(address)
+        joined = False
+        for ins in processes.handle(WP.Seen("seen", address, server_id)):
             if type(ins) is WP.Superseded:
                 # the removal is counted first: a locate for an instance whose channel is
                 # dropped here must not wait for the new process to go (confirmed_gone)
@@ -312,7 +317,13 @@ class Runtime:
                 chan = self.channels.get(address)
                 if chan is not None and hasattr(chan, "abort") and chan.expect != ins.new:
                     self._drop_channel(address, chan)
-                self._joined(address)
+                joined = True
+        if (before is None and not joined and processes.live(address, server_id)
+                and (address in self.lost_workers or address in self.objects.counter.dead)):
+            joined = True  # a new process where a lost one's death was carried out here
+        if joined:
+            self._joined(address)
+        return joined
 
     def _drop_channel(self, address: str, chan: Any) -> None:
         """Drop a channel to a process known dead now, and handle its loss at once (so
@@ -333,8 +344,9 @@ class Runtime:
         the old one's death (how it ended, the unreachable owner, the worker its lease
         requests avoid): objects it owned or kept stay lost, the new one is usable at once."""
         before = self.worker_processes.current.get(address)
-        self.worker_seen(address, server_id)
-        if before is None or before == server_id:  # (else worker_seen did it all)
+        if self.worker_seen(address, server_id):
+            return
+        if before is None or before == server_id:  # (else it named no new process there)
             self._joined(address)
 
     def _joined(self, address: str) -> None:
