@@ -167,3 +167,21 @@ def test_a_new_process_named_after_the_old_ones_worker_lost_is_usable_at_once():
         assert rt.worker_processes.live(X, "B") and X not in rt.lost_workers
     finally:
         loop.close()
+
+
+def test_the_lost_channel_generations_kept_are_bounded():
+    """``Runtime.lost_generation`` (confirmed_gone) keeps the newest EXITS_KEPT addresses,
+    also for channels lost to addresses the scheduler never reported removed."""
+    from yrdask.runtime.runtime import EXITS_KEPT, Runtime
+
+    loop = asyncio.new_event_loop()
+    try:
+        rt = Runtime(loop, "job-worker-processes")
+        for i in range(EXITS_KEPT + 5):
+            address = f"tcp://10.0.1.{i // 250}:{7000 + i % 250}"
+            chan = rt.channels[address] = _Chan("")
+            rt.on_channel_lost(address, chan)
+        assert len(rt.lost_generation) == EXITS_KEPT
+        assert address in rt.lost_generation and "tcp://10.0.1.0:7000" not in rt.lost_generation
+    finally:
+        loop.close()

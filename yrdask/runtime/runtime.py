@@ -362,8 +362,12 @@ class Runtime:
             return
         chan = self.channels.pop(address, None)
         generation = getattr(chan, "generation", None)
-        if generation is not None:
+        if generation is not None:  # (newest last, bounded on its own: a channel can be lost
+            # after its address's removal count was dropped, or to one never removed)
+            self.lost_generation.pop(address, None)
             self.lost_generation[address] = generation
+            while len(self.lost_generation) > EXITS_KEPT:
+                self.lost_generation.pop(next(iter(self.lost_generation)))
         self.submitter.on_channel_lost(address)
         self.router.on_channel_lost(address)
 
