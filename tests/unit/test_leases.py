@@ -687,6 +687,16 @@ def test_the_extension_adapter_answers_cancels_times_out_and_releases():
     asyncio.run(main())
 
 
+class _Stream:
+    """A job stream as the extension sends on it (the messages it was given, in order)."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def send(self, *msgs: dict) -> None:
+        self.sent += msgs
+
+
 def test_the_extension_announces_a_new_process_at_a_removed_workers_address():
     """A worker back at a removed one's address (``--worker-port``): every job hears
     ``WorkerJoined`` after that address's ``WorkerLost``, on the same stream; a first join,
@@ -698,17 +708,10 @@ def test_the_extension_announces_a_new_process_at_a_removed_workers_address():
     from yrdask import protocol as P
     from yrdask.scheduler.extension import Job, YrSchedulerExtension
 
-    class Stream:
-        def __init__(self) -> None:
-            self.sent: list = []
-
-        def send(self, *msgs: dict) -> None:
-            self.sent += msgs
-
     async def main() -> None:
         async with Scheduler(dashboard_address=":0", port=0) as s:
             ext = YrSchedulerExtension(s)
-            stream = Stream()
+            stream = _Stream()
             ext.jobs["tcp://d:1"] = Job("j", "tcp://d:1", stream)
             ext._add_worker("tcp://x:1", {"CPU": 1000.0})
             ext.on_remove_worker("tcp://x:1")
@@ -778,17 +781,10 @@ def test_the_extension_names_the_worker_process_in_grants_losses_joins_and_exits
     from yrdask import protocol as P
     from yrdask.scheduler.extension import Job, YrSchedulerExtension
 
-    class Stream:
-        def __init__(self) -> None:
-            self.sent: list = []
-
-        def send(self, *msgs: dict) -> None:
-            self.sent += msgs
-
     async def main() -> None:
         async with Scheduler(dashboard_address=":0", port=0) as s:
             ext = YrSchedulerExtension(s)
-            stream = Stream()
+            stream = _Stream()
             ext.jobs["tcp://d:1"] = Job("j", "tcp://d:1", stream)
             async with Worker(s.address, nthreads=1, dashboard=False) as w:
                 ext.on_add_worker(w.address)
