@@ -12,9 +12,43 @@ import os
 import dask
 import yaml
 
+from yrdask.errors import YRValueError
+
 _FILE = os.path.join(os.path.dirname(__file__), "yrdask.yaml")
 
 with open(_FILE) as f:
     _DEFAULTS = yaml.safe_load(f)
 
 dask.config.update_defaults(_DEFAULTS)
+
+# Short tasks with a backlog: up to 8 per lease slot in flight, and a lease takes more once
+# it has room for four, so each push carries four tasks and each run of them on the worker
+# answers in one write.  With a worker per core the batches are what these make them (one
+# task ends at a time), and a write and a read cost ~40 times a message in them
+# (docs/performance.md, "perf round 6" and "perf round 8").  The defaults of
+# yrdask.scheduling.pipeline-depth / pipeline-refill (yrdask.yaml).
+PIPELINE_DEPTH = 8
+PIPELINE_REFILL = 4
+
+
+def pipeline_settings() -> tuple[int, int]:
+    """``(depth, refill)`` from ``yrdask.scheduling.pipeline-depth`` / ``pipeline-refill``;
+    ``YRValueError`` naming the key for a value that is not a whole number in range."""
+    depth = _whole("yrdask.scheduling.pipeline-depth", PIPELINE_DEPTH, 1)
+    refill = _whole("yrdask.scheduling.pipeline-refill", PIPELINE_REFILL, 1)
+    if refill > depth:
+        raise YRValueError(
+            f"yrdask.scheduling.pipeline-refill={refill} is more than "
+            f"yrdask.scheduling.pipeline-depth={depth}: a lease never has room for that many "
+            "tasks; set pipeline-refill at most pipeline-depth")
+    return depth, refill
+
+
+def _whole(key: str, default: int, least: int) -> int:
+    value = dask.config.get(key, default)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)  # an environment variable's text
+    if type(value) is not int or value < least:
+        raise YRValueError(f"{key}={value!r}: expected a whole number, at least {least} "
+                           f"(the default is {default})")
+    return value

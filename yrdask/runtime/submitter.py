@@ -36,9 +36,11 @@ from typing import Any, Callable, Protocol, Sequence
 import dask
 
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
+# the pipelining keys' defaults and their checked reader (yr.init checks them before it starts)
+from yrdask.config import PIPELINE_DEPTH, PIPELINE_REFILL, pipeline_settings  # noqa: F401
 from yrdask import protocol as P
 from yrdask.errors import (CancelledError, DependencyError, ObjectLostError, TaskCrashedError,
-                           YRValueError, dependency_error)
+                           dependency_error)
 from yrdask.runtime import submit_queue as M
 from yrdask.runtime.store import node_store
 from yrdask.runtime.objects import (Entry, dep_of, failed_dep, failing_entries, pending_owned,
@@ -46,39 +48,6 @@ from yrdask.runtime.objects import (Entry, dep_of, failed_dep, failing_entries, 
 from yrdask.serialization import loads
 
 logger = logging.getLogger("yrdask.submitter")
-
-# Short tasks with a backlog: up to 8 per lease slot in flight, and a lease takes more once
-# it has room for four, so each push carries four tasks and each run of them on the worker
-# answers in one write.  With a worker per core the batches are what these make them (one
-# task ends at a time), and a write and a read cost ~40 times a message in them
-# (docs/performance.md, "perf round 6" and "perf round 8").  The defaults of
-# yrdask.scheduling.pipeline-depth / pipeline-refill (yrdask.yaml).
-PIPELINE_DEPTH = 8
-PIPELINE_REFILL = 4
-
-
-def pipeline_settings() -> tuple[int, int]:
-    """``(depth, refill)`` from ``yrdask.scheduling.pipeline-depth`` / ``pipeline-refill``;
-    ``YRValueError`` naming the key for a value that is not a whole number in range."""
-    depth = _whole("yrdask.scheduling.pipeline-depth", PIPELINE_DEPTH, 1)
-    refill = _whole("yrdask.scheduling.pipeline-refill", PIPELINE_REFILL, 1)
-    if refill > depth:
-        raise YRValueError(
-            f"yrdask.scheduling.pipeline-refill={refill} is more than "
-            f"yrdask.scheduling.pipeline-depth={depth}: a lease never has room for that many "
-            "tasks; set pipeline-refill at most pipeline-depth")
-    return depth, refill
-
-
-def _whole(key: str, default: int, least: int) -> int:
-    value = dask.config.get(key, default)
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)  # an environment variable's text
-    if type(value) is not int or value < least:
-        raise YRValueError(f"{key}={value!r}: expected a whole number, at least {least} "
-                           f"(the default is {default})")
-    return value
-
 
 @dataclass(eq=False, slots=True)
 class Task:
