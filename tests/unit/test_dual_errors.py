@@ -45,3 +45,20 @@ def test_the_cached_dual_class_does_not_keep_its_first_cause_alive():
     again = YRInvokeError(_CauseError("two"), "tb two").origin_error()
     assert type(again).__name__ == "YRInvokeError(_CauseError)" and str(again) == "tb two"
     assert again.cause.args == ("two",) and again.args == ("two",)
+
+
+def test_a_dual_error_is_both_types_and_pickles_as_the_plain_error():
+    """What travels between processes (a task re-raising a failed get) and what a copy gives:
+    ``YRInvokeError(cause, text)``, whose ``origin_error()`` is the cached dual class again."""
+    import copy
+    import pickle
+
+    err = YRInvokeError(_CauseError("boom"), "tb boom").origin_error()
+    assert isinstance(err, _CauseError) and isinstance(err, YRInvokeError)
+    assert isinstance(err, RuntimeError)
+    for back in (pickle.loads(pickle.dumps(err)), copy.copy(err)):
+        assert type(back) is YRInvokeError
+        assert str(back) == "tb boom" and back.cause.args == ("boom",)
+        again = back.origin_error()
+        assert type(again) is type(err) and str(again) == "tb boom"
+        assert again.args == ("boom",)
