@@ -47,7 +47,7 @@ def pipeline_settings() -> tuple[int, int]:
 def _whole(key: str, default: int, least: int) -> int:
     value = dask.config.get(key, default)
     if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)  # an environment variable's text
+        value = int(value)  # a whole number's text (a quoted YAML value, a string set)
     if type(value) is not int or value < least:
         raise YRValueError(f"{key}={value!r}: expected a whole number, at least {least} "
                            f"(the default is {default})")
