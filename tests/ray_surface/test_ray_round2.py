@@ -270,8 +270,13 @@ def test_dynamic_generator_that_raised_gives_its_refs_and_an_error_ref(ray_env):
     refs = list(ray.get(two_then_fail.remote()))
     assert len(refs) == 3
     assert ray.get(refs[:2]) == [1, 2]
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError) as info:
         ray.get(refs[2])
+    # the worker dropped the error's live traceback (below), not what the user sees
+    assert isinstance(info.value, ray.exceptions.RayTaskError)
+    text = str(info.value)
+    assert "Traceback" in text and "two_then_fail" in text and "KeyError: 'third'" in text
+    del info
     # once the driver lets go, the worker that made them frees all three (the error's live
     # traceback held the generator's frame, and so the refs, in that worker for good)
     ids = {r.hex() for r in refs}

@@ -165,15 +165,20 @@ def from_yr_error(err: BaseException, what: str = "") -> BaseException:
             return ActorDiedError("The actor exited via ray.actor.exit_actor() in this call.")
         if isinstance(cause, _yr.CancelledError):
             return TaskCancelledError(error_message=str(cause))
+        text = err.traceback_str
         if isinstance(cause, RayTaskError) and cause.cause is not None:
-            cause = cause.cause  # a nested ray.get re-raised: keep the original cause
+            # a nested ray.get re-raised, or a stored RayTaskError (a dynamic generator's
+            # error ref) read from another process: keep the original cause, and its
+            # traceback text when this error has none of its own
+            text = text or cause.traceback_str
+            cause = cause.cause
         if isinstance(cause, RayError):
             return cause
         if isinstance(cause, _CreationFailed):
             return ActorDiedError(
                 "The actor died because of an error raised in its creation task: "
                 f"{cause.traceback_str}")
-        return RayTaskError(what, err.traceback_str, cause).as_instanceof_cause()
+        return RayTaskError(what, text, cause).as_instanceof_cause()
     if isinstance(err, _yr.CancelledError):
         return TaskCancelledError(error_message=str(err))
     if isinstance(err, _yr.YRTimeoutError):
