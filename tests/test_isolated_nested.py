@@ -81,14 +81,15 @@ def gpu_whole_node():
 
 
 @ray.remote
-def released(path):
+def released(path, started):
+    open(started, "w").close()  # its caller has sent it: it waits for it in ray.get now
     wait_for_file(path, 120)  # until the test creates ``path``
     return 1
 
 
 @ray.remote(num_gpus=1)
-def gpu_waits(path):
-    return ray.get(released.remote(path))
+def gpu_waits(path, started):
+    return ray.get(released.remote(path, started))
 
 
 @ray.remote(num_gpus=1)
@@ -242,9 +243,13 @@ def test_isolated_instance_reads_a_ref_in_a_container_and_returns_its_own(gpu_ra
 
 def test_cancelling_a_gpu_task_blocked_in_a_nested_get_frees_its_gpu_at_once(gpu_ray, tmp_path):
     release = str(tmp_path / "release")  # the nested task runs until the test creates it
-    ref = gpu_waits.remote(release)
+    started = tmp_path / "started"
+    ref = gpu_waits.remote(release, str(started))
     try:
-        assert ray.wait([ref], timeout=0.5) == ([], [ref])  # it waits in its nested ray.get
+        # the nested task runs, so the GPU task waits in its nested ray.get (a ray.wait of
+        # 0.5 s alone could not tell that from a GPU task still queued on a loaded machine)
+        wait_until(started.exists, T, "the nested task to start")
+        assert ray.wait([ref], timeout=0.5) == ([], [ref])
         t0 = time.monotonic()
         ray.cancel(ref)
         with pytest.raises(TaskCancelledError):
