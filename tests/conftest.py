@@ -89,6 +89,18 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str | Callabl
         time.sleep(interval)
 
 
+def dask_worker_pids() -> dict[int, str]:
+    """Dask's view of the embedded cluster's worker processes, pid -> address (its scheduler
+    runs on this process's yr loop).  By pid: a restarted worker may get its predecessor's
+    port.  ``dict.items`` copies in C: the scheduler's ``workers`` is a SortedDict, whose own
+    items view iterates in Python, so the loop's thread could remove a worker between a key
+    and its lookup (KeyError) while a test polls for exactly that removal."""
+    from yrdask.runtime.context import current_runtime
+
+    workers = current_runtime().cluster.scheduler.workers
+    return {ws.pid: address for address, ws in list(dict.items(workers))}
+
+
 def wait_for_file(path: str, timeout: float = 60) -> None:
     """Block, inside a task or method, until the test creates ``path``.
 

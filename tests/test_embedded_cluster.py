@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 import yrdask as yr
-from conftest import wait_for_file, wait_until
+from conftest import dask_worker_pids, wait_for_file, wait_until
 from yrdask.deploy.embedded import TOKEN_ENV
 
 pytestmark = pytest.mark.timeout(180)
@@ -102,22 +102,13 @@ def node_ids() -> set[str]:
     return {p for n in nodes_info() for p in n["processes"]}
 
 
-def worker_pids() -> dict[int, str]:
-    """Dask's view of the worker processes: pid -> address (the embedded cluster's scheduler
-    runs in this process)."""
-    from yrdask.runtime.context import current_runtime
-
-    scheduler = current_runtime().cluster.scheduler
-    return {ws.pid: address for address, ws in list(scheduler.workers.items())}
-
-
 def replaced(pid: int) -> dict[int, str] | None:
     """Dask's workers (pid -> address) once two are up again, neither is process ``pid``,
     and yr lists exactly them (each one's agent registered).
 
     By pid, not address: a restarted worker may be given its dead predecessor's port.
     """
-    workers = worker_pids()
+    workers = dask_worker_pids()
     if len(workers) == 2 and pid not in workers and set(workers.values()) == node_ids():
         return workers
     return None
@@ -163,8 +154,8 @@ def test_script_without_main_guard_runs_once(tmp_path):
             from yrdask.runtime.context import current_runtime
 
             listed = {{p for n in nodes_info() for p in n["processes"]}}
-            dask_view = current_runtime().cluster.scheduler.workers
-            now = {{ws.pid: a for a, ws in list(dask_view.items())}}
+            dask_view = current_runtime().cluster.scheduler.workers  # copied in C (a
+            now = {{ws.pid: a for a, ws in list(dict.items(dask_view))}}  # SortedDict)
             return now if set(now.values()) == listed else {{}}
 
         yr.init(yr.Config(num_cpus=2))
@@ -190,14 +181,14 @@ def test_killed_worker_is_forked_again_and_rejoins_with_the_agent(own_cluster, t
     nanny_process = launcher()
     pid, node = yr.get(where.options(ONE_CPU).invoke(), timeout=T)
     assert psutil.Process(pid).ppid() == nanny_process.pid  # forked by a nanny in the launcher
-    before = worker_pids()
+    before = dask_worker_pids()
     assert before.get(pid) == node and set(before.values()) == node_ids()
 
     os.kill(pid, sig)
     # A node is listed once its worker's yr agent registered with the scheduler extension.
     now = wait_until(lambda: replaced(pid), 60,
                      lambda: f"the nanny to bring the worker back with its agent: "
-                             f"{worker_pids()}, yr lists {node_ids()}")
+                             f"{dask_worker_pids()}, yr lists {node_ids()}")
     (new_pid,) = set(now) - set(before)
 
     # Two one-CPU tasks at once: one on each worker, so one on the restarted worker.

@@ -33,8 +33,8 @@ DRIVER = textwrap.dedent('''
         return {p for node in info["workers"].values() for p in node["processes"]}
 
     def dask_view():  # pid -> address, by pid: a restarted worker may get its old port again
-        workers = current_runtime().cluster.scheduler.workers
-        return {ws.pid: a for a, ws in list(workers.items())}
+        workers = current_runtime().cluster.scheduler.workers  # a SortedDict, changed by the
+        return {ws.pid: a for a, ws in list(dict.items(workers))}  # loop: copied in C
 
     before = processes(asyncio.run(fetch_cluster_info(address, 30)))
     killed = yr.get(where.invoke(), 60)
