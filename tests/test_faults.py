@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import yrdask as yr
-from conftest import wait_for_file, wait_until
+from conftest import dask_worker_pids, wait_for_file, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -277,13 +277,15 @@ def test_a_task_that_kills_its_process_fails_after_its_bound_naming_the_exit(clu
     assert yr.get(plus_one.invoke(1), timeout=60) == 2  # the cluster goes on
 
 
-def dask_workers() -> dict[int, str]:
-    """Dask's view of the worker processes, pid -> address (the embedded cluster's scheduler
-    runs in this process).  By pid: a restarted worker may get its predecessor's port."""
-    from yrdask.runtime.context import current_runtime
+def all_workers_up(dead: int | None = None) -> dict[int, str] | None:
+    """Dask's workers (pid -> address) once every worker process of the cluster is up (one
+    per core, up to NUM_CPUS: docs/nodes.md), none is process ``dead``, and yr lists exactly
+    them (each one's agent registered)."""
+    from yrdask.deploy.embedded import worker_layout
 
-    scheduler = current_runtime().cluster.scheduler
-    return {ws.pid: address for address, ws in list(scheduler.workers.items())}
+    now = dask_worker_pids()
+    up = len(now) == worker_layout(NUM_CPUS)[0] and set(now.values()) == yr_processes()
+    return now if up and dead not in now else None
 
 
 def yr_processes() -> set[str]:
@@ -307,19 +309,17 @@ def meet(folder: str, n: int) -> int:
 
 
 def test_killed_worker_comes_back_and_runs_work(faults_cluster, tmp_path):
-    before = dask_workers()  # one process per core, up to NUM_CPUS (docs/nodes.md)
+    # all of them: a worker an earlier test killed may still be on its way back
+    before = wait_until(all_workers_up, 90, lambda: f"every worker process up: Dask lists "
+                                                    f"{dask_worker_pids()}, yr {yr_processes()}")
     h = Counter.options(small()).invoke()
     pid = yr.get(h.pid.invoke(), timeout=30)
     assert pid in before
     kill(pid)
 
-    def back() -> dict[int, str] | None:
-        now = dask_workers()
-        ok = len(now) == len(before) and pid not in now and set(now.values()) == yr_processes()
-        return now if ok else None
-
-    now = wait_until(back, 90, lambda: f"the nanny to bring the worker back: Dask lists "
-                                       f"{dask_workers()}, yr lists {yr_processes()}")
+    now = wait_until(lambda: all_workers_up(dead=pid), 90,
+                     lambda: f"the nanny to bring the worker back: Dask lists "
+                             f"{dask_worker_pids()}, yr lists {yr_processes()}")
     h.terminate()  # its restart holds a lease: the meeting tasks below get the processes alone
     # One one-CPU task per worker process, all at once (they wait for each other), so one runs
     # on the new process.
@@ -356,7 +356,7 @@ def test_chaos_every_call_returns_while_workers_are_killed(faults_cluster, tmp_p
     yr.get([h.work.invoke(-1) for h in instances], timeout=60)
     done = threading.Event()
     kills: list[float] = []
-    n_workers = len(dask_workers())
+    n_workers = len(wait_until(all_workers_up, 90, "every worker process up"))
     gate = tmp_path / "two-kills-landed"
 
     def killer() -> None:
