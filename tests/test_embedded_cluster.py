@@ -164,6 +164,7 @@ def test_script_without_main_guard_runs_once(tmp_path):
         deadline = time.monotonic() + 60
         while len(now := workers()) < 2 or pid in now:  # by pid: a port may be reused
             assert time.monotonic() < deadline, "the killed worker did not come back"
+            time.sleep(0.05)  # the scheduler answering these polls runs in this process
         one_cpu = yr.InvokeOptions(cpu=1000)
         yr.get([where.options(one_cpu).invoke() for _ in range(4)], timeout=60)
         yr.finalize()
