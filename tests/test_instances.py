@@ -190,6 +190,7 @@ class FailingInit:
 @yr.instance
 class SlowInit:
     def __init__(self, gate):
+        open(f"{gate}.started", "w").close()
         wait_for_file(gate, 120)  # __init__ runs until the test creates ``gate``
         self.ready = True
 
@@ -747,6 +748,8 @@ def test_p13_get_instance_timeout_while_init_runs(yr_cluster, tmp_path):
         # the scheduler knows the name (creation is asynchronous)
         wait_until(lambda: any(i["name"] == name for i in cluster_info()["instances"]), T,
                  f"the named instance {name} to be registered")
+        # __init__ runs (not: the creation still waits for a place), as the test's name says
+        wait_until(lambda: os.path.exists(f"{gate}.started"), T, "__init__ to start")
         t0 = time.monotonic()
         with pytest.raises(TimeoutError, match="failed to get instance") as info:
             yr.get_instance(name, ns, 2)
