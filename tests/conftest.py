@@ -143,30 +143,12 @@ def _process_tree(pid: int) -> set[int]:
 
 def _stop_process(proc: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> None:
     """SIGTERM the process we started, wait, then SIGKILL; then reap anything it left below it."""
-    if proc.poll() is not None:
-        return
-    try:
-        below = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        below = []
-    os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    _, alive = psutil.wait_procs(below, timeout=10)
-    for p in alive:  # orphans of the process we started
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    _stop_processes([proc], timeout)
 
 
 def _stop_processes(procs: list[subprocess.Popen], timeout: float = STOP_TIMEOUT) -> None:
-    """:func:`_stop_process` for several at once: all are sent SIGTERM before any is waited
-    for, so their graceful shutdowns overlap instead of adding up."""
+    """SIGTERM the processes we started, all before any is waited for (their graceful
+    shutdowns overlap instead of adding up), wait, then SIGKILL; then reap what they left."""
     live = [p for p in procs if p.poll() is None]
     below: list[psutil.Process] = []
     for proc in live:
