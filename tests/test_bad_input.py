@@ -621,3 +621,30 @@ def test_docs_list_every_call_of_the_matrix():
     labels = {c.call for c in _all_cases()} | NO_INPUT
     missing = sorted(label for label in labels if f"`{label}" not in text)
     assert not missing, f"docs/errors.md does not list: {missing}"
+
+
+@pytest.mark.parametrize("bad, says", [
+    ({"yrdask.scheduling.pipeline-depth": 0}, "pipeline-depth=0: expected a whole number"),
+    ({"yrdask.scheduling.pipeline-refill": "four"}, "pipeline-refill='four': expected a whole"),
+    ({"yrdask.scheduling.pipeline-refill": 9}, "pipeline-refill=9 is more than"),
+])
+def test_yr_init_refuses_a_bad_pipelining_key_before_it_starts_anything(not_initialized, bad, says,
+                                                                       monkeypatch):
+    """``yrdask.scheduling.pipeline-depth`` / ``pipeline-refill`` (docs/scheduling.md): a bad
+    value is refused by ``yr.init`` itself, naming the key, before the embedded cluster's
+    launcher starts (the submitter reads them only once the workers are starting).  The shared
+    cluster is finalized first (``not_initialized``): yr.init must get as far as its checks."""
+    import dask
+    import psutil
+
+    from yrdask.deploy.embedded import EmbeddedCluster
+
+    def launch(self) -> None:
+        raise AssertionError("yr.init started the embedded cluster's launcher")
+
+    monkeypatch.setattr(EmbeddedCluster, "launch", launch)
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    with dask.config.set(bad), pytest.raises(yr.errors.YRValueError, match=says):
+        yr.init(yr.Config(num_cpus=1))
+    assert not yr.is_initialized()
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children

@@ -274,28 +274,3 @@ def test_gc_freeze_key_is_a_bool():
     with dask.config.set({"yrdask.process.gc-freeze": "no"}):
         with pytest.raises(yr.errors.YRValueError, match="gc-freeze is 'no'; set it to true"):
             freeze_enabled()
-
-
-@pytest.mark.parametrize("bad, says", [
-    ({"yrdask.scheduling.pipeline-depth": 0}, "pipeline-depth=0: expected a whole number"),
-    ({"yrdask.scheduling.pipeline-refill": "four"}, "pipeline-refill='four': expected a whole"),
-    ({"yrdask.scheduling.pipeline-refill": 9}, "pipeline-refill=9 is more than"),
-])
-def test_yr_init_refuses_a_bad_pipelining_key_before_it_starts_anything(bad, says, monkeypatch):
-    """``yrdask.scheduling.pipeline-depth`` / ``pipeline-refill`` (docs/scheduling.md): a bad
-    value is refused by ``yr.init`` itself, naming the key, before the embedded cluster's
-    launcher starts (the submitter reads them only once the workers are starting)."""
-    import dask
-    import psutil
-
-    from yrdask.deploy.embedded import EmbeddedCluster
-
-    def launch(self) -> None:
-        raise AssertionError("yr.init started the embedded cluster's launcher")
-
-    monkeypatch.setattr(EmbeddedCluster, "launch", launch)
-    children = {p.pid for p in psutil.Process().children(recursive=True)}
-    with dask.config.set(bad), pytest.raises(yr.errors.YRValueError, match=says):
-        yr.init(yr.Config(num_cpus=1))
-    assert not yr.is_initialized()
-    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children
