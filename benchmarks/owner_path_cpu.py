@@ -22,8 +22,8 @@ import time
 from yrdask import protocol as P
 from yrdask.runtime import submit_queue as M
 from yrdask.runtime.objects import Entry
-from yrdask.runtime.submitter import (PIPELINE_DEPTH, PIPELINE_REFILL, RuntimeEdge, Submitter,
-                                      Task)
+from yrdask.config import PIPELINE_DEPTH, PIPELINE_REFILL
+from yrdask.runtime.submitter import RuntimeEdge, Submitter, Task
 from yrdask.runtime.instance_router import InstanceRouter
 
 

@@ -35,9 +35,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 import dask
 
-from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
-# the pipelining keys' defaults and their checked reader (yr.init checks them before it starts)
-from yrdask.config import PIPELINE_DEPTH, PIPELINE_REFILL, pipeline_settings  # noqa: F401
+# the pipelining keys' checked reader (importing yrdask.config registers the yrdask.* defaults)
+from yrdask.config import pipeline_settings
 from yrdask import protocol as P
 from yrdask.errors import (CancelledError, DependencyError, ObjectLostError, TaskCrashedError,
                            dependency_error)
