@@ -103,29 +103,29 @@ class WorkerProcesses:
             raise TypeError(f"unknown worker processes event {event!r}")
         sid = event.stimulus_id
         out: list[Instruction] = []
-        address, inc = event.address, event.server_id
+        address, server_id = event.address, event.server_id
         if type(event) is Seen:
-            if inc and inc not in self.dead:
+            if server_id and server_id not in self.dead:
                 old = self.current.get(address)
-                self.current[address] = inc
-                if old is not None and old != inc:
+                self.current[address] = server_id
+                if old is not None and old != server_id:
                     remember(self.dead, old, None, DEAD_KEPT)
-                    out.append(Superseded(sid, address, old, inc))
+                    out.append(Superseded(sid, address, old, server_id))
         else:  # Lost
             current = self.current.get(address)
-            if inc and inc in self.dead:
-                out.append(AlreadyGone(sid, address, inc))
-            elif inc and current is not None and current != inc:
-                remember(self.dead, inc, None, DEAD_KEPT)
-                out.append(Stranger(sid, address, inc, current))
+            if server_id and server_id in self.dead:
+                out.append(AlreadyGone(sid, address, server_id))
+            elif server_id and current is not None and current != server_id:
+                remember(self.dead, server_id, None, DEAD_KEPT)
+                out.append(Stranger(sid, address, server_id, current))
             else:  # the current one, or none known (or a scheduler not naming it)
-                if inc:
-                    remember(self.dead, inc, None, DEAD_KEPT)
+                if server_id:
+                    remember(self.dead, server_id, None, DEAD_KEPT)
                 self.current.pop(address, None)
-                out.append(Gone(sid, address, inc or current or ""))
-        self.log.log(sid, event, (address, inc))
+                out.append(Gone(sid, address, server_id or current or ""))
+        self.log.log(sid, event, (address, server_id))
         for ins in out:
-            self.log.log(sid, ins, (address, inc))
+            self.log.log(sid, ins, (address, server_id))
         return out
 
     def live(self, address: str, server_id: str) -> bool:
@@ -141,5 +141,5 @@ class WorkerProcesses:
 
     def validate(self) -> None:
         """No current process is also known dead."""
-        for address, inc in self.current.items():
-            assert inc not in self.dead, (address, inc)
+        for address, server_id in self.current.items():
+            assert server_id not in self.dead, (address, server_id)
