@@ -114,6 +114,17 @@ def wait_for_file(path: str, timeout: float = 60) -> None:
         time.sleep(0.01)
 
 
+def check_in(folder: str, n: int, timeout: float = 60) -> None:
+    """Inside a task: check in under ``folder``, then wait until ``n`` tasks checked in (so
+    they ran at the same time). Each check-in is a file named after the checking process."""
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + timeout
+    while len(os.listdir(folder)) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {os.listdir(folder)} checked in")
+        time.sleep(0.01)
+
+
 def spin(ms: float) -> int:
     """Busy CPU for ``ms`` milliseconds, inside a task: wide enough to see on Dask's Task
     Stream and to be sampled by its profiler (which counts each sample on the caller of the

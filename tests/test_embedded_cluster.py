@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 import yrdask as yr
-from conftest import dask_worker_pids, wait_for_file, wait_until
+from conftest import check_in, dask_worker_pids, wait_for_file, wait_until
 from yrdask.deploy.embedded import TOKEN_ENV
 
 pytestmark = pytest.mark.timeout(180)
@@ -55,12 +55,7 @@ def where() -> tuple[int, str]:
 @yr.invoke
 def meet(folder: str, n: int) -> tuple[int, str]:
     """Check in, then wait until ``n`` tasks checked in: they ran at the same time."""
-    open(os.path.join(folder, str(os.getpid())), "w").close()
-    deadline = time.monotonic() + 60
-    while len(os.listdir(folder)) < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {os.listdir(folder)} checked in")
-        time.sleep(0.01)
+    check_in(folder, n)
     return os.getpid(), process_address()
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import yrdask as yr
-from conftest import dask_worker_pids, wait_for_file, wait_until
+from conftest import check_in, dask_worker_pids, wait_for_file, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -299,12 +299,7 @@ def yr_processes() -> set[str]:
 @yr.invoke
 def meet(folder: str, n: int) -> int:
     """Check in, then wait until ``n`` tasks checked in: they ran at the same time."""
-    open(os.path.join(folder, str(os.getpid())), "w").close()
-    deadline = time.monotonic() + 60
-    while len(os.listdir(folder)) < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {os.listdir(folder)} checked in")
-        time.sleep(0.01)
+    check_in(folder, n)
     return os.getpid()
 
 
