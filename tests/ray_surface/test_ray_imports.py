@@ -12,6 +12,8 @@ partially initialized module`` or ``KeyError: 'yrdask.ray'`` inside ``pickle.loa
 from __future__ import annotations
 
 import ast
+import json
+import time
 import os
 import pathlib
 import subprocess
@@ -75,6 +77,50 @@ def test_threads_unpickling_ray_work_on_a_fresh_worker_import_it_safely():
     assert out.returncode == 0, out.stderr[-3000:]
     count, _, first = out.stdout.partition("\n")
     assert count == "0", f"{count} unpickles failed in 40 rounds; the first:\n{first}"
+
+
+def _flood(address: str, rounds: int) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(SCRIPTS / "first_tasks_flood.py"), address,
+                          str(rounds)], capture_output=True, text=True, timeout=100, env=env)
+    failed = [line for line in out.stdout.splitlines() if line.startswith("FAILED")]
+    assert out.returncode == 0 and out.stdout.endswith("done\n"), out.stdout + out.stderr[-3000:]
+    assert not failed, f"{len(failed)} first tasks failed; the first: {failed[0]}"
+
+
+def test_first_tasks_of_fresh_embedded_workers_find_yrdask_ray_whole():
+    # Two fresh embedded clusters, each flooded with first tasks of both APIs at once.
+    _flood("embedded", 2)
+
+
+def test_first_tasks_of_a_fresh_dask_worker_find_yrdask_ray_whole(tmp_path):
+    # ``dask worker --preload yrdask`` processes (not forked from the embedded launcher):
+    # their plugin imports yrdask.ray before the agent takes work.
+    sched_file = tmp_path / "sched.json"
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--preload", "yrdask",
+         "--port", "0", "--dashboard-address", ":0", "--scheduler-file", str(sched_file)],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + 60
+        while not sched_file.exists() or not sched_file.read_text():
+            assert time.monotonic() < deadline and procs[0].poll() is None, "no scheduler"
+            time.sleep(0.05)
+        address = json.loads(sched_file.read_text())["address"]
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--preload",
+             "yrdask", "--nworkers", "2", "--nthreads", "4"],
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        with Client(address, timeout=60, set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+        _flood(address, 1)
+    finally:
+        from conftest import _stop_processes
+
+        _stop_processes(procs[::-1])
 
 
 def test_no_submodule_imports_a_sibling_module_object_by_dotted_path():

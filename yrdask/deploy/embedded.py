@@ -417,7 +417,10 @@ def serve_workers() -> None:
 
     WorkerProcess._init_msg_interval = 0.005
     # What each worker would import after the fork: imported once here, it is shared memory.
-    for module in (*_WORKER_MODULES, *dask.config.get("distributed.worker.http.routes")):
+    from yrdask.deploy.preload import WORKER_WARM_MODULES
+
+    for module in (*_WORKER_MODULES, *WORKER_WARM_MODULES,
+                   *dask.config.get("distributed.worker.http.routes")):
         try:
             importlib.import_module(module)
         except ImportError:

@@ -15,6 +15,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from yrdask.scheduler.extension import YrSchedulerExtension
 
+#: What a worker imports before its agent takes work: every module that unpickling yr or
+#: Ray work imports (~20 ms once per worker process; the embedded cluster's launcher
+#: imports them before it forks its workers).  Imported by the task threads instead, the
+#: first tasks of a fresh worker deadlocked in Python's import locks (worker/plugin.py).
+WORKER_WARM_MODULES = ("yrdask.api.functions", "yrdask.api.instances", "yrdask.ray",
+                       "yrdask.ray._alias", "yrdask.ray.util.queue")
+
 
 def install_scheduler(scheduler: Any) -> YrSchedulerExtension:
     """Install yr's extension on ``scheduler`` (once), with the plugin it gives workers."""
@@ -24,7 +31,7 @@ def install_scheduler(scheduler: Any) -> YrSchedulerExtension:
 
     ext = scheduler.extensions.get(EXTENSION_NAME)
     if ext is None:
-        ext = YrSchedulerExtension(scheduler, worker_plugin=YrWorkerPlugin(),
+        ext = YrSchedulerExtension(scheduler, worker_plugin=YrWorkerPlugin(WORKER_WARM_MODULES),
                                    monitoring=install_dashboard, nanny_plugin=YrNannyPlugin())
     return ext
 
@@ -36,6 +43,6 @@ async def dask_setup(server: object) -> None:
     if isinstance(server, Worker):
         from yrdask.worker.plugin import YrWorkerPlugin
 
-        await server.plugin_add(YrWorkerPlugin(), name=YrWorkerPlugin.name)
+        await server.plugin_add(YrWorkerPlugin(WORKER_WARM_MODULES), name=YrWorkerPlugin.name)
     elif isinstance(server, Scheduler):
         install_scheduler(server)

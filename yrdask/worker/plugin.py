@@ -4,10 +4,17 @@ The scheduler extension registers it with the scheduler, so every worker, includ
 that join later or come back after a nanny restart, gets it.  ``dask worker --preload
 yrdask`` installs it too, before the worker registers; when the scheduler's copy arrives it
 adopts the agent that is already there instead of building a second one.
+
+Before the agent exists (so before any work can reach the worker) the plugin imports the
+modules it was given (the composition root, ``yrdask.deploy.preload``, names the facades):
+a fresh worker's task threads then never import ``yrdask.ray`` at the same moment.  Two
+threads that import a package and one of its submodules at once deadlock in Python's
+per-module import locks (``_DeadlockError``) or hand user code a half-imported module.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
@@ -21,12 +28,18 @@ class YrWorkerPlugin(WorkerPlugin):
     name = "yrdask"
     idempotent = True
 
+    def __init__(self, warm_modules: tuple[str, ...] = ()) -> None:
+        #: imported before the agent takes work (one thread; see the module docstring)
+        self.warm_modules = tuple(warm_modules)
+
     async def setup(self, worker: Any) -> None:
         from yrdask.worker import output
         from yrdask.worker.agent import WorkerAgent
 
         if AGENT_KEY in worker.extensions:
             return
+        for module in self.warm_modules:
+            importlib.import_module(module)
         agent = WorkerAgent(worker)
         worker.extensions[AGENT_KEY] = agent
         output.install(agent)  # prints of yr work go to drivers that ask (log_to_driver)
