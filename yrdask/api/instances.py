@@ -64,6 +64,8 @@ class _ClassInfo:
         for name, member in inspect.getmembers(cls):
             raw = inspect.getattr_static(cls, name, None)
             func = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else member
+            if name == "__init__" and inspect.iscoroutinefunction(func):
+                self.is_async = True  # awaited on the instance's loop (worker/hosting.py)
             if not callable(member) or (name.startswith("__") and name != "__call__"):
                 continue
             if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):

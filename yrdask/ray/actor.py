@@ -49,12 +49,14 @@ _SEMS_LOCK = threading.Lock()  # guards the creation of concurrency-group semaph
 def method(*args: Any, num_returns: Any = None, concurrency_group: str | None = None,
            max_task_retries: int | None = None, retry_exceptions: Any = None,
            **unknown: Any) -> Callable:
-    """Annotate an actor method: ``@ray.method(num_returns=2, concurrency_group="io")``."""
-    if args or not (unknown or num_returns is not None or concurrency_group is not None
-                    or max_task_retries is not None or retry_exceptions is not None):
-        raise TypeError("The @ray.method decorator must be applied using at least one of the "
-                        "arguments num_returns, concurrency_group, max_task_retries, "
-                        "retry_exceptions, e.g. @ray.method(num_returns=2)")
+    """Annotate an actor method: ``@ray.method(num_returns=2, concurrency_group="io")``;
+    ``@ray.method`` and ``@ray.method()`` leave the method's options as they are (Ray 2.x)."""
+    bare = len(args) == 1 and callable(args[0]) and not unknown and num_returns is None \
+        and concurrency_group is None and max_task_retries is None and retry_exceptions is None
+    if args and not bare:
+        raise TypeError("The @ray.method decorator takes keyword arguments only (num_returns, "
+                        "concurrency_group, max_task_retries, retry_exceptions), e.g. "
+                        f"@ray.method(num_returns=2); got positional {args!r}")
     check_keys(unknown, METHOD)  # names any other Ray method option
     if num_returns is not None:
         num_returns = _method_returns(check_num_returns(num_returns), "@ray.method")
@@ -82,7 +84,7 @@ def method(*args: Any, num_returns: Any = None, concurrency_group: str | None = 
             setattr(fn, _REDELIVERIES, max_task_retries)  # after a crash, too (yr's bound)
         return fn
 
-    return mark
+    return mark(args[0]) if bare else mark
 
 
 def _method_returns(n: Any, what: str) -> int:
@@ -478,6 +480,14 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
             user_init(self, *args, **kwargs)
         except Exception:  # every call reports it as ActorDiedError (Ray's rule)
             raise _CreationFailed(traceback.format_exc()) from None
+
+    if inspect.iscoroutinefunction(user_init):  # awaited on the actor's loop, as Ray does
+        @functools.wraps(user_init)
+        async def __init__(self, *args, **kwargs):  # noqa: F811 - the async form of the above
+            try:
+                await user_init(self, *args, **kwargs)
+            except Exception:
+                raise _CreationFailed(traceback.format_exc()) from None
 
     ns["__init__"] = __init__
     meta = _alias_metaclass(type(cls)) if ctx.get("alias") else type(cls)

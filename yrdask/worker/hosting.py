@@ -227,9 +227,29 @@ class HostedInstance(HostedCalls):
                     args, kwargs = unpack_args(
                         self.spec["args"],
                         [self.agent.load_value(p) for p in self.agent.payloads(deps)])
+                    if self.loop is not None and inspect.iscoroutinefunction(cls.__init__):
+                        # ``async def __init__``: awaited on the instance's loop (this
+                        # thread runs it) before any call starts
+                        self.obj = cls.__new__(cls)
+                        self.loop.create_task(self._await_init(
+                            cls.__init__(self.obj, *args, **kwargs),
+                            lambda: self._constructed(rec, name, key_id, start, off_loop)))
+                        return
                     self.obj = cls(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - every call will report it
             self.init_error = dumps(RemoteError.from_exception(e, user_traceback()))
+        self._constructed(rec, name, key_id, start, off_loop)
+
+    async def _await_init(self, init: Any, then: Callable[[], None]) -> None:
+        try:
+            with self._context():
+                await init
+        except BaseException as e:  # noqa: BLE001 - every call will report it
+            self.init_error = dumps(RemoteError.from_exception(e, user_traceback()))
+        then()
+
+    def _constructed(self, rec: Any, name: str, key_id: str, start: float,
+                     off_loop: frozenset) -> None:
         if rec is not None:
             rec.end(name, key_id, start, self.init_error is None)
         self.constructed(off_loop)  # the early off-loop calls leave the queue, the others start
