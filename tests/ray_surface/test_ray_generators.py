@@ -88,6 +88,42 @@ def test_generator_methods_stream(ray_env):
     ray.kill(s)
 
 
+@ray.remote
+class BreaksAfterTwo:
+    def sync(self):
+        yield 1
+        yield 2
+        raise Broken("third")
+
+    async def asynchronous(self):
+        yield 1
+        await asyncio.sleep(0)
+        yield 2
+        raise Broken("third")
+
+
+def _values_or_errors(refs):
+    out = []
+    for ref in refs:
+        try:
+            out.append(ray.get(ref, timeout=60))
+        except Broken:
+            out.append("Broken")
+    return out
+
+
+def test_a_generator_method_that_raises_fills_the_rest_of_its_returns_with_the_error(ray_env):
+    # Ray: num_returns=4 and two values, then an error: the refs after the values raise it
+    # (an async generator as a sync one)
+    b = BreaksAfterTwo.remote()
+    for method in (b.sync, b.asynchronous):
+        assert _values_or_errors(method.options(num_returns=4).remote()) == \
+            [1, 2, "Broken", "Broken"]
+        dynamic = ray.get(method.options(num_returns="dynamic").remote(), timeout=60)
+        assert _values_or_errors(dynamic) == [1, 2, "Broken"]
+    ray.kill(b)
+
+
 @ray.remote(num_cpus=1)
 def node_of_task():
     return ray.get_runtime_context().get_node_id()

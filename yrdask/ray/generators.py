@@ -56,11 +56,25 @@ def generator_returns(gen: Any, n: int,
 
 
 async def async_generator_returns(agen: Any, n: Any) -> Any:
-    """:func:`generator_returns` (or :func:`dynamic_refs`) of an async generator."""
-    values = [value async for value in agen]
+    """:func:`generator_returns` (or :func:`dynamic_refs`) of an async generator: what it
+    yields, then what it raises, replayed to them (so an error after some values is the
+    rest of the returns, as for a sync generator)."""
+    values: list = []
+    error: Exception | None = None
+    try:
+        async for value in agen:
+            values.append(value)
+    except Exception as e:  # noqa: BLE001 - replayed after the values
+        error = e
+
+    def replay() -> Iterator:
+        yield from values
+        if error is not None:
+            raise error
+
     if n == "dynamic":
-        return dynamic_refs(iter(values), "")
-    return generator_returns(iter(values), n)
+        return dynamic_refs(replay(), "")
+    return generator_returns(replay(), n)
 
 
 def dynamic_refs(gen: Any, qualname: str, reraise: Callable[[Exception], bool] | None = None
