@@ -130,29 +130,14 @@ def to_invoke_options(options: dict, kind: str, namespace: str,
     is_actor = kind == ACTOR
     inv = InvokeOptions()
     out = RayOptions(inv)
-    cpus = _number("num_cpus", options.get("num_cpus"))
+    cpus, memory, custom = check_resources(options)
     if cpus is None:
         cpus = 0.0 if is_actor else 1.0  # Ray: tasks hold 1 CPU, actors 0 while they run
     inv.cpu = int(round(cpus * 1000))
     out.resources["CPU"] = cpus
-    memory = _number("memory", options.get("memory"))
     inv.memory = int(math.ceil((memory or 0) / 2 ** 20))  # Ray reserves no memory unless asked
     if memory:
         out.resources["memory"] = memory
-    gpus = _number("num_gpus", options.get("num_gpus"))
-    custom: dict[str, float] = {}
-    if gpus:
-        custom["GPU"] = gpus
-    resources = options.get("resources") or {}
-    if not isinstance(resources, dict):
-        raise TypeError(f"resources must be a dict of name -> amount, got {resources!r}")
-    for key, amount in resources.items():
-        if key in ("CPU", "GPU"):
-            raise ValueError(f"Use the 'num_cpus' and 'num_gpus' keyword instead of '{key}' "
-                             "in 'resources' keyword")
-        if key == "memory":
-            raise ValueError("Use the 'memory' keyword instead of 'memory' in 'resources'")
-        custom[key] = _number(f"resources[{key!r}]", amount, allow_none=False)
     inv.custom_resources = {k: v for k, v in custom.items() if v}
     out.resources.update(custom)
     _runtime_env(options.get("runtime_env"), inv, job_env)
@@ -167,6 +152,29 @@ def to_invoke_options(options: dict, kind: str, namespace: str,
             inv.isolated = True
     inv.validate()
     return out
+
+
+def check_resources(options: dict) -> tuple[float | None, float | None, dict[str, float]]:
+    """Ray's checks of ``num_cpus``, ``memory``, ``num_gpus`` and ``resources``, made when a
+    function or class is decorated or given ``.options()`` (as Ray does) and again at
+    ``.remote()``; returns the CPUs, the memory and the other resources (GPU included)."""
+    cpus = _number("num_cpus", options.get("num_cpus"))
+    memory = _number("memory", options.get("memory"))
+    gpus = _number("num_gpus", options.get("num_gpus"))
+    custom: dict[str, float] = {}
+    if gpus:
+        custom["GPU"] = gpus
+    resources = options.get("resources") or {}
+    if not isinstance(resources, dict):
+        raise TypeError(f"resources must be a dict of name -> amount, got {resources!r}")
+    for key, amount in resources.items():
+        if key in ("CPU", "GPU"):
+            raise ValueError(f"Use the 'num_cpus' and 'num_gpus' keyword instead of '{key}' "
+                             "in 'resources' keyword")
+        if key == "memory":
+            raise ValueError("Use the 'memory' keyword instead of 'memory' in 'resources'")
+        custom[key] = _number(f"resources[{key!r}]", amount, allow_none=False)
+    return cpus, memory, custom
 
 
 def _check_bundle_fit(options: dict, is_actor: bool, group: Any, what: str) -> None:

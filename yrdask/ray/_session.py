@@ -149,6 +149,8 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
                 conf_kwargs["object_store_memory"] = object_store_memory
             if "log_to_driver" in yrdask.Config.__dataclass_fields__:
                 conf_kwargs["log_to_driver"] = bool(log_to_driver)
+            if conf_kwargs["server_address"]:
+                _check_listening(conf_kwargs["server_address"])
             _rtctx.set_driver_api("ray")  # the scheduler explains waits in Ray's words
             yrdask.init(yrdask.Config(**conf_kwargs))
             rt = _rtctx.installed_runtime()
@@ -165,6 +167,43 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         sess.default_lifetime = default_lifetime
         STATE.session = sess
         return _context_of(sess)
+
+
+def _check_listening(address: str) -> None:
+    """Ray's ``ConnectionError`` at once when nothing listens at ``address`` (one try of
+    Dask's connector): a refused connection is an answer, where yr's join would try again
+    for Dask's connect timeout (30 s).  Anything else (it listens, TLS, no answer yet) is
+    left to the join."""
+    import asyncio
+    import concurrent.futures
+
+    from distributed.comm import registry
+    from distributed.comm.addressing import parse_address
+
+    scheme, loc = parse_address(address if "://" in address else f"tcp://{address}")
+    if scheme != "tcp":
+        return
+
+    async def refused() -> bool:
+        try:
+            comm = await asyncio.wait_for(
+                registry.get_backend(scheme).get_connector().connect(loc, deserialize=False), 5)
+        except OSError as e:  # Dask's CommClosedError, caused by the refusal
+            while e is not None and not isinstance(e, ConnectionRefusedError):
+                e = e.__cause__ or e.__context__
+            return e is not None
+        except asyncio.TimeoutError:
+            return False
+        await comm.close()
+        return False
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the caller may run a loop
+        is_refused = pool.submit(asyncio.run, refused()).result()
+    if is_refused:
+        raise ConnectionError(f"Could not connect to the cluster at {address}: the connection "
+                              "was refused (no Dask scheduler listens there). Start one with "
+                              "`dask scheduler --preload yrdask`, or call ray.init() to start "
+                              "a local cluster")
 
 
 def _context_of(sess: Session) -> RayContext:

@@ -27,7 +27,8 @@ from yrdask.api.instances import (_CONCURRENCY, _REDELIVERIES, _UNORDERED, Insta
 from yrdask.runtime.context import current_lease, current_owner, current_runtime, task_context
 from yrdask.ray._context import STATE, current_ctx, current_method, hosted_instance
 from yrdask.ray._util import captured_group, in_captured_group, with_capture
-from yrdask.ray._options import ACTOR, METHOD, check_keys, check_num_returns, node_affinity
+from yrdask.ray._options import (ACTOR, METHOD, check_keys, check_num_returns, check_resources,
+                                 node_affinity)
 from yrdask.ray._options import to_invoke_options
 from yrdask.ray.exceptions import (ActorExitRequest, UnsupportedOptionError, _CreationFailed,
                                    actor_died)
@@ -515,6 +516,7 @@ class ActorClass:
 
     def __init__(self, cls: type, options: dict) -> None:
         check_keys(options, ACTOR)
+        check_resources(options)  # Ray checks them here, not at the first .remote()
         self._cls = cls
         self._options = dict(options)
         self._creator: tuple[int, InstanceCreator, Any] | None = None
@@ -531,7 +533,6 @@ class ActorClass:
         return (ActorClass, (self._cls, self._options))
 
     def options(self, **options: Any) -> "ActorClass":
-        check_keys(options, ACTOR)
         return ActorClass(self._cls, {**self._options, **options})
 
     def _creator_for_session(self) -> tuple[InstanceCreator, Any]:

@@ -15,6 +15,8 @@
         ├── ObjectLostError
         │   └── OwnerDiedError
         ├── RuntimeEnvSetupError
+        ├── TaskUnschedulableError  (also yrdask's ScheduleError) no node can ever run the task
+        ├── ActorUnschedulableError (also yrdask's ScheduleError) ... nor create the actor
         ├── RaySystemError
         └── UnsupportedOptionError  (yrdask; also ValueError) a Ray option yrdask does not support
 """
@@ -29,7 +31,8 @@ from yrdask import errors as _yr
 __all__ = ["RayError", "RayTaskError", "RayActorError", "ActorDiedError",
            "ActorUnavailableError", "GetTimeoutError", "TaskCancelledError",
            "WorkerCrashedError", "ObjectLostError", "OwnerDiedError", "RuntimeEnvSetupError",
-           "RaySystemError", "ObjectRefStreamEndOfStreamError", "UnsupportedOptionError",
+           "RaySystemError", "TaskUnschedulableError", "ActorUnschedulableError",
+           "ObjectRefStreamEndOfStreamError", "UnsupportedOptionError",
            "from_yr_error"]
 
 
@@ -141,6 +144,29 @@ class RaySystemError(RayError):
     """An internal failure of the system."""
 
 
+class TaskUnschedulableError(RayError, _yr.ScheduleError):
+    """The task can never be scheduled (no node could ever give what it asks for); also
+    yrdask's ``ScheduleError``."""
+
+    def __init__(self, error_message: str) -> None:
+        super().__init__(error_message)
+        self.error_message = error_message
+
+    def __str__(self) -> str:
+        return f"The task is not schedulable: {self.error_message}"
+
+
+class ActorUnschedulableError(RayError, _yr.ScheduleError):
+    """The actor can never be scheduled; also yrdask's ``ScheduleError``."""
+
+    def __init__(self, error_message: str) -> None:
+        super().__init__(error_message)
+        self.error_message = error_message
+
+    def __str__(self) -> str:
+        return f"The actor is not schedulable: {self.error_message}"
+
+
 class ObjectRefStreamEndOfStreamError(RayError):
     """Ray's end of a generator's stream.  Defined for ``except`` clauses: yrdask's
     ``ObjectRefGenerator`` ends with ``StopIteration`` / ``StopAsyncIteration``, as Ray's
@@ -191,12 +217,18 @@ def from_yr_error(err: BaseException, what: str = "") -> BaseException:
         return ObjectLostError(str(err))
     if isinstance(err, (_yr.InstanceDiedError, _yr.CallCrashedError)):
         return actor_died(str(err))
+    if isinstance(err, _yr.ScheduleError):
+        text = str(err)
+        return (ActorUnschedulableError if _INSTANCE.search(text) else TaskUnschedulableError)(
+            text)
     return err
 
 
 _ENDED = re.compile(r"instance (?P<id>\S+) \((?P<cls>[^)]*)\) has ended: (?P<why>.*)", re.S)
 _UNAVAILABLE = re.compile(r"instance (?P<id>\S+) is not available: (?P<why>.*)", re.S)
-_CRASHED = re.compile(r"call \S+ on instance (?P<id>\S+) was running when", re.S)
+_CRASHED = re.compile(r"call \S+ on instance (?P<id>\S+) (?:may have been|was) running when",
+                      re.S)
+_INSTANCE = re.compile(r"\binstance i-")
 
 
 def actor_died(message: str, actor_id: str | None = None,

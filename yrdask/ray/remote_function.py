@@ -23,7 +23,8 @@ import cloudpickle
 
 from yrdask.api.functions import FunctionProxy
 from yrdask.ray._context import STATE, current_ctx, set_task_ctx
-from yrdask.ray._options import TASK, RayOptions, node_affinity, to_invoke_options
+from yrdask.ray._options import (TASK, RayOptions, check_num_returns, node_affinity,
+                                 to_invoke_options)
 from yrdask.ray._util import (captured_group, in_captured_group, next_spread_node,
                               should_retry, with_capture)
 from yrdask.ray.exceptions import UnsupportedOptionError
@@ -115,9 +116,12 @@ class RemoteFunction:
     options for the calls made through the returned object only."""
 
     def __init__(self, fn: Callable, options: dict) -> None:
-        from yrdask.ray._options import check_keys
+        from yrdask.ray._options import check_keys, check_resources
 
         check_keys(options, TASK)
+        check_resources(options)  # Ray checks them here, not at the first .remote()
+        if "num_returns" in options:
+            check_num_returns(options["num_returns"])
         if inspect.iscoroutinefunction(fn):
             raise ValueError(  # Ray's type and advice
                 f"'async def' should not be used for remote tasks ({fn.__qualname__}). You can "
@@ -140,7 +144,6 @@ class RemoteFunction:
         """A copy with ``options`` merged over this function's (Ray's ``.options``)."""
         from yrdask.ray._options import check_keys
 
-        check_keys(options, TASK)
         return RemoteFunction(self._function, {**self._options, **options})
 
     def _proxy_for_session(self) -> tuple[FunctionProxy, RayOptions]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import queue as _queue
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = ["Queue", "Empty", "Full"]
@@ -93,6 +93,10 @@ class Queue:
             raise TypeError(f"maxsize must be an int, got {maxsize!r}")
         if maxsize < 0:
             raise ValueError(f"maxsize must be >= 0 (0: unbounded), got {maxsize!r}")
+        if actor_options is not None and not isinstance(actor_options, Mapping):
+            # Ray passes them on as ``.options(**actor_options)``
+            raise TypeError("actor_options must be a dict of actor options, as "
+                            f".options(**actor_options) takes them, got {actor_options!r}")
         self.maxsize = maxsize
         self.actor = ActorClass(_QueueActor, dict(actor_options or {})).remote(maxsize)
 
