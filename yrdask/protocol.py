@@ -965,6 +965,7 @@ class CancelOwned(Message):
     channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_OWNER_RPC)
     object_ids: list
     force: bool = False
+    recursive: bool = False
 
 
 @_message
@@ -1088,12 +1089,15 @@ class CancelTask(Message):
     """caller -> worker.  Interrupts the task if it is still running; ``force``: ends the
     worker process running it instead (Ray's ``cancel(force=True)``: code blocked in C).
     For a method call (Ray's cancel of an actor task): one not started is answered unrun, a
-    running ``async def`` one is cancelled, a running sync one sees ``is_canceled()``."""
+    running ``async def`` one is cancelled, a running sync one sees ``is_canceled()``.
+    ``recursive``: the tasks a running task submitted are cancelled too (by this worker, their
+    owner, with the same flags: Ray's ``cancel(recursive=True)``)."""
 
     op: ClassVar[str] = CANCEL_TASK
     channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_WORKER,)
     task_id: str
     force: bool = False
+    recursive: bool = False
 
 
 @_message

@@ -349,7 +349,8 @@ class _ProcEdge(_NodeEdge):
             msg["args"] = task.args
         self.world.send(self.node.name, worker, "call", msg)
 
-    def send_cancel(self, worker: str, task_id: str, force: bool) -> None:
+    def send_cancel(self, worker: str, task_id: str, force: bool,
+                    recursive: bool = False) -> None:
         self.world.send(self.node.name, worker, "call", {"op": "CANCEL_TASK",
                                                          "task_id": task_id})
 

@@ -40,7 +40,7 @@ class Edge:
     def push(self, task, lease_id, worker, slots) -> None:
         self.sent.append(("push", task.task_id, lease_id, worker))
 
-    def send_cancel(self, worker, task_id, force) -> None:
+    def send_cancel(self, worker, task_id, force, recursive=False) -> None:
         self.sent.append(("cancel", task_id, worker))
 
     def return_leases(self, lease_ids) -> None:

@@ -103,7 +103,8 @@ def wait(obj_refs: ObjectRef | list[ObjectRef], wait_num: int | None = None,
 
 def cancel(obj_refs: ObjectRef | list[ObjectRef], allow_force: bool = True,
            allow_recursive: bool = False) -> None:
-    """Cancel stateless tasks; ``yr.get`` of a cancelled ref raises a ``CancelledError``."""
+    """Cancel stateless tasks; ``yr.get`` of a cancelled ref raises a ``CancelledError``.
+    ``allow_recursive``: the tasks a cancelled task submitted are cancelled too."""
     rt = current_runtime()
     refs = [obj_refs] if isinstance(obj_refs, (ObjectRef, ObjectRefGenerator)) else obj_refs
     if not isinstance(refs, list):
@@ -112,7 +113,7 @@ def cancel(obj_refs: ObjectRef | list[ObjectRef], allow_force: bool = True,
     # A generator is cancelled through the ref of its call (the stream's end).
     refs = [r.completed() if isinstance(r, ObjectRefGenerator) else r for r in refs]
     _check_refs(refs, "yr.cancel")
-    rt.cancel(refs)
+    rt.cancel(refs, recursive=bool(allow_recursive))
 
 
 def _check_refs(refs: list, what: str) -> None:

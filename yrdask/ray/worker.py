@@ -129,7 +129,8 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
     Ray: one not started never runs, a running ``async def`` one gets
     ``asyncio.CancelledError``, a running sync one goes on (``is_canceled()`` is True), and
     ``ray.get`` raises ``TaskCancelledError`` once the actor is done with it; ``force=True``
-    is refused for it.  Tasks the cancelled task submitted keep running.
+    is refused for it.  ``recursive`` (Ray's default): the tasks a cancelled task submitted
+    are cancelled too (with the same ``force``), and theirs; ``False``: they keep running.
     """
     ensure_init()
     if not isinstance(object_ref, ObjectRef):
@@ -143,7 +144,7 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
     if state == "force":
         raise ValueError("force=True is not supported for actor tasks.")
     if state is None:  # not an actor task waiting for its answer
-        rt.cancel([object_ref], force)
+        rt.cancel([object_ref], force, recursive)
 
 
 def kill(actor: Any, *, no_restart: bool = True) -> None:

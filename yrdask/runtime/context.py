@@ -68,6 +68,12 @@ def install(rt: Any) -> None:
 cancel_probe: Any = None
 
 
+#: Set by the worker layer (``worker/execution.py``): ``note(task_id)`` records a task that
+#: the task this thread runs submitted (its child, which a recursive cancel of it cancels
+#: too).  None in processes that run no tasks.
+child_note: Any = None
+
+
 def current_task_cancelled() -> bool:
     """Whether the task the current thread runs has been cancelled (False outside tasks)."""
     probe = cancel_probe

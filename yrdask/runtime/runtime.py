@@ -504,6 +504,9 @@ class Runtime:
         task.held = dep_refs + nested if nested else dep_refs
         task.nested = nested if wait_nested else None  # yr's rule: nested refs gate the start
         task.max_crashes = max_crashes
+        note = context.child_note
+        if note is not None:  # a worker: the running task's child (recursive cancel)
+            note(task_id)
         self.on_loop(self._submit_on_loop, task)
         return refs if stream is None else [stream]  # nret P.STREAMING: the item stream
 
@@ -848,30 +851,35 @@ class Runtime:
             (ready if ref._entry.ready and len(ready) < wait_num else not_ready).append(ref)
         return ready, not_ready
 
-    def cancel(self, refs: list[ObjectRef], force: bool = False) -> None:
+    def cancel(self, refs: list[ObjectRef], force: bool = False,
+               recursive: bool = False) -> None:
         """Cancel the tasks of ``refs``; ``force``: a running one ends with its worker
-        process (see :class:`~yrdask.protocol.CancelTask`)."""
+        process; ``recursive``: the tasks it submitted are cancelled too, and theirs (see
+        :class:`~yrdask.protocol.CancelTask`)."""
         for ref in refs:
             owner = ref._entry.owner
             if owner is not None and owner != self.address:  # borrowed: its owner cancels
-                self.on_loop(self._cancel_at_owner, owner, ref._id, force)
+                self.on_loop(self._cancel_at_owner, owner, ref._id, force, recursive)
             else:
-                self.on_loop(self.submitter.cancel, ref._id, force)
+                self.on_loop(self.submitter.cancel, ref._id, force, recursive)
 
-    def _cancel_at_owner(self, owner: str, object_id: str, force: bool) -> None:
+    def _cancel_at_owner(self, owner: str, object_id: str, force: bool,
+                         recursive: bool) -> None:
         async def send() -> None:
             try:
-                await P.request(self.connector.rpc(owner), P.CancelOwned([object_id], force))
+                await P.request(self.connector.rpc(owner),
+                                P.CancelOwned([object_id], force, recursive))
             except Exception:  # the owner is gone, and its tasks with it
                 logger.debug("cannot cancel %s at its owner %s", object_id, owner,
                              exc_info=True)
 
         self.loop.create_task(send())
 
-    def handle_cancel_owned(self, object_ids: list, force: bool = False) -> None:
+    def handle_cancel_owned(self, object_ids: list, force: bool = False,
+                            recursive: bool = False) -> None:
         """:class:`P.CancelOwned`: a borrower cancels tasks this process submitted."""
         for object_id in object_ids:
-            self.on_loop(self.submitter.cancel, object_id, force)
+            self.on_loop(self.submitter.cancel, object_id, force, recursive)
 
     def cancel_call(self, ref: ObjectRef, force: bool = False) -> str | None:
         """Ray's ``cancel`` of an actor task (yr does not cancel method calls): ``None`` if

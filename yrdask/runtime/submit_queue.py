@@ -106,10 +106,12 @@ class TaskFinished(Event):
 
 @dataclass(frozen=True, slots=True)
 class CancelRequested(Event):
-    """``yr.cancel`` of the task (``force``: end the worker process running it)."""
+    """``yr.cancel`` of the task (``force``: end the worker process running it;
+    ``recursive``: its worker cancels the tasks it submitted too)."""
 
     task_id: str
     force: bool = False
+    recursive: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,7 @@ class SendCancel(Instruction):
     task_id: str
     worker: str
     force: bool = False
+    recursive: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,7 +564,8 @@ class SubmitQueue:
             self._fail(task, error)
             self._dirty[q.name] = q
             return
-        self._emit(SendCancel(self._sid, task.task_id, task.lease.worker, ev.force),
+        self._emit(SendCancel(self._sid, task.task_id, task.lease.worker, ev.force,
+                              ev.recursive),
                    task.task_id)
         task.settled = True
         self._emit(TaskFailed(self._sid, task.task_id, error), task.task_id)

@@ -98,7 +98,7 @@ class SubmitEdge(Protocol):
     def push(self, task: Task, lease_id: str, worker: str, slots: int) -> None:
         """Send ``task`` to ``worker`` under ``lease_id`` (``RUN_TASK``)."""
 
-    def send_cancel(self, worker: str, task_id: str, force: bool) -> None:
+    def send_cancel(self, worker: str, task_id: str, force: bool, recursive: bool) -> None:
         """``CANCEL_TASK`` to the worker running ``task_id``."""
 
     def return_leases(self, lease_ids: list[str]) -> None:
@@ -274,7 +274,7 @@ class Submitter:
         self._handle(M.TaskFinished("task-done", task_id, "ok", took, None, self.edge.now()))
         self._results.pop(task_id, None)
 
-    def cancel(self, object_id: str, force: bool = False) -> None:
+    def cancel(self, object_id: str, force: bool = False, recursive: bool = False) -> None:
         """``yr.cancel``: a task still waiting for its arguments is failed here.  ``force``:
         the worker running it ends its process (the task is settled here, so its loss with
         that worker is not counted as a crash of it)."""
@@ -284,7 +284,7 @@ class Submitter:
             return
         task.cancelled = True
         if task.queued:
-            self._handle(M.CancelRequested("cancel", task_id, force))
+            self._handle(M.CancelRequested("cancel", task_id, force, recursive))
             return
         self.tasks.pop(task_id, None)
         self.waiting -= 1
@@ -410,7 +410,7 @@ class Submitter:
         elif kind is M.WithdrawRequests:
             self.edge.withdraw_requests(list(ins.request_ids))
         elif kind is M.SendCancel:
-            self.edge.send_cancel(ins.worker, ins.task_id, ins.force)
+            self.edge.send_cancel(ins.worker, ins.task_id, ins.force, ins.recursive)
         elif kind is M.WakeAt:
             self._wake_at(ins.at)
         else:
@@ -516,8 +516,8 @@ class RuntimeEdge:
         chan.send(P.RunTask.wire(task.task_id, lease_id, task.fn_id, fn, task.args, task.deps,
                                  task.nret, task.owner, task.name, slots, task.log_to))
 
-    def send_cancel(self, worker: str, task_id: str, force: bool) -> None:
-        self.rt.channel(worker).send(P.CancelTask(task_id, force))
+    def send_cancel(self, worker: str, task_id: str, force: bool, recursive: bool) -> None:
+        self.rt.channel(worker).send(P.CancelTask(task_id, force, recursive))
 
     def return_leases(self, lease_ids: list[str]) -> None:
         self.rt.connector.return_leases(lease_ids)

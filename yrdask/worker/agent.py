@@ -700,7 +700,10 @@ class WorkerAgent:
         if task_id not in self.task_side.tasks:
             self.instance_side.cancel(task_id)  # (the decisions: :class:`InstanceSide`)
             return
-        self.task_side.cancel(task_id, bool(msg.get("force")))
+        children = self.task_side.cancel(task_id, bool(msg.get("force")))
+        if children and msg.get("recursive"):  # this process owns them: cancel them too
+            for child in children:
+                self.runtime.submitter.cancel(child, bool(msg.get("force")), True)
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -746,9 +749,10 @@ class WorkerAgent:
         """:class:`P.AddBorrower`."""
         return self.runtime.handle_add_borrower(items)
 
-    def cancel_owned(self, object_ids: list, force: bool = False) -> None:
+    def cancel_owned(self, object_ids: list, force: bool = False,
+                     recursive: bool = False) -> None:
         """:class:`P.CancelOwned`: a borrower cancels tasks this process submitted."""
-        self.runtime.handle_cancel_owned(object_ids, force)
+        self.runtime.handle_cancel_owned(object_ids, force, recursive)
 
     def worker_lost(self, worker: str, server_id: str = "") -> None:
         self.runtime.worker_lost(worker, server_id)

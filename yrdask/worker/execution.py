@@ -47,11 +47,24 @@ def _current_cancelled() -> bool:
 _rtctx.cancel_probe = _current_cancelled  # ray's RuntimeContext.is_canceled() asks it
 
 
+def _note_child(task_id: str) -> None:
+    """The task this thread runs submitted ``task_id`` (a recursive cancel cancels it)."""
+    ex = getattr(_current, "ex", None)
+    if ex is not None:
+        if ex.children is None:
+            ex.children = [task_id]
+        else:
+            ex.children.append(task_id)
+
+
+_rtctx.child_note = _note_child  # the runtime's submit_task tells it
+
+
 class Execution:
     """The cancel state of one task on this worker (see module docstring)."""
 
     __slots__ = ("task_id", "peer", "msg", "lock", "cancelled", "armed", "shot", "ident",
-                 "shielded", "saved")
+                 "shielded", "saved", "children")
 
     def __init__(self, task_id: str, peer: Any, msg: dict) -> None:
         self.task_id = task_id
@@ -64,6 +77,7 @@ class Execution:
         self.ident = 0
         self.shielded = False
         self.saved: tuple | None = None  # the thread's task context before arm, if it set one
+        self.children: list | None = None  # ids of the tasks its user code submitted
 
     def cancel(self) -> bool:
         """Mark cancelled; interrupt the user code if it runs now.  True if interrupted."""

@@ -110,13 +110,14 @@ class TaskSide:
         just after it answers False is admitted by :meth:`finished` all the same."""
         return self.gate.waits_after(task_id)
 
-    def cancel(self, task_id: str, force: bool = False) -> None:
+    def cancel(self, task_id: str, force: bool = False) -> list | None:
         """``CANCEL_TASK`` (loop thread): a task not started yet never runs; a running one is
         interrupted (``force``: its process ends).  Unknown ids (ended, bounced) are dropped:
-        a cancel always follows its task's ``RUN_TASK`` on the same channel."""
+        a cancel always follows its task's ``RUN_TASK`` on the same channel.  Returns the
+        ids of the tasks it submitted (for a recursive cancel), if any."""
         ex = self.tasks.get(task_id)
         if ex is None:
-            return
+            return None
         ex.cancel()
         if force and self.running.get(task_id) is ex:
             # the task may be blocked in C, where the interrupt never reaches it; this
@@ -124,6 +125,7 @@ class TaskSide:
             # task), so the interrupt gets a moment first and only then the process ends
             self.edge.call_at(self.edge.now() + FORCE_CANCEL_GRACE_S,
                               lambda: self._force_end(ex))
+        return ex.children
 
     def _force_end(self, ex: Any) -> None:
         """The grace of a forced cancel ran out: still running, ``ex`` ends its process."""
