@@ -19,7 +19,7 @@ import dask
 
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
-from yrdask.errors import CallCrashedError, CancelledError
+from yrdask.errors import CallCrashedError, CancelledError, InstanceDiedError
 from yrdask.runtime import call_order as C
 from yrdask.runtime.call_router import CallRouter
 from yrdask.runtime.objects import dep_of, failed_dep, failing_entries, pending_owned, when_ready
@@ -105,8 +105,11 @@ class InstanceRouter(CallRouter):
         """Ray's ``cancel`` of an actor task; False if ``cid`` is no call waiting for its
         answer.  Not sent yet: its refs fail with ``CancelledError`` at once (it is answered
         unrun when it goes).  Sent: the worker is told (a call not started never runs, a
-        running ``async def`` one is cancelled, a sync one runs on), and its answer, whatever
-        it is, settles it as cancelled (as Ray: ``ray.get`` returns once the worker is done)."""
+        running ``async def`` one is cancelled, a sync one runs on), and its answer settles
+        it (as Ray: ``ray.get`` returns once the worker is done): a sync call's is
+        ``CancelledError``; an ``async def`` one's is what the method did with the
+        ``asyncio.CancelledError`` (re-raised: ``CancelledError``; caught: its value or
+        error)."""
         call = self.calls.get(cid)
         if call is None:
             return False
@@ -143,14 +146,15 @@ class InstanceRouter(CallRouter):
         if call is None:
             return False
         error = msg.error
-        if call.cancelled:  # answered after Ray's cancel: settled as cancelled
-            error = CancelledError(f"Task: {cid} was cancelled.")
-        elif error is None:
+        if error is None:
             call.results = msg.results
         else:
             from yrdask.serialization import loads
 
             error = loads(error)
+            if call.cancelled and isinstance(getattr(error, "to_exception", None) and
+                                             error.to_exception(), InstanceDiedError):
+                error = CancelledError(f"Task: {cid} was cancelled.")  # then its actor ended
         self.done(cid, error)
         return True
 

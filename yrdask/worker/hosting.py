@@ -293,7 +293,10 @@ class HostedInstance(HostedCalls):
             if rec is not None:  # recorded up to its first await (the loop runs many)
                 rec.end(name, call_id, start, True)
             return self._finish_async(call_id, result, msg["nret"])
-        self._answer_result(call_id, result, msg["nret"])
+        if self.cancelled and call_id in self.cancelled:
+            self._answer_cancelled(call_id)  # Ray: a cancelled sync call's value is dropped
+        else:
+            self._answer_result(call_id, result, msg["nret"])
         if rec is not None:
             rec.end(name, call_id, start, True)
         return None
@@ -330,7 +333,11 @@ class HostedInstance(HostedCalls):
         try:
             with self._context():
                 result = await awaitable
-        except BaseException as e:  # noqa: BLE001 - cancel_call's CancelledError too
+        except asyncio.CancelledError as e:  # cancel_call's, unless the method ignored it
+            if call_id in self.cancelled:
+                return self._answer_cancelled(call_id)
+            return self._answer_error(call_id, e)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
             return self._answer_error(call_id, e)
         finally:
             self.running_async.pop(call_id, None)

@@ -1,5 +1,8 @@
-"""``ray.cancel(ref, recursive=...)``: Ray's default (``recursive=True``) cancels the tasks
-the cancelled task submitted too, and theirs; ``recursive=False`` leaves them running.
+"""``ray.cancel``: Ray's default (``recursive=True``) cancels the tasks the cancelled task
+submitted too, and theirs; ``recursive=False`` leaves them running.  A cancelled actor task
+settles as on Ray: a running ``async def`` method that catches ``asyncio.CancelledError``
+gives what it returns or raises; one that lets it through, and a sync method, give
+``TaskCancelledError``.
 
 The tasks leave files as they start, finish normally or end (``finally``), so the test
 waits on files, never on sleeps.
@@ -7,6 +10,7 @@ waits on files, never on sleeps.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
@@ -107,3 +111,56 @@ def test_yr_cancel_with_allow_recursive_cancels_the_children(ray_env, tmp_path):
     yr.cancel(ref, allow_recursive=True)
     wait_until(lambda: os.path.exists(os.path.join(folder, "yr-child-ended")), 60,
                "the child to be cancelled")
+
+
+@ray.remote
+class Cancellable:
+    async def handles(self, folder, how):
+        _touch(folder, f"{how}-started")
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            if how == "returns":
+                return "caught"
+            if how == "raises":
+                raise ValueError("raised in the except block")
+            raise
+        return "slept"
+
+
+@ray.remote
+class SyncCancellable:
+    def sync(self, folder):
+        _touch(folder, "sync-started")
+        while not ray.get_runtime_context().is_canceled():
+            time.sleep(0.02)
+        return "saw the cancel"
+
+
+def _cancel_when_started(ref, folder, name):
+    wait_until(lambda: os.path.exists(os.path.join(folder, f"{name}-started")), 60,
+               f"{name} to start")
+    ray.cancel(ref)
+
+
+def test_a_cancelled_actor_task_settles_as_its_method_decides(ray_env, tmp_path):
+    folder = str(tmp_path)
+    c = Cancellable.remote()
+    ref = c.handles.remote(folder, "returns")
+    _cancel_when_started(ref, folder, "returns")
+    assert ray.get(ref, timeout=60) == "caught"  # Ray: the value of a caught cancel
+    ref = c.handles.remote(folder, "raises")
+    _cancel_when_started(ref, folder, "raises")
+    with pytest.raises(ray.exceptions.RayTaskError, match="raised in the except block"):
+        ray.get(ref, timeout=60)
+    ref = c.handles.remote(folder, "reraises")
+    _cancel_when_started(ref, folder, "reraises")
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(ref, timeout=60)
+    ray.kill(c)
+    s = SyncCancellable.remote()
+    ref = s.sync.remote(folder)  # a sync method runs on; its value is dropped (Ray)
+    _cancel_when_started(ref, folder, "sync")
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(ref, timeout=60)
+    ray.kill(s)
