@@ -543,8 +543,9 @@ class CreateResourceGroup(Message):
     validated) under ``name`` with ``strategy`` (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD,
     None) for ``owner`` (its job ends → the group is removed).  ``fate_sharing`` (a
     ``yr.Group`` with ``same_lifecycle``): when one instance placed in it ends, the group is
-    removed and the others are killed.  Reply: ``""`` once accepted (placement goes on in the
-    scheduler), or the reason it is refused (the name is taken)."""
+    removed and the others are killed.  ``detached`` (Ray's ``lifetime="detached"``): the
+    group outlives its owner's job, until it is removed.  Reply: ``""`` once accepted
+    (placement goes on in the scheduler), or the reason it is refused (the name is taken)."""
 
     op: ClassVar[str] = CREATE_RESOURCE_GROUP
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
@@ -554,6 +555,7 @@ class CreateResourceGroup(Message):
     bundles: Sequence[Mapping[str, float]]
     strategy: str = "PACK"
     fate_sharing: bool = False
+    detached: bool = False
 
 
 @_message

@@ -9,12 +9,16 @@ tasks and actors in a bundle with ``PlacementGroupSchedulingStrategy``.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import sys
 
 import cloudpickle
 import pytest
 
+import yrdask as yr
 import yrdask.ray as ray
+from conftest import wait_until
 from yrdask.ray.util.placement_group import (placement_group, placement_group_table,
                                              remove_placement_group)
 from yrdask.ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -153,6 +157,35 @@ def test_placement_group_spread_places_work_in_its_bundles(ray_env):
     ray.kill(actor)
     remove_placement_group(pg)
     assert placement_group_table(pg)["state"] == "REMOVED"
+
+
+def _groups() -> dict:
+    from yrdask import protocol as P
+    from yrdask.runtime.context import current_runtime
+
+    info = current_runtime().scheduler_call(P.CLUSTER_INFO, instances=False)
+    return {g["name"]: g["state"] for g in info["resource_groups"]}
+
+
+def test_a_detached_placement_group_outlives_its_driver(ray_env, cluster):
+    # Ray: lifetime="detached" keeps the group after its job ends, until it is removed; a
+    # group of the job's own lifetime goes with the job
+    name, own = f"detached-{os.urandom(3).hex()}", f"own-{os.urandom(3).hex()}"
+    code = ("import yrdask.ray as ray\n"
+            "from yrdask.ray.util.placement_group import placement_group\n"
+            f"ray.init(address={cluster.active.address!r})\n"
+            f"assert placement_group([{{'CPU': 0.1}}], name={name!r}, lifetime='detached')"
+            ".wait(60)\n"
+            f"assert placement_group([{{'CPU': 0.1}}], name={own!r}).wait(60)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    wait_until(lambda: own not in _groups(), 30, "the job's own group to go with its job")
+    assert _groups().get(name) == "CREATED"
+    yr.remove_resource_group(name)
+    assert name not in _groups()
+    with pytest.raises(ValueError, match="lifetime"):
+        placement_group([{"CPU": 1}], lifetime="forever")
 
 
 def test_placement_group_that_cannot_fit_is_not_ready(ray_env):

@@ -144,6 +144,19 @@ def test_a_job_that_ends_removes_its_groups_only():
     assert m.ledger.workers["w0"].free("CPU") == 3000
 
 
+def test_a_detached_group_outlives_the_job_that_made_it():
+    m = G.GroupMachine(ledger_of(4000))
+    m.handle(G.GroupRequested("c", "kept", "tcp://a:1", ({"CPU": 1000},), "PACK",
+                              detached=True))
+    create(m, "mine", [{"CPU": 1000}], owner="tcp://a:1")
+    out = m.handle(G.OwnerEnded("end", "tcp://a:1"))
+    assert [e.group for e in of(out, G.GroupEnded)] == ["mine"]
+    assert m.live("kept") is not None
+    m.handle(G.GroupRemoved("rm", "kept", "asked"))  # until it is removed
+    assert m.live("kept") is None
+    m.validate()
+
+
 def test_bundles_of_a_lost_worker_are_placed_again_next_to_the_others():
     ledger = ledger_of(1000, 1000, 1000)
     m = G.GroupMachine(ledger)

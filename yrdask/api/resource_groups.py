@@ -105,9 +105,11 @@ def create_resource_group(bundles: list[dict[str, float]], name: str | None = No
     return create_group(bundles, name, strategy, fate_sharing=False)
 
 
-def create_group(bundles: Any, name: Any, strategy: Any, fate_sharing: bool) -> ResourceGroup:
+def create_group(bundles: Any, name: Any, strategy: Any, fate_sharing: bool,
+                 detached: bool = False) -> ResourceGroup:
     """:func:`create_resource_group`, and for ``yr.Group``: ``fate_sharing`` ends every
-    instance placed in the group when one of them ends."""
+    instance placed in the group when one of them ends; for Ray's placement groups:
+    ``detached`` keeps the group after this job ends, until it is removed."""
     specs = _check_bundles(bundles)
     if name is None:
         name = f"rgroup-{uuid.uuid4().hex}"
@@ -124,7 +126,8 @@ def create_group(bundles: Any, name: Any, strategy: Any, fate_sharing: bool) -> 
                            f"{', '.join(STRATEGIES)}")
     rt = current_runtime()
     problem = rt.scheduler_call(P.CREATE_RESOURCE_GROUP, owner=rt.address, name=name,
-                                bundles=specs, strategy=strategy, fate_sharing=fate_sharing)
+                                bundles=specs, strategy=strategy, fate_sharing=fate_sharing,
+                                detached=detached)
     if problem:
         raise YRValueError(problem)
     with _known_lock:

@@ -63,7 +63,7 @@ class GroupService:
         return f"rg-{what}-{next(self._stimuli)}"
 
     def create(self, owner: str, name: str, bundles: list, strategy: str = "PACK",
-               fate_sharing: bool = False) -> str:
+               fate_sharing: bool = False, detached: bool = False) -> str:
         """Accept the group (placement goes on here); ``""`` or why it is refused.
 
         The create is an rpc on a pooled connection, not on the owner's job stream, so it can
@@ -81,7 +81,7 @@ class GroupService:
             return f"invalid strategy {strategy!r}; expected one of {', '.join(G.STRATEGIES)}"
         self.do(self.machine.handle(G.GroupRequested(
             self._sid("create"), name, owner, tuple(shape_of(b) for b in bundles), strategy,
-            bool(fate_sharing))))
+            bool(fate_sharing), bool(detached))))
         return ""
 
     def remove(self, name: str, reason: str = "yr.remove_resource_group was called"
@@ -154,9 +154,10 @@ class ResourceGroupService:
     # -- rpc handlers ----------------------------------------------------------------------
 
     def create_resource_group(self, owner: str, name: str, bundles: list,
-                              strategy: str = "PACK", fate_sharing: bool = False) -> str:
+                              strategy: str = "PACK", fate_sharing: bool = False,
+                              detached: bool = False) -> str:
         """Accept the group (placement goes on here); ``""`` or why it is refused."""
-        return self.service.create(owner, name, bundles, strategy, fate_sharing)
+        return self.service.create(owner, name, bundles, strategy, fate_sharing, detached)
 
     async def remove_resource_group(self, name: str) -> bool:
         """Remove the group; True if it existed.  Replies once the instances that ran in it

@@ -48,6 +48,7 @@ class GroupRequested(Event):
     bundles: tuple
     strategy: str
     fate_sharing: bool = False
+    detached: bool = False  # outlives its owner's job (Ray's lifetime="detached")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +139,7 @@ class Group:
     state: str = RG_PENDING  # RG_PENDING | RG_CREATED | RG_REMOVED
     reason: str = ""  # why it waits (pending) or ended (removed)
     fate_sharing: bool = False  # a yr.Group with same_lifecycle: one member ends, all end
+    detached: bool = False  # not removed when its owner's job ends
     tried_on: dict[str, Shape] | None = None  # free resources when placement last failed
     members: set[str] = field(default_factory=set)  # instance holdings seen inside it
 
@@ -274,7 +276,7 @@ class GroupMachine:
             return []
         g = Group(ev.name, ev.owner, ev.strategy,
                   [Bundle(i, dict(s)) for i, s in enumerate(ev.bundles)],
-                  fate_sharing=ev.fate_sharing)
+                  fate_sharing=ev.fate_sharing, detached=ev.detached)
         self.groups[ev.name] = g
         self._story.log(sid, ("requested", ev.name, ev.strategy,
                               tuple(format_shape(b.shape) for b in g.bundles)), (ev.name,))
@@ -292,7 +294,7 @@ class GroupMachine:
     def _owner_ended(self, ev: OwnerEnded) -> list[Instruction]:
         out: list[Instruction] = []
         for g in list(self.groups.values()):
-            if g.owner == ev.owner and g.state != RG_REMOVED:
+            if g.owner == ev.owner and g.state != RG_REMOVED and not g.detached:
                 self._remove(g, f"its job {ev.owner} ended", ev.stimulus_id, out)
         return out
 

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 import yrdask
+from yrdask.api.resource_groups import create_group
 from yrdask.ray.exceptions import UnsupportedOptionError
 
 __all__ = ["PlacementGroup", "placement_group", "remove_placement_group",
@@ -106,14 +107,18 @@ def placement_group(bundles: list[dict], strategy: str = "PACK", name: str = "",
     if strategy not in _STRATEGIES:
         raise ValueError(f"Invalid placement group strategy {strategy!r}; use one of "
                          f"{list(_STRATEGIES)}")
-    for key, value in (("lifetime", lifetime), ("_soft_target_node_id", _soft_target_node_id),
+    if lifetime not in (None, "detached"):
+        raise ValueError("Placement group `lifetime` argument must be either `None` or "
+                         f"'detached', got {lifetime!r}")
+    for key, value in (("_soft_target_node_id", _soft_target_node_id),
                        ("bundle_label_selector", bundle_label_selector),
                        ("_max_cpu_fraction_per_node", _max_cpu_fraction_per_node)):
         if value is not None:
             raise UnsupportedOptionError(f"placement_group({key}=...) is not supported by "
                                          "yrdask.ray")
     yr_bundles = [_yr_bundle(b, i) for i, b in enumerate(bundles)]
-    group = yrdask.create_resource_group(yr_bundles, name=name or None, strategy=strategy)
+    group = create_group(yr_bundles, name or None, strategy, fate_sharing=False,
+                         detached=lifetime == "detached")  # detached: outlives this job
     return PlacementGroup(group, bundles, strategy, name)
 
 
