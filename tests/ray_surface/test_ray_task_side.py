@@ -284,3 +284,25 @@ def test_request_that_fits_no_bundle_is_refused_at_remote(ray_env):
         ray.kill(fits)
     finally:
         ray.util.remove_placement_group(pg)
+
+
+@ray.remote
+def own_title():
+    import psutil
+
+    return psutil.Process().cmdline()[0]
+
+
+@ray.remote(name="renamed")
+def named_title():
+    import psutil
+
+    return psutil.Process().cmdline()[0]
+
+
+def test_a_task_runs_under_the_process_title_ray_task_name(ray_env):
+    # Ray's docs find a task's process by its title: ray::<task name>
+    pytest.importorskip("setproctitle")
+    assert ray.get(own_title.remote(), timeout=60) == "ray::own_title"
+    assert ray.get(named_title.remote(), timeout=60) == "ray::renamed"
+    assert ray.get(own_title.options(name="other").remote(), timeout=60) == "ray::other"

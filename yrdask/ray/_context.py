@@ -14,6 +14,12 @@ from typing import Any
 
 from yrdask.runtime.context import current_lease, current_owner, installed_runtime
 
+try:  # optional: without it a task's process keeps its title
+    from setproctitle import getproctitle, setproctitle
+except ImportError:  # pragma: no cover - installed with yrdask
+    getproctitle = setproctitle = None  # type: ignore[assignment]
+
+
 _local = threading.local()  # .ctx: the context of the task this thread runs
 #: ``[Class.method, module.Class.method, task id or None]`` of the actor method running now
 #: (set by the host class's wrappers; the id is made when first asked for).
@@ -82,3 +88,36 @@ def current_ctx() -> dict:
     if STATE.session is not None:
         return STATE.session.ctx()
     return {"namespace": "", "job_id": "", "alias": False, "resources": {}}
+
+
+class _Titles:
+    """The process title while Ray tasks run here: ``ray::<task name>`` of the latest one
+    started, as on Ray (``psutil.Process().cmdline()[0]``); the process's own title once
+    none runs.  A worker process runs several tasks at once, where a Ray worker runs one."""
+
+    lock = threading.Lock()
+    running: list = []  # titles of the tasks running now, in the order they started
+    idle: str | None = None  # the process's own title, read once
+
+
+def title_begin(name: str) -> str | None:
+    """A Ray task called ``name`` starts in this thread: the process says so."""
+    if setproctitle is None:
+        return None
+    title = f"ray::{name}"
+    with _Titles.lock:
+        if _Titles.idle is None:
+            _Titles.idle = getproctitle()
+        _Titles.running.append(title)
+        setproctitle(title)
+    return title
+
+
+def title_end(title: str | None) -> None:
+    """The task of :func:`title_begin` ended: the title is the latest running one's."""
+    if title is None:
+        return
+    with _Titles.lock:
+        running = _Titles.running
+        running.remove(title)
+        setproctitle(running[-1] if running else _Titles.idle)

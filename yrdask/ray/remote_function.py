@@ -22,7 +22,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from yrdask.api.functions import FunctionProxy
-from yrdask.ray._context import STATE, current_ctx, set_task_ctx
+from yrdask.ray._context import STATE, current_ctx, set_task_ctx, title_begin, title_end
 from yrdask.ray._options import (TASK, RayOptions, check_num_returns, node_affinity,
                                  to_invoke_options)
 from yrdask.ray._util import (captured_group, in_captured_group, next_spread_node,
@@ -54,6 +54,7 @@ class TaskBody:
             return self._stream(args, kwargs)
         ctx = dict(self.ctx, task_id=uuid.uuid4().hex)
         prev = set_task_ctx(ctx)
+        title = title_begin(ctx.get("task_name") or self.__name__)  # ray::<name>, as Ray
         try:
             attempt = 0
             while True:
@@ -70,6 +71,7 @@ class TaskBody:
                         continue
                     raise
         finally:
+            title_end(title)
             set_task_ctx(prev)
 
     def _dynamic(self, args: tuple, kwargs: dict, attempt: int) -> Any:
