@@ -2,9 +2,9 @@
 
 Options are checked when a function or class is decorated (or given ``.options()``), a
 refused ``ray.init(address=...)`` is a quick ``ConnectionError``, work no node can ever run
-raises Ray's ``TaskUnschedulableError`` / ``ActorUnschedulableError`` (``RayError``s), a call
-its actor's crash cut short says so as Ray does, and a queue's ``actor_options`` are checked
-as ``.options(**actor_options)``.
+raises Ray's ``TaskUnschedulableError`` / ``ActorUnschedulableError`` (``RayError``s), and
+a queue's ``actor_options`` are checked as ``.options(**actor_options)``.  (A call its
+actor's crash cut short: test_ray_actors.py.)
 """
 
 from __future__ import annotations
@@ -81,29 +81,6 @@ def test_schedule_errors_are_rays_unschedulable_errors():
     assert str(actor).startswith("The actor is not schedulable: Unschedulable instance")
     for err in (task, actor):
         assert isinstance(err, ray.exceptions.RayError) and isinstance(err, yr.ScheduleError)
-
-
-@ray.remote(max_restarts=1)
-class Crashy:
-    def crash(self):
-        os._exit(1)
-
-    def ping(self):
-        return "pong"
-
-
-def test_a_call_cut_short_by_a_crash_says_the_actor_died_before_finishing_it(ray_env):
-    # Ray's wording for the call running when the actor's process died; the actor itself
-    # restarts (max_restarts=1), so it is not "dead"
-    c = Crashy.remote()
-    assert ray.get(c.ping.remote(), timeout=60) == "pong"
-    with pytest.raises(ray.exceptions.ActorDiedError) as err:
-        ray.get(c.crash.remote(), timeout=90)
-    text = str(err.value)
-    assert text.startswith("The actor died unexpectedly before finishing this task."), text
-    assert "is dead" not in text
-    assert ray.get(c.ping.remote(), timeout=90) == "pong"
-    ray.kill(c)
 
 
 @pytest.mark.parametrize("bad", ["num_cpus=1", [("num_cpus", 1)]])
