@@ -164,3 +164,33 @@ def test_a_cancelled_actor_task_settles_as_its_method_decides(ray_env, tmp_path)
     with pytest.raises(ray.exceptions.TaskCancelledError):
         ray.get(ref, timeout=60)
     ray.kill(s)
+
+
+@ray.remote
+class Parent:
+    async def run_async(self, folder):
+        return await child.remote(folder)
+
+
+@ray.remote
+class SyncParent:
+    def run(self, folder):
+        return ray.get(child.remote(folder))
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_a_recursive_cancel_of_an_actor_task_cancels_the_tasks_it_submitted(ray_env, tmp_path,
+                                                                            kind):
+    # Ray: recursive=True (the default) reaches the tasks an actor task submitted too
+    folder = str(tmp_path)
+    actor = Parent.remote() if kind == "async" else SyncParent.remote()
+    ref = actor.run_async.remote(folder) if kind == "async" else actor.run.remote(folder)
+    wait_until(lambda: _started(folder), 60, "the child and grandchild to start")
+    ray.cancel(ref)
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(ref, timeout=60)
+    wait_until(lambda: os.path.exists(os.path.join(folder, "grandchild-ended")), 60,
+               "the grandchild to be cancelled")
+    _touch(folder, "release")
+    assert not os.path.exists(os.path.join(folder, "grandchild-finished"))
+    ray.kill(actor)

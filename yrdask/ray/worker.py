@@ -140,7 +140,7 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {value!r}")
     rt = _rtctx.current_runtime()
-    state = rt.cancel_call(object_ref, force)
+    state = rt.cancel_call(object_ref, force, recursive)
     if state == "force":
         raise ValueError("force=True is not supported for actor tasks.")
     if state is None:  # not an actor task waiting for its answer

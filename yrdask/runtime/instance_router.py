@@ -101,7 +101,7 @@ class InstanceRouter(CallRouter):
             self.submit(cid, call.instance_id, True, error, call.max_redeliveries,
                         call.unordered, call.concurrency)
 
-    def cancel(self, cid: str) -> bool:
+    def cancel(self, cid: str, recursive: bool = False) -> bool:
         """Ray's ``cancel`` of an actor task; False if ``cid`` is no call waiting for its
         answer.  Not sent yet: its refs fail with ``CancelledError`` at once (it is answered
         unrun when it goes).  Sent: the worker is told (a call not started never runs, a
@@ -120,7 +120,7 @@ class InstanceRouter(CallRouter):
                 for entry in call.entries:
                     entry.set_error(error)
             else:
-                self.rt.channel(call.sent_to).send(P.CancelTask(cid))
+                self.rt.channel(call.sent_to).send(P.CancelTask(cid, recursive=recursive))
         return True
 
     def on_result(self, cid: str, results: list | None) -> bool:

@@ -881,7 +881,8 @@ class Runtime:
         for object_id in object_ids:
             self.on_loop(self.submitter.cancel, object_id, force, recursive)
 
-    def cancel_call(self, ref: ObjectRef, force: bool = False) -> str | None:
+    def cancel_call(self, ref: ObjectRef, force: bool = False,
+                    recursive: bool = False) -> str | None:
         """Ray's ``cancel`` of an actor task (yr does not cancel method calls): ``None`` if
         ``ref`` is no method call waiting for its answer; ``"force"`` (nothing done) if it is
         one and ``force`` is set; else ``"cancelled"`` (see :meth:`InstanceRouter.cancel`).
@@ -896,7 +897,7 @@ class Runtime:
                 elif force:
                     answer.set_result("force")
                 else:
-                    self.router.cancel(cid)
+                    self.router.cancel(cid, recursive)
                     answer.set_result("cancelled")
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 answer.set_exception(e)

@@ -51,7 +51,7 @@ from yrdask.worker.execution import Execution, current_execution
 from yrdask.worker import lease_gate as G
 from yrdask.worker.lending import LEND_DELAY_S, LendNotices, parse_delay
 from yrdask.worker.task_side import TaskSide
-from yrdask.worker.instance_side import InstanceSide
+from yrdask.worker.instance_side import InstanceSide, call_children
 from yrdask.worker.share import SharedThreadPoolExecutor, WorkerShare
 from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, ReturnError, TaskCrashedError,
                            YRRuntimeError, YRValueError, user_traceback)
@@ -698,12 +698,19 @@ class WorkerAgent:
         channel (the decisions: :class:`TaskSide`)."""
         task_id = msg["task_id"]
         if task_id not in self.task_side.tasks:
-            self.instance_side.cancel(task_id)  # (the decisions: :class:`InstanceSide`)
+            # (the decisions: :class:`InstanceSide`)
+            if self.instance_side.cancel(task_id) and msg.get("recursive"):
+                self._cancel_children(call_children.pop(task_id, None), False)
             return
         children = self.task_side.cancel(task_id, bool(msg.get("force")))
-        if children and msg.get("recursive"):  # this process owns them: cancel them too
-            for child in children:
-                self.runtime.submitter.cancel(child, bool(msg.get("force")), True)
+        if msg.get("recursive"):
+            self._cancel_children(children, bool(msg.get("force")))
+
+    def _cancel_children(self, children: list | None, force: bool) -> None:
+        """A recursive cancel: the tasks the cancelled task or call submitted (this process
+        owns them) are cancelled too, recursively."""
+        for child in children or ():
+            self.runtime.submitter.cancel(child, force, True)
 
     # -- objects ---------------------------------------------------------------------------
 

@@ -47,14 +47,21 @@ def _current_cancelled() -> bool:
 _rtctx.cancel_probe = _current_cancelled  # ray's RuntimeContext.is_canceled() asks it
 
 
+#: Set by ``worker/hosting.py``: notes a child of the method call this thread runs.
+call_child_note: Any = None
+
+
 def _note_child(task_id: str) -> None:
-    """The task this thread runs submitted ``task_id`` (a recursive cancel cancels it)."""
+    """The task (or method call) this thread runs submitted ``task_id`` (a recursive cancel
+    cancels it)."""
     ex = getattr(_current, "ex", None)
     if ex is not None:
         if ex.children is None:
             ex.children = [task_id]
         else:
             ex.children.append(task_id)
+    elif call_child_note is not None:
+        call_child_note(task_id)
 
 
 _rtctx.child_note = _note_child  # the runtime's submit_task tells it

@@ -22,6 +22,7 @@ in the queue.  If it raises, every call answers with that error.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import queue
 import threading
@@ -32,12 +33,25 @@ from yrdask import protocol as P
 from yrdask.runtime import context as _rtctx
 from yrdask.runtime.context import task_context
 from yrdask.runtime.generators import drain, drain_async
-from yrdask.worker.instance_side import HostedCalls
+from yrdask.worker import execution as _execution
+from yrdask.worker.instance_side import HostedCalls, call_children
 from yrdask.errors import CancelledError, InstanceDiedError, RemoteError, user_traceback
 from yrdask.serialization import dumps, loads, unpack_args
 
 _STOP = object()
 _running = threading.local()  # .call: the id of the call this thread runs (sync methods)
+#: the id of the ``async def`` call the current asyncio task runs
+_async_call: contextvars.ContextVar = contextvars.ContextVar("yr_async_call", default=None)
+
+
+def _note_call_child(task_id: str) -> None:
+    """The method call this thread (or asyncio task) runs submitted task ``task_id``."""
+    call_id = _async_call.get() or getattr(_running, "call", None)
+    if call_id is not None:
+        call_children.setdefault(call_id, []).append(task_id)
+
+
+_execution.call_child_note = _note_call_child
 
 
 class HostedInstance(HostedCalls):
@@ -273,11 +287,14 @@ class HostedInstance(HostedCalls):
             if not callable(fn):  # a value the object holds under a method's name: the
                 fn = getattr(type(self.obj), msg["method"]).__get__(self.obj)  # class's (Ray)
             _running.call = call_id
-            if self.mailbox is not None:  # its own thread: in the instance's context already
-                result = fn(*args, **kwargs)
-            else:
-                with self._context():
+            try:
+                if self.mailbox is not None:  # its own thread: in the instance's context
                     result = fn(*args, **kwargs)
+                else:
+                    with self._context():
+                        result = fn(*args, **kwargs)
+            finally:
+                _running.call = None
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             if rec is not None:
                 rec.end(name, call_id, start, False)
@@ -330,6 +347,7 @@ class HostedInstance(HostedCalls):
 
     async def _finish_async(self, call_id: str, awaitable: Any, nret: int) -> None:
         self.running_async[call_id] = (asyncio.get_running_loop(), asyncio.current_task())
+        token = _async_call.set(call_id)
         try:
             with self._context():
                 result = await awaitable
@@ -340,6 +358,7 @@ class HostedInstance(HostedCalls):
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             return self._answer_error(call_id, e)
         finally:
+            _async_call.reset(token)
             self.running_async.pop(call_id, None)
         self._answer_result(call_id, result, nret)
 

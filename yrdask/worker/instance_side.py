@@ -130,6 +130,11 @@ class InstanceSide:
         return False
 
 
+#: call id -> ids of the tasks the method call submitted (noted by worker/hosting.py), until
+#: it is answered: a recursive cancel of the call cancels them.
+call_children: dict[str, list] = {}
+
+
 class HostedCalls:
     """The calls of one hosted instance (see module docstring).  A subclass is its edge and
     provides:
@@ -210,6 +215,8 @@ class HostedCalls:
         peer = self.pending.pop(call_id, None)
         if self.cancelled:
             self.cancelled.discard(call_id)
+        if call_children:
+            call_children.pop(call_id, None)
         if peer is not None:
             self.calls_done += 1
         return peer
