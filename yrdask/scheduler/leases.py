@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from yrdask.affinity import Wire
-from yrdask.protocol import with_devices
+from yrdask.protocol import mark_lease
 from yrdask.scheduler.requests import freeze, shape_of
 from yrdask.scheduler.resources import (DEVICE_KINDS, FIX_HINT, Holding, Ledger, Shape,
                                          device_kind, format_shape)
@@ -506,9 +506,10 @@ class LeaseQueue:
             return False
         hid = w.holding_id or self._new_id()
         gpus = ledger.plan_gpus(w.shape, worker, bundle)
-        if gpus and not w.holding_id:
-            # The lease id carries its devices to the worker (protocol.lease_devices).
-            hid = with_devices(hid, [g for g, _ in gpus], w.shape.get("CPU", 0.0) / 1000)
+        if not w.holding_id:
+            # The lease id carries its devices and whole CPUs to the worker
+            # (protocol.lease_devices, protocol.lease_cpus).
+            hid = mark_lease(hid, [g for g, _ in gpus], w.shape.get("CPU", 0.0) / 1000)
         if hid in ledger.holdings:  # the same instance placed twice: never count it twice
             reason = f"holding {hid} already holds resources on {ledger.holdings[hid].worker}"
             self._story.log(sid, ("refused", w.request_id, reason), (w.request_id, hid))
