@@ -124,8 +124,6 @@ class ThreadLimits:
         self._lock = threading.Lock()
         self._holds: dict[int, int] = {}  # whole CPUs -> how many running pieces hold that
         self.limit = 0  # the process-wide limit set now; 0: none (the process's own)
-        self._setter: queue.SimpleQueue | None = None  # jobs of the setter thread
-        self._setter_pid = 0
         self._libs: Any = None  # threadpoolctl's controller, kept
         self._modules = -1  # len(sys.modules) at its scan
         self._saved: dict[str, Any] = {}  # what each process-wide setting was before
@@ -255,25 +253,7 @@ class ThreadLimits:
     def _apply(self, n: int) -> None:
         """:meth:`_set`, always in this process's one setter thread: OpenBLAS (0.3.31,
         numpy's) ignores the limits other threads set once one thread has set one."""
-        if self._setter is None or self._setter_pid != os.getpid():  # (none after a fork)
-            self._setter, self._setter_pid = queue.SimpleQueue(), os.getpid()
-            threading.Thread(target=self._serve, args=(self._setter,), daemon=True,
-                             name="yr-thread-limits").start()
-        done: list = []
-        ready = threading.Event()
-        self._setter.put((n, done, ready))
-        ready.wait()
-        if done:
-            raise done[0]
-
-    def _serve(self, jobs: queue.SimpleQueue) -> None:
-        while True:
-            n, failed, ready = jobs.get()
-            try:
-                self._set(n)
-            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
-                failed.append(e)
-            ready.set()
+        _in_setter(self._set, n)
 
     def _set(self, n: int) -> None:
         """Set the process-wide limits to ``n`` (0: back to what they were)."""
@@ -299,6 +279,35 @@ class ThreadLimits:
 
 
 _USER = object()  # in ThreadLimits._left: a setting the user's code changed
+
+_setter: list = [None, 0]  # the setter thread's job queue and its process id
+
+
+def _in_setter(fn: Any, *args: Any) -> None:
+    """Run ``fn(*args)`` in this process's setter thread (started at its first use, again
+    in a forked child) and wait for it; its exception is raised here."""
+    jobs, pid = _setter
+    if jobs is None or pid != os.getpid():
+        jobs = _setter[0] = queue.SimpleQueue()
+        _setter[1] = os.getpid()
+        threading.Thread(target=_serve, args=(jobs,), daemon=True,
+                         name="yr-thread-limits").start()
+    failed: list = []
+    ready = threading.Event()
+    jobs.put((fn, args, failed, ready))
+    ready.wait()
+    if failed:
+        raise failed[0]
+
+
+def _serve(jobs: queue.SimpleQueue) -> None:
+    while True:
+        fn, args, failed, ready = jobs.get()
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+            failed.append(e)
+        ready.set()
 
 
 #: This process's thread limits.
