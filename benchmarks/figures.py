@@ -214,6 +214,13 @@ add(Figure(
     params={"tasks": 20_000, "warmup": 200}, quick={"tasks": 2_000, "warmup": 20},
 ))
 add(Figure(
+    "blas_matmul_s", "threads", "s", False,
+    "a task holding 2 CPUs (yrdask cpu=2000, Ray num_cpus=2) multiplies two n×n float64 "
+    "matrices `times` times: seconds inside the task (median of `repeats` tasks); its BLAS "
+    "threads and kernel are in the JSON",
+    params={"n": 2000, "times": 3, "repeats": 5}, quick={"n": 1000, "repeats": 3},
+))
+add(Figure(
     "scale_cpu_tasks_efficiency", "scale", "ratio", True,
     "100·N tasks of 10 ms busy CPU each (one core each) submitted then gathered: the ideal "
     "time (100 × 10 ms, all cores busy) / the time taken; 1.0 is perfect",

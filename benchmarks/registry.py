@@ -145,6 +145,11 @@ class System:
         """A task (one core) that submits ``children`` spin tasks of ``ms`` and gathers them."""
         raise NotImplementedError
 
+    def submit_blas(self, n: int, times: int) -> Any:
+        """A task holding 2 CPUs that multiplies ``n``×``n`` matrices ``times`` times
+        (:func:`benchmarks.workloads.blas_matmul`)."""
+        raise NotImplementedError
+
     def trivial_call(self) -> Any:
         """One trivial task, waited for."""
         return self.gather([self.submit(0)])[0]
@@ -397,6 +402,16 @@ class System:
             self.destroy(h)
         return (after - before) / n, {**extra, "create_and_call_seconds": created,
                                       "pss_before_mb": before, "pss_after_mb": after, **info}
+
+    @measures("blas_matmul_s")
+    def blas_matmul(self, p: dict) -> tuple[float, dict]:
+        self.gather([self.submit_blas(p["n"], 1)])  # warm: the worker imports numpy
+        runs = [self.gather([self.submit_blas(p["n"], p["times"])])[0]
+                for _ in range(p["repeats"])]
+        last = runs[-1]
+        return statistics.median(r["seconds"] for r in runs), {
+            "runs_s": [r["seconds"] for r in runs], "blas_threads": last["blas_threads"],
+            "kernel": last["kernel"], "omp_num_threads": last["omp_num_threads"]}
 
     # -- scale figures (python -m benchmarks --cpus N --only scale) ----------------------
 

@@ -34,6 +34,8 @@ def _define() -> SimpleNamespace:
     def fan_out(children, ms):
         return workloads.fan_out(children, ms, submit_spin=spin.remote, get=ray.get)
 
+    blas = ray.remote(num_cpus=2)(workloads.blas_matmul)
+
     @ray.remote
     def nbytes_of(box):
         return ray.get(box[0]).nbytes  # box: a list, so Ray does not resolve the ref itself
@@ -55,7 +57,7 @@ def _define() -> SimpleNamespace:
 
     return SimpleNamespace(
         ray=ray, inc=inc, nested=nested, nested_burst=nested_burst, nbytes_of=nbytes_of,
-        spin=spin, fan_out=fan_out,
+        spin=spin, fan_out=fan_out, blas=blas,
         kinds={"counter": Counter, "supervisor": TrainingSupervisor},
         sizes={"small": 0.01, "tiny": 0})
 
@@ -132,6 +134,9 @@ class Ray(System):
 
     def submit_fan_out(self, children: int, ms: float):
         return self.d.fan_out.remote(children, ms)
+
+    def submit_blas(self, n: int, times: int):
+        return self.d.blas.remote(n, times)
 
 
 SYSTEM = Ray()

@@ -49,6 +49,9 @@ def _define() -> SimpleNamespace:
     def fan_out(children, ms):
         return workloads.fan_out(children, ms, submit_spin=spin.invoke, get=yr.get)
 
+    #: BLAS-bound work holding 2 CPUs (its threads follow them)
+    blas = yr.invoke(invoke_options=yr.InvokeOptions(cpu=2000, memory=0))(workloads.blas_matmul)
+
     @yr.invoke
     def nbytes_of(box):
         return yr.get(box[0]).nbytes  # box: a list, so the ref is not resolved before the call
@@ -71,7 +74,7 @@ def _define() -> SimpleNamespace:
 
     return SimpleNamespace(
         yr=yr, inc=inc, nested=nested, nested_burst=nested_burst, nbytes_of=nbytes_of,
-        spin=spin, fan_out=fan_out,
+        spin=spin, fan_out=fan_out, blas=blas,
         kinds={"counter": Counter, "supervisor": TrainingSupervisor},
         sizes={"small": small, "tiny": yr.InvokeOptions(cpu=0, memory=0)})
 
@@ -152,6 +155,9 @@ class Yrdask(System):
 
     def submit_fan_out(self, children: int, ms: float):
         return self.d.fan_out.invoke(children, ms)
+
+    def submit_blas(self, n: int, times: int):
+        return self.d.blas.invoke(n, times)
 
 
 SYSTEM = Yrdask()
