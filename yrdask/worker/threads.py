@@ -281,17 +281,19 @@ class ThreadLimits:
 _USER = object()  # in ThreadLimits._left: a setting the user's code changed
 
 _setter: list = [None, 0]  # the setter thread's job queue and its process id
+_setter_lock = threading.Lock()
 
 
 def _in_setter(fn: Any, *args: Any) -> None:
     """Run ``fn(*args)`` in this process's setter thread (started at its first use, again
     in a forked child) and wait for it; its exception is raised here."""
-    jobs, pid = _setter
-    if jobs is None or pid != os.getpid():
-        jobs = _setter[0] = queue.SimpleQueue()
-        _setter[1] = os.getpid()
-        threading.Thread(target=_serve, args=(jobs,), daemon=True,
-                         name="yr-thread-limits").start()
+    with _setter_lock:
+        jobs, pid = _setter
+        if jobs is None or pid != os.getpid():
+            jobs = _setter[0] = queue.SimpleQueue()
+            _setter[1] = os.getpid()
+            threading.Thread(target=_serve, args=(jobs,), daemon=True,
+                             name="yr-thread-limits").start()
     failed: list = []
     ready = threading.Event()
     jobs.put((fn, args, failed, ready))
