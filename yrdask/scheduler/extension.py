@@ -34,6 +34,7 @@ from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
 from yrdask.scheduler.resources import Ledger, Shape, format_shape
 from yrdask.scheduler.panels import DaskPanels
+from yrdask.scheduler.scale_up import ScaleUp
 from yrdask.scheduler.waits import WaitWatch
 
 logger = logging.getLogger("yrdask.scheduler")
@@ -96,6 +97,7 @@ class YrSchedulerExtension:
         scheduler.handlers.update(P.handlers(P.SCHEDULER_RPC, self, self.instances, self.kv,
                                              self.rgroups))
         scheduler.stream_handlers.update(P.handlers(P.SCHEDULER_STREAM, self, self.instances))
+        self.scale_up = ScaleUp(self)  # yr demand in Dask's adaptive target (scale_up.py)
         scheduler.add_plugin(_Hooks(self), name="yrdask-hooks")
 
     async def start(self) -> None:
