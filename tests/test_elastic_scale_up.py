@@ -36,13 +36,12 @@ def double(x: int) -> int:
 
 
 @yr.instance
-class Counter:
-    def __init__(self) -> None:
-        self.n = 0
+class Box:
+    def __init__(self, value: str) -> None:
+        self.value = value
 
-    def add(self, k: int) -> int:
-        self.n += k
-        return self.n
+    def get(self) -> str:
+        return self.value
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +131,9 @@ def test_adapt_scales_from_zero_for_tasks_instances_and_resource_groups(lc):
     try:
         assert yr.get([double.invoke(i) for i in range(10)], T) == [2 * i for i in range(10)]
         from_zero(lc)
-        counter = Counter.invoke()
-        assert yr.get(counter.add.invoke(5), T) == 5
-        counter.terminate()
+        box = Box.invoke("kept")
+        assert yr.get(box.get.invoke(), T) == "kept"
+        box.terminate()
         from_zero(lc)
         rg = yr.create_resource_group([{"CPU": 500, "Memory": 256}] * 2)
         rg.wait(T)
