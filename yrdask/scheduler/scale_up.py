@@ -115,8 +115,11 @@ class ScaleUp:
         shape = self.worker_shape()
         more = (0 if not needs else 1 if shape is None
                 else D.workers_needed(needs, shape)[0])
-        more = max(0, more - len(ext.pending_workers))  # joined Dask, not yet yr: coming
-        self.asked = len(ext.scheduler.workers) + more if more else len(busy)
+        # Workers on their way: in Dask but not yet offered to yr, or the other way round.
+        workers = ext.scheduler.workers
+        arriving = sum(a not in ledger.processes for a in workers) + len(ext.pending_workers)
+        more = max(0, more - arriving)
+        self.asked = len(workers) + len(ext.pending_workers) + more if more else len(busy)
         return self.asked
 
     # -- what the lease queue and the wait explanations ask ------------------------------------
