@@ -44,10 +44,11 @@ def adaptive_cluster(system: Any, p: dict) -> Iterator[Any]:
 
 
 def until_no_workers(cluster: Any) -> float:
-    """Wait (bounded) until the deployer has scaled the cluster down to no workers;
+    """Wait (bounded) until the deployer has scaled the cluster down to no workers, their
+    processes ended too (the deployer scales up again only once the closing ones are gone);
     returns the seconds waited."""
     t = time.perf_counter()
-    while cluster.scheduler.workers:
+    while cluster.scheduler.workers or cluster.workers:
         if time.perf_counter() - t > WORKER_TIMEOUT_S:
             raise TimeoutError(f"the cluster kept {len(cluster.scheduler.workers)} workers "
                                f"for {WORKER_TIMEOUT_S:g} s with nothing to do")
