@@ -93,11 +93,11 @@ class YrSchedulerExtension:
         self.instances = InstanceManager(self)
         self.kv = KVServer()  # the cluster's KV store (P.KV_RPC)
         self.rgroups = ResourceGroupService(self)  # resource groups (scheduler/groups.py)
+        self.scale_up = ScaleUp(self)  # yr demand in Dask's adaptive target (scale_up.py)
         # One table each, from the protocol: the extension's ops, then the instance manager's.
         scheduler.handlers.update(P.handlers(P.SCHEDULER_RPC, self, self.instances, self.kv,
                                              self.rgroups))
         scheduler.stream_handlers.update(P.handlers(P.SCHEDULER_STREAM, self, self.instances))
-        self.scale_up = ScaleUp(self)  # yr demand in Dask's adaptive target (scale_up.py)
         scheduler.add_plugin(_Hooks(self), name="yrdask-hooks")
 
     async def start(self) -> None:
