@@ -22,6 +22,9 @@ class Figure:
     timeout_s: float = 300.0
     #: the issue-5 target for yrdask: (comparison, value), e.g. ("<=", 1.5); None: no target
     target: tuple[str, float] | None = None
+    #: the figure starts and stops its own cluster (benchmarks/elastic.py): the harness
+    #: starts none and measures no init_s for it
+    own_cluster: bool = False
 
     def target_text(self) -> str:
         return "" if self.target is None else f"{self.target[0]} {self.target[1]:g}"
@@ -244,13 +247,27 @@ add(Figure(
     params={"per_cpu": 20}, quick={"per_cpu": 5},
 ))
 
+
+# -- elastic: clusters that Dask's deployer grows from no workers (benchmarks/elastic.py) ---
+
+ADAPT = {"maximum": 2, "interval": "200ms", "wait_count": 2}  # cluster.adapt()'s arguments
+
+add(Figure(
+    "adaptive_first_result_s", "elastic", "s", False,
+    "LocalCluster(n_workers=0, threads_per_worker=1) under cluster.adapt(minimum=0, "
+    "maximum=2, interval=200ms): one trivial task submitted -> its result, while Dask's "
+    "deployer adds a worker for it (yrdask: a yr task; Dask: a Dask task); median over "
+    "repeats, each from no workers",
+    params={**ADAPT, "repeats": 3}, quick={"repeats": 1}, timeout_s=240.0, own_cluster=True,
+))
+
 #: groups a run without --only leaves out
-OPT_IN_GROUPS = ("scale",)
+OPT_IN_GROUPS = ("scale", "elastic")
 
 
 def select(only: str | None) -> list[Figure]:
     """Figures named (or whose group is named) in the comma-separated ``only``; without it,
-    all except the opt-in groups (``scale``)."""
+    all except the opt-in groups (``scale``, ``elastic``)."""
     if not only:
         return [f for f in FIGURES.values() if f.group not in OPT_IN_GROUPS]
     names = [n.strip() for n in only.split(",") if n.strip()]

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import psutil
 
+from benchmarks import elastic
 from benchmarks.common import (latency_result, payload, put_get_result, same_size, timed_calls,
                                tree_pss_mb)
 
@@ -460,6 +461,22 @@ class System:
         n, extra = self.capped("instances", {**p, "instances": p["per_cpu"] * N_WORKERS})
         _, dt = self._counters(n)
         return n / dt, {**extra, "cpus": N_WORKERS, "seconds": dt}
+
+    # -- elastic figures (python -m benchmarks --only elastic; benchmarks/elastic.py) -------
+
+    def elastic_cluster_kwargs(self) -> dict:
+        """What the elastic group's LocalCluster needs for this system (preloads)."""
+        raise NotImplementedError
+
+    def join(self, address: str) -> None:  # connect to the cluster at ``address``
+        raise NotImplementedError
+
+    def leave(self) -> None:  # disconnect from it (the cluster stays)
+        raise NotImplementedError
+
+    @measures("adaptive_first_result_s")
+    def adaptive_first_result(self, p: dict) -> tuple[float, dict]:
+        return elastic.first_result(self, p)
 
     def figures(self) -> dict[str, Callable[[dict], tuple[float, dict]]]:
         out = {}

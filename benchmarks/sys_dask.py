@@ -125,6 +125,17 @@ class Dask(System):
         self.client.close()
         self.cluster.close()
 
+    def elastic_cluster_kwargs(self) -> dict:
+        return {}
+
+    def join(self, address: str) -> None:
+        from distributed import Client
+
+        self.client = Client(address)
+
+    def leave(self) -> None:
+        self.client.close()
+
     def submit(self, i: int):
         return self.client.submit(inc, i, pure=False)
 

@@ -66,6 +66,11 @@ class Ray(System):
     name = "ray"
     requires = "ray"
     install_hint = "pip install -e .[bench]"
+    unsupported = {
+        "adaptive_first_result_s": "it needs Ray's autoscaler with a node provider (the "
+                                   "fake multi-node one of ray.cluster_utils."
+                                   "AutoscalingCluster), not Dask's deployer: not set up here",
+    }
     caps = {
         "instances": (6, 3, "every Ray actor is a worker process of its own (~45 MB): they "
                             "start at ~1-3 per second on this 2-core machine"),

@@ -97,6 +97,17 @@ class Yrdask(System):
     def stop(self) -> None:
         self.yr.finalize()
 
+    def elastic_cluster_kwargs(self) -> dict:
+        return {"scheduler_kwargs": {"preload": ["yrdask"]}, "preload": ["yrdask"]}
+
+    def join(self, address: str) -> None:
+        self.d = _define()
+        self.yr = self.d.yr
+        self.yr.init(self.yr.Config(server_address=address))
+
+    def leave(self) -> None:
+        self.yr.finalize()
+
     def submit(self, i: int):
         return self.d.inc.invoke(i)
 
