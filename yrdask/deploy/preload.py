@@ -22,10 +22,14 @@ def install_scheduler(scheduler: Any) -> YrSchedulerExtension:
     from yrdask.scheduler.extension import EXTENSION_NAME, YrSchedulerExtension
     from yrdask.worker.plugin import YrNannyPlugin, YrWorkerPlugin
 
+    from yrdask.scheduler.durable import DurableControl, open_store
+
     ext = scheduler.extensions.get(EXTENSION_NAME)
     if ext is None:
+        store = open_store(scheduler)  # yrdask.state.path: what outlives this scheduler
         ext = YrSchedulerExtension(scheduler, worker_plugin=YrWorkerPlugin(),
-                                   monitoring=install_dashboard, nanny_plugin=YrNannyPlugin())
+                                   monitoring=install_dashboard, nanny_plugin=YrNannyPlugin(),
+                                   durable=DurableControl(store) if store is not None else None)
     return ext
 
 
