@@ -145,6 +145,10 @@ class LocalChannel:
         self.closed = True
 
 
+#: How long a failed scheduler rpc waits to learn whether the job stream ended as well.
+STREAM_LOST_WAIT_S = 2.0
+
+
 class DriverConnector:
     """A driver's link to the scheduler (job stream + RPCs) and its owner server."""
 
@@ -275,7 +279,17 @@ class DriverConnector:
         job stream was lost: the scheduler there now does not know this job."""
         if self.lost is not None:
             raise SchedulerLostError(str(self.lost))
-        return await P.request(self.pool(self.scheduler_address), msg)
+        try:
+            return await P.request(self.pool(self.scheduler_address), msg)
+        except (CommClosedError, OSError):
+            # The scheduler may be gone: its job stream then ends too, at about the same
+            # time.  Wait (bounded) to learn it, so that what is pending fails as lost.
+            reader = self.reader
+            if reader is not None and not self.closing:
+                await asyncio.wait({reader}, timeout=STREAM_LOST_WAIT_S)
+            if self.lost is not None:
+                raise SchedulerLostError(str(self.lost)) from None
+            raise
 
     async def scheduler_rpc(self, op: str, **kwargs: Any) -> Any:
         """A scheduler rpc by op name; the fields are checked against the op's message."""

@@ -180,7 +180,40 @@ def restore_kv(snapshot: Snapshot, store: Any, now: float, wall: float) -> list[
     return refused
 
 
-# -- the SQLite store ------------------------------------------------------------------------
+# -- stores ----------------------------------------------------------------------------------
+
+
+class MemoryStore:
+    """:class:`StateStore` in this process's memory: the reference behaviour of a store, for
+    tests and the simulation (it does not outlive the process)."""
+
+    def __init__(self) -> None:
+        self.rows = Snapshot()
+        self.batches = 0
+
+    def load(self) -> Snapshot:
+        return Snapshot(dict(self.rows.instances), dict(self.rows.kv))
+
+    def apply(self, changes: Changes) -> None:
+        rows = self.rows
+        for iid, row in changes.instances.items():
+            if row is None:
+                rows.instances.pop(iid, None)
+            else:
+                rows.instances[iid] = row
+        for iid, checkpoint in changes.checkpoints.items():
+            row = rows.instances.get(iid)
+            if row is not None:
+                rows.instances[iid] = InstanceRow(iid, row.spec, checkpoint)
+        for key, kv in changes.kv.items():
+            if kv is None:
+                rows.kv.pop(key, None)
+            else:
+                rows.kv[key] = kv
+        self.batches += 1
+
+    def close(self) -> None:
+        pass
 
 
 class StateStoreError(RuntimeError):
@@ -197,6 +230,8 @@ class SqliteStore:
         folder = os.path.dirname(os.path.abspath(path))
         try:
             os.makedirs(folder, exist_ok=True)
+            # pickled classes and arguments that workers will run: the owner's alone
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
             self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             db = self.db
             db.execute("PRAGMA journal_mode=WAL")
@@ -214,7 +249,7 @@ class SqliteStore:
                     f"the yrdask state file {path} has schema version {row[0]}, this yrdask "
                     f"writes {SCHEMA_VERSION}: move it away, or set {CONFIG_KEY} to another "
                     "file")
-        except sqlite3.Error as e:
+        except (sqlite3.Error, OSError) as e:
             raise StateStoreError(f"cannot use the yrdask state file {path} ({e}): set "
                                   f"{CONFIG_KEY} to a writable file, or false") from e
 
@@ -333,7 +368,7 @@ class DurableControl:
             logger.info("yrdask: read back %d detached instances and %d KV entries from %s",
                         len(self.state.kept), self.counters["restored_kv"],
                         getattr(self.store, "path", self.store))
-        ext.instances.durable = self
+        service.durable = self
         kv.durable = self
 
         control = self
@@ -356,18 +391,18 @@ class DurableControl:
 
     # -- hooks (instance manager, KV server) -----------------------------------------------
 
-    def instance_created(self, rec: L.InstanceRecord | None) -> None:
-        if rec is not None and rec.detached:
+    def instance_created(self, rec: L.InstanceRecord) -> None:
+        if rec.detached:
             self.state.instance_created(rec)
             self.flush()
 
-    def instance_saved(self, rec: L.InstanceRecord | None) -> None:
-        if rec is not None and rec.instance_id in self.state.kept:
+    def instance_saved(self, rec: L.InstanceRecord) -> None:
+        if rec.instance_id in self.state.kept:
             self.state.instance_saved(rec)
             self.flush()
 
     def instances_ended(self, recs: list[L.InstanceRecord]) -> None:
-        if recs and not self.closing:
+        if not self.closing and any(r.instance_id in self.state.kept for r in recs):
             self.state.instances_ended(recs)
             self.flush()
 

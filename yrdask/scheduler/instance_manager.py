@@ -38,7 +38,6 @@ class InstanceManager:
             dask.config.get("yrdask.scheduling.ended-instances-kept", L.ENDED_KEPT)))
         self.service = InstanceService(_DaskEdge(ext), lifecycle, ext.ledger)
         self.lifecycle = lifecycle
-        self.durable: Any = None  # scheduler/durable.py: detached instances kept for a restart
         # Its handlers are registered by the extension, in the tables built from the protocol
         # (P.handlers(P.SCHEDULER_RPC, ext, ext.instances), ...).
 
@@ -55,8 +54,6 @@ class InstanceManager:
         ``[None, reason, None]``."""
         fut = asyncio.get_running_loop().create_future()
         self.service.create(spec, _setter(fut))
-        if self.durable is not None:
-            self.durable.instance_created(self.lifecycle.instances.get(spec["instance_id"]))
         reply = await fut
         if reply[0] is not None:
             return [*reply, self.ext.server_id_of(reply[1])]
@@ -95,8 +92,6 @@ class InstanceManager:
     def save_state(self, instance_id: str, state: bytes) -> None:
         """Keep an instance's checkpoint; a restart resumes from it instead of ``__init__``."""
         self.service.save_state(instance_id, state)
-        if self.durable is not None:
-            self.durable.instance_saved(self.lifecycle.instances.get(instance_id))
 
     def load_state(self, instance_id: str) -> bytes | None:
         return self.lifecycle.checkpoint_of(instance_id)
@@ -226,6 +221,4 @@ class _DaskEdge:
         asyncio.get_running_loop().create_task(wait())
 
     def after_feed(self) -> None:
-        instances = self.ext.instances
-        if instances.durable is not None:  # (set after the manager is built)
-            instances.durable.instances_ended(instances.lifecycle.last_ended)
+        pass
