@@ -48,12 +48,12 @@ def _restart(cli: CliCluster, sig: int) -> None:
     workers back as their supervisor would (Dask's workers close when it goes)."""
     old = list(cli.workers)
     cli.restart_scheduler(sig)
-    wait_until(lambda: all(w.proc.poll() is not None for w in old), 30,
-               "the workers closed after their scheduler went")
     cli.workers.clear()
     for w in old:
         cli._launch_worker(name=f"{w.name}r")
     cli._wait_for_workers(len(old))
+    wait_until(lambda: all(w.proc.poll() is not None for w in old), 30,
+               "the old workers closed after their scheduler went")
 
 
 def test_detached_instance_and_kv_survive_a_scheduler_restart(cluster, tmp_path):
@@ -77,6 +77,8 @@ def test_detached_instance_and_kv_survive_a_scheduler_restart(cluster, tmp_path)
         assert time.monotonic() - t0 < 20
         with pytest.raises(SchedulerLostError, match="restarted or lost"):
             ctr.incr.invoke()
+        with pytest.raises(SchedulerLostError):  # a scheduler rpc
+            yr.kv_read("restart-key", timeout=1)
         yr.finalize()
 
         yr.init(yr.Config(server_address=cli.address))

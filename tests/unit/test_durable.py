@@ -19,7 +19,7 @@ from .test_lifecycle import JOB, W1, W2, of, spec
 from yrdask import protocol as P
 from yrdask.scheduler import durable as D
 from yrdask.scheduler import lifecycle as L
-from yrdask.scheduler.kv import KVStore
+from yrdask.scheduler.kv import KVServer, KVStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -145,6 +145,19 @@ def test_kv_entries_are_kept_with_their_remaining_time_to_live():
     later = KVStore()
     D.restore_kv(snap, later, now=0.0, wall=5011.0)  # expired while the scheduler was down
     assert set(later.items) == {"a", "c"}
+
+
+def test_kv_server_writes_through_puts_evictions_and_deletes():
+    kv = KVServer(max_bytes=40)
+    kv.durable = D.DurableControl(D.MemoryStore())
+    assert kv.kv_put(["old"], [b"x" * 20], evictable=True) == ["ok", None]
+    assert set(kv.durable.store.load().kv) == {"old"}
+    assert kv.kv_put(["new"], [b"y" * 20]) == ["ok", None]  # evicts "old"
+    assert set(kv.durable.store.load().kv) == {"new"}
+    assert kv.kv_put(["new"], [b"z"], nx=True)[0] == "exists"  # refused: nothing written
+    assert kv.durable.store.load().kv["new"].value == b"y" * 20
+    kv.kv_del(["new", "never"])
+    assert kv.durable.store.load().kv == {}
 
 
 def test_kv_entries_that_no_longer_fit_are_reported():

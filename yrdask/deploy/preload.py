@@ -19,10 +19,9 @@ if TYPE_CHECKING:
 def install_scheduler(scheduler: Any) -> YrSchedulerExtension:
     """Install yr's extension on ``scheduler`` (once), with the plugin it gives workers."""
     from yrdask.dashboard import install as install_dashboard
+    from yrdask.scheduler.durable import DurableControl, open_store
     from yrdask.scheduler.extension import EXTENSION_NAME, YrSchedulerExtension
     from yrdask.worker.plugin import YrNannyPlugin, YrWorkerPlugin
-
-    from yrdask.scheduler.durable import DurableControl, open_store
 
     ext = scheduler.extensions.get(EXTENSION_NAME)
     if ext is None:
