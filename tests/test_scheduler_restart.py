@@ -59,7 +59,7 @@ def _restart(cli: CliCluster, sig: int) -> None:
 def test_detached_instance_and_kv_survive_a_scheduler_restart(cluster, tmp_path):
     cluster.finalize()
     state = tmp_path / "yr-state.sqlite"
-    cli = CliCluster.start([{}, {}], tmp_path / "cli", port=_free_port(),
+    cli = CliCluster.start([{}], tmp_path / "cli", port=_free_port(),
                            env={"DASK_YRDASK__STATE__PATH": str(state)})
     try:
         yr.init(yr.Config(server_address=cli.address))

@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol
 
+from distributed.diagnostics.plugin import SchedulerPlugin
+
 from yrdask.scheduler import lifecycle as L
 
 logger = logging.getLogger("yrdask.scheduler")
@@ -340,54 +342,41 @@ class DurableControl:
         self.store = store
         self.state = DurableState()
         self.closing = False
-        self.counters = {"batches": 0, "restored_instances": 0, "restored_kv": 0}
 
     def attach(self, ext: Any) -> None:
         """Read the state back into ``ext`` (the scheduler extension, on its loop) and record
         its changes from now on."""
-        from distributed.diagnostics.plugin import SchedulerPlugin
-
         snapshot = self.store.load()
         kv = ext.kv
         refused = restore_kv(snapshot, kv.store, kv._now(), time.time())
         if refused:
             logger.warning("yrdask: %d KV entries kept before the restart do not fit the KV "
-                           "store's bound (yrdask.kv.max-bytes) and are gone: %s",
+                           "store's bound (yrdask.kv.max-bytes) and are dropped: %s",
                            len(refused), refused[:10])
-        self.counters["restored_kv"] = len(snapshot.kv) - len(refused)
         service = ext.instances.service
         for event in restore_events(snapshot):
             service.feed(event)
         lifecycle = ext.instances.lifecycle
         for iid in snapshot.instances:
-            rec = lifecycle.instances.get(iid)
-            if rec is not None:
+            if lifecycle.is_live(iid):
                 self.state.kept.add(iid)
-        self.counters["restored_instances"] = len(self.state.kept)
+            else:  # (not re-created: its row would come back at every restart)
+                self.state.pending.instances[iid] = None
+        self.state.pending.kv.update(dict.fromkeys(refused))
         if snapshot.instances or snapshot.kv:
             logger.info("yrdask: read back %d detached instances and %d KV entries from %s",
-                        len(self.state.kept), self.counters["restored_kv"],
+                        len(self.state.kept), len(snapshot.kv) - len(refused),
                         getattr(self.store, "path", self.store))
+        self.flush()
         service.durable = self
         kv.durable = self
-
-        control = self
-
-        class _Closing(SchedulerPlugin):
-            async def before_close(self) -> None:
-                control.closing = True
-
-            async def close(self) -> None:
-                control.store.close()
-
-        ext.scheduler.add_plugin(_Closing(), name="yrdask-durable")
+        ext.scheduler.add_plugin(_ClosingHook(self), name="yrdask-durable")
 
     def flush(self) -> None:
         """Write what was collected, in one batch."""
         changes = self.state.take()
         if changes and not self.closing:
             self.store.apply(changes)
-            self.counters["batches"] += 1
 
     # -- hooks (instance manager, KV server) -----------------------------------------------
 
@@ -409,3 +398,16 @@ class DurableControl:
     def kv_written(self, store: Any, keys: Iterable[str], now: float) -> None:
         self.state.kv_written(store, keys, now, time.time())
         self.flush()
+
+
+class _ClosingHook(SchedulerPlugin):
+    """Stops the writes when the scheduler begins to close, and closes the store after."""
+
+    def __init__(self, control: DurableControl) -> None:
+        self.control = control
+
+    async def before_close(self) -> None:
+        self.control.closing = True
+
+    async def close(self) -> None:
+        self.control.store.close()
