@@ -209,7 +209,8 @@ class DriverConnector:
                 raise YRRuntimeError(
                     f"the scheduler at {self.scheduler_address} has no yrdask extension: start it "
                     "with `dask scheduler --preload yrdask` (or the Dask config in "
-                    "plugins/yrdask.yaml)")
+                    "plugins/yrdask.yaml); if it was, its preload failed: the scheduler's log "
+                    "says why (e.g. a yrdask.state.path it cannot use)")
             await asyncio.sleep(0.05)
 
     async def _read(self) -> None:

@@ -37,6 +37,7 @@ from typing import Any, Iterable, Protocol
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from yrdask.errors import StateStoreError
 from yrdask.scheduler import lifecycle as L
 
 logger = logging.getLogger("yrdask.scheduler")
@@ -216,10 +217,6 @@ class MemoryStore:
 
     def close(self) -> None:
         pass
-
-
-class StateStoreError(RuntimeError):
-    """The state file cannot be used; the message names it and the config key."""
 
 
 class SqliteStore:
