@@ -42,7 +42,10 @@ call whose answer arrived is never sent again.  At quiescence: no live instance 
 ended (unless detached), none unheld, none held by a process that is gone or does not count it, no
 instance hosted on a worker that the lifecycle does not place there.  At the end, after the
 detached instances are terminated: no instance, no holding, no pending request, nothing
-waiting in the adapters, every kill answered.
+waiting in the adapters, every kill answered.  At both points the scheduler restarts (on
+paper): the durable store (``scheduler/durable.py``, which the instance adapter writes as in
+production) holds exactly the live detached instances with their latest checkpoints, and
+reading it back gives a lifecycle that validates, with their names.
 """
 
 from __future__ import annotations
