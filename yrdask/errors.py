@@ -12,6 +12,8 @@
         │   ├── YRequestError        a request to the cluster failed
         │   ├── CancelledError       the task was cancelled with yr.cancel
         │   ├── InstanceDiedError    the instance ended (terminated, lost, out of restarts)
+        │   ├── SchedulerLostError   the driver's scheduler went away (stopped or restarted)
+        │   ├── StateStoreError      the scheduler cannot use its state file (yrdask.state.path)
         │   ├── ScheduleError        resources could not be found before schedule_timeout_ms
         │   ├── KVExistsError        an NX KV write found its key present
         │   ├── KVFullError          a KV write would exceed yrdask.kv.max-bytes
@@ -38,6 +40,8 @@ __all__ = [
     "YRequestError",
     "CancelledError",
     "InstanceDiedError",
+    "SchedulerLostError",
+    "StateStoreError",
     "CallCrashedError",
     "TaskCrashedError",
     "ScheduleError",
@@ -80,6 +84,17 @@ class YRequestError(YRRuntimeError):
 
 class CancelledError(YRRuntimeError):
     """The task was cancelled by ``yr.cancel``; ``yr.get`` raises this."""
+
+
+class SchedulerLostError(YRRuntimeError):
+    """The scheduler this driver was connected to went away (stopped, crashed or restarted):
+    its pending and later calls fail with this; the message names the scheduler's address and
+    what to do (``yr.finalize()``, then ``yr.init()`` again)."""
+
+
+class StateStoreError(YRRuntimeError):
+    """The scheduler cannot use its state file (``yrdask.state.path``); the message names
+    the file, why, and what to set instead."""
 
 
 class InstanceDiedError(YRRuntimeError):

@@ -59,8 +59,10 @@ class YrSchedulerExtension:
 
     def __init__(self, scheduler: Any, worker_plugin: Any = None,
                  monitoring: Callable[[Any], Any] | None = None,
-                 nanny_plugin: Any = None) -> None:
+                 nanny_plugin: Any = None, durable: Any = None) -> None:
         self.scheduler = scheduler
+        # scheduler/durable.py's DurableControl, or None: what a restarted scheduler reads back
+        self.durable = durable
         # Handed in by the composition root (yrdask.deploy): the scheduler never imports
         # the worker agent or the dashboard.
         self.worker_plugin = worker_plugin  # installed on every worker at start
@@ -123,6 +125,8 @@ class YrSchedulerExtension:
         self.scheduler.periodic_callbacks["yr-dask-panels"] = panels
         panels.start()
         self.kv.start(self.scheduler)
+        if self.durable is not None:
+            self.durable.attach(self)
         if not self.defer_monitoring:
             self.start_monitoring()
 
