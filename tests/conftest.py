@@ -54,6 +54,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 # The suite decides which cluster each test talks to.
 os.environ.pop("YR_SERVER_ADDRESS", None)
+# A scheduler on a fixed port keeps its detached instances and KV in a state file by default
+# (docs/faults.md, "Scheduler restart"): tests reuse ports, so no cluster of theirs keeps
+# state unless the test names a file of its own (tests/test_scheduler_restart.py).
+os.environ.setdefault("DASK_YRDASK__STATE__PATH", "false")
 
 import yrdask as yr  # noqa: E402
 
