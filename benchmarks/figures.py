@@ -237,13 +237,25 @@ add(Figure(
     params={"per_cpu": 20}, quick={"per_cpu": 5},
 ))
 
+
+# -- elastic: clusters that Dask's deployers grow and shrink ---------------------------------
+
+add(Figure(
+    "drain_s", "elastic", "s", False,
+    "scale-down of a worker that hosts 20 instances with a checkpoint and keeps 10 x 20 MB "
+    "of task results (yrdask; one node): client.retire_workers of it -> all 20 instances "
+    "answer from their new worker with their state and all 200 MB read back",
+    params={"instances": 20, "objects": 10, "object_mb": 20},
+    quick={"instances": 5, "objects": 2, "object_mb": 20}, timeout_s=240.0,
+))
+
 #: groups a run without --only leaves out
-OPT_IN_GROUPS = ("scale",)
+OPT_IN_GROUPS = ("scale", "elastic")
 
 
 def select(only: str | None) -> list[Figure]:
     """Figures named (or whose group is named) in the comma-separated ``only``; without it,
-    all except the opt-in groups (``scale``)."""
+    all except the opt-in groups (``scale``, ``elastic``)."""
     if not only:
         return [f for f in FIGURES.values() if f.group not in OPT_IN_GROUPS]
     names = [n.strip() for n in only.split(",") if n.strip()]
