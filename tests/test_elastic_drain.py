@@ -80,6 +80,11 @@ def two(local):
         wait_until(lambda: client.run_on_scheduler(
             lambda dask_scheduler: len(dask_scheduler.extensions["yr"].ledger.processes)) == 2,
             60, "two yr workers")
+    wait_until(lambda: not client.run_on_scheduler(  # leases go back after lease_idle_s
+        lambda dask_scheduler: dask_scheduler.extensions["yr"].leases.ledger.holdings
+        and any(h.kind == "lease" for h in
+                dask_scheduler.extensions["yr"].leases.ledger.holdings.values())),
+        10, "no yr task lease held (the last test's work is over)")
     return lc, client
 
 
@@ -92,6 +97,32 @@ def host_of(client: Client, iid: str) -> str:
 def to_close(client: Client, n: int = 2) -> list:
     return client.run_on_scheduler(
         lambda dask_scheduler: dask_scheduler.workers_to_close(n=n))
+
+
+def test_a_worker_running_a_yr_task_is_not_proposed(two, tmp_path):
+    _lc, client = two
+    flag = str(tmp_path / "go")
+    ref = wait_for.invoke(flag)
+    busy = wait_until(lambda: [w for w, ws in client.scheduler_info()["workers"].items()
+                               if ws["metrics"].get("yr", {}).get("tasks_running")],
+                      30, "the task to run")[0]
+    proposed = to_close(client)
+    assert busy not in proposed
+    open(flag, "w").close()
+    assert yr.get(ref) == "done"
+
+
+def test_an_instance_without_a_checkpoint_keeps_its_worker(two):
+    _lc, client = two
+    c = Counter.invoke()
+    assert yr.get(c.inc.invoke(1)) == 1
+    host = host_of(client, c.instance_id)
+    proposed = to_close(client)
+    assert host not in proposed and len(proposed) == 1
+    assert client.retire_workers(workers=[host], close_workers=True) == {}
+    assert host in client.scheduler_info()["workers"]
+    assert yr.get(c.inc.invoke(2)) == 2 and host_of(client, c.instance_id) == host
+    c.terminate()
 
 
 @pytest.mark.parametrize("isolated", [False, True], ids=["in-worker", "own-process"])
@@ -123,19 +154,6 @@ def test_a_checkpointed_instance_moves_with_its_state_and_calls_run_once(two, is
     c.terminate()
 
 
-def test_an_instance_without_a_checkpoint_keeps_its_worker(two):
-    _lc, client = two
-    c = Counter.invoke()
-    assert yr.get(c.inc.invoke(1)) == 1
-    host = host_of(client, c.instance_id)
-    proposed = to_close(client)
-    assert host not in proposed and len(proposed) == 1
-    assert client.retire_workers(workers=[host], close_workers=True) == {}
-    assert host in client.scheduler_info()["workers"]
-    assert yr.get(c.inc.invoke(2)) == 2 and host_of(client, c.instance_id) == host
-    c.terminate()
-
-
 def test_a_value_kept_only_by_the_retired_worker_is_read_after(two):
     _lc, client = two
     ref = big.invoke(2 * 1024 * 1024)  # large: its worker keeps it in the node's store
@@ -153,19 +171,6 @@ def test_a_value_kept_only_by_the_retired_worker_is_read_after(two):
     entry.value = None  # read it again from where it is kept now, not from the cache
     entry.has_value = False
     assert yr.get(ref) == b"x" * (2 * 1024 * 1024)
-
-
-def test_a_worker_running_a_yr_task_is_not_proposed(two, tmp_path):
-    _lc, client = two
-    flag = str(tmp_path / "go")
-    ref = wait_for.invoke(flag)
-    busy = wait_until(lambda: [w for w, ws in client.scheduler_info()["workers"].items()
-                               if ws["metrics"].get("yr", {}).get("tasks_running")],
-                      30, "the task to run")[0]
-    proposed = to_close(client)
-    assert busy not in proposed
-    open(flag, "w").close()
-    assert yr.get(ref) == "done"
 
 
 def test_adaptive_scale_down_moves_a_checkpointed_instance(two):
@@ -191,3 +196,45 @@ def test_adaptive_scale_down_moves_a_checkpointed_instance(two):
     assert host_of(client, c.instance_id) == other
     del data
     c.terminate()
+
+
+@pytest.fixture
+def two_nodes(local):
+    """Two worker processes playing two nodes (``YRDASK_NODE_ID``): separate stores."""
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    lc, _client = local
+    yr.finalize()
+    workers = {n: {"cls": Nanny, "options": {"nthreads": 1, "preload": ["yrdask"],
+                                             "env": {"YRDASK_NODE_ID": f"drain-{n}"}}}
+               for n in ("a", "b")}
+    sc = SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {
+        "preload": ["yrdask"], "dashboard_address": ":0"}})
+    client = Client(sc)
+    yr.init(yr.Config(server_address=sc.scheduler_address))
+    try:
+        yield sc, client
+    finally:
+        yr.finalize()
+        client.close()
+        sc.close()
+        yr.init(yr.Config(server_address=lc.scheduler_address))
+
+
+def test_a_value_kept_on_a_retiring_node_is_copied_to_another_node(two_nodes):
+    _sc, client = two_nodes
+    ref = big.invoke(2 * 1024 * 1024)
+    yr.wait([ref])
+    entry = current_runtime().objects.entries[ref.id]
+    keeper = entry.location
+    wait_until(lambda: not client.run_on_scheduler(
+        lambda dask_scheduler: dask_scheduler.extensions["yr"].leases.holdings_on(keeper)),
+        10, "the task's lease to go back")
+    assert keeper in client.retire_workers(workers=[keeper], close_workers=True)
+    new = wait_until(lambda: entry.location if entry.location != keeper else None, 10,
+                     "the owner to learn the new keeper")
+    assert new != keeper and new in client.scheduler_info()["workers"]
+    copied = client.run(lambda: __import__("yrdask.runtime.store", fromlist=["x"])
+                        .node_store().contains(ref.id), workers=[new])[new]
+    assert copied, "the value was not written to the other node's store"
+    assert yr.get(ref) == b"x" * (2 * 1024 * 1024)  # never read before: pulled from there
