@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 
+import dask
 import pytest
 import yr
 from distributed import Client, LocalCluster
@@ -112,9 +113,12 @@ def test_a_worker_running_a_yr_task_is_not_proposed(two, tmp_path):
     assert yr.get(ref) == "done"
 
 
-def test_an_instance_without_a_checkpoint_keeps_its_worker(two):
+def test_an_instance_without_a_checkpoint_keeps_its_worker_unless_the_key_says(two):
+    """Kept by default (as Ray keeps nodes with actors); with
+    ``yrdask.scheduling.drain-restart-unmovable`` its worker retires and it restarts
+    elsewhere from ``__init__``, within its restart budget."""
     _lc, client = two
-    c = Counter.invoke()
+    c = Counter.options(yr.InvokeOptions(recover_retry_times=1)).invoke()
     assert yr.get(c.inc.invoke(1)) == 1
     host = host_of(client, c.instance_id)
     proposed = to_close(client)
@@ -122,6 +126,11 @@ def test_an_instance_without_a_checkpoint_keeps_its_worker(two):
     assert client.retire_workers(workers=[host], close_workers=True) == {}
     assert host in client.scheduler_info()["workers"]
     assert yr.get(c.inc.invoke(2)) == 2 and host_of(client, c.instance_id) == host
+    with dask.config.set({"yrdask.scheduling.drain-restart-unmovable": True}):
+        assert host in to_close(client)  # the scheduler runs in this process: it sees the key
+        assert host in client.retire_workers(workers=[host], close_workers=True)
+    assert yr.get(c.inc.invoke(3)) == 1  # a fresh __init__ elsewhere
+    assert host_of(client, c.instance_id) != host
     c.terminate()
 
 
