@@ -69,3 +69,8 @@ def test_drain_settings_are_checked_with_the_key_named():
             drain_settings()
     with dask.config.set({"yrdask.scheduling.drain-timeout": "2s"}):
         assert drain_settings()[1] == 2.0
+
+
+def test_instance_calls_running_there_make_a_worker_busy():
+    d = decide(W, [inst("a", checkpoint=True)], 0, False, calls=3)
+    assert "3 instance call(s)" in d.keep

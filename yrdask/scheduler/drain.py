@@ -63,14 +63,17 @@ def movable(h: Hosted) -> bool:
 
 
 def decide(worker: str, hosted: Iterable[Hosted], leases: int, restart_unmovable: bool,
-           room: Any = None) -> Decision:
+           room: Any = None, calls: int = 0) -> Decision:
     """What ``worker`` needs before it may retire.
 
     ``leases``: yr task leases held there (running or about to run work: never idle).
-    ``room(shape)``: whether another worker could take an instance of that shape now
-    (``None``: not checked)."""
+    ``calls``: instance calls it runs or queues (its last heartbeat; counted when workers
+    are proposed, not when a drain waits for them).  ``room(shape)``: whether another
+    worker could take an instance of that shape now (``None``: not checked)."""
     if leases:
         return Decision(worker, keep=f"it runs yr work ({leases} task lease(s) held)")
+    if calls:
+        return Decision(worker, keep=f"it runs yr work ({calls} instance call(s))")
     move: list[str] = []
     restart: list[str] = []
     for h in hosted:
@@ -126,7 +129,10 @@ class Drainer:
 
     # -- what each worker needs ------------------------------------------------------------
 
-    def decision(self, worker: str, avoid: Iterable[str] = ()) -> Decision:
+    def decision(self, worker: str, avoid: Iterable[str] = (), proposing: bool = False
+                 ) -> Decision:
+        """:func:`decide` for ``worker`` now; ``proposing``: for ``workers_to_close`` (its
+        running instance calls count too: a drain would wait for them)."""
         lifecycle = self.ext.instances.lifecycle
         hosted = [Hosted(r.instance_id, r.spec.get("cls_name") or "", r.state,
                          r.checkpoint is not None, r.can_restart, r.spec.get("shape") or {})
@@ -141,7 +147,12 @@ class Drainer:
             from yrdask.scheduler.requests import shape_of
 
             return ledger.choose(shape_of(shape), avoid=away) is not None
-        return decide(worker, hosted, leases, restart_unmovable, room)
+        calls = 0
+        if proposing:
+            ws = self.scheduler.workers.get(worker)
+            report = (ws.metrics or {}).get("yr") if ws is not None else None
+            calls = sum(int(p) for _done, p in ((report or {}).get("instances") or {}).values())
+        return decide(worker, hosted, leases, restart_unmovable, room, calls)
 
     def _needs(self, worker: str) -> bool:
         """``worker`` hosts instances that would move, or keeps values for their owners
@@ -160,7 +171,7 @@ class Drainer:
         (Dask then picks among them)."""
         ok = []
         for ws in workers:
-            d = self.decision(ws.address)
+            d = self.decision(ws.address, proposing=True)
             if d.keep:
                 self._keep(ws.address, d.keep)
             else:
@@ -226,6 +237,10 @@ class Drainer:
         why = await self.hand_over_objects(worker, others)
         if why:
             self._keep(worker, why)
+            return False
+        again = self.decision(worker, retiring)  # work placed there while it drained
+        if again.keep or again.move:
+            self._keep(worker, again.keep or "instances were placed on it while it drained")
             return False
         if d.restart:
             logger.info("scale-down: worker %s retires; instances %s have no checkpoint and "
