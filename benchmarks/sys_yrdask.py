@@ -61,6 +61,9 @@ def _define() -> SimpleNamespace:
     def fan_out(children, ms):
         return workloads.fan_out(children, ms, submit_spin=spin.invoke, get=yr.get)
 
+    #: BLAS-bound work holding 2 CPUs (its threads follow them)
+    blas = yr.invoke(invoke_options=yr.InvokeOptions(cpu=2000, memory=0))(workloads.blas_matmul)
+
     @yr.invoke
     def block(mb):
         return b"\0" * (mb * 2**20)  # a large result: its worker keeps it for the driver
@@ -87,7 +90,7 @@ def _define() -> SimpleNamespace:
 
     return SimpleNamespace(
         yr=yr, inc=inc, nested=nested, nested_burst=nested_burst, nbytes_of=nbytes_of,
-        spin=spin, fan_out=fan_out, block=block,
+        spin=spin, fan_out=fan_out, block=block, blas=blas,
         kinds={"counter": Counter, "supervisor": TrainingSupervisor},
         sizes={"small": small, "tiny": yr.InvokeOptions(cpu=0, memory=0)})
 
@@ -108,6 +111,17 @@ class Yrdask(System):
         self.info = self.yr.init(self.yr.Config(num_cpus=N_WORKERS))
 
     def stop(self) -> None:
+        self.yr.finalize()
+
+    def elastic_cluster_kwargs(self) -> dict:
+        return {"scheduler_kwargs": {"preload": ["yrdask"]}, "preload": ["yrdask"]}
+
+    def join(self, address: str) -> None:
+        self.d = _define()
+        self.yr = self.d.yr
+        self.yr.init(self.yr.Config(server_address=address))
+
+    def leave(self) -> None:
         self.yr.finalize()
 
     def submit(self, i: int):
@@ -211,6 +225,9 @@ class Yrdask(System):
 
     def submit_fan_out(self, children: int, ms: float):
         return self.d.fan_out.invoke(children, ms)
+
+    def submit_blas(self, n: int, times: int):
+        return self.d.blas.invoke(n, times)
 
 
 SYSTEM = Yrdask()

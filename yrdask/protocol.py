@@ -334,16 +334,20 @@ class RegisterWorker(Message):
 #: lease at no cost to other leases (:func:`lease_devices`).
 DEVICES_MARK = "#GPU="
 
-
+#: A lease that holds devices, or at least 2 whole CPUs, ends with its cores after this mark
+#: (``"L9#CPU=4"``, ``"L7#GPU=0,1#CPU=2"``): the worker sizes the work's thread pools from it
+#: (``worker/threads.py``); a lease of one CPU or less has no mark and costs nothing.
 CPUS_MARK = "#CPU="
 
 
-def with_devices(lease_id: str, gpu_ids: Any, cpus: float = 1.0) -> str:
+def mark_lease(lease_id: str, gpu_ids: Any, cpus: float = 1.0) -> str:
     """The id of a lease that holds the devices ``gpu_ids`` and ``cpus`` cores."""
-    if not gpu_ids:
-        return lease_id
-    return (f"{lease_id}{DEVICES_MARK}{','.join(str(g) for g in gpu_ids)}"
-            f"{CPUS_MARK}{cpus:g}")
+    if gpu_ids:
+        return (f"{lease_id}{DEVICES_MARK}{','.join(str(g) for g in gpu_ids)}"
+                f"{CPUS_MARK}{cpus:g}")
+    if cpus >= 2:
+        return f"{lease_id}{CPUS_MARK}{int(cpus)}"
+    return lease_id
 
 
 def lease_devices(lease_id: str) -> tuple[str, float]:
@@ -353,6 +357,13 @@ def lease_devices(lease_id: str) -> tuple[str, float]:
         return "", 0.0
     devices, _, cpus = lease_id[i + len(DEVICES_MARK):].partition(CPUS_MARK)
     return devices, float(cpus or 1)
+
+
+def lease_cpus(lease_id: str) -> float:
+    """The cores a lease holds as its id says (:data:`CPUS_MARK`); 0 if it has no mark (one
+    CPU or less)."""
+    i = lease_id.rfind(CPUS_MARK)
+    return float(lease_id[i + len(CPUS_MARK):]) if i >= 0 else 0.0
 
 
 @_message

@@ -35,6 +35,7 @@ from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
 from yrdask.scheduler.resources import Ledger, Shape, format_shape
 from yrdask.scheduler.panels import DaskPanels
+from yrdask.scheduler.scale_up import ScaleUp
 from yrdask.scheduler.waits import WaitWatch
 
 logger = logging.getLogger("yrdask.scheduler")
@@ -93,6 +94,7 @@ class YrSchedulerExtension:
         self.instances = InstanceManager(self)
         self.kv = KVServer()  # the cluster's KV store (P.KV_RPC)
         self.rgroups = ResourceGroupService(self)  # resource groups (scheduler/groups.py)
+        self.scale_up = ScaleUp(self)  # yr demand in Dask's adaptive target (scale_up.py)
         # One table each, from the protocol: the extension's ops, then the instance manager's.
         scheduler.handlers.update(P.handlers(P.SCHEDULER_RPC, self, self.instances, self.kv,
                                              self.rgroups))

@@ -49,6 +49,8 @@ from yrdask.worker.isolated import (IsolatedInstance, ProcessDied, ProcessPool, 
                                     keep_large, split_returns as _split_returns)
 from yrdask.worker.devices import device_isolation, gpu_offer, node_id, npu_offer
 from yrdask.worker.execution import Execution, current_execution
+from yrdask.worker.threads import (LIMITS as THREAD_LIMITS, instance_cpus, whole_cpus,
+                                   with_cpus)
 from yrdask.worker import lease_gate as G
 from yrdask.worker.lending import LEND_DELAY_S, LendNotices, parse_delay
 from yrdask.worker.task_side import TaskSide
@@ -536,6 +538,8 @@ class WorkerAgent:
                 isolation = fn.isolation if isolated else None
                 if P.DEVICES_MARK in lease_id:
                     isolation = device_isolation(isolation, *P.lease_devices(lease_id))
+                else:  # its whole CPUs size its process's threads
+                    isolation = with_cpus(isolation, P.lease_cpus(lease_id))
                 return self._execute_isolated(ex, isolation)
             if not msg["deps"] and REF_MARK not in msg["args"]:  # unpack_call's hot path
                 args, kwargs = unpack_args(msg["args"], [])
@@ -546,8 +550,14 @@ class WorkerAgent:
             return self._error_reply(task_id, e, traceback.format_exc(), False)
         rec = self.recorder  # Dask's Task Stream, Progress and Profile (dask_panels.py)
         start = rec.begin(msg["name"], task_id) if rec is not None else 0.0
+        # 2 whole CPUs or more: its threads follow them (worker/threads.py); else nothing
+        cpus = whole_cpus(P.lease_cpus(lease_id)) if P.CPUS_MARK in lease_id else 0
+        if cpus:
+            in_thread = THREAD_LIMITS.enter(cpus)
         # armed, the thread also runs in the task's context (lease, owner) until disarmed
         if not ex.arm(lease_id, msg["owner"]):
+            if cpus:
+                THREAD_LIMITS.leave(cpus, in_thread)
             if rec is not None:
                 rec.drop()
             return self._cancelled(task_id)
@@ -560,7 +570,11 @@ class WorkerAgent:
                 if msg["nret"] < 0:  # P.STREAMING: send each item now, answer the count
                     result = drain(result, self.item_sender(ex.peer, task_id), ex)
             finally:
-                ex.disarm()  # if a late cancel interrupts this, the caller disarms again
+                try:
+                    ex.disarm()  # if a late cancel interrupts this, the caller disarms again
+                finally:
+                    if cpus:  # after disarm: no cancel lands in the bookkeeping
+                        THREAD_LIMITS.leave(cpus, in_thread)
             if type(result) in PLAIN_TYPES and msg["nret"] <= 1:  # pack_results' hot path
                 # pickled once: a large plain value is kept as it is, not pickled again
                 results, nested = [self._place(task_id, dumps(result))], None
@@ -796,6 +810,8 @@ class WorkerAgent:
             spec = {**spec, "isolation": device_isolation(spec.get("isolation"),
                                                           spec["devices"], spec["cpus"])}
         if spec.get("isolation") is not None:  # its own process (docs/isolation.md)
+            if not spec.get("devices"):  # its whole CPUs size its process's threads
+                spec = {**spec, "isolation": with_cpus(spec["isolation"], instance_cpus(spec))}
             return IsolatedInstance(self, spec)
         return HostedInstance(self, spec, spec["deps"])
 

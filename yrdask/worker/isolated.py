@@ -57,6 +57,7 @@ from yrdask import protocol as P
 from yrdask.errors import (CallCrashedError, InstanceDiedError, RemoteError, YRRuntimeError,
                            YRValueError, describe_exit, user_traceback)
 from yrdask.worker import isolated_calls as IC
+from yrdask.worker.threads import follow_env
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args
 
 logger = logging.getLogger("yrdask.worker")
@@ -1142,8 +1143,10 @@ def _forked_child(zygote_pid: int, req: dict) -> None:
         os.dup2(null, 0)  # the zygote's requests are not this process's input
         _PROTO_FD = os.dup(1)
         os.dup2(2, 1)  # the user's prints go where the worker's stderr goes, not into the pipe
+        before = dict(os.environ)
         os.environ.clear()
         os.environ.update(req["env"])
+        follow_env(before)  # numpy, loaded by the zygote, takes the new thread limits
         if req.get("cwd"):
             os.chdir(req["cwd"])
 
