@@ -4,6 +4,7 @@
 ``client.retire_workers`` do) and one ``cluster.adapt()`` run."""
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -61,14 +62,21 @@ def local(cluster):
     lc = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       scheduler_kwargs={"preload": ["yrdask"]}, preload=["yrdask"],
                       dashboard_address=":0")
-    client = Client(lc)
-    yr.init(yr.Config(server_address=lc.scheduler_address))
-    try:
+    with joined(lc) as client:
         yield lc, client
+
+
+@contextlib.contextmanager
+def joined(dask_cluster):
+    """A Dask client and the yr runtime on ``dask_cluster``; both and it closed on exit."""
+    client = Client(dask_cluster)
+    yr.init(yr.Config(server_address=dask_cluster.scheduler_address))
+    try:
+        yield client
     finally:
         yr.finalize()
         client.close()
-        lc.close()
+        dask_cluster.close()
 
 
 @pytest.fixture
@@ -219,14 +227,10 @@ def two_nodes(local):
                for n in ("a", "b")}
     sc = SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {
         "preload": ["yrdask"], "dashboard_address": ":0"}})
-    client = Client(sc)
-    yr.init(yr.Config(server_address=sc.scheduler_address))
     try:
-        yield sc, client
+        with joined(sc) as client:
+            yield sc, client
     finally:
-        yr.finalize()
-        client.close()
-        sc.close()
         yr.init(yr.Config(server_address=lc.scheduler_address))
 
 
