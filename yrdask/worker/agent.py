@@ -78,7 +78,9 @@ def drained(inst: Any) -> bool:
         return True
     if type(inst) is IsolatedInstance:
         return inst.stream is not None and not inst.pending and not inst.decide.waiting
-    return inst.obj is not None and not inst.pending
+    # ``running``: a call leaves the queue after its answer was handed to the loop, so the
+    # answers of the calls it ran go out before any "moved" answer of the calls held
+    return inst.obj is not None and not inst.pending and inst.queue.running == 0
 
 
 def _loop_closed(on_loop: Callable) -> bool:
