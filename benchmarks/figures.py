@@ -248,7 +248,7 @@ add(Figure(
 ))
 
 
-# -- elastic: clusters that Dask's deployer grows from no workers (benchmarks/elastic.py) ---
+# -- elastic: clusters that Dask's deployers grow (benchmarks/elastic.py) and shrink ----
 
 ADAPT = {"maximum": 2, "interval": "200ms", "wait_count": 2}  # cluster.adapt()'s arguments
 
@@ -259,6 +259,15 @@ add(Figure(
     "deployer adds a worker for it (yrdask: a yr task; Dask: a Dask task); median over "
     "repeats, each from no workers",
     params={**ADAPT, "repeats": 3}, quick={"repeats": 1}, timeout_s=240.0, own_cluster=True,
+))
+
+add(Figure(
+    "drain_s", "elastic", "s", False,
+    "scale-down of a worker that hosts 20 instances with a checkpoint and keeps 10 x 20 MB "
+    "of task results (yrdask; one node): client.retire_workers of it -> all 20 instances "
+    "answer from their new worker with their state and all 200 MB read back",
+    params={"instances": 20, "objects": 10, "object_mb": 20},
+    quick={"instances": 5, "objects": 2, "object_mb": 20}, timeout_s=240.0,
 ))
 
 #: groups a run without --only leaves out

@@ -107,6 +107,12 @@ class Counter:
     def pid(self):
         return os.getpid()
 
+    def checkpoint(self):
+        import yrdask
+
+        yrdask.save_state()
+        return self.n
+
 
 class TrainingWorker:
     """The seed's (examples/training_tree.py) worker, without its sleep."""

@@ -29,6 +29,7 @@ from yrdask.stream import StreamSender
 from yrdask.scheduler.instance_manager import InstanceManager
 from yrdask.scheduler.group_adapter import ResourceGroupService
 from yrdask.scheduler.kv import KVServer
+from yrdask.scheduler.drain import Drainer
 from yrdask.scheduler.figures import SchedulingFigures
 from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
@@ -100,6 +101,8 @@ class YrSchedulerExtension:
         scheduler.handlers.update(P.handlers(P.SCHEDULER_RPC, self, self.instances, self.kv,
                                              self.rgroups))
         scheduler.stream_handlers.update(P.handlers(P.SCHEDULER_STREAM, self, self.instances))
+        self.drainer = Drainer(self)  # scale-down drains workers first (scheduler/drain.py)
+        self.drainer.install()
         scheduler.add_plugin(_Hooks(self), name="yrdask-hooks")
 
     async def start(self) -> None:
@@ -516,3 +519,6 @@ class _Hooks(SchedulerPlugin):
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         self.ext.on_remove_worker(worker)
+
+    def valid_workers_downscaling(self, scheduler: Any, workers: list) -> list:
+        return self.ext.drainer.valid_workers_downscaling(workers)

@@ -34,6 +34,7 @@ from yrdask import protocol as P
 from yrdask.runtime.objects import REF_MARK, pack_counting, unpickling
 from yrdask.runtime.generators import drain, item_sender
 from yrdask.runtime.runtime import install_worker_runtime, uninstall_worker_runtime
+from yrdask.runtime.context import checkpoint
 # A driver imports these when its runtime is built; a worker with its agent, so that the
 # embedded cluster's launcher imports them once, before it forks the workers.
 from yrdask.runtime import instance_router as _instance_router  # noqa: F401
@@ -55,8 +56,9 @@ from yrdask.worker.lending import LEND_DELAY_S, LendNotices, parse_delay
 from yrdask.worker.task_side import TaskSide
 from yrdask.worker.instance_side import InstanceSide
 from yrdask.worker.share import SharedThreadPoolExecutor, WorkerShare
-from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, ReturnError, TaskCrashedError,
-                           YRRuntimeError, YRValueError, user_traceback)
+from yrdask.errors import (CancelledError, InstanceDiedError, InstanceMovedError, RemoteError,
+                           ReturnError, TaskCrashedError, YRRuntimeError, YRValueError,
+                           user_traceback)
 from yrdask.serialization import (PLAIN_TYPES, Frames, dumps, dumps_value, loads, unpack_args,
                                   wire)
 
@@ -66,6 +68,19 @@ MAX_THREADS = 4096
 # A pipelined task's plain answer waits at most this long while its thread runs the next
 # task of its lease, so a run of short tasks answers in one write (_execute_gated).
 HOLD_REPLY_S = 0.001
+DRAIN_POLL_S = 0.005  # how often a draining instance is checked for calls still running
+
+
+def drained(inst: Any) -> bool:
+    """A hosted instance (in this process or its own) is built and has no call left to
+    answer: its state can be taken for a move."""
+    if inst.init_error is not None:
+        return True
+    if type(inst) is IsolatedInstance:
+        return inst.stream is not None and not inst.pending and not inst.decide.waiting
+    # ``running``: a call leaves the queue after its answer was handed to the loop, so the
+    # answers of the calls it ran go out before any "moved" answer of the calls held
+    return inst.obj is not None and not inst.pending and inst.queue.running == 0
 
 
 def _loop_closed(on_loop: Callable) -> bool:
@@ -280,7 +295,8 @@ class WorkerAgent:
         """Load report sent with every Dask heartbeat (``ws.metrics["yr"]`` on the scheduler).
 
         ``instances`` maps each hosted instance id to ``[calls_done, calls_pending]``;
-        ``scheduling`` holds this process's submitter counters (local vs forwarded work).
+        ``scheduling`` holds this process's submitter counters (local vs forwarded work);
+        ``kept`` counts the large values it keeps for their owners (scale-down reads it).
         """
         return {
             "tasks_running": len(self.running),
@@ -289,6 +305,7 @@ class WorkerAgent:
             "instances": {iid: [inst.calls_done, len(inst.pending)]
                           for iid, inst in self.instances.items()},
             "scheduling": self.runtime.submitter.figures(),
+            "kept": len(self.store),
         }
 
     def store_figures(self) -> tuple[int, int]:
@@ -808,6 +825,74 @@ class WorkerAgent:
         if hook is not None:  # __yr_shutdown__(grace), bounded by the grace period
             await hook(obj)
 
+    # -- scale-down (scheduler/drain.py, docs/deploy.md#scaling-down) ---------------------
+
+    async def drain_instance(self, instance_id: str, timeout_s: float = 30.0) -> bytes | None:
+        """:class:`P.DrainInstance`: hold the instance's new calls, wait until the calls it
+        has are answered, then take its current state (``None``: not within ``timeout_s``,
+        not hosted here, or its ``__init__`` failed)."""
+        inst = self.instance_side.hold(instance_id)
+        if inst is None:
+            return None
+        deadline = self.loop.time() + timeout_s
+        while not drained(inst):
+            if self.loop.time() > deadline or inst.stopped is not None:
+                return None
+            await asyncio.sleep(DRAIN_POLL_S)
+        if inst.init_error is not None:
+            return None
+        try:
+            if type(inst) is IsolatedInstance:
+                return await asyncio.wait_for(inst.checkpoint(),
+                                              max(0.1, deadline - self.loop.time()))
+            return await self.loop.run_in_executor(None, checkpoint, inst.obj)
+        except Exception:  # noqa: BLE001 - the state does not pickle: it stays here
+            logger.warning("instance %s: its state could not be taken for a move",
+                           instance_id, exc_info=True)
+            return None
+
+    def instance_moved(self, instance_id: str, to: str = "") -> None:
+        """:class:`P.InstanceMoved`: the instance left for ``to`` (it ends here without its
+        shutdown hook: it lives on there), or the move was given up (``to`` empty)."""
+        inst = self.instance_side.release(instance_id, to)
+        if inst is None:
+            return
+        logger.info("instance %s moved to %s", instance_id, to)
+        if type(inst) is IsolatedInstance:
+            inst.kill_now()
+        else:
+            inst.stop(f"it moved to {to}")
+
+    def kept_objects(self) -> list[str]:
+        """:class:`P.KeptObjects`: the large values this worker keeps for their owners."""
+        return list(self.store)
+
+    async def adopt_objects(self, source: str, object_ids: list) -> list[str]:
+        """:class:`P.AdoptObjects`: keep these values in place of ``source`` (retiring):
+        recorded if this node has them already, else pulled from ``source`` once."""
+        store = node_store()
+        kept = []
+        for oid in object_ids:
+            try:
+                if store.contains(oid):
+                    store.ensure_attached()  # the node's store outlives ``source`` with us
+                    self.store[oid] = True
+                else:
+                    payload = await self.loop.run_in_executor(
+                        None, self.runtime.fetch_payload, oid, source)
+                    if not store.contains(oid):
+                        self.keep(oid, payload)
+                    self.store[oid] = True
+                kept.append(oid)
+            except Exception:  # noqa: BLE001 - freed meanwhile, or source gone: not kept
+                logger.info("object %s could not be taken over from %s", oid, source,
+                            exc_info=True)
+        return kept
+
+    def objects_moved(self, worker: str, to: str, object_ids: list) -> None:
+        """:class:`P.ObjectsMoved`: values ``worker`` kept are kept by ``to`` now."""
+        self.runtime.objects_moved(worker, to, object_ids)
+
     def report_state(self, instance_id: str, state: str, error: bytes | None,
                      reason: str = "", incarnation: int = -1) -> None:
         self.loop.call_soon_threadsafe(
@@ -834,6 +919,10 @@ class _InstanceEdge:
     def ignored_start(self, instance_id: str) -> None:
         logger.info("not starting instance %s: it was stopped before it started",
                     instance_id)
+
+    def moved_away(self, peer: Any, msg: dict, to: str) -> None:
+        err = InstanceMovedError(f"instance {msg['instance_id']} moved to {to}", to)
+        peer.reply(P.TaskDone(msg["task_id"], error=dumps(err)).to_msg())
 
 
 class _Ending(threading.local):

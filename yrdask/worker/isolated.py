@@ -530,6 +530,18 @@ class IsolatedInstance:
             if proc is not None:
                 _kill(proc)
 
+    async def checkpoint(self) -> bytes:
+        """The instance's current state, pickled in its process (:class:`P.CheckpointIsolated`;
+        a scale-down move takes it once no call runs)."""
+        from distributed.comm import connect
+
+        comm = await connect(self.address)
+        try:
+            await comm.write(P.CheckpointIsolated().to_msg())
+            return await comm.read()
+        finally:
+            comm.abort()
+
     async def run_shutdown_hook(self, obj: Any) -> None:
         """Wait until the child ran ``__yr_shutdown__`` (bounded by its grace) and is gone."""
         if self._stopping is not None:
@@ -875,6 +887,12 @@ class IsolatedHost:
         hook = getattr(inst, "run_shutdown_hook", None)
         if hook is not None:
             await hook(obj)
+
+    async def checkpoint_isolated(self) -> bytes:
+        """``CHECKPOINT_ISOLATED``: the hosted instance's current state, pickled."""
+        from yrdask.runtime.context import checkpoint
+
+        return await self.loop.run_in_executor(None, checkpoint, self.instance.obj)
 
     async def run_isolated(self, task_id: str, lease_id: str, fn_id: str, fn: bytes,
                            args: bytes, deps: list, nret: int, owner: str,
