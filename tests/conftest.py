@@ -54,6 +54,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 # The suite decides which cluster each test talks to.
 os.environ.pop("YR_SERVER_ADDRESS", None)
+# A scheduler on a fixed port keeps its detached instances and KV in a state file by default
+# (docs/faults.md, "Scheduler restart"): tests reuse ports, so no cluster of theirs keeps
+# state unless the test names a file of its own (tests/test_scheduler_restart.py).
+os.environ.setdefault("DASK_YRDASK__STATE__PATH", "false")
 
 import yrdask as yr  # noqa: E402
 
@@ -229,10 +233,12 @@ class CliCluster:
 
     spec: tuple
     address: str
-    scheduler: subprocess.Popen
+    scheduler: subprocess.Popen | None
     workers: list[WorkerProc]
     workdir: pathlib.Path
     _counter: int = 0
+    scheduler_cmd: tuple = ()
+    scheduler_env: dict | None = None
 
     def alive(self) -> bool:
         return self.scheduler.poll() is None and all(w.proc.poll() is None for w in self.workers)
@@ -288,33 +294,51 @@ class CliCluster:
         _stop_process(worker.proc)
         self.workers.remove(worker)
 
+    def _launch_scheduler(self) -> None:
+        """Start the ``dask scheduler`` and wait for its address file (a restart writes it
+        anew)."""
+        sched_file = self.workdir / "sched.json"
+        log = self.workdir / "scheduler.log"
+        sched_file.unlink(missing_ok=True)
+        with open(log, "ab") as out:
+            self.scheduler = sched = subprocess.Popen(
+                self.scheduler_cmd, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, cwd=self.workdir,
+                env={**os.environ, **(self.scheduler_env or {})})
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while True:
+            if sched.poll() is not None:
+                raise RuntimeError(f"dask scheduler exited with {sched.returncode}:\n{_tail(log)}")
+            try:
+                self.address = json.loads(sched_file.read_text())["address"]
+                return
+            except (OSError, ValueError, KeyError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"dask scheduler wrote no {sched_file}:\n{_tail(log)}")
+            time.sleep(0.1)
+
+    def restart_scheduler(self, sig: int = signal.SIGKILL) -> None:
+        """Stop the scheduler with ``sig`` and start it again with the same command line
+        (a fixed ``port`` brings it back at the same address)."""
+        os.kill(self.scheduler.pid, sig)
+        self.scheduler.wait(STOP_TIMEOUT)
+        self._launch_scheduler()
+
     @classmethod
-    def start(cls, workers: list[dict[str, Any]], workdir: pathlib.Path) -> "CliCluster":
+    def start(cls, workers: list[dict[str, Any]], workdir: pathlib.Path, port: int = 0,
+              env: dict[str, str] | None = None) -> "CliCluster":
+        """A scheduler (on ``port``, with ``env`` added to its environment) and ``workers``."""
         workdir.mkdir(parents=True, exist_ok=True)
-        sched_file = workdir / "sched.json"
-        log = workdir / "scheduler.log"
-        cmd = [
+        cmd = (
             sys.executable, "-m", "distributed.cli.dask_scheduler", "--preload", "yrdask",
-            "--port", "0", "--dashboard-address", ":0", "--scheduler-file", str(sched_file),
-        ]
-        with open(log, "wb") as out:
-            sched = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=workdir
-            )
-        cluster = cls(spec=_freeze(workers), address="", scheduler=sched, workers=[], workdir=workdir)
+            "--port", str(port), "--dashboard-address", ":0",
+            "--scheduler-file", str(workdir / "sched.json"),
+        )
+        cluster = cls(spec=_freeze(workers), address="", scheduler=None, workers=[],
+                      workdir=workdir, scheduler_cmd=cmd, scheduler_env=env)
         try:
-            deadline = time.monotonic() + STARTUP_TIMEOUT
-            while True:
-                if sched.poll() is not None:
-                    raise RuntimeError(f"dask scheduler exited with {sched.returncode}:\n{_tail(log)}")
-                try:
-                    cluster.address = json.loads(sched_file.read_text())["address"]
-                    break
-                except (OSError, ValueError, KeyError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"dask scheduler wrote no {sched_file}:\n{_tail(log)}")
-                time.sleep(0.1)
+            cluster._launch_scheduler()
             for spec in workers:
                 cluster._launch_worker(spec.get("resources", ""), spec.get("nthreads", 1), spec.get("name"),
                                        spec.get("node"))
@@ -327,7 +351,8 @@ class CliCluster:
     def stop(self) -> None:
         _stop_processes([w.proc for w in self.workers])  # workers first, all at once
         self.workers.clear()
-        _stop_process(self.scheduler)
+        if self.scheduler is not None:
+            _stop_process(self.scheduler)
 
 
 def _freeze(value: Any) -> Any:

@@ -12,6 +12,9 @@
         │   ├── YRequestError        a request to the cluster failed
         │   ├── CancelledError       the task was cancelled with yr.cancel
         │   ├── InstanceDiedError    the instance ended (terminated, lost, out of restarts)
+        │   ├── SchedulerLostError   the driver's scheduler went away (stopped or restarted)
+        │   ├── StateStoreError      the scheduler cannot use its state file (yrdask.state.path)
+        │   ├── InstanceMovedError   (internal) a call reached the worker its instance left
         │   ├── ScheduleError        resources could not be found before schedule_timeout_ms
         │   ├── KVExistsError        an NX KV write found its key present
         │   ├── KVFullError          a KV write would exceed yrdask.kv.max-bytes
@@ -38,6 +41,8 @@ __all__ = [
     "YRequestError",
     "CancelledError",
     "InstanceDiedError",
+    "SchedulerLostError",
+    "StateStoreError",
     "CallCrashedError",
     "TaskCrashedError",
     "ScheduleError",
@@ -82,8 +87,32 @@ class CancelledError(YRRuntimeError):
     """The task was cancelled by ``yr.cancel``; ``yr.get`` raises this."""
 
 
+class SchedulerLostError(YRRuntimeError):
+    """The scheduler this driver was connected to went away (stopped, crashed or restarted):
+    its pending and later calls fail with this; the message names the scheduler's address and
+    what to do (``yr.finalize()``, then ``yr.init()`` again)."""
+
+
+class StateStoreError(YRRuntimeError):
+    """The scheduler cannot use its state file (``yrdask.state.path``); the message names
+    the file, why, and what to set instead."""
+
+
 class InstanceDiedError(YRRuntimeError):
     """The instance a call was made on has ended; the message says which and why."""
+
+
+class InstanceMovedError(YRRuntimeError):
+    """A call reached the worker an instance left (scale-down moved it, with its state, to
+    ``to``): it did not run there.  The caller's router sends it again where the instance
+    runs now; user code never sees it."""
+
+    def __init__(self, message: str = "", to: str = "") -> None:
+        super().__init__(message)
+        self.to = to
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (str(self), self.to))
 
 
 def describe_exit(returncode: int) -> str:

@@ -42,7 +42,10 @@ call whose answer arrived is never sent again.  At quiescence: no live instance 
 ended (unless detached), none unheld, none held by a process that is gone or does not count it, no
 instance hosted on a worker that the lifecycle does not place there.  At the end, after the
 detached instances are terminated: no instance, no holding, no pending request, nothing
-waiting in the adapters, every kill answered.
+waiting in the adapters, every kill answered.  At both points the scheduler restarts (on
+paper): the durable store (``scheduler/durable.py``, which the instance adapter writes as in
+production) holds exactly the live detached instances with their latest checkpoints, and
+reading it back gives a lifecycle that validates, with their names.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from yrdask import protocol as P
 from yrdask.errors import CallCrashedError, CancelledError, InstanceDiedError, ScheduleError
 from yrdask.runtime import call_order as C
 from yrdask.runtime.call_router import CallRouter
+from yrdask.scheduler import durable as D
 from yrdask.scheduler import leases as LQ
 from yrdask.scheduler import lifecycle as L
 
@@ -377,6 +381,8 @@ class CallWorld:
         self.leases = LeaseService(_CallEdge(self), self.lq)
         # the production instance adapter (scheduler/instance_service.py) on a simulated edge
         self.instances = InstanceService(_InstanceEdge(self), self.lc, self.lq.ledger)
+        # what outlives the scheduler (scheduler/durable.py), as the extension keeps it
+        self.durable = self.instances.durable = D.DurableControl(D.MemoryStore())
         self.shrunk: set[str] = set()  # holdings on a node when it lost a process
         self.procs: dict[str, Proc] = {}
         self.specs: dict[str, dict] = {}  # route id -> creation spec (creator side)
@@ -970,10 +976,12 @@ class CallWorld:
         try:
             self._run()
             self.check_quiescent()
+            self.check_restart()
             for iid in sorted(self.lc.instances):  # the detached ones: terminate them
                 self.send("admin", SCHED, self.new_id("rpc-kill-"), ("KILL", iid))
             self._run()
             self.check_end()
+            self.check_restart()
         except SimFailure:
             raise
         except Exception as e:  # a machine or adapter crashed
@@ -1114,6 +1122,28 @@ class CallWorld:
                 if calls and lc.is_live(iid) and lc.instances[iid].worker == w.name:
                     self.fail(f"{w.name} keeps calls for {iid} that never start")
         self.iso.check_quiescent()
+
+    def check_restart(self) -> None:
+        """The scheduler restarts now: it reads back exactly the live detached instances, with
+        their names and latest checkpoints, into a fresh lifecycle that validates after each
+        event (``durable.restore_events``)."""
+        snap = self.durable.store.load()
+        live = {iid: rec for iid, rec in self.lc.instances.items()
+                if rec.detached and rec.state != P.DEAD}
+        if set(snap.instances) != set(live):
+            self.fail(f"restart: the store keeps {sorted(snap.instances)}, the live detached "
+                      f"instances are {sorted(live)}")
+        fresh = L.Lifecycle()
+        try:
+            for event in D.restore_events(snap):
+                fresh.handle(event)
+                fresh.validate()
+        except AssertionError as e:
+            self.fail(f"restart: the read-back lifecycle fails validate(): {e}")
+        for iid, rec in live.items():
+            back = fresh.instances.get(iid)
+            if back is None or back.checkpoint != rec.checkpoint or back.name_key != rec.name_key:
+                self.fail(f"restart: {iid} came back as {back} (was {rec})")
 
     def check_end(self) -> None:
         out = []

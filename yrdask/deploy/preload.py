@@ -26,13 +26,16 @@ WORKER_WARM_MODULES = ("yrdask.api.functions", "yrdask.api.instances", "yrdask.r
 def install_scheduler(scheduler: Any) -> YrSchedulerExtension:
     """Install yr's extension on ``scheduler`` (once), with the plugin it gives workers."""
     from yrdask.dashboard import install as install_dashboard
+    from yrdask.scheduler.durable import DurableControl, open_store
     from yrdask.scheduler.extension import EXTENSION_NAME, YrSchedulerExtension
     from yrdask.worker.plugin import YrNannyPlugin, YrWorkerPlugin
 
     ext = scheduler.extensions.get(EXTENSION_NAME)
     if ext is None:
+        store = open_store(scheduler)  # yrdask.state.path: what outlives this scheduler
         ext = YrSchedulerExtension(scheduler, worker_plugin=YrWorkerPlugin(WORKER_WARM_MODULES),
-                                   monitoring=install_dashboard, nanny_plugin=YrNannyPlugin())
+                                   monitoring=install_dashboard, nanny_plugin=YrNannyPlugin(),
+                                   durable=DurableControl(store) if store is not None else None)
     return ext
 
 

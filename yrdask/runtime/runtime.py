@@ -228,6 +228,23 @@ class Runtime:
         elif msg["op"] == P.GENERATOR_ITEM:
             on_generator_item(self, msg)
 
+    def scheduler_lost(self, error: BaseException) -> None:
+        """(loop) This driver's job stream closed while the driver was open: its scheduler
+        stopped, crashed or was restarted, and this job ended with it (docs/faults.md,
+        "Scheduler restart").  Results still pending fail with ``error``, the submitter
+        stops, and later submissions raise it: the entry points are replaced here, so the
+        per-call path checks nothing."""
+        if self.closed:
+            return
+        for entry in list(self.objects.entries.values()):
+            if entry.owner is None:  # owned here (a settled one keeps its value)
+                entry.set_error(error)
+        self.submitter.close()
+
+        def refuse(*_args: Any, **_kwargs: Any) -> Any:
+            raise type(error)(str(error))
+        self.submit_task = self.call_method = self.create_instance = refuse  # type: ignore
+
     def worker_exit(self, worker: str, how: str, server_id: str = "") -> None:
         """``WORKER_EXIT``: how the process of ``worker`` ended (its nanny told the scheduler).
         A report about a process that a newer one at that address replaced here already
@@ -283,6 +300,10 @@ class Runtime:
                 if (chan is not None and hasattr(chan, "abort")
                         and not self.worker_processes.live(address, chan.expect)):
                     chan.abort()
+
+    def objects_moved(self, worker: str, to: str, object_ids: list) -> None:
+        """:class:`P.ObjectsMoved`: the values ``worker`` kept are kept by ``to`` now."""
+        self.objects.location_moved(worker, to, object_ids)
 
     def _process_died(self, address: str) -> None:
         """The process this process dealt with at ``address`` is dead: objects it owned or

@@ -29,7 +29,7 @@ from distributed.core import ConnectionPool, Server
 from yrdask import protocol as P
 from yrdask.runtime import context
 from yrdask.stream import StreamSender
-from yrdask.errors import YRRuntimeError
+from yrdask.errors import SchedulerLostError, YRRuntimeError
 
 logger = logging.getLogger("yrdask.transport")
 
@@ -145,6 +145,10 @@ class LocalChannel:
         self.closed = True
 
 
+#: How long a failed scheduler rpc waits to learn whether the job stream ended as well.
+STREAM_LOST_WAIT_S = 2.0
+
+
 class DriverConnector:
     """A driver's link to the scheduler (job stream + RPCs) and its owner server."""
 
@@ -166,6 +170,8 @@ class DriverConnector:
         self.comm: Any = None
         self.reader: asyncio.Task | None = None
         self.dashboard: str | None = None
+        self.lost: SchedulerLostError | None = None  # the job stream closed under us
+        self.closing = False  # close() began: the stream ends because this driver does
 
     async def start(self, job_id: str, listen_host: str) -> str:
         """Open the owner server and the job stream; returns the owner address."""
@@ -203,7 +209,8 @@ class DriverConnector:
                 raise YRRuntimeError(
                     f"the scheduler at {self.scheduler_address} has no yrdask extension: start it "
                     "with `dask scheduler --preload yrdask` (or the Dask config in "
-                    "plugins/yrdask.yaml)")
+                    "plugins/yrdask.yaml); if it was, its preload failed: the scheduler's log "
+                    "says why (e.g. a yrdask.state.path it cannot use)")
             await asyncio.sleep(0.05)
 
     async def _read(self) -> None:
@@ -216,8 +223,19 @@ class DriverConnector:
                         P.dispatch(self.stream_handlers, msg)
                     except P.UnknownMessage as e:
                         logger.warning("job stream: ignoring unknown message %s", e)
-        except (CommClosedError, OSError, asyncio.CancelledError):
-            pass
+        except asyncio.CancelledError:  # close(): this driver ends
+            return
+        except (CommClosedError, OSError):
+            if self.closing:
+                return
+        self.lost = SchedulerLostError(
+            f"the scheduler at {self.scheduler_address} was restarted or lost (this driver's "
+            "connection to it closed), and this driver's job ended with it: its pending calls "
+            "failed and new ones are refused. Call yr.finalize(), then yr.init() again to "
+            "connect anew; detached instances and the KV store come back if the scheduler "
+            "keeps its state (docs/faults.md, \"Scheduler restart\")")
+        logger.error("yrdask: %s", self.lost)
+        self.rt.scheduler_lost(self.lost)
 
     def task_output(self, records: Any) -> None:
         """:class:`yrdask.protocol.TaskOutput`: prints of this job's work, to this driver."""
@@ -228,6 +246,10 @@ class DriverConnector:
     def revoke_leases(self, lease_ids: list[str], keep: bool = False) -> None:
         """:class:`yrdask.protocol.RevokeLeases` from the job stream."""
         self.rt.submitter.revoke(lease_ids, keep)
+
+    def objects_moved(self, worker: str, to: str, object_ids: list) -> None:
+        """:class:`yrdask.protocol.ObjectsMoved` from the job stream."""
+        self.rt.objects_moved(worker, to, object_ids)
 
     def worker_lost(self, worker: str, server_id: str = "") -> None:
         """:class:`yrdask.protocol.WorkerLost` from the job stream."""
@@ -258,8 +280,21 @@ class DriverConnector:
             avoid=avoid, affinity=affinity, request_id=request_id)))
 
     async def request(self, msg: P.Message) -> Any:
-        """A scheduler rpc; returns its reply (``type(msg).reply_type``)."""
-        return await P.request(self.pool(self.scheduler_address), msg)
+        """A scheduler rpc; returns its reply (``type(msg).reply_type``).  Refused once the
+        job stream was lost: the scheduler there now does not know this job."""
+        if self.lost is not None:
+            raise SchedulerLostError(str(self.lost))
+        try:
+            return await P.request(self.pool(self.scheduler_address), msg)
+        except (CommClosedError, OSError):
+            # The scheduler may be gone: its job stream then ends too, at about the same
+            # time.  Wait (bounded) to learn it, so that what is pending fails as lost.
+            reader = self.reader
+            if reader is not None and not self.closing:
+                await asyncio.wait({reader}, timeout=STREAM_LOST_WAIT_S)
+            if self.lost is not None:
+                raise SchedulerLostError(str(self.lost)) from None
+            raise
 
     async def scheduler_rpc(self, op: str, **kwargs: Any) -> Any:
         """A scheduler rpc by op name; the fields are checked against the op's message."""
@@ -285,6 +320,7 @@ class DriverConnector:
         return self.pool(address)
 
     async def close(self) -> None:
+        self.closing = True
         if self.stream is not None:
             try:
                 self.stream.send(P.CloseStream().to_msg())

@@ -95,6 +95,9 @@ class InstanceService:
         self.ended_jobs: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._stop_waiters: dict[str, list[Callable[[], None]]] = {}  # iid -> after Stopped
         self._ids = itertools.count(1)
+        # Told of creations, checkpoints and ends, to keep what outlives the scheduler
+        # (scheduler/durable.py: DurableControl, or None).
+        self.durable: Any = None
 
     def _sid(self, what: str) -> str:
         return f"{what}-{next(self._ids)}"
@@ -113,6 +116,9 @@ class InstanceService:
         self.feed(L.Create(self._sid("create"), spec, self.edge.now()))
         real_id = lc.resolve(spec["instance_id"])
         rec = lc.instances.get(real_id)
+        if (self.durable is not None and real_id == spec["instance_id"] and rec is not None
+                and rec.state != P.DEAD):
+            self.durable.instance_created(rec)
         meta = rec.spec.get("meta") if rec is not None else spec.get("meta")
 
         def placed(worker: Any, reason: str) -> None:
@@ -178,6 +184,20 @@ class InstanceService:
         if not self.lifecycle.is_live(instance_id):
             raise RuntimeError(f"instance {instance_id} has ended; its state was not saved")
         self.feed(L.SaveState(self._sid("save"), instance_id, state))
+        if self.durable is not None:
+            self.durable.instance_saved(self.lifecycle.instances[instance_id])
+
+    def move(self, instance_id: str, worker: str, state: bytes, avoid: tuple,
+             placed: StageAnswer) -> None:
+        """Scale-down: the instance drained on ``worker`` moves with ``state``, never to
+        ``avoid``; ``placed(new_worker, "")`` once it has a new home, or ``placed(None,
+        reason)`` if the move did not happen (it ended, or was not movable)."""
+        self.feed(L.Move(self._sid("move"), instance_id, worker, state, tuple(avoid)))
+        rec = self.lifecycle.instances.get(instance_id)
+        if rec is not None and rec.state != P.DEAD and rec.moving_from is None:
+            placed(None, "it was not moved: it is not alive on that worker any more")
+            return
+        self.wait(instance_id, L.PLACED, placed)
 
     def wait(self, iid: str, stage: str, answer: StageAnswer) -> None:
         """``answer(worker, "")`` once ``iid`` reached ``stage`` (now, if it has), or
@@ -242,7 +262,10 @@ class InstanceService:
         stops: list[str] = []
         stopped: list[str] = []
         released: list[str] = []
-        for ins in lc.handle(event):
+        instructions = lc.handle(event)
+        if self.durable is not None and lc.last_ended:
+            self.durable.instances_ended(lc.last_ended)
+        for ins in instructions:
             kind = type(ins)
             if kind is L.AnswerWaiters:
                 for answer in self.waiters.pop((ins.instance_id, ins.stage), ()):
@@ -303,6 +326,7 @@ class InstanceService:
         label = (rec.spec.get("cls_name") or "") if rec is not None else ""
         req = LeaseRequest(iid, shape_of(ins.shape), kind="instance", holding_id=iid,
                            affinity=freeze(ins.affinity or ()), labels=tuple(ins.labels),
+                           avoid=tuple(ins.avoid),
                            label=label)
         self.requests[iid] = req
         self.edge.acquire(req, ins.timeout_ms, lambda result: self._acquired(iid, req, result))

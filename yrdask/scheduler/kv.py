@@ -78,6 +78,7 @@ class KVStore:
         self.nbytes = 0  # sum of key and value sizes of live items
         self.waiters: dict[str, _Waiter] = {}
         self.waiting_on: dict[str, set[str]] = {}  # key -> waiter ids
+        self.evicted: list[str] = []  # the keys the last put evicted
         self._seq = itertools.count()
 
     # -- queries ---------------------------------------------------------------------------
@@ -132,6 +133,9 @@ class KVStore:
                     f"with yr.kv_del, write with ttl_second, or raise {CONFIG_KEY}")
             for key in victims:
                 self._drop(key)
+            self.evicted = victims
+        else:
+            self.evicted = []
         expires_at = now + ttl if ttl and ttl > 0 else None
         for key, value in pairs.items():
             if key in self.items:
@@ -229,6 +233,7 @@ class KVServer:
         self.futures: dict[str, asyncio.Future] = {}
         self._ids = itertools.count(1)
         self.counters: collections.Counter = collections.Counter()
+        self.durable: Any = None  # scheduler/durable.py: writes kept for a restart
 
     @staticmethod
     def _now() -> float:
@@ -245,7 +250,11 @@ class KVServer:
         pc.start()
 
     def sweep(self) -> None:
-        self.counters["expired"] += len(self.store.sweep(self._now()))
+        now = self._now()
+        gone = self.store.sweep(now)
+        self.counters["expired"] += len(gone)
+        if gone and self.durable is not None:
+            self.durable.kv_written(self.store, gone, now)
 
     def kv_put(self, keys: Sequence[str], values: Sequence[bytes], nx: bool = False,
                ttl_s: float = 0.0, evictable: bool = False) -> list:
@@ -257,6 +266,8 @@ class KVServer:
             return ["exists", e.keys]
         except KVFull as e:
             return ["full", str(e)]
+        if self.durable is not None:
+            self.durable.kv_written(self.store, [*keys, *self.store.evicted], self._now())
         for r in ready:
             fut = self.futures.pop(r.waiter_id, None)
             if fut is not None and not fut.done():
@@ -282,7 +293,10 @@ class KVServer:
             self.store.cancel_wait(wid)
 
     def kv_del(self, keys: Sequence[str]) -> list:
-        return ["ok", self.store.delete(list(keys), self._now())]
+        n = self.store.delete(list(keys), self._now())
+        if n and self.durable is not None:
+            self.durable.kv_written(self.store, keys, self._now())
+        return ["ok", n]
 
 
 def configured_max_bytes() -> int:
