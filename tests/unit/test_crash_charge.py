@@ -11,7 +11,7 @@ from yrdask.errors import CallCrashedError, TaskCrashedError, describe_exit
 from yrdask.runtime import call_order as C
 from yrdask.runtime.call_order import charge_crash, crash_window, may_redeliver
 from yrdask.worker import isolated_calls as IC
-from yrdask.worker.isolated import describe_exit_of
+from yrdask.worker.isolated.zygote import describe_exit_of
 
 
 def counter(crashes: dict):

@@ -1,5 +1,5 @@
 """The calls of one isolated instance, seen from its worker's agent: what is decided, apart
-from the I/O (``worker/isolated.py``'s :class:`~yrdask.worker.isolated.IsolatedInstance`
+from the I/O (``worker/isolated/supervisor.py``'s :class:`~yrdask.worker.isolated.supervisor.IsolatedInstance`
 runs the process, the channel and the replies; the simulation, ``tests/sim/isolated.py``,
 drives this same class on virtual processes).
 
