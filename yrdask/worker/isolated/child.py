@@ -89,6 +89,8 @@ class IsolatedHost:
     starts (:class:`LazyRuntime`): the child is then the borrower of the refs it unpickled
     and the owner of what it created."""
 
+    own_process = True  # the instance's process is its own: sys.exit(n) may end it
+
     def __init__(self, runtime: "LazyRuntime | None" = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.runtime = runtime
