@@ -155,3 +155,4 @@ def test_sys_exit_in_an_async_method_ends_the_process_instance(cluster):
         yr.get(h.quit.invoke(), T)
     with pytest.raises(yr.InstanceDiedError, match=r"exited by sys\.exit\(\)"):
         yr.get(h.ping.invoke(), T)
+

@@ -244,9 +244,12 @@ class IsolatedHost:
             while True:
                 msgs = await comm.read()
                 for msg in msgs if isinstance(msgs, (list, tuple)) else (msgs,):
-                    if msg.get("op") == P.CALL_METHOD and self.instance is not None:
+                    op = msg.get("op")
+                    if op == P.CALL_METHOD and self.instance is not None:
                         caller = msg.get("caller")
                         self.instance.call(_CallerPeer(peer, caller) if caller else peer, msg)
+                    elif op == P.CANCEL_TASK and self.instance is not None:
+                        self.instance.cancel_call(msg["task_id"])
         except (CommClosedError, OSError):
             pass
         finally:

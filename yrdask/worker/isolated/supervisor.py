@@ -16,8 +16,8 @@ from typing import Any
 import dask
 
 from yrdask import protocol as P
-from yrdask.errors import CallCrashedError, InstanceDiedError, RemoteError
-from yrdask.serialization import Frames, dumps
+from yrdask.errors import CallCrashedError, CancelledError, InstanceDiedError, RemoteError
+from yrdask.serialization import Frames, dumps, loads
 from yrdask.worker import isolated_calls as IC
 from yrdask.worker.isolated import START_TIMEOUT_S
 from yrdask.worker.isolated.zygote import child_info, describe_exit_of, kill_child, spawn
@@ -40,6 +40,10 @@ class IsolatedInstance:
             self.instance_id, spec.get("concurrency") or (1000 if spec.get("is_async") else 1),
             int(spec.get("incarnation") or 0))
         self.calls_done = 0
+        # the methods' own bounds of redelivery after a crash, where the class sets them
+        # (the Ray surface's max_task_retries; a call's .options() override is its caller's)
+        self.redeliveries: dict[str, int] = (loads(spec["meta"]).get("redeliveries") or {}
+                                             if spec.get("meta") else {})
         self.proc: subprocess.Popen | None = None
         self.comm: Any = None
         self.stream: Any = None
@@ -136,6 +140,25 @@ class IsolatedInstance:
             self._answer_died(peer, msg["task_id"], self.decide.stopped or "")
         elif what is IC.START_FAILED:
             self._fail_init(peer, msg)
+
+    def cancel_call(self, call_id: str) -> bool:
+        """Ray's cancel of an actor task: a call the child has goes on to it (it answers
+        as an in-process instance does), one that waits for the child is answered unrun;
+        False if ``call_id`` is no call of this instance waiting for its answer."""
+        from distributed.comm.core import CommClosedError
+
+        if call_id in self.decide.pending:
+            if self.stream is not None:
+                try:
+                    self.stream.send(P.CancelTask(call_id).to_msg())
+                except CommClosedError:
+                    pass  # the child died: its restart runs the call, cancelled or not
+            return True
+        item = self.decide.cancel_waiting(call_id)
+        if item is None:
+            return False
+        _answer_error(item[0], call_id, CancelledError(f"Task: {call_id} was cancelled."))
+        return True
 
     def _forward(self, peer: Any, msg: dict) -> None:
         from distributed.comm.core import CommClosedError
@@ -234,24 +257,28 @@ class IsolatedInstance:
         (:meth:`IsolatedCalls.restart <yrdask.worker.isolated_calls.IsolatedCalls.restart>`)."""
         cause = self.decide.died
         bound = int(dask.config.get("yrdask.scheduling.max-call-redeliveries", 1))
-        decided = self.decide.restart(int(spec.get("incarnation") or 0), bound)
+        own = self.redeliveries  # a method's own bound (Ray's max_task_retries)
+        decided = self.decide.restart(int(spec.get("incarnation") or 0),
+                                      lambda item: own.get(item[1]["method"], bound))
         if decided is None:
             logger.info("instance %s: ignoring a START_INSTANCE (its process is running)",
                         self.instance_id)
             return
         for cid, (peer, msg), n in decided[1]:
+            method = msg["method"]
+            why = (f"its own bound: {own[method]}" if method in own
+                   else f"yrdask.scheduling.max-call-redeliveries={bound}")
             err = CallCrashedError(
-                f"method {msg['method']!r}: call {cid} on instance {self.instance_id} "
+                f"method {method!r}: call {cid} on instance {self.instance_id} "
                 f"may have been running when the instance's process died, {n} times (last: "
-                f"{cause}); it is not delivered again (yrdask.scheduling."
-                f"max-call-redeliveries={bound}): it may be what kills the process")
-            peer.reply(P.TaskDone(cid, error=dumps(RemoteError.from_exception(err, ""))).to_msg())
+                f"{cause}); it is not delivered again ({why}): it may be what kills the "
+                "process")
+            _answer_error(peer, cid, err)
         self.agent.loop.create_task(self._start(report=True))
 
     def _answer_died(self, peer: Any, call_id: str, reason: str) -> None:
-        err = InstanceDiedError(
-            f"instance {self.instance_id} ({self.cls_name}) has ended: {reason}")
-        peer.reply(P.TaskDone(call_id, error=dumps(RemoteError.from_exception(err, ""))).to_msg())
+        _answer_error(peer, call_id, InstanceDiedError(
+            f"instance {self.instance_id} ({self.cls_name}) has ended: {reason}"))
 
     def stop(self, reason: str) -> None:
         """Fail the calls not answered yet; the child runs ``__yr_shutdown__`` and is killed
@@ -299,6 +326,10 @@ class IsolatedInstance:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL did not land
                 logger.error("isolated process %s did not exit", self.proc.pid)
+
+
+def _answer_error(peer: Any, call_id: str, err: BaseException) -> None:
+    peer.reply(P.TaskDone(call_id, error=dumps(RemoteError.from_exception(err, ""))).to_msg())
 
 
 def keep_large(agent: Any, call_id: str, results: list) -> list:

@@ -1,11 +1,13 @@
-"""The exit rules of Ray actors that are processes of their own (``yrdask_light=False``,
-docs/isolation.md#exit-rules), as Ray 2.x applies them: ``exit_actor()`` and ``sys.exit(0)``
+"""Ray actors that are processes of their own (``yrdask_light=False``, docs/isolation.md):
+the option itself, a cancel that reaches the actor's process, and the exit rules
+(docs/isolation.md#exit-rules) as Ray 2.x applies them: ``exit_actor()`` and ``sys.exit(0)``
 end the actor without a restart (``ActorDiedError`` for the call and later ones); a crash that
 was restarted gives the call it cut short ``ActorUnavailableError``, never "The actor is
 dead", and the actor serves later calls.  A light actor on the same node lives on."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 
@@ -13,6 +15,7 @@ import cloudpickle
 import pytest
 
 import yrdask.ray as ray
+from conftest import wait_until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -81,3 +84,30 @@ def test_a_restarted_crash_is_not_reported_as_a_dead_actor(ray_env):
     assert ray.get(light.incr.remote(), timeout=T) == 2
     for a in (crashing, light):
         ray.kill(a)
+
+
+@ray.remote(num_cpus=0.1)
+class Napper:
+    async def nap(self, started):
+        open(started, "w").close()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:  # the running coroutine is cancelled, in its process
+            self.cancelled = True
+            raise
+        return "slept"
+
+    async def was_cancelled(self):
+        return getattr(self, "cancelled", False)
+
+
+def test_cancel_reaches_a_running_call_in_the_actors_process(ray_env, tmp_path):
+    a = Napper.options(yrdask_light=False).remote()
+    started = tmp_path / "started"
+    ref = a.nap.remote(str(started))
+    wait_until(started.exists, T, "the call to start")
+    ray.cancel(ref)
+    with pytest.raises(ray.exceptions.TaskCancelledError, match="was cancelled"):
+        ray.get(ref, timeout=T)
+    assert ray.get(a.was_cancelled.remote(), timeout=T) is True
+    ray.kill(a)
