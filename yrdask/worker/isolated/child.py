@@ -426,7 +426,9 @@ async def child_main(announce: Any, info: dict) -> None:
     install(runtime)
     host = IsolatedHost(runtime)
     runtime.agent.host = host
-    server = Server(P.handlers(P.ISOLATED_RPC, host))
+    # no scratch directory: nothing here writes one, and a killed child would leave it behind
+    # for the next one to purge (a lock and a directory per process: ~10 ms of a creation)
+    server = Server(P.handlers(P.ISOLATED_RPC, host), needs_workdir=False)
     await server.listen("tcp://127.0.0.1:0")
     out = _OutputAgent(host, server, node)
     output.install(out)

@@ -266,10 +266,13 @@ def zygote_main() -> None:
 
     import distributed.comm.tcp  # noqa: F401 - what every child uses, imported once here
     import distributed.core  # noqa: F401
+    import tornado.platform.asyncio  # noqa: F401 - a Server's first loop (~1 ms a child)
     import yrdask.runtime.context  # noqa: F401
+    import yrdask.serialization  # noqa: F401 - with the next: ~6 ms a child, measured
     import yrdask.stream  # noqa: F401
     import yrdask.worker.hosting  # noqa: F401
     import yrdask.worker.isolated.child  # noqa: F401
+    import yrdask.worker.output  # noqa: F401
     from yrdask.runtime import runtime, transport  # noqa: F401 - a nested call's runtime
 
     runtime._load_machines()  # (its submitter and router): ~40 ms less at a first nested call
