@@ -627,12 +627,14 @@ def test_docs_list_every_call_of_the_matrix():
     ({"yrdask.scheduling.pipeline-depth": 0}, "pipeline-depth=0: expected a whole number"),
     ({"yrdask.scheduling.pipeline-refill": "four"}, "pipeline-refill='four': expected a whole"),
     ({"yrdask.scheduling.pipeline-refill": 9}, "pipeline-refill=9 is more than"),
+    ({"yrdask.instances.light": "sometimes"}, "instances.light='sometimes': expected true"),
 ])
-def test_yr_init_refuses_a_bad_pipelining_key_before_it_starts_anything(not_initialized, bad, says,
-                                                                       monkeypatch):
-    """``yrdask.scheduling.pipeline-depth`` / ``pipeline-refill`` (docs/scheduling.md): a bad
-    value is refused by ``yr.init`` itself, naming the key, before the embedded cluster's
-    launcher starts (the submitter reads them only once the workers are starting).  The shared
+def test_yr_init_refuses_a_bad_yrdask_key_before_it_starts_anything(not_initialized, bad, says,
+                                                                    monkeypatch):
+    """``yrdask.scheduling.pipeline-depth`` / ``pipeline-refill`` (docs/scheduling.md) and
+    ``yrdask.instances.light`` (docs/isolation.md): a bad value is refused by ``yr.init``
+    itself, naming the key, before the embedded cluster's launcher starts (the submitter
+    reads them only once the workers are starting, creations later).  The shared
     cluster is finalized first (``not_initialized``): yr.init must get as far as its checks."""
     import dask
     import psutil

@@ -185,7 +185,7 @@ def test_isolated_process_ends_when_its_worker_is_killed(cluster):
 
 
 def test_idle_pooled_processes_are_reaped(cluster):
-    from yrdask.worker.isolated import POOL_IDLE_S
+    from yrdask.worker.isolated.pool import POOL_IDLE_S
 
     cluster(kind="embedded", num_cpus=1)
     first = yr.get(task_env.options(small(isolated=True)).invoke(), timeout=60)

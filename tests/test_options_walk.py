@@ -98,6 +98,7 @@ DECISIONS: dict[tuple[str, str], Rejected | Honoured] = {
     ("InvokeOptions", "port_forwardings"): R([8080]),
     ("InvokeOptions", "get_if_exists"): H("binds the existing named instance"),
     ("InvokeOptions", "isolated"): H("the instance runs in its own process"),
+    ("InvokeOptions", "light"): H("a light instance, or a process instance"),
     # -- Config
     ("Config", "function_id"): R("sn:cn:yrk:default:function:0-x-y:$latest"),
     ("Config", "cpp_function_id"): R("urn"),
@@ -534,6 +535,22 @@ def check_isolated(w: Walk) -> None:
     plain.terminate()
 
 
+def check_light(w: Walk) -> None:
+    import dask
+
+    light = [Probe.options(yr.InvokeOptions(**SMALL, light=True)).invoke() for _ in range(3)]
+    own = Probe.options(yr.InvokeOptions(**SMALL, light=False)).invoke()
+    with dask.config.set({"yrdask.instances.light": False}):  # the job's default
+        by_default = Probe.options(yr.InvokeOptions(**SMALL)).invoke()
+    pids = yr.get([h.pid.invoke() for h in (*light, own, by_default)], T)
+    assert len(set(pids[:3])) < 3  # light: worker processes, shared (two workers)
+    assert len(set(pids[3:])) == 2 and not set(pids[3:]) & set(pids[:3])  # their own
+    with pytest.raises(yr.YRValueError, match="light must not be True with env_vars"):
+        yr.InvokeOptions(light=True, env_vars={"A": "1"}).validate()
+    for h in (*light, own, by_default):
+        h.terminate()
+
+
 def check_working_dir(w: Walk) -> None:
     h = Probe.options(yr.InvokeOptions(**SMALL, isolated=True)).invoke()
     assert yr.get(h.read.invoke("marker.txt"), T) == "job working dir"
@@ -722,6 +739,7 @@ CHECKS: dict[tuple[str, str], Callable[..., None]] = {
     ("InvokeOptions", "group_name"): check_group_name,
     ("InvokeOptions", "get_if_exists"): check_get_if_exists,
     ("InvokeOptions", "isolated"): check_isolated,
+    ("InvokeOptions", "light"): check_light,
     ("Config", "server_address"): check_server_address,
     ("Config", "log_level"): check_log_level,
     ("Config", "job_id"): check_job_id,

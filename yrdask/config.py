@@ -74,3 +74,16 @@ def drain_settings() -> tuple[bool, float]:
         raise YRValueError(f"yrdask.scheduling.drain-timeout={raw!r}: expected a positive "
                            "duration such as 30s (the default)")
     return restart, float(timeout)
+
+
+def light_instances() -> bool:
+    """``yrdask.instances.light``: whether an instance that names no ``light`` option is a
+    light one (shares a worker process) or a process instance; ``YRValueError`` naming the
+    key for a value that is not a bool."""
+    value = dask.config.get("yrdask.instances.light", True)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        value = value.strip().lower() == "true"  # a quoted YAML value, a string set
+    if type(value) is not bool:
+        raise YRValueError(f"yrdask.instances.light={value!r}: expected true (instances share "
+                           "worker processes) or false (each instance is a process of its own)")
+    return value

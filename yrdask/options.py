@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from yrdask.affinity import Affinity
+from yrdask.config import light_instances
 from yrdask.errors import YRTypeError, YRValueError
 
 __all__ = ["InvokeOptions", "Config", "ResourceGroupOptions", "check_invoke_options", "check_return_nums", "check_config",
@@ -161,6 +162,17 @@ def isolation_spec(opts: "InvokeOptions") -> dict | None:
         return None
     return {"env": {**renv.get("env_vars", {}), **opts.env_vars},
             "cwd": renv.get("working_dir", "")}
+
+
+def instance_isolation(opts: "InvokeOptions") -> dict | None:
+    """An instance's :func:`isolation_spec`; a process instance that asks for nothing else
+    gets a process of its own with the worker's environment (``{"env": {}, "cwd": ""}``),
+    a light one ``None``.  ``light=None`` takes the job's default
+    (``yrdask.instances.light``, read where the instance is created)."""
+    iso = isolation_spec(opts)
+    if iso is None and not (light_instances() if opts.light is None else opts.light):
+        iso = {"env": {}, "cwd": ""}
+    return iso
 
 
 #: custom_extensions keys yrdask honours: allowed values, or None for a whole number of seconds.
@@ -340,12 +352,29 @@ def _get_if_exists_rule(o: "InvokeOptions") -> str | None:
     return None
 
 
+def _light_rule(o: "InvokeOptions") -> str | None:
+    if o.light is not True:
+        return None
+    renv = o.runtime_env or {}
+    devices = any(k for k, v in o.custom_resources.items()
+                  if v and ({"GPU", "NPU"} & set(gpu_resource(k, 1.0))))
+    asks = [what for what, on in (("isolated=True", o.isolated), ("env_vars", o.env_vars),
+                                  ("runtime_env", renv.get("env_vars") or renv.get("working_dir")),
+                                  ("GPUs or NPUs", devices))
+            if on]
+    if asks:
+        return (f"not be True with {' and '.join(asks)}: a light instance shares its worker's "
+                "process, and these need a process of its own; drop one of them")
+    return None
+
+
 # Rules spanning several fields: (field the message names, rule).
 _CROSS_RULES: tuple[tuple[str, Callable[["InvokeOptions"], "str | None"]], ...] = (
     ("cpu_limit", _limit_rule("cpu_limit", "cpu")),
     ("mem_limit", _limit_rule("mem_limit", "memory")),
     ("need_order", _need_order_rule),
     ("get_if_exists", _get_if_exists_rule),
+    ("light", _light_rule),
 )
 
 _CROSS_FIELDS = tuple(name for name, _ in _CROSS_RULES)
@@ -466,6 +495,10 @@ class InvokeOptions:
     # yrdask extension: host the instance in its own process (for native code that may
     # crash); env_vars and runtime_env env_vars/working_dir imply it.
     isolated: bool = _opt(_bool(), False)
+    # yrdask extension: True hosts the instance in a worker process it shares with other
+    # light instances (fast, small; docs/isolation.md says what they share), False in a
+    # process of its own; None: the job's default, the Dask key ``yrdask.instances.light``.
+    light: bool | None = _opt(_bool(none_ok=True), None)
 
     # Plain class attributes, not dataclass fields: passing them to the constructor is a
     # TypeError, exactly as in yr.  They may still be set on an instance.

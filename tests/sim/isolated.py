@@ -1,7 +1,7 @@
 """Isolated instances in the instance world (``calls.py``): one fault policy, checked.
 
 A hosted instance may be isolated (``spec["isolated"]``): the worker's agent keeps its calls
-with the production decisions of ``worker/isolated.py``
+with the production decisions of ``worker/isolated/supervisor.py``
 (:class:`~yrdask.worker.isolated_calls.IsolatedCalls`: pending, waiting, died, restart and
 the crash charge of ``runtime/call_order.py``) and runs them in a virtual child process,
 which hosts the instance with hosting's ``CallQueue`` (production code: none before
@@ -168,7 +168,7 @@ class IsolatedHosting:
                        f"pending {list(d.pending)}, waiting {[c for c, _ in d.waiting]}, "
                        f"died {d.died!r}")
 
-    # -- the agent (worker/isolated.py's IsolatedInstance, its decisions production code) ----
+    # -- the agent (worker/isolated/supervisor.py's IsolatedInstance, its decisions production code) ----
 
     def _restart(self, host: _Host, inc: int) -> None:
         """``START_INSTANCE`` again for an isolated instance hosted here

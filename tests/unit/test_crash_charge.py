@@ -11,7 +11,7 @@ from yrdask.errors import CallCrashedError, TaskCrashedError, describe_exit
 from yrdask.runtime import call_order as C
 from yrdask.runtime.call_order import charge_crash, crash_window, may_redeliver
 from yrdask.worker import isolated_calls as IC
-from yrdask.worker.isolated import describe_exit_of
+from yrdask.worker.isolated.zygote import describe_exit_of
 
 
 def counter(crashes: dict):
@@ -145,6 +145,27 @@ def test_isolated_concurrency_two_and_async_charge_what_may_have_run():
     d.child_died("x")
     resend, failed = d.restart(1, 0)
     assert resend == [] and [c for c, _, _ in failed] == ["early", "a", "b", "c"]
+
+
+def test_isolated_restart_applies_each_calls_own_bound():
+    """A method's own bound (Ray's max_task_retries, from the class) per call: 0 fails
+    the call at the first death, -1 redelivers it however often, the others take the
+    default (1 here)."""
+    own = {"E": 0, "A": -1}
+
+    def bound(item: str) -> int:
+        return own.get(item, 1)
+
+    d = _isolated(3)
+    outcomes = []
+    for n in range(1, 5):
+        d.child_died("x")
+        resend, failed = d.restart(n, bound)
+        outcomes.append(([c for c, _ in resend], [c for c, _, _ in failed]))
+        d.connect()
+        d.validate()
+    assert outcomes == [(["a", "b", "c"], ["early"]), (["a", "c"], ["b"]),
+                        (["a"], ["c"]), (["a"], [])]
 
 
 def test_isolated_restart_of_a_running_child_or_a_stopped_instance_is_ignored():

@@ -1,4 +1,4 @@
-"""The pool of isolated task processes (worker/isolated.py ``ProcessPool``) keeps a process
+"""The pool of isolated task processes (worker/isolated/pool.py ``ProcessPool``) keeps a process
 whose nested calls started a runtime there: it may own objects that others still hold
 (docs/isolation.md#nested-calls); idle processes without one are reaped."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from yrdask.worker.isolated import ProcessPool, _PooledProcess
+from yrdask.worker.isolated.pool import ProcessPool, _PooledProcess
 
 
 class FakeProc:

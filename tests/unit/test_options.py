@@ -55,7 +55,7 @@ def test_invoke_options_field_names_are_complete():
         "function_group_options", "env_vars", "retry_times", "trace_id", "alias_params",
         "runtime_env", "debug", "preempted_allowed", "instance_priority", "schedule_timeout_ms",
         "group_name", "idle_timeout", "is_delete_remote_tensor", "bypass_datasystem",
-        "skip_serialize", "port_forwardings", "get_if_exists", "isolated",
+        "skip_serialize", "port_forwardings", "get_if_exists", "isolated", "light",
     }
     assert {f.name for f in dataclasses.fields(InvokeOptions)} == expected
 

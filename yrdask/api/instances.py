@@ -17,7 +17,7 @@ from yrdask.api.signatures import check_call
 from yrdask.errors import (YRRuntimeError, YRTimeoutError, YRTypeError, YRValueError)
 from yrdask.options import InvokeOptions, check_invoke_options, check_return_nums
 from yrdask.options import check_no_unknown as _no_unknown
-from yrdask.options import isolation_spec
+from yrdask.options import instance_isolation
 from yrdask.serialization import dumps, dumps_definition
 
 _RETURN_NUMS = "__yr_return_nums__"
@@ -215,7 +215,7 @@ class InstanceCreator:
             "affinity": to_wire(opts.schedule_affinities) + bundle_wire_of(opts),
             "labels": list(opts.labels),
             "grace_s": _grace_seconds(opts),  # __yr_shutdown__'s bound
-            "isolation": isolation_spec(opts),  # docs/isolation.md
+            "isolation": instance_isolation(opts),  # docs/isolation.md
         }
         if instance_id is not None:
             spec["instance_id"] = instance_id

@@ -35,10 +35,12 @@ def init(conf: Config | None = None) -> ClientInfo:
             raise YRRuntimeError("yr.init cannot be called twice; call yr.finalize() first")
         conf = check_config(conf)
         freeze = heap.freeze_enabled()  # checked before anything starts
-        # the submitter reads these once the cluster is starting: a bad one is refused here
-        from yrdask.config import pipeline_settings
+        # the submitter reads these once the cluster is starting, the instance creations
+        # later: a bad one is refused here
+        from yrdask.config import light_instances, pipeline_settings
 
         pipeline_settings()
+        light_instances()
         if conf.env_file:
             _load_env_file(conf.env_file)
         _apply_log_level(conf.log_level)

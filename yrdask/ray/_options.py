@@ -40,6 +40,9 @@ _OPTIONS: dict[str, tuple[frozenset, Any]] = {
     "namespace": (frozenset({ACTOR}), _UNSET),
     "lifetime": (frozenset({ACTOR}), _UNSET),
     "get_if_exists": (frozenset({ACTOR}), _UNSET),
+    # yrdask's own (Ray refuses the key, so no Ray program picks it by accident): True a
+    # light actor, False a process of its own (InvokeOptions.light, docs/isolation.md).
+    "yrdask_light": (frozenset({ACTOR}), _UNSET),
     # Ray options yrdask does not support: only their Ray default is accepted.
     "accelerator_type": (frozenset({TASK, ACTOR}), None),
     "object_store_memory": (frozenset({TASK, ACTOR}), None),
@@ -269,6 +272,10 @@ def _actor_options(options: dict, inv: InvokeOptions, out: RayOptions, namespace
     if get_if_exists and not name:
         raise ValueError("The actor name must be specified to use `get_if_exists`.")
     inv.get_if_exists = get_if_exists
+    light = options.get("yrdask_light")
+    if light is not None and not isinstance(light, bool):
+        raise TypeError(f"yrdask_light must be None or a bool, got {light!r}")
+    inv.light = light
 
 
 def _runtime_env(env: Any, inv: InvokeOptions, job_env: dict | None) -> None:

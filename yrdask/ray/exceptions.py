@@ -215,13 +215,29 @@ def from_yr_error(err: BaseException, what: str = "") -> BaseException:
         return OwnerDiedError(str(err))
     if isinstance(err, _yr.ObjectLostError):
         return ObjectLostError(str(err))
-    if isinstance(err, (_yr.InstanceDiedError, _yr.CallCrashedError)):
+    if isinstance(err, _yr.CallCrashedError):  # the call is given up; the actor restarts
+        return actor_unavailable(str(err))
+    if isinstance(err, _yr.InstanceDiedError):
         return actor_died(str(err))
     if isinstance(err, _yr.ScheduleError):
         text = str(err)
         return (ActorUnschedulableError if _INSTANCE.search(text) else TaskUnschedulableError)(
             text)
     return err
+
+
+_ON_INSTANCE = re.compile(r"on instance (?P<id>\S+)")
+
+
+def actor_unavailable(message: str) -> "ActorUnavailableError":
+    """``ActorUnavailableError`` worded as Ray's for a call cut short by a crash of its
+    actor's process, which was (or is being) restarted: not "The actor is dead"."""
+    found = _ON_INSTANCE.search(message)
+    actor_id = found.group("id") if found else None
+    return ActorUnavailableError(
+        f"The actor {actor_id or ''} is unavailable: The actor is temporarily unavailable: "
+        f"{message.rstrip('.')}. The task may or may not have been executed on the actor.",
+        actor_id=actor_id)
 
 
 _ENDED = re.compile(r"instance (?P<id>\S+) \((?P<cls>[^)]*)\) has ended: (?P<why>.*)", re.S)

@@ -73,7 +73,7 @@ def crash_window(unanswered: int, concurrency: int) -> int:
 def charge_crash(unanswered: list, concurrency: int, charge: Any, bound: Any
                  ) -> tuple[list, list]:
     """The one crash-charging rule, for a lost worker (:class:`CallOrder`, each caller
-    for its own calls) and a dead isolated process (``worker/isolated.py``, the agent for
+    for its own calls) and a dead isolated process (``worker/isolated/supervisor.py``, the agent for
     all calls it forwarded): the host process of ``unanswered`` calls (oldest first, in the
     order the host received them) died.  The oldest :func:`crash_window` of them may have
     been running: each is charged a crash (``charge(call)`` counts it and returns its count

@@ -45,8 +45,10 @@ from yrdask.stream import StreamSender
 from yrdask.worker.dask_panels import FLUSH_MS, Recorder, store_bytes
 from yrdask.worker.hosting import HostedInstance
 from yrdask.options import IsolatedFunction
-from yrdask.worker.isolated import (IsolatedInstance, ProcessDied, ProcessPool, Zygote,
-                                    keep_large, split_returns as _split_returns)
+from yrdask.worker.isolated.child import split_returns as _split_returns
+from yrdask.worker.isolated.pool import ProcessDied, ProcessPool
+from yrdask.worker.isolated.supervisor import IsolatedInstance, keep_large
+from yrdask.worker.isolated.zygote import Zygote
 from yrdask.worker.devices import device_isolation, gpu_offer, node_id, npu_offer
 from yrdask.worker.execution import Execution, current_execution
 from yrdask.worker.threads import (LIMITS as THREAD_LIMITS, instance_cpus, whole_cpus,

@@ -24,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import os
 import queue
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -308,6 +310,8 @@ class HostedInstance(HostedCalls):
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             if rec is not None:
                 rec.end(name, call_id, start, False)
+            if type(e) is SystemExit:
+                self.system_exit(e)
             return self._answer_error(call_id, e)
         if msg["nret"] < 0:  # P.STREAMING: a generator method sends each item as it comes
             out = self._stream(peer, call_id, result)
@@ -327,6 +331,25 @@ class HostedInstance(HostedCalls):
         if rec is not None:
             rec.end(name, call_id, start, True)
         return None
+
+    def system_exit(self, e: SystemExit) -> None:
+        """``sys.exit()`` in a method (the exit rules, docs/isolation.md#exit-rules): code 0
+        or none is an intended exit, which ends the instance without a restart, as
+        ``yr.exit()`` does (its calls then fail with ``InstanceDiedError``); another code
+        ends a process instance's process, a crash that the restart rules handle.  A light
+        instance shares its process, so there the exit is only the call's error."""
+        code = e.code
+        if code is None or code == 0:
+            try:
+                self.agent.runtime.scheduler_call(P.KILL_INSTANCE, instance_id=self.instance_id,
+                                                  reason="exited by sys.exit()")
+            except Exception:  # noqa: BLE001 - no scheduler: the call reports the exit
+                pass
+        elif getattr(self.agent, "own_process", False):
+            if not isinstance(code, int):  # sys.exit("message"): Python prints it, code 1
+                print(code, file=sys.stderr, flush=True)
+                code = 1
+            os._exit(code)
 
     def _stream(self, peer: Any, call_id: str, gen: Any) -> Any:
         """Run a generator method to its end (an async one on the loop), then answer the count."""
@@ -366,6 +389,8 @@ class HostedInstance(HostedCalls):
                 return self._answer_cancelled(call_id)
             return self._answer_error(call_id, e)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
+            if type(e) is SystemExit:  # off the instance's loop: the stop needs it
+                await asyncio.get_running_loop().run_in_executor(None, self.system_exit, e)
             return self._answer_error(call_id, e)
         finally:
             _async_call.reset(token)

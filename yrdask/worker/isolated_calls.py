@@ -1,5 +1,5 @@
 """The calls of one isolated instance, seen from its worker's agent: what is decided, apart
-from the I/O (``worker/isolated.py``'s :class:`~yrdask.worker.isolated.IsolatedInstance`
+from the I/O (``worker/isolated/supervisor.py``'s :class:`~yrdask.worker.isolated.supervisor.IsolatedInstance`
 runs the process, the channel and the replies; the simulation, ``tests/sim/isolated.py``,
 drives this same class on virtual processes).
 
@@ -25,7 +25,7 @@ Rules (``docs/isolation.md``):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from yrdask.runtime.call_order import charge_crash
 
@@ -97,12 +97,13 @@ class IsolatedCalls:
         self.connected, self.died = False, cause
         return True
 
-    def restart(self, incarnation: int, bound: int
+    def restart(self, incarnation: int, bound: "int | Callable[[Any], int]"
                 ) -> tuple[list[tuple[str, Any]], list[tuple[str, Any, int]]] | None:
         """``START_INSTANCE`` for restart ``incarnation`` after the child died: ``(calls
         delivered again, in order; (call id, item, crashes) to fail)``, the ones to deliver
         now waiting for the new child in front of the others.  ``None``: not dead (or
-        stopped), ignore it."""
+        stopped), ignore it.  ``bound``: the redeliveries a call may have, or a function of
+        its item that says them (a method's own bound, Ray's ``max_task_retries``)."""
         if self.stopped is not None or self.died is None:
             return None
         self.died = None
@@ -114,11 +115,22 @@ class IsolatedCalls:
             return n
 
         pending, self.pending = list(self.pending.items()), {}
-        resend, failed = charge_crash(pending, self.concurrency, charge, lambda _e: bound)
+        bound_of = bound if callable(bound) else (lambda _item: bound)
+        resend, failed = charge_crash(pending, self.concurrency, charge,
+                                      lambda entry: bound_of(entry[1]))
         for (call_id, _item), _n in failed:
             del crashes[call_id]
         self.waiting = resend + self.waiting
         return resend, [(cid, item, n) for (cid, item), n in failed]
+
+    def cancel_waiting(self, call_id: str) -> Any:
+        """A cancel of a call that waits for the (re)started child: its item, no longer
+        waiting (it is answered unrun); ``None`` if it does not wait here."""
+        for i, (cid, item) in enumerate(self.waiting):
+            if cid == call_id:
+                del self.waiting[i]
+                return item
+        return None
 
     def stop(self, reason: str) -> list[tuple[str, Any]]:
         """The instance ends: every call not answered yet, to answer with ``reason``."""

@@ -1,0 +1,158 @@
+"""Process instances (docs/isolation.md): with ``yrdask.instances.light`` off, or
+``InvokeOptions(light=False)``, an instance is a process of its own, forked from its worker's
+zygote.  Its environment, module state and crash are its own, and the exit rules
+(docs/isolation.md#exit-rules) end or restart that instance alone; light instances still
+share their worker's process.
+
+The embedded cluster has one worker process, so every instance is a neighbour of every other.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import dask
+import pytest
+
+import yrdask as yr
+from conftest import wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+T = 60
+SETTING: dict = {}  # module state: one per process
+
+
+def small(**kw) -> yr.InvokeOptions:
+    return yr.InvokeOptions(cpu=50, memory=10, **kw)
+
+
+@yr.instance
+class Member:
+    def __init__(self, i: int) -> None:
+        self.i = i
+        os.environ["YR_PROCESS_MODEL_VAR"] = str(i)
+        SETTING["i"] = i
+
+    def seen(self) -> tuple:
+        return os.environ.get("YR_PROCESS_MODEL_VAR"), SETTING.get("i"), os.getpid()
+
+    def incr(self) -> int:
+        self.i += 1
+        return self.i
+
+    def crash(self) -> None:
+        os._exit(9)
+
+    def quit(self, *code: object) -> None:
+        sys.exit(*code)
+
+    def quit_once(self, marker: str, code: int) -> str:
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            sys.exit(code)
+        return "back"
+
+
+@yr.instance
+class AsyncMember:
+    async def quit(self) -> None:
+        sys.exit()
+
+    async def ping(self) -> str:
+        return "pong"
+
+
+def state(h) -> dict:
+    return h.status()
+
+
+def test_each_process_instance_sees_its_own_environment_and_module_state(cluster):
+    """Six members that each set an environment variable and a module global in __init__
+    read back their own values as process instances (the job default turned off), and their
+    neighbours' as light ones (light=True: one shared worker process)."""
+    cluster(kind="embedded", num_cpus=1)
+    with dask.config.set({"yrdask.instances.light": False}):
+        own = [Member.options(small()).invoke(i) for i in range(6)]
+    seen = yr.get([h.seen.invoke() for h in own], T)
+    assert [(env, mod) for env, mod, _pid in seen] == [(str(i), i) for i in range(6)], seen
+    assert len({pid for _e, _m, pid in seen}) == 6  # six processes
+    light = [Member.options(small(light=True)).invoke(10 + i) for i in range(6)]
+    assert yr.get([h.incr.invoke() for h in light], T) == list(range(11, 17))  # all built
+    shared = yr.get([h.seen.invoke() for h in light], T)
+    assert len({pid for _e, _m, pid in shared}) == 1  # one worker process hosts them all
+    (env, mod), = {(env, mod) for env, mod, _pid in shared}  # the last __init__'s, for all
+    assert env == str(mod) and 10 <= mod < 16
+    for h in own + light:
+        h.terminate()
+
+
+def test_a_crash_restarts_that_process_instance_alone(cluster):
+    """os._exit in one process instance: it restarts per recover_retry_times (a fresh
+    __init__); its process neighbour and the light instance on the same worker keep their
+    state, and the worker process is the same."""
+    cluster(kind="embedded", num_cpus=1)
+    doomed = Member.options(small(light=False, recover_retry_times=2)).invoke(100)
+    neighbour = Member.options(small(light=False)).invoke(200)
+    light = Member.options(small(light=True)).invoke(300)
+    assert yr.get([neighbour.incr.invoke(), light.incr.invoke()], T) == [201, 301]
+    worker = yr.get(light.seen.invoke(), T)[2]
+    before = yr.get(doomed.seen.invoke(), T)[2]
+    poison = doomed.crash.invoke()
+    after = doomed.incr.invoke()  # behind the poison: runs on a restarted process
+    with pytest.raises(yr.CallCrashedError, match="exited with code 9"):
+        yr.get(poison, T)  # ran twice (bound 1), two restarts
+    assert yr.get(after, T) == 101
+    assert yr.get(doomed.seen.invoke(), T)[2] != before
+    assert state(doomed)["restarts"] == 2
+    assert yr.get([neighbour.incr.invoke(), light.incr.invoke()], T) == [202, 302]
+    assert yr.get(light.seen.invoke(), T)[2] == worker
+    for h in (doomed, neighbour, light):
+        h.terminate()
+
+
+@pytest.mark.parametrize("light", [False, True])
+@pytest.mark.parametrize("code", [(), (0,)])
+def test_sys_exit_ends_the_instance_without_a_restart(cluster, light, code):
+    """sys.exit() or sys.exit(0) in a method is an intended exit, as exit_actor() is: the
+    instance ends although it has restarts left, the call and later ones fail with
+    InstanceDiedError, and the neighbours live on (a light instance's worker too)."""
+    cluster(kind="embedded", num_cpus=1)
+    leaving = Member.options(small(light=light, recover_retry_times=3)).invoke(1)
+    neighbour = Member.options(small(light=not light)).invoke(2)
+    assert yr.get(leaving.incr.invoke(), T) == 2
+    with pytest.raises(yr.InstanceDiedError, match=r"exited by sys\.exit\(\)"):
+        yr.get(leaving.quit.invoke(*code), T)
+    with pytest.raises(yr.InstanceDiedError, match=r"exited by sys\.exit\(\)"):
+        yr.get(leaving.incr.invoke(), T)
+    st = wait_until(lambda: (s := state(leaving))["state"] == "DEAD" and s, 30,
+                    lambda: f"the instance DEAD at the scheduler: {state(leaving)}")
+    assert not st["restarts"], st  # none, although it had three
+    assert yr.get(neighbour.incr.invoke(), T) == 3
+    neighbour.terminate()
+
+
+def test_sys_exit_with_a_code_is_a_crash_of_a_process_instance(cluster, tmp_path):
+    """sys.exit(3) in a process instance ends its process with code 3: a crash, so the
+    restart rules apply (the call runs again on the restarted process)."""
+    cluster(kind="embedded", num_cpus=1)
+    h = Member.options(small(light=False, recover_retry_times=1)).invoke(1)
+    neighbour = Member.options(small(light=False)).invoke(2)
+    assert yr.get(h.quit_once.invoke(str(tmp_path / "once"), 3), T) == "back"
+    st = state(h)
+    assert st["state"] == "ALIVE" and st["restarts"] == 1, st
+    assert yr.get(neighbour.incr.invoke(), T) == 3
+    for x in (h, neighbour):
+        x.terminate()
+
+
+def test_sys_exit_in_an_async_method_ends_the_process_instance(cluster):
+    cluster(kind="embedded", num_cpus=1)
+    h = AsyncMember.options(small(light=False, recover_retry_times=1)).invoke()
+    assert yr.get(h.ping.invoke(), T) == "pong"
+    with pytest.raises(yr.InstanceDiedError, match=r"exited by sys\.exit\(\)"):
+        yr.get(h.quit.invoke(), T)
+    with pytest.raises(yr.InstanceDiedError, match=r"exited by sys\.exit\(\)"):
+        yr.get(h.ping.invoke(), T)
+

@@ -1,0 +1,326 @@
+"""The zygote: one warm interpreter per worker that ``fork()``s the isolated processes.
+
+Agent side (:class:`Zygote`, :class:`ForkedProcess`, :func:`spawn`) and the zygote's own loop
+(:func:`zygote_main`, run by ``python -m yrdask.worker.isolated``).  A forked child sets its
+environment and directory, then becomes an isolated process (:mod:`.child`).  No orphans: the
+zygote exits when its stdin closes and kills its children first; a child dies with the zygote
+(``PR_SET_PDEATHSIG``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from yrdask.errors import YRValueError, describe_exit
+from yrdask.worker.isolated import START_TIMEOUT_S
+from yrdask.worker.threads import follow_env
+
+
+def describe_exit_of(pid: int, returncode: int) -> str:
+    """``"its isolated process (pid 12) exited with code 3"`` (or ``was killed by signal 11
+    (SIGSEGV)``): the cause every error about a dead isolated process names."""
+    return f"its isolated process (pid {pid}) {describe_exit(returncode)}"
+
+
+def _child_env(extra: dict | None) -> dict:
+    env = dict(os.environ)
+    env.update(extra or {})
+    # The child imports what the worker imports (user modules pickled by reference).
+    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p or os.getcwd()) for p in sys.path)
+    return env
+
+
+def _node_name(agent: Any) -> str:
+    """What the prints of an isolated process name as their node (its worker's node)."""
+    return getattr(agent, "node_id", None) or agent.worker.address
+
+
+def child_info(agent: Any) -> dict:
+    """What a child needs to know of its worker: its node (``get_node_id()``, the prints'
+    prefix), and where the scheduler is, for the runtime its first nested call starts."""
+    from distributed.comm import get_address_host
+
+    worker = agent.worker
+    scheduler = getattr(getattr(worker, "scheduler", None), "address", "") or ""
+    try:
+        host = get_address_host(worker.address)
+    except Exception:  # noqa: BLE001 - an address without a host: loopback
+        host = "127.0.0.1"
+    return {"node": _node_name(agent), "scheduler": scheduler, "host": host}
+
+
+def spawn(isolation: dict, info: dict | None = None) -> tuple[Any, str]:
+    """Start a child with the instance's env and cwd; returns it and its listening address.
+
+    Forked from this worker's zygote (a warm interpreter with Dask and yrdask imported), so
+    a start costs a fork, not an interpreter start.  Blocking (run it in a thread).  A
+    missing working directory raises ``YRValueError``.
+    """
+    cwd = isolation.get("cwd") or None
+    if cwd is not None and not os.path.isdir(cwd):
+        raise YRValueError(f"working_dir {cwd!r} does not exist on this worker host; create it "
+                           "there or give runtime_env={'working_dir': <an existing dir>}")
+    return Zygote.get().fork(_child_env(isolation.get("env")), cwd, info or {})
+
+
+class ForkedProcess:
+    """A child forked by the zygote, seen from the agent: ``pid``, ``kill()``, ``wait()``
+    like ``subprocess.Popen`` (the zygote, its parent, reports its exit status)."""
+
+    stdin = None
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+        return self.returncode  # type: ignore[return-value]
+
+    def _exited(self, code: int) -> None:
+        self.returncode = code
+        self._ended.set()
+
+
+class Zygote:
+    """One warm interpreter per worker that forks the isolated processes on request.
+
+    Requests and answers are JSON lines on its stdin and stdout: ``{"id", "env", "cwd"}`` in;
+    ``{"id", "pid", "address"}`` from the forked child once it listens, and ``{"exit": pid,
+    "code": n}`` when the zygote reaps one (``n < 0``: killed by signal ``-n``).  The zygote
+    exits when its stdin closes (the agent closed it, or the worker died) and takes its
+    children with it; a child also dies with the zygote (``PR_SET_PDEATHSIG``).
+    """
+
+    _current: "Zygote | None" = None
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> "Zygote":
+        with cls._lock:
+            z = cls._current
+            if z is None or z.dead:
+                z = cls._current = Zygote()
+            return z
+
+    @classmethod
+    def close_current(cls) -> None:
+        with cls._lock:
+            z, cls._current = cls._current, None
+        if z is not None:
+            z.close()
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "yrdask.worker.isolated", "--zygote"], env=_child_env(None),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.lock = threading.Lock()
+        self.ids = iter(range(1, 1 << 62))
+        self.waiting: dict[int, list] = {}  # request id -> [Event, answer]
+        self.children: dict[int, ForkedProcess] = {}
+        self.early_exits: dict[int, int] = {}  # exits read before their fork's answer
+        self.dead = False
+        threading.Thread(target=self._read, daemon=True, name="yr-zygote-reader").start()
+
+    def fork(self, env: dict, cwd: str | None, info: dict) -> tuple[ForkedProcess, str]:
+        with self.lock:
+            if self.dead:
+                raise RuntimeError("the worker's zygote process has exited")
+            rid = next(self.ids)
+            slot: list = [threading.Event(), None]
+            self.waiting[rid] = slot
+            line = json.dumps({"id": rid, "env": env, "cwd": cwd, **info}) + "\n"
+            try:
+                self.proc.stdin.write(line.encode())
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self.dead = True
+                raise RuntimeError("the worker's zygote process has exited") from None
+        if not slot[0].wait(START_TIMEOUT_S):
+            raise RuntimeError(f"the isolated process did not start in {START_TIMEOUT_S:g} s")
+        answer = slot[1]
+        if answer is None:
+            raise RuntimeError("the worker's zygote process exited while it forked")
+        if "error" in answer:
+            raise RuntimeError(f"the isolated process did not start: {answer['error']}")
+        return self.children[answer["pid"]], answer["address"]
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            with self.lock:
+                if "exit" in msg:
+                    child = self.children.pop(msg["exit"], None)
+                    if child is None:
+                        self.early_exits[msg["exit"]] = msg["code"]
+                    else:
+                        child._exited(msg["code"])
+                    continue
+                slot = self.waiting.pop(msg.get("id"), None)
+                if "pid" in msg:
+                    child = self.children[msg["pid"]] = ForkedProcess(msg["pid"])
+                    code = self.early_exits.pop(msg["pid"], None)
+                    if code is not None:
+                        self.children.pop(msg["pid"])
+                        child._exited(code)
+            if slot is not None:
+                slot[1] = msg
+                slot[0].set()
+        with self.lock:  # the zygote is gone, and its children with it
+            self.dead = True
+            waiting, self.waiting = self.waiting, {}
+            children, self.children = self.children, {}
+        for slot in waiting.values():
+            slot[0].set()
+        for child in children.values():
+            child._exited(-signal.SIGKILL)
+
+    def close(self) -> None:
+        """Kill every child (the zygote does so when its stdin closes) and reap the zygote."""
+        with self.lock:
+            children = list(self.children.values())
+        for child in children:
+            child.kill()
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - stuck: it goes the hard way
+            self.proc.kill()
+            self.proc.wait()
+
+
+def kill_child(proc: subprocess.Popen) -> None:
+    """SIGKILL a child (a zygote-forked one or a ``Popen``); no error if it is gone."""
+    try:
+        proc.kill()
+    except ProcessLookupError:  # pragma: no cover - already gone
+        pass
+    if proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+
+
+def _forked_child(zygote_pid: int, req: dict) -> None:
+    """In the child just forked by the zygote: become the isolated process of ``req``."""
+    import asyncio
+    import ctypes
+
+    code = 0
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the zygote
+        if os.getppid() != zygote_pid:  # it died before the prctl
+            os._exit(1)
+        global _PROTO_FD
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)  # the zygote's requests are not this process's input
+        _PROTO_FD = os.dup(1)
+        os.dup2(2, 1)  # the user's prints go where the worker's stderr goes, not into the pipe
+        before = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        follow_env(before)  # numpy, loaded by the zygote, takes the new thread limits
+        if req.get("cwd"):
+            os.chdir(req["cwd"])
+
+        def announce(address: str) -> None:
+            _write_line({"id": req["id"], "pid": os.getpid(), "address": address})
+
+        from yrdask.worker.isolated.child import child_main
+
+        asyncio.run(child_main(announce, req))
+    except BaseException as e:  # noqa: BLE001 - told to the agent, then this process ends
+        _write_line({"id": req["id"], "error": f"{type(e).__name__}: {e}"})
+        code = 1
+    os._exit(code)
+
+
+_PROTO_FD = 1  # where the zygote protocol's lines go (a forked child moves it off stdout)
+
+
+def _write_line(msg: dict) -> None:
+    os.write(_PROTO_FD, (json.dumps(msg) + "\n").encode())  # one write: lines never interleave
+
+
+def zygote_main() -> None:
+    """Import what a child needs once, then fork one child per request line (see Zygote)."""
+    import select
+
+    import distributed.comm.tcp  # noqa: F401 - what every child uses, imported once here
+    import distributed.core  # noqa: F401
+    import tornado.platform.asyncio  # noqa: F401 - a Server's first loop (~1 ms a child)
+    import yrdask.runtime.context  # noqa: F401
+    import yrdask.serialization  # noqa: F401 - with the next: ~6 ms a child, measured
+    import yrdask.stream  # noqa: F401
+    import yrdask.worker.hosting  # noqa: F401
+    import yrdask.worker.isolated.child  # noqa: F401
+    import yrdask.worker.output  # noqa: F401
+    from yrdask.runtime import runtime, transport  # noqa: F401 - a nested call's runtime
+
+    runtime._load_machines()  # (its submitter and router): ~40 ms less at a first nested call
+
+    import gc
+
+    gc.collect()
+    gc.freeze()  # the children's collections then leave the shared pages alone (less copying)
+    me = os.getpid()
+    children: set[int] = set()
+    fd = sys.stdin.fileno()
+    buf = b""
+    open_ = True
+    while open_:
+        ready, _, _ = select.select([fd], [], [], 0.02)
+        while children:  # reap, and tell the agent how each child ended
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            _write_line({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        if not ready:
+            continue
+        data = os.read(fd, 1 << 16)
+        if not data:
+            open_ = False
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            req = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _forked_child(me, req)
+            children.add(pid)
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in children:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    os._exit(0)
