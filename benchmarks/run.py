@@ -10,7 +10,7 @@ also sizes the ``scale`` group, run with ``--only scale``); latencies are median
 call (``task_rtt_ms``: 2000 calls, cut at 5 s once 200 are done); the 100 MB figures count
 both directions (200 MB / seconds of put + get, Ray's benchmark convention); ratios are
 yrdask / other, so for ``*_per_s`` figures above 1 is better for yrdask and for ``*_ms``,
-``*_s`` and ``*_mb`` figures below 1 is better.  The table also shows issue 5's target for
+``*_s`` and ``*_mb`` figures below 1 is better.  The table also shows the target set for
 yrdask and whether yrdask's median meets it.  A system that cannot do a figure at all shows
 "n/a" (the reason is in the JSON, ``not_applicable``); slow peers are asked for fewer
 instances or calls (``extra.*_capped_because``), and a total extrapolated from fewer

@@ -1,4 +1,4 @@
-"""The bad-input matrix (issue 4) on a real embedded cluster.
+"""The bad-input matrix on a real embedded cluster.
 
 Every public call, given bad input, raises a typed error naming the problem at the call that
 caused it.  The exceptions are what the SPEC makes asynchronous: a constructor's error, an

@@ -1,4 +1,4 @@
-"""Borrowers counted (issue 18; docs/objects.md "When a value is freed").
+"""Borrowers counted (docs/objects.md "When a value is freed").
 
 Refs nested in results, arguments and instance state are counted with Ray's ownership
 protocol: a value lives while its owner or any borrower holds it, and is then freed with the

@@ -1,4 +1,4 @@
-"""The preload turned on by Dask configuration alone (docs/deploy.md, issue 7).
+"""The preload turned on by Dask configuration alone (docs/deploy.md).
 
 `plugins/yrdask.yaml` is the configuration file we ship.  With ``DASK_CONFIG`` naming its
 directory, plain ``dask scheduler`` and ``dask worker`` (no ``--preload`` flag) must start a

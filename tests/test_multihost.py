@@ -1,4 +1,4 @@
-"""Several real hosts (issue 7): yrdask across Linux network namespaces on this machine.
+"""Several real hosts: yrdask across Linux network namespaces on this machine.
 
 Each "host" is a network namespace with its own IP on a private bridge (10.77.0.0/24):
 
@@ -397,7 +397,7 @@ def test_instance_moves_to_another_host_when_its_host_dies(driver, hosts, reques
     try:
         after = driver.ask("call_mobile", timeout=T, wait=T + 30)
         if "error" in after:
-            request.applymarker(pytest.mark.xfail(reason="needs restarts (issue 4)", strict=False))
+            request.applymarker(pytest.mark.xfail(reason="needs instance restarts on another host", strict=False))
         assert "error" not in after, f"{after}\n{hosts.all_logs()}"
         assert after["ip"] == survivor
     finally:  # give the host its worker back, for any test after this one

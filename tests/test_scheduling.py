@@ -1,4 +1,4 @@
-"""Placement and bottom-up scheduling (SPEC §6, issue 7) on real clusters.
+"""Placement and bottom-up scheduling (SPEC §6) on real clusters.
 
 * tags: on a ``dask scheduler``/``dask worker`` subprocess cluster whose workers carry
   ``zone_a`` / ``zone_b``, tasks and instances asking for a tag run in that worker's process;

@@ -1,4 +1,4 @@
-"""TLS end to end (issue 7): a `dask scheduler/worker --preload yrdask` cluster with mutual TLS.
+"""TLS end to end: a `dask scheduler/worker --preload yrdask` cluster with mutual TLS.
 
 Certificates are made here with ``cryptography``: a cluster CA signing one certificate per role
 (scheduler, worker, client), and a rogue CA with its own certificate.  The cluster is real

@@ -1,4 +1,4 @@
-"""Waiting requests end with their job (issue 12): a driver that leaves while its instance
+"""Waiting requests end with their job: a driver that leaves while its instance
 and its task wait for resources leaves nothing counted as waiting at the scheduler; while
 they wait, the driver (on another host than the scheduler) is told why.
 

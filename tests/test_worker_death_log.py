@@ -1,4 +1,4 @@
-"""On the embedded cluster a worker death prints one yrdask line naming the worker (issue 12):
+"""On the embedded cluster a worker death prints one yrdask line naming the worker:
 the nanny's bare "Restarting worker" warnings no longer reach the driver's stderr.
 
 The driver runs as a subprocess so its real stderr can be read: it kills one of its worker

@@ -1,4 +1,4 @@
-"""Task-side Ray behaviours that Ray's own public-API tests check (issue 20, round two):
+"""Task-side Ray behaviours that Ray's own public-API tests check:
 runtime context ids and names as Ray gives them, generators called with an int or
 ``"dynamic"`` ``num_returns`` (tasks and actor methods).
 
@@ -236,7 +236,7 @@ def busy_in_python(path):
 def test_force_cancel_of_a_task_that_stops_at_the_interrupt_keeps_its_process(ray_env,
                                                                               tmp_path):
     # The process also hosts other work (Ray's runs only this task): a task that stops at
-    # the interrupt is not worth the process; only one blocked in C ends it (test_ray_round2)
+    # the interrupt is not worth the process; only one blocked in C ends it (test_ray_program_behaviours)
     import psutil
 
     from conftest import wait_for_file

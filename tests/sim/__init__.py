@@ -1,4 +1,4 @@
-"""Deterministic simulation of yr's state machines (issue 11).
+"""Deterministic simulation of yr's state machines.
 
 The real ``SubmitQueue``, ``LeaseQueue`` and ``LeaseGate`` run in a simulated cluster whose
 network, clock and faults are driven by ``random.Random(seed)``: see ``world.py``.  A seed

@@ -1,4 +1,4 @@
-"""Thousands of seeded scenarios through the real state machines (issue 11).
+"""Thousands of seeded scenarios through the real state machines.
 
 ``YRDASK_SIM_SEEDS`` sets how many seeds run (default 10 000, in ``CHUNKS`` chunks).  Each
 chunk runs in a subprocess with ``PYTHONHASHSEED=0`` so that a failing seed replays exactly:

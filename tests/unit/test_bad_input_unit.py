@@ -1,4 +1,4 @@
-"""The bad-input matrix (issue 4), part 1: the checks that need no cluster.
+"""The bad-input matrix, part 1: the checks that need no cluster.
 
 Options, settings and decorators are checked where they are written: each row below makes one
 bad call and expects a typed error from that very call, whose message names the problem.

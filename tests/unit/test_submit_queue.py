@@ -199,7 +199,7 @@ def test_local_and_forwarded_pushes_are_counted():
         (1, 1, 2, 2, 2)
 
 
-# -- the stall of issue 11 -----------------------------------------------------------------------
+# -- the stall of a queue with no lease ------------------------------------------------------------
 
 
 def test_five_outer_tasks_revoked_while_busy_never_stall():

@@ -1,4 +1,4 @@
-"""Actor behaviours that Ray's own actor tests rely on (issue 20, round three): a concurrency
+"""Actor behaviours that Ray's own actor tests rely on: a concurrency
 group is not held up by a blocked default group, task ids inside actor methods, Ray's error
 types for a bad namespace, ``ObjectRef._on_completed``.
 

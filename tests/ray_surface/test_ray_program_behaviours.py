@@ -1,4 +1,4 @@
-"""yrdask.ray behaviours that real Ray programs and Ray's own tests rely on (issue 20):
+"""yrdask.ray behaviours that real Ray programs and Ray's own tests rely on:
 per-call method options, ``cancel(force=True)``, runtime context names, Ray's error types,
 async-actor ordering, concurrency groups, ActorPool, dynamic generators.
 
