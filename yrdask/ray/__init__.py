@@ -2,9 +2,10 @@
 
 Ray's names and semantics on yrdask's machinery: ``@ray.remote`` functions and actors,
 ``get``/``put``/``wait``/``cancel``/``kill``, named and detached actors, Ray's exception
-types, runtime context, ``ray.util`` (ActorPool, Queue, placement groups, scheduling
-strategies).  ``python -m yrdask.ray script.py`` runs a script that says ``import ray``
-unchanged.  Differences from Ray are listed in docs/migrating-from-ray.md.
+types, runtime context, ``ray.util`` (ActorPool, Queue, multiprocessing.Pool, the joblib
+backend, placement groups, scheduling strategies).  ``python -m yrdask.ray script.py`` runs
+a script that says ``import ray`` unchanged.  Differences from Ray are listed in
+docs/migrating-from-ray.md.
 """
 
 from __future__ import annotations

@@ -40,14 +40,16 @@ class _PoolProcess:
     def ping(self) -> int:
         return os.getpid()
 
-    def run_chunk(self, func: Callable, chunk: list, star: bool) -> list:
+    def run_chunk(self, func: Callable, chunk: list, form: str) -> list:
+        """``func`` over ``chunk``'s items, each as ``form`` says: ``"one"`` argument,
+        ``"star"`` (a tuple of arguments) or ``"call"`` (an ``(args, kwargs)`` pair)."""
         out = []
         for item in chunk:
             try:
-                if star == "call":  # apply: (args, kwargs)
+                if form == "call":
                     out.append(func(*item[0], **item[1]))
                 else:
-                    out.append(func(*item) if star else func(item))
+                    out.append(func(*item) if form == "star" else func(item))
             except Exception as e:  # noqa: BLE001 - handed back to the caller's get
                 out.append(_Failed(e))
         return out
@@ -177,7 +179,7 @@ class IMapIterator:
             return
         index = self._submitted
         self._submitted += 1
-        ref = self._pool._submit(self._func, chunk, False)
+        ref = self._pool._submit(self._func, chunk, "one")
         ref.on_complete(lambda r, i=index: self._done.put((i, r)))
 
     def __iter__(self) -> Iterator:
@@ -281,13 +283,13 @@ class Pool:
         if self._closed:
             raise ValueError("Pool not running")
 
-    def _submit(self, func: Callable, chunk: list, star: Any) -> Any:
+    def _submit(self, func: Callable, chunk: list, form: str) -> Any:
         """Run ``chunk`` on the next process in turn; replace it after ``maxtasksperchild``."""
         with self._lock:
             self._check_running()
             slot = self._actors[self._next]
             self._next = (self._next + 1) % len(self._actors)
-            ref = slot[0].run_chunk.remote(func, chunk, star)
+            ref = slot[0].run_chunk.remote(func, chunk, form)
             slot[1] += 1
             if self._maxtasks is not None and slot[1] >= self._maxtasks:
                 self._retire(slot[0])
@@ -319,32 +321,32 @@ class Pool:
             chunksize = -(-len(items) // (len(self._actors) * 4)) or 1
         return [items[i:i + chunksize] for i in range(0, len(items), chunksize)]
 
-    def _map_async(self, func: Callable, iterable: Iterable, chunksize: int | None, star: bool,
+    def _map_async(self, func: Callable, iterable: Iterable, chunksize: int | None, form: str,
                    callback: Callable | None, error_callback: Callable | None) -> AsyncResult:
         self._check_running()
-        refs = [self._submit(func, chunk, star) for chunk in self._chunks(iterable, chunksize)]
+        refs = [self._submit(func, chunk, form) for chunk in self._chunks(iterable, chunksize)]
         return AsyncResult(refs, callback, error_callback)
 
     def map(self, func: Callable, iterable: Iterable, chunksize: int | None = None) -> list:
         """``[func(x) for x in iterable]`` over the pool, in order."""
-        return self._map_async(func, iterable, chunksize, False, None, None).get()
+        return self._map_async(func, iterable, chunksize, "one", None, None).get()
 
     def map_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
                   callback: Callable | None = None,
                   error_callback: Callable | None = None) -> AsyncResult:
         """``map`` as an AsyncResult; ``callback(results)`` once all succeeded, else
         ``error_callback(first error)``."""
-        return self._map_async(func, iterable, chunksize, False, callback, error_callback)
+        return self._map_async(func, iterable, chunksize, "one", callback, error_callback)
 
     def starmap(self, func: Callable, iterable: Iterable, chunksize: int | None = None) -> list:
         """``[func(*args) for args in iterable]`` over the pool, in order."""
-        return self._map_async(func, iterable, chunksize, True, None, None).get()
+        return self._map_async(func, iterable, chunksize, "star", None, None).get()
 
     def starmap_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
                       callback: Callable | None = None,
                       error_callback: Callable | None = None) -> AsyncResult:
         """``starmap`` as an AsyncResult (callbacks as ``map_async``)."""
-        return self._map_async(func, iterable, chunksize, True, callback, error_callback)
+        return self._map_async(func, iterable, chunksize, "star", callback, error_callback)
 
     def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
         """Results of ``func`` over ``iterable`` as they come, in order (lazily submitted)."""
