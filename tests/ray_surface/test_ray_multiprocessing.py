@@ -49,12 +49,12 @@ def _fail_on_three(x):
 
 
 def _held(item):
-    """Item 0 waits until item 1 has run: the finishing order is 1, then 0."""
-    q, x = item
+    """Item 0 waits for the test's go; item 1 tells the test it ran."""
+    go, ran, x = item
     if x == 0:
-        q.get(timeout=60)
+        go.get(timeout=60)
     else:
-        q.put(x)
+        ran.put(x)
     return x
 
 
@@ -87,13 +87,23 @@ def test_each_method_returns_results_in_order(ray_env):
 
 
 def test_imap_keeps_order_and_imap_unordered_gives_finishing_order(ray_env):
-    q = Queue()
+    go, ran = Queue(), Queue()
     try:
         with Pool(2) as pool:
-            assert list(pool.imap_unordered(_held, [(q, 0), (q, 1)])) == [1, 0]
-            assert list(pool.imap(_held, [(q, 0), (q, 1)])) == [0, 1]
+            it = pool.imap_unordered(_held, [(go, ran, 0), (go, ran, 1)])
+            assert next(it) == 1  # item 0 cannot finish before the go below
+            assert ran.get(timeout=60) == 1
+            go.put("go")
+            assert list(it) == [0]
+            it = pool.imap(_held, [(go, ran, 0), (go, ran, 1)])
+            assert ran.get(timeout=60) == 1
+            with pytest.raises(TimeoutError):  # item 1 is done, but item 0 comes first
+                it.next(timeout=0.2)
+            go.put("go")
+            assert list(it) == [0, 1]
     finally:
-        q.shutdown()
+        go.shutdown()
+        ran.shutdown()
 
 
 def test_initializer_runs_once_in_each_pool_process(ray_env):
