@@ -19,7 +19,6 @@ import cloudpickle
 import psutil
 import pytest
 
-from conftest import wait_until
 from yrdask.ray.util.multiprocessing import Pool, TimeoutError
 from yrdask.ray.util.queue import Queue
 

@@ -3,7 +3,8 @@
 Each pool process is an actor that is a process of its own (``yrdask_light=False``), so what
 the initializer sets (module globals, open files) holds per pool process, as with
 ``multiprocessing``.  Work goes to the actors round robin in chunks (one actor call runs a
-chunk); results come back through the refs' completion callbacks (no thread per result).
+chunk); an AsyncResult settles through its refs' completion callbacks (no thread of its own),
+an imap iterator waits for its chunks in the caller's thread.
 """
 
 from __future__ import annotations
@@ -150,20 +151,18 @@ class AsyncResult:
 
 class IMapIterator:
     """The iterator ``imap``/``imap_unordered`` return: one chunk in flight per pool process,
-    the next submitted as results are taken (as on Ray); ``next(timeout)`` as
-    ``multiprocessing``'s."""
+    the next submitted as each finishes (as on Ray); ``next(timeout)`` as
+    ``multiprocessing``'s.  Finished chunks are found by ``wait`` in the caller's thread."""
 
     def __init__(self, pool: "Pool", func: Callable, iterable: Iterable, chunksize: int,
                  ordered: bool) -> None:
-        import queue
-
         self._pool, self._func, self._ordered = pool, func, ordered
         self._items = iter(iterable)
         self._chunksize = chunksize
-        self._done: queue.Queue = queue.Queue()  # (chunk index, ref) as chunks finish
         self._submitted = 0
         self._exhausted = False
-        self._finished: dict = {}  # chunk index -> ref, finished but not yet taken
+        self._running: dict = {}  # ref -> chunk index
+        self._finished: dict = {}  # chunk index -> ref, in finishing order, not yet taken
         self._next_chunk = 0  # ordered: the chunk whose values come next
         self._buffer: collections.deque = collections.deque()
         for _ in range(len(pool._actors)):
@@ -177,37 +176,41 @@ class IMapIterator:
             self._exhausted = True
         if not chunk:
             return
-        index = self._submitted
+        self._running[self._pool._submit(self._func, chunk, "one")] = self._submitted
         self._submitted += 1
-        ref = self._pool._submit(self._func, chunk, "one")
-        ref.on_complete(lambda r, i=index: self._done.put((i, r)))
 
     def __iter__(self) -> Iterator:
         return self
 
+    def _take(self) -> Any:
+        """The ref of the chunk whose values come next, if it has finished."""
+        if self._ordered:
+            return self._finished.pop(self._next_chunk, None)
+        if self._finished:
+            return self._finished.pop(next(iter(self._finished)))
+        return None
+
     def next(self, timeout: float | None = None) -> Any:
         """The next result; raises its call's error, ``StopIteration`` at the end, or
         ``multiprocessing.TimeoutError`` after ``timeout`` seconds."""
-        import queue
         import time
+
+        from yrdask.ray.worker import wait
 
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._buffer:
-            want = self._next_chunk if self._ordered else None
-            if want is not None and want in self._finished:
-                ref = self._finished.pop(want)
-            elif self._next_chunk >= self._submitted:
-                raise StopIteration
-            else:
+            ref = self._take()
+            if ref is None:
+                if not self._running:
+                    raise StopIteration
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    index, ref = self._done.get(timeout=left)
-                except queue.Empty:
-                    raise TimeoutError from None
-                self._submit_next()
-                if self._ordered and index != self._next_chunk:
-                    self._finished[index] = ref
-                    continue
+                ready, _ = wait(list(self._running), num_returns=1, timeout=left)
+                if not ready:
+                    raise TimeoutError
+                for r in ready:
+                    self._finished[self._running.pop(r)] = r
+                    self._submit_next()
+                continue
             self._next_chunk += 1
             values, error = _chunk_error(ref)
             if error is not None:
