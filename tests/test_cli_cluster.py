@@ -148,12 +148,14 @@ def test_sigkilled_worker_tree_leaves_no_semaphores(tmp_path):
     import time
 
     import psutil
-    from conftest import CliCluster, named_semaphores
+    from conftest import CliCluster, _is_multiprocessing_helper, named_semaphores
 
     def worker_process(nanny: psutil.Process, not_pid: int = 0) -> psutil.Process | None:
         for child in nanny.children():
             try:
-                if "spawn_main" in " ".join(child.cmdline()) and child.pid != not_pid:
+                # its title is "dask worker [...]" (Dask sets it with setproctitle, a
+                # yrdask dependency), so it is the child that is not Python's resource tracker
+                if child.pid != not_pid and not _is_multiprocessing_helper(child):
                     return child
             except psutil.Error:
                 pass
