@@ -125,7 +125,7 @@ def _slurm(tmp_path):
                 adapt=lambda lo, hi: cluster.adapt(minimum=lo, maximum=hi, **ADAPT),
                 workers=_count_from(client),
                 config=yr.Config(server_address=cluster.scheduler_address),
-                maximum=MAXIMUM, timeouts=elastic.Timeouts(up=90, down=60, call=60),
+                maximum=MAXIMUM, timeouts=elastic.Timeouts(up=45, down=30, call=20),
                 diagnose=lambda: f"{_adaptive_target(client)}; our jobs {_our_jobs(job_name)}")
     finally:
         cluster.close(timeout=30)

@@ -59,9 +59,9 @@ class Timeouts:
     """Bounds, in seconds, of the waits for the deployer: a worker is a process (local), a
     batch job (Slurm) or a gateway-started process, and the machine is shared."""
 
-    up: float = 60
-    down: float = 60
-    call: float = 60
+    up: float = 30
+    down: float = 30
+    call: float = 20
 
 
 @yr.invoke
@@ -150,39 +150,39 @@ class _Run:
                 raise AssertionError(f"the cluster did not reach {self.maximum} workers even when "
                                      f"held there: {self.describe()}")
 
+    def grow(self, name: str, wait: Callable[[], Any], shown: str, missing: str) -> bool:
+        """``wait()`` (bounded) for work that needs the cluster to grow.  On a yr error the part
+        fails, saying ``missing``, and the cluster is held at ``maximum``: returns False."""
+        part = self.parts[name]
+        try:
+            wait()
+        except yr.YRError as exc:
+            part.ok, part.detail = False, f"{missing} ({exc!s:.300}); {self.describe()}"
+            self.hold()
+            return False
+        part.ok = None if self.held else True
+        part.detail = ("not shown: the cluster was held at maximum" if self.held
+                       else f"{shown}; {self.describe()}")
+        return True
+
     def program(self) -> None:
         p, t = self.parts, self.t
         # -- scale from zero: yr tasks are demand
-        refs = [square.options(SMALL).invoke(i) for i in range(6)]
         expected = [i * i for i in range(6)]
-        try:
-            got = yr.get(refs, timeout=int(t.up))
-            p["scale_from_zero"] = _verdict("scale_from_zero", got == expected,
-                                            f"6 tasks at zero workers gave {got}; {self.describe()}")
-        except yr.YRError as exc:
-            p["scale_from_zero"].ok = False
-            p["scale_from_zero"].detail = (
-                f"yr tasks submitted at zero workers did not finish in {t.up:.0f} s ({exc!r:.200}): "
-                f"the cluster did not grow for yr work; {self.describe()}")
-            self.hold()
-            # those tasks may have failed meanwhile ("can never run"): submit them again, so
-            # that results_kept checks the results of tasks that ran
+        refs = [square.options(SMALL).invoke(i) for i in range(6)]
+        if not self.grow("scale_from_zero", lambda: yr.get(refs, timeout=int(t.up)),
+                         "6 yr tasks submitted at zero workers ran",
+                         f"yr tasks submitted at zero workers did not finish in {t.up:.0f} s: "
+                         f"the cluster did not grow for yr work"):
+            # they may have failed meanwhile ("can never run"): submit them again, so that
+            # results_kept checks the results of tasks that ran
             refs = [square.options(SMALL).invoke(i) for i in range(6)]
-            yr.get(refs, timeout=int(t.call))
         # -- scale up for a group: each STRICT_SPREAD bundle needs a worker of its own
         spread = yr.create_resource_group([BUNDLE] * self.maximum, strategy="STRICT_SPREAD")
-        try:
-            spread.wait(int(t.up))
-            p["scale_up_for_group"].ok = None if self.held else True
-            p["scale_up_for_group"].detail = (
-                "not shown: the cluster was held at maximum" if self.held else
-                f"{self.maximum} STRICT_SPREAD bundles placed; {self.describe()}")
-        except yr.YRError as exc:
-            p["scale_up_for_group"].ok = False
-            p["scale_up_for_group"].detail = (
-                f"a STRICT_SPREAD group of {self.maximum} bundles was not placed in {t.up:.0f} s "
-                f"({exc!s:.300}); {self.describe()}")
-            self.hold()
+        if not self.grow("scale_up_for_group", lambda: spread.wait(int(t.up)),
+                         f"{self.maximum} STRICT_SPREAD bundles placed",
+                         f"a STRICT_SPREAD group of {self.maximum} bundles was not placed in "
+                         f"{t.up:.0f} s"):
             spread.wait(int(t.up))
         # -- the work, on the grown cluster
         kept = yr.create_resource_group([BUNDLE], name="elastic-kept")
@@ -191,6 +191,8 @@ class _Run:
         big_ref = yr.put(big)
         counter = Counter.options(yr.InvokeOptions(name=INSTANCE_NAME, cpu=200, memory=128)).invoke()
         checks = {
+            "the first tasks' results are right":
+                lambda: yr.get(refs, timeout=int(t.call)) == expected,
             "instance counts 1,2,3 (checkpointing each)":
                 lambda: yr.get([counter.add.invoke(1) for _ in range(3)], timeout=int(t.call)) == [1, 2, 3],
             f"the {BIG_MB} MB object reads back in a task":
@@ -209,7 +211,7 @@ class _Run:
             self.adapt(0, self.maximum)
         peak = max(self.history) if self.history else 0
         shrunk = self.wait_workers(lambda n: n <= 1, t.down)
-        p["scale_down"] = _verdict(
+        p["scale_down"] = Part(
             "scale_down", shrunk,
             f"from {peak} to {self.history[-1]} workers "
             f"({'within' if shrunk else 'not within'} {t.down:.0f} s); {self.describe()}")
@@ -254,10 +256,6 @@ class _Run:
 def _in_group(fn, group: str, bundle: int):
     return fn.options(yr.InvokeOptions(
         cpu=100, memory=64, resource_group_options=yr.ResourceGroupOptions(group, bundle)))
-
-
-def _verdict(name: str, ok: bool, detail: str) -> Part:
-    return Part(name, bool(ok), detail)
 
 
 def _checks(name: str, checks: dict[str, Callable[[], Any]]) -> Part:
