@@ -9,24 +9,20 @@ only where it cannot be had: Slurm's daemons are not running, or its Python pack
 
 from __future__ import annotations
 
-import json
 import os
-import pathlib
 import shutil
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 import yrdask as yr
-from conftest import ROOT, _stop_process, _tail, wait_until
+from conftest import _stop_process, _tail, wait_until
 from programs import elastic
 
 pytestmark = pytest.mark.timeout(240)
 
-DEPLOYERS = ("local", "slurm", "gateway")
 MAXIMUM = 2
 #: one thread and a small memory per worker; Adaptive looks every 200 ms and retires a worker
 #: after two looks that find it idle
