@@ -22,6 +22,9 @@ class Figure:
     timeout_s: float = 300.0
     #: the issue-5 target for yrdask: (comparison, value), e.g. ("<=", 1.5); None: no target
     target: tuple[str, float] | None = None
+    #: the figure starts and stops its own cluster (benchmarks/elastic.py): the harness
+    #: starts none and measures no init_s for it
+    own_cluster: bool = False
 
     def target_text(self) -> str:
         return "" if self.target is None else f"{self.target[0]} {self.target[1]:g}"
@@ -214,6 +217,13 @@ add(Figure(
     params={"tasks": 20_000, "warmup": 200}, quick={"tasks": 2_000, "warmup": 20},
 ))
 add(Figure(
+    "blas_matmul_s", "threads", "s", False,
+    "a task holding 2 CPUs (yrdask cpu=2000, Ray num_cpus=2) multiplies two n×n float64 "
+    "matrices `times` times: seconds inside the task (median of `repeats` tasks); its BLAS "
+    "threads and kernel are in the JSON",
+    params={"n": 2000, "times": 3, "repeats": 5}, quick={"n": 1000, "repeats": 3},
+))
+add(Figure(
     "scale_cpu_tasks_efficiency", "scale", "ratio", True,
     "100·N tasks of 10 ms busy CPU each (one core each) submitted then gathered: the ideal "
     "time (100 × 10 ms, all cores busy) / the time taken; 1.0 is perfect",
@@ -237,13 +247,36 @@ add(Figure(
     params={"per_cpu": 20}, quick={"per_cpu": 5},
 ))
 
+
+# -- elastic: clusters that Dask's deployers grow (benchmarks/elastic.py) and shrink ----
+
+ADAPT = {"maximum": 2, "interval": "200ms", "wait_count": 2}  # cluster.adapt()'s arguments
+
+add(Figure(
+    "adaptive_first_result_s", "elastic", "s", False,
+    "LocalCluster(n_workers=0, threads_per_worker=1) under cluster.adapt(minimum=0, "
+    "maximum=2, interval=200ms): one trivial task submitted -> its result, while Dask's "
+    "deployer adds a worker for it (yrdask: a yr task; Dask: a Dask task); median over "
+    "repeats, each from no workers",
+    params={**ADAPT, "repeats": 3}, quick={"repeats": 1}, timeout_s=240.0, own_cluster=True,
+))
+
+add(Figure(
+    "drain_s", "elastic", "s", False,
+    "scale-down of a worker that hosts 20 instances with a checkpoint and keeps 10 x 20 MB "
+    "of task results (yrdask; one node): client.retire_workers of it -> all 20 instances "
+    "answer from their new worker with their state and all 200 MB read back",
+    params={"instances": 20, "objects": 10, "object_mb": 20},
+    quick={"instances": 5, "objects": 2, "object_mb": 20}, timeout_s=240.0,
+))
+
 #: groups a run without --only leaves out
-OPT_IN_GROUPS = ("scale",)
+OPT_IN_GROUPS = ("scale", "elastic")
 
 
 def select(only: str | None) -> list[Figure]:
     """Figures named (or whose group is named) in the comma-separated ``only``; without it,
-    all except the opt-in groups (``scale``)."""
+    all except the opt-in groups (``scale``, ``elastic``)."""
     if not only:
         return [f for f in FIGURES.values() if f.group not in OPT_IN_GROUPS]
     names = [n.strip() for n in only.split(",") if n.strip()]

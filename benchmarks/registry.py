@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import psutil
 
+from benchmarks import elastic
 from benchmarks.common import (latency_result, payload, put_get_result, same_size, timed_calls,
                                tree_pss_mb)
 
@@ -143,6 +144,11 @@ class System:
 
     def submit_fan_out(self, children: int, ms: float) -> Any:
         """A task (one core) that submits ``children`` spin tasks of ``ms`` and gathers them."""
+        raise NotImplementedError
+
+    def submit_blas(self, n: int, times: int) -> Any:
+        """A task holding 2 CPUs that multiplies ``n``×``n`` matrices ``times`` times
+        (:func:`benchmarks.workloads.blas_matmul`)."""
         raise NotImplementedError
 
     def trivial_call(self) -> Any:
@@ -398,6 +404,16 @@ class System:
         return (after - before) / n, {**extra, "create_and_call_seconds": created,
                                       "pss_before_mb": before, "pss_after_mb": after, **info}
 
+    @measures("blas_matmul_s")
+    def blas_matmul(self, p: dict) -> tuple[float, dict]:
+        self.gather([self.submit_blas(p["n"], 1)])  # warm: the worker imports numpy
+        runs = [self.gather([self.submit_blas(p["n"], p["times"])])[0]
+                for _ in range(p["repeats"])]
+        last = runs[-1]
+        return statistics.median(r["seconds"] for r in runs), {
+            "runs_s": [r["seconds"] for r in runs], "blas_threads": last["blas_threads"],
+            "kernel": last["kernel"], "omp_num_threads": last["omp_num_threads"]}
+
     # -- scale figures (python -m benchmarks --cpus N --only scale) ----------------------
 
     @measures("scale_tasks_per_s")
@@ -445,6 +461,22 @@ class System:
         n, extra = self.capped("instances", {**p, "instances": p["per_cpu"] * N_WORKERS})
         _, dt = self._counters(n)
         return n / dt, {**extra, "cpus": N_WORKERS, "seconds": dt}
+
+    # -- elastic figures (python -m benchmarks --only elastic; benchmarks/elastic.py) -------
+
+    def elastic_cluster_kwargs(self) -> dict:
+        """What the elastic group's LocalCluster needs for this system (preloads)."""
+        raise NotImplementedError
+
+    def join(self, address: str) -> None:  # connect to the cluster at ``address``
+        raise NotImplementedError
+
+    def leave(self) -> None:  # disconnect from it (the cluster stays)
+        raise NotImplementedError
+
+    @measures("adaptive_first_result_s")
+    def adaptive_first_result(self, p: dict) -> tuple[float, dict]:
+        return elastic.first_result(self, p)
 
     def figures(self) -> dict[str, Callable[[dict], tuple[float, dict]]]:
         out = {}

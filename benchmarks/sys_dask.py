@@ -89,6 +89,8 @@ class Dask(System):
         **{fig: "Dask has no per-actor or per-task process with its own environment"
            for fig in ("isolated_create_ms", "isolated_rtt_ms", "isolated_task_rtt_ms",
                        "isolated_mem_mb")},
+        "blas_matmul_s": "Dask has no per-task CPU count: its workers run numpy with "
+                         "OMP_NUM_THREADS=1 (the nanny's pre-spawn environment)",
         "restart_s": "Dask actors are never restarted: when the worker hosting an actor dies, "
                      "the actor is lost (its future errs) and distributed has no "
                      "max_restarts for actors",
@@ -122,6 +124,17 @@ class Dask(System):
     def stop(self) -> None:
         self.client.close()
         self.cluster.close()
+
+    def elastic_cluster_kwargs(self) -> dict:
+        return {}
+
+    def join(self, address: str) -> None:
+        from distributed import Client
+
+        self.client = Client(address)
+
+    def leave(self) -> None:
+        self.client.close()
 
     def submit(self, i: int):
         return self.client.submit(inc, i, pure=False)

@@ -34,6 +34,8 @@ def _define() -> SimpleNamespace:
     def fan_out(children, ms):
         return workloads.fan_out(children, ms, submit_spin=spin.remote, get=ray.get)
 
+    blas = ray.remote(num_cpus=2)(workloads.blas_matmul)
+
     @ray.remote
     def nbytes_of(box):
         return ray.get(box[0]).nbytes  # box: a list, so Ray does not resolve the ref itself
@@ -55,7 +57,7 @@ def _define() -> SimpleNamespace:
 
     return SimpleNamespace(
         ray=ray, inc=inc, nested=nested, nested_burst=nested_burst, nbytes_of=nbytes_of,
-        spin=spin, fan_out=fan_out,
+        spin=spin, fan_out=fan_out, blas=blas,
         kinds={"counter": Counter, "supervisor": TrainingSupervisor},
         sizes={"small": 0.01, "tiny": 0})
 
@@ -64,6 +66,11 @@ class Ray(System):
     name = "ray"
     requires = "ray"
     install_hint = "pip install -e .[bench]"
+    unsupported = {
+        "adaptive_first_result_s": "it needs Ray's autoscaler with a node provider (the "
+                                   "fake multi-node one of ray.cluster_utils."
+                                   "AutoscalingCluster), not Dask's deployer: not set up here",
+    }
     caps = {
         "instances": (6, 3, "every Ray actor is a worker process of its own (~45 MB): they "
                             "start at ~1-3 per second on this 2-core machine"),
@@ -132,6 +139,9 @@ class Ray(System):
 
     def submit_fan_out(self, children: int, ms: float):
         return self.d.fan_out.remote(children, ms)
+
+    def submit_blas(self, n: int, times: int):
+        return self.d.blas.remote(n, times)
 
 
 SYSTEM = Ray()

@@ -5,7 +5,19 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from benchmarks import workloads
-from benchmarks.registry import N_WORKERS, System
+from benchmarks.registry import N_WORKERS, System, measures
+
+
+def _homes(dask_scheduler, ids: list) -> dict:
+    """instance id -> its worker (run on the scheduler)."""
+    lc = dask_scheduler.extensions["yr"].instances.lifecycle
+    return {i: lc.instances[i].worker for i in ids}
+
+
+def _busy(dask_scheduler, worker: str) -> bool:
+    """Does ``worker`` hold a yr task lease (run on the scheduler)?"""
+    return any(h.kind == "lease" for h in
+               dask_scheduler.extensions["yr"].leases.holdings_on(worker))
 
 
 def _define() -> SimpleNamespace:
@@ -49,6 +61,13 @@ def _define() -> SimpleNamespace:
     def fan_out(children, ms):
         return workloads.fan_out(children, ms, submit_spin=spin.invoke, get=yr.get)
 
+    #: BLAS-bound work holding 2 CPUs (its threads follow them)
+    blas = yr.invoke(invoke_options=yr.InvokeOptions(cpu=2000, memory=0))(workloads.blas_matmul)
+
+    @yr.invoke
+    def block(mb):
+        return b"\0" * (mb * 2**20)  # a large result: its worker keeps it for the driver
+
     @yr.invoke
     def nbytes_of(box):
         return yr.get(box[0]).nbytes  # box: a list, so the ref is not resolved before the call
@@ -71,7 +90,7 @@ def _define() -> SimpleNamespace:
 
     return SimpleNamespace(
         yr=yr, inc=inc, nested=nested, nested_burst=nested_burst, nbytes_of=nbytes_of,
-        spin=spin, fan_out=fan_out,
+        spin=spin, fan_out=fan_out, block=block, blas=blas,
         kinds={"counter": Counter, "supervisor": TrainingSupervisor},
         sizes={"small": small, "tiny": yr.InvokeOptions(cpu=0, memory=0)})
 
@@ -89,9 +108,20 @@ class Yrdask(System):
         self.d = _define()
         self.yr = self.d.yr
         self.creators: dict = {}
-        self.yr.init(self.yr.Config(num_cpus=N_WORKERS))
+        self.info = self.yr.init(self.yr.Config(num_cpus=N_WORKERS))
 
     def stop(self) -> None:
+        self.yr.finalize()
+
+    def elastic_cluster_kwargs(self) -> dict:
+        return {"scheduler_kwargs": {"preload": ["yrdask"]}, "preload": ["yrdask"]}
+
+    def join(self, address: str) -> None:
+        self.d = _define()
+        self.yr = self.d.yr
+        self.yr.init(self.yr.Config(server_address=address))
+
+    def leave(self) -> None:
         self.yr.finalize()
 
     def submit(self, i: int):
@@ -139,6 +169,49 @@ class Yrdask(System):
     def destroy(self, handle) -> None:
         handle.terminate()
 
+    @measures("drain_s")
+    def drain(self, p: dict) -> tuple[float, dict]:
+        """Scale-down of a worker holding ``instances`` checkpointed instances and
+        ``objects`` x ``object_mb`` MB of task results it keeps (docs/deploy.md, "Scaling
+        down"): ``client.retire_workers`` of it -> every instance answers from its new home
+        with its state and every value reads back."""
+        import time
+
+        from distributed import Client
+
+        yr = self.yr
+        filler = yr.InvokeOptions(cpu=1000 * (N_WORKERS - 1), memory=0)
+        blocker = self.d.kinds["counter"].options(filler).invoke()  # the other worker(s) full
+        yr.get(blocker.pid.invoke())
+        counters = [self.d.kinds["counter"].invoke() for _ in range(p["instances"])]
+        yr.get([c.checkpoint.invoke() for c in counters])  # movable: they have a checkpoint
+        yr.get([c.inc.invoke(1) for c in counters])  # state newer than the checkpoint
+        refs = [self.d.block.invoke(p["object_mb"]) for _ in range(p["objects"])]
+        yr.wait(refs)
+        with Client(self.info.scheduler_address, timeout=30) as client:
+            where = client.run_on_scheduler(_homes, ids=[c.instance_id for c in counters])
+            hosts = set(where.values())
+            assert len(hosts) == 1, f"the instances are spread over {hosts}"
+            host = hosts.pop()
+            blocker.terminate()  # room for them elsewhere
+            while client.run_on_scheduler(_busy, worker=host):  # leases go back when idle
+                time.sleep(0.05)
+            t = time.perf_counter()
+            retired = client.retire_workers(workers=[host], close_workers=True)
+            t_retired = time.perf_counter() - t
+            yr.get([c.inc.invoke(1) for c in counters])
+            assert yr.get([c.checkpoint.invoke() for c in counters]) == [2] * len(counters)
+            sizes = [len(v) for v in yr.get(refs)]
+            dt = time.perf_counter() - t
+            moved = client.run_on_scheduler(_homes, ids=[c.instance_id for c in counters])
+        assert host in retired and host not in moved.values()
+        assert sizes == [p["object_mb"] * 2**20] * p["objects"]
+        for c in counters:
+            c.terminate()
+        return dt, {"retire_workers_s": t_retired, "instances": len(counters),
+                    "objects_mb": p["objects"] * p["object_mb"],
+                    "same_node": True}
+
     def submit_isolated(self, i: int):
         if "inc_isolated" not in self.creators:
             opts = self.d.sizes["tiny"].copy()
@@ -152,6 +225,9 @@ class Yrdask(System):
 
     def submit_fan_out(self, children: int, ms: float):
         return self.d.fan_out.invoke(children, ms)
+
+    def submit_blas(self, n: int, times: int):
+        return self.d.blas.invoke(n, times)
 
 
 SYSTEM = Yrdask()

@@ -33,6 +33,26 @@ def spin(ms):
     return n
 
 
+def blas_matmul(n: int, times: int) -> dict:
+    """A 2-CPU task's BLAS-bound work: ``times`` products of two ``n``×``n`` float64
+    matrices (after one to warm up), the seconds they took inside the task, and what ran
+    them: BLAS threads and kernel (threadpoolctl) and ``OMP_NUM_THREADS``."""
+    import numpy as np
+    from threadpoolctl import threadpool_info
+
+    rng = np.random.default_rng(0)
+    a, b = rng.random((n, n)), rng.random((n, n))
+    a @ b
+    t = time.perf_counter()
+    for _ in range(times):
+        a @ b
+    dt = time.perf_counter() - t
+    blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    return {"seconds": dt, "blas_threads": max((i["num_threads"] for i in blas), default=0),
+            "kernel": ",".join(f"{i['internal_api']}:{i.get('architecture')}" for i in blas),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+
+
 def fan_out(children: int, ms: float, *, submit_spin: Callable[[float], Any],
             get: Callable[[list], list]) -> int:
     """Inside a task: ``children`` tasks of ``ms`` ms CPU each, gathered (nested fan-out)."""
@@ -86,6 +106,12 @@ class Counter:
 
     def pid(self):
         return os.getpid()
+
+    def checkpoint(self):
+        import yrdask
+
+        yrdask.save_state()
+        return self.n
 
 
 class TrainingWorker:

@@ -75,6 +75,12 @@ SAMPLES: list[P.Message] = [
     P.StopInstance("i-1", "killed"),
     P.StartIsolated({"instance_id": "i-1", "isolation": {"env": {"A": "1"}, "cwd": "/tmp"}}),
     P.StopIsolated("terminated"),
+    P.DrainInstance("i-1", 5.0),
+    P.InstanceMoved("i-1", "tcp://w:3"),
+    P.CheckpointIsolated(),
+    P.KeptObjects(),
+    P.AdoptObjects("tcp://w:2", ("o-1",)),
+    P.ObjectsMoved("tcp://w:2", "tcp://w:3", ("o-1",)),
     P.RunIsolated("t-1", "l-1", "f-1", b"\x80fn", b"\x80args", (("t-0", "value", b"v"),), 1,
                   "job-1"),
     P.RunTask("t-1", "l-1", "f-1", b"\x80fn", b"\x80args", (("t-0", "value", b"v"),), 2,
@@ -145,17 +151,18 @@ def test_channel_groups_are_derived_from_the_table():
                                  P.LEASE_BLOCKED, P.LEASE_UNBLOCKED,  # lends on its own
                                  P.WITHDRAW_LEASE_REQUESTS}
     assert set(P.DRIVER_STREAM) == {P.REVOKE_LEASES, P.WORKER_LOST, P.WAIT_WARNING,
-                                    P.WORKER_EXIT, P.WORKER_JOINED}
+                                    P.WORKER_EXIT, P.WORKER_JOINED, P.OBJECTS_MOVED}
     assert set(P.WORKER_RPC) == {P.OPEN_CHANNEL, P.FETCH_OBJECT, P.FREE_OBJECTS,
                                  P.STOP_INSTANCE, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,
-                                 P.ADD_BORROWER, P.CANCEL_OWNED}
+                                 P.ADD_BORROWER, P.CANCEL_OWNED, P.DRAIN_INSTANCE,
+                                 P.INSTANCE_MOVED, P.KEPT_OBJECTS, P.ADOPT_OBJECTS}
     assert set(P.WORKER_STREAM) == {P.REVOKE_LEASES, P.START_INSTANCE, P.WORKER_LOST,
-                                    P.WORKER_EXIT, P.WORKER_JOINED}
+                                    P.WORKER_EXIT, P.WORKER_JOINED, P.OBJECTS_MOVED}
     assert P.OWNER_RPC == (P.FETCH_OBJECT, P.TASK_OUTPUT, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,
                            P.ADD_BORROWER, P.CANCEL_OWNED)
     assert set(P.CHANNEL_TO_WORKER) == {P.RUN_TASK, P.CANCEL_TASK, P.CALL_METHOD}
     assert set(P.ISOLATED_RPC) == {P.OPEN_CHANNEL, P.START_ISOLATED, P.STOP_ISOLATED,
-                                    P.RUN_ISOLATED}
+                                    P.RUN_ISOLATED, P.CHECKPOINT_ISOLATED}
     assert P.CHANNEL_TO_CALLER == (P.TASK_DONE, P.GENERATOR_ITEM)
     for group in (P.SCHEDULER_RPC, P.SCHEDULER_STREAM, P.WORKER_RPC, P.WORKER_STREAM):
         assert all(op in P.MESSAGES for op in group)
@@ -241,6 +248,9 @@ class _Handlers:
     def worker_joined(self, worker, server_id=""):
         self.seen.append(("joined", worker))
 
+    def objects_moved(self, worker, to, object_ids):
+        self.seen.append(("moved", worker, to))
+
 
 class _More:
     def run_task(self, peer, **fields):
@@ -252,7 +262,7 @@ def test_handlers_maps_ops_to_declared_methods_of_the_first_target_that_has_them
     table = P.handlers(P.DRIVER_STREAM, a, b)
     assert table == {P.REVOKE_LEASES: a.revoke_leases, P.WORKER_LOST: a.worker_lost,
                      P.WAIT_WARNING: a.wait_warning, P.WORKER_EXIT: a.worker_exit,
-                     P.WORKER_JOINED: a.worker_joined}
+                     P.WORKER_JOINED: a.worker_joined, P.OBJECTS_MOVED: a.objects_moved}
     both = P.handlers((P.WORKER_LOST, P.RUN_TASK), b, a)
     assert both[P.RUN_TASK] == b.run_task and both[P.WORKER_LOST] == a.worker_lost
     with pytest.raises(LookupError, match="cancel_task"):

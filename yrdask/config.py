@@ -53,3 +53,24 @@ def _whole(key: str, default: int, least: int) -> int:
         raise YRValueError(f"{key}={value!r}: expected a whole number, at least {least} "
                            f"(the default is {default})")
     return value
+
+
+def drain_settings() -> tuple[bool, float]:
+    """``(restart_unmovable, timeout_s)`` from ``yrdask.scheduling.drain-restart-unmovable``
+    and ``drain-timeout`` (scale-down, docs/deploy.md); ``YRValueError`` naming the key for
+    a value that is not a boolean, or not a positive duration."""
+    from dask.utils import parse_timedelta
+
+    restart = dask.config.get("yrdask.scheduling.drain-restart-unmovable", False)
+    if type(restart) is not bool:
+        raise YRValueError(f"yrdask.scheduling.drain-restart-unmovable={restart!r}: expected "
+                           "true or false (the default is false)")
+    raw = dask.config.get("yrdask.scheduling.drain-timeout", "30s")
+    try:
+        timeout = parse_timedelta(raw, default="s")
+    except (TypeError, ValueError, KeyError):
+        timeout = None
+    if timeout is None or not timeout > 0:
+        raise YRValueError(f"yrdask.scheduling.drain-timeout={raw!r}: expected a positive "
+                           "duration such as 30s (the default)")
+    return restart, float(timeout)

@@ -12,6 +12,7 @@
         │   ├── YRequestError        a request to the cluster failed
         │   ├── CancelledError       the task was cancelled with yr.cancel
         │   ├── InstanceDiedError    the instance ended (terminated, lost, out of restarts)
+        │   ├── InstanceMovedError   (internal) a call reached the worker its instance left
         │   ├── ScheduleError        resources could not be found before schedule_timeout_ms
         │   ├── KVExistsError        an NX KV write found its key present
         │   ├── KVFullError          a KV write would exceed yrdask.kv.max-bytes
@@ -84,6 +85,19 @@ class CancelledError(YRRuntimeError):
 
 class InstanceDiedError(YRRuntimeError):
     """The instance a call was made on has ended; the message says which and why."""
+
+
+class InstanceMovedError(YRRuntimeError):
+    """A call reached the worker an instance left (scale-down moved it, with its state, to
+    ``to``): it did not run there.  The caller's router sends it again where the instance
+    runs now; user code never sees it."""
+
+    def __init__(self, message: str = "", to: str = "") -> None:
+        super().__init__(message)
+        self.to = to
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (str(self), self.to))
 
 
 def describe_exit(returncode: int) -> str:

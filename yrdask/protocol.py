@@ -334,16 +334,20 @@ class RegisterWorker(Message):
 #: lease at no cost to other leases (:func:`lease_devices`).
 DEVICES_MARK = "#GPU="
 
-
+#: A lease that holds devices, or at least 2 whole CPUs, ends with its cores after this mark
+#: (``"L9#CPU=4"``, ``"L7#GPU=0,1#CPU=2"``): the worker sizes the work's thread pools from it
+#: (``worker/threads.py``); a lease of one CPU or less has no mark and costs nothing.
 CPUS_MARK = "#CPU="
 
 
-def with_devices(lease_id: str, gpu_ids: Any, cpus: float = 1.0) -> str:
+def mark_lease(lease_id: str, gpu_ids: Any, cpus: float = 1.0) -> str:
     """The id of a lease that holds the devices ``gpu_ids`` and ``cpus`` cores."""
-    if not gpu_ids:
-        return lease_id
-    return (f"{lease_id}{DEVICES_MARK}{','.join(str(g) for g in gpu_ids)}"
-            f"{CPUS_MARK}{cpus:g}")
+    if gpu_ids:
+        return (f"{lease_id}{DEVICES_MARK}{','.join(str(g) for g in gpu_ids)}"
+                f"{CPUS_MARK}{cpus:g}")
+    if cpus >= 2:
+        return f"{lease_id}{CPUS_MARK}{int(cpus)}"
+    return lease_id
 
 
 def lease_devices(lease_id: str) -> tuple[str, float]:
@@ -353,6 +357,13 @@ def lease_devices(lease_id: str) -> tuple[str, float]:
         return "", 0.0
     devices, _, cpus = lease_id[i + len(DEVICES_MARK):].partition(CPUS_MARK)
     return devices, float(cpus or 1)
+
+
+def lease_cpus(lease_id: str) -> float:
+    """The cores a lease holds as its id says (:data:`CPUS_MARK`); 0 if it has no mark (one
+    CPU or less)."""
+    i = lease_id.rfind(CPUS_MARK)
+    return float(lease_id[i + len(CPUS_MARK):]) if i >= 0 else 0.0
 
 
 @_message
@@ -1019,6 +1030,101 @@ class StopIsolated(Message):
     op: ClassVar[str] = STOP_ISOLATED
     channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_RPC,)
     reason: str
+
+
+DRAIN_INSTANCE = "yr_drain_instance"
+
+
+@_message
+class DrainInstance(Message):
+    """scheduler -> worker rpc (scale-down, ``scheduler/drain.py``): hold the instance's new
+    calls (kept unrun), let the running ones finish, then pickle its current state.  Reply:
+    the checkpoint (``bytes``), or ``None`` if it cannot be taken within ``timeout_s`` (the
+    instance is not hosted here, its ``__init__`` failed, a call still runs, or its state
+    does not pickle); the calls are held until :class:`InstanceMoved` either way."""
+
+    op: ClassVar[str] = DRAIN_INSTANCE
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
+    reply_type: ClassVar[Any] = bytes | None
+    instance_id: str
+    timeout_s: float = 30.0
+
+
+INSTANCE_MOVED = "yr_instance_moved"
+
+
+@_message
+class InstanceMoved(Message):
+    """scheduler -> worker rpc, after :class:`DrainInstance`.  ``to`` a worker: the instance
+    now runs there; it ends here, and its held calls and any that still come are answered
+    with ``InstanceMovedError`` (unrun: the caller sends them again to ``to``).  ``to``
+    empty: the move was given up; the held calls go to the instance here, in order.  Reply:
+    ``None``."""
+
+    op: ClassVar[str] = INSTANCE_MOVED
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
+    instance_id: str
+    to: str = ""
+
+
+CHECKPOINT_ISOLATED = "yr_checkpoint_isolated"
+
+
+@_message
+class CheckpointIsolated(Message):
+    """worker agent -> its isolated instance's process (rpc, :class:`DrainInstance`): the
+    pickled instance object as it is now (no call runs).  Reply: ``bytes``."""
+
+    op: ClassVar[str] = CHECKPOINT_ISOLATED
+    channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_RPC,)
+    reply_type: ClassVar[Any] = bytes
+
+
+KEPT_OBJECTS = "yr_kept_objects"
+
+
+@_message
+class KeptObjects(Message):
+    """scheduler -> worker rpc (scale-down): the ids of the large values this worker keeps
+    for their owners (results written to its node's store).  Reply: ``list[str]``."""
+
+    op: ClassVar[str] = KEPT_OBJECTS
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
+    reply_type: ClassVar[Any] = list
+
+
+ADOPT_OBJECTS = "yr_adopt_objects"
+
+
+@_message
+class AdoptObjects(Message):
+    """scheduler -> worker rpc (scale-down): keep ``object_ids`` from now on in place of
+    ``source``, which retires.  A value already in this worker's node store (same node) is
+    only recorded; others are pulled from ``source`` once (``FETCH_OBJECT``).  Reply: the
+    ids kept here now (one that ``source`` no longer has is left out)."""
+
+    op: ClassVar[str] = ADOPT_OBJECTS
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
+    reply_type: ClassVar[Any] = list
+    source: str
+    object_ids: list
+
+
+OBJECTS_MOVED = "yr_objects_moved"
+
+
+@_message
+class ObjectsMoved(Message):
+    """scheduler -> every driver (job stream) and worker (worker stream), before ``worker``
+    retires: the large values ``object_ids`` that ``worker`` kept are kept by ``to`` now;
+    owners and borrowers that recorded ``worker`` for one of them record ``to``.  Sent
+    before the retired worker's :class:`WorkerLost` on the same streams."""
+
+    op: ClassVar[str] = OBJECTS_MOVED
+    channels: ClassVar[tuple[str, ...]] = (ON_DRIVER_STREAM, ON_WORKER_STREAM)
+    worker: str
+    to: str
+    object_ids: list
 
 
 RUN_ISOLATED = "yr_run_isolated"

@@ -534,3 +534,38 @@ def test_random_events_keep_the_invariants_and_settle_every_call_once(seed, twin
     assert unsettled == set(h.m.calls), "a call was lost without an answer"
     if twin:  # the shortcuts were taken, and declined where they must
         assert h.shortcuts["send"] and h.shortcuts["succeeded"], h.shortcuts
+
+
+# --------------------------------------------------------------------------- scale-down moves
+
+
+def test_calls_the_old_host_did_not_run_go_to_the_new_home_once_in_order(h):
+    """The instance moved from W1 to W2 (scale-down): W1 answered c0 and c1 before the move
+    and answers c2 "moved".  c2 and the later c3 (sent to W1, answered "moved" after) go
+    back uncharged, in order, before anything newer; their late "moved" answers and the
+    answers of c0/c1 change nothing, and each call is settled exactly once."""
+    h.m = C.CallOrder(max_redeliveries=0)  # a crash charge would fail them: none is made
+    h.created("i")
+    for k in range(4):
+        h(C.CallSubmitted, f"c{k}", "i")
+    assert h(C.CallDone, "c0") == [C.CallSucceeded(f"s{h.n}", "c0")]
+    h(C.CallDone, "c1")
+    out = h(C.CallMoved, "c2")
+    assert out == [C.SendLocate(f"s{h.n}", "i", None)]  # not lost: the old host lives
+    assert sent(h(C.CallSubmitted, "c4", "i")) == []  # behind the locate
+    assert h(C.CallMoved, "c3") == []  # its own "moved" answer: back in the queue already
+    out = h(C.Located, "i", W2, "", "i")
+    assert sent(out) == ["c2", "c3", "c4"]
+    assert {i.worker for i in of(out, C.SendCall)} == {W2}
+    for k in (2, 3, 4):
+        assert h(C.CallDone, f"c{k}") == [C.CallSucceeded(f"s{h.n}", f"c{k}")]
+    assert h(C.CallDone, "c2") == []  # answered once
+    assert h.m.pending("i") == 0
+
+
+def test_a_moved_answer_for_a_call_not_in_flight_is_ignored(h):
+    h.created("i")
+    h(C.CallSubmitted, "c1", "i")
+    h(C.CallDone, "c1")
+    assert h(C.CallMoved, "c1") == []
+    assert h(C.CallMoved, "nope") == []

@@ -65,6 +65,9 @@ class _Edge:
     def ignored_start(self, instance_id) -> None:
         self.ignored.append(instance_id)
 
+    def moved_away(self, peer, msg, to) -> None:
+        self.dead.append((msg["task_id"], f"moved to {to}"))
+
 
 def _call(cid: str, iid: str = "i1", method: str = "m") -> dict:
     return {"task_id": cid, "instance_id": iid, "method": method}
@@ -153,3 +156,50 @@ def test_calls_answer_the_error_of_a_failed_init():
     inst.init_error = b"boom"
     inst.constructed()
     assert inst.run("c1") is False and inst.answers == [("c1", "init-error")]
+
+
+def test_a_moving_instance_holds_new_calls_then_answers_them_moved_unrun():
+    """Scale-down: the calls it had go on, the ones after the hold wait unrun; once it
+    left they and later ones answer "moved" (the caller sends them to the new home)."""
+    edge = _Edge()
+    side = InstanceSide(edge)
+    inst = side.start({"instance_id": "i1"})
+    inst.constructed()
+    side.call_method("p", _call("c1"))
+    assert side.hold("i1") is inst
+    side.call_method("p", _call("c2"))
+    side.call_method("p", _call("c3"))
+    assert inst.started == ["c1"] and list(inst.pending) == ["c1"]  # c2, c3 held
+    inst.run("c1")
+    assert side.release("i1", "tcp://w2:1") is inst  # the edge ends it
+    side.call_method("p", _call("c4"))
+    assert edge.dead == [("c2", "moved to tcp://w2:1"), ("c3", "moved to tcp://w2:1"),
+                         ("c4", "moved to tcp://w2:1")]
+    assert inst.answers == [("c1", "ok")] and "i1" not in side.instances
+    side.start({"instance_id": "i1"})  # it moves back here later: calls go to it again
+    side.call_method("p", _call("c5"))
+    assert list(edge.hosted["i1"].pending) == ["c5"]
+
+
+def test_a_move_given_up_lets_the_held_calls_through_in_order():
+    edge = _Edge()
+    side = InstanceSide(edge)
+    inst = side.start({"instance_id": "i1"})
+    inst.constructed()
+    side.hold("i1")
+    side.call_method("p", _call("c1"))
+    side.call_method("p", _call("c2"))
+    assert inst.started == []
+    assert side.release("i1", "") is None
+    assert inst.started == ["c1"] and list(inst.pending) == ["c1", "c2"]
+    assert side.hold("nope") is None
+
+
+def test_a_stop_while_moving_answers_the_held_calls_died():
+    edge = _Edge()
+    side = InstanceSide(edge)
+    side.start({"instance_id": "i1"}).constructed()
+    side.hold("i1")
+    side.call_method("p", _call("c1"))
+    side.stop("i1", "terminated")
+    assert edge.dead == [("c1", "terminated")] and not side.held

@@ -384,7 +384,8 @@ def test_a_negative_timeout_waits_forever_and_a_joining_worker_serves_it():
     out = q(req("r", shape=cpu(4), timeout_ms=-1))
     assert wakes(out) == [] and q.q.next_wake is None
     assert q(Tick("t", 1e9)) == [] and "r" in q.q.pending
-    assert grants(q(WorkerJoined("t", "big", cpu(8)))) == {"r": ("L1", "big")}
+    # a lease of 2 whole CPUs or more says so in its id (protocol.lease_cpus)
+    assert grants(q(WorkerJoined("t", "big", cpu(8)))) == {"r": ("L1#CPU=4", "big")}
 
 
 def test_one_timer_for_the_earliest_deadline():
@@ -431,7 +432,7 @@ def test_a_worker_that_left_loses_its_holdings_and_its_own_leases_elsewhere():
     assert "is gone" in refusals(out)["w"]
     assert grants(out) == {}  # w2 needs all of B, L3 holds half
     assert any("lost" in what for _, what in q.q.story("I1"))
-    assert grants(q(HoldingsReleased("t", ("L3",)))) == {"w2": ("L4", B)}
+    assert grants(q(HoldingsReleased("t", ("L3",)))) == {"w2": ("L4#CPU=2", B)}
 
 
 def test_a_worker_registering_again_keeps_its_holdings():

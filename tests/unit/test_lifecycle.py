@@ -673,3 +673,54 @@ def test_a_locate_for_a_known_or_ended_id_does_not_wait(h):
     assert not h.m.unknown("a")  # the graveyard knows why it ended
     out = h(L.AwaitCreation, "a", 2.0)
     assert of(out, L.AnswerWaiters) and not h.m.awaited
+
+
+# --------------------------------------------------------------------------- scale-down moves
+
+
+def test_a_move_places_it_anew_from_its_current_state_without_a_restart(h):
+    """Scale-down drained ``a`` on W1 (retiring with W2): it stays ALIVE, its resources
+    there go back before it asks for new ones (never on a retiring worker), it starts on
+    the new home from the state taken at the move, and its restart budget is untouched."""
+    rec = h.running("a", recover=0)
+    h(L.SaveState, "a", b"old")
+    out = h(L.Move, "a", W1, b"now", (W1, W2))
+    assert (rec.state, rec.worker, rec.moving_from, rec.checkpoint) == (P.ALIVE, None, W1,
+                                                                         b"now")
+    assert of(out, L.ReleaseResources) == [L.ReleaseResources(f"s{h.n}", "a")]
+    assert of(out, L.AcquireResources)[0].avoid == (W1, W2)
+    assert out.index(of(out, L.ReleaseResources)[0]) < out.index(of(out, L.AcquireResources)[0])
+    assert h.m.answer("a", L.PLACED) is None  # a locate meanwhile waits for the new home
+    out = h(L.Placed, "a", W3)
+    assert of(out, L.StartInstance) == [L.StartInstance(f"s{h.n}", W3, "a", rec.spec, 0,
+                                                        b"now")]
+    assert of(out, L.AnswerWaiters)[0].worker == W3
+    assert (rec.worker, rec.moving_from, rec.restarts) == (W3, None, 0)
+    h(L.WorkerLost, W1, 0.0)  # the old worker retires: nothing of "a" is there any more
+    assert rec.state == P.ALIVE and rec.worker == W3
+
+
+def test_a_move_nobody_can_take_ends_it_and_stops_its_held_copy(h):
+    h.running("a")
+    h(L.Move, "a", W1, b"now", (W1,))
+    out = h(L.PlacementFailed, "a", "no worker has 0.5 CPU free")
+    assert of(out, L.StopInstance) == [L.StopInstance(f"s{h.n}", W1, "a", h.rec("a").reason)]
+    assert f"its worker {W1} retired" in h.rec("a").reason
+    assert "no other worker could take it" in h.rec("a").reason
+
+
+def test_a_kill_during_a_move_cancels_it_and_stops_the_held_copy(h):
+    h.running("a")
+    h(L.Move, "a", W1, b"now", (W1,))
+    out = h(L.Kill, "a", "terminated")
+    assert of(out, L.CancelAcquire) and of(out, L.StopInstance)[0].worker == W1
+
+
+def test_a_move_of_what_is_not_alive_there_is_ignored(h):
+    h.create("p")  # still pending
+    assert h(L.Move, "p", W1, b"s") == []
+    rec = h.running("a")
+    assert h(L.Move, "a", W2, b"s") == []  # not on W2
+    h(L.Move, "a", W1, b"s")
+    assert h(L.Move, "a", W1, b"s") == []  # moving already
+    assert rec.moving_from == W1

@@ -283,7 +283,7 @@ class InstanceProxy:
         return MethodProxy(self, name, nret, sig)
 
     def __reduce__(self):
-        from yrdask.api.state import is_checkpointing
+        from yrdask.runtime.context import is_checkpointing
 
         if is_checkpointing():
             return (_rebuild_handle, (self.instance_id, self._meta, None))

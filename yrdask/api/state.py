@@ -9,20 +9,12 @@ does not keep other instances alive.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from yrdask import protocol as P
-from yrdask.runtime.context import current_owner, current_runtime
+from yrdask.runtime.context import checkpoint, current_owner, current_runtime
 from yrdask.errors import YRRuntimeError, YRTypeError, YRValueError
-from yrdask.serialization import dumps, loads
-
-_checkpointing = threading.local()
-
-
-def is_checkpointing() -> bool:
-    """True while this thread pickles a checkpoint (handles then carry no transit token)."""
-    return getattr(_checkpointing, "on", False)
+from yrdask.serialization import loads
 
 
 def _hosted_instance(what: str) -> tuple[Any, Any]:
@@ -46,11 +38,7 @@ def save_state(timeout_sec: int = 30) -> None:
     """Checkpoint the calling instance; a restart resumes from the last checkpoint."""
     timeout = _check_timeout("save_state", timeout_sec)
     rt, inst = _hosted_instance("save_state")
-    _checkpointing.on = True
-    try:
-        state = dumps(inst.obj)
-    finally:
-        _checkpointing.on = False
+    state = checkpoint(inst.obj)
     rt.run_sync(rt.connector.scheduler_rpc(P.SAVE_STATE, instance_id=inst.instance_id,
                                            state=state), timeout)
 

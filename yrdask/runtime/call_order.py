@@ -23,6 +23,10 @@ Rules:
   running and are charged a crash; past their bound they fail with ``CallCrashedError``
   (:func:`charge_crash`, the one rule, which ``worker/isolated_calls.py`` applies too when
   an isolated instance's process dies).
+* When the instance moved (scale-down, ``scheduler/drain.py``), its old worker answers the
+  calls it did not run with ``InstanceMovedError`` (:class:`CallMoved`): they and every
+  call sent after them to that worker go back to the front of the route, uncharged, and
+  the route locates the instance again.  None of them ran, so none runs twice.
 * A dead route (creation failed, an argument of the creation failed, the instance ended)
   fails its queued and later calls with the cause.
 * Handle counts: each live handle and each call not yet settled counts one for its
@@ -178,6 +182,14 @@ class ChannelLost(Event):
     """The call channel to ``worker`` broke (or the scheduler said the worker is gone)."""
 
     worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallMoved(Event):
+    """Call ``call_id`` was answered unrun by the worker its instance left (scale-down moved
+    the instance with its state, ``InstanceMovedError``)."""
+
+    call_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,7 +358,7 @@ class CallOrder:
         self._entries = self.story.entries  # the hot path appends plain tuples itself
         self._handlers = {
             CallSubmitted: self._submitted, CallDepsReady: self._deps_ready,
-            CallDone: self._done, ChannelLost: self._channel_lost,
+            CallDone: self._done, ChannelLost: self._channel_lost, CallMoved: self._moved,
             CreateRequested: self._create_requested, CreateDepsReady: self._create_deps_ready,
             Created: self._created, CreateFailed: self._create_failed, Located: self._located,
             HandleAdded: self._handle_added, HandleDropped: self._handle_dropped,
@@ -509,6 +521,25 @@ class CallOrder:
                                             [c.call_id for c in resend]),
                            (route.instance_id, *(c.call_id for c in resend)))
             self._pump(route, ev.stimulus_id, out)
+
+    def _moved(self, ev: CallMoved, out: list) -> None:
+        call = self.calls.get(ev.call_id)
+        route = self.routes.get(call.instance_id) if call is not None else None
+        if route is None or ev.call_id not in route.inflight:
+            self.story.log(ev.stimulus_id, ("moved-ignored", ev.call_id), (ev.call_id,))
+            return
+        # The old host runs nothing once the instance left, and it answers in the order it
+        # received: this call and every one sent after it to that worker did not run there.
+        # All go back to the front of the route uncharged (nothing crashed) and the route
+        # locates the instance again; their own "moved" answers are then ignored.
+        resend = list(route.inflight.values())
+        route.inflight.clear()
+        route.queue = deque(sorted((*resend, *route.queue), key=_seq))
+        old, route.worker, route.lost = route.worker, None, None
+        self.story.log(ev.stimulus_id, ("moved", route.instance_id, old,
+                                        [c.call_id for c in resend]),
+                       (route.instance_id, *(c.call_id for c in resend)))
+        self._pump(route, ev.stimulus_id, out)
 
     # creation and location
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from yrdask import protocol as P
+from yrdask.errors import InstanceMovedError
 from yrdask.runtime import call_order as C
 
 
@@ -85,6 +86,9 @@ class CallRouter:
         """The call's ``TASK_DONE`` (``error``: the loaded error object, None on success)."""
         if error is None and self.order.succeeded_at_once(call_id):  # the usual answer
             self.edge.call_succeeded(call_id)
+            return
+        if type(error) is InstanceMovedError:  # unrun where its instance was: send it again
+            self._do(self.order.handle(C.CallMoved(f"moved-{call_id}", call_id)))
             return
         out = self.order.handle(C.CallDone(call_id, call_id, error))
         if len(out) == 1 and type(out[0]) is C.CallSucceeded:  # the usual answer

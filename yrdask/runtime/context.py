@@ -98,3 +98,24 @@ class task_context:
 
     def __exit__(self, *exc: Any) -> None:
         _ctx.lease_id, _ctx.owner = self.saved
+
+
+_checkpointing = threading.local()
+
+
+def is_checkpointing() -> bool:
+    """True while this thread pickles a checkpoint (handles then carry no transit token)."""
+    return getattr(_checkpointing, "on", False)
+
+
+def checkpoint(obj: Any) -> bytes:
+    """The pickled instance object ``obj``, as ``yr.save_state()`` and a scale-down move
+    take it: handles inside are pickled without a transit token (a checkpoint does not
+    keep other instances alive)."""
+    from yrdask.serialization import dumps
+
+    _checkpointing.on = True
+    try:
+        return dumps(obj)
+    finally:
+        _checkpointing.on = False

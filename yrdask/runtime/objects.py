@@ -678,6 +678,14 @@ class ObjectTable:
         with REFS_LOCK:
             self._handle(RC.ProcessJoined(f"joined-{address}", address))
 
+    def location_moved(self, worker: str, to: str, object_ids: list) -> None:
+        """(loop) ``worker`` retires and ``to`` keeps these values now (scale-down): entries
+        that recorded ``worker`` for one of them record ``to`` (reads and frees go there)."""
+        for oid in object_ids:
+            entry = self.entries.get(oid)
+            if entry is not None and entry.state == P.LOCATION and entry.location == worker:
+                entry.location = to
+
     def location_lost(self, worker: str, rebuilt: list) -> None:
         """(loop) ``worker`` is gone with the values it kept.  Ours that no task recomputes
         (``rebuilt``: those that one does) fail with ``ObjectLostError`` (a method call's

@@ -284,6 +284,10 @@ class Runtime:
                         and not self.worker_processes.live(address, chan.expect)):
                     chan.abort()
 
+    def objects_moved(self, worker: str, to: str, object_ids: list) -> None:
+        """:class:`P.ObjectsMoved`: the values ``worker`` kept are kept by ``to`` now."""
+        self.objects.location_moved(worker, to, object_ids)
+
     def _process_died(self, address: str) -> None:
         """The process this process dealt with at ``address`` is dead: objects it owned or
         kept are lost, its borrowings end, its removal is counted (confirmed_gone)."""

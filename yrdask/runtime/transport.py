@@ -229,6 +229,10 @@ class DriverConnector:
         """:class:`yrdask.protocol.RevokeLeases` from the job stream."""
         self.rt.submitter.revoke(lease_ids, keep)
 
+    def objects_moved(self, worker: str, to: str, object_ids: list) -> None:
+        """:class:`yrdask.protocol.ObjectsMoved` from the job stream."""
+        self.rt.objects_moved(worker, to, object_ids)
+
     def worker_lost(self, worker: str, server_id: str = "") -> None:
         """:class:`yrdask.protocol.WorkerLost` from the job stream."""
         self.rt.worker_lost(worker, server_id)

@@ -29,11 +29,13 @@ from yrdask.stream import StreamSender
 from yrdask.scheduler.instance_manager import InstanceManager
 from yrdask.scheduler.group_adapter import ResourceGroupService
 from yrdask.scheduler.kv import KVServer
+from yrdask.scheduler.drain import Drainer
 from yrdask.scheduler.figures import SchedulingFigures
 from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
 from yrdask.scheduler.resources import Ledger, Shape, format_shape
 from yrdask.scheduler.panels import DaskPanels
+from yrdask.scheduler.scale_up import ScaleUp
 from yrdask.scheduler.waits import WaitWatch
 
 logger = logging.getLogger("yrdask.scheduler")
@@ -92,10 +94,13 @@ class YrSchedulerExtension:
         self.instances = InstanceManager(self)
         self.kv = KVServer()  # the cluster's KV store (P.KV_RPC)
         self.rgroups = ResourceGroupService(self)  # resource groups (scheduler/groups.py)
+        self.scale_up = ScaleUp(self)  # yr demand in Dask's adaptive target (scale_up.py)
         # One table each, from the protocol: the extension's ops, then the instance manager's.
         scheduler.handlers.update(P.handlers(P.SCHEDULER_RPC, self, self.instances, self.kv,
                                              self.rgroups))
         scheduler.stream_handlers.update(P.handlers(P.SCHEDULER_STREAM, self, self.instances))
+        self.drainer = Drainer(self)  # scale-down drains workers first (scheduler/drain.py)
+        self.drainer.install()
         scheduler.add_plugin(_Hooks(self), name="yrdask-hooks")
 
     async def start(self) -> None:
@@ -510,3 +515,6 @@ class _Hooks(SchedulerPlugin):
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         self.ext.on_remove_worker(worker)
+
+    def valid_workers_downscaling(self, scheduler: Any, workers: list) -> list:
+        return self.ext.drainer.valid_workers_downscaling(workers)

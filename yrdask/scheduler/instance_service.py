@@ -179,6 +179,18 @@ class InstanceService:
             raise RuntimeError(f"instance {instance_id} has ended; its state was not saved")
         self.feed(L.SaveState(self._sid("save"), instance_id, state))
 
+    def move(self, instance_id: str, worker: str, state: bytes, avoid: tuple,
+             placed: StageAnswer) -> None:
+        """Scale-down: the instance drained on ``worker`` moves with ``state``, never to
+        ``avoid``; ``placed(new_worker, "")`` once it has a new home, or ``placed(None,
+        reason)`` if the move did not happen (it ended, or was not movable)."""
+        self.feed(L.Move(self._sid("move"), instance_id, worker, state, tuple(avoid)))
+        rec = self.lifecycle.instances.get(instance_id)
+        if rec is not None and rec.state != P.DEAD and rec.moving_from is None:
+            placed(None, "it was not moved: it is not alive on that worker any more")
+            return
+        self.wait(instance_id, L.PLACED, placed)
+
     def wait(self, iid: str, stage: str, answer: StageAnswer) -> None:
         """``answer(worker, "")`` once ``iid`` reached ``stage`` (now, if it has), or
         ``answer(None, reason)`` if it ended."""
@@ -303,6 +315,7 @@ class InstanceService:
         label = (rec.spec.get("cls_name") or "") if rec is not None else ""
         req = LeaseRequest(iid, shape_of(ins.shape), kind="instance", holding_id=iid,
                            affinity=freeze(ins.affinity or ()), labels=tuple(ins.labels),
+                           avoid=tuple(ins.avoid),
                            label=label)
         self.requests[iid] = req
         self.edge.acquire(req, ins.timeout_ms, lambda result: self._acquired(iid, req, result))

@@ -30,6 +30,9 @@ The rules:
 * at its deadline a request keeps waiting (another ``timeout`` or at least 1 s) while leases
   hold what it needs on a worker that could run it, since tasks end; otherwise it is refused
   with :meth:`Ledger.explain_unfit`.  ``timeout_ms < 0`` waits forever;
+* while Dask's deployer is attached (``scaling``, docs/deploy.md "Scaling up"), a request
+  that a worker it adds could run waits past its deadline too (the cluster grows to it),
+  and one that none could run, nor any node there ever could, is refused on arrival;
 * a lease request withdrawn by its owner (its queue drained) leaves the queue, ``Refused``;
   a withdraw that overtakes its request (it names the owner's own id of a request not heard
   of yet) is remembered, boundedly, and the request is refused on arrival, never granted
@@ -44,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from yrdask.affinity import Wire
-from yrdask.protocol import with_devices
+from yrdask.protocol import mark_lease
 from yrdask.scheduler.requests import freeze, shape_of
 from yrdask.scheduler.resources import (DEVICE_KINDS, FIX_HINT, Holding, Ledger, Shape,
                                          device_kind, format_shape)
@@ -266,6 +269,9 @@ class LeaseQueue:
         # Resource groups (scheduler/groups.py GroupMachine, set by the adapter): a request
         # whose affinity names a bundle is fitted into that bundle's reservation by it.
         self.bundles: Any = None
+        # Dask's deployer (scheduler/scale_up.py ScaleUp, set by the adapter): while one is
+        # attached, its verdict() says whether a worker it adds could run a request.
+        self.scaling: Any = None
         self._handlers: dict[type, Callable[[Any], list[Instruction]]] = {
             HoldRequested: self._requested, HoldingsReleased: self._released,
             LeaseBlocked: self._blocked, LeaseUnblocked: self._unblocked,
@@ -351,6 +357,10 @@ class LeaseQueue:
             if w.labels and self.pending:  # its labels may admit a waiter's affinity
                 self._grant_pending(sid, out)
             return out
+        reason = self._never_by_scaling(w)
+        if reason:
+            self._story.log(sid, ("refused", rid, reason), (rid, w.owner))
+            return [Refused(sid, rid, reason)]
         self.pending[rid] = w
         self._story.log(sid, ("wait", rid, w.deadline), (rid,))
         self._revoke_for(w, sid, out)
@@ -428,8 +438,9 @@ class LeaseQueue:
         for rid, w in list(self.pending.items()):
             if w.deadline is None or w.deadline > now:
                 continue
-            if self._could_free(w):
-                # Running tasks hold what it needs on a worker that could run it: they end.
+            if self._could_free(w) or self._may_grow(w):
+                # Running tasks hold what it needs on a worker that could run it: they end;
+                # or the deployer can add a worker that runs it.
                 w.deadline = now + max(w.timeout_ms, EXTEND_MIN_MS) / 1000
                 self._story.log(sid, ("extend", rid, w.deadline), (rid,))
                 self._revoke_for(w, sid, out)
@@ -506,9 +517,10 @@ class LeaseQueue:
             return False
         hid = w.holding_id or self._new_id()
         gpus = ledger.plan_gpus(w.shape, worker, bundle)
-        if gpus and not w.holding_id:
-            # The lease id carries its devices to the worker (protocol.lease_devices).
-            hid = with_devices(hid, [g for g, _ in gpus], w.shape.get("CPU", 0.0) / 1000)
+        if not w.holding_id:
+            # The lease id carries its devices and whole CPUs to the worker
+            # (protocol.lease_devices, protocol.lease_cpus).
+            hid = mark_lease(hid, [g for g, _ in gpus], w.shape.get("CPU", 0.0) / 1000)
         if hid in ledger.holdings:  # the same instance placed twice: never count it twice
             reason = f"holding {hid} already holds resources on {ledger.holdings[hid].worker}"
             self._story.log(sid, ("refused", w.request_id, reason), (w.request_id, hid))
@@ -598,6 +610,23 @@ class LeaseQueue:
     def _could_free(self, w: _Waiter) -> bool:
         """True if leases (tasks, which end) hold resources on a worker that could run ``w``."""
         return bool(self._holders_for(w))
+
+    def _may_grow(self, w: _Waiter) -> bool:
+        """True if a deployer is attached and a worker it adds could run ``w``."""
+        return (self.scaling is not None and not self._in_bundle(w)
+                and self.scaling.verdict(w.shape, w.affinity) == "")
+
+    def _never_by_scaling(self, w: _Waiter) -> str:
+        """Why ``w`` can never run, when a deployer is attached, none of its workers could
+        run it and no node there ever could; else ``""`` (it waits)."""
+        if self.scaling is None or self._in_bundle(w):
+            return ""
+        why = self.scaling.verdict(w.shape, w.affinity)
+        if not why or self.ledger.could_ever_fit(w.shape, w.affinity):
+            return ""
+        what = "" if w.kind == "lease" else f"{w.describe()}: "
+        return (f"{what}request {format_shape(w.shape)} can never be scheduled: {why}. "
+                f"{FIX_HINT}")
 
     def _running_queues(self) -> set[tuple]:
         """The (owner, queue) of every lease whose CPU is not lent: the queues that run."""

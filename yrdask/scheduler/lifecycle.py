@@ -24,6 +24,11 @@ wait for a placement).  The rules (SPEC §4-5, docs/lifetimes.md):
   count against one budget per instance, whatever worker it is on.  Its non-detached
   children end either way: the process that owned them is gone.  Terminate, reference
   release and an owner's end never restart.
+* Scale-down moves an instance (``Move``, driven by ``scheduler/drain.py``): its worker
+  retires, the instance was drained there (new calls held, none running) and its current
+  state taken.  It stays ``ALIVE``; its resources there go back, it is placed anew (never
+  on a retiring worker) and started from that state (the checkpoint).  Not a restart: its
+  budget is untouched.  If no worker takes it, it ends, and its held copy is stopped.
 * An ended instance is ``DEAD`` until its worker confirmed the stop (``Stopped``), then it
   is forgotten; the *graveyard* keeps why it ended (bounded) for later lookups, and the
   *tombstones* (``ended``, the newest ``ended_kept``) what it was: class, name, owner and
@@ -180,6 +185,19 @@ class SaveState(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class Move(Event):
+    """Scale-down (``scheduler/drain.py``): the instance on ``worker``, which retires, was
+    drained there (its calls held, none running) and ``state`` is its current state.  It
+    moves: its resources there go back and it is placed anew, never on ``avoid`` (the
+    workers retiring), and started from ``state``.  Not a restart: its budget is kept."""
+
+    instance_id: str
+    worker: str
+    state: bytes
+    avoid: tuple = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Stopped(Event):
     """The worker confirmed ``StopInstance`` (or cannot be reached): forget the record."""
 
@@ -199,6 +217,7 @@ class AcquireResources(Instruction):
     timeout_ms: int
     affinity: Any = ()
     labels: tuple = ()
+    avoid: tuple = ()  # workers it must not go to (a move off retiring workers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +301,7 @@ class InstanceRecord:
     ever_alive: bool = False
     release_at: float | None = None  # unheld: ends at this time if still unheld
     ended_at: float | None = None  # when it ended (the machine's ``now`` then)
+    moving_from: str | None = None  # a move (scale-down) is placing it; its held copy is there
 
     @property
     def can_restart(self) -> bool:
@@ -335,7 +355,7 @@ class Lifecycle:
             OwnerGone: self._owner_gone, WorkerLost: self._worker_lost,
             HandleRefs: self._handle_refs, HolderLost: self._holder_lost,
             ReleaseCheck: self._release_check, SaveState: self._save_state,
-            Stopped: self._stopped, AwaitCreation: self._await_creation,
+            Stopped: self._stopped, AwaitCreation: self._await_creation, Move: self._move,
         }
 
     # -- queries ---------------------------------------------------------------------------
@@ -501,6 +521,9 @@ class Lifecycle:
                 self._log(sid, "placed-ignored", ev.instance_id, ev.worker)
             return
         rec.acquiring, rec.held, rec.worker = False, True, ev.worker
+        if rec.moving_from is not None:
+            self._log(sid, "moved", rec.instance_id, rec.moving_from, ev.worker)
+            rec.moving_from = None
         self._log(sid, "placed", rec.instance_id, ev.worker)
         out.append(StartInstance(sid, ev.worker, rec.instance_id, rec.spec, rec.restarts,
                                  rec.checkpoint))
@@ -512,7 +535,10 @@ class Lifecycle:
             self._log(ev.stimulus_id, "placement-failed-ignored", ev.instance_id)
             return
         rec.acquiring = False
-        if rec.state == P.RESTARTING:
+        if rec.moving_from is not None:
+            self._end(rec, f"its worker {rec.moving_from} retired and no other worker could "
+                           f"take it: {ev.reason}", ev.stimulus_id, out)
+        elif rec.state == P.RESTARTING:
             self._end(rec, f"{rec.reason}; no worker could take it back: {ev.reason}",
                       ev.stimulus_id, out)
         else:
@@ -706,6 +732,23 @@ class Lifecycle:
         rec.checkpoint = ev.state
         self._log(ev.stimulus_id, "saved", ev.instance_id, len(ev.state))
 
+    def _move(self, ev: Move, out: list) -> None:
+        rec = self.instances.get(ev.instance_id)
+        sid = ev.stimulus_id
+        if (rec is None or rec.state != P.ALIVE or rec.worker != ev.worker
+                or rec.moving_from is not None):
+            self._log(sid, "move-ignored", ev.instance_id, ev.worker)
+            return
+        rec.checkpoint = ev.state  # its state now: what the new home starts from
+        rec.moving_from, rec.worker = ev.worker, None
+        self._log(sid, "move", rec.instance_id, ev.worker, len(ev.state))
+        if rec.held:  # before the acquire (the adapter releases after this event's steps)
+            rec.held = False
+            out.append(ReleaseResources(sid, rec.instance_id))
+        timeout = rec.spec.get("timeout_ms", -1)
+        timeout = -1 if timeout < 0 else max(timeout, RESTART_TIMEOUT_MS)
+        self._acquire(rec, timeout, sid, out, avoid=tuple(ev.avoid) or (ev.worker,))
+
     def _stopped(self, ev: Stopped, out: list) -> None:
         rec = self.instances.get(ev.instance_id)
         if rec is None or rec.state != P.DEAD:
@@ -715,12 +758,14 @@ class Lifecycle:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _acquire(self, rec: InstanceRecord, timeout_ms: int, sid: str, out: list) -> None:
+    def _acquire(self, rec: InstanceRecord, timeout_ms: int, sid: str, out: list,
+                 avoid: tuple = ()) -> None:
         spec = rec.spec
         rec.acquiring = True
         self._log(sid, "acquire", rec.instance_id, timeout_ms)
         out.append(AcquireResources(sid, rec.instance_id, spec.get("shape") or {}, timeout_ms,
-                                    spec.get("affinity") or (), tuple(spec.get("labels") or ())))
+                                    spec.get("affinity") or (), tuple(spec.get("labels") or ()),
+                                    avoid))
 
     def _end(self, rec: InstanceRecord, reason: str, sid: str, out: list,
              answer: str | None = None) -> None:
@@ -733,6 +778,8 @@ class Lifecycle:
             if crec is not None and not crec.detached and crec.state != P.DEAD:
                 self._end(crec, f"its owner {iid} ended ({reason})", sid, out)
         never_placed = rec.worker is None and not rec.ever_alive and rec.restarts == 0
+        if rec.worker is None and rec.moving_from is not None:  # its held copy is there
+            rec.worker, rec.moving_from = rec.moving_from, None
         rec.state, rec.reason, rec.ended_at = P.DEAD, reason, self.now
         if rec.name_key is not None and self.names.get(rec.name_key) == iid:
             del self.names[rec.name_key]
@@ -865,9 +912,11 @@ class Lifecycle:
             assert iid in self.children.get(rec.owner, ()), f"{iid} missing under {rec.owner}"
             if rec.acquiring:
                 assert rec.worker is None and not rec.held, f"{iid} acquires while placed"
-                assert rec.state in (P.PENDING, P.RESTARTING), (iid, rec.state)
+                assert rec.state in (P.PENDING, P.RESTARTING) or (
+                    rec.state == P.ALIVE and rec.moving_from is not None), (iid, rec.state)
             else:
                 assert rec.worker is not None, f"{iid} neither placed nor acquiring (stalled)"
+                assert rec.moving_from is None, f"{iid} moving but not acquiring"
             assert rec.held == (rec.worker is not None), f"{iid}: held={rec.held} worker={rec.worker}"
             if rec.state == P.RESTARTING:
                 assert rec.restarts >= 1

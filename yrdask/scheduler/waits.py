@@ -112,16 +112,31 @@ class WaitWatch:
         return "nothing of its job is running"
 
     def explain(self, request_id: str, now: float | None = None) -> dict[str, Any] | None:
-        """:meth:`LeaseQueue.explain_wait` plus ``job``, ``problem`` (:meth:`problem`, ""
-        for ordinary queueing) and, for a Ray job, the text in Ray's words."""
+        """:meth:`LeaseQueue.explain_wait` plus ``job``, ``scaling`` (:meth:`scaling`: first
+        among the reasons when the cluster is scaling for it), ``problem`` (:meth:`problem`,
+        "" for ordinary queueing or scaling) and, for a Ray job, the text in Ray's words."""
         why = self.ext.leases.explain_wait(request_id, self._now() if now is None else now)
         if why is not None:
             why["job"] = self.job_of(why["owner"], why["kind"])
-            why["problem"] = self.problem(why)
             why["api"] = self.api_of(why["job"]) if why["job"] else "yr"
+            why["scaling"] = scaling = self.scaling(why)
+            why["problem"] = "" if scaling else self.problem(why)
+            if scaling:  # first: what it waits for
+                joined = "; ".join(why["reasons"])
+                why["reasons"].insert(0, scaling)
+                why["text"] = why["text"].replace(f": {joined}. ", f": {scaling}; {joined}. ", 1)
             if why["api"] == "ray":
                 in_ray_words(why)
         return why
+
+    def scaling(self, why: dict[str, Any]) -> str:
+        """What Dask's deployer was asked for, for a request the growing cluster could run
+        (``""`` when no deployer is attached, or none of its workers could run it)."""
+        scale_up = getattr(self.ext, "scale_up", None)
+        w = self.ext.leases.pending.get(why["request_id"])
+        if scale_up is None or w is None:
+            return ""
+        return scale_up.scaling_text(w.shape, w.affinity, ray=why["api"] == "ray")
 
     def rows(self, limit: int = ROWS_SHOWN) -> list[dict[str, Any]]:
         """The oldest ``limit`` waiting requests explained, oldest first (each explanation
@@ -145,14 +160,15 @@ class WaitWatch:
             if rid in self.warned:
                 continue
             why = self.explain(rid, now)
-            if why is None or not why["problem"]:  # queueing behind its own job's work
-                continue
+            if why is None or not (why["problem"] or why["scaling"]):
+                continue  # queueing behind its own job's work
             self.warned.add(rid)
             self.warnings += 1
             text = why["text"]
             if why["job"]:
                 text = text.replace(why["what"], f"{why['what']} of job {why['job']}", 1)
-            text = f"{text} (not ordinary queueing: {why['problem']})"
+            if why["problem"]:
+                text = f"{text} (not ordinary queueing: {why['problem']})"
             logger.warning("yrdask: %s", text)
             self._tell_driver(why["job"], text)
 

@@ -34,6 +34,7 @@ from yrdask import protocol as P
 from yrdask.runtime.objects import REF_MARK, pack_counting, unpickling
 from yrdask.runtime.generators import drain, item_sender
 from yrdask.runtime.runtime import install_worker_runtime, uninstall_worker_runtime
+from yrdask.runtime.context import checkpoint
 # A driver imports these when its runtime is built; a worker with its agent, so that the
 # embedded cluster's launcher imports them once, before it forks the workers.
 from yrdask.runtime import instance_router as _instance_router  # noqa: F401
@@ -48,13 +49,16 @@ from yrdask.worker.isolated import (IsolatedInstance, ProcessDied, ProcessPool, 
                                     keep_large, split_returns as _split_returns)
 from yrdask.worker.devices import device_isolation, gpu_offer, node_id, npu_offer
 from yrdask.worker.execution import Execution, current_execution
+from yrdask.worker.threads import (LIMITS as THREAD_LIMITS, instance_cpus, whole_cpus,
+                                   with_cpus)
 from yrdask.worker import lease_gate as G
 from yrdask.worker.lending import LEND_DELAY_S, LendNotices, parse_delay
 from yrdask.worker.task_side import TaskSide
 from yrdask.worker.instance_side import InstanceSide
 from yrdask.worker.share import SharedThreadPoolExecutor, WorkerShare
-from yrdask.errors import (CancelledError, InstanceDiedError, RemoteError, ReturnError, TaskCrashedError,
-                           YRRuntimeError, YRValueError, user_traceback)
+from yrdask.errors import (CancelledError, InstanceDiedError, InstanceMovedError, RemoteError,
+                           ReturnError, TaskCrashedError, YRRuntimeError, YRValueError,
+                           user_traceback)
 from yrdask.serialization import (PLAIN_TYPES, Frames, dumps, dumps_value, loads, unpack_args,
                                   wire)
 
@@ -64,6 +68,19 @@ MAX_THREADS = 4096
 # A pipelined task's plain answer waits at most this long while its thread runs the next
 # task of its lease, so a run of short tasks answers in one write (_execute_gated).
 HOLD_REPLY_S = 0.001
+DRAIN_POLL_S = 0.005  # how often a draining instance is checked for calls still running
+
+
+def drained(inst: Any) -> bool:
+    """A hosted instance (in this process or its own) is built and has no call left to
+    answer: its state can be taken for a move."""
+    if inst.init_error is not None:
+        return True
+    if type(inst) is IsolatedInstance:
+        return inst.stream is not None and not inst.pending and not inst.decide.waiting
+    # ``running``: a call leaves the queue after its answer was handed to the loop, so the
+    # answers of the calls it ran go out before any "moved" answer of the calls held
+    return inst.obj is not None and not inst.pending and inst.queue.running == 0
 
 
 def _loop_closed(on_loop: Callable) -> bool:
@@ -278,7 +295,8 @@ class WorkerAgent:
         """Load report sent with every Dask heartbeat (``ws.metrics["yr"]`` on the scheduler).
 
         ``instances`` maps each hosted instance id to ``[calls_done, calls_pending]``;
-        ``scheduling`` holds this process's submitter counters (local vs forwarded work).
+        ``scheduling`` holds this process's submitter counters (local vs forwarded work);
+        ``kept`` counts the large values it keeps for their owners (scale-down reads it).
         """
         return {
             "tasks_running": len(self.running),
@@ -287,6 +305,7 @@ class WorkerAgent:
             "instances": {iid: [inst.calls_done, len(inst.pending)]
                           for iid, inst in self.instances.items()},
             "scheduling": self.runtime.submitter.figures(),
+            "kept": len(self.store),
         }
 
     def store_figures(self) -> tuple[int, int]:
@@ -521,6 +540,8 @@ class WorkerAgent:
                 isolation = fn.isolation if isolated else None
                 if P.DEVICES_MARK in lease_id:
                     isolation = device_isolation(isolation, *P.lease_devices(lease_id))
+                else:  # its whole CPUs size its process's threads
+                    isolation = with_cpus(isolation, P.lease_cpus(lease_id))
                 return self._execute_isolated(ex, isolation)
             if not msg["deps"] and REF_MARK not in msg["args"]:  # unpack_call's hot path
                 args, kwargs = unpack_args(msg["args"], [])
@@ -531,8 +552,14 @@ class WorkerAgent:
             return self._error_reply(task_id, e, traceback.format_exc(), False)
         rec = self.recorder  # Dask's Task Stream, Progress and Profile (dask_panels.py)
         start = rec.begin(msg["name"], task_id) if rec is not None else 0.0
+        # 2 whole CPUs or more: its threads follow them (worker/threads.py); else nothing
+        cpus = whole_cpus(P.lease_cpus(lease_id)) if P.CPUS_MARK in lease_id else 0
+        if cpus:
+            in_thread = THREAD_LIMITS.enter(cpus)
         # armed, the thread also runs in the task's context (lease, owner) until disarmed
         if not ex.arm(lease_id, msg["owner"]):
+            if cpus:
+                THREAD_LIMITS.leave(cpus, in_thread)
             if rec is not None:
                 rec.drop()
             return self._cancelled(task_id)
@@ -545,7 +572,11 @@ class WorkerAgent:
                 if msg["nret"] < 0:  # P.STREAMING: send each item now, answer the count
                     result = drain(result, self.item_sender(ex.peer, task_id), ex)
             finally:
-                ex.disarm()  # if a late cancel interrupts this, the caller disarms again
+                try:
+                    ex.disarm()  # if a late cancel interrupts this, the caller disarms again
+                finally:
+                    if cpus:  # after disarm: no cancel lands in the bookkeeping
+                        THREAD_LIMITS.leave(cpus, in_thread)
             if type(result) in PLAIN_TYPES and msg["nret"] <= 1:  # pack_results' hot path
                 # pickled once: a large plain value is kept as it is, not pickled again
                 results, nested = [self._place(task_id, dumps(result))], None
@@ -781,6 +812,8 @@ class WorkerAgent:
             spec = {**spec, "isolation": device_isolation(spec.get("isolation"),
                                                           spec["devices"], spec["cpus"])}
         if spec.get("isolation") is not None:  # its own process (docs/isolation.md)
+            if not spec.get("devices"):  # its whole CPUs size its process's threads
+                spec = {**spec, "isolation": with_cpus(spec["isolation"], instance_cpus(spec))}
             return IsolatedInstance(self, spec)
         return HostedInstance(self, spec, spec["deps"])
 
@@ -791,6 +824,74 @@ class WorkerAgent:
         hook = getattr(inst, "run_shutdown_hook", None)
         if hook is not None:  # __yr_shutdown__(grace), bounded by the grace period
             await hook(obj)
+
+    # -- scale-down (scheduler/drain.py, docs/deploy.md#scaling-down) ---------------------
+
+    async def drain_instance(self, instance_id: str, timeout_s: float = 30.0) -> bytes | None:
+        """:class:`P.DrainInstance`: hold the instance's new calls, wait until the calls it
+        has are answered, then take its current state (``None``: not within ``timeout_s``,
+        not hosted here, or its ``__init__`` failed)."""
+        inst = self.instance_side.hold(instance_id)
+        if inst is None:
+            return None
+        deadline = self.loop.time() + timeout_s
+        while not drained(inst):
+            if self.loop.time() > deadline or inst.stopped is not None:
+                return None
+            await asyncio.sleep(DRAIN_POLL_S)
+        if inst.init_error is not None:
+            return None
+        try:
+            if type(inst) is IsolatedInstance:
+                return await asyncio.wait_for(inst.checkpoint(),
+                                              max(0.1, deadline - self.loop.time()))
+            return await self.loop.run_in_executor(None, checkpoint, inst.obj)
+        except Exception:  # noqa: BLE001 - the state does not pickle: it stays here
+            logger.warning("instance %s: its state could not be taken for a move",
+                           instance_id, exc_info=True)
+            return None
+
+    def instance_moved(self, instance_id: str, to: str = "") -> None:
+        """:class:`P.InstanceMoved`: the instance left for ``to`` (it ends here without its
+        shutdown hook: it lives on there), or the move was given up (``to`` empty)."""
+        inst = self.instance_side.release(instance_id, to)
+        if inst is None:
+            return
+        logger.info("instance %s moved to %s", instance_id, to)
+        if type(inst) is IsolatedInstance:
+            inst.kill_now()
+        else:
+            inst.stop(f"it moved to {to}")
+
+    def kept_objects(self) -> list[str]:
+        """:class:`P.KeptObjects`: the large values this worker keeps for their owners."""
+        return list(self.store)
+
+    async def adopt_objects(self, source: str, object_ids: list) -> list[str]:
+        """:class:`P.AdoptObjects`: keep these values in place of ``source`` (retiring):
+        recorded if this node has them already, else pulled from ``source`` once."""
+        store = node_store()
+        kept = []
+        for oid in object_ids:
+            try:
+                if store.contains(oid):
+                    store.ensure_attached()  # the node's store outlives ``source`` with us
+                    self.store[oid] = True
+                else:
+                    payload = await self.loop.run_in_executor(
+                        None, self.runtime.fetch_payload, oid, source)
+                    if not store.contains(oid):
+                        self.keep(oid, payload)
+                    self.store[oid] = True
+                kept.append(oid)
+            except Exception:  # noqa: BLE001 - freed meanwhile, or source gone: not kept
+                logger.info("object %s could not be taken over from %s", oid, source,
+                            exc_info=True)
+        return kept
+
+    def objects_moved(self, worker: str, to: str, object_ids: list) -> None:
+        """:class:`P.ObjectsMoved`: values ``worker`` kept are kept by ``to`` now."""
+        self.runtime.objects_moved(worker, to, object_ids)
 
     def report_state(self, instance_id: str, state: str, error: bytes | None,
                      reason: str = "", incarnation: int = -1) -> None:
@@ -818,6 +919,10 @@ class _InstanceEdge:
     def ignored_start(self, instance_id: str) -> None:
         logger.info("not starting instance %s: it was stopped before it started",
                     instance_id)
+
+    def moved_away(self, peer: Any, msg: dict, to: str) -> None:
+        err = InstanceMovedError(f"instance {msg['instance_id']} moved to {to}", to)
+        peer.reply(P.TaskDone(msg["task_id"], error=dumps(err)).to_msg())
 
 
 class _Ending(threading.local):

@@ -28,12 +28,10 @@ import shutil
 import subprocess
 from typing import Any
 
+from yrdask.worker.threads import with_cpus
+
 #: Environment variable naming the node a worker process belongs to (wins over the config).
 NODE_ENV = "YRDASK_NODE_ID"
-#: Threading libraries that size their pools from these variables when they load (Ray sets
-#: the same ones for its workers).
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-              "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 SMI_TIMEOUT_S = 10.0
 
 
@@ -202,12 +200,6 @@ def npu_offer(resources: dict[str, float]) -> tuple[list[str], str]:
     return [f"{NPU_PREFIX}{i}" for i in ids], model
 
 
-def thread_env(cpus: float) -> dict[str, str]:
-    """``OMP_NUM_THREADS`` and friends for work that holds ``cpus`` cores (at least 1)."""
-    n = str(max(1, int(cpus + 0.5)))
-    return dict.fromkeys(THREAD_ENV, n)
-
-
 #: Set in the process of work that holds GPUs: the ids it holds (``ray.get_gpu_ids()``).
 GPU_IDS_ENV = "YRDASK_GPU_IDS"
 #: The same for NPUs (``get_accelerator_ids()["NPU"]``).
@@ -218,16 +210,15 @@ def device_isolation(isolation: dict | None, devices: str, cpus: float) -> dict:
     """The isolation spec (``{"env", "cwd"}``) of work that holds the devices ``devices``
     (``"0,1"``, ``"NPU:0"``, ...): its own process whose ``CUDA_VISIBLE_DEVICES`` and
     ``ASCEND_RT_VISIBLE_DEVICES`` name exactly the GPUs and NPUs it holds, with
-    ``OMP_NUM_THREADS`` and friends set to its CPUs unless its own ``env_vars`` set them
-    (docs/nodes.md)."""
+    ``OMP_NUM_THREADS`` and friends set to its whole CPUs unless its own ``env_vars`` set any
+    of them (docs/nodes.md)."""
     ids = [d for d in devices.split(",") if d]
     gpus = ",".join(d for d in ids if not d.startswith(NPU_PREFIX))
     npus = ",".join(d[len(NPU_PREFIX):] for d in ids if d.startswith(NPU_PREFIX))
-    isolation = dict(isolation or {"env": {}, "cwd": ""})
-    env = {**thread_env(cpus), **(isolation.get("env") or {})}
+    isolation = with_cpus(isolation, cpus)
+    env = isolation["env"]
     if gpus:
         env.update({"CUDA_VISIBLE_DEVICES": gpus, GPU_IDS_ENV: gpus})
     if npus:
         env.update({NPU_VISIBLE_ENV: npus, NPU_IDS_ENV: npus})
-    isolation["env"] = env
     return isolation

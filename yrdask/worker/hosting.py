@@ -33,6 +33,7 @@ from yrdask.runtime import context as _rtctx
 from yrdask.runtime.context import task_context
 from yrdask.runtime.generators import drain, drain_async
 from yrdask.worker.instance_side import HostedCalls
+from yrdask.worker.threads import LIMITS as THREAD_LIMITS, instance_cpus
 from yrdask.errors import CancelledError, InstanceDiedError, RemoteError, user_traceback
 from yrdask.serialization import dumps, loads, unpack_args
 
@@ -66,6 +67,11 @@ class HostedInstance(HostedCalls):
         self.mailbox: queue.SimpleQueue | None = None
         self.pool: ThreadPoolExecutor | None = None
         self.side_loop: asyncio.AbstractEventLoop | None = None
+        # 2 whole CPUs or more: the process's threads follow them for the instance's life,
+        # and each of its threads takes them for OpenMP (worker/threads.py)
+        self.cpus = instance_cpus(spec)
+        if self.cpus:
+            THREAD_LIMITS.hold(self.cpus)
         if is_async:
             self._start_loop()
         elif self.concurrency == 1:
@@ -220,6 +226,8 @@ class HostedInstance(HostedCalls):
                 self._start_loop(side=True)
                 off_loop = frozenset(names)
             checkpoint = self.spec.get("checkpoint")
+            if self.cpus:
+                THREAD_LIMITS.in_thread(self.cpus)
             with self._context():
                 if checkpoint is not None:
                     self.obj = loads(checkpoint)
@@ -253,6 +261,8 @@ class HostedInstance(HostedCalls):
             if not callable(fn):  # a value the object holds under a method's name: the
                 fn = getattr(type(self.obj), msg["method"]).__get__(self.obj)  # class's (Ray)
             _running.call = call_id
+            if self.cpus:
+                THREAD_LIMITS.in_thread(self.cpus)
             if self.mailbox is not None:  # its own thread: in the instance's context already
                 result = fn(*args, **kwargs)
             else:
@@ -382,6 +392,8 @@ class HostedInstance(HostedCalls):
         if self.side_loop is not None:
             self.side_loop.call_soon_threadsafe(self.side_loop.stop)
         self.obj = None
+        if self.cpus:
+            THREAD_LIMITS.release(self.cpus)
 
     async def run_shutdown_hook(self, obj: Any) -> None:
         """``obj.__yr_shutdown__(grace)`` if its class defines one (yr's graceful shutdown).

@@ -10,7 +10,10 @@ virtual executors and clock), so it runs this very code (as ``worker/task_side.p
   ``START`` for an instance hosted here already goes to it (an isolated one whose process
   died restarts); calls that beat their ``START`` wait here and go to the instance when it
   starts, or answer "died" when its ``STOP`` comes first (a cancel of one of them holds
-  when it starts: it never runs); a call for an instance stopped here answers "died".  Its :class:`InstanceEdge` makes the hosted instances and answers.
+  when it starts: it never runs); a call for an instance stopped here answers "died".
+  While an instance moves away (scale-down) its new calls are held unrun; once it has
+  left they, and later ones, answer "moved" (the caller sends them to its new worker);
+  a move given up lets them through in order.  Its :class:`InstanceEdge` makes the hosted instances and answers.
 * :class:`HostedCalls`, one per instance hosted in the worker's process: which of its calls
   run, where, and how each is answered.  :class:`~yrdask.worker.call_queue.CallQueue`
   decides which start (none before ``__init__`` finished, in arrival order, at most
@@ -55,6 +58,10 @@ class InstanceEdge(Protocol):
     def ignored_start(self, instance_id: str) -> None:
         """A ``START_INSTANCE`` came after its instance was stopped here (logged)."""
 
+    def moved_away(self, peer: Any, msg: dict, to: str) -> None:
+        """Answer call ``msg`` unrun with ``InstanceMovedError`` (its instance runs on
+        ``to`` now: the caller sends it there)."""
+
 
 class InstanceSide:
     """The instances one worker hosts (see module docstring)."""
@@ -65,6 +72,10 @@ class InstanceSide:
         self.early: dict[str, list] = {}  # instance id -> (peer, msg) that beat its START
         self.ended: dict[str, str] = {}  # recently stopped instance -> reason
         self.early_cancels: set[str] = set()  # early calls cancelled before their START
+        # scale-down (scheduler/drain.py): calls held while an instance moves, and where
+        # the instances that left went
+        self.held: dict[str, list] = {}  # instance id -> (peer, msg) held, in order
+        self.moved: dict[str, str] = {}  # instance id -> the worker it moved to
 
     def start(self, spec: dict) -> Any:
         """``START_INSTANCE``: host it (its early calls go to it), or ``None`` if it was
@@ -73,6 +84,7 @@ class InstanceSide:
         if iid in self.ended:
             self.edge.ignored_start(iid)
             return None
+        self.moved.pop(iid, None)  # it came back here
         inst = self.instances[iid] = self.edge.host(spec, self.instances.get(iid))
         for peer, msg in self.early.pop(iid, ()):
             inst.call(peer, msg)
@@ -90,12 +102,17 @@ class InstanceSide:
         it answers "died"."""
         inst = self.instances.get(msg["instance_id"])
         if inst is not None:
+            if self.held and msg["instance_id"] in self.held:  # it is moving: kept unrun
+                self.held[msg["instance_id"]].append((peer, msg))
+                return
             inst.call(peer, msg)
             return
         iid = msg["instance_id"]
         why = self.ended.get(iid)
         if why is not None:
             self.edge.died(peer, msg, why)
+        elif iid in self.moved:
+            self.edge.moved_away(peer, msg, self.moved[iid])
         else:
             self.early.setdefault(iid, []).append((peer, msg))
 
@@ -109,9 +126,42 @@ class InstanceSide:
                 del self.ended[key]
         if inst is not None:
             inst.stop(reason)
+        for peer, msg in self.held.pop(instance_id, ()):
+            self.edge.died(peer, msg, why)
         for peer, msg in self.early.pop(instance_id, ()):
             self.early_cancels.discard(msg["task_id"])
             self.edge.died(peer, msg, why)
+        return inst
+
+    def hold(self, instance_id: str) -> Any:
+        """The instance starts to move away: its calls from now on are kept unrun (the ones
+        it has already go on).  Returns the hosted instance, or ``None`` if none is here."""
+        inst = self.instances.get(instance_id)
+        if inst is not None:
+            self.held.setdefault(instance_id, [])
+        return inst
+
+    def release(self, instance_id: str, to: str) -> Any:
+        """The move ended.  ``to`` a worker: the instance left for it; the held calls and
+        later ones are answered "moved" (unrun), and the instance that left is returned for
+        the edge to end.  ``to`` empty: the move was given up; the held calls go to the
+        instance in order (``None`` returned)."""
+        calls = self.held.pop(instance_id, ())
+        if not to:
+            inst = self.instances.get(instance_id)
+            for peer, msg in calls:
+                if inst is not None:
+                    inst.call(peer, msg)
+                else:
+                    self.edge.died(peer, msg, self.ended.get(instance_id, "it has ended"))
+            return None
+        inst = self.instances.pop(instance_id, None)
+        self.moved[instance_id] = to
+        if len(self.moved) > ENDED_KEPT:
+            for key in list(self.moved)[:ENDED_KEPT // 2]:
+                del self.moved[key]
+        for peer, msg in calls:
+            self.edge.moved_away(peer, msg, to)
         return inst
 
     def cancel(self, call_id: str) -> bool:

@@ -57,6 +57,7 @@ from yrdask import protocol as P
 from yrdask.errors import (CallCrashedError, InstanceDiedError, RemoteError, YRRuntimeError,
                            YRValueError, describe_exit, user_traceback)
 from yrdask.worker import isolated_calls as IC
+from yrdask.worker.threads import follow_env
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args
 
 logger = logging.getLogger("yrdask.worker")
@@ -529,6 +530,18 @@ class IsolatedInstance:
             if proc is not None:
                 _kill(proc)
 
+    async def checkpoint(self) -> bytes:
+        """The instance's current state, pickled in its process (:class:`P.CheckpointIsolated`;
+        a scale-down move takes it once no call runs)."""
+        from distributed.comm import connect
+
+        comm = await connect(self.address)
+        try:
+            await comm.write(P.CheckpointIsolated().to_msg())
+            return await comm.read()
+        finally:
+            comm.abort()
+
     async def run_shutdown_hook(self, obj: Any) -> None:
         """Wait until the child ran ``__yr_shutdown__`` (bounded by its grace) and is gone."""
         if self._stopping is not None:
@@ -875,6 +888,12 @@ class IsolatedHost:
         if hook is not None:
             await hook(obj)
 
+    async def checkpoint_isolated(self) -> bytes:
+        """``CHECKPOINT_ISOLATED``: the hosted instance's current state, pickled."""
+        from yrdask.runtime.context import checkpoint
+
+        return await self.loop.run_in_executor(None, checkpoint, self.instance.obj)
+
     async def run_isolated(self, task_id: str, lease_id: str, fn_id: str, fn: bytes,
                            args: bytes, deps: list, nret: int, owner: str,
                            log_to: str | None = None, name: str = "",
@@ -1124,8 +1143,10 @@ def _forked_child(zygote_pid: int, req: dict) -> None:
         os.dup2(null, 0)  # the zygote's requests are not this process's input
         _PROTO_FD = os.dup(1)
         os.dup2(2, 1)  # the user's prints go where the worker's stderr goes, not into the pipe
+        before = dict(os.environ)
         os.environ.clear()
         os.environ.update(req["env"])
+        follow_env(before)  # numpy, loaded by the zygote, takes the new thread limits
         if req.get("cwd"):
             os.chdir(req["cwd"])
 
