@@ -209,7 +209,7 @@ class _Run:
         if self.held:
             self.held = False
             self.adapt(0, self.maximum)
-        peak = max(self.history) if self.history else 0
+        peak = self.workers()
         shrunk = self.wait_workers(lambda n: n <= 1, t.down)
         p["scale_down"] = Part(
             "scale_down", shrunk,
