@@ -74,3 +74,9 @@ def test_drain_settings_are_checked_with_the_key_named():
 def test_instance_calls_running_there_make_a_worker_busy():
     d = decide(W, [inst("a", checkpoint=True)], 0, False, calls=3)
     assert "3 instance call(s)" in d.keep
+
+
+def test_a_bundle_reserved_on_its_node_keeps_the_worker_even_with_movable_instances():
+    d = decide(W, [inst("a", checkpoint=True)], 0, True, bundles=1)
+    assert "bundle" in d.keep and not d.move
+    assert decide(W, [inst("a", checkpoint=True)], 0, False, bundles=0).move == ("a",)

@@ -63,15 +63,19 @@ def movable(h: Hosted) -> bool:
 
 
 def decide(worker: str, hosted: Iterable[Hosted], leases: int, restart_unmovable: bool,
-           room: Any = None, calls: int = 0) -> Decision:
+           room: Any = None, calls: int = 0, bundles: int = 0) -> Decision:
     """What ``worker`` needs before it may retire.
 
     ``leases``: yr task leases held there (running or about to run work: never idle).
     ``calls``: instance calls it runs or queues (its last heartbeat; counted when workers
     are proposed, not when a drain waits for them).  ``room(shape)``: whether another
-    worker could take an instance of that shape now (``None``: not checked)."""
+    worker could take an instance of that shape now (``None``: not checked).  ``bundles``:
+    resource-group bundles reserved on its node (a reservation keeps its node, as a
+    placement group keeps a Ray node)."""
     if leases:
         return Decision(worker, keep=f"it runs yr work ({leases} task lease(s) held)")
+    if bundles:
+        return Decision(worker, keep=f"its node holds {bundles} resource-group bundle(s)")
     if calls:
         return Decision(worker, keep=f"it runs yr work ({calls} instance call(s))")
     move: list[str] = []
@@ -129,15 +133,33 @@ class Drainer:
 
     # -- what each worker needs ------------------------------------------------------------
 
-    def decision(self, worker: str, avoid: Iterable[str] = (), proposing: bool = False
-                 ) -> Decision:
+    def hosted(self) -> dict[str, list[Hosted]]:
+        """The live instances by the worker they are on (or moving from), in one pass."""
+        by_worker: dict[str, list[Hosted]] = {}
+        for r in self.ext.instances.lifecycle.instances.values():
+            if r.state == P.DEAD:
+                continue
+            h = Hosted(r.instance_id, r.spec.get("cls_name") or "", r.state,
+                       r.checkpoint is not None, r.can_restart, r.spec.get("shape") or {})
+            for w in {r.worker, r.moving_from} - {None}:
+                by_worker.setdefault(w, []).append(h)
+        return by_worker
+
+    def kept(self, workers: Iterable[str]) -> set[str]:
+        """Of ``workers``, those a drain could not empty now (yr work running, instances
+        that cannot move or have no room elsewhere): the floor of yr's adaptive target, so
+        that workers whose instances can move are left for ``workers_to_close`` to propose."""
+        hosted = self.hosted()
+        return {w for w in workers
+                if self.decision(w, proposing=True, hosted=hosted.get(w, ())).keep}
+
+    def decision(self, worker: str, avoid: Iterable[str] = (), proposing: bool = False,
+                 hosted: Iterable[Hosted] | None = None) -> Decision:
         """:func:`decide` for ``worker`` now; ``proposing``: for ``workers_to_close`` (its
-        running instance calls count too: a drain would wait for them)."""
-        lifecycle = self.ext.instances.lifecycle
-        hosted = [Hosted(r.instance_id, r.spec.get("cls_name") or "", r.state,
-                         r.checkpoint is not None, r.can_restart, r.spec.get("shape") or {})
-                  for r in lifecycle.instances.values()
-                  if r.state != P.DEAD and (r.worker == worker or r.moving_from == worker)]
+        running instance calls count too: a drain would wait for them); ``hosted``: its
+        instances, when the caller has them (:meth:`hosted`)."""
+        if hosted is None:
+            hosted = self.hosted().get(worker, ())
         leases = sum(1 for h in self.ext.leases.holdings_on(worker) if h.kind == "lease")
         restart_unmovable, _timeout = drain_settings()
         ledger = self.ext.ledger
@@ -152,7 +174,11 @@ class Drainer:
             ws = self.scheduler.workers.get(worker)
             report = (ws.metrics or {}).get("yr") if ws is not None else None
             calls = sum(int(p) for _done, p in ((report or {}).get("instances") or {}).values())
-        return decide(worker, hosted, leases, restart_unmovable, room, calls)
+        node = ledger.workers.get(ledger.node_of(worker) or "")
+        bundles = 0 if node is None else sum(
+            1 for h in node.holdings
+            if h in ledger.holdings and ledger.holdings[h].kind == "bundle")
+        return decide(worker, hosted, leases, restart_unmovable, room, calls, bundles)
 
     def _needs(self, worker: str) -> bool:
         """``worker`` hosts instances that would move, or keeps values for their owners

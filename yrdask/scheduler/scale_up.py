@@ -106,11 +106,11 @@ class ScaleUp:
         ext = self.ext
         self._computed_at = self._now()
         ledger = ext.ledger
-        busy = {a for a, p in ledger.processes.items() if p.holdings}
-        for ns in ledger.workers.values():  # a reservation keeps its node
-            if any(ledger.holdings[h].kind == "bundle" for h in ns.holdings
-                   if h in ledger.holdings):
-                busy.update(ns.processes)
+        # Busy: what a drain could not empty now (yr work, instances that cannot move, a
+        # node's bundle reservations); a worker whose instances can move is left to
+        # workers_to_close (drain.py).
+        busy = ext.drainer.kept([a for a, p in ledger.processes.items()
+                                 if p.holdings or ledger.workers[p.node].holdings])
         needs = D.pending_needs(ext.leases, ext.rgroups.machine)
         shape = self.worker_shape()
         more = (0 if not needs else 1 if shape is None
