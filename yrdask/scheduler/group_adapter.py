@@ -58,6 +58,9 @@ class GroupService:
         leases.bundles = self.machine  # the lease queue fits bundle requests through it
         self._stimuli = itertools.count(1)
         self._busy = False  # re-entry guard: our own ticks feed the lease queue again
+        # Where detached groups are recorded for a restarted scheduler
+        # (scheduler/durable.py: DurableControl, or None).
+        self.durable: Any = None
 
     def _sid(self, what: str) -> str:
         return f"rg-{what}-{next(self._stimuli)}"
@@ -82,6 +85,8 @@ class GroupService:
         self.do(self.machine.handle(G.GroupRequested(
             self._sid("create"), name, owner, tuple(shape_of(b) for b in bundles), strategy,
             bool(fate_sharing), bool(detached))))
+        if detached and self.durable is not None:
+            self.durable.group_created(self.machine.groups[name])
         return ""
 
     def remove(self, name: str, reason: str = "yr.remove_resource_group was called"
@@ -114,6 +119,8 @@ class GroupService:
                 regrant = True
             elif kind is G.GroupReady or kind is G.GroupEnded:
                 edge.group_settled(ins.group)
+                if kind is G.GroupEnded and self.durable is not None:
+                    self.durable.group_removed(ins.group)
                 # requests waiting for an ended group are refused by the re-grant pass
                 regrant = regrant or kind is G.GroupEnded
             elif kind is G.EndHolding:
