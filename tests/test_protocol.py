@@ -49,6 +49,7 @@ SAMPLES: list[P.Message] = [
     P.CreateResourceGroup("tcp://o:1", "rg-1", ({"CPU": 1000.0, "Memory": 128.0},), "STRICT_SPREAD"),
     P.RemoveResourceGroup("rg-1"),
     P.WaitResourceGroup("rg-1", timeout=2.5),
+    P.GetResourceGroup("rg-1"),
     P.ReturnLeases(("l-1", "l-2")),
     P.WithdrawLeaseRequests("tcp://o:1", ("r1", "r2")),
     P.LeaseBlocked("l-1"),
@@ -142,7 +143,8 @@ def test_channel_groups_are_derived_from_the_table():
                                     P.GET_NAMED, P.LIST_NAMED, P.KILL_INSTANCE,
                                     P.INSTANCE_STATUS, P.SAVE_STATE, P.LOAD_STATE,
                                     P.CREATE_RESOURCE_GROUP, P.REMOVE_RESOURCE_GROUP,
-                                    P.WAIT_RESOURCE_GROUP, P.KV_PUT, P.KV_GET, P.KV_DEL,
+                                    P.WAIT_RESOURCE_GROUP, P.GET_RESOURCE_GROUP, P.KV_PUT,
+                                    P.KV_GET, P.KV_DEL,
                                     P.WORKER_EXITED, P.OWNER_ALIVE}
     assert set(P.SCHEDULER_STREAM) == {P.RETURN_LEASES, P.LEASE_BLOCKED, P.LEASE_UNBLOCKED,
                                        P.HANDLE_REFS, P.INSTANCE_STATE, P.TASK_RECORDS,

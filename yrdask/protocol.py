@@ -516,6 +516,7 @@ class KillInstance(Message):
 CREATE_RESOURCE_GROUP = "yr_create_resource_group"
 REMOVE_RESOURCE_GROUP = "yr_remove_resource_group"
 WAIT_RESOURCE_GROUP = "yr_wait_resource_group"
+GET_RESOURCE_GROUP = "yr_get_resource_group"
 
 RG_CREATED = "CREATED"  # every bundle holds its reservation
 RG_PENDING = "PENDING"  # some bundle waits for room
@@ -590,6 +591,18 @@ class WaitResourceGroup(Message):
     reply_type: ClassVar[Any] = ResourceGroupReply
     name: str
     timeout: float = -1
+
+
+@_message
+class GetResourceGroup(Message):
+    """driver -> scheduler rpc.  Look a group up by name (Ray's ``get_placement_group``).
+    Reply: ``None`` if no live group has that name, else ``[strategy, bundles]`` (the bundles
+    as :class:`CreateResourceGroup` reserved them)."""
+
+    op: ClassVar[str] = GET_RESOURCE_GROUP
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = Union[tuple[str, list], None]
+    name: str
 
 
 # --- KV store (scheduler rpc, handled by yrdask.scheduler.kv) -----------------------------

@@ -1,7 +1,7 @@
 """The Dask-side adapter of resource groups: rpc handlers and extension hooks over GroupMachine.
 
 Ops (:mod:`yrdask.protocol`, resource-group section): ``yr_create_resource_group``,
-``yr_remove_resource_group``, ``yr_wait_resource_group``.  The decisions are
+``yr_remove_resource_group``, ``yr_wait_resource_group``, ``yr_get_resource_group``.  The decisions are
 :class:`~yrdask.scheduler.groups.GroupMachine`'s; :class:`GroupService` feeds it events (from
 those rpcs, from every lease-queue step that may have changed capacity, from ended jobs) and
 carries out its instructions through a small :class:`GroupEdge` (let the lease queue grant
@@ -196,6 +196,13 @@ class ResourceGroupService:
                     self._waiters.pop(name, None)
             g = self.machine.groups.get(name, g)
         return [g.state, g.reason, len(g.bundles)]
+
+    def get_resource_group(self, name: str) -> list | None:
+        """``[strategy, bundles]`` of the live group ``name``, or None."""
+        g = self.machine.live(name)
+        if g is None:
+            return None
+        return [g.strategy, [dict(b.shape) for b in g.bundles]]
 
     # -- hooks from the extension ----------------------------------------------------------
 
