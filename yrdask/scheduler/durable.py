@@ -17,9 +17,10 @@ to drivers and workers that reconnect anew.
 
 Three parts, each testable alone:
 
-* :class:`DurableState` (pure, no I/O): turns lifecycle and KV changes into
+* :class:`DurableState` (pure, no I/O): turns lifecycle, group and KV changes into
   :class:`Changes`, and a loaded :class:`Snapshot` into the lifecycle events
-  (:func:`restore_events`), group events (:func:`restore_groups`) and KV writes (:func:`restore_kv`) that bring it back.
+  (:func:`restore_events`), group events (:func:`restore_groups`) and KV writes
+  (:func:`restore_kv`) that bring it back.
 * :class:`SqliteStore`: the default :class:`StateStore`, an SQLite file (WAL journal; every
   batch one transaction).  An external store (etcd, Redis, a database) implements the same
   three methods: ``load`` reads every row, ``apply`` writes one batch atomically, ``close``.

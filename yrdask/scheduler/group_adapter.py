@@ -1,12 +1,13 @@
 """The Dask-side adapter of resource groups: rpc handlers and extension hooks over GroupMachine.
 
 Ops (:mod:`yrdask.protocol`, resource-group section): ``yr_create_resource_group``,
-``yr_remove_resource_group``, ``yr_wait_resource_group``, ``yr_get_resource_group``.  The decisions are
-:class:`~yrdask.scheduler.groups.GroupMachine`'s; :class:`GroupService` feeds it events (from
-those rpcs, from every lease-queue step that may have changed capacity, from ended jobs) and
-carries out its instructions through a small :class:`GroupEdge` (let the lease queue grant
-what a reservation or release made possible, kill instances and revoke leases that ran in a
-removed group, answer waiters), as ``scheduler/lease_service.py`` does with ``LeaseEdge``.
+``yr_remove_resource_group``, ``yr_wait_resource_group``, ``yr_get_resource_group``. The
+decisions are :class:`~yrdask.scheduler.groups.GroupMachine`'s; :class:`GroupService` feeds it
+events (from those rpcs, from every lease-queue step that may have changed capacity, from
+ended jobs) and carries out its instructions through a small :class:`GroupEdge` (let the lease
+queue grant what a reservation or release made possible, kill instances and revoke leases that
+ran in a removed group, answer waiters), as ``scheduler/lease_service.py`` does with
+``LeaseEdge``.
 :class:`ResourceGroupService` plugs in the scheduler's loop and streams; the simulation
 (``tests/sim/world.py``) plugs in its links, so it drives this very code.
 """

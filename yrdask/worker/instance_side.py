@@ -5,17 +5,18 @@ Two layers, both driven by the simulation too (``tests/sim/calls.py`` plugs in i
 virtual executors and clock), so it runs this very code (as ``worker/task_side.py``):
 
 * :class:`InstanceSide`, one per worker: ``START_INSTANCE``, ``CALL_METHOD``,
-  ``STOP_INSTANCE``, ``CRASH_INSTANCE`` and Ray's cancel of an actor call.  A crash of a
-  light instance stops it here (its calls not answered die) without ending it: calls that
-  come next wait for the ``START`` of its restart, or die with its ``STOP``.  A ``START`` that its ``STOP``
-  overtook (the stop is an rpc, the start comes on the scheduler's stream) is ignored; a
-  ``START`` for an instance hosted here already goes to it (an isolated one whose process
-  died restarts); calls that beat their ``START`` wait here and go to the instance when it
-  starts, or answer "died" when its ``STOP`` comes first (a cancel of one of them holds
-  when it starts: it never runs); a call for an instance stopped here answers "died".
-  While an instance moves away (scale-down) its new calls are held unrun; once it has
-  left they, and later ones, answer "moved" (the caller sends them to its new worker);
-  a move given up lets them through in order.  Its :class:`InstanceEdge` makes the hosted instances and answers.
+  ``STOP_INSTANCE``, ``CRASH_INSTANCE`` and Ray's cancel of an actor call. A crash of a light
+  instance stops it here (its calls not answered die) without ending it: calls that come next
+  wait for the ``START`` of its restart, or die with its ``STOP``. A ``START`` that its
+  ``STOP`` overtook (the stop is an rpc, the start comes on the scheduler's stream) is
+  ignored; a ``START`` for an instance hosted here already goes to it (an isolated one whose
+  process died restarts); calls that beat their ``START`` wait here and go to the instance
+  when it starts, or answer "died" when its ``STOP`` comes first (a cancel of one of them
+  holds when it starts: it never runs); a call for an instance stopped here answers "died".
+  While an instance moves away (scale-down) its new calls are held unrun; once it has left
+  they, and later ones, answer "moved" (the caller sends them to its new worker); a move given
+  up lets them through in order. Its :class:`InstanceEdge` makes the hosted instances and
+  answers.
 * :class:`HostedCalls`, one per instance hosted in the worker's process: which of its calls
   run, where, and how each is answered.  :class:`~yrdask.worker.call_queue.CallQueue`
   decides which start (none before ``__init__`` finished, in arrival order, at most
