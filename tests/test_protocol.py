@@ -42,13 +42,14 @@ SAMPLES: list[P.Message] = [
     P.LoadState("i-1"),
     P.GetNamed("counter", "ns", 2.5),
     P.ListNamed(all_namespaces=True, namespace="ns"),
-    P.KillInstance("i-1", "terminated by test"),
+    P.KillInstance("i-1", "crashed by test", restart=True),
     P.KVPut(("k1", "k2"), (b"v1", b"\x00v2"), nx=True, ttl_s=2.5, evictable=True),
     P.KVGet(("k1",), timeout=None),
     P.KVDel(("k1", "k2")),
     P.CreateResourceGroup("tcp://o:1", "rg-1", ({"CPU": 1000.0, "Memory": 128.0},), "STRICT_SPREAD"),
     P.RemoveResourceGroup("rg-1"),
     P.WaitResourceGroup("rg-1", timeout=2.5),
+    P.GetResourceGroup("rg-1"),
     P.ReturnLeases(("l-1", "l-2")),
     P.WithdrawLeaseRequests("tcp://o:1", ("r1", "r2")),
     P.LeaseBlocked("l-1"),
@@ -73,6 +74,7 @@ SAMPLES: list[P.Message] = [
     P.CancelOwned(("t-1.0",), True),
     P.StartInstance({"instance_id": "i-1", "incarnation": 2, "checkpoint": b"ck"}),
     P.StopInstance("i-1", "killed"),
+    P.CrashInstance("i-1", "killed with ray.kill(no_restart=False)", 2),
     P.StartIsolated({"instance_id": "i-1", "isolation": {"env": {"A": "1"}, "cwd": "/tmp"}}),
     P.StopIsolated("terminated"),
     P.DrainInstance("i-1", 5.0),
@@ -142,7 +144,8 @@ def test_channel_groups_are_derived_from_the_table():
                                     P.GET_NAMED, P.LIST_NAMED, P.KILL_INSTANCE,
                                     P.INSTANCE_STATUS, P.SAVE_STATE, P.LOAD_STATE,
                                     P.CREATE_RESOURCE_GROUP, P.REMOVE_RESOURCE_GROUP,
-                                    P.WAIT_RESOURCE_GROUP, P.KV_PUT, P.KV_GET, P.KV_DEL,
+                                    P.WAIT_RESOURCE_GROUP, P.GET_RESOURCE_GROUP, P.KV_PUT,
+                                    P.KV_GET, P.KV_DEL,
                                     P.WORKER_EXITED, P.OWNER_ALIVE}
     assert set(P.SCHEDULER_STREAM) == {P.RETURN_LEASES, P.LEASE_BLOCKED, P.LEASE_UNBLOCKED,
                                        P.HANDLE_REFS, P.INSTANCE_STATE, P.TASK_RECORDS,
@@ -156,8 +159,8 @@ def test_channel_groups_are_derived_from_the_table():
                                  P.STOP_INSTANCE, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,
                                  P.ADD_BORROWER, P.CANCEL_OWNED, P.DRAIN_INSTANCE,
                                  P.INSTANCE_MOVED, P.KEPT_OBJECTS, P.ADOPT_OBJECTS}
-    assert set(P.WORKER_STREAM) == {P.REVOKE_LEASES, P.START_INSTANCE, P.WORKER_LOST,
-                                    P.WORKER_EXIT, P.WORKER_JOINED, P.OBJECTS_MOVED}
+    assert set(P.WORKER_STREAM) == {P.REVOKE_LEASES, P.START_INSTANCE, P.CRASH_INSTANCE,
+                                    P.WORKER_LOST, P.WORKER_EXIT, P.WORKER_JOINED, P.OBJECTS_MOVED}
     assert P.OWNER_RPC == (P.FETCH_OBJECT, P.TASK_OUTPUT, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,
                            P.ADD_BORROWER, P.CANCEL_OWNED)
     assert set(P.CHANNEL_TO_WORKER) == {P.RUN_TASK, P.CANCEL_TASK, P.CALL_METHOD}

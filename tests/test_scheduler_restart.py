@@ -1,8 +1,8 @@
 """A scheduler restart at the same address loses nothing that must last (docs/faults.md,
 "Scheduler restart"): on real ``dask scheduler``/``dask worker`` processes, a detached named
-instance with a checkpoint and a KV entry come back after the scheduler is stopped (SIGTERM,
-then SIGKILL) and started again, and a driver connected across the gap gets a typed error
-for its pending and later calls instead of hanging."""
+instance with a checkpoint, a detached named placement group and a KV entry come back after
+the scheduler is stopped (SIGTERM, then SIGKILL) and started again, and a driver connected
+across the gap gets a typed error for its pending and later calls instead of hanging."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ import pytest
 import yrdask as yr
 from conftest import CliCluster, wait_until
 from yrdask.errors import SchedulerLostError
+from yrdask.ray.util.placement_group import (get_placement_group, placement_group,
+                                             remove_placement_group)
+from yrdask.scheduler.durable import SqliteStore
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -57,7 +60,16 @@ def _restart(cli: CliCluster, sig: int) -> None:
         cli.workers.remove(w)
 
 
-def test_detached_instance_and_kv_survive_a_scheduler_restart(cluster, tmp_path):
+def _kept_groups(state) -> set[str]:
+    """The group rows in the state file (read by a second connection, as SQLite allows)."""
+    store = SqliteStore(str(state))
+    try:
+        return set(store.load().groups)
+    finally:
+        store.close()
+
+
+def test_detached_instance_group_and_kv_survive_a_scheduler_restart(cluster, tmp_path):
     cluster.finalize()
     state = tmp_path / "yr-state.sqlite"
     cli = CliCluster.start([{}], tmp_path / "cli", port=_free_port(),
@@ -68,6 +80,10 @@ def test_detached_instance_and_kv_survive_a_scheduler_restart(cluster, tmp_path)
         ctr = Counter.options(opts).invoke()
         assert [yr.get(ctr.incr.invoke()) for _ in range(3)] == [1, 2, 3]
         yr.kv_write("restart-key", b"kept")
+        pg = placement_group([{"CPU": 0.25}, {"CPU": 0.25}], "STRICT_PACK", name="kept-pg",
+                             lifetime="detached")
+        placement_group([{"CPU": 0.25}], name="job-pg")  # of this job: not kept
+        assert pg.wait(30) and _kept_groups(state) == {"kept-pg"}
         pending = ctr.linger.invoke(3.0)
         settled: list[float] = []
         pending.on_complete(lambda _ref: settled.append(time.monotonic()))
@@ -88,6 +104,11 @@ def test_detached_instance_and_kv_survive_a_scheduler_restart(cluster, tmp_path)
         again = yr.get_instance("ctr")
         assert yr.get(again.incr.invoke(), timeout=30) == 4  # from its checkpoint
         assert yr.kv_read("restart-key", timeout=5) == b"kept"
+        found = get_placement_group("kept-pg")  # placed again on the worker that joined
+        assert found.wait(30) and found.strategy == "STRICT_PACK"
+        assert found.bundle_specs == [{"CPU": 0.25}, {"CPU": 0.25}]
+        with pytest.raises(ValueError, match="job-pg"):
+            get_placement_group("job-pg")
         yr.finalize()
 
         _restart(cli, signal.SIGKILL)
@@ -95,6 +116,10 @@ def test_detached_instance_and_kv_survive_a_scheduler_restart(cluster, tmp_path)
         again = yr.get_instance("ctr")
         assert yr.get(again.incr.invoke(), timeout=30) == 5  # the checkpoint saved after the first
         assert yr.kv_read("restart-key", timeout=5) == b"kept"
+        found = get_placement_group("kept-pg")
+        assert found.wait(30)
+        remove_placement_group(found)  # its row goes with it
+        assert _kept_groups(state) == set()
         again.terminate(is_sync=True)
         yr.kv_del("restart-key")
         yr.finalize()

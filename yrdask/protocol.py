@@ -503,12 +503,15 @@ class ListNamed(Message):
 @_message
 class KillInstance(Message):
     """any -> scheduler rpc.  Reply ``None`` once the instance (and its non-detached
-    descendants) are stopped."""
+    descendants) are stopped.  ``restart`` (Ray's ``ray.kill(actor, no_restart=False)``):
+    its process is killed as if it crashed instead (:class:`CrashInstance`), so it restarts
+    while it has restarts left; the reply comes once that kill is sent."""
 
     op: ClassVar[str] = KILL_INSTANCE
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
     instance_id: str
     reason: str = "terminated"
+    restart: bool = False
 
 
 # --- resource groups (scheduler rpc, handled by yrdask.scheduler.group_adapter) -----------
@@ -516,6 +519,7 @@ class KillInstance(Message):
 CREATE_RESOURCE_GROUP = "yr_create_resource_group"
 REMOVE_RESOURCE_GROUP = "yr_remove_resource_group"
 WAIT_RESOURCE_GROUP = "yr_wait_resource_group"
+GET_RESOURCE_GROUP = "yr_get_resource_group"
 
 RG_CREATED = "CREATED"  # every bundle holds its reservation
 RG_PENDING = "PENDING"  # some bundle waits for room
@@ -590,6 +594,18 @@ class WaitResourceGroup(Message):
     reply_type: ClassVar[Any] = ResourceGroupReply
     name: str
     timeout: float = -1
+
+
+@_message
+class GetResourceGroup(Message):
+    """driver -> scheduler rpc.  Look a group up by name (Ray's ``get_placement_group``).
+    Reply: ``None`` if no live group has that name, else ``[strategy, bundles]`` (the bundles
+    as :class:`CreateResourceGroup` reserved them)."""
+
+    op: ClassVar[str] = GET_RESOURCE_GROUP
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = Union[tuple[str, list], None]
+    name: str
 
 
 # --- KV store (scheduler rpc, handled by yrdask.scheduler.kv) -----------------------------
@@ -869,6 +885,7 @@ FREE_OBJECTS = "yr_free_objects"
 TASK_OUTPUT = "yr_task_output"
 START_INSTANCE = "yr_start_instance"
 STOP_INSTANCE = "yr_stop_instance"
+CRASH_INSTANCE = "yr_crash_instance"
 
 
 @_message
@@ -992,6 +1009,20 @@ class StartInstance(Message):
     op: ClassVar[str] = START_INSTANCE
     channels: ClassVar[tuple[str, ...]] = (ON_WORKER_STREAM,)
     spec: InstanceSpec
+
+
+@_message
+class CrashInstance(Message):
+    """scheduler -> worker (worker stream, so it comes before the ``START_INSTANCE`` of the
+    restart it causes).  Kill the process of the instance's ``incarnation`` as if it crashed
+    (an isolated one's child is SIGKILLed; a light one's object is dropped, its calls
+    answered with ``reason``) and report the death as ``RESTARTING``, as any crash."""
+
+    op: ClassVar[str] = CRASH_INSTANCE
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_STREAM,)
+    instance_id: str
+    reason: str
+    incarnation: int
 
 
 @_message

@@ -76,8 +76,6 @@ def test_kill_fails_pending_and_later_calls(ray_env):
     assert isinstance(info.value, ray.exceptions.RayActorError)
     with pytest.raises(ValueError, match="ray.cancel"):
         ray.kill(ray.put(1))
-    with pytest.raises(ray.exceptions.UnsupportedOptionError, match="no_restart"):
-        ray.kill(Counter.remote(), no_restart=False)
 
 
 def test_exit_actor_ends_the_actor(ray_env):

@@ -19,8 +19,8 @@ import pytest
 import yrdask as yr
 import yrdask.ray as ray
 from conftest import wait_until
-from yrdask.ray.util.placement_group import (placement_group, placement_group_table,
-                                             remove_placement_group)
+from yrdask.ray.util.placement_group import (get_placement_group, placement_group,
+                                             placement_group_table, remove_placement_group)
 from yrdask.ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -182,8 +182,13 @@ def test_a_detached_placement_group_outlives_its_driver(ray_env, cluster):
     assert out.returncode == 0, out.stderr[-3000:]
     wait_until(lambda: own not in _groups(), 30, "the job's own group to go with its job")
     assert _groups().get(name) == "CREATED"
-    yr.remove_resource_group(name)
+    found = get_placement_group(name)  # another job finds it by name
+    assert found.name == name and found.bundle_specs == [{"CPU": 0.1}] and found.wait(0)
+    remove_placement_group(found)
     assert name not in _groups()
+    for gone in (name, own):
+        with pytest.raises(ValueError, match=f"Failed to look up placement group.*{gone}"):
+            get_placement_group(gone)
     with pytest.raises(ValueError, match="lifetime"):
         placement_group([{"CPU": 1}], lifetime="forever")
 

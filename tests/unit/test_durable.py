@@ -14,11 +14,14 @@ import dask
 import pytest
 
 from .harness import MachineHarness
+from .test_group_service import HALF, Edge, join
 from .test_lifecycle import JOB, W1, W2, of, spec
 
 from yrdask import protocol as P
 from yrdask.scheduler import durable as D
 from yrdask.scheduler import lifecycle as L
+from yrdask.scheduler.group_adapter import GroupService
+from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.kv import KVServer, KVStore
 
 pytestmark = pytest.mark.timeout(30)
@@ -125,6 +128,54 @@ def test_read_back_brings_kept_instances_back_from_their_checkpoint():
     assert fresh.m.status("d1")["state"] == P.ALIVE
 
 
+def _group_edge(store: D.MemoryStore) -> Edge:
+    """The group adapter over a recording edge, recording into ``store``."""
+    e = Edge()
+    e.leases = LeaseService(e)
+    e.groups = GroupService(e, e.leases.leases)
+    e.groups.durable = D.DurableControl(store)
+    return e
+
+
+def test_only_detached_groups_are_kept_until_they_are_removed():
+    store = D.MemoryStore()
+    e = _group_edge(store)
+    join(e, W1)
+    assert e.groups.create("d1", "pg", [HALF, {"CPU": 200.0}], "STRICT_SPREAD",
+                           detached=True) == ""
+    assert e.groups.create("d1", "job-group", [HALF]) == ""  # ends with its job
+    assert store.load().groups == {"pg": D.GroupRow(
+        "pg", "d1", ({"CPU": 500.0, "Memory": 100.0}, {"CPU": 200.0}),
+        "STRICT_SPREAD")}
+    batches = store.batches
+    assert "already exists" in e.groups.create("d1", "pg", [HALF], detached=True)
+    assert store.batches == batches  # a refused creation writes nothing
+    e.groups.on_owner_gone("d1")  # its job ended: the detached group stays
+    assert e.groups.machine.live("job-group") is None and set(store.load().groups) == {"pg"}
+    e.groups.remove("pg")
+    assert store.load().groups == {}
+
+
+def test_read_back_brings_kept_groups_back_pending_until_workers_join():
+    store = D.MemoryStore()
+    e = _group_edge(store)
+    join(e, W1)
+    e.groups.create("d1", "pg", [HALF, HALF], "STRICT_SPREAD", detached=True)
+    snapshot = store.load()
+
+    fresh = _group_edge(D.MemoryStore())  # the restarted scheduler: no workers yet
+    for event in D.restore_groups(snapshot):
+        fresh.groups.do(fresh.groups.machine.handle(event))
+    g = fresh.groups.machine.live("pg")
+    assert g is not None and g.detached and g.state == P.RG_PENDING
+    join(fresh, W1)
+    assert g.state == P.RG_PENDING  # STRICT_SPREAD: two workers
+    join(fresh, W2)
+    assert g.state == P.RG_CREATED and sorted(b.worker for b in g.bundles) == [W1, W2]
+    fresh.groups.on_owner_gone("d1")  # its old owner: nothing to end
+    assert fresh.groups.machine.live("pg") is g
+
+
 def test_kv_entries_are_kept_with_their_remaining_time_to_live():
     kv, state = KVStore(), D.DurableState()
     kv.put(["a", "b", "c"], [b"1", b"2", b"3"], now=100.0)
@@ -172,7 +223,9 @@ def _changes() -> D.Changes:
     return D.Changes(
         instances={"d1": D.InstanceRow("d1", {"instance_id": "d1", "cls": b"\x00"}, None),
                    "d2": D.InstanceRow("d2", {"instance_id": "d2"}, b"cp")},
-        kv={"k": D.KVRow("k", b"v", 123.5, True), "k2": D.KVRow("k2", b"w")})
+        kv={"k": D.KVRow("k", b"v", 123.5, True), "k2": D.KVRow("k2", b"w")},
+        groups={"pg": D.GroupRow("pg", "tcp://d:1", ({"CPU": 1000.0},), "PACK"),
+                "pg2": D.GroupRow("pg2", "tcp://d:1", ({"CPU": 1.0}, {"GPU": 1.0}), "SPREAD")})
 
 
 def test_sqlite_store_keeps_batches_across_reopening(tmp_path):
@@ -180,12 +233,13 @@ def test_sqlite_store_keeps_batches_across_reopening(tmp_path):
     store = D.SqliteStore(path)
     store.apply(_changes())
     store.apply(D.Changes(instances={"d2": None}, checkpoints={"d1": b"saved"},
-                          kv={"k2": None}))
+                          kv={"k2": None}, groups={"pg2": None}))
     store.close()
     snap = D.SqliteStore(path).load()
     assert snap.instances == {"d1": D.InstanceRow("d1", {"instance_id": "d1", "cls": b"\x00"},
                                                   b"saved")}
     assert snap.kv == {"k": D.KVRow("k", b"v", 123.5, True)}
+    assert snap.groups == {"pg": D.GroupRow("pg", "tcp://d:1", ({"CPU": 1000.0},), "PACK")}
 
 
 def test_sqlite_store_batch_is_all_or_nothing(tmp_path):

@@ -203,3 +203,27 @@ def test_a_stop_while_moving_answers_the_held_calls_died():
     side.call_method("p", _call("c1"))
     side.stop("i1", "terminated")
     assert edge.dead == [("c1", "terminated")] and not side.held
+
+
+def test_a_crashed_light_instance_answers_its_calls_died_and_the_next_wait_for_its_restart():
+    """``CRASH_INSTANCE`` (Ray's ``ray.kill(no_restart=False)``): the object goes, its calls
+    not answered die, and the instance is not ended here: calls after the crash wait for the
+    restart's ``START`` and run on the new object (or die with a ``STOP``)."""
+    edge = _Edge()
+    side = InstanceSide(edge)
+    old = side.start({"instance_id": "i1"})
+    old.constructed()
+    side.call_method("p", _call("c1"))  # running
+    side.call_method("p", _call("c2"))  # queued behind it
+    assert side.crash("i1", "killed by ray.kill(no_restart=False)") is old
+    assert old.answers == [("c1", "died"), ("c2", "died")] and old.stopped
+    assert not old.run("c1")  # its answer was given: the late run answers nothing more
+    side.call_method("p", _call("c3"))
+    assert side.early["i1"] and not edge.dead  # waits for the restart
+    new = side.start({"instance_id": "i1", "incarnation": 1})
+    assert new is not old and list(new.pending) == ["c3"] and edge.ignored == []
+    assert side.crash("gone", "x") is None
+    side.crash("i1", "again")
+    side.call_method("p", _call("c4"))
+    side.stop("i1", "no restarts left")  # the restart was refused: the waiting call dies
+    assert edge.dead == [("c4", "no restarts left")]

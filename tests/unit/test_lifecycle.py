@@ -724,3 +724,43 @@ def test_a_move_of_what_is_not_alive_there_is_ignored(h):
     h(L.Move, "a", W1, b"s")
     assert h(L.Move, "a", W1, b"s") == []  # moving already
     assert rec.moving_from == W1
+
+
+# --------------------------------------------------------------------------- crash on request
+
+
+def test_a_crash_on_request_kills_its_process_and_the_death_restarts_it(h):
+    """Ray's ``ray.kill(actor, no_restart=False)``: the lifecycle only has the process killed
+    (``CrashInstance``, with the incarnation it runs); the death the worker then reports is
+    an ordinary ``ProcessDied``: charged to the budget, restarted in place, its children end."""
+    rec = h.running("a", recover=1)
+    h.running("kid", owner="a")
+    out = h(L.Crash, "a", "killed with ray.kill(no_restart=False)")
+    assert out == [L.CrashInstance(f"s{h.n}", W1, "a",
+                                   "killed with ray.kill(no_restart=False)", 0)]
+    assert (rec.state, rec.restarts) == (P.ALIVE, 0)  # nothing charged before the death
+    out = h(L.ProcessDied, "a", W1, "killed with ray.kill(no_restart=False)", 0)
+    assert (rec.state, rec.worker, rec.restarts) == (P.RESTARTING, W1, 1)
+    assert of(out, L.StartInstance)[0].incarnation == 1
+    assert h.rec("kid").state == P.DEAD
+    assert h(L.Crash, "a") == []  # restarting: nothing runs to kill
+    h(L.InstanceStarted, "a", W1)
+    out = h(L.Crash, "a")
+    assert of(out, L.CrashInstance)[0].incarnation == 1
+    out = h(L.ProcessDied, "a", W1, "killed with ray.kill(no_restart=False)", 1)
+    assert rec.state == P.DEAD and "used all its 1 restarts" in rec.reason
+    assert of(out, L.StopInstance)
+    kinds = [what[0] for _, what in h.m.story_of("a")]
+    assert kinds.count("crash") == 2 and "crash-ignored" in kinds
+
+
+def test_a_crash_on_request_of_an_instance_not_running_is_ignored(h):
+    h.create("p")  # pending: no process yet
+    assert h(L.Crash, "p") == [] and h.rec("p").state == P.PENDING
+    assert h(L.Crash, "never-seen") == []
+    h.running("n", name="named")
+    h.create("alias", name="named")  # binds "n"
+    out = h(L.Crash, "alias")  # an alias reaches the instance it names
+    assert of(out, L.CrashInstance)[0].instance_id == "n"
+    h(L.ProcessDied, "n", W1, "killed", 0)  # no restarts configured: it ends
+    assert h.rec("n").state == P.DEAD

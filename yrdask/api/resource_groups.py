@@ -135,6 +135,20 @@ def create_group(bundles: Any, name: Any, strategy: Any, fate_sharing: bool,
     return ResourceGroup(name, specs, f"rg-req-{uuid.uuid4().hex[:16]}", strategy)
 
 
+def find_group(name: str) -> ResourceGroup | None:
+    """The live group ``name`` as the scheduler holds it (any job's, or a detached one kept
+    across a scheduler restart), or None.  For Ray's ``get_placement_group``: yr has no
+    lookup by name."""
+    found = current_runtime().scheduler_call(P.GET_RESOURCE_GROUP, name=name)
+    if found is None:
+        return None
+    strategy, bundles = found
+    with _known_lock:
+        _known[name] = len(bundles)
+    return ResourceGroup(name, [dict(b) for b in bundles], f"rg-req-{uuid.uuid4().hex[:16]}",
+                         strategy)
+
+
 def remove_resource_group(rg_or_name: ResourceGroup | str) -> None:
     """Free the group's reservations.  Instances placed in it are killed, calls waiting for
     it fail; tasks already running finish (their leases are revoked)."""

@@ -632,6 +632,17 @@ class ActorHandle:
         if not proxy._rt.closed:
             _kill(proxy._rt, proxy.instance_id, True)
 
+    def _crash(self) -> None:
+        """``ray.kill(actor, no_restart=False)``: its process is killed as if it crashed, so
+        it restarts while it has ``max_restarts`` left (the handle stays usable)."""
+        from yrdask import protocol as P
+
+        proxy = self._proxy
+        if not proxy._rt.closed:
+            proxy._rt.scheduler_call(P.KILL_INSTANCE, instance_id=proxy.instance_id,
+                                     reason="killed by ray.kill(no_restart=False)",
+                                     restart=True)
+
 
 #: Ray's name for a typed actor handle in type hints (``counter: ActorProxy[Counter]``).
 ActorProxy = ActorHandle

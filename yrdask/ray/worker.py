@@ -148,17 +148,18 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
 
 
 def kill(actor: Any, *, no_restart: bool = True) -> None:
-    """End ``actor`` now; its pending and later calls raise ``ActorDiedError``."""
+    """End ``actor`` now; its pending and later calls raise ``ActorDiedError``.
+    ``no_restart=False``: kill its process as if it crashed instead (it restarts while it has
+    ``max_restarts`` left; its pending calls are retried per ``max_task_retries``)."""
     from yrdask.ray.actor import ActorHandle
 
     if not isinstance(actor, ActorHandle):
         raise ValueError("ray.kill() only supported for actors. For tasks, try ray.cancel(). "
                          f"Got: {type(actor)}.")
-    if no_restart is not True:
-        raise UnsupportedOptionError(
-            "ray.kill(actor, no_restart=False) is not supported by yrdask.ray: a killed actor "
-            "is never restarted; its restarts (max_restarts) apply when its process dies")
-    actor._kill()
+    if no_restart:
+        actor._kill()
+    else:
+        actor._crash()
 
 
 def get_actor(name: str, namespace: str | None = None) -> Any:

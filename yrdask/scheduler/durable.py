@@ -7,17 +7,20 @@ through on each change:
 
 * detached instances (``lifecycle: detached``, named or not): their creation spec and their
   latest ``yr.save_state()`` checkpoint; the row goes when the instance ends;
+* detached resource groups (Ray's ``placement_group(lifetime="detached")``): their name,
+  bundles and strategy; the row goes when the group is removed;
 * the KV store's entries (with their expiry as a wall-clock time, and eviction mark).
 
-Nothing else is kept: non-detached instances end with their owner's job, and a driver's job
-ends with the scheduler it was connected to; leases, waiting requests and resource groups
-(yrdask has no detached groups) belong to drivers and workers that reconnect anew.
+Nothing else is kept: non-detached instances and groups end with their owner's job, and a
+driver's job ends with the scheduler it was connected to; leases and waiting requests belong
+to drivers and workers that reconnect anew.
 
 Three parts, each testable alone:
 
-* :class:`DurableState` (pure, no I/O): turns lifecycle and KV changes into
+* :class:`DurableState` (pure, no I/O): turns lifecycle, group and KV changes into
   :class:`Changes`, and a loaded :class:`Snapshot` into the lifecycle events
-  (:func:`restore_events`) and KV writes (:func:`restore_kv`) that bring it back.
+  (:func:`restore_events`), group events (:func:`restore_groups`) and KV writes
+  (:func:`restore_kv`) that bring it back.
 * :class:`SqliteStore`: the default :class:`StateStore`, an SQLite file (WAL journal; every
   batch one transaction).  An external store (etcd, Redis, a database) implements the same
   three methods: ``load`` reads every row, ``apply`` writes one batch atomically, ``close``.
@@ -27,6 +30,7 @@ Three parts, each testable alone:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -38,6 +42,7 @@ from typing import Any, Iterable, Protocol
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from yrdask.errors import StateStoreError
+from yrdask.scheduler import groups as G
 from yrdask.scheduler import lifecycle as L
 
 logger = logging.getLogger("yrdask.scheduler")
@@ -59,6 +64,17 @@ class InstanceRow:
 
 
 @dataclass(frozen=True)
+class GroupRow:
+    """A detached resource group: what its creation asked for (``bundles``: validated
+    shapes); where its bundles were placed is not kept (the workers come back anew)."""
+
+    name: str
+    owner: str
+    bundles: tuple
+    strategy: str
+
+
+@dataclass(frozen=True)
 class KVRow:
     """A KV entry; ``expires_at``: wall-clock time (``time.time()``) it expires, or None."""
 
@@ -74,6 +90,7 @@ class Snapshot:
 
     instances: dict[str, InstanceRow] = field(default_factory=dict)
     kv: dict[str, KVRow] = field(default_factory=dict)
+    groups: dict[str, GroupRow] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,9 +101,10 @@ class Changes:
     instances: dict[str, InstanceRow | None] = field(default_factory=dict)
     checkpoints: dict[str, bytes] = field(default_factory=dict)
     kv: dict[str, KVRow | None] = field(default_factory=dict)
+    groups: dict[str, GroupRow | None] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.instances or self.checkpoints or self.kv)
+        return bool(self.instances or self.checkpoints or self.kv or self.groups)
 
 
 class StateStore(Protocol):
@@ -111,6 +129,7 @@ class DurableState:
     def __init__(self) -> None:
         self.pending = Changes()
         self.kept: set[str] = set()  # instance ids with a row
+        self.kept_groups: set[str] = set()  # group names with a row
 
     def take(self) -> Changes:
         """The changes collected since the last call."""
@@ -138,6 +157,19 @@ class DurableState:
                 self.pending.instances[rec.instance_id] = None
                 self.pending.checkpoints.pop(rec.instance_id, None)
 
+    def group_created(self, g: G.Group) -> None:
+        """A group the group machine accepted: detached ones are kept."""
+        if g.detached and g.name not in self.kept_groups:
+            self.kept_groups.add(g.name)
+            self.pending.groups[g.name] = GroupRow(
+                g.name, g.owner, tuple(dict(b.shape) for b in g.bundles), g.strategy)
+
+    def group_removed(self, name: str) -> None:
+        """Group ``name`` was removed: its row goes."""
+        if name in self.kept_groups:
+            self.kept_groups.discard(name)
+            self.pending.groups[name] = None
+
     def kv_written(self, store: Any, keys: Iterable[str], now: float, wall: float) -> None:
         """KV ``keys`` changed in ``store`` (a :class:`~yrdask.scheduler.kv.KVStore` on the
         clock ``now``): present ones are (re)written, absent ones deleted.  ``wall``: the
@@ -163,6 +195,16 @@ def restore_events(snapshot: Snapshot) -> list[L.Event]:
             events.append(L.SaveState(f"restore-state-{row.instance_id}", row.instance_id,
                                       row.checkpoint))
     return events
+
+
+def restore_groups(snapshot: Snapshot) -> list[G.GroupRequested]:
+    """The group machine events that bring the kept groups back, pending (their bundles are
+    placed as workers join).  Fed before :func:`restore_events`: a kept instance placed in a
+    kept group asks for its bundle, which must exist by then."""
+    return [G.GroupRequested(f"restore-group-{row.name}", row.name, row.owner,
+                             tuple(dict(b) for b in row.bundles), row.strategy,
+                             detached=True)
+            for row in snapshot.groups.values()]
 
 
 def restore_kv(snapshot: Snapshot, store: Any, now: float, wall: float) -> list[str]:
@@ -195,7 +237,7 @@ class MemoryStore:
         self.batches = 0
 
     def load(self) -> Snapshot:
-        return Snapshot(dict(self.rows.instances), dict(self.rows.kv))
+        return Snapshot(dict(self.rows.instances), dict(self.rows.kv), dict(self.rows.groups))
 
     def apply(self, changes: Changes) -> None:
         rows = self.rows
@@ -213,6 +255,11 @@ class MemoryStore:
                 rows.kv.pop(key, None)
             else:
                 rows.kv[key] = kv
+        for name, group in changes.groups.items():
+            if group is None:
+                rows.groups.pop(name, None)
+            else:
+                rows.groups[name] = group
         self.batches += 1
 
     def close(self) -> None:
@@ -240,6 +287,9 @@ class SqliteStore:
                        "spec BLOB NOT NULL, checkpoint BLOB)")
             db.execute("CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT "
                        "NULL, expires_at REAL, evictable INTEGER NOT NULL)")
+            # (added after version 1's first tables: a file without it gets it here)
+            db.execute("CREATE TABLE IF NOT EXISTS groups (name TEXT PRIMARY KEY, "
+                       "spec TEXT NOT NULL)")
             row = db.execute("SELECT v FROM meta WHERE k='version'").fetchone()
             if row is None:
                 db.execute("INSERT INTO meta VALUES ('version', ?)", (str(SCHEMA_VERSION),))
@@ -260,6 +310,9 @@ class SqliteStore:
         for key, value, expires_at, evictable in self.db.execute(
                 "SELECT key, value, expires_at, evictable FROM kv"):
             snap.kv[key] = KVRow(key, value, expires_at, bool(evictable))
+        for name, spec in self.db.execute("SELECT name, spec FROM groups"):
+            d = json.loads(spec)
+            snap.groups[name] = GroupRow(name, d["owner"], tuple(d["bundles"]), d["strategy"])
         return snap
 
     def apply(self, changes: Changes) -> None:
@@ -280,6 +333,14 @@ class SqliteStore:
                 else:
                     db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?)",
                                (key, kv.value, kv.expires_at, int(kv.evictable)))
+            for name, group in changes.groups.items():
+                if group is None:
+                    db.execute("DELETE FROM groups WHERE name=?", (name,))
+                else:
+                    spec = {"owner": group.owner, "bundles": list(group.bundles),
+                            "strategy": group.strategy}
+                    db.execute("INSERT OR REPLACE INTO groups VALUES (?, ?)",
+                               (name, json.dumps(spec)))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -322,8 +383,8 @@ def open_store(scheduler: Any) -> SqliteStore | None:
     path = store_path(scheduler)
     if path is None:
         return None
-    logger.info("yrdask: keeping detached instances and the KV store in %s (%s)", path,
-                CONFIG_KEY)
+    logger.info("yrdask: keeping detached instances and groups and the KV store in %s (%s)",
+                path, CONFIG_KEY)
     return SqliteStore(path)
 
 
@@ -350,6 +411,10 @@ class DurableControl:
             logger.warning("yrdask: %d KV entries kept before the restart do not fit the KV "
                            "store's bound (yrdask.kv.max-bytes) and are dropped: %s",
                            len(refused), refused[:10])
+        groups = ext.rgroups.service
+        for group_event in restore_groups(snapshot):  # first: kept instances may sit in them
+            groups.do(groups.machine.handle(group_event))
+        self.state.kept_groups.update(snapshot.groups)
         service = ext.instances.service
         for event in restore_events(snapshot):
             service.feed(event)
@@ -360,12 +425,13 @@ class DurableControl:
             else:  # (not re-created: its row would come back at every restart)
                 self.state.pending.instances[iid] = None
         self.state.pending.kv.update(dict.fromkeys(refused))
-        if snapshot.instances or snapshot.kv:
-            logger.info("yrdask: read back %d detached instances and %d KV entries from %s",
-                        len(self.state.kept), len(snapshot.kv) - len(refused),
-                        getattr(self.store, "path", self.store))
+        if snapshot.instances or snapshot.kv or snapshot.groups:
+            logger.info("yrdask: read back %d detached instances, %d detached groups and %d "
+                        "KV entries from %s", len(self.state.kept), len(snapshot.groups),
+                        len(snapshot.kv) - len(refused), getattr(self.store, "path", self.store))
         self.flush()
         service.durable = self
+        groups.durable = self
         kv.durable = self
         ext.scheduler.add_plugin(_ClosingHook(self), name="yrdask-durable")
 
@@ -390,6 +456,16 @@ class DurableControl:
     def instances_ended(self, recs: list[L.InstanceRecord]) -> None:
         if not self.closing and any(r.instance_id in self.state.kept for r in recs):
             self.state.instances_ended(recs)
+            self.flush()
+
+    def group_created(self, g: G.Group) -> None:
+        if g.detached:
+            self.state.group_created(g)
+            self.flush()
+
+    def group_removed(self, name: str) -> None:
+        if name in self.state.kept_groups:
+            self.state.group_removed(name)
             self.flush()
 
     def kv_written(self, store: Any, keys: Iterable[str], now: float) -> None:

@@ -1,12 +1,13 @@
 """The Dask-side adapter of resource groups: rpc handlers and extension hooks over GroupMachine.
 
 Ops (:mod:`yrdask.protocol`, resource-group section): ``yr_create_resource_group``,
-``yr_remove_resource_group``, ``yr_wait_resource_group``.  The decisions are
-:class:`~yrdask.scheduler.groups.GroupMachine`'s; :class:`GroupService` feeds it events (from
-those rpcs, from every lease-queue step that may have changed capacity, from ended jobs) and
-carries out its instructions through a small :class:`GroupEdge` (let the lease queue grant
-what a reservation or release made possible, kill instances and revoke leases that ran in a
-removed group, answer waiters), as ``scheduler/lease_service.py`` does with ``LeaseEdge``.
+``yr_remove_resource_group``, ``yr_wait_resource_group``, ``yr_get_resource_group``. The
+decisions are :class:`~yrdask.scheduler.groups.GroupMachine`'s; :class:`GroupService` feeds it
+events (from those rpcs, from every lease-queue step that may have changed capacity, from
+ended jobs) and carries out its instructions through a small :class:`GroupEdge` (let the lease
+queue grant what a reservation or release made possible, kill instances and revoke leases that
+ran in a removed group, answer waiters), as ``scheduler/lease_service.py`` does with
+``LeaseEdge``.
 :class:`ResourceGroupService` plugs in the scheduler's loop and streams; the simulation
 (``tests/sim/world.py``) plugs in its links, so it drives this very code.
 """
@@ -58,6 +59,9 @@ class GroupService:
         leases.bundles = self.machine  # the lease queue fits bundle requests through it
         self._stimuli = itertools.count(1)
         self._busy = False  # re-entry guard: our own ticks feed the lease queue again
+        # Where detached groups are recorded for a restarted scheduler
+        # (scheduler/durable.py: DurableControl, or None).
+        self.durable: Any = None
 
     def _sid(self, what: str) -> str:
         return f"rg-{what}-{next(self._stimuli)}"
@@ -82,6 +86,8 @@ class GroupService:
         self.do(self.machine.handle(G.GroupRequested(
             self._sid("create"), name, owner, tuple(shape_of(b) for b in bundles), strategy,
             bool(fate_sharing), bool(detached))))
+        if detached and self.durable is not None:
+            self.durable.group_created(self.machine.groups[name])
         return ""
 
     def remove(self, name: str, reason: str = "yr.remove_resource_group was called"
@@ -114,6 +120,8 @@ class GroupService:
                 regrant = True
             elif kind is G.GroupReady or kind is G.GroupEnded:
                 edge.group_settled(ins.group)
+                if kind is G.GroupEnded and self.durable is not None:
+                    self.durable.group_removed(ins.group)
                 # requests waiting for an ended group are refused by the re-grant pass
                 regrant = regrant or kind is G.GroupEnded
             elif kind is G.EndHolding:
@@ -189,6 +197,13 @@ class ResourceGroupService:
                     self._waiters.pop(name, None)
             g = self.machine.groups.get(name, g)
         return [g.state, g.reason, len(g.bundles)]
+
+    def get_resource_group(self, name: str) -> list | None:
+        """``[strategy, bundles]`` of the live group ``name``, or None."""
+        g = self.machine.live(name)
+        if g is None:
+            return None
+        return [g.strategy, [dict(b.shape) for b in g.bundles]]
 
     # -- hooks from the extension ----------------------------------------------------------
 

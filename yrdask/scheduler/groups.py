@@ -15,9 +15,9 @@ worker's free capacity.  Events in (:meth:`GroupMachine.handle`), instructions o
 * A lost worker's bundles go back to pending and are placed again (Ray's behaviour), next to
   the group's other bundles as the strategy demands; what ran in them follows the usual
   fault rules.
-* Removing a group (by the user, or because its owner's job ended; yr has no detached
-  groups) releases its reservations and emits :class:`EndHolding` for each lease and
-  instance inside it.
+* Removing a group (by the user, or because its owner's job ended, unless it is detached:
+  Ray's ``lifetime="detached"``) releases its reservations and emits :class:`EndHolding`
+  for each lease and instance inside it.
 """
 
 from __future__ import annotations

@@ -116,8 +116,13 @@ class InstanceManager:
         return [[ns, n] for (ns, n) in self.lifecycle.names
                 if all_namespaces or ns == namespace]
 
-    async def kill_instance(self, instance_id: str, reason: str = "terminated") -> None:
-        """End the instance and its non-detached descendants; reply once they are stopped."""
+    async def kill_instance(self, instance_id: str, reason: str = "terminated",
+                            restart: bool = False) -> None:
+        """End the instance and its non-detached descendants; reply once they are stopped.
+        ``restart``: kill its process as if it crashed instead (reply at once)."""
+        if restart:
+            self.service.crash(instance_id, reason)
+            return
         fut = asyncio.get_running_loop().create_future()
         self.service.kill(instance_id, reason, lambda: _set(fut, None))
         await fut
@@ -199,6 +204,12 @@ class _DaskEdge:
         stream = self.ext.scheduler.stream_comms.get(worker)
         if stream is not None:
             stream.send(P.StartInstance(spec).to_msg())
+
+    def crash_instance(self, worker: str, instance_id: str, reason: str,
+                       incarnation: int) -> None:
+        stream = self.ext.scheduler.stream_comms.get(worker)
+        if stream is not None:
+            stream.send(P.CrashInstance(instance_id, reason, incarnation).to_msg())
 
     def stop_instance(self, worker: str, instance_id: str, reason: str) -> None:
         asyncio.get_running_loop().create_task(self._stop(worker, instance_id, reason))

@@ -62,6 +62,11 @@ class InstanceEdge(Protocol):
     def start_instance(self, worker: str, spec: dict) -> None:
         """``START_INSTANCE`` on ``worker``'s stream (dropped if it has none)."""
 
+    def crash_instance(self, worker: str, instance_id: str, reason: str,
+                       incarnation: int) -> None:
+        """``CRASH_INSTANCE`` on ``worker``'s stream (dropped if it has none: its loss is
+        the crash)."""
+
     def stop_instance(self, worker: str, instance_id: str, reason: str) -> None:
         """``STOP_INSTANCE`` rpc to ``worker``; once it returned or failed, the edge calls
         :meth:`InstanceService.stopped`."""
@@ -179,6 +184,11 @@ class InstanceService:
         for iid in stops:
             self._stop_waiters.setdefault(iid, []).append(lambda iid=iid: one_stopped(iid))
 
+    def crash(self, instance_id: str, reason: str) -> None:
+        """``KILL_INSTANCE`` with ``restart``: its process is killed as if it crashed (the
+        restart, or its end, follows the death the worker reports)."""
+        self.feed(L.Crash(self._sid("crash"), instance_id, reason))
+
     def save_state(self, instance_id: str, state: bytes) -> None:
         """Keep an instance's checkpoint; a restart resumes from it instead of ``__init__``."""
         if not self.lifecycle.is_live(instance_id):
@@ -283,6 +293,8 @@ class InstanceService:
                     stopped.append(ins.instance_id)
             elif kind is L.ReleaseResources:
                 released.append(ins.instance_id)
+            elif kind is L.CrashInstance:
+                edge.crash_instance(ins.worker, ins.instance_id, ins.reason, ins.incarnation)
             elif kind is L.CancelAcquire:
                 req = self.requests.pop(ins.instance_id, None)
                 if req is not None:

@@ -24,6 +24,11 @@ wait for a placement).  The rules (SPEC §4-5, docs/lifetimes.md):
   count against one budget per instance, whatever worker it is on.  Its non-detached
   children end either way: the process that owned them is gone.  Terminate, reference
   release and an owner's end never restart.
+* A crash on request (``Crash``: Ray's ``ray.kill(actor, no_restart=False)``) kills an
+  alive instance's process on its worker (``CrashInstance``; a light instance's "process"
+  is its object in the worker) and nothing more: the worker reports that death as
+  ``ProcessDied``, so it restarts or ends by the rules above, and its calls are charged as
+  after any crash.  An instance not alive on a worker (pending, restarting) is left as it is.
 * Scale-down moves an instance (``Move``, driven by ``scheduler/drain.py``): its worker
   retires, the instance was drained there (new calls held, none running) and its current
   state taken.  It stays ``ALIVE``; its resources there go back, it is placed anew (never
@@ -121,6 +126,15 @@ class Kill(Event):
 
     instance_id: str
     reason: str = "terminated"
+
+
+@dataclass(frozen=True, slots=True)
+class Crash(Event):
+    """``KILL_INSTANCE`` with ``restart`` (Ray's ``ray.kill(actor, no_restart=False)``): kill
+    its process as if it crashed (an alias id is resolved)."""
+
+    instance_id: str
+    reason: str = "killed with ray.kill(no_restart=False)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +264,17 @@ class StopInstance(Instruction):
 
 
 @dataclass(frozen=True, slots=True)
+class CrashInstance(Instruction):
+    """``CRASH_INSTANCE`` to ``worker`` (on its stream): kill the instance's process as a
+    crash; the worker reports the death (``ProcessDied`` with ``incarnation``)."""
+
+    worker: str
+    instance_id: str
+    reason: str
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReleaseResources(Instruction):
     """Release the instance's holding in the ledger."""
 
@@ -351,6 +376,7 @@ class Lifecycle:
         self._handlers = {
             Create: self._create, Placed: self._placed, PlacementFailed: self._placement_failed,
             InstanceStarted: self._started, InstanceExited: self._exited, Kill: self._kill,
+            Crash: self._crash,
             ProcessDied: self._process_died,
             OwnerGone: self._owner_gone, WorkerLost: self._worker_lost,
             HandleRefs: self._handle_refs, HolderLost: self._holder_lost,
@@ -606,6 +632,16 @@ class Lifecycle:
             self._log(ev.stimulus_id, "kill-ignored", ev.instance_id)
             return
         self._end(rec, ev.reason, ev.stimulus_id, out)
+
+    def _crash(self, ev: Crash, out: list) -> None:
+        rec = self.instances.get(self.resolve(ev.instance_id))
+        if rec is None or rec.state != P.ALIVE or rec.worker is None:
+            self._log(ev.stimulus_id, "crash-ignored", ev.instance_id,
+                      rec.state if rec is not None else None)
+            return
+        self._log(ev.stimulus_id, "crash", rec.instance_id, rec.worker, ev.reason)
+        out.append(CrashInstance(ev.stimulus_id, rec.worker, rec.instance_id, ev.reason,
+                                 rec.restarts))
 
     def _owner_gone(self, ev: OwnerGone, out: list) -> None:
         owner = ev.owner

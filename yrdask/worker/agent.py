@@ -830,6 +830,18 @@ class WorkerAgent:
             return IsolatedInstance(self, spec)
         return HostedInstance(self, spec, spec["deps"])
 
+    def crash_instance(self, instance_id: str, reason: str, incarnation: int) -> None:
+        """``CRASH_INSTANCE``: kill the instance's process as if it crashed.  An isolated
+        one's child is killed and its watcher reports the death; a light one (its process is
+        this worker's) is stopped here and its death reported at once, as ``incarnation``."""
+        inst = self.instances.get(instance_id)
+        if type(inst) is IsolatedInstance:
+            inst.crash()
+        elif inst is not None:
+            logger.warning("instance %s: %s", instance_id, reason)
+            self.instance_side.crash(instance_id, reason)
+            self.report_state(instance_id, P.RESTARTING, None, reason, incarnation)
+
     async def stop_instance(self, instance_id: str, reason: str) -> None:
         inst = self.instances.get(instance_id)
         obj = getattr(inst, "obj", None)  # pending calls fail first, then the hook runs

@@ -5,15 +5,18 @@ Two layers, both driven by the simulation too (``tests/sim/calls.py`` plugs in i
 virtual executors and clock), so it runs this very code (as ``worker/task_side.py``):
 
 * :class:`InstanceSide`, one per worker: ``START_INSTANCE``, ``CALL_METHOD``,
-  ``STOP_INSTANCE`` and Ray's cancel of an actor call.  A ``START`` that its ``STOP``
-  overtook (the stop is an rpc, the start comes on the scheduler's stream) is ignored; a
-  ``START`` for an instance hosted here already goes to it (an isolated one whose process
-  died restarts); calls that beat their ``START`` wait here and go to the instance when it
-  starts, or answer "died" when its ``STOP`` comes first (a cancel of one of them holds
-  when it starts: it never runs); a call for an instance stopped here answers "died".
-  While an instance moves away (scale-down) its new calls are held unrun; once it has
-  left they, and later ones, answer "moved" (the caller sends them to its new worker);
-  a move given up lets them through in order.  Its :class:`InstanceEdge` makes the hosted instances and answers.
+  ``STOP_INSTANCE``, ``CRASH_INSTANCE`` and Ray's cancel of an actor call. A crash of a light
+  instance stops it here (its calls not answered die) without ending it: calls that come next
+  wait for the ``START`` of its restart, or die with its ``STOP``. A ``START`` that its
+  ``STOP`` overtook (the stop is an rpc, the start comes on the scheduler's stream) is
+  ignored; a ``START`` for an instance hosted here already goes to it (an isolated one whose
+  process died restarts); calls that beat their ``START`` wait here and go to the instance
+  when it starts, or answer "died" when its ``STOP`` comes first (a cancel of one of them
+  holds when it starts: it never runs); a call for an instance stopped here answers "died".
+  While an instance moves away (scale-down) its new calls are held unrun; once it has left
+  they, and later ones, answer "moved" (the caller sends them to its new worker); a move given
+  up lets them through in order. Its :class:`InstanceEdge` makes the hosted instances and
+  answers.
 * :class:`HostedCalls`, one per instance hosted in the worker's process: which of its calls
   run, where, and how each is answered.  :class:`~yrdask.worker.call_queue.CallQueue`
   decides which start (none before ``__init__`` finished, in arrival order, at most
@@ -131,6 +134,14 @@ class InstanceSide:
         for peer, msg in self.early.pop(instance_id, ()):
             self.early_cancels.discard(msg["task_id"])
             self.edge.died(peer, msg, why)
+        return inst
+
+    def crash(self, instance_id: str, reason: str) -> Any:
+        """``CRASH_INSTANCE`` of a light instance: it stops (its calls not answered die) but
+        is not ended here (see module docstring); returns it (or ``None``)."""
+        inst = self.instances.pop(instance_id, None)
+        if inst is not None:
+            inst.stop(reason)
         return inst
 
     def hold(self, instance_id: str) -> Any:

@@ -6,13 +6,14 @@ from __future__ import annotations
 from yrdask.ray.util import scheduling_strategies
 from yrdask.ray.util.actor_pool import ActorPool
 from yrdask.ray.util.placement_group import (PlacementGroup, get_current_placement_group,
-                                             placement_group, placement_group_table,
-                                             remove_placement_group)
+                                             get_placement_group, placement_group,
+                                             placement_group_table, remove_placement_group)
 from yrdask.ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
                                                    PlacementGroupSchedulingStrategy)
 
 __all__ = sorted(["ActorPool", "PlacementGroup", "NodeAffinitySchedulingStrategy",
                   "PlacementGroupSchedulingStrategy", "get_current_placement_group",
+                  "get_placement_group",
                   "get_node_ip_address", "list_named_actors", "placement_group",
                   "placement_group_table", "remove_placement_group", "scheduling_strategies"])
 

@@ -12,11 +12,11 @@ import math
 from typing import Any
 
 import yrdask
-from yrdask.api.resource_groups import create_group
+from yrdask.api.resource_groups import create_group, find_group
 from yrdask.ray.exceptions import UnsupportedOptionError
 
 __all__ = ["PlacementGroup", "placement_group", "remove_placement_group",
-           "get_current_placement_group", "placement_group_table"]
+           "get_current_placement_group", "get_placement_group", "placement_group_table"]
 
 _STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
@@ -48,6 +48,22 @@ def _yr_bundle(bundle: Any, i: int) -> dict:
         raise ValueError(f"Bundle {i} asks for nothing: {bundle!r}")
     out.setdefault("CPU", 0.0)  # Ray reserves only what a bundle names (yr would add defaults)
     out.setdefault("Memory", 0.0)
+    return out
+
+
+def _ray_bundle(yr_bundle: dict) -> dict:
+    """A reserved bundle back in Ray's units (the inverse of :func:`_yr_bundle`; ``memory``
+    comes back in whole MB, as it was reserved)."""
+    out: dict[str, float] = {}
+    for key, amount in yr_bundle.items():
+        if not amount:
+            continue
+        if key == "CPU":
+            out["CPU"] = amount / 1000.0
+        elif key == "Memory":
+            out["memory"] = amount * 2 ** 20
+        else:
+            out[key] = amount
     return out
 
 
@@ -128,6 +144,21 @@ def remove_placement_group(placement_group: PlacementGroup) -> None:
     if not isinstance(placement_group, PlacementGroup):
         raise TypeError(f"expected a PlacementGroup, got {type(placement_group).__name__}")
     yrdask.remove_resource_group(placement_group._group)
+
+
+def get_placement_group(placement_group_name: str) -> PlacementGroup:
+    """The live group named ``placement_group_name`` (made by any job, or a detached one kept
+    across a scheduler restart); ``ValueError`` if there is none.  Group names are global
+    in yrdask, not per namespace."""
+    _require()
+    if not placement_group_name:
+        raise ValueError("Please supply a non-empty value to get_placement_group")
+    group = find_group(placement_group_name)
+    if group is None:
+        raise ValueError(f"Failed to look up placement group with name: "
+                         f"{placement_group_name}")
+    return PlacementGroup(group, [_ray_bundle(b) for b in group.bundles], group.strategy,
+                          placement_group_name)
 
 
 def get_current_placement_group() -> PlacementGroup | None:

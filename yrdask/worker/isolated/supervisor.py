@@ -274,6 +274,10 @@ class IsolatedInstance:
                 f"{cause}); it is not delivered again ({why}): it may be what kills the "
                 "process")
             _answer_error(peer, cid, err)
+        # the new child is this restart (Ray's was_current_actor_reconstructed), from the
+        # checkpoint the scheduler sent with it
+        self.spec = {**self.spec, "incarnation": spec.get("incarnation"),
+                     "checkpoint": spec.get("checkpoint")}
         self.agent.loop.create_task(self._start(report=True))
 
     def _answer_died(self, peer: Any, call_id: str, reason: str) -> None:
@@ -328,6 +332,12 @@ class IsolatedInstance:
         """Wait until the child ran ``__yr_shutdown__`` (bounded by its grace) and is gone."""
         if self._stopping is not None:
             await asyncio.shield(self._stopping)
+
+    def crash(self) -> None:
+        """``CRASH_INSTANCE`` (Ray's ``ray.kill(no_restart=False)``): SIGKILL the child; its
+        watcher reports the death as any crash, and the scheduler restarts or ends it."""
+        if self.stopped is None and self.proc is not None:
+            kill_child(self.proc)
 
     def kill_now(self) -> None:
         """The worker closes: the child goes at once (no shutdown hook), and is reaped."""
