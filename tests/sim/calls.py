@@ -492,9 +492,13 @@ class CallWorld:
             self.fail(f"call {cid} settled twice")
         self.say(pname, "settled", cid, repr(err) if err is not None else "ok")
         iid = rec["iid"]
+        answers = rec.get("answers", [])
         if err is None:
             if rec["bad_arg"] or iid in self.create_boom:
                 self.fail(f"call {cid} succeeded though its argument failed")
+            if "ok" not in answers:  # a success the executing side never answered
+                self.fail(f"result: call {cid} settled as a success, yet its instance "
+                          f"answered {answers or 'nothing'}")
             child = rec.get("result")
             if child is not None:  # unpickle the handle in the result
                 child_iid, token = child
@@ -506,7 +510,9 @@ class CallWorld:
             if not rec["cancelled"]:
                 self.fail(f"call {cid} answered as cancelled though nobody cancelled it")
         elif isinstance(err, InitBoom):  # (only an instance whose __init__ raised sends it)
-            pass
+            if "init-error" not in answers:
+                self.fail(f"result: call {cid} failed with {err!r}, yet its instance "
+                          f"answered {answers or 'nothing'}")
         elif isinstance(err, ArgBoom):
             if not (rec["bad_arg"] or iid in self.create_boom):
                 self.fail(f"call {cid} failed with an argument error it did not have: {err!r}")
@@ -706,6 +712,10 @@ class CallWorld:
         elif op == "DONE":
             _, cid, result = msg
             rec = self.calls[cid]
+            # what the executing side answered (the settlement must match one of them)
+            rec.setdefault("answers", []).append(
+                result[0] if isinstance(result, tuple) and isinstance(result[0], str)
+                and result[0] in ("died", "init-error", "cancelled", "crashed") else "ok")
             if rec["cancelled"]:  # whatever the answer: settled as cancelled (on_done)
                 self.do(dname, "done", cid, CancelledError(f"Task: {cid} was cancelled."))
             elif isinstance(result, tuple) and result[0] == "died":

@@ -289,6 +289,18 @@ def _end_not_told(patch: Patch) -> None:
     patch(TaskSide, "finished", finished)
 
 
+def _failed_call_succeeds(patch: Patch) -> None:
+    from yrdask.runtime import call_order as C
+
+    real = C.CallOrder._done
+
+    def done(self, ev, out):  # an answer whose error is an instance's end reads as success
+        if ev.error is not None and "Died" in type(ev.error).__name__:
+            ev = dataclasses.replace(ev, error=None)
+        return real(self, ev, out)
+    patch(C.CallOrder, "_done", done)
+
+
 def _router_sends_reversed(patch: Patch) -> None:
     from yrdask.runtime import call_order as C
     from yrdask.runtime.call_router import CallRouter
@@ -730,6 +742,10 @@ MUTATIONS: list[Mutation] = [
              "instances on a lost worker neither restart nor end (lifecycle)",
              _worker_lost_ignored, 400, (LC_V,)),
     # the production adapters the instance world drives (their decisions, on its edges)
+    Mutation("died-call-succeeds", "calls",
+             "a call answered with its instance's end (InstanceDiedError) settles as a "
+             "success: the caller gets a result the instance never gave",
+             _failed_call_succeeds, 300, (CO_V,)),
     Mutation("router-sends-reversed", "calls",
              "the instance router (CallRouter) sends the calls of one batch last first",
              _router_sends_reversed, 300),
