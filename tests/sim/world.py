@@ -576,10 +576,19 @@ class World:
         rng = self.rng
         refs = self.sc.refs
         max_steps = 40_000 + 2_000 * len(self.tasks_planned())
+        checked_at = -1.0
         while True:
             self.step += 1
-            if self.lease_idle_at:
-                self.check_idle_leases()
+            # time moved: the checks of time, before the step (in which a timer that fires
+            # late would return the lease it held too long)
+            if self.now != checked_at:
+                checked_at = self.now
+                if self.lease_idle_at:
+                    self.check_idle_leases()
+                if self.groups:
+                    self.check_groups_placed()
+                if self.sched.queue.pending:
+                    self.check_leases_granted()
             if self.step > max_steps or self.now > MAX_VIRTUAL_S:
                 raise SimFailure(f"livelock: {self.step} steps, virtual time {self.now:.1f} s, "
                                  "tasks unsettled", self, self.unsettled())
@@ -612,10 +621,6 @@ class World:
                 self.fire(*heapq.heappop(self.timers)[2:])  # (no local keeps its data alive)
             self.validate_touched()
             self.check_conservation()
-            if self.groups:
-                self.check_groups_placed()
-            if self.sched.queue.pending:
-                self.check_leases_granted()
             if refs:
                 self.check_borrowers()
         self.check_quiescent()
