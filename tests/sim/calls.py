@@ -76,6 +76,7 @@ from tests.sim.world import SimFailure
 SCHED = "sched"
 MAX_STEPS = 60_000
 MAX_VIRTUAL_S = 20_000.0
+GRANT_WITHIN_S = 0.25  # virtual seconds a request that fits the free capacity may stay pending
 UNFIT = {"CPU": 64000.0, "Memory": 100.0}
 
 
@@ -398,6 +399,8 @@ class CallWorld:
         self.kills: set[str] = set()  # KILL rpcs not answered yet
         self.stops: dict[str, set] = {}  # worker -> iids with a STOP rpc out
         self.latency = rng.choice([0.0, 0.02, 0.1])
+        self.grantable_since: dict[str, float] = {}  # progress: request id -> since it fit
+        self.checked_at = -1.0
         # the scenario
         nworkers = rng.randint(1, 3)
         self.nworkers = 0
@@ -1034,6 +1037,13 @@ class CallWorld:
             else:
                 return
             self.validate()
+            if self.now != self.checked_at and self.lq.pending:  # progress, as time moves
+                self.checked_at = self.now
+                try:
+                    M.check_granted_in_time(self.lq, self.grantable_since, self.now,
+                                            GRANT_WITHIN_S)
+                except AssertionError as e:
+                    self.fail(str(e))
 
     def fire(self, kind: str, data: Any) -> None:
         if kind == "plan":

@@ -588,7 +588,10 @@ class World:
                 if self.groups:
                     self.check_groups_placed()
                 if self.sched.queue.pending:
-                    self.check_leases_granted()
+                    try:
+                        self.check_leases_granted()
+                    except AssertionError as e:
+                        raise SimFailure(str(e), self) from e
             if self.step > max_steps or self.now > MAX_VIRTUAL_S:
                 raise SimFailure(f"livelock: {self.step} steps, virtual time {self.now:.1f} s, "
                                  "tasks unsettled", self, self.unsettled())
@@ -1106,25 +1109,8 @@ class World:
     def check_leases_granted(self) -> None:
         """A task lease request (no affinity) that fits the free capacity of a node with a
         process it does not avoid is granted within ``GRANT_WITHIN_S`` of virtual time."""
-        queue = self.sched.queue
-        since_of = self.grantable_since
-        fit_now = set()
-        for rid, w in queue.pending.items():
-            if w.kind != "lease" or w.affinity:
-                continue
-            for n in queue.ledger.workers.values():
-                if all(n.free(r) + 1e-9 >= a for r, a in w.shape.items()) and any(
-                        p not in w.avoid for p in (n.processes or (n.address,))):
-                    fit_now.add(rid)
-                    break
-        for rid in [r for r in since_of if r not in fit_now]:
-            del since_of[rid]
-        for rid in fit_now:
-            since = since_of.setdefault(rid, self.now)
-            if self.now - since > GRANT_WITHIN_S:
-                raise SimFailure(f"progress: lease request {rid} ({queue.pending[rid]!r}) has "
-                                 f"fit the free capacity since {since:.3f} s, yet is still "
-                                 f"pending at {self.now:.3f} s", self, (rid,))
+        M.check_granted_in_time(self.sched.queue, self.grantable_since, self.now,
+                                GRANT_WITHIN_S)
 
     # -- timers: an idle lease goes back about lease_idle_s after it went idle -------------
 
