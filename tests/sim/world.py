@@ -588,10 +588,7 @@ class World:
                 if self.groups:
                     self.check_groups_placed()
                 if self.sched.queue.pending:
-                    try:
-                        self.check_leases_granted()
-                    except AssertionError as e:
-                        raise SimFailure(str(e), self) from e
+                    self.check_leases_granted()
             if self.step > max_steps or self.now > MAX_VIRTUAL_S:
                 raise SimFailure(f"livelock: {self.step} steps, virtual time {self.now:.1f} s, "
                                  "tasks unsettled", self, self.unsettled())
@@ -1109,8 +1106,11 @@ class World:
     def check_leases_granted(self) -> None:
         """A task lease request (no affinity) that fits the free capacity of a node with a
         process it does not avoid is granted within ``GRANT_WITHIN_S`` of virtual time."""
-        M.check_granted_in_time(self.sched.queue, self.grantable_since, self.now,
-                                GRANT_WITHIN_S)
+        try:
+            M.check_granted_in_time(self.sched.queue, self.grantable_since, self.now,
+                                    GRANT_WITHIN_S)
+        except AssertionError as e:
+            raise SimFailure(str(e), self) from e
 
     # -- timers: an idle lease goes back about lease_idle_s after it went idle -------------
 
