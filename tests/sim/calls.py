@@ -76,6 +76,7 @@ from tests.sim.world import SimFailure
 SCHED = "sched"
 MAX_STEPS = 60_000
 MAX_VIRTUAL_S = 20_000.0
+GRANT_WITHIN_S = 0.25  # virtual seconds a request that fits the free capacity may stay pending
 UNFIT = {"CPU": 64000.0, "Memory": 100.0}
 
 
@@ -398,6 +399,8 @@ class CallWorld:
         self.kills: set[str] = set()  # KILL rpcs not answered yet
         self.stops: dict[str, set] = {}  # worker -> iids with a STOP rpc out
         self.latency = rng.choice([0.0, 0.02, 0.1])
+        self.grantable_since: dict[str, float] = {}  # progress: request id -> since it fit
+        self.checked_at = -1.0
         # the scenario
         nworkers = rng.randint(1, 3)
         self.nworkers = 0
@@ -492,9 +495,13 @@ class CallWorld:
             self.fail(f"call {cid} settled twice")
         self.say(pname, "settled", cid, repr(err) if err is not None else "ok")
         iid = rec["iid"]
+        answers = rec.get("answers", [])
         if err is None:
             if rec["bad_arg"] or iid in self.create_boom:
                 self.fail(f"call {cid} succeeded though its argument failed")
+            if "ok" not in answers:  # a success the executing side never answered
+                self.fail(f"result: call {cid} settled as a success, yet its instance "
+                          f"answered {answers or 'nothing'}")
             child = rec.get("result")
             if child is not None:  # unpickle the handle in the result
                 child_iid, token = child
@@ -506,7 +513,9 @@ class CallWorld:
             if not rec["cancelled"]:
                 self.fail(f"call {cid} answered as cancelled though nobody cancelled it")
         elif isinstance(err, InitBoom):  # (only an instance whose __init__ raised sends it)
-            pass
+            if "init-error" not in answers:
+                self.fail(f"result: call {cid} failed with {err!r}, yet its instance "
+                          f"answered {answers or 'nothing'}")
         elif isinstance(err, ArgBoom):
             if not (rec["bad_arg"] or iid in self.create_boom):
                 self.fail(f"call {cid} failed with an argument error it did not have: {err!r}")
@@ -706,6 +715,10 @@ class CallWorld:
         elif op == "DONE":
             _, cid, result = msg
             rec = self.calls[cid]
+            # what the executing side answered (the settlement must match one of them)
+            rec.setdefault("answers", []).append(
+                result[0] if isinstance(result, tuple) and isinstance(result[0], str)
+                and result[0] in ("died", "init-error", "cancelled", "crashed") else "ok")
             if rec["cancelled"]:  # whatever the answer: settled as cancelled (on_done)
                 self.do(dname, "done", cid, CancelledError(f"Task: {cid} was cancelled."))
             elif isinstance(result, tuple) and result[0] == "died":
@@ -1024,6 +1037,13 @@ class CallWorld:
             else:
                 return
             self.validate()
+            if self.now != self.checked_at and self.lq.pending:  # progress, as time moves
+                self.checked_at = self.now
+                try:
+                    M.check_granted_in_time(self.lq, self.grantable_since, self.now,
+                                            GRANT_WITHIN_S)
+                except AssertionError as e:
+                    self.fail(str(e))
 
     def fire(self, kind: str, data: Any) -> None:
         if kind == "plan":

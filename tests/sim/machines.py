@@ -334,3 +334,29 @@ def use_standins() -> None:
     sq, lq = standins.SQ, standins.LQ
     new_submit_queue = standins.StandinSubmitQueue
     new_lease_queue = standins.StandinLeaseQueue
+
+
+def check_granted_in_time(queue: Any, since_of: dict, now: float, within: float) -> None:
+    """Progress of a ``LeaseQueue``: a pending request (a task lease or an instance, no
+    affinity) that fits the free capacity of a node with a process it does not avoid is
+    granted within ``within`` virtual seconds (``since_of``: request id -> since when it has
+    fit, the caller's record between calls; the minimal stand-in queue, which keeps its
+    waiters in a list, is not held to it)."""
+    if not isinstance(queue.pending, dict):
+        return
+    fit_now = set()
+    for rid, w in queue.pending.items():
+        if w.kind not in ("lease", "instance") or w.affinity:
+            continue
+        for n in queue.ledger.workers.values():
+            if all(n.free(r) + EPS >= a for r, a in w.shape.items()) and any(
+                    p not in w.avoid for p in (n.processes or (n.address,))):
+                fit_now.add(rid)
+                break
+    for rid in [r for r in since_of if r not in fit_now]:
+        del since_of[rid]
+    for rid in fit_now:
+        since = since_of.setdefault(rid, now)
+        assert now - since <= within, (
+            f"progress: {queue.pending[rid].describe()} ({queue.pending[rid]!r}) has fit the "
+            f"free capacity since {since:.3f} s, yet is still pending at {now:.3f} s")

@@ -289,6 +289,64 @@ def _end_not_told(patch: Patch) -> None:
     patch(TaskSide, "finished", finished)
 
 
+def _failed_call_succeeds(patch: Patch) -> None:
+    from yrdask.runtime import call_order as C
+
+    real = C.CallOrder._done
+
+    def done(self, ev, out):  # an answer whose error is an instance's end reads as success
+        if ev.error is not None and "Died" in type(ev.error).__name__:
+            ev = dataclasses.replace(ev, error=None)
+        return real(self, ev, out)
+    patch(C.CallOrder, "_done", done)
+
+
+def _gate_slot_extra(patch: Patch) -> None:
+    from yrdask.worker.lease_gate import LeaseGate
+
+    real = LeaseGate.arrived
+
+    def arrived(self, sid, task_id, lease_id, slots, now):  # counts the slots from zero
+        return real(self, sid, task_id, lease_id, slots + 1, now)
+    patch(LeaseGate, "arrived", arrived)
+
+
+def _timer_for_later(patch: Patch) -> None:
+    from yrdask.runtime.submitter import Submitter
+
+    def wake_at(self, at):  # keeps the later of two deadlines (the comparison turned round)
+        if self.closed:
+            return
+        if self._timer is not None:
+            if self._timer_at >= at:
+                return
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self.edge.call_at(at, self._tick)
+    patch(Submitter, "_wake_at", wake_at)
+
+
+def _group_never_retried(patch: Patch) -> None:
+    from yrdask.scheduler import groups as G
+
+    # what freed up since its placement failed is never seen: it is not tried again
+    patch(G, "_grew", lambda before, now: False)
+
+
+def _release_grants_nothing(patch: Patch) -> None:
+    from yrdask.scheduler.leases import LeaseQueue
+
+    real = LeaseQueue._released
+
+    def released(self, ev):  # what a release frees waits for the next request or tick
+        self._grant_pending = lambda sid, out: None
+        try:
+            return real(self, ev)
+        finally:
+            del self._grant_pending
+    patch(LeaseQueue, "_released", released)
+
+
 def _router_sends_reversed(patch: Patch) -> None:
     from yrdask.runtime import call_order as C
     from yrdask.runtime.call_router import CallRouter
@@ -730,6 +788,25 @@ MUTATIONS: list[Mutation] = [
              "instances on a lost worker neither restart nor end (lifecycle)",
              _worker_lost_ignored, 400, (LC_V,)),
     # the production adapters the instance world drives (their decisions, on its edges)
+    Mutation("gate-slot-extra", "tasks",
+             "the worker's lease gate (LeaseGate) counts a lease's slots from zero: one task "
+             "more than its slots computes at once", _gate_slot_extra, 300, (GATE_V,)),
+    Mutation("timer-for-later", "tasks",
+             "the submitter adapter (Submitter, production code) keeps its one timer for the "
+             "later of two deadlines: idle leases are held long past lease_idle_s",
+             _timer_for_later, 300),
+    Mutation("group-never-retried", "tasks",
+             "the group machine (GroupMachine) never tries a pending group again once its "
+             "placement failed: a group that fits later is never placed, its tasks end in "
+             "ScheduleError", _group_never_retried, 800, (RG_V,)),
+    Mutation("release-grants-nothing", "tasks",
+             "the lease queue (LeaseQueue) does not try its waiting requests when leases are "
+             "returned: what fits waits for the next request or timer",
+             _release_grants_nothing, 300, (LQ_V,)),
+    Mutation("died-call-succeeds", "calls",
+             "a call answered with its instance's end (InstanceDiedError) settles as a "
+             "success: the caller gets a result the instance never gave",
+             _failed_call_succeeds, 300, (CO_V,)),
     Mutation("router-sends-reversed", "calls",
              "the instance router (CallRouter) sends the calls of one batch last first",
              _router_sends_reversed, 300),

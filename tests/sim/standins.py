@@ -210,8 +210,10 @@ class StandinSubmitQueue:
             del self.leases[l.lease_id]
         if idle:
             out.append(SQ.ReturnLeases("d", tuple(l.lease_id for l in idle)))
-        if any(not l.tasks for l in self.leases.values()):
-            out.append(SQ.WakeAt("d", ev.now + self.idle_s / 2))
+        due = min((l.idle_since + self.idle_s for l in self.leases.values() if not l.tasks),
+                  default=None)
+        if due is not None:  # the earliest idle lease's time (the world's timer check)
+            out.append(SQ.WakeAt("d", max(due, ev.now)))
 
     def _Closing(self, ev, out):
         self.closed = True

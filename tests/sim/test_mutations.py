@@ -40,6 +40,9 @@ def test_at_least_ten_mutations_across_machines():
     # revokes: a kept lease's return and bound, firm revokes, revokes before their grant
     assert {"kept-lease-held-when-dry", "keep-unbounded", "firm-revoke-kept",
             "early-revoke-dropped"} <= names
+    # results against the executing side, concurrency per lease, timers, progress
+    assert {"died-call-succeeds", "gate-slot-extra", "timer-for-later",
+            "group-never-retried", "release-grants-nothing"} <= names
 
 
 def test_mutations_reach_the_production_adapters():

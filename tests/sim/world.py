@@ -42,6 +42,9 @@ from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError, YRRun
 SCHED = "sched"
 HANG_S = 300.0  # virtual seconds with nothing settling while the world is idle: a hang
 MAX_VIRTUAL_S = 5000.0
+PLACE_WITHIN_S = 0.5  # virtual seconds a group that fits the free capacity may stay unplaced
+GRANT_WITHIN_S = 0.25  # virtual seconds a task lease request that fits may stay pending
+IDLE_SLACK_S = 0.5  # virtual seconds an idle lease may outstay its lease_idle_s
 
 
 class SimFailure(AssertionError):
@@ -344,6 +347,7 @@ class _ProcEdge(_NodeEdge):
     def push(self, task: Any, lease_id: str, worker: str, slots: int) -> None:
         self.world.check_revoked_push(self.node, task.task_id, lease_id)
         self.world.tasks[task.task_id].where = worker
+        self.world.lease_busy(self.node, task.task_id, lease_id, worker)
         msg = {"op": "RUN_TASK", "task_id": task.task_id, "lease_id": lease_id, "slots": slots}
         if task.args:
             msg["args"] = task.args
@@ -485,6 +489,18 @@ class World:
         self.removed_groups: set[str] = set()  # groups whose removal the scheduler handled
         # (owner, own request id) -> when the scheduler got the owner's withdraw of it
         self.withdraws_seen: dict[tuple, float] = {}
+        # timers: (owner, lease id) -> tasks pushed under it whose TASK_DONE has not come
+        # back, the worker, and since when it has none (idle in the world's own view)
+        self.lease_pushed: dict[tuple, set] = {}
+        self.lease_worker: dict[tuple, str] = {}
+        self.lease_idle_at: dict[tuple, float] = {}
+        self.pushed_under: dict[str, tuple] = {}  # task id -> (owner, lease id)
+        self.idle_bound = scenario.sq_kwargs.get("lease_idle_s", 1.0) + IDLE_SLACK_S
+        # progress: group name -> since when it has been pending while it fit what was free
+        self.placeable_since: dict[str, float] = {}
+        self.grantable_since: dict[str, float] = {}  # lease request id -> since it fit
+        # (worker, lease id) -> the runs that started there and have not finished
+        self.active: dict[tuple, set] = {}
         self.sched = SchedNode(self)
         self.nodes[SCHED] = self.sched
         for name, cap in scenario.workers:
@@ -560,8 +576,19 @@ class World:
         rng = self.rng
         refs = self.sc.refs
         max_steps = 40_000 + 2_000 * len(self.tasks_planned())
+        checked_at = -1.0
         while True:
             self.step += 1
+            # time moved: the checks of time, before the step (in which a timer that fires
+            # late would return the lease it held too long)
+            if self.now != checked_at:
+                checked_at = self.now
+                if self.lease_idle_at:
+                    self.check_idle_leases()
+                if self.groups:
+                    self.check_groups_placed()
+                if self.sched.queue.pending:
+                    self.check_leases_granted()
             if self.step > max_steps or self.now > MAX_VIRTUAL_S:
                 raise SimFailure(f"livelock: {self.step} steps, virtual time {self.now:.1f} s, "
                                  "tasks unsettled", self, self.unsettled())
@@ -853,6 +880,7 @@ class World:
             node.task_side.asking(False)  # the request's rpc returned
         if op == "GRANT":
             submitter.lease_answer(msg["request_id"], msg["lease_id"], msg["worker"])
+            self.lease_granted(node, msg["lease_id"], msg["worker"])
             keep = node.early_revoked.pop(msg["lease_id"], None)
             if keep is not None and msg["lease_id"] in getattr(node.submit, "leases", {}):
                 node.revoked_at[msg["lease_id"]] = (self.now, keep)  # revoked from now on
@@ -870,6 +898,7 @@ class World:
             submitter.revoke(list(msg["lease_ids"]), keep)
         elif op in ("WORKER_LOST", "CHANNEL_LOST"):
             submitter.on_channel_lost(msg["worker"])
+            self.leases_lost(node, msg["worker"])
             if op == "WORKER_LOST" and node.rt is not None:  # Runtime.worker_lost
                 node.rt.objects.process_died(msg["worker"])  # (may free what it borrowed)
                 if not node.worker and node.planned == 0:
@@ -892,6 +921,7 @@ class World:
         rec = self.tasks.get(done.task_id)
         if rec is not None and rec.where == src:
             rec.where = None
+        self.lease_task_back(done.task_id)
         self.touched.append(node)
         if done.refs is not None:  # before the task lets go of its argument refs
             node.runtime(self).objects.on_done_refs(done.refs)
@@ -1040,10 +1070,109 @@ class World:
         if run.msg.get("args"):
             self.borrow_args(node, run)
         run.phase = "compute"
+        self.check_slots(node, run)
         node.runs[task_id] = run
         self.say(node.name, ("start", run.prog.path, "lease", run.lease_id), task_id,
                  run.lease_id)
         self.timer(self.now + self._pace(run.prog), node.name, "run", run)
+
+    # -- progress: a group that fits is placed within a bounded time ------------------------
+
+    def check_groups_placed(self) -> None:
+        """A pending group whose unplaced bundles fit the capacity free now (by the world's
+        own search, its strategy kept) is placed within ``PLACE_WITHIN_S`` of virtual time:
+        else its tasks would end in a ScheduleError for a group that fit."""
+        from yrdask.protocol import RG_PENDING
+
+        rgm = self.sched.rgm
+        ledger = rgm.ledger
+        for g in rgm.groups.values():
+            if g.state != RG_PENDING:
+                self.placeable_since.pop(g.name, None)
+                continue
+            free = {a: {r: ws.free(r) for r in ws.capacity} for a, ws in ledger.workers.items()}
+            fixed = [b.worker for b in g.bundles if b.worker is not None]
+            todo = [b.shape for b in g.bundles if b.worker is None]
+            if not _placeable(g.strategy, todo, fixed, free):
+                self.placeable_since.pop(g.name, None)
+                continue
+            since = self.placeable_since.setdefault(g.name, self.now)
+            if self.now - since > PLACE_WITHIN_S:
+                raise SimFailure(f"progress: group {g.name} ({g.strategy}, bundles "
+                                 f"{[b.shape for b in g.bundles]}) has fit the free capacity "
+                                 f"since {since:.3f} s, yet is still pending at "
+                                 f"{self.now:.3f} s: {free}", self, (g.name,))
+
+    def check_leases_granted(self) -> None:
+        """A task lease request (no affinity) that fits the free capacity of a node with a
+        process it does not avoid is granted within ``GRANT_WITHIN_S`` of virtual time."""
+        try:
+            M.check_granted_in_time(self.sched.queue, self.grantable_since, self.now,
+                                    GRANT_WITHIN_S)
+        except AssertionError as e:
+            raise SimFailure(str(e), self) from e
+
+    # -- timers: an idle lease goes back about lease_idle_s after it went idle -------------
+
+    def lease_busy(self, node: ProcNode, task_id: str, lease_id: str, worker: str) -> None:
+        key = (node.name, lease_id)
+        self.lease_pushed.setdefault(key, set()).add(task_id)
+        self.lease_worker[key] = worker
+        self.pushed_under[task_id] = key
+        self.lease_idle_at.pop(key, None)
+
+    def lease_granted(self, node: ProcNode, lease_id: str, worker: str) -> None:
+        key = (node.name, lease_id)
+        self.lease_worker[key] = worker
+        if not self.lease_pushed.get(key):
+            self.lease_idle_at[key] = self.now
+
+    def lease_task_back(self, task_id: str) -> None:
+        key = self.pushed_under.pop(task_id, None)
+        pushed = self.lease_pushed.get(key) if key is not None else None
+        if pushed is not None:
+            pushed.discard(task_id)
+            if not pushed:
+                self.lease_idle_at[key] = self.now
+
+    def leases_lost(self, node: ProcNode, worker: str) -> None:
+        """The owner's channel to ``worker`` broke: what it pushed there comes back."""
+        for key, w in self.lease_worker.items():
+            if key[0] == node.name and w == worker and self.lease_pushed.get(key):
+                for task_id in self.lease_pushed.pop(key):
+                    self.pushed_under.pop(task_id, None)
+                self.lease_idle_at[key] = self.now
+
+    def check_idle_leases(self) -> None:
+        """Timers fire close to the earliest time asked for: a lease its owner still holds
+        with no task pushed under it (the world's own count) for longer than
+        ``lease_idle_s`` + ``IDLE_SLACK_S`` of virtual time was held too long."""
+        bound = self.idle_bound
+        for key, since in list(self.lease_idle_at.items()):
+            if self.now - since <= bound:
+                continue
+            node = self.nodes.get(key[0])
+            held = getattr(node.submit, "leases", None) if node is not None else None
+            if held is None or not node.alive or node.closed or key[1] not in held:
+                del self.lease_idle_at[key]  # returned (or its owner is gone)
+                continue
+            raise SimFailure(f"timer: {key[0]} holds lease {key[1]} idle since "
+                             f"{since:.3f} s, {self.now - since:.3f} s by now (lease_idle_s "
+                             f"{self.idle_bound - IDLE_SLACK_S} + {IDLE_SLACK_S} s)", self,
+                             (key[1],))
+
+    def check_slots(self, node: ProcNode, run: Run) -> None:
+        """Concurrency per lease, from the world's own record of what computes: a task starts
+        on a lease only while fewer than its slots of the lease's other tasks compute (those
+        blocked in ``yr.get`` lent theirs; only such a task, back, may take its slot over)."""
+        active = self.active.setdefault((node.name, run.lease_id), set())
+        slots = run.msg.get("slots", 1)
+        computing = sorted(r.task_id for r in active if r.phase != "blocked")
+        if len(computing) >= slots:
+            raise SimFailure(f"concurrency: {run.task_id} started on {node.name} under lease "
+                             f"{run.lease_id} ({slots} slot(s)) while {computing} compute "
+                             "there", self, (run.task_id, run.lease_id))
+        active.add(run)
 
     @staticmethod
     def _pace(prog: Program) -> float:
@@ -1388,6 +1517,7 @@ class World:
         ``TASK_DONE`` goes to the caller (as ``agent._execute_gated``)."""
         took = self.now - run.started
         run.phase = "done"
+        self.active.get((node.name, run.lease_id), set()).discard(run)
         if self.sc.refs:
             for cid in run.children:  # the task's refs to its children's results go
                 child = self.tasks[cid]
@@ -1703,3 +1833,37 @@ def _cancel_below(world: World, rec: TaskRec) -> bool:
                     and r.parent.task_id == rec.task_id]
     return any(world.tasks[c].cancelled or _cancel_below(world, world.tasks[c])
                for c in run_children)
+
+
+def _placeable(strategy: str, todo: list, fixed: list, free: dict) -> bool:
+    """Whether bundles of shapes ``todo`` fit ``free`` (node -> resources) beside the group's
+    bundles already on the nodes ``fixed``, as the strategy says: STRICT_PACK all on one node,
+    STRICT_SPREAD each on a node of its own, PACK and SPREAD anywhere (a plain search, not
+    the machine's)."""
+    left = {w: dict(f) for w, f in free.items()}
+    used = list(fixed)
+
+    def fits(w: str, shape: dict) -> bool:
+        return all(left[w].get(r, 0.0) + 1e-9 >= a for r, a in shape.items() if a > 0)
+
+    def search(k: int) -> bool:
+        if k == len(todo):
+            return True
+        for w in sorted(left):
+            if strategy == "STRICT_SPREAD" and w in used:
+                continue
+            if strategy == "STRICT_PACK" and used and w != used[0]:
+                continue
+            if not fits(w, todo[k]):
+                continue
+            for r, a in todo[k].items():
+                left[w][r] = left[w].get(r, 0.0) - a
+            used.append(w)
+            if search(k + 1):
+                return True
+            used.pop()
+            for r, a in todo[k].items():
+                left[w][r] += a
+        return False
+
+    return search(0)
