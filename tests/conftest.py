@@ -494,6 +494,19 @@ def _leak_check():
     )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _module_environ():
+    """Each test module gives ``os.environ`` back as it found it.  Dask's ``Nanny`` writes its
+    pre-spawn environment (``OMP_NUM_THREADS=1``, ``MALLOC_TRIM_THRESHOLD_=65536``, ...) into
+    the process that starts it and leaves it there, so a module that starts an in-process
+    ``LocalCluster`` would hand those values to every later test's subprocesses."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def cluster(_leak_check, tmp_path_factory) -> ClusterManager:
     """The session's ``ClusterManager``; call it to get a runtime on a given kind of cluster."""
