@@ -488,8 +488,8 @@ def _crash_charged_to_no_call(patch: Patch) -> None:
 
 
 def _crash_charged_to_oldest_only(patch: Patch) -> None:
-    """The old rule: one call (the oldest) was running, whatever the
-    concurrency."""
+    """Slip: only one call (the oldest) counts as possibly running when the process dies,
+    whatever the concurrency."""
     from yrdask.runtime import call_order as C
 
     patch(C, "crash_window", lambda unanswered, concurrency: min(unanswered, 1))
@@ -510,8 +510,8 @@ def _restart_redelivers_out_of_order(patch: Patch) -> None:
 
 
 def _death_while_restarting_ignored(patch: Patch) -> None:
-    """The old lifecycle: a RESTARTING instance's process death is taken for the
-    first one told twice, also when the restarted process died before it came up."""
+    """Slip: a RESTARTING instance's process death is taken for the first one told twice,
+    also when the restarted process died before it came up."""
     from yrdask import protocol as P
     from yrdask.scheduler.lifecycle import Lifecycle
 
@@ -849,14 +849,14 @@ MUTATIONS: list[Mutation] = [
              "call that kills its process runs again and again", _crash_charged_to_no_call,
              300, (IC_V,)),
     Mutation("crash-charged-to-oldest-only", "calls",
-             "only the oldest unanswered call is charged, whatever the concurrency (an old "
-             "rule)", _crash_charged_to_oldest_only, 1500, (IC_V,)),
+             "only the oldest unanswered call is charged, whatever the concurrency",
+             _crash_charged_to_oldest_only, 1500, (IC_V,)),
     Mutation("isolated-restart-out-of-order", "calls",
              "a restart delivers the calls that arrived meanwhile before the unanswered ones",
              _restart_redelivers_out_of_order, 1500, (IC_V,)),
     Mutation("death-while-restarting-ignored", "calls",
-             "a restarted isolated process that dies before it comes up is ignored (an old "
-             "lifecycle): the instance stays RESTARTING",
+             "a restarted isolated process that dies before it comes up is ignored: the "
+             "instance stays RESTARTING",
              _death_while_restarting_ignored, 600, (LC_V,)),
     Mutation("restart-budget-reset", "calls",
              "the restart budget starts afresh at every START_INSTANCE",

@@ -150,18 +150,22 @@ class Drainer:
         that cannot move or have no room elsewhere): the floor of yr's adaptive target, so
         that workers whose instances can move are left for ``workers_to_close`` to propose."""
         hosted = self.hosted()
+        restart_unmovable, _timeout = drain_settings()  # read once for all of them
         return {w for w in workers
-                if self.decision(w, proposing=True, hosted=hosted.get(w, ())).keep}
+                if self.decision(w, proposing=True, hosted=hosted.get(w, ()),
+                                 restart_unmovable=restart_unmovable).keep}
 
     def decision(self, worker: str, avoid: Iterable[str] = (), proposing: bool = False,
-                 hosted: Iterable[Hosted] | None = None) -> Decision:
+                 hosted: Iterable[Hosted] | None = None,
+                 restart_unmovable: bool | None = None) -> Decision:
         """:func:`decide` for ``worker`` now; ``proposing``: for ``workers_to_close`` (its
         running instance calls count too: a drain would wait for them); ``hosted``: its
         instances, when the caller has them (:meth:`hosted`)."""
         if hosted is None:
             hosted = self.hosted().get(worker, ())
         leases = sum(1 for h in self.ext.leases.holdings_on(worker) if h.kind == "lease")
-        restart_unmovable, _timeout = drain_settings()
+        if restart_unmovable is None:
+            restart_unmovable, _timeout = drain_settings()
         ledger = self.ext.ledger
         away = {worker, *avoid}
 
@@ -196,8 +200,11 @@ class Drainer:
         """Dask's plugin hook, from ``Scheduler.workers_to_close``: the workers that may go
         (Dask then picks among them)."""
         ok = []
+        hosted = self.hosted()
+        restart_unmovable, _timeout = drain_settings()
         for ws in workers:
-            d = self.decision(ws.address, proposing=True)
+            d = self.decision(ws.address, proposing=True, hosted=hosted.get(ws.address, ()),
+                              restart_unmovable=restart_unmovable)
             if d.keep:
                 self._keep(ws.address, d.keep)
             else:
