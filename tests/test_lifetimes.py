@@ -197,10 +197,13 @@ def wait_file(path, timeout=T):
 def test_terminating_an_owner_ends_its_instances(embedded):
     sup = Supervisor.invoke()
     kid_ids = yr.get(sup.spawn.invoke(2), T)
+    # A kid answers its caller as soon as it is built; its worker tells the scheduler on another
+    # stream, so the scheduler may still say PENDING for a moment.
+    embedded.wait(lambda: all(embedded.live()[k]["state"] == "ALIVE" for k in kid_ids),
+                  "the kids to be ALIVE at the scheduler")
     live = embedded.live()
     for kid in kid_ids:
         assert live[kid]["owner"] == sup.instance_id  # instances made by an instance belong to it
-        assert live[kid]["state"] == "ALIVE"
     assert live[sup.instance_id]["owner"] == current_runtime().job_id
     # 3 instances of 500 millicores (the supervisor lent its CPU while blocked in yr.get, and
     # takes it back through a separate message: wait for it)
