@@ -59,6 +59,11 @@ class _Recording(threading.local):
 _pickled = _Recording()
 
 
+def recording() -> bool:
+    """True while this thread packs for yr (``pack_counting``: a call's arguments, a value)."""
+    return _pickled.rec is not None
+
+
 def check_timeout(timeout: Any) -> None:
     """A ``yr.get`` timeout: seconds in (0, MAX_TIMEOUT], or -1 for no limit."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):

@@ -29,6 +29,7 @@ from yrdask.runtime.store import close_node_store, node_store
 from yrdask.runtime.store import configure as configure_store
 from yrdask.runtime.generators import Stream, on_generator_item
 from yrdask.runtime import worker_processes as WP
+from yrdask.runtime import dask_objects
 from yrdask.errors import (OwnerDiedError, RemoteError, YRRuntimeError, YRTimeoutError,
                            YRTypeError, YRValueError)
 from yrdask.options import Config, resolve_security
@@ -94,6 +95,7 @@ class Runtime:
         self.connector: Any = None
         self.agent: "LocalNode | None" = None  # the worker agent, when this runtime lives in a worker
         register_with_dask()  # large values travel as Dask frames (serialization.Frames)
+        dask_objects.register()  # Dask Futures and delayed values in calls become refs
         self.objects = ObjectTable(self, INLINE_LIMIT)
         if not defer_machines:  # else the caller runs build_machines() before any use
             self.build_machines()
@@ -506,6 +508,7 @@ class Runtime:
         if blob is not None:  # the hot path: plain values, no ref among them
             dep_refs = nested = ()  # (shared, and not tracked by the garbage collector)
         else:
+            args, kwargs = dask_objects.convert_args(self, args, kwargs)
             (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
         task_id = self.new_id()
         if nret <= 1:
@@ -543,6 +546,7 @@ class Runtime:
 
     def create_instance(self, spec: dict, args: tuple, kwargs: dict) -> str:
         """Send an instance creation (asynchronous); returns the new instance id."""
+        args, kwargs = dask_objects.convert_args(self, args, kwargs)
         (blob, dep_refs), _refs, counted = pack_counting(pack_args, args, kwargs, _is_ref)
         if counted:  # an instance may keep them for its whole life: their owners keep them
             self.objects.pin(counted)
@@ -567,6 +571,7 @@ class Runtime:
         if blob is not None:  # the hot path: plain values, no ref among them
             dep_refs = nested = ()  # (shared, and not tracked by the garbage collector)
         else:
+            args, kwargs = dask_objects.convert_args(self, args, kwargs)
             (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
         call_id = self.new_id()
         if nret == 1 or nret == 0:  # the hot path: one ref
