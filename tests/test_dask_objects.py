@@ -103,6 +103,9 @@ def test_a_failed_future_fails_the_task_and_get_with_dasks_error(client):
         yr.get(total.invoke(fut), T)
     with pytest.raises(ZeroDivisionError, match="on purpose"):
         yr.get(fut, T)
+    # nested, yr's rule for a failed nested ref: the task does not run
+    with pytest.raises(yr.DependencyError, match="ZeroDivisionError: dask task failed"):
+        yr.get(read_nested.invoke([fut, 1]), T)
 
 
 def test_futures_of_a_closed_client_or_another_cluster_are_refused(client):
@@ -142,8 +145,12 @@ def test_ray_tasks_actors_get_and_wait_take_futures(ray_env):
     assert ray.get(Keeper.remote().first.remote([fut])) == 45.0
     assert list(ray.get(fut)) == list(make(10))
     assert ray.wait([fut], timeout=T) == ([fut], [])
+    failed = client.submit(fail, pure=False)
     with pytest.raises(ZeroDivisionError):
-        ray.get(plus_one.remote(client.submit(fail, pure=False)))
+        ray.get(plus_one.remote(failed))
+    with pytest.raises(ray.exceptions.RayTaskError) as caught:  # nested: read in the actor
+        ray.get(Keeper.remote().first.remote([failed]))
+    assert isinstance(caught.value, ZeroDivisionError)
 
 
 def test_a_dask_array_of_refs_reads_the_store_without_a_copy(client):
