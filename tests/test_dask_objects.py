@@ -13,6 +13,8 @@ import pytest
 
 import yrdask as yr
 from yrdask import dask as ydask
+from yrdask.runtime.context import current_runtime
+from yrdask.runtime.dask_objects import close_dask_client
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,8 +67,11 @@ def mapped_from(arr):
 
 @pytest.fixture
 def client(cluster):
+    """The Dask client of the suite's embedded cluster, closed after the test (it is the
+    default client meanwhile, which later modules must not inherit)."""
     cluster()
-    return ydask.get_client()
+    yield ydask.get_client()
+    close_dask_client(current_runtime())
 
 
 def test_a_future_is_a_task_argument_top_level_keyword_and_nested(client):
@@ -127,9 +132,8 @@ def test_futures_of_a_closed_client_or_another_cluster_are_refused(client):
         del fut
 
 
-def test_ray_tasks_actors_get_and_wait_take_futures(ray_env):
+def test_ray_tasks_actors_get_and_wait_take_futures(ray_env, client):
     ray = ray_env
-    client = ydask.get_client()
 
     @ray.remote
     def plus_one(x):
