@@ -53,11 +53,19 @@ def register() -> None:
 
 def _reduce(obj: Any) -> Any:
     """A Dask object met by a pickler: a ref while this thread packs for yr (a call's
-    arguments, a value), else Dask's own pickle."""
-    if recording():
+    arguments, a value), else Dask's own pickle.  One ref per object and packing, also when
+    the packing pickles twice (``dumps_value`` of a small value with buffers)."""
+    packing = recording()
+    if packing is not None:
         from yrdask.runtime.context import current_runtime
 
-        return to_ref(current_runtime(), obj).__reduce__()
+        made = packing[2]
+        if made is None:
+            made = packing[2] = {}  # id(Dask object) -> (the object, its ref)
+        kept = made.get(id(obj))
+        if kept is None:
+            kept = made[id(obj)] = (obj, to_ref(current_runtime(), obj))
+        return kept[1].__reduce__()
     if type(obj) is _FUTURE:
         return _FUTURE.__reduce__(obj)
     return obj.__reduce_ex__(5)
