@@ -92,6 +92,10 @@ def test_get_and_wait_take_futures_and_delayed_values(client):
     assert yr.get(dask.delayed(sum)([1, 2, 3]), T) == 6
     ready, not_ready = yr.wait([fut, ref], timeout=T)
     assert ready == [fut, ref] and not_ready == []  # the objects come back as given
+    # nested in a put value (small, with a buffer: pickled twice): one ref per Future
+    box = yr.get(yr.put([fut, np.arange(3), fut]), T)
+    assert isinstance(box[0], yr.ObjectRef) and box[0] == box[2]
+    assert list(yr.get(box[0], T)) == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_a_delayed_argument_is_computed_on_the_cluster(client):
@@ -163,6 +167,8 @@ def test_a_dask_array_of_refs_reads_the_store_without_a_copy(client):
     arr = ydask.from_numpy_refs([put_ref, task_ref])
     assert arr.shape == (2 * BIG,) and arr.chunks == ((BIG, BIG),)
     assert float(arr.sum().compute()) == 2 * float(make(BIG).sum())
+    told = ydask.from_numpy_refs(put_ref, shape=(BIG,), dtype="float64")  # nothing read here
+    assert told.dtype == np.float64 and float(told[-1].compute()) == BIG - 1
     import dask
 
     for ref in (put_ref, task_ref):
@@ -193,11 +199,15 @@ def test_a_dask_dataframe_of_refs_groups_as_pandas_does(client):
     assert path is not None and path.endswith(f"/objects/{refs[1].id}"), path
 
 
-def test_bad_input_is_named():
+def test_bad_input_is_named(client):
     with pytest.raises(yr.YRTypeError, match="takes an ObjectRef"):
         ydask.to_delayed("not a ref")
     with pytest.raises(yr.YRValueError, match="no refs"):
         ydask.from_numpy_refs([])
+    with pytest.raises(yr.YRTypeError, match=r"refs\[0\] holds a int, not a numpy.ndarray"):
+        ydask.from_numpy_refs([yr.put(1)])
+    with pytest.raises(yr.YRTypeError, match="not a pandas.DataFrame"):
+        ydask.from_pandas_refs([yr.put("text")])
 
 
 def test_a_pickled_future_without_a_client_is_refused(client):
