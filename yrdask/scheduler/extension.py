@@ -36,6 +36,7 @@ from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
 from yrdask.scheduler.resources import Ledger, Shape, format_shape
 from yrdask.scheduler.panels import DaskPanels
 from yrdask.scheduler.scale_up import ScaleUp
+from yrdask.scheduler import state_view
 from yrdask.scheduler.waits import WaitWatch
 
 logger = logging.getLogger("yrdask.scheduler")
@@ -322,6 +323,11 @@ class YrSchedulerExtension:
                 "waiting": self.waits.rows() if instances else [],
                 "ended": self.instances.lifecycle.ended_rows() if instances else [],
                 "resource_groups": self.rgroups.machine.snapshot()}
+
+    def state_records(self, kind: str, limit: int = -1) -> dict:
+        """:class:`yrdask.protocol.StateRecords`: records for Ray's state API and timeline
+        (scheduler/state_view.py)."""
+        return state_view.state_records(self, kind, limit)
 
     def worker_scheduling(self) -> dict[str, dict]:
         """Each worker's last heartbeat report of its yr load and local/forwarded counts."""
