@@ -36,8 +36,11 @@ def timeline(filename: Optional[str] = None) -> Optional[list[dict[str, Any]]]:
 
 def trace_events(rows: list, processes: dict[str, dict]) -> list[dict[str, Any]]:
     """One Chrome trace event per record ``[name, id, start, stop, thread, ok, worker, _]``."""
+    from yrdask.ray.util.state.api import short_name
+
     out = []
-    for name, call_id, start, stop, thread, ok, worker, _instance in rows:
+    for full, call_id, start, stop, thread, ok, worker, _instance in rows:
+        name = short_name(full)
         node = processes.get(worker, {}).get("host") or worker
         out.append({"cat": f"task::{name}", "name": name, "pid": node,
                     "tid": f"worker:{worker} thread {thread}",

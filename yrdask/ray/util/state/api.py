@@ -124,6 +124,12 @@ def task_type(name: str, instance: str, classes: Any) -> str:
     return "NORMAL_TASK"
 
 
+def short_name(name: str) -> str:
+    """Ray's name of a function or method defined inside a function: ``sq`` and ``C.m``
+    for the records' ``test.<locals>.sq`` and ``test.<locals>.C.m``."""
+    return name.rpartition("<locals>.")[2]
+
+
 def _task_reply(address: Optional[str], timeout: float) -> tuple[dict, list[dict]]:
     """The scheduler's task reply and its rows in Ray's terms (oldest first)."""
     reply = records("tasks", address, timeout, MAX_LIMIT)
@@ -134,9 +140,9 @@ def _task_reply(address: Optional[str], timeout: float) -> tuple[dict, list[dict
         state = "FINISHED" if ok else "FAILED"
         start_ms, end_ms = int(start * 1000), int(stop * 1000)
         out.append({
-            "task_id": call_id, "attempt_number": 0, "name": name, "state": state,
-            "job_id": None, "actor_id": instance or None,
-            "type": task_type(name, instance, classes), "func_or_class_name": name,
+            "task_id": call_id, "attempt_number": 0, "name": short_name(name),
+            "state": state, "job_id": None, "actor_id": instance or None,
+            "type": task_type(name, instance, classes), "func_or_class_name": short_name(name),
             "parent_task_id": None, "node_id": proc.get("node"), "worker_id": worker,
             "worker_pid": proc.get("pid"),
             "error_type": None if ok else "TASK_EXECUTION_EXCEPTION", "language": "PYTHON",
@@ -298,7 +304,7 @@ def summarize_tasks(address: Optional[str] = None, timeout: int = DEFAULT_RPC_TI
         for counts in per_worker.values():
             for name, n in counts.items():
                 if n > 0:
-                    rows.append({"name": name, "state": state, "count": n,
+                    rows.append({"name": short_name(name), "state": state, "count": n,
                                  "type": task_type(name, "", classes)})
     return {"cluster": summarize_task_rows(rows)}
 
