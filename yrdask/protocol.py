@@ -526,6 +526,7 @@ class StateRecordsReply(TypedDict, total=False):
     kept: int  # tasks: records the Task Stream buffer holds
     total: int  # tasks: records it ever took (older ones fell out)
     classes: list[str]  # tasks: the classes of the instances the scheduler knows
+    now: list[Any]  # tasks: [name, task_id, started, job, worker] of the tasks there now
     running: dict[str, dict[str, int]]  # tasks: worker -> {name: calls running there}
     queued: dict[str, dict[str, int]]  # tasks: worker -> {name: tasks waiting for a thread}
 
@@ -791,13 +792,16 @@ class TaskRecords(Message):
     Task Stream, Progress and Profile show of it (docs/monitoring.md, "yr work in Dask's
     panels").  ``records``: one ``[name, id, start, stop, thread, ok]`` per task or method
     call that ended (wall-clock seconds, the thread ident that ran it); ``running`` and
-    ``queued``: ``{name: count}`` now (replaces the worker's previous counts)."""
+    ``queued``: ``{name: count}`` now (replaces the worker's previous counts); ``tasks``: the
+    tasks there now, ``[name, task_id, started, owner]`` (every running one, the first
+    queued ones), for Ray's ``list_tasks``."""
 
     op: ClassVar[str] = TASK_RECORDS
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM,)
     records: Sequence[Sequence[Any]]
     running: Mapping[str, int]
     queued: Mapping[str, int]
+    tasks: Sequence[Sequence[Any]] = ()
 
 
 @_message

@@ -30,10 +30,12 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _tasks(name: str, n: int) -> list:
-    """The task records named ``name`` once there are ``n`` of them."""
+    """The records of the calls named ``name`` that ended, once there are ``n`` of them."""
+    ended = [("name", "=", name), ("state", "!=", "RUNNING"),
+             ("state", "!=", "SUBMITTED_TO_WORKER")]
     return wait_until(lambda: (lambda got: got if len(got) >= n else None)(
-        list_tasks(filters=[("name", "=", name)], detail=True)), 20,
-        lambda: f"{n} task records named {name}: {list_tasks(filters=[('name', '=', name)])}")
+        list_tasks(filters=ended, detail=True)), 20,
+        lambda: f"{n} ended calls named {name}: {list_tasks(filters=[('name', '=', name)])}")
 
 
 def test_lists_filters_and_summaries_of_known_work(ray_env):
@@ -186,3 +188,31 @@ def test_timeline_has_one_event_per_call(ray_env, tmp_path):
     assert ray.timeline(filename=str(path)) is None
     written = [e for e in json.loads(path.read_text()) if e["name"] == "state_probe_spin"]
     assert written == events
+
+
+def test_a_running_task_is_listed_by_id_until_it_ends(ray_env, tmp_path):
+    ray = ray_env
+    go = tmp_path / "go"
+
+    @ray.remote
+    def state_probe_waits(path):
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return "done"
+
+    ref = state_probe_waits.remote(str(go))
+    mine = [("name", "=", "state_probe_waits")]
+    running, = wait_until(lambda: list_tasks(filters=mine + [("state", "=", "RUNNING")]), 20,
+                          "the waiting task listed RUNNING")
+    assert running.task_id == ref.task_id
+    assert running.job_id == ray.get_runtime_context().get_job_id()
+    assert running.worker_pid in dask_worker_pids()
+    counts = summarize_tasks()["cluster"]["summary"]["state_probe_waits"]["state_counts"]
+    assert counts == {"RUNNING": 1}
+    go.touch()
+    assert ray.get(ref) == "done"
+    ended, = _tasks("state_probe_waits", 1)
+    assert (ended.task_id, ended.state) == (ref.task_id, "FINISHED")
+    wait_until(lambda: [t.state for t in list_tasks(filters=mine)] == ["FINISHED"], 20,
+               "the task listed FINISHED only, once it ended")

@@ -461,11 +461,11 @@ class YrSchedulerExtension:
         """The owner's job ended: its leases are released, its waiting requests refused."""
         self.lease_service.owner_gone(owner)
 
-    def task_records(self, records: list, running: dict, queued: dict,
+    def task_records(self, records: list, running: dict, queued: dict, tasks: Any = (),
                      worker: str | None = None) -> None:
         """A worker's yr calls for Dask's Task Stream and Progress (scheduler/panels.py)."""
         if worker is not None:
-            self.panels.add(worker, records, running, queued)
+            self.panels.add(worker, records, running, queued, tasks=tasks)
 
     def _job_lent(self, lent: set, blocked: bool, lease_id: str) -> None:
         """``LeaseBlocked`` / ``LeaseUnblocked`` on a job stream: remembered per stream."""

@@ -6,8 +6,9 @@ from what the extension keeps anyway, in yr's own terms (the Ray surface,
 
 * ``"tasks"``: the yr records in Dask's Task Stream buffer (``scheduler/panels.py``), one
   per task or method call that *ended*, oldest first, at most ``limit`` of the newest; how
-  many records the buffer ever took (``total``: older ones fell out of it), and what each
-  worker reported running and queued (counts by name, no ids);
+  many records the buffer ever took (``total``: older ones fell out of it); what each
+  worker reported running and queued (counts by name); and the tasks (not method calls)
+  each worker has now, running or queued, by id (``now``, each with its job);
 * ``"instances"``: every instance the lifecycle holds, and the tombstones of the ended ones
   it keeps (``yrdask.scheduling.ended-instances-kept``);
 * ``"groups"``: the live resource groups;
@@ -93,7 +94,10 @@ def task_rows(ext: Any, limit: int) -> dict[str, Any]:
                 instance = next(iter(there))
         rows.append([name, call_id, start, stop, thread, ok, worker, instance])
     counts = ext.panels.counts
-    return {"rows": rows, "kept": kept, "total": max(ext.panels.records, kept),
+    now = [[name, task_id, bool(started), life.job_of(owner), worker]
+           for worker, tasks in ext.panels.tasks.items()
+           for name, task_id, started, owner in tasks]
+    return {"rows": rows, "now": now, "kept": kept, "total": max(ext.panels.records, kept),
             "classes": sorted({c for _w, c in hosted}),
             "running": {w: dict(c[0]) for w, c in counts.items()},
             "queued": {w: dict(c[1]) for w, c in counts.items()}}

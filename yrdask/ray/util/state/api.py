@@ -149,6 +149,15 @@ def _task_reply(address: Optional[str], timeout: float) -> tuple[dict, list[dict
             "events": [{"state": "RUNNING", "created_ms": start_ms},
                        {"state": state, "created_ms": end_ms}],
             "start_time_ms": start_ms, "end_time_ms": end_ms})
+    for name, task_id, started, job, worker in reply["now"]:
+        proc = procs.get(worker, {})
+        state = "RUNNING" if started else "SUBMITTED_TO_WORKER"
+        out.append({
+            "task_id": task_id, "attempt_number": 0, "name": short_name(name),
+            "state": state, "job_id": job, "actor_id": None, "type": "NORMAL_TASK",
+            "func_or_class_name": short_name(name), "parent_task_id": None,
+            "node_id": proc.get("node"), "worker_id": worker, "worker_pid": proc.get("pid"),
+            "error_type": None, "language": "PYTHON", "events": [{"state": state}]})
     return reply, out
 
 
@@ -231,7 +240,8 @@ def list_tasks(address: Optional[str] = None, filters: Optional[list] = None,
                limit: int = DEFAULT_LIMIT, timeout: int = DEFAULT_RPC_TIMEOUT,
                detail: bool = False, raise_on_missing_output: bool = True) -> list[TaskState]:
     """Tasks, actor tasks and actor creations that ended (FINISHED or FAILED), as long as
-    the scheduler's Task Stream history keeps them."""
+    the scheduler's Task Stream history keeps them, and the tasks workers run (RUNNING) or
+    hold waiting for a thread (SUBMITTED_TO_WORKER) now."""
     checked = check_list_args(filters, limit, detail, timeout)
     if conflicting(checked):
         return []
@@ -299,10 +309,14 @@ def summarize_tasks(address: Optional[str] = None, timeout: int = DEFAULT_RPC_TI
             "are not reachable due to data truncation. To avoid raising an exception and "
             "allow having missing output, set `raise_on_missing_output=False`.")
     classes = set(reply["classes"])
-    for state, per_worker in (("RUNNING", reply["running"]),
-                              ("SUBMITTED_TO_WORKER", reply["queued"])):
-        for counts in per_worker.values():
-            for name, n in counts.items():
+    listed: dict[tuple, int] = {}  # (worker, name, started) -> tasks listed by id
+    for name, _task_id, started, _job, worker in reply["now"]:
+        listed[worker, name, started] = listed.get((worker, name, started), 0) + 1
+    for state, started, per_worker in (("RUNNING", True, reply["running"]),
+                                       ("SUBMITTED_TO_WORKER", False, reply["queued"])):
+        for worker, counts in per_worker.items():
+            for name, n in counts.items():  # method calls, and queued tasks not listed
+                n -= listed.get((worker, name, started), 0)
                 if n > 0:
                     rows.append({"name": short_name(name), "state": state, "count": n,
                                  "type": task_type(name, "", classes)})

@@ -87,7 +87,8 @@ class ActorState(StateSchema):
 
 @dataclasses.dataclass
 class TaskState(StateSchema):
-    """A task, actor task or actor creation: ``state`` FINISHED or FAILED here."""
+    """A task, actor task or actor creation: ``state`` FINISHED or FAILED (ended), RUNNING
+    or SUBMITTED_TO_WORKER (a task a worker holds now)."""
 
     task_id: Optional[str] = column(filterable=True)
     attempt_number: Optional[int] = column(filterable=True)
