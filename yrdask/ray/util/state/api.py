@@ -72,16 +72,10 @@ def _listing(schema: type[StateSchema], key: str, rows_of: Any, address: Optiona
 # -- rows in Ray's terms ---------------------------------------------------------------------
 
 def _ray_units(shape: Optional[dict]) -> dict:
-    """A yr shape (CPU millicores, Memory MB) in Ray's units (CPU cores, memory bytes)."""
-    out: dict[str, float] = {}
-    for key, amount in (shape or {}).items():
-        if key == "CPU":
-            out["CPU"] = amount / 1000.0
-        elif key == "Memory":
-            out["memory"] = float(amount) * 2 ** 20
-        else:
-            out[key] = float(amount)
-    return {k: v for k, v in out.items() if v}
+    """A yr shape (CPU millicores, Memory MB) in Ray's units, without the zero amounts."""
+    from yrdask.ray.worker import _ray_units as ray_units
+
+    return {k: v for k, v in ray_units(shape or {}).items() if v}
 
 
 def actor_rows(address: Optional[str], timeout: float) -> list[dict]:
