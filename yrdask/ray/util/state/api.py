@@ -118,6 +118,17 @@ def task_type(name: str, instance: str, classes: Any) -> str:
     return "NORMAL_TASK"
 
 
+def check_complete(reply: dict) -> None:
+    """Ray's error when task records fell out of the history (``raise_on_missing_output``)."""
+    if reply["total"] > reply["kept"]:
+        raise RayStateApiException(
+            f"Failed to retrieve all {reply['total']} tasks from the cluster because they "
+            "are not reachable due to data truncation. The scheduler keeps the last "
+            f"{reply['kept']} (Dask's distributed.scheduler.dashboard.tasks."
+            "task-stream-length). To avoid raising an exception and allow having missing "
+            "output, set `raise_on_missing_output=False`.")
+
+
 def short_name(name: str) -> str:
     """Ray's name of a function or method defined inside a function: ``sq`` and ``C.m``
     for the records' ``test.<locals>.sq`` and ``test.<locals>.C.m``."""
@@ -240,13 +251,8 @@ def list_tasks(address: Optional[str] = None, filters: Optional[list] = None,
     if conflicting(checked):
         return []
     reply, rows = _task_reply(address, timeout)
-    if raise_on_missing_output and reply["total"] > reply["kept"]:
-        raise RayStateApiException(
-            f"Failed to retrieve all {reply['total']} tasks from the cluster because they "
-            "are not reachable due to data truncation. The scheduler keeps the last "
-            f"{reply['kept']} (Dask's distributed.scheduler.dashboard.tasks."
-            "task-stream-length). To avoid raising an exception and allow having missing "
-            "output, set `raise_on_missing_output=False`.")
+    if raise_on_missing_output:
+        check_complete(reply)
     return select(rows, TaskState, checked, limit, detail, "task_id")
 
 
@@ -297,11 +303,8 @@ def summarize_tasks(address: Optional[str] = None, timeout: int = DEFAULT_RPC_TI
     run (RUNNING) or hold waiting for a thread (SUBMITTED_TO_WORKER) now."""
     check_list_args(None, MAX_LIMIT, False, timeout)
     reply, rows = _task_reply(address, timeout)
-    if raise_on_missing_output and reply["total"] > reply["kept"]:
-        raise RayStateApiException(
-            f"Failed to retrieve all {reply['total']} tasks from the cluster because they "
-            "are not reachable due to data truncation. To avoid raising an exception and "
-            "allow having missing output, set `raise_on_missing_output=False`.")
+    if raise_on_missing_output:
+        check_complete(reply)
     classes = set(reply["classes"])
     listed: dict[tuple, int] = {}  # (worker, name, started) -> tasks listed by id
     for name, _task_id, started, _job, worker in reply["now"]:
