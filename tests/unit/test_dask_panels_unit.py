@@ -144,5 +144,7 @@ def test_state_view_of_tasks_from_a_wrapped_task_stream(s):
     with pytest.raises(RayStateApiException, match="Failed to retrieve all 5 tasks"):
         check_complete(reply)
     check_complete(dict(reply, total=3))
+    with pytest.raises(RayStateApiException, match="only the newest 1 came back"):
+        check_complete(state_records(ext, "tasks", 1))  # all kept, not all sent
     with pytest.raises(ValueError, match="unknown state record kind"):
         state_records(ext, "jobs", 10)

@@ -14,10 +14,11 @@ from typing import Any, Optional
 
 
 def timeline(filename: Optional[str] = None) -> Optional[list[dict[str, Any]]]:
-    """The trace events, oldest first; with ``filename``, written there as JSON instead."""
+    """The trace events of the newest 10 000 calls that ended, oldest first; with
+    ``filename``, written there as JSON instead."""
     from yrdask.ray._session import is_initialized
     from yrdask.ray.util.state.api import records
-    from yrdask.ray.util.state.common import DEFAULT_RPC_TIMEOUT
+    from yrdask.ray.util.state.common import DEFAULT_RPC_TIMEOUT, MAX_LIMIT
 
     if not is_initialized():
         raise RuntimeError("Ray has not been started yet. Timeline requires Ray to be "
@@ -25,7 +26,7 @@ def timeline(filename: Optional[str] = None) -> Optional[list[dict[str, Any]]]:
     if filename is not None and not isinstance(filename, (str, bytes)) \
             and not hasattr(filename, "__fspath__"):
         raise TypeError(f"filename must be a path, got {type(filename).__name__}")
-    reply = records("tasks", None, DEFAULT_RPC_TIMEOUT)
+    reply = records("tasks", None, DEFAULT_RPC_TIMEOUT, MAX_LIMIT)  # the newest, as Ray
     events = trace_events(reply["rows"], reply["processes"])
     if filename is None:
         return events

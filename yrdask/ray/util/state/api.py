@@ -119,14 +119,17 @@ def task_type(name: str, instance: str, classes: Any) -> str:
 
 
 def check_complete(reply: dict) -> None:
-    """Ray's error when task records fell out of the history (``raise_on_missing_output``)."""
-    if reply["total"] > reply["kept"]:
+    """Ray's error when not every ended call the cluster ran came back (``raise_on_missing_
+    output``): older ones fell out of the scheduler's history, or more than :data:`MAX_LIMIT`
+    are kept (the scheduler sends the newest ones, as Ray's data sources truncate)."""
+    total, got = reply["total"], len(reply["rows"])
+    if total > got:
         raise RayStateApiException(
-            f"Failed to retrieve all {reply['total']} tasks from the cluster because they "
-            "are not reachable due to data truncation. The scheduler keeps the last "
-            f"{reply['kept']} (Dask's distributed.scheduler.dashboard.tasks."
-            "task-stream-length). To avoid raising an exception and allow having missing "
-            "output, set `raise_on_missing_output=False`.")
+            f"Failed to retrieve all {total} tasks from the cluster because they are not "
+            f"reachable due to data truncation: only the newest {got} came back (the "
+            "scheduler keeps distributed.scheduler.dashboard.tasks.task-stream-length ended "
+            f"calls and sends at most {MAX_LIMIT}). To avoid raising an exception and allow "
+            "having missing output, set `raise_on_missing_output=False`.")
 
 
 def short_name(name: str) -> str:
