@@ -166,6 +166,8 @@ def test_bad_filters_get_rays_errors(ray_env):
         assert list_actors(filters=[("state", "=", "ALIVE"), ("state", "=", "DEAD")]) == []
     with pytest.raises(ValueError, match="is not the cluster this session is on"):
         list_nodes(address="tcp://127.0.0.1:1")
+    own = ray_env.init(ignore_reinit_error=True).address_info["address"]
+    assert list_nodes(address=own) == list_nodes()  # the session's own address is fine
 
 
 def test_timeline_has_one_event_per_call(ray_env, tmp_path):
