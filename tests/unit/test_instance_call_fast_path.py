@@ -17,7 +17,7 @@ import pytest
 from yrdask import protocol as P
 from yrdask.runtime import call_order as C
 from yrdask.runtime.instance_router import Call, InstanceRouter
-from yrdask.runtime.runtime import DriverRuntime
+from yrdask.runtime.driver import DriverRuntime
 from yrdask.serialization import dumps_value, pack_args, unpack_args, wire
 from yrdask.worker.hosting import HostedInstance
 

@@ -19,7 +19,7 @@ from typing import Any
 from yrdask.errors import YRRuntimeError, YRValueError
 from yrdask.options import Config, check_config
 from yrdask.runtime import context, heap
-from yrdask.runtime.runtime import ClientInfo, DriverRuntime
+from yrdask.runtime.driver import ClientInfo, DriverRuntime
 
 logger = logging.getLogger("yrdask")
 
