@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from yrdask.errors import YRRuntimeError, YRValueError
-from yrdask.options import Config, resolve_security
+from yrdask.options import Config
+from yrdask.runtime.security import resolve_security
 from yrdask.runtime.runtime import Runtime
 from yrdask.runtime.store import configure as configure_store
 

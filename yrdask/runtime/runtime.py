@@ -272,7 +272,7 @@ class Runtime(ObjectAccess, PeerLiveness):
     # -- instances -------------------------------------------------------------------------
 
     def with_working_dir(self, isolation: dict) -> dict:
-        """``isolation`` (see ``options.isolation_spec``) with the job's ``Config.working_dir``
+        """``isolation`` (see ``runtime.isolation.isolation_spec``) with the job's ``Config.working_dir``
         as its directory when it names none (docs/isolation.md)."""
         if isolation.get("cwd"):
             return isolation

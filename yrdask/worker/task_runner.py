@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from yrdask import protocol as P
 from yrdask.errors import (CancelledError, RemoteError, ReturnError, TaskCrashedError,
                            YRValueError, user_traceback)
-from yrdask.options import IsolatedFunction
+from yrdask.runtime.isolation import IsolatedFunction
 from yrdask.runtime.generators import drain, item_sender
 from yrdask.runtime.objects import REF_MARK, pack_counting, unpickling
 from yrdask.runtime.store import node_store
