@@ -88,14 +88,9 @@ class InstanceRouter(CallRouter):
             self.submit(cid, call.instance_id, False, None, call.max_redeliveries,
                         call.unordered, call.concurrency)
             when_ready(refs, lambda: self.deps_ready(cid, failed_dep(refs)))
-        elif not refs:  # the usual: no ref argument, sent at once (submit's shortcut)
-            ins = self.order.send_at_once(cid, call.instance_id, call.max_redeliveries,
-                                          call.unordered, call.concurrency)
-            if ins is not None:
-                self.send_call(ins)
-            else:
-                self.submit(cid, call.instance_id, True, None, call.max_redeliveries,
-                            call.unordered, call.concurrency)
+        elif not refs:  # the usual: no ref argument (sent at once: CallRouter.submit)
+            self.submit(cid, call.instance_id, True, None, call.max_redeliveries,
+                        call.unordered, call.concurrency)
         else:
             error = failed_dep(refs)
             self.submit(cid, call.instance_id, True, error, call.max_redeliveries,
@@ -130,13 +125,8 @@ class InstanceRouter(CallRouter):
         call = self.calls.get(cid)
         if call is None or call.cancelled or results is None:
             return False
-        if self.order.succeeded_at_once(cid):  # done() and call_succeeded() in one
-            del self.calls[cid]
-            for entry, (k, payload) in zip(call.entries, results):
-                entry.set_result(k, payload)
-            return True
         call.results = results
-        self.done(cid)
+        self.done(cid)  # (CallRouter: the usual answer settles through call_succeeded)
         return True
 
     def on_done(self, msg: P.TaskDone) -> bool:

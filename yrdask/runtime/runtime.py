@@ -165,20 +165,17 @@ class Runtime(ObjectAccess, PeerLiveness):
         """A message from a worker on a call channel (:data:`P.CHANNEL_TO_CALLER`): the
         :class:`P.TaskDone` of a method call goes to the router, of a task to the submitter."""
         if msg["op"] == P.TASK_DONE:  # the one op of P.CHANNEL_TO_CALLER
-            # A plain answer (results and nothing else but ``took``: no error, requeue or
-            # refs report) is the hot path, read from the dict: no message object.  A task's
-            # needs no router lookup (call and task ids never collide: both come from new_id);
-            # a call's is ``TaskDone.wire``'s (op, id, results), with ``took`` or without.
-            task_id = msg["task_id"]
-            if task_id in self.submitter.tasks:
-                if (msg.get("refs") is None and msg.get("error") is None
-                        and not msg.get("requeue")):
-                    self.submitter.on_task_ok(task_id, msg.get("results") or [],
-                                              msg.get("took"))
+            # A plain answer (P.plain_results: results, maybe took) is the hot path, read
+            # from the dict: no message object.  A task's needs no router lookup (call and
+            # task ids never collide: both come from new_id).
+            results = P.plain_results(msg)
+            if results is not None:
+                task_id = msg["task_id"]
+                if task_id in self.submitter.tasks:
+                    self.submitter.on_task_ok(task_id, results, msg.get("took"))
                     return
-            elif ((len(msg) == 3 or len(msg) == 4 and "took" in msg)
-                  and self.router.on_result(task_id, msg.get("results"))):
-                return
+                if self.router.on_result(task_id, results):
+                    return
             done = P.TaskDone.from_msg(msg)
             if done.refs is not None:  # before the call lets go of its argument refs
                 self.objects.on_done_refs(done.refs)
