@@ -1263,17 +1263,13 @@ class TaskDone(Message):
     refs: list | None = None  # [holder, borrowed, nested] (see the class docstring)
 
 
-def plain_results(msg: Mapping[str, Any]) -> list | None:
-    """The results of a *plain* :class:`TaskDone` wire dict, else ``None``.
-
-    Plain: results (and how long it ran) and nothing else, no error, requeue or refs report,
-    as ``TaskDone.wire(task_id, results=..., took=...)`` writes it (``wire`` leaves fields
-    at their defaults out; ``to_msg`` writes them all, so its dicts are never plain).  The
-    caller settles such an answer straight from the dict, the hot path; any other
-    ``TASK_DONE`` (and a plain one without results) is read with ``TaskDone.from_msg``."""
-    if "error" in msg or "refs" in msg or "requeue" in msg:
-        return None
-    return msg.get("results")
+PLAIN_TASK_DONE = frozenset(("op", "task_id", "results", "took"))
+"""The keys of a *plain* :class:`TaskDone` on the wire: results (and how long it ran) and
+nothing else, no error, requeue or refs report, as ``TaskDone.wire(task_id, results=...,
+took=...)`` writes it (``wire`` leaves fields at their defaults out; ``to_msg`` writes them
+all, so its dicts are never plain).  A caller settles an answer with
+``PLAIN_TASK_DONE.issuperset(msg)`` straight from its dict, the hot path; any other
+``TASK_DONE`` is read with ``TaskDone.from_msg``."""
 
 
 @_message

@@ -267,7 +267,7 @@ def test_a_plain_answer_read_from_its_wire_dict_inside_another_settlement_waits_
 
 
 def test_the_runtime_reads_a_plain_answer_without_a_message_object():
-    """``Runtime.on_channel_message``: a task's plain answer (``protocol.plain_results``) goes
+    """``Runtime.on_channel_message``: a task's plain answer (``protocol.PLAIN_TASK_DONE``) goes
     to ``on_task_ok``; one with an error, a requeue or a refs report, one written with every
     field (``to_msg``), and a method call's, take the ``TaskDone`` path."""
     from yrdask.runtime.runtime import Runtime

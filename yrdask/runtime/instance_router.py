@@ -122,8 +122,11 @@ class InstanceRouter(CallRouter):
         """A plain answer (``TaskDone`` with results only: no error, no refs report) to
         method call ``cid`` (the hot path, read off its wire dict); False if it is no call
         waiting here or one answered after a cancel (then :meth:`on_done` has the rule)."""
-        call = self.calls.get(cid)
-        if call is None or call.cancelled or results is None:
+        try:
+            call = self.calls[cid]
+        except KeyError:
+            return False
+        if call.cancelled or results is None:
             return False
         call.results = results
         self.done(cid)  # (CallRouter: the usual answer settles through call_succeeded)
@@ -171,7 +174,9 @@ class InstanceRouter(CallRouter):
             chan.send(P.CancelTask(call.call_id))
 
     def call_succeeded(self, call_id: str) -> None:
-        call = self.calls.pop(call_id)
+        calls = self.calls
+        call = calls[call_id]
+        del calls[call_id]  # (not pop: no call on the hot path)
         for entry, (k, payload) in zip(call.entries, call.results):
             entry.set_result(k, payload)
 

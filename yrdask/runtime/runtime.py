@@ -165,16 +165,16 @@ class Runtime(ObjectAccess, PeerLiveness):
         """A message from a worker on a call channel (:data:`P.CHANNEL_TO_CALLER`): the
         :class:`P.TaskDone` of a method call goes to the router, of a task to the submitter."""
         if msg["op"] == P.TASK_DONE:  # the one op of P.CHANNEL_TO_CALLER
-            # A plain answer (P.plain_results: results, maybe took) is the hot path, read
+            # A plain answer (P.PLAIN_TASK_DONE: results, maybe took) is the hot path, read
             # from the dict: no message object.  A task's needs no router lookup (call and
             # task ids never collide: both come from new_id).
-            results = P.plain_results(msg)
-            if results is not None:
+            if P.PLAIN_TASK_DONE.issuperset(msg):
                 task_id = msg["task_id"]
                 if task_id in self.submitter.tasks:
-                    self.submitter.on_task_ok(task_id, results, msg.get("took"))
+                    self.submitter.on_task_ok(task_id, msg.get("results") or [],
+                                              msg.get("took"))
                     return
-                if self.router.on_result(task_id, results):
+                if self.router.on_result(task_id, msg.get("results")):
                     return
             done = P.TaskDone.from_msg(msg)
             if done.refs is not None:  # before the call lets go of its argument refs
