@@ -13,7 +13,7 @@ ME = "tcp://me:1"
 
 
 class Edge:
-    """A :class:`~yrdask.runtime.submitter.SubmitEdge` that records what it is asked."""
+    """A :class:`~yrdask.runtime.submitter.SubmitterEdge` that records what it is asked."""
 
     def __init__(self, local: str | None = ME, short_queue: bool = True) -> None:
         self.local = local
