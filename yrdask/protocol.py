@@ -1296,6 +1296,15 @@ class TaskDone(Message):
     refs: list | None = None  # [holder, borrowed, nested] (see the class docstring)
 
 
+PLAIN_TASK_DONE = frozenset(("op", "task_id", "results", "took"))
+"""The keys of a *plain* :class:`TaskDone` on the wire: results (and how long it ran) and
+nothing else, no error, requeue or refs report, as ``TaskDone.wire(task_id, results=...,
+took=...)`` writes it (``wire`` leaves fields at their defaults out; ``to_msg`` writes them
+all, so its dicts are never plain).  A caller settles an answer with
+``PLAIN_TASK_DONE.issuperset(msg)`` straight from its dict, the hot path; any other
+``TASK_DONE`` is read with ``TaskDone.from_msg``."""
+
+
 @_message
 class CallMethod(Message):
     """caller -> worker.  ``task_id`` is the call id.  Answered by :class:`TaskDone`; calls

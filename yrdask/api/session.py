@@ -20,7 +20,7 @@ from yrdask.errors import YRRuntimeError, YRValueError
 from yrdask.options import Config, check_config
 from yrdask.runtime import context, heap
 from yrdask.runtime.dask_objects import close_dask_client
-from yrdask.runtime.runtime import ClientInfo, DriverRuntime
+from yrdask.runtime.driver import ClientInfo, DriverRuntime
 
 logger = logging.getLogger("yrdask")
 
