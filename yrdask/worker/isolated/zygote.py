@@ -42,7 +42,9 @@ def _node_name(agent: Any) -> str:
 
 def child_info(agent: Any) -> dict:
     """What a child needs to know of its worker: its node (``get_node_id()``, the prints'
-    prefix), and where the scheduler is, for the runtime its first nested call starts."""
+    prefix), where the scheduler is (for the runtime its first nested call starts), its host
+    (where the child listens) and address (its agent's supervision channel, and where large
+    results are kept)."""
     from distributed.comm import get_address_host
 
     worker = agent.worker
@@ -51,7 +53,8 @@ def child_info(agent: Any) -> dict:
         host = get_address_host(worker.address)
     except Exception:  # noqa: BLE001 - an address without a host: loopback
         host = "127.0.0.1"
-    return {"node": _node_name(agent), "scheduler": scheduler, "host": host}
+    return {"node": _node_name(agent), "scheduler": scheduler, "host": host,
+            "worker": worker.address}
 
 
 def spawn(isolation: dict, info: dict | None = None) -> tuple[Any, str]:
