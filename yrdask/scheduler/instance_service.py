@@ -127,6 +127,12 @@ class InstanceService:
         meta = rec.spec.get("meta") if rec is not None else spec.get("meta")
 
         def placed(worker: Any, reason: str) -> None:
+            if worker is None:
+                ended = lc.instances.get(real_id)
+                if ended is not None and ended.worker is not None:
+                    # placed, and it ended before it served (a process instance whose
+                    # process died in __init__): its worker answers its calls with the end
+                    worker = ended.worker
             reply([real_id, worker, meta] if worker is not None else [None, reason, None])
         self.wait(real_id, L.PLACED, placed)
 
