@@ -76,10 +76,14 @@ def _order_with_calls(concurrency: int, n: int) -> C.CallOrder:
 
 
 def _lose(m: C.CallOrder, worker: str, to: str) -> tuple[list, list]:
-    failed = [i.call_id for i in m.handle(C.ChannelLost("s", worker))
-              if isinstance(i, C.CallFailed)]
-    sent = [i.call_id for i in m.handle(C.Located("s", "i", to, "", "i"))
-            if isinstance(i, C.SendCall)]
+    """Lose ``worker``; the instance is located again at ``to``: (sent, failed) calls (the
+    ones past their bound fail once it is known to live on)."""
+    out = m.handle(C.ChannelLost("s", worker))
+    assert not any(isinstance(i, C.CallFailed) for i in out)
+    m.validate()
+    out = m.handle(C.Located("s", "i", to, "", "i"))
+    failed = [i.call_id for i in out if isinstance(i, C.CallFailed)]
+    sent = [i.call_id for i in out if isinstance(i, C.SendCall)]
     m.validate()
     return sent, failed
 
@@ -99,7 +103,8 @@ def test_a_lost_worker_at_concurrency_two_charges_calls_answered_out_of_order():
     m = _order_with_calls(2, 3)
     m.handle(C.CallDone("s", "c0"))  # c1 and c2 may both run now
     _lose(m, "w1", "w2")
-    out = m.handle(C.ChannelLost("s", "w2"))
+    m.handle(C.ChannelLost("s", "w2"))
+    out = m.handle(C.Located("s", "i", "w1", "", "i"))
     failed = [i for i in out if isinstance(i, C.CallFailed)]
     assert [f.call_id for f in failed] == ["c1", "c2"]
     assert all(isinstance(f.error, CallCrashedError) for f in failed)

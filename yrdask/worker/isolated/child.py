@@ -460,11 +460,13 @@ class _OutputAgent:
 
 def endpoint(info: dict) -> tuple[str, dict]:
     """Where this process listens, and how: its callers reach it directly, from any host,
-    so on its worker's host, with TLS where Dask's config has certificates (as the owner
-    server of its runtime, docs/isolation.md#tls)."""
+    so on its worker's host, with its worker's TLS certificates where it has them, else
+    those of Dask's config (docs/isolation.md#tls)."""
     from distributed.security import Security
 
-    listen_args = Security().get_listen_args("client")
+    tls = info.get("tls")
+    listen_args = (Security(**tls).get_listen_args("worker") if tls
+                   else Security().get_listen_args("client"))
     scheme = "tls" if listen_args.get("ssl_context") is not None else "tcp"
     return f"{scheme}://{info.get('host') or '127.0.0.1'}:0", listen_args
 
