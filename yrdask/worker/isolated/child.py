@@ -268,6 +268,18 @@ class IsolatedHost:
         return P.TaskDone(task_id, results=results,
                           refs=self.refs_report(borrowed, nested)).to_msg()
 
+    def cancel(self, msg: dict) -> None:
+        """Ray's cancel of one of the instance's calls; a recursive one also cancels the
+        tasks the call submitted (this process's runtime owns them), as a worker does."""
+        from yrdask.worker.instance_side import call_children
+
+        task_id = msg["task_id"]
+        if self.side.cancel(task_id) and msg.get("recursive"):
+            children = call_children.pop(task_id, None)
+            if children and self.runtime is not None and self.runtime.started:
+                for child in children:
+                    self.runtime.started_runtime().submitter.cancel(child, False, True)
+
     async def open_channel(self, comm: Any, caller: str, expect: str = "") -> None:
         """A call channel from a caller (``CALL_METHOD``, ``CANCEL_TASK``), or the agent's
         supervision channel (``caller`` is the worker): this process ends when that one
@@ -293,7 +305,7 @@ class IsolatedHost:
                     if op == P.CALL_METHOD:
                         side.call_method(peer, msg)
                     elif op == P.CANCEL_TASK:
-                        side.cancel(msg["task_id"])
+                        self.cancel(msg)
         except (CommClosedError, OSError):
             pass
         finally:

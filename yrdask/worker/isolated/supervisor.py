@@ -171,6 +171,7 @@ class IsolatedInstance:
             logger.info("instance %s: ignoring a START_INSTANCE (its process is running)",
                         self.instance_id)
             return
+        self.dead = False  # restarting: a START_INSTANCE told twice starts no second one
         self.incarnation = max(int(spec.get("incarnation") or 0), self.incarnation + 1)
         self.spec = {**self.spec, "incarnation": spec.get("incarnation"),
                      "checkpoint": spec.get("checkpoint")}
