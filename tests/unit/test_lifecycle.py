@@ -428,8 +428,8 @@ def test_callers_reach_a_process_instance_where_its_process_serves(h):
 
 
 def test_a_restarted_process_that_dies_before_it_comes_up_is_a_new_death(h):
-    """Found by the simulation (its model of isolated instances, since removed): the restarted child died in
-    ``__init__``, before ALIVE; its RESTARTING, said with its incarnation, is a second death
+    """Found by the simulation (its former model of isolated instances): the restarted
+    child died in ``__init__``, before ALIVE; its RESTARTING, said with its incarnation, is a second death
     (not the first one twice), so the instance restarts again or ends: it never stays
     RESTARTING with its calls waiting."""
     h.running("a", recover=1)
