@@ -156,9 +156,16 @@ def test_a_checkpointed_instance_moves_with_its_state_and_calls_run_once(two, is
     retire = threading.Thread(target=client.retire_workers,
                               kwargs={"workers": [old], "close_workers": True})
     retire.start()
-    wait_until(lambda: client.run(
-        lambda dask_worker: c.instance_id in dask_worker.extensions["yr"].instance_side.held,
-        workers=[old]).get(old), 30, "the drain to hold the instance's calls")
+    iid = c.instance_id
+    if isolated:  # its calls go to its own process, which holds them; once the state is
+        # taken there, the scheduler moves the instance off its worker
+        wait_until(lambda: client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.extensions["yr"].instances.lifecycle
+            .instances[iid].worker != old), 30, "the drain to take the instance's state")
+    else:
+        wait_until(lambda: client.run(
+            lambda dask_worker: iid in dask_worker.extensions["yr"].instance_side.held,
+            workers=[old]).get(old), 30, "the drain to hold the instance's calls")
     during = [c.inc.invoke(k) for k in range(5, 10)]  # held on the old host, then moved
     retire.join(60)
     assert yr.get(slow) == 4 and yr.get(during) == [5, 6, 7, 8, 9]

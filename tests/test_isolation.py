@@ -327,8 +327,8 @@ class DiesInFirstRestart:
 
 
 def test_a_restart_that_dies_in_init_is_one_more_death(cluster, tmp_path):
-    """Found by the simulation (tests/sim/isolated.py): a restarted isolated process that died
-    before it built the instance left it RESTARTING for good, its calls waiting.  The death
+    """Found by the simulation (its former model of isolated instances): a restarted
+    isolated process that died before it built the instance left it RESTARTING for good, its calls waiting.  The death
     of restart 1 is a new death: the budget allows restart 2, which serves the call."""
     cluster(kind="embedded", num_cpus=1)
     h = DiesInFirstRestart.options(small(isolated=True, recover_retry_times=3)).invoke(

@@ -56,7 +56,7 @@ SAMPLES: list[P.Message] = [
     P.LeaseBlocked("l-1"),
     P.LeaseUnblocked("l-1"),
     P.HandleRefs({"i-1": 1, "i-2": -1}, transit=(("i-1", "tok"),), arrived=(("i-2", "tok2"),)),
-    P.InstanceState("i-1", "FAILED", b"\x80err"),
+    P.InstanceState("i-1", "RESTARTING", None, "exited with code 9", 2, "tcp://h:4001"),
     P.TaskRecords((("f", "ab1", 1.5, 2.5, 140001, True),), {"C.m": 1}, {"f": 2}),
     P.CloseStream(),
     P.RevokeLeases(("l-3",)),
@@ -82,6 +82,7 @@ SAMPLES: list[P.Message] = [
     P.InstanceMoved("i-1", "tcp://w:3"),
     P.CheckpointIsolated(),
     P.KeptObjects(),
+    P.ResultsKept(("c-1", "c-2.0")),
     P.AdoptObjects("tcp://w:2", ("o-1",)),
     P.ObjectsMoved("tcp://w:2", "tcp://w:3", ("o-1",)),
     P.RunIsolated("t-1", "l-1", "f-1", b"\x80fn", b"\x80args", (("t-0", "value", b"v"),), 1,
@@ -166,7 +167,9 @@ def test_channel_groups_are_derived_from_the_table():
                            P.ADD_BORROWER, P.CANCEL_OWNED)
     assert set(P.CHANNEL_TO_WORKER) == {P.RUN_TASK, P.CANCEL_TASK, P.CALL_METHOD}
     assert set(P.ISOLATED_RPC) == {P.OPEN_CHANNEL, P.START_ISOLATED, P.STOP_ISOLATED,
-                                    P.RUN_ISOLATED, P.CHECKPOINT_ISOLATED}
+                                    P.RUN_ISOLATED, P.CHECKPOINT_ISOLATED, P.DRAIN_INSTANCE,
+                                    P.INSTANCE_MOVED}
+    assert P.ISOLATED_TO_AGENT == (P.RESULTS_KEPT,)
     assert P.CHANNEL_TO_CALLER == (P.TASK_DONE, P.GENERATOR_ITEM)
     for group in (P.SCHEDULER_RPC, P.SCHEDULER_STREAM, P.WORKER_RPC, P.WORKER_STREAM):
         assert all(op in P.MESSAGES for op in group)

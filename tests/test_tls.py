@@ -275,6 +275,20 @@ def test_tasks_instances_and_nested_calls_over_tls(tls_driver):
     assert yr.get_node_id().startswith("tls://") and yr.get_node_id() not in workers
 
 
+def test_a_process_instance_serves_its_callers_over_tls(tls_driver):
+    """A process instance's own endpoint, where its callers send their calls, listens with
+    TLS, on its worker's certificates (given on the worker's command line only)."""
+    from yrdask import protocol as P
+    from yrdask.runtime.context import current_runtime
+
+    h = Counter.options(yr.InvokeOptions(cpu=100, memory=10, light=False)).invoke()
+    assert [yr.get(h.add.invoke(1), T) for _ in range(2)] == [1, 2]
+    rt = current_runtime()
+    address = rt.run_sync(rt.connector.request(P.LocateInstance(h.instance_id)), T)[1]
+    assert address.startswith("tls://") and address not in tls_driver.workers, address
+    h.terminate(is_sync=True)
+
+
 def test_yr_config_tls_fields(tls_cluster, pki):
     """openYuanrong's own fields (enable_tls + three paths) join the TLS cluster."""
     good = pki["good"]

@@ -59,9 +59,10 @@ ON_DRIVER_STREAM = "job stream -> driver"
 ON_WORKER_RPC = "worker rpc"
 ON_WORKER_STREAM = "scheduler stream -> worker"
 ON_OWNER_RPC = "owner rpc"
-ON_CHANNEL_TO_WORKER = "call channel -> worker"
+ON_CHANNEL_TO_WORKER = "call channel -> worker (or a process instance)"
 ON_CHANNEL_TO_CALLER = "call channel -> caller"
-ON_ISOLATED_RPC = "worker agent -> isolated process rpc"
+ON_ISOLATED_RPC = "worker agent (or caller) -> isolated process rpc"
+ON_ISOLATED_TO_AGENT = "isolated process -> its worker agent (supervision channel)"
 
 
 # --- reply types --------------------------------------------------------------------------
@@ -775,7 +776,10 @@ class InstanceState(Message):
     process died (the scheduler answers with a ``START_INSTANCE`` to the same worker while
     ``recover_retry_times`` is left, else a stop); ``error`` a pickled RemoteError or
     ``None``; ``reason`` why it exited or died (the exit code or signal); ``incarnation``
-    with RESTARTING: the restart the dead process was (``-1``: not said)."""
+    with RESTARTING: the restart the dead process was (``-1``: not said).  ``address``: a
+    process instance's own endpoint (docs/isolation.md): with ALIVE where its callers send
+    their calls from now on, with RESTARTING the one that died (the scheduler tells every
+    driver and worker how it ended, :class:`WorkerExit`); ``""`` for a light instance."""
 
     op: ClassVar[str] = INSTANCE_STATE
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM,)
@@ -784,6 +788,7 @@ class InstanceState(Message):
     error: bytes | None = None
     reason: str = ""
     incarnation: int = -1
+    address: str = ""
 
 
 @_message
@@ -923,8 +928,10 @@ CRASH_INSTANCE = "yr_crash_instance"
 
 @_message
 class OpenChannel(Message):
-    """caller -> worker, opens a *call channel* on that comm.  ``caller`` is the caller's
-    owner address.  No reply: from then on both sides send batched messages.  ``expect``:
+    """caller -> worker (or a process instance's own process), opens a *call channel* on
+    that comm.  ``caller`` is the caller's owner address (the worker agent opening one to its
+    isolated process: its supervision channel, which the process outlives by nothing).  No
+    reply: from then on both sides send batched messages.  ``expect``:
     the worker process (its Dask ``server_id``) the caller means; another process at
     that address closes the comm at once (the caller then treats the channel as lost), so a
     channel is always to the process the caller thinks (``""``: any)."""
@@ -1076,8 +1083,8 @@ START_ISOLATED = "yr_start_isolated"
 class StartIsolated(Message):
     """worker agent -> its isolated process (``yrdask.worker.isolated``) rpc: build the
     instance of ``spec`` (its ``deps`` already resolved to values).  Reply: the pickled
-    RemoteError of a failed ``__init__``, or ``None``, once ``__init__`` has run.  The calls
-    then go on a call channel opened with :class:`OpenChannel`."""
+    RemoteError of a failed ``__init__``, or ``None``, once ``__init__`` has run.  The
+    callers then open their call channels (:class:`OpenChannel`) to the process itself."""
 
     op: ClassVar[str] = START_ISOLATED
     channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_RPC,)
@@ -1111,7 +1118,7 @@ class DrainInstance(Message):
     does not pickle); the calls are held until :class:`InstanceMoved` either way."""
 
     op: ClassVar[str] = DRAIN_INSTANCE
-    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_ISOLATED_RPC)
     reply_type: ClassVar[Any] = bytes | None
     instance_id: str
     timeout_s: float = 30.0
@@ -1129,7 +1136,7 @@ class InstanceMoved(Message):
     ``None``."""
 
     op: ClassVar[str] = INSTANCE_MOVED
-    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_ISOLATED_RPC)
     instance_id: str
     to: str = ""
 
@@ -1145,6 +1152,22 @@ class CheckpointIsolated(Message):
     op: ClassVar[str] = CHECKPOINT_ISOLATED
     channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_RPC,)
     reply_type: ClassVar[Any] = bytes
+
+
+RESULTS_KEPT = "yr_results_kept"
+
+
+@_message
+class ResultsKept(Message):
+    """isolated process -> its worker agent, on the agent's supervision channel: the
+    process wrote these large results (or generator items) to the node's store and
+    answered their callers with the worker's address; the worker keeps them for their
+    owners from now on (as its own, ``FreeObjects``, scale-down), so they outlive the
+    process."""
+
+    op: ClassVar[str] = RESULTS_KEPT
+    channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_TO_AGENT,)
+    object_ids: list
 
 
 KEPT_OBJECTS = "yr_kept_objects"
@@ -1307,10 +1330,10 @@ all, so its dicts are never plain).  A caller settles an answer with
 
 @_message
 class CallMethod(Message):
-    """caller -> worker.  ``task_id`` is the call id.  Answered by :class:`TaskDone`; calls
-    from one channel to one instance run in the order sent (concurrency 1).  ``caller``:
-    set only by a worker agent that forwards the call to an isolated process (the caller's
-    address, to which refs nested in the results are lent)."""
+    """caller -> worker, or a process instance's own process (docs/isolation.md).
+    ``task_id`` is the call id.  Answered by :class:`TaskDone`; calls from one channel to one
+    instance run in the order sent (concurrency 1).  Refs nested in the results are lent to
+    the channel's caller (:class:`OpenChannel`)."""
 
     op: ClassVar[str] = CALL_METHOD
     channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_WORKER,)
@@ -1320,7 +1343,6 @@ class CallMethod(Message):
     args: bytes
     deps: list
     nret: int
-    caller: str = ""
 
 
 STREAMING = -1
@@ -1366,6 +1388,7 @@ OWNER_RPC = ops_on(ON_OWNER_RPC)  # the driver's owner server
 CHANNEL_TO_WORKER = ops_on(ON_CHANNEL_TO_WORKER)  # the agent's call channel reader
 CHANNEL_TO_CALLER = ops_on(ON_CHANNEL_TO_CALLER)  # the caller's call channel reader
 ISOLATED_RPC = ops_on(ON_ISOLATED_RPC)  # an isolated process's Server
+ISOLATED_TO_AGENT = ops_on(ON_ISOLATED_TO_AGENT)  # the agent's supervision channel reader
 
 
 # --- building handler tables, dispatching and sending -------------------------------------

@@ -70,7 +70,6 @@ from yrdask.scheduler.requests import LeaseRequest
 from yrdask.worker.instance_side import HostedCalls, InstanceSide
 
 from tests.sim import machines as M
-from tests.sim.isolated import IsolatedHosting
 from tests.sim.world import SimFailure
 
 SCHED = "sched"
@@ -181,9 +180,6 @@ class _HostEdge:
 
     def host(self, spec: dict, running: Any) -> Any:
         w, world = self.w, self.world
-        iso = world.iso.host(w, spec, running)  # isolated: its own process (isolated.py)
-        if iso is not None:
-            return iso
         iid, inc, conc = spec["instance_id"], spec["incarnation"], spec["concurrency"]
         h = w.incs[(iid, inc)] = SimHosted(world, w, iid, inc, conc)
         world.say(w.name, "hosts", iid, inc, f"concurrency {conc}")
@@ -428,7 +424,6 @@ class CallWorld:
                 self.timer(t + rng.expovariate(1 / 0.5), "plan", (d.name, "exit"))
         for _ in range(rng.choice([0, 0, 1, 1, 2])):
             self.timer(rng.uniform(0, 6), "kill-worker", None)
-        self.iso = IsolatedHosting(self)  # isolated instances (tests/sim/isolated.py)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -623,7 +618,7 @@ class CallWorld:
             params["init_fails"] = self.init_rng.random() < 0.04
             if params["shape"] is UNFIT and params["timeout_ms"] < 0:
                 params["timeout_ms"] = 2000
-            self.create(dname, d.job, self.iso.create_params(params))
+            self.create(dname, d.job, params)
         elif action in ("call", "spawn", "save") and held:
             for _ in range(rng.randint(1, 3) if action == "call" else 1):
                 self.submit_call(dname, rng.choice(held), action)
@@ -718,7 +713,7 @@ class CallWorld:
             # what the executing side answered (the settlement must match one of them)
             rec.setdefault("answers", []).append(
                 result[0] if isinstance(result, tuple) and isinstance(result[0], str)
-                and result[0] in ("died", "init-error", "cancelled", "crashed") else "ok")
+                and result[0] in ("died", "init-error", "cancelled") else "ok")
             if rec["cancelled"]:  # whatever the answer: settled as cancelled (on_done)
                 self.do(dname, "done", cid, CancelledError(f"Task: {cid} was cancelled."))
             elif isinstance(result, tuple) and result[0] == "died":
@@ -727,8 +722,6 @@ class CallWorld:
                 self.do(dname, "done", cid, InitBoom(rec["iid"]))
             elif isinstance(result, tuple) and result[0] == "cancelled":
                 self.fail(f"call {cid} answered {result} though it was not cancelled")
-            elif isinstance(result, tuple) and result[0] == "crashed":  # an isolated process's
-                self.do(dname, "done", cid, CallCrashedError(result[1]))
             else:
                 rec["result"] = result
                 self.do(dname, "done", cid)
@@ -763,8 +756,6 @@ class CallWorld:
 
     def at_worker(self, wname: str, src: str, chan: str, msg: tuple) -> None:
         w = self.procs[wname]
-        if msg[0].startswith("ISO_"):  # an isolated instance's process (isolated.py)
-            return self.iso.at_worker(w, msg)
         op = msg[0]
         if op == "START":  # agent.start_instance: the instance side (production code)
             _, iid, inc, conc = msg
@@ -1071,8 +1062,6 @@ class CallWorld:
             self.worker_left(data)
         elif kind == "join":
             self.say(self._add_worker(), "JOINED")
-        elif kind.startswith("iso-"):
-            self.iso.fire(kind, data)
 
     def validate(self) -> None:
         try:
@@ -1084,9 +1073,7 @@ class CallWorld:
                 if p.alive:
                     p.order.validate()
                     for h in p.hosted.values():
-                        if isinstance(h, SimHosted):  # isolated ones: self.iso
-                            h.queue.validate()
-            self.iso.validate()
+                        h.queue.validate()
         except AssertionError as e:
             self.fail(f"validate() failed at step {self.step}: {e}")
 
@@ -1141,7 +1128,6 @@ class CallWorld:
             for iid, calls in w.side.early.items():
                 if calls and lc.is_live(iid) and lc.instances[iid].worker == w.name:
                     self.fail(f"{w.name} keeps calls for {iid} that never start")
-        self.iso.check_quiescent()
 
     def check_restart(self) -> None:
         """The scheduler restarts now: it reads back exactly the live detached instances, with

@@ -478,64 +478,6 @@ def _stop_keeps_calls(patch: Patch) -> None:
     patch(HostedCalls, "stop", stop)
 
 
-# -- isolated instances: one fault policy (tests/sim/isolated.py) ---------------------------
-
-
-def _crash_charged_to_no_call(patch: Patch) -> None:
-    from yrdask.runtime import call_order as C
-
-    patch(C, "crash_window", lambda unanswered, concurrency: 0)
-
-
-def _crash_charged_to_oldest_only(patch: Patch) -> None:
-    """Slip: only one call (the oldest) counts as possibly running when the process dies,
-    whatever the concurrency."""
-    from yrdask.runtime import call_order as C
-
-    patch(C, "crash_window", lambda unanswered, concurrency: min(unanswered, 1))
-
-
-def _restart_redelivers_out_of_order(patch: Patch) -> None:
-    from yrdask.worker.isolated_calls import IsolatedCalls
-
-    real = IsolatedCalls.restart
-
-    def restart(self, incarnation, bound):
-        waiting = self.waiting
-        self.waiting = []
-        out = real(self, incarnation, bound)
-        self.waiting = waiting + self.waiting  # the calls that arrived meanwhile go first
-        return out
-    patch(IsolatedCalls, "restart", restart)
-
-
-def _death_while_restarting_ignored(patch: Patch) -> None:
-    """Slip: a RESTARTING instance's process death is taken for the first one told twice,
-    also when the restarted process died before it came up."""
-    from yrdask import protocol as P
-    from yrdask.scheduler.lifecycle import Lifecycle
-
-    real = Lifecycle._process_died
-
-    def process_died(self, ev, out):
-        rec = self.instances.get(ev.instance_id)
-        if rec is not None and rec.state == P.RESTARTING:
-            return None
-        return real(self, ev, out)
-    patch(Lifecycle, "_process_died", process_died)
-
-
-def _restart_budget_reset(patch: Patch) -> None:
-    """The budget starts afresh at every START_INSTANCE (worker/isolated.py before issue
-    22 counted from 0 each time): the restarts made are not counted."""
-    from yrdask.scheduler.lifecycle import InstanceRecord
-
-    def can_restart(self):
-        limit = self.spec.get("recover_retry_times") or 0
-        return limit != 0
-    patch(InstanceRecord, "can_restart", property(can_restart))
-
-
 def _stream_rerun_restarts(patch: Patch) -> None:
     from yrdask.runtime import generators as G
 
@@ -702,7 +644,6 @@ CO_V = ("yrdask.runtime.call_order", "CallOrder")
 LC_V = ("yrdask.scheduler.lifecycle", "Lifecycle")
 CQ_V = ("yrdask.worker.call_queue", "CallQueue")
 RG_V = ("yrdask.scheduler.groups", "GroupMachine")
-IC_V = ("yrdask.worker.isolated_calls", "IsolatedCalls")
 LEND_V = ("yrdask.worker.lending", "LendNotices")
 GEN_V = ("yrdask.runtime.generators", "StreamState")
 RC_V = ("yrdask.runtime.refcount", "RefCounter")
@@ -843,24 +784,6 @@ MUTATIONS: list[Mutation] = [
     Mutation("locate-unknown-at-once", "calls",
              "a locate that overtook the creation answers 'does not exist' (the race of "
              "FINDINGS.md A)", _locate_answers_unknown_at_once, 1500, (LC_V,)),
-    # isolated instances: the one crash-charging rule, redelivery and the restart budget
-    Mutation("crash-charged-to-no-call", "calls",
-             "a dead process's crash is charged to no call (charge_crash's window is 0): a "
-             "call that kills its process runs again and again", _crash_charged_to_no_call,
-             300, (IC_V,)),
-    Mutation("crash-charged-to-oldest-only", "calls",
-             "only the oldest unanswered call is charged, whatever the concurrency",
-             _crash_charged_to_oldest_only, 1500, (IC_V,)),
-    Mutation("isolated-restart-out-of-order", "calls",
-             "a restart delivers the calls that arrived meanwhile before the unanswered ones",
-             _restart_redelivers_out_of_order, 1500, (IC_V,)),
-    Mutation("death-while-restarting-ignored", "calls",
-             "a restarted isolated process that dies before it comes up is ignored: the "
-             "instance stays RESTARTING",
-             _death_while_restarting_ignored, 600, (LC_V,)),
-    Mutation("restart-budget-reset", "calls",
-             "the restart budget starts afresh at every START_INSTANCE",
-             _restart_budget_reset, 300, (LC_V,)),
     # generators (one task seed in scenario.GEN_SEEDS): the stream's machine and adapter
     Mutation("stream-rerun-restarts", "tasks",
              "a generator rerun after its worker died or it raised starts the stream over: "

@@ -31,10 +31,6 @@ def test_at_least_ten_mutations_across_machines():
             "task-side-end-not-told"} <= names
     # resource groups: a removal that leaves leases in its bundles, a bundle over-committed
     assert {"group-removal-keeps-leases", "bundle-fit-ignores-use"} <= names
-    # isolated instances: one crash-charging rule, redelivery in order, one restart budget
-    assert {"crash-charged-to-no-call", "crash-charged-to-oldest-only",
-            "isolated-restart-out-of-order", "restart-budget-reset",
-            "death-while-restarting-ignored"} <= names
     # lending notices: a lasting wait never told (nested work hangs), a told one never ended
     assert {"block-never-told", "unblock-untold"} <= names
     # revokes: a kept lease's return and bound, firm revokes, revokes before their grant

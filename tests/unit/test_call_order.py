@@ -197,12 +197,13 @@ def test_the_running_call_fails_past_the_bound_and_the_calls_behind_it_go_on(h):
     h(C.CallSubmitted, "c2", "i")
     h(C.ChannelLost, W1)
     assert sent(h(C.Located, "i", W2, "", "i")) == ["c1", "c2"]
-    out = h(C.ChannelLost, W2)
+    assert of(h(C.ChannelLost, W2), C.CallFailed) == []  # once it is known to live on
+    out = h(C.Located, "i", W1, "", "i")
     failed = of(out, C.CallFailed)
     assert [f.call_id for f in failed] == ["c1"]
     assert isinstance(failed[0].error, CallCrashedError)
     assert "2 times" in str(failed[0].error) and W2 in str(failed[0].error)
-    assert sent(h(C.Located, "i", W1, "", "i")) == ["c2"]
+    assert sent(out) == ["c2"]
     h(C.ChannelLost, W1)  # c2's first death as the running call: one more try
     assert sent(h(C.Located, "i", W2, "", "i")) == ["c2"]
     assert h(C.CallDone, "c2") == [C.CallSucceeded(f"s{h.n}", "c2")]
@@ -214,10 +215,25 @@ def test_a_call_with_its_own_bound_zero_fails_at_the_first_death(h):
     h.created("i")
     h(C.CallSubmitted, "c1", "i", True, None, 0)
     h(C.CallSubmitted, "c2", "i")
-    failed = of(h(C.ChannelLost, W1), C.CallFailed)
+    assert of(h(C.ChannelLost, W1), C.CallFailed) == []
+    out = h(C.Located, "i", W2, "", "i")
+    failed = of(out, C.CallFailed)
     assert [f.call_id for f in failed] == ["c1"]
     assert "its own bound: 0" in str(failed[0].error)
-    assert sent(h(C.Located, "i", W2, "", "i")) == ["c2"]
+    assert sent(out) == ["c2"]
+
+
+def test_a_call_past_its_bound_fails_with_the_instances_end_if_it_did_not_restart(h):
+    # Ray: the call cut short by a death that is not restarted gets ActorDiedError (the
+    # end), not ActorUnavailableError (the crash); the call behind it fails the same way.
+    h.created("i")
+    h(C.CallSubmitted, "c1", "i", True, None, 0)
+    h(C.CallSubmitted, "c2", "i")
+    assert of(h(C.ChannelLost, W1), C.CallFailed) == []
+    failed = of(h(C.Located, "i", None, "it used all its restarts", "i"), C.CallFailed)
+    assert [f.call_id for f in failed] == ["c1", "c2"]
+    assert all(type(f.error) is InstanceDiedError and "all its restarts" in str(f.error)
+               for f in failed)
 
 
 def test_a_call_without_a_bound_is_delivered_after_every_death(h):

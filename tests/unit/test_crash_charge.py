@@ -1,7 +1,7 @@
 """The one crash-charging rule (``runtime/call_order.py``: ``crash_window``,
-``charge_crash``) and its two users without I/O: a lost worker (``CallOrder``, each caller
-for its calls) and a dead isolated process (``worker/isolated_calls.py``, the agent for all
-the calls it forwarded), at concurrency 1, > 1 and unbounded."""
+``charge_crash``) and its user without I/O, ``CallOrder``: each caller charges its calls
+when it loses the process they went to (a worker, or a process instance's own process), at
+concurrency 1, > 1 and unbounded, each call by its own bound."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 from yrdask.errors import CallCrashedError, TaskCrashedError, describe_exit
 from yrdask.runtime import call_order as C
 from yrdask.runtime.call_order import charge_crash, crash_window, may_redeliver
-from yrdask.worker import isolated_calls as IC
 from yrdask.worker.isolated.zygote import describe_exit_of
 
 
@@ -77,10 +76,14 @@ def _order_with_calls(concurrency: int, n: int) -> C.CallOrder:
 
 
 def _lose(m: C.CallOrder, worker: str, to: str) -> tuple[list, list]:
-    failed = [i.call_id for i in m.handle(C.ChannelLost("s", worker))
-              if isinstance(i, C.CallFailed)]
-    sent = [i.call_id for i in m.handle(C.Located("s", "i", to, "", "i"))
-            if isinstance(i, C.SendCall)]
+    """Lose ``worker``; the instance is located again at ``to``: (sent, failed) calls (the
+    ones past their bound fail once it is known to live on)."""
+    out = m.handle(C.ChannelLost("s", worker))
+    assert not any(isinstance(i, C.CallFailed) for i in out)
+    m.validate()
+    out = m.handle(C.Located("s", "i", to, "", "i"))
+    failed = [i.call_id for i in out if isinstance(i, C.CallFailed)]
+    sent = [i.call_id for i in out if isinstance(i, C.SendCall)]
     m.validate()
     return sent, failed
 
@@ -100,96 +103,26 @@ def test_a_lost_worker_at_concurrency_two_charges_calls_answered_out_of_order():
     m = _order_with_calls(2, 3)
     m.handle(C.CallDone("s", "c0"))  # c1 and c2 may both run now
     _lose(m, "w1", "w2")
-    out = m.handle(C.ChannelLost("s", "w2"))
+    m.handle(C.ChannelLost("s", "w2"))
+    out = m.handle(C.Located("s", "i", "w1", "", "i"))
     failed = [i for i in out if isinstance(i, C.CallFailed)]
     assert [f.call_id for f in failed] == ["c1", "c2"]
     assert all(isinstance(f.error, CallCrashedError) for f in failed)
     assert "2 times" in str(failed[0].error)
 
 
-# -- a dead isolated process: IsolatedCalls --------------------------------------------------
-
-
-def _isolated(concurrency: int) -> IC.IsolatedCalls:
-    d = IC.IsolatedCalls("i", concurrency)
-    assert d.arrived("early", "E") == IC.WAIT
-    assert d.connect() == [("early", "E")]
-    for cid in ("a", "b", "c"):
-        assert d.arrived(cid, cid.upper()) == IC.FORWARD
-    d.validate()
-    return d
-
-
-def test_isolated_concurrency_one_charges_the_oldest_forwarded_call_of_all_callers():
-    d = _isolated(1)
-    assert d.answered("early") == "E"
-    assert d.child_died("killed") and not d.child_died("twice")
-    assert d.arrived("late", "L") == IC.WAIT  # waits for the new child
-    d.validate()
-    resend, failed = d.restart(1, bound=1)
-    assert [c for c, _ in resend] == ["a", "b", "c"] and failed == []
-    assert d.crashes == {"a": 1} and d.incarnation == 1
-    assert [c for c, _ in d.connect()] == ["a", "b", "c", "late"]  # redelivered first
-    d.child_died("killed again")
-    resend, failed = d.restart(2, bound=1)
-    assert failed == [("a", "A", 2)] and [c for c, _ in resend] == ["b", "c", "late"]
-    assert d.crashes == {}  # b had not started: uncharged; a's count went with it
-    d.validate()
-
-
-def test_isolated_concurrency_two_and_async_charge_what_may_have_run():
-    d = _isolated(2)
-    d.child_died("x")
-    assert d.restart(1, 0)[1] == [("early", "E", 1), ("a", "A", 1)]
-    d = _isolated(1000)  # an async instance: all of them may run at once
-    d.child_died("x")
-    resend, failed = d.restart(1, 0)
-    assert resend == [] and [c for c, _, _ in failed] == ["early", "a", "b", "c"]
-
-
-def test_isolated_restart_applies_each_calls_own_bound():
-    """A method's own bound (Ray's max_task_retries, from the class) per call: 0 fails
-    the call at the first death, -1 redelivers it however often, the others take the
-    default (1 here)."""
-    own = {"E": 0, "A": -1}
-
-    def bound(item: str) -> int:
-        return own.get(item, 1)
-
-    d = _isolated(3)
-    outcomes = []
-    for n in range(1, 5):
-        d.child_died("x")
-        resend, failed = d.restart(n, bound)
-        outcomes.append(([c for c, _ in resend], [c for c, _, _ in failed]))
-        d.connect()
-        d.validate()
-    assert outcomes == [(["a", "b", "c"], ["early"]), (["a", "c"], ["b"]),
-                        (["a"], ["c"]), (["a"], [])]
-
-
-def test_isolated_restart_of_a_running_child_or_a_stopped_instance_is_ignored():
-    d = _isolated(1)
-    assert d.restart(1, 1) is None  # its child is running: not a restart
-    assert [c for c, _ in d.stop("terminated")] == ["early", "a", "b", "c"]
-    assert d.arrived("x", "X") == IC.ENDED
-    assert not d.child_died("late") and d.restart(2, 1) is None
-    d.validate()
-
-
-def test_isolated_calls_answer_a_start_that_failed_until_a_child_runs():
-    d = IC.IsolatedCalls("i", 1)
-    d.arrived("a", "A")
-    assert d.start_failed_now() == [("a", "A")]
-    assert d.arrived("b", "B") == IC.START_FAILED
-    d.validate()
-
-
-def test_the_incarnation_only_grows():
-    d = _isolated(1)
-    d.child_died("x")
-    d.restart(0, 1)  # an older number (never sent): still a new incarnation
-    assert d.incarnation == 1
+def test_each_call_is_charged_by_its_own_bound():
+    """A call's own bound (Ray's max_task_retries, of the method or the call): 0 fails it at
+    the first loss of its process, -1 redelivers it however often, none takes the default
+    (1 here).  A process instance's callers apply it as a lost worker's do."""
+    m = C.CallOrder(max_redeliveries=1)
+    for ev in (C.CreateRequested("s", "i"), C.HandleAdded("s", "i"),
+               C.CreateDepsReady("s", "i"), C.Created("s", "i", "p1", "i")):
+        m.handle(ev)
+    for cid, own in (("c0", 0), ("c1", -1), ("c2", None)):
+        m.handle(C.CallSubmitted("s", cid, "i", max_redeliveries=own, concurrency=3))
+    outcomes = [_lose(m, f"p{n}", f"p{n + 1}") for n in range(1, 5)]
+    assert outcomes == [(["c1", "c2"], ["c0"]), (["c1"], ["c2"]), (["c1"], []), (["c1"], [])]
 
 
 # -- what errors say -------------------------------------------------------------------------

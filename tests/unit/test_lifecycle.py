@@ -396,9 +396,40 @@ def test_isolated_process_deaths_and_worker_losses_share_one_budget(h):
     assert of(out, L.ReleaseResources)
 
 
+def test_callers_reach_a_process_instance_where_its_process_serves(h):
+    """An instance in a process of its own is reached at that process's endpoint: placing
+    it answers nobody yet, its start (with the endpoint) answers the waiting creations and
+    locates; while it restarts or moves there is no address, and each new process's own
+    endpoint is answered once it serves.  A light instance is reached at its worker from
+    its placement on."""
+    h.create("p", recover=2)
+    h.rec("p").spec["isolation"] = {"env": {}, "cwd": ""}
+    assert L.runs_alone(h.rec("p").spec)
+    out = h(L.Placed, "p", W1)
+    assert not of(out, L.AnswerWaiters) and h.m.answer("p", L.PLACED) is None
+    out = h(L.InstanceStarted, "p", W1, False, "tcp://w1:7001")
+    assert L.AnswerWaiters(f"s{h.n}", "p", L.PLACED, "tcp://w1:7001") in out
+    assert h.m.answer("p", L.PLACED) == ("tcp://w1:7001", "")
+    assert h.m.status("p")["worker"] == W1  # where it is hosted, as for any instance
+    h(L.ProcessDied, "p", W1, "killed", 0)
+    assert h.m.answer("p", L.PLACED) is None
+    out = h(L.InstanceStarted, "p", W1, False, "tcp://w1:7002")
+    assert of(out, L.AnswerWaiters)[-1].worker == "tcp://w1:7002"
+    h(L.Move, "p", W1, b"state", (W1,))
+    assert h.m.answer("p", L.PLACED) is None
+    h(L.Placed, "p", W2)
+    assert h.m.answer("p", L.PLACED) is None
+    h(L.InstanceStarted, "p", W2, True, "")  # no process could start: its worker answers
+    assert h.m.answer("p", L.PLACED) == (W2, "")
+    h.create("light")
+    assert not L.runs_alone(h.rec("light").spec)
+    out = h(L.Placed, "light", W1)
+    assert L.AnswerWaiters(f"s{h.n}", "light", L.PLACED, W1) in out
+
+
 def test_a_restarted_process_that_dies_before_it_comes_up_is_a_new_death(h):
-    """Found by the simulation (tests/sim/isolated.py): the restarted child died in
-    ``__init__``, before ALIVE; its RESTARTING, said with its incarnation, is a second death
+    """Found by the simulation (its former model of isolated instances): the restarted
+    child died in ``__init__``, before ALIVE; its RESTARTING, said with its incarnation, is a second death
     (not the first one twice), so the instance restarts again or ends: it never stays
     RESTARTING with its calls waiting."""
     h.running("a", recover=1)

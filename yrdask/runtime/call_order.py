@@ -20,9 +20,11 @@ Rules:
   front of their route in the order they were sent, and the route locates its instance
   again (``lost=worker``): a restarted instance gets them again (at least once); a call that
   was answered is never sent again.  The oldest ``concurrency`` of them may have been
-  running and are charged a crash; past their bound they fail with ``CallCrashedError``
-  (:func:`charge_crash`, the one rule, which ``worker/isolated_calls.py`` applies too when
-  an isolated instance's process dies).
+  running and are charged a crash (:func:`charge_crash`, the one rule); past their bound
+  they fail once the route is located again: with ``CallCrashedError`` if the instance
+  lives on (it restarted), with its end if it did not (Ray's ``ActorUnavailableError``
+  and ``ActorDiedError``).  A *worker* here is whatever process the route's calls go to:
+  a worker, or a process instance's own process (its endpoint, docs/isolation.md).
 * When the instance moved (scale-down, ``scheduler/drain.py``), its old worker answers the
   calls it did not run with ``InstanceMovedError`` (:class:`CallMoved`): they and every
   call sent after them to that worker go back to the front of the route, uncharged, and
@@ -72,10 +74,9 @@ def crash_window(unanswered: int, concurrency: int) -> int:
 
 def charge_crash(unanswered: list, concurrency: int, charge: Any, bound: Any
                  ) -> tuple[list, list]:
-    """The one crash-charging rule, for a lost worker (:class:`CallOrder`, each caller
-    for its own calls) and a dead isolated process (``worker/isolated/supervisor.py``, the agent for
-    all calls it forwarded): the host process of ``unanswered`` calls (oldest first, in the
-    order the host received them) died.  The oldest :func:`crash_window` of them may have
+    """The one crash-charging rule (:class:`CallOrder`, each caller for its own calls): the
+    host process of ``unanswered`` calls (a worker, or a process instance's own process;
+    oldest first, in the order the host received them) died.  The oldest :func:`crash_window` of them may have
     been running: each is charged a crash (``charge(call)`` counts it and returns its count
     now) and is delivered again while :func:`may_redeliver` allows (``bound(call)``), else
     it fails; the others had not started and go again uncharged.
@@ -327,7 +328,7 @@ def _charge(call: _Call) -> int:
 
 class _Route:
     __slots__ = ("instance_id", "worker", "real_id", "dead", "queue", "inflight", "waiting",
-                 "lost")
+                 "lost", "crashed")
 
     def __init__(self, instance_id: str, waiting: str | None = None) -> None:
         self.instance_id = instance_id
@@ -338,6 +339,9 @@ class _Route:
         self.inflight: dict[str, _Call] = {}  # sent, not answered, in send order
         self.waiting: str | None = waiting  # CREATE_DEPS, CREATING, LOCATING or None
         self.lost: str | None = None  # the worker it was lost with, until located again
+        # calls past their crash bound, with their CallCrashedError, until the route is
+        # located again: they fail with it if the instance restarted, with its end if not
+        self.crashed: list[tuple[_Call, Any]] = []
 
 
 class CallOrder:
@@ -371,7 +375,7 @@ class CallOrder:
     def pending(self, instance_id: str) -> int:
         """Calls of this process on ``instance_id`` not settled yet."""
         route = self.routes.get(instance_id)
-        return 0 if route is None else len(route.queue) + len(route.inflight)
+        return 0 if route is None else len(route.queue) + len(route.inflight) + len(route.crashed)
 
     def story_of(self, *keys: str) -> list:
         """The story entries mentioning any call or instance id in ``keys``."""
@@ -516,19 +520,21 @@ class CallOrder:
             if resend:
                 # The calls that were running are among the oldest unanswered ones (the
                 # worker starts them in the order they arrived, up to the concurrency): they
-                # are charged a crash, and fail past the bound (charge_crash: the one rule,
-                # also for a dead isolated process).  The ones behind had not started.
+                # are charged a crash, and fail past the bound (charge_crash: the one rule).
+                # The ones behind had not started.
                 resend, failed = charge_crash(resend, _concurrency_of(resend), _charge,
                                               self._bound_of)
                 for call, n in failed:
                     bound = self._bound_of(call)
                     why = (f"yrdask.scheduling.max-call-redeliveries={bound}"
                            if call.max_redeliveries is None else f"its own bound: {bound}")
-                    self._fail(call, CallCrashedError(
+                    # settled once located: the crash error if the instance lives on (it
+                    # restarted), else the instance's end (Ray's ActorDiedError)
+                    route.crashed.append((call, CallCrashedError(
                         f"call {call.call_id} on instance {call.instance_id} may have been "
                         f"running when the instance's process died, {n} times (last on "
                         f"{ev.worker}); it is not delivered again ({why}): "
-                        "it may be what kills the process", ev.worker), ev.stimulus_id, out)
+                        "it may be what kills the process", ev.worker)))
             if resend:
                 # back in submission order, as the queue always is: ordered calls were sent
                 # in that order and are all older than the queued ones (they go back in
@@ -537,7 +543,8 @@ class CallOrder:
                 route.queue = deque(sorted((*resend, *route.queue), key=_seq))
             route.worker, route.lost = None, ev.worker
             self.story.log(ev.stimulus_id, ("lost", route.instance_id, ev.worker,
-                                            [c.call_id for c in resend]),
+                                            [c.call_id for c in resend],
+                                            [c.call_id for c, _e in route.crashed]),
                            (route.instance_id, *(c.call_id for c in resend)))
             self._pump(route, ev.stimulus_id, out)
 
@@ -620,6 +627,9 @@ class CallOrder:
                 f"instance {route.instance_id} is not available: {ev.reason}"),
                 ev.stimulus_id, out)
             return
+        crashed, route.crashed = route.crashed, []
+        for call, error in crashed:  # it lives on: they may have been what killed it
+            self._fail(call, error, ev.stimulus_id, out)
         route.worker = ev.worker
         self.story.log(ev.stimulus_id, ("located", ev.instance_id, ev.worker),
                        (ev.instance_id,))
@@ -661,12 +671,16 @@ class CallOrder:
         """Send what may leave; fail everything on a dead route; locate if nobody knows."""
         queue = route.queue
         if route.dead is not None:
+            if route.crashed:  # the instance ended: they fail with its end
+                crashed, route.crashed = route.crashed, []
+                for call, _error in crashed:
+                    self._fail(call, route.dead, sid, out)
             while queue:
                 self._fail(queue.popleft(), route.dead, sid, out)
             return
         worker = route.worker
         if worker is None:
-            if queue and route.waiting is None:
+            if (queue or route.crashed) and route.waiting is None:
                 route.waiting = LOCATING
                 self.story.log(sid, ("locate", route.instance_id, route.lost),
                                (route.instance_id,))
@@ -714,7 +728,8 @@ class CallOrder:
         """A route nobody holds, with nothing to send or wait for, is forgotten."""
         iid = route.instance_id
         if (iid not in self.counts and not route.queue and not route.inflight
-                and route.waiting is None and self.routes.get(iid) is route):
+                and not route.crashed and route.waiting is None
+                and self.routes.get(iid) is route):
             del self.routes[iid]
 
     def _incref(self, iid: str, sid: str, out: list) -> None:
@@ -760,7 +775,12 @@ class CallOrder:
             assert route.instance_id == iid, (iid, route.instance_id)
             sent = list(route.inflight.values())
             queued = list(route.queue)
-            for call in sent + queued:
+            crashed = [c for c, _e in route.crashed]
+            if crashed:
+                assert route.worker is None and route.dead is None, \
+                    f"route {iid} keeps crashed calls while located"
+                assert route.waiting is not None, f"route {iid} has crashed calls, nobody asked"
+            for call in sent + queued + crashed:
                 assert call.call_id not in seen, f"call {call.call_id} queued and in flight"
                 seen.add(call.call_id)
                 assert self.calls.get(call.call_id) is call, f"call {call.call_id} unknown"
@@ -784,7 +804,7 @@ class CallOrder:
                 assert not queued[0].ready, f"route {iid}: a ready call waits at the head"
             if route.waiting is not None:
                 assert route.worker is None, f"route {iid} waits with a worker"
-            pending[iid] = len(sent) + len(queued)
+            pending[iid] = len(sent) + len(queued) + len(crashed)
         assert seen == set(self.calls), "calls known but on no route"
         for iid, n in self.counts.items():
             assert n > 0, f"count of {iid} is {n}"

@@ -213,6 +213,10 @@ class YrSchedulerExtension:
             self.removed.pop(next(iter(self.removed)))
         self._broadcast(P.WorkerLost(address, server_id), but=address)
 
+    def broadcast(self, msg: Any) -> None:
+        """Send ``msg`` to every driver and every worker."""
+        self._broadcast(msg, "")
+
     def _broadcast(self, msg: Any, but: str) -> None:
         """Send ``msg`` to every driver, and to every worker but ``but`` (each stream in
         order: a ``WorkerJoined`` never overtakes the ``WorkerLost`` of its address)."""

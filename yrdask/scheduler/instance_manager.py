@@ -135,9 +135,13 @@ class InstanceManager:
 
     def instance_state(self, instance_id: str, state: str, error: Any = None,
                        worker: str | None = None, reason: str = "",
-                       incarnation: int = -1) -> None:
+                       incarnation: int = -1, address: str = "") -> None:
+        if address and state != P.ALIVE and reason:
+            # a process instance's process ended: its callers lost their channels to it, and
+            # their errors say how it ended (as for a worker process, P.WorkerExit)
+            self.ext.broadcast(P.WorkerExit(address, reason))
         self.service.instance_state(instance_id, state, worker, error is not None, reason,
-                                    incarnation)
+                                    incarnation, address)
 
     def on_owner_gone(self, owner: str, holder: str | None) -> None:
         self.service.owner_gone(owner, holder)

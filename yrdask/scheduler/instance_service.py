@@ -127,6 +127,12 @@ class InstanceService:
         meta = rec.spec.get("meta") if rec is not None else spec.get("meta")
 
         def placed(worker: Any, reason: str) -> None:
+            if worker is None:
+                ended = lc.instances.get(real_id)
+                if ended is not None and ended.worker is not None:
+                    # placed, and it ended before it served (a process instance whose
+                    # process died in __init__): its worker answers its calls with the end
+                    worker = ended.worker
             reply([real_id, worker, meta] if worker is not None else [None, reason, None])
         self.wait(real_id, L.PLACED, placed)
 
@@ -163,10 +169,41 @@ class InstanceService:
         def go() -> None:
             self.wait(real_id, L.PLACED, placed)
         rec = lc.instances.get(real_id)
-        if rec is not None and lost is not None and rec.worker == lost:
+        if rec is None or lost is None:
+            go()
+        elif L.runs_alone(rec.spec) and lost != rec.worker:
+            self._wait_new_endpoint(real_id, lost, placed)
+        elif rec.worker == lost:
             self.edge.worker_gone(lost, LOST_WORKER_WAIT_S, go)
         else:
             go()
+
+    def _wait_new_endpoint(self, iid: str, lost: str, answer: StageAnswer) -> None:
+        """A caller lost its channel to the process of ``iid`` (at ``lost``): answer where
+        the next one serves (its worker restarts it, or it was placed anew), or its end.
+        A caller can hear of the death before the worker reports it: while the instance is
+        still recorded at ``lost`` it waits, within :data:`LOST_WORKER_WAIT_S`."""
+        done = False
+
+        def once(where: Any, reason: str) -> None:
+            nonlocal done
+            if done:
+                return
+            if where == lost and reason == "":  # still that process: wait on
+                self.waiters.setdefault((iid, L.PLACED), []).append(once)
+                return
+            done = True
+            answer(where, reason)
+
+        def bound() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self.wait(iid, L.PLACED, answer)
+
+        self.wait(iid, L.PLACED, once)
+        if not done:
+            self.edge.call_at(self.edge.now() + LOST_WORKER_WAIT_S, bound)
 
     def kill(self, instance_id: str, reason: str, done: Callable[[], None]) -> None:
         """``KILL_INSTANCE``: end it and its non-detached descendants; ``done()`` once the
@@ -226,17 +263,17 @@ class InstanceService:
                                self.edge.now()))
 
     def instance_state(self, instance_id: str, state: str, worker: str, failed: bool = False,
-                       reason: str = "", incarnation: int = -1) -> None:
-        """``INSTANCE_STATE`` from ``worker``: ALIVE (``failed``: ``__init__`` raised),
-        EXITED, or RESTARTING (its isolated process of restart ``incarnation`` died; the
-        worker lives)."""
+                       reason: str = "", incarnation: int = -1, address: str = "") -> None:
+        """``INSTANCE_STATE`` from ``worker``: ALIVE (``failed``: ``__init__`` raised;
+        ``address``: where its own process serves), EXITED, or RESTARTING (its isolated
+        process of restart ``incarnation`` died; the worker lives)."""
         sid = self._sid(f"state-{state}")
         if state == "EXITED":
             event: Any = L.InstanceExited(sid, instance_id, worker, reason)
         elif state == P.RESTARTING:
             event = L.ProcessDied(sid, instance_id, worker or "", reason, incarnation)
         else:
-            event = L.InstanceStarted(sid, instance_id, worker, failed)
+            event = L.InstanceStarted(sid, instance_id, worker, failed, address)
         self.feed(event)
 
     def owner_gone(self, owner: str, holder: str | None) -> None:

@@ -95,6 +95,7 @@ class InstanceStarted(Event):
     instance_id: str
     worker: str | None = None
     init_failed: bool = False
+    endpoint: str = ""  # a process instance's own address, where its callers send calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +328,9 @@ class InstanceRecord:
     release_at: float | None = None  # unheld: ends at this time if still unheld
     ended_at: float | None = None  # when it ended (the machine's ``now`` then)
     moving_from: str | None = None  # a move (scale-down) is placing it; its held copy is there
+    # where the process of one that runs alone serves, from its start until it dies or moves
+    # (its worker's address when the worker hosts it after all: no process could start)
+    endpoint: str | None = None
 
     @property
     def can_restart(self) -> bool:
@@ -338,8 +342,28 @@ class InstanceRecord:
         return self.name_key is None and not self.detached
 
     @property
+    def address(self) -> str | None:
+        """Where its callers send calls: its worker, or for an instance that runs alone its
+        process's endpoint once that process serves (``None`` until then)."""
+        if not runs_alone(self.spec):
+            return self.worker
+        if self.state != P.ALIVE or self.moving_from is not None:
+            return None
+        return self.endpoint
+
+    @property
     def unheld(self) -> bool:
         return not self.holders and not self.transit
+
+
+def runs_alone(spec: dict[str, Any]) -> bool:
+    """The instance runs in a process of its own (a process instance, isolated work, or
+    devices): callers reach that process at its own endpoint, which its worker reports once
+    it serves (``InstanceStarted.endpoint``), not at the worker (docs/isolation.md)."""
+    if spec.get("isolation") is not None:
+        return True
+    shape = spec.get("shape") or {}
+    return bool(shape.get("GPU") or shape.get("NPU"))
 
 
 # -- the machine -----------------------------------------------------------------------------
@@ -427,7 +451,8 @@ class Lifecycle:
         if rec.state == P.DEAD:
             return None, rec.reason
         if stage == PLACED:
-            return (rec.worker, "") if rec.worker is not None else None
+            address = rec.address
+            return (address, "") if address is not None else None
         return (rec.worker, "") if rec.ever_alive else None
 
     def unknown(self, iid: str) -> bool:
@@ -546,14 +571,15 @@ class Lifecycle:
             else:
                 self._log(sid, "placed-ignored", ev.instance_id, ev.worker)
             return
-        rec.acquiring, rec.held, rec.worker = False, True, ev.worker
+        rec.acquiring, rec.held, rec.worker, rec.endpoint = False, True, ev.worker, None
         if rec.moving_from is not None:
             self._log(sid, "moved", rec.instance_id, rec.moving_from, ev.worker)
             rec.moving_from = None
         self._log(sid, "placed", rec.instance_id, ev.worker)
         out.append(StartInstance(sid, ev.worker, rec.instance_id, rec.spec, rec.restarts,
                                  rec.checkpoint))
-        out.append(AnswerWaiters(sid, rec.instance_id, PLACED, ev.worker))
+        if not runs_alone(rec.spec):  # one that runs alone is reached once it serves
+            out.append(AnswerWaiters(sid, rec.instance_id, PLACED, ev.worker))
 
     def _placement_failed(self, ev: PlacementFailed, out: list) -> None:
         rec = self.instances.get(ev.instance_id)
@@ -581,8 +607,11 @@ class Lifecycle:
         if ev.init_failed:
             rec.reason = "__init__ raised"
         rec.ever_alive = True
-        self._log(sid, P.ALIVE, rec.instance_id, rec.reason)
+        rec.endpoint = ev.endpoint or rec.worker
+        self._log(sid, P.ALIVE, rec.instance_id, rec.reason, rec.endpoint)
         out.append(AnswerWaiters(sid, rec.instance_id, ALIVE_STAGE, rec.worker))
+        if runs_alone(rec.spec):  # its callers reach it here now (waiting since _placed)
+            out.append(AnswerWaiters(sid, rec.instance_id, PLACED, rec.endpoint))
 
     def _exited(self, ev: InstanceExited, out: list) -> None:
         rec = self.instances.get(ev.instance_id)

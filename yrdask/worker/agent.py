@@ -30,7 +30,6 @@ from tornado.ioloop import PeriodicCallback
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
 from yrdask.runtime.runtime import install_worker_runtime, uninstall_worker_runtime
-from yrdask.runtime.context import checkpoint
 # A driver imports these when its runtime is built; a worker with its agent, so that the
 # embedded cluster's launcher imports them once, before it forks the workers.
 from yrdask.runtime import instance_router as _instance_router  # noqa: F401
@@ -40,7 +39,7 @@ from yrdask.runtime.store import drop_local_copy, node_store
 from yrdask.stream import StreamSender
 from yrdask.worker.channel_peers import LocalPeer, Peer
 from yrdask.worker.dask_panels import FLUSH_MS, Recorder, store_bytes
-from yrdask.worker.hosting import HostedInstance
+from yrdask.worker.hosting import RESULT_INLINE_LIMIT, HostedInstance, SideEdge, drain_hosted
 from yrdask.worker.isolated.pool import ProcessPool
 from yrdask.worker.isolated.supervisor import IsolatedInstance
 from yrdask.worker.isolated.zygote import Zygote
@@ -52,25 +51,12 @@ from yrdask.worker.task_runner import TaskRunner, _AgentEdge, _Ending
 from yrdask.worker.task_side import TaskSide
 from yrdask.worker.instance_side import InstanceSide
 from yrdask.worker.share import SharedThreadPoolExecutor, WorkerShare
-from yrdask.errors import InstanceDiedError, InstanceMovedError, YRRuntimeError
-from yrdask.serialization import Frames, dumps, wire
+from yrdask.errors import YRRuntimeError
+from yrdask.serialization import Frames, wire
 
 logger = logging.getLogger("yrdask.worker")
 
 MAX_THREADS = 4096
-DRAIN_POLL_S = 0.005  # how often a draining instance is checked for calls still running
-
-
-def drained(inst: Any) -> bool:
-    """A hosted instance (in this process or its own) is built and has no call left to
-    answer: its state can be taken for a move."""
-    if inst.init_error is not None:
-        return True
-    if type(inst) is IsolatedInstance:
-        return inst.stream is not None and not inst.pending and not inst.decide.waiting
-    # ``running``: a call leaves the queue after its answer was handed to the loop, so the
-    # answers of the calls it ran go out before any "moved" answer of the calls held
-    return inst.obj is not None and not inst.pending and inst.queue.running == 0
 
 
 class WorkerAgent(TaskRunner):
@@ -104,10 +90,10 @@ class WorkerAgent(TaskRunner):
         # the worker's threads, shared with Dask's tasks (share.py); never wired when off,
         # so its ``dask`` count stays 0 and yr tasks never wait on it
         self.share = WorkerShare(self.worker.state.nthreads, self._yr_running)
-        self.inline_limit = 512 * 1024
+        self.inline_limit = RESULT_INLINE_LIMIT
         # The instance side's decisions (worker/instance_side.py, which the simulation
-        # drives too); _InstanceEdge below is its I/O edge.  Its tables by their short names:
-        self.instance_side = InstanceSide(_InstanceEdge(self))
+        # drives too); hosting.SideEdge is its I/O edge.  Its tables by their short names:
+        self.instance_side = InstanceSide(SideEdge(self.host))
         self.instances: dict[str, HostedInstance | IsolatedInstance] = \
             self.instance_side.instances
         self.ended: dict[str, str] = self.instance_side.ended  # recently stopped -> reason
@@ -416,30 +402,20 @@ class WorkerAgent(TaskRunner):
     async def drain_instance(self, instance_id: str, timeout_s: float = 30.0) -> bytes | None:
         """:class:`P.DrainInstance`: hold the instance's new calls, wait until the calls it
         has are answered, then take its current state (``None``: not within ``timeout_s``,
-        not hosted here, or its ``__init__`` failed)."""
-        inst = self.instance_side.hold(instance_id)
-        if inst is None:
-            return None
-        deadline = self.loop.time() + timeout_s
-        while not drained(inst):
-            if self.loop.time() > deadline or inst.stopped is not None:
-                return None
-            await asyncio.sleep(DRAIN_POLL_S)
-        if inst.init_error is not None:
-            return None
-        try:
-            if type(inst) is IsolatedInstance:
-                return await asyncio.wait_for(inst.checkpoint(),
-                                              max(0.1, deadline - self.loop.time()))
-            return await self.loop.run_in_executor(None, checkpoint, inst.obj)
-        except Exception:  # noqa: BLE001 - the state does not pickle: it stays here
-            logger.warning("instance %s: its state could not be taken for a move",
-                           instance_id, exc_info=True)
-            return None
+        not hosted here, or its ``__init__`` failed).  A process instance's calls go to its
+        own process, which does this there."""
+        inst = self.instance_side.instances.get(instance_id)
+        if type(inst) is IsolatedInstance:
+            return await inst.drain(timeout_s)
+        return await drain_hosted(self.instance_side, instance_id, timeout_s)
 
-    def instance_moved(self, instance_id: str, to: str = "") -> None:
+    async def instance_moved(self, instance_id: str, to: str = "") -> None:
         """:class:`P.InstanceMoved`: the instance left for ``to`` (it ends here without its
-        shutdown hook: it lives on there), or the move was given up (``to`` empty)."""
+        shutdown hook: it lives on there), or the move was given up (``to`` empty).  A
+        process instance's process answers its held calls first, then goes."""
+        running = self.instance_side.instances.get(instance_id)
+        if type(running) is IsolatedInstance:
+            await running.moved(to)
         inst = self.instance_side.release(instance_id, to)
         if inst is None:
             return
@@ -480,34 +456,8 @@ class WorkerAgent(TaskRunner):
         self.runtime.objects_moved(worker, to, object_ids)
 
     def report_state(self, instance_id: str, state: str, error: bytes | None,
-                     reason: str = "", incarnation: int = -1) -> None:
+                     reason: str = "", incarnation: int = -1, address: str = "") -> None:
         self.loop.call_soon_threadsafe(
             self.runtime.connector.stream_send,
-            P.InstanceState(instance_id, state, error, reason, incarnation))
-
-
-class _InstanceEdge:
-    """The instance side's I/O edge in a worker: hosting (in this process or another) and
-    the callers' peers."""
-
-    __slots__ = ("agent",)
-
-    def __init__(self, agent: WorkerAgent) -> None:
-        self.agent = agent
-
-    def host(self, spec: dict, running: Any) -> Any:
-        return self.agent.host(spec, running)
-
-    def died(self, peer: Any, msg: dict, why: str) -> None:
-        err = InstanceDiedError(f"instance {msg['instance_id']} has ended: {why}")
-        self.agent._reply_error(peer, msg["task_id"], err, "", False)
-
-    def ignored_start(self, instance_id: str) -> None:
-        logger.info("not starting instance %s: it was stopped before it started",
-                    instance_id)
-
-    def moved_away(self, peer: Any, msg: dict, to: str) -> None:
-        err = InstanceMovedError(f"instance {msg['instance_id']} moved to {to}", to)
-        peer.reply(P.TaskDone(msg["task_id"], error=dumps(err)).to_msg())
-
+            P.InstanceState(instance_id, state, error, reason, incarnation, address))
 

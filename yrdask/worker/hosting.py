@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import logging
 import os
 import queue
 import sys
@@ -38,8 +39,15 @@ from yrdask.runtime.generators import drain, drain_async
 from yrdask.worker import execution as _execution
 from yrdask.worker.instance_side import HostedCalls, call_children
 from yrdask.worker.threads import LIMITS as THREAD_LIMITS, instance_cpus
-from yrdask.errors import CancelledError, InstanceDiedError, RemoteError, user_traceback
+from yrdask.errors import (CancelledError, InstanceDiedError, InstanceMovedError, RemoteError,
+                           user_traceback)
 from yrdask.serialization import dumps, loads, unpack_args
+
+logger = logging.getLogger("yrdask.worker")
+
+#: results larger than this are kept in the node's store and fetched by their owner; smaller
+#: ones travel inline in their answer (a worker's, or a process instance's process's)
+RESULT_INLINE_LIMIT = 512 * 1024
 
 _STOP = object()
 _running = threading.local()  # .call: the id of the call this thread runs (sync methods)
@@ -509,3 +517,68 @@ class HostedInstance(HostedCalls):
             log.warning("__yr_shutdown__ of instance %s (%s) did not return within its grace "
                         "period of %d s; the instance is stopped anyway", self.instance_id,
                         self.cls_name, grace)
+
+
+DRAIN_POLL_S = 0.005  # how often a draining instance is checked for calls still running
+
+
+def drained(inst: HostedInstance) -> bool:
+    """A hosted instance is built and has no call left to answer: its state can be taken
+    for a move.  (``running``: a call leaves the queue after its answer was handed to the
+    loop, so the answers of the calls it ran go out before any "moved" answer of the calls
+    held.)"""
+    if inst.init_error is not None:
+        return True
+    return inst.obj is not None and not inst.pending and inst.queue.running == 0
+
+
+async def drain_hosted(side: Any, instance_id: str, timeout_s: float) -> bytes | None:
+    """:class:`P.DrainInstance` for an instance hosted in this process (a worker's, or a
+    process instance's own process): hold its new calls (``side``, the
+    :class:`~yrdask.worker.instance_side.InstanceSide`), wait until the calls it has are
+    answered, then pickle its current state (``None``: not within ``timeout_s``, not hosted
+    here, or its ``__init__`` failed)."""
+    from yrdask.runtime.context import checkpoint
+
+    inst = side.hold(instance_id)
+    if inst is None:
+        return None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not drained(inst):
+        if loop.time() > deadline or inst.stopped is not None:
+            return None
+        await asyncio.sleep(DRAIN_POLL_S)
+    if inst.init_error is not None:
+        return None
+    try:
+        return await loop.run_in_executor(None, checkpoint, inst.obj)
+    except Exception:  # noqa: BLE001 - the state does not pickle: it stays here
+        logger.warning(
+            "instance %s: its state could not be taken for a move", instance_id,
+            exc_info=True)
+        return None
+
+
+class SideEdge:
+    """The answers :class:`~yrdask.worker.instance_side.InstanceSide` gives callers where
+    instances are hosted (a worker, or a process instance's own process); ``host`` builds
+    the instance of a ``START`` (``host(spec, running)``)."""
+
+    __slots__ = ("host",)
+
+    def __init__(self, host: Callable[[dict, Any], Any]) -> None:
+        self.host = host
+
+    def died(self, peer: Any, msg: dict, why: str) -> None:
+        err = InstanceDiedError(f"instance {msg['instance_id']} has ended: {why}")
+        peer.reply(P.TaskDone(msg["task_id"], error=dumps(RemoteError.from_exception(err, "")),
+                              retryable=False).to_msg())
+
+    def ignored_start(self, instance_id: str) -> None:
+        logger.info(
+            "not starting instance %s: it was stopped before it started", instance_id)
+
+    def moved_away(self, peer: Any, msg: dict, to: str) -> None:
+        err = InstanceMovedError(f"instance {msg['instance_id']} moved to {to}", to)
+        peer.reply(P.TaskDone(msg["task_id"], error=dumps(err)).to_msg())

@@ -12,15 +12,17 @@ How (``docs/isolation.md``):
 
 * Each worker keeps one :class:`Zygote` (``python -m yrdask.worker.isolated``, started on
   first use): a warm interpreter with Dask and yrdask imported that ``fork()``s every child
-  and sets its environment and directory.  A child runs a small Dask ``Server`` on loopback
-  (Dask's comms, no networking of its own) and hosts the instance with the same
-  :class:`~yrdask.worker.hosting.HostedInstance` code (:class:`~yrdask.protocol.StartIsolated`,
-  then ``CALL_METHOD`` / ``TASK_DONE`` on one call channel from the agent), or runs tasks
-  (:class:`~yrdask.protocol.RunIsolated`, :class:`ProcessPool`).
-* Callers still send their calls to the worker: the agent forwards them on that one comm
-  (:class:`IsolatedInstance`), so routing, redelivery and the scheduler are unchanged.
-  Results come back as values; the agent keeps large ones in its own store, as for
-  in-process work, so they outlive the child.
+  and sets its environment and directory.  A child runs a small Dask ``Server`` on its
+  worker's host (Dask's comms, no networking of its own) and hosts the instance with the
+  same :class:`~yrdask.worker.hosting.HostedInstance` code (:class:`~yrdask.protocol.StartIsolated`),
+  or runs tasks (:class:`~yrdask.protocol.RunIsolated`, :class:`ProcessPool`).
+* Callers reach a process instance directly: the agent reports the child's endpoint to
+  the scheduler (``InstanceState.address``), which answers it to creations and locates;
+  callers open their call channels there.  The agent (:class:`IsolatedInstance`) only
+  supervises: it starts the child, keeps a supervision channel (the child ends when it
+  closes; large results the child wrote to the node's store come back on it as
+  :class:`~yrdask.protocol.ResultsKept`, kept by the worker so they outlive the child),
+  watches its exit, and stops, crashes or kills it.
 * Nested calls (``docs/isolation.md#nested-calls``): the child's first nested call (or
   ref) starts a runtime of its own there (:class:`LazyRuntime`), which joins the scheduler
   as a client: the child owns what it creates, borrows the refs it was given, lends what it
@@ -33,13 +35,10 @@ How (``docs/isolation.md``):
   ``RESTARTING``), whose ``Lifecycle`` owns the instance's one restart budget
   (``recover_retry_times``, shared with worker losses, never reset): with restarts left it
   answers with a ``START_INSTANCE`` to this worker, and a new child is started (a fresh
-  ``__init__``); the calls not answered are delivered again in order, except that the
-  oldest ``concurrency`` of them (those that may have been running) are charged a crash by
-  the one rule of ``runtime/call_order.py`` (``charge_crash``); without, it stops the
-  instance, and its calls fail with ``InstanceDiedError`` naming the exit code or the
-  signal.  What is decided (pending, waiting, died, restart, charge) is
-  :class:`~yrdask.worker.isolated_calls.IsolatedCalls`, which the simulation drives too;
-  :class:`IsolatedInstance` does the I/O.
+  ``__init__``) at a new endpoint; without, it stops the instance.  Its callers lost their
+  channels to the child: each locates the instance again and delivers its unanswered calls
+  by its own ``CallOrder`` (the one crash-charging rule, ``charge_crash``, as for a lost
+  worker).
 """
 
 START_TIMEOUT_S = 60.0  # a process (or its instance) not up by then failed to start

@@ -37,11 +37,15 @@ def split_returns(result: Any, nret: int) -> list:
 
 
 class _ChildPeer:
-    """The agent's call channel, seen from the child: replies from instance threads."""
+    """A caller's call channel, seen from the child: replies from instance threads.
+    ``caller`` is who opened it (``OpenChannel.caller``), to whom refs in results are lent."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, stream: Any) -> None:
+    __slots__ = ("loop", "stream", "caller")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stream: Any, caller: str) -> None:
         self.loop = loop
         self.stream = stream
+        self.caller = caller
 
     def reply(self, msg: dict) -> None:
         self.loop.call_soon_threadsafe(self._send, msg)
@@ -52,21 +56,7 @@ class _ChildPeer:
         try:
             self.stream.send(msg)
         except CommClosedError:
-            pass
-
-
-class _CallerPeer:
-    """One call's peer in the child: replies go on the agent's channel, and ``caller`` says
-    who made the call (``CallMethod.caller``), to whom refs in its results are lent."""
-
-    __slots__ = ("peer", "caller")
-
-    def __init__(self, peer: _ChildPeer, caller: str) -> None:
-        self.peer = peer
-        self.caller = caller
-
-    def reply(self, msg: dict) -> None:
-        self.peer.reply(msg)
+            pass  # the caller went: its calls are its own to deliver again
 
 
 def _stored(object_id: str) -> Any:
@@ -91,11 +81,18 @@ class IsolatedHost:
 
     own_process = True  # the instance's process is its own: sys.exit(n) may end it
 
-    def __init__(self, runtime: "LazyRuntime | None" = None) -> None:
+    def __init__(self, runtime: "LazyRuntime | None" = None, worker: str = "") -> None:
+        from yrdask.worker.hosting import SideEdge
+        from yrdask.worker.instance_side import InstanceSide
+
         self.loop = asyncio.get_running_loop()
         self.runtime = runtime
+        self.worker = worker  # its worker agent's address: the supervision channel's caller
         self.instance: Any = None
-        self.inline_limit = 0  # every value goes back; the agent decides what it keeps
+        # a process instance's callers' calls, as a worker's instance side takes them
+        # (``START``, calls, cancels, a scale-down's hold and release)
+        self.side = InstanceSide(SideEdge(self._host))
+        self.supervision: Any = None  # the agent's channel (a StreamSender)
         self.functions: dict[str, Any] = {}
         self._built: asyncio.Future | None = None
 
@@ -107,12 +104,15 @@ class IsolatedHost:
     def pack_results(self, task_id: str, result: Any, nret: int,
                      caller: str | None = None) -> tuple[list, list | None]:
         """``([kind, payload] per value, nested)``.  Small values go back in the reply;
-        large ones are written to the node's store here (the agent records them:
-        :func:`keep_large`), not sent through the socket.  Refs nested in a value are lent
-        to ``caller`` via that result (``nested``, as a worker's ``TaskDone.refs``), or
-        pinned when the caller is not known (an instance's calls come through the agent)."""
+        large ones are written to the node's store here, not sent through a socket: a
+        task's are recorded by the agent (:func:`keep_large`); an instance's answer goes
+        to its caller with the worker's address, and the agent keeps them
+        (:class:`P.ResultsKept`), so they outlive this process.  Refs nested in a value are
+        lent to ``caller`` via that result (``nested``, as a worker's ``TaskDone.refs``), or
+        pinned when the caller is not known."""
         from yrdask.runtime.objects import pack_counting
         from yrdask.runtime.store import node_store
+        from yrdask.worker.hosting import RESULT_INLINE_LIMIT
 
         values = [result] if nret <= 1 else split_returns(result, nret)
         ids = [task_id] if len(values) <= 1 else [f"{task_id}.{i}" for i in range(len(values))]
@@ -126,12 +126,27 @@ class IsolatedHost:
                 if lent is not None:
                     nested = nested or []
                     nested.append(lent)
-            if type(payload) is Frames:
-                node_store().put(oid, payload)
-                out.append([P.STORED, None])
+            if self.instance is None:  # a task's: the agent decides what it keeps
+                if type(payload) is Frames:
+                    node_store().put(oid, payload)
+                    out.append([P.STORED, None])
+                else:
+                    out.append([P.VALUE, payload])
+            elif type(payload) is Frames or len(payload) > RESULT_INLINE_LIMIT:
+                node_store().put(oid, payload if type(payload) is Frames else Frames([payload]))
+                self.loop.call_soon_threadsafe(self._kept, oid)
+                out.append([P.LOCATION, self.worker])
             else:
                 out.append([P.VALUE, payload])
         return out, nested
+
+    def _kept(self, object_id: str) -> None:
+        from distributed.comm.core import CommClosedError
+
+        try:
+            self.supervision.send(P.ResultsKept([object_id]).to_msg())
+        except (CommClosedError, AttributeError):  # the agent let go: this process ends
+            pass
 
     def unpack_call(self, msg: dict) -> tuple[tuple, list]:
         """``((args, kwargs), borrowed)`` of a method call: ``borrowed`` the ids of the refs
@@ -180,11 +195,28 @@ class IsolatedHost:
         return item_sender(self.pack_results, self.runtime, peer, task_id)
 
     async def start_isolated(self, spec: dict) -> bytes | None:
+        self._built = self.loop.create_future()
+        self.side.start(spec)
+        return await self._built
+
+    def _host(self, spec: dict, running: Any) -> Any:
         from yrdask.worker.hosting import HostedInstance
 
-        self._built = self.loop.create_future()
         self.instance = HostedInstance(self, spec, spec.get("deps") or [])
-        return await self._built
+        return self.instance
+
+    async def drain_instance(self, instance_id: str, timeout_s: float = 30.0) -> bytes | None:
+        """:class:`P.DrainInstance` from the agent: as a worker drains its own instances."""
+        from yrdask.worker.hosting import drain_hosted
+
+        return await drain_hosted(self.side, instance_id, timeout_s)
+
+    def instance_moved(self, instance_id: str, to: str = "") -> None:
+        """:class:`P.InstanceMoved` from the agent: the held calls answer "moved" (or run,
+        ``to`` empty); the agent then ends this process."""
+        inst = self.side.release(instance_id, to)
+        if inst is not None:
+            inst.stop(f"it moved to {to}")
 
     async def stop_isolated(self, reason: str) -> None:
         """``STOP_ISOLATED``: the instance ends; ``__yr_shutdown__`` runs before the reply."""
@@ -236,7 +268,22 @@ class IsolatedHost:
         return P.TaskDone(task_id, results=results,
                           refs=self.refs_report(borrowed, nested)).to_msg()
 
+    def cancel(self, msg: dict) -> None:
+        """Ray's cancel of one of the instance's calls; a recursive one also cancels the
+        tasks the call submitted (this process's runtime owns them), as a worker does."""
+        from yrdask.worker.instance_side import call_children
+
+        task_id = msg["task_id"]
+        if self.side.cancel(task_id) and msg.get("recursive"):
+            children = call_children.pop(task_id, None)
+            if children and self.runtime is not None and self.runtime.started:
+                for child in children:
+                    self.runtime.started_runtime().submitter.cancel(child, False, True)
+
     async def open_channel(self, comm: Any, caller: str, expect: str = "") -> None:
+        """A call channel from a caller (``CALL_METHOD``, ``CANCEL_TASK``), or the agent's
+        supervision channel (``caller`` is the worker): this process ends when that one
+        closes (the agent let go of it, or died)."""
         from distributed.comm.core import CommClosedError
 
         from yrdask.stream import StreamSender
@@ -244,22 +291,27 @@ class IsolatedHost:
         if expect:  # a caller meaning a worker process (its server id): this is not one
             comm.abort()
             return
-
-        peer = _ChildPeer(self.loop, StreamSender(comm))
+        stream = StreamSender(comm)
+        supervision = caller == self.worker
+        if supervision:
+            self.supervision = stream
+        peer = _ChildPeer(self.loop, stream, caller)
+        side = self.side
         try:
             while True:
                 msgs = await comm.read()
                 for msg in msgs if isinstance(msgs, (list, tuple)) else (msgs,):
                     op = msg.get("op")
-                    if op == P.CALL_METHOD and self.instance is not None:
-                        caller = msg.get("caller")
-                        self.instance.call(_CallerPeer(peer, caller) if caller else peer, msg)
-                    elif op == P.CANCEL_TASK and self.instance is not None:
-                        self.instance.cancel_call(msg["task_id"])
+                    if op == P.CALL_METHOD:
+                        side.call_method(peer, msg)
+                    elif op == P.CANCEL_TASK:
+                        self.cancel(msg)
         except (CommClosedError, OSError):
             pass
         finally:
-            os._exit(0)  # the agent let go of this process
+            if supervision:
+                os._exit(0)  # the agent let go of this process
+            comm.abort()
 
 
 class LazyRuntime:
@@ -418,6 +470,19 @@ class _OutputAgent:
         return self.host.instances
 
 
+def endpoint(info: dict) -> tuple[str, dict]:
+    """Where this process listens, and how: its callers reach it directly, from any host,
+    so on its worker's host, with its worker's TLS certificates where it has them, else
+    those of Dask's config (docs/isolation.md#tls)."""
+    from distributed.security import Security
+
+    tls = info.get("tls")
+    listen_args = (Security(**tls).get_listen_args("worker") if tls
+                   else Security().get_listen_args("client"))
+    scheme = "tls" if listen_args.get("ssl_context") is not None else "tcp"
+    return f"{scheme}://{info.get('host') or '127.0.0.1'}:0", listen_args
+
+
 async def child_main(announce: Any, info: dict) -> None:
     """Serve the agent until it lets go (the channel closes) or the process is killed."""
     from distributed.core import Server
@@ -430,12 +495,13 @@ async def child_main(announce: Any, info: dict) -> None:
     node = info.get("node") or ""
     runtime = LazyRuntime(asyncio.get_running_loop(), info)
     install(runtime)
-    host = IsolatedHost(runtime)
+    host = IsolatedHost(runtime, info.get("worker") or "")
     runtime.agent.host = host
     # no scratch directory: nothing here writes one, and a killed child would leave it behind
     # for the next one to purge (a lock and a directory per process: ~10 ms of a creation)
     server = Server(P.handlers(P.ISOLATED_RPC, host), needs_workdir=False)
-    await server.listen("tcp://127.0.0.1:0")
+    address, listen_args = endpoint(info)
+    await server.listen(address, **listen_args)
     out = _OutputAgent(host, server, node)
     output.install(out)
     runtime.output_target = out.runtime.output_target

@@ -27,11 +27,13 @@ class ProcessDied(Exception):
 
 
 class _PooledProcess:
-    __slots__ = ("proc", "address", "comm", "idle_since", "calls", "owner")
+    __slots__ = ("proc", "address", "connection_args", "comm", "idle_since", "calls", "owner")
 
-    def __init__(self, proc: subprocess.Popen, address: str) -> None:
+    def __init__(self, proc: subprocess.Popen, address: str,
+                 connection_args: dict | None = None) -> None:
         self.proc = proc
         self.address = address
+        self.connection_args = connection_args or {}  # it listens as its worker's peers do
         self.comm: Any = None
         self.idle_since = 0.0
         self.calls = 0  # tasks it ran, for ``max_calls``
@@ -45,7 +47,7 @@ class _PooledProcess:
 
         try:
             if self.comm is None:
-                self.comm = await connect(self.address)
+                self.comm = await connect(self.address, **self.connection_args)
             await self.comm.write(msg)
             return await self.comm.read()
         except (CommClosedError, OSError):
@@ -82,7 +84,7 @@ class ProcessPool:
             child = free.pop() if free else None
         if child is None:
             proc, address = spawn(isolation, child_info(self.agent))
-            child = _PooledProcess(proc, address)
+            child = _PooledProcess(proc, address, self.agent.runtime.connection_args)
             with self.lock:
                 if self.closed:
                     kill_child(proc)

@@ -1,9 +1,9 @@
-"""The agent's side of one isolated instance (:class:`IsolatedInstance`, the same surface
-as ``HostedInstance``): it starts the instance's process (forked by the :mod:`.zygote`),
-forwards the calls to it on one call channel, keeps large results in the worker's store
-(:func:`keep_large`), watches the process and, when it dies, lets the scheduler's
-``Lifecycle`` decide on a restart.  What is decided (pending, waiting, died, restart, crash
-charge) is :class:`~yrdask.worker.isolated_calls.IsolatedCalls`; this module does the I/O.
+"""The agent's side of one process instance (:class:`IsolatedInstance`, in the agent's
+table of instances next to ``HostedInstance``): it starts the instance's process (forked by
+the :mod:`.zygote`), tells the scheduler where that process serves, watches it and, when it
+dies, lets the scheduler's ``Lifecycle`` decide on a restart.  It carries no calls: callers
+reach the process at its own endpoint (docs/isolation.md), and a caller that loses it
+locates the instance again and delivers its calls again by its own ``CallOrder``.
 """
 from __future__ import annotations
 
@@ -13,70 +13,46 @@ import subprocess
 import threading
 from typing import Any
 
-import dask
-
 from yrdask import protocol as P
-from yrdask.errors import CallCrashedError, CancelledError, InstanceDiedError, RemoteError
-from yrdask.serialization import Frames, dumps, loads
-from yrdask.worker import isolated_calls as IC
+from yrdask.errors import InstanceMovedError, RemoteError
+from yrdask.serialization import Frames, dumps
 from yrdask.worker.isolated import START_TIMEOUT_S
 from yrdask.worker.isolated.zygote import child_info, describe_exit_of, kill_child, spawn
 
 logger = logging.getLogger("yrdask.worker")
 
-READ_AFTER_EXIT_S = 2.0  # a dead child's answers still in its channel are read this long
-
 
 class IsolatedInstance:
-    """The agent's side of one isolated instance (same surface as ``HostedInstance``)."""
+    """The agent's side of one process instance (see module docstring)."""
+
+    calls_done = 0  # (the agent's figures) its calls go to its process, never through here
+    pending: dict = {}
 
     def __init__(self, agent: Any, spec: dict) -> None:
         self.agent = agent
         self.spec = spec
         self.instance_id: str = spec["instance_id"]
         self.cls_name: str = spec["cls_name"]
-        # what is decided (pending, waiting, died, restart, crash charge): items (peer, msg)
-        self.decide = IC.IsolatedCalls(
-            self.instance_id, spec.get("concurrency") or (1000 if spec.get("is_async") else 1),
-            int(spec.get("incarnation") or 0))
-        self.calls_done = 0
-        # the methods' own bounds of redelivery after a crash, where the class sets them
-        # (the Ray surface's max_task_retries; a call's .options() override is its caller's)
-        self.redeliveries: dict[str, int] = (loads(spec["meta"]).get("redeliveries") or {}
-                                             if spec.get("meta") else {})
+        self.incarnation = int(spec.get("incarnation") or 0)  # the restart it runs
         self.proc: subprocess.Popen | None = None
-        self.comm: Any = None
-        self.stream: Any = None
+        self.address: str | None = None  # where its current process serves
         self.init_error: bytes | None = None
-        self.address: str | None = None
+        self.stopped: str | None = None
+        self.dead = False  # its process died; waiting for the scheduler's decision
+        self.supervision: Any = None  # the comm its process lives by
         self._stopping: asyncio.Task | None = None
-        self._reader: asyncio.Task | None = None  # reads the current child's answers
-        self.cause: str | None = None  # how the last child died
+        self._kept = P.handlers(P.ISOLATED_TO_AGENT, self)
         self.generation = 0
-        agent.loop.create_task(self._start(report=True))
-
-    @property
-    def stopped(self) -> str | None:
-        return self.decide.stopped
-
-    @property
-    def restarts(self) -> int:
-        """The restarts the scheduler granted (its incarnation)."""
-        return self.decide.incarnation
-
-    @property
-    def pending(self) -> dict:
-        return self.decide.pending
+        agent.loop.create_task(self._start())
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
-    async def _start(self, report: bool) -> None:
-        """Start a child, build the instance in it, then forward the calls that waited."""
+    async def _start(self) -> None:
+        """Start a process, build the instance in it, open the supervision channel, then
+        tell the scheduler where it serves (``INSTANCE_STATE`` ALIVE with its address)."""
         from distributed.comm import connect
-
-        from yrdask.stream import StreamSender
 
         self.generation += 1
         gen = self.generation
@@ -91,10 +67,11 @@ class IsolatedInstance:
             if self.stopped is not None:
                 kill_child(proc)
                 return
-            self.proc, self.address = proc, address
+            self.proc, self.address, self.dead = proc, address, False
             threading.Thread(target=self._watch, args=(proc, gen), daemon=True,
                              name=f"yr-isolated-watch-{self.instance_id}").start()
-            comm = await connect(address)
+            args = self.agent.runtime.connection_args
+            comm = await connect(address, **args)
             await comm.write(P.StartIsolated(spec).to_msg())
             reply = await asyncio.wait_for(comm.read(), START_TIMEOUT_S)
             if isinstance(reply, dict):  # the child's Server reports its own failure
@@ -102,7 +79,7 @@ class IsolatedInstance:
                                    f"{reply.get('text') or reply!r}")
             self.init_error = reply
             await comm.close()
-            comm = await connect(address)
+            comm = await connect(address, **args)
             await comm.write(P.OpenChannel(self.agent.worker.address).to_msg())
         except BaseException as e:  # noqa: BLE001 - every call reports it
             if self.stopped is not None or gen != self.generation:
@@ -112,221 +89,152 @@ class IsolatedInstance:
                 # the watcher then applies the restart rules with its exit status.
                 kill_child(self.proc)
                 return
+            # No process could start: the worker answers the calls with that error (the
+            # scheduler sends them here, to the worker's own address).
             self.init_error = dumps(RemoteError.from_exception(e, ""))
-            if report:
-                self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
-            for _cid, (peer, msg) in self.decide.start_failed_now():
-                self._fail_init(peer, msg)
+            self.address = None
+            self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
             return
         if self.stopped is not None or gen != self.generation:
             comm.abort()
             return
-        self.comm, self.stream = comm, StreamSender(comm)
-        if report:
-            self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
-        self._reader = loop.create_task(self._read(comm, gen))
-        for _cid, (peer, msg) in self.decide.connect():
-            self._forward(peer, msg)
+        self.supervision = comm
+        loop.create_task(self._read(comm))
+        self.agent.report_state(self.instance_id, "ALIVE", self.init_error,
+                                address=address)
 
-    def _fail_init(self, peer: Any, msg: dict) -> None:
-        peer.reply(P.TaskDone(msg["task_id"], error=self.init_error).to_msg())
-
-    def call(self, peer: Any, msg: dict) -> None:
-        """``CALL_METHOD`` for this instance (loop thread): forward it, or queue it."""
-        what = self.decide.arrived(msg["task_id"], (peer, msg))
-        if what is IC.FORWARD:
-            self._forward(peer, msg)
-        elif what is IC.ENDED:
-            self._answer_died(peer, msg["task_id"], self.decide.stopped or "")
-        elif what is IC.START_FAILED:
-            self._fail_init(peer, msg)
-
-    def cancel_call(self, call_id: str) -> bool:
-        """Ray's cancel of an actor task: a call the child has goes on to it (it answers
-        as an in-process instance does), one that waits for the child is answered unrun;
-        False if ``call_id`` is no call of this instance waiting for its answer."""
-        from distributed.comm.core import CommClosedError
-
-        if call_id in self.decide.pending:
-            if self.stream is not None:
-                try:
-                    self.stream.send(P.CancelTask(call_id).to_msg())
-                except CommClosedError:
-                    pass  # the child died: its restart runs the call, cancelled or not
-            return True
-        item = self.decide.cancel_waiting(call_id)
-        if item is None:
-            return False
-        _answer_error(item[0], call_id, CancelledError(f"Task: {call_id} was cancelled."))
-        return True
-
-    def _forward(self, peer: Any, msg: dict) -> None:
-        from distributed.comm.core import CommClosedError
-
-        caller = getattr(peer, "caller", None)
-        if caller:  # refs nested in the results are lent to the caller (CallMethod.caller)
-            msg["caller"] = caller
-        try:
-            self.stream.send(msg)
-        except CommClosedError:
-            pass  # the child died: the call stays pending, its restart gets it again
-
-    async def _read(self, comm: Any, gen: int) -> None:
+    async def _read(self, comm: Any) -> None:
+        """What the process tells its agent (:data:`P.ISOLATED_TO_AGENT`)."""
         from distributed.comm.core import CommClosedError
 
         try:
             while True:
                 msgs = await comm.read()
                 for msg in msgs if isinstance(msgs, (list, tuple)) else (msgs,):
-                    op = msg.get("op")
-                    if op == P.TASK_DONE:
-                        self._done(msg)
-                    elif op == P.GENERATOR_ITEM:
-                        self._item(msg)
+                    P.dispatch(self._kept, msg)
         except (CommClosedError, OSError):
             pass  # the watcher reports the exit
 
-    def _done(self, msg: dict) -> None:
-        entry = self.decide.answered(msg["task_id"])
-        if entry is None:
+    def results_kept(self, object_ids: list) -> None:
+        """:class:`P.ResultsKept`: large results the process wrote to the node's store are
+        this worker's to keep for their owners (unless freed already)."""
+        from yrdask.runtime.store import node_store
+
+        store = node_store()
+        for oid in object_ids:
+            if store.contains(oid):
+                self.agent.store[oid] = True
+
+    def call(self, peer: Any, msg: dict) -> None:
+        """``CALL_METHOD`` sent to the worker: only while no process could start (the
+        scheduler then names the worker), answered with that error; else the caller had an
+        old address and is sent to locate the instance again (unrun)."""
+        if self.init_error is not None and self.address is None:
+            peer.reply(P.TaskDone(msg["task_id"], error=self.init_error).to_msg())
             return
-        peer, _call = entry
-        results = msg.get("results")
-        if results is not None:
-            msg["results"] = self._keep_large(msg["task_id"], results)
-        self.calls_done += 1
-        peer.reply(msg)
+        err = InstanceMovedError(f"instance {self.instance_id} is served by its own process",
+                                 self.address or "")
+        peer.reply(P.TaskDone(msg["task_id"], error=dumps(err)).to_msg())
 
-    def _item(self, msg: dict) -> None:
-        """One value of a generator method: kept like a result, passed on at once."""
-        entry = self.decide.pending.get(msg["task_id"])
-        if entry is not None:
-            oid = f"{msg['task_id']}.{msg['index']}"
-            msg["result"] = keep_large(self.agent, oid, [msg["result"]])[0]
-            entry[0].reply(msg)
-
-    def _keep_large(self, call_id: str, results: list) -> list:
-        return keep_large(self.agent, call_id, results)
+    def cancel_call(self, call_id: str) -> bool:
+        """Its calls are never here (their callers cancel them at its process)."""
+        return False
 
     def _watch(self, proc: subprocess.Popen, gen: int) -> None:
         code = proc.wait()
         try:
-            self.agent.loop.call_soon_threadsafe(self._exited, proc, code, gen)
+            self.agent.loop.call_soon_threadsafe(self._died, proc, code, gen)
         except RuntimeError:  # the loop is closed: the worker is gone
             pass
 
-    def _exited(self, proc: subprocess.Popen, code: int, gen: int) -> None:
-        """The child died (loop thread): once the answers it sent before it died are read
-        (so the calls still pending are the ones it had not answered), the scheduler
-        decides whether it restarts."""
-        if self.stopped is not None or gen != self.generation:
-            return
-        reader = self._reader
-        if reader is not None and not reader.done():
-            self.agent.loop.create_task(self._exited_after(reader, proc, code, gen))
-            return
-        self._died(proc, code, gen)
-
-    async def _exited_after(self, reader: asyncio.Task, proc: subprocess.Popen, code: int,
-                            gen: int) -> None:
-        await asyncio.wait({reader}, timeout=READ_AFTER_EXIT_S)
-        self._died(proc, code, gen)
-
     def _died(self, proc: subprocess.Popen, code: int, gen: int) -> None:
-        if self.stopped is not None or gen != self.generation:
+        """The process died (loop thread): the scheduler decides whether it restarts (one
+        budget per instance: a ``START_INSTANCE`` back here, :meth:`restart`, or a stop).
+        Its callers lost their channels and locate it again."""
+        if self.stopped is not None or gen != self.generation or self.dead:
             return
         cause = describe_exit_of(proc.pid, code)
         logger.warning("instance %s (%s): %s", self.instance_id, self.cls_name, cause)
-        if self.comm is not None:
-            self.comm.abort()
-        self.comm = self.stream = None
-        self._reader = None
-        self.proc = None
-        self.init_error = None
-        self.cause = cause
-        # The scheduler's Lifecycle decides (one budget per instance): a START_INSTANCE
-        # back here restarts it (:meth:`restart`), a stop ends it.  Calls wait meanwhile.
-        if self.decide.child_died(cause):
-            self.agent.report_state(self.instance_id, P.RESTARTING, None, cause,
-                                    self.decide.incarnation)
+        if self.supervision is not None:
+            self.supervision.abort()
+        address = self.address or ""
+        self.supervision = self.proc = self.init_error = None
+        self.dead = True
+        self.agent.report_state(self.instance_id, P.RESTARTING, None, cause, self.incarnation,
+                                address=address)
 
     def restart(self, spec: dict) -> None:
-        """``START_INSTANCE`` again for this instance after its child died: the scheduler
-        granted restart ``spec["incarnation"]``.  The unanswered calls go again in order,
-        but those that may have been running are charged a crash
-        (:meth:`IsolatedCalls.restart <yrdask.worker.isolated_calls.IsolatedCalls.restart>`)."""
-        cause = self.decide.died
-        bound = int(dask.config.get("yrdask.scheduling.max-call-redeliveries", 1))
-        own = self.redeliveries  # a method's own bound (Ray's max_task_retries)
-        decided = self.decide.restart(int(spec.get("incarnation") or 0),
-                                      lambda item: own.get(item[1]["method"], bound))
-        if decided is None:
+        """``START_INSTANCE`` again for this instance after its process died: the scheduler
+        granted restart ``spec["incarnation"]``; a new process starts, from the checkpoint
+        the scheduler sent with it (Ray's ``was_current_actor_reconstructed``)."""
+        if self.stopped is not None or not self.dead:
             logger.info("instance %s: ignoring a START_INSTANCE (its process is running)",
                         self.instance_id)
             return
-        for cid, (peer, msg), n in decided[1]:
-            method = msg["method"]
-            why = (f"its own bound: {own[method]}" if method in own
-                   else f"yrdask.scheduling.max-call-redeliveries={bound}")
-            err = CallCrashedError(
-                f"method {method!r}: call {cid} on instance {self.instance_id} "
-                f"may have been running when the instance's process died, {n} times (last: "
-                f"{cause}); it is not delivered again ({why}): it may be what kills the "
-                "process")
-            _answer_error(peer, cid, err)
-        # the new child is this restart (Ray's was_current_actor_reconstructed), from the
-        # checkpoint the scheduler sent with it
+        self.dead = False  # restarting: a START_INSTANCE told twice starts no second one
+        self.incarnation = max(int(spec.get("incarnation") or 0), self.incarnation + 1)
         self.spec = {**self.spec, "incarnation": spec.get("incarnation"),
                      "checkpoint": spec.get("checkpoint")}
-        self.agent.loop.create_task(self._start(report=True))
-
-    def _answer_died(self, peer: Any, call_id: str, reason: str) -> None:
-        _answer_error(peer, call_id, InstanceDiedError(
-            f"instance {self.instance_id} ({self.cls_name}) has ended: {reason}"))
+        self.agent.loop.create_task(self._start())
 
     def stop(self, reason: str) -> None:
-        """Fail the calls not answered yet; the child runs ``__yr_shutdown__`` and is killed
-        (no restart).  :meth:`run_shutdown_hook` waits for that."""
+        """The instance ends (no restart): its process answers the calls it has, runs
+        ``__yr_shutdown__`` and is killed.  :meth:`run_shutdown_hook` waits for that."""
         if self.stopped is not None:
             return
-        for _cid, (peer, msg) in self.decide.stop(reason):
-            self._answer_died(peer, msg["task_id"], reason)
+        self.stopped = reason
         self._stopping = self.agent.loop.create_task(self._shutdown(reason))
 
     async def _shutdown(self, reason: str) -> None:
-        from distributed.comm import connect
-
-        proc, address = self.proc, self.address
+        proc = self.proc
         try:
-            if proc is not None and address is not None and self.stream is not None:
+            if proc is not None and self.supervision is not None:
                 grace = int(self.spec.get("grace_s", 30))
-                comm = await connect(address)
-                try:
-                    await comm.write(P.StopIsolated(reason).to_msg())
-                    await asyncio.wait_for(comm.read(), grace + 5)
-                finally:
-                    comm.abort()
+                await asyncio.wait_for(self._rpc(P.StopIsolated(reason)), grace + 5)
         except Exception:  # noqa: BLE001 - the process goes anyway
             logger.info("instance %s: no graceful stop of its isolated process",
                         self.instance_id, exc_info=True)
         finally:
-            if self.comm is not None:
-                self.comm.abort()
-            self.comm = self.stream = None
+            if self.supervision is not None:
+                self.supervision.abort()
+            self.supervision = None
             if proc is not None:
                 kill_child(proc)
 
-    async def checkpoint(self) -> bytes:
-        """The instance's current state, pickled in its process (:class:`P.CheckpointIsolated`;
-        a scale-down move takes it once no call runs)."""
+    async def _rpc(self, msg: P.Message) -> Any:
+        """One request to the process on a comm of its own."""
         from distributed.comm import connect
 
-        comm = await connect(self.address)
+        comm = await connect(self.address, **self.agent.runtime.connection_args)
         try:
-            await comm.write(P.CheckpointIsolated().to_msg())
+            await comm.write(msg.to_msg())
             return await comm.read()
         finally:
             comm.abort()
+
+    async def drain(self, timeout_s: float) -> bytes | None:
+        """:class:`P.DrainInstance` (scale-down), done by the process, which holds its
+        callers' new calls and pickles the instance once no call runs."""
+        if self.supervision is None or self.init_error is not None:
+            return None
+        try:
+            return await asyncio.wait_for(
+                self._rpc(P.DrainInstance(self.instance_id, timeout_s)), timeout_s + 5)
+        except Exception:  # noqa: BLE001 - it died meanwhile: it is not moved
+            logger.info("instance %s: no drain of its process", self.instance_id,
+                        exc_info=True)
+            return None
+
+    async def moved(self, to: str) -> None:
+        """:class:`P.InstanceMoved`: the process answers its held calls (moved to ``to``:
+        their callers locate the instance again) or lets them run (``to`` empty)."""
+        if self.supervision is None:
+            return
+        try:
+            await self._rpc(P.InstanceMoved(self.instance_id, to))
+        except Exception:  # noqa: BLE001 - it died meanwhile: its callers locate it again
+            logger.info("instance %s: its process did not hear of the move",
+                        self.instance_id, exc_info=True)
 
     async def run_shutdown_hook(self, obj: Any) -> None:
         """Wait until the child ran ``__yr_shutdown__`` (bounded by its grace) and is gone."""
@@ -340,8 +248,12 @@ class IsolatedInstance:
             kill_child(self.proc)
 
     def kill_now(self) -> None:
-        """The worker closes: the child goes at once (no shutdown hook), and is reaped."""
-        self.decide.stop(self.decide.stopped or "its worker closed")
+        """The worker closes (or the instance moved away): the child goes at once (no
+        shutdown hook), and is reaped."""
+        self.stopped = self.stopped or "its worker closed"
+        if self.supervision is not None:
+            self.supervision.abort()
+            self.supervision = None
         if self.proc is not None:
             kill_child(self.proc)
             try:
@@ -350,14 +262,10 @@ class IsolatedInstance:
                 logger.error("isolated process %s did not exit", self.proc.pid)
 
 
-def _answer_error(peer: Any, call_id: str, err: BaseException) -> None:
-    peer.reply(P.TaskDone(call_id, error=dumps(RemoteError.from_exception(err, ""))).to_msg())
-
-
 def keep_large(agent: Any, call_id: str, results: list) -> list:
-    """Large values a child wrote to the node's store (they outlive the child) are kept for
-    their owner by this worker, as the values of in-process work are; small ones travel
-    inline."""
+    """Large values a pooled task process wrote to the node's store (they outlive the
+    process) are kept for their owner by this worker, as the values of in-process work are;
+    small ones travel inline."""
     out = []
     ids = [call_id] if len(results) <= 1 else [f"{call_id}.{i}" for i in range(len(results))]
     for oid, (kind, payload) in zip(ids, results):

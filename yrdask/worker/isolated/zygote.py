@@ -42,7 +42,9 @@ def _node_name(agent: Any) -> str:
 
 def child_info(agent: Any) -> dict:
     """What a child needs to know of its worker: its node (``get_node_id()``, the prints'
-    prefix), and where the scheduler is, for the runtime its first nested call starts."""
+    prefix), where the scheduler is (for the runtime its first nested call starts), its host
+    and TLS certificates (where and how the child listens) and address (its agent's
+    supervision channel, and where large results are kept)."""
     from distributed.comm import get_address_host
 
     worker = agent.worker
@@ -51,7 +53,21 @@ def child_info(agent: Any) -> dict:
         host = get_address_host(worker.address)
     except Exception:  # noqa: BLE001 - an address without a host: loopback
         host = "127.0.0.1"
-    return {"node": _node_name(agent), "scheduler": scheduler, "host": host}
+    return {"node": _node_name(agent), "scheduler": scheduler, "host": host,
+            "worker": worker.address, "tls": _tls_of(worker)}
+
+
+#: the worker's TLS settings a child listens with (files or PEM strings: JSON-able)
+_TLS_KEYS = ("tls_ca_file", "tls_ciphers", "tls_worker_key", "tls_worker_cert")
+
+
+def _tls_of(worker: Any) -> dict:
+    """The worker's own certificates (given in the config or on its command line), for the
+    endpoint of its process instances: they listen as their worker does."""
+    security = getattr(worker, "security", None)
+    if security is None or not getattr(security, "tls_worker_cert", None):
+        return {}
+    return {k: v for k in _TLS_KEYS if isinstance(v := getattr(security, k, None), str)}
 
 
 def spawn(isolation: dict, info: dict | None = None) -> tuple[Any, str]:
