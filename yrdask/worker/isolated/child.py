@@ -418,8 +418,10 @@ class _OutputAgent:
         return self.host.instances
 
 
-async def child_main(announce: Any, info: dict) -> None:
-    """Serve the agent until it lets go (the channel closes) or the process is killed."""
+async def child_main(assigned: Any, announce: Any) -> None:
+    """Listen, then wait for ``assigned()`` (the zygote hands this spare a request: its
+    environment and directory are applied, and its worker's ``info`` comes back), announce,
+    and serve the agent until it lets go (the channel closes) or the process is killed."""
     from distributed.core import Server
 
     from yrdask.runtime.context import install
@@ -427,7 +429,7 @@ async def child_main(announce: Any, info: dict) -> None:
     from yrdask.worker import output
 
     register_with_dask()
-    node = info.get("node") or ""
+    info: dict = {}
     runtime = LazyRuntime(asyncio.get_running_loop(), info)
     install(runtime)
     host = IsolatedHost(runtime)
@@ -436,6 +438,9 @@ async def child_main(announce: Any, info: dict) -> None:
     # for the next one to purge (a lock and a directory per process: ~10 ms of a creation)
     server = Server(P.handlers(P.ISOLATED_RPC, host), needs_workdir=False)
     await server.listen("tcp://127.0.0.1:0")
+    req = await assigned()
+    info.update((key, req.get(key)) for key in ("node", "scheduler", "host"))
+    node = runtime.agent.node_id = info.get("node") or ""
     out = _OutputAgent(host, server, node)
     output.install(out)
     runtime.output_target = out.runtime.output_target
