@@ -272,8 +272,12 @@ def _apply(req: dict) -> None:
     import tempfile
 
     before = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(req["env"])
+    env = req["env"]
+    for key in [key for key in before if key not in env]:
+        del os.environ[key]
+    for key, value in env.items():  # mostly the zygote's own (the worker's): set what differs
+        if before.get(key) != value:
+            os.environ[key] = value
     follow_env(before)  # numpy, loaded by the zygote, takes the new thread limits
     tempfile.tempdir = None  # the zygote's choice; this process's TMPDIR decides
     if req.get("cwd"):
