@@ -20,7 +20,8 @@ from yrdask.errors import CallCrashedError, CancelledError, InstanceDiedError, R
 from yrdask.serialization import Frames, dumps, loads
 from yrdask.worker import isolated_calls as IC
 from yrdask.worker.isolated import START_TIMEOUT_S
-from yrdask.worker.isolated.zygote import child_info, describe_exit_of, kill_child, spawn
+from yrdask.worker.isolated.zygote import (child_info, describe_exit_of, kill_child,
+                                            spawn_async)
 
 logger = logging.getLogger("yrdask.worker")
 
@@ -86,8 +87,7 @@ class IsolatedInstance:
             if spec.get("deps"):
                 spec["deps"] = await loop.run_in_executor(None, self.agent.deps_by_value,
                                                           spec["deps"])
-            proc, address = await loop.run_in_executor(None, spawn, spec["isolation"],
-                                                       child_info(self.agent))
+            proc, address = await spawn_async(spec["isolation"], child_info(self.agent))
             if self.stopped is not None:
                 kill_child(proc)
                 return

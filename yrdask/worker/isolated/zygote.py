@@ -56,18 +56,52 @@ def child_info(agent: Any) -> dict:
     return {"node": _node_name(agent), "scheduler": scheduler, "host": host}
 
 
-def spawn(isolation: dict, info: dict | None = None) -> tuple[Any, str]:
-    """Start a child with the instance's env and cwd; returns it and its listening address.
-
-    Forked from this worker's zygote (a warm interpreter with Dask and yrdask imported), so
-    a start costs a fork, not an interpreter start.  Blocking (run it in a thread).  A
-    missing working directory raises ``YRValueError``.
-    """
+def _request(isolation: dict) -> tuple[dict, str | None]:
+    """The environment and directory of a child for ``isolation``; a missing working
+    directory raises ``YRValueError``."""
     cwd = isolation.get("cwd") or None
     if cwd is not None and not os.path.isdir(cwd):
         raise YRValueError(f"working_dir {cwd!r} does not exist on this worker host; create it "
                            "there or give runtime_env={'working_dir': <an existing dir>}")
-    return Zygote.get().fork(_child_env(isolation.get("env")), cwd, info or {})
+    return _child_env(isolation.get("env")), cwd
+
+
+def spawn(isolation: dict, info: dict | None = None) -> tuple[Any, str]:
+    """Start a child with the instance's env and cwd; returns it and its listening address.
+
+    Handed a spare of this worker's zygote (a warm interpreter with Dask and yrdask
+    imported, which forks its children ahead), so a start costs neither an interpreter
+    start nor, mostly, a fork.  Blocking (run it in a thread; :func:`spawn_async` on a
+    loop).  A missing working directory raises ``YRValueError``.
+    """
+    env, cwd = _request(isolation)
+    return Zygote.get().fork(env, cwd, info or {})
+
+
+async def spawn_async(isolation: dict, info: dict | None = None) -> tuple[Any, str]:
+    """:func:`spawn` on an event loop: no thread waits for the child (the zygote's reader
+    wakes the loop), unless the zygote itself must start (once per worker, in a thread)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    env, cwd = _request(isolation)
+    z = Zygote._current
+    if z is None or z.dead:
+        z = await loop.run_in_executor(None, Zygote.get)
+    done = loop.create_future()
+
+    def answered() -> None:
+        try:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+        except RuntimeError:  # the loop closed: the worker is gone, nobody waits
+            pass
+
+    slot = z.request(env, cwd, info or {}, answered)
+    try:
+        await asyncio.wait_for(asyncio.shield(done), START_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        pass  # told by Zygote.answer
+    return Zygote.answer(slot)
 
 
 class ForkedProcess:
@@ -142,11 +176,20 @@ class Zygote:
         threading.Thread(target=self._read, daemon=True, name="yr-zygote-reader").start()
 
     def fork(self, env: dict, cwd: str | None, info: dict) -> tuple[ForkedProcess, str]:
+        """Hand a child this request and wait for its answer (blocking)."""
+        slot = self.request(env, cwd, info)
+        slot[0].wait(START_TIMEOUT_S)
+        return self.answer(slot)
+
+    def request(self, env: dict, cwd: str | None, info: dict,
+                answered: Any = None) -> list:
+        """Send a request; its slot is answered (``answered()`` called, from the reader
+        thread) when the child has taken it, or failed."""
         with self.lock:
             if self.dead:
                 raise RuntimeError("the worker's zygote process has exited")
             rid = next(self.ids)
-            slot: list = [threading.Event(), None]
+            slot: list = [threading.Event(), None, answered]
             self.waiting[rid] = slot
             line = json.dumps({"id": rid, "env": env, "cwd": cwd, **info}) + "\n"
             try:
@@ -155,7 +198,12 @@ class Zygote:
             except (BrokenPipeError, ValueError, OSError):
                 self.dead = True
                 raise RuntimeError("the worker's zygote process has exited") from None
-        if not slot[0].wait(START_TIMEOUT_S):
+        return slot
+
+    @staticmethod
+    def answer(slot: list) -> tuple[ForkedProcess, str]:
+        """The child and its address, once ``slot`` is answered; else why not."""
+        if not slot[0].is_set():
             raise RuntimeError(f"the isolated process did not start in {START_TIMEOUT_S:g} s")
         answer = slot[1]
         if answer is None:
@@ -184,14 +232,13 @@ class Zygote:
                 if "pid" in msg:
                     msg["proc"] = self.children[msg["pid"]] = ForkedProcess(msg["pid"])
             if slot is not None:
-                slot[1] = msg
-                slot[0].set()
+                _answered(slot, msg)
         with self.lock:  # the zygote is gone, and its children with it
             self.dead = True
             waiting, self.waiting = self.waiting, {}
             children, self.children = self.children, {}
         for slot in waiting.values():
-            slot[0].set()
+            _answered(slot, None)
         for child in children.values():
             child._exited(-signal.SIGKILL)
 
@@ -210,6 +257,13 @@ class Zygote:
         except subprocess.TimeoutExpired:  # pragma: no cover - stuck: it goes the hard way
             self.proc.kill()
             self.proc.wait()
+
+
+def _answered(slot: list, msg: dict | None) -> None:
+    slot[1] = msg
+    slot[0].set()
+    if slot[2] is not None:
+        slot[2]()
 
 
 def kill_child(proc: subprocess.Popen) -> None:
@@ -375,7 +429,7 @@ def zygote_main(spares: int = 1) -> None:
         while True:
             pid, w = waiting.pop(0) if waiting else fork()
             try:
-                os.write(w, line)  # JSON lines are shorter than the pipe's buffer
+                os.write(w, line)  # (one longer than the pipe's buffer waits for the reader)
             except OSError:  # a spare that died: the next one
                 continue
             finally:
