@@ -416,12 +416,16 @@ class System:
     def isolated_task_rtt(self, p: dict) -> tuple[float, dict]:
         return self._latency(self.submit_isolated, p)
 
+    def _memory_figure(self, create: Callable[[], Any], p: dict,
+                       key: str = "instances") -> tuple[float, dict]:
+        """:meth:`_memory_of` for ``p[key]`` instances (this system's cap on ``key``)."""
+        n, extra = self.capped(key, p)
+        value, info = self._memory_of(create, n, p.get("settle_s", 1.0))
+        return value, {**extra, **info}
+
     @measures("isolated_mem_mb")
     def isolated_memory(self, p: dict) -> tuple[float, dict]:
-        n, extra = self.capped("instances", p)
-        value, info = self._memory_of(lambda: self.create_isolated("counter"), n,
-                                      p["settle_s"])
-        return value, {**extra, **info}
+        return self._memory_figure(lambda: self.create_isolated("counter"), p)
 
     # -- process instances (light=False; a Ray actor) ---------------------------------------
 
@@ -435,17 +439,13 @@ class System:
 
     @measures("process_mem_mb")
     def process_memory(self, p: dict) -> tuple[float, dict]:
-        n, extra = self.capped("instances", p)
-        value, info = self._memory_of(lambda: self.create_process("counter"), n,
-                                      p["settle_s"])
-        return value, {**extra, **info}
+        return self._memory_figure(lambda: self.create_process("counter"), p)
 
     def _many_processes(self, p: dict) -> tuple[float, dict]:
-        n, extra = self.capped("processes", p)
-        value, info = self._memory_of(lambda: self.create_process("counter"), n,
-                                      p.get("settle_s", 1.0))
-        return value, {**extra, **info,
-                       "processes_200_per_s": n / info["create_and_call_seconds"]}
+        value, extra = self._memory_figure(lambda: self.create_process("counter"), p,
+                                           "processes")
+        extra["processes_200_per_s"] = extra["processes"] / extra["create_and_call_seconds"]
+        return value, extra
 
     @measures("processes_200_pss_mb")
     def many_processes_memory(self, p: dict) -> tuple[float, dict]:
