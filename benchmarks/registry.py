@@ -421,6 +421,7 @@ class System:
         """:meth:`_memory_of` for ``p[key]`` instances (this system's cap on ``key``)."""
         n, extra = self.capped(key, p)
         value, info = self._memory_of(create, n, p.get("settle_s", 1.0))
+        info["processes_counted"] = info.pop("processes")  # by tree_pss_mb, not p[key]
         return value, {**extra, **info}
 
     @measures("isolated_mem_mb")
