@@ -132,3 +132,20 @@ def test_a_bad_spare_count_is_refused_at_init(monkeypatch):
     with dask.config.set({"yrdask.instances.spare-processes": "many"}):
         with pytest.raises(yr.YRValueError, match=r"spare-processes='many': expected a whole"):
             yr.init(yr.Config(num_cpus=1))
+
+
+def test_a_dead_spare_is_passed_over(cluster):
+    """A spare killed while it waits (the OOM killer, a stray kill) costs the next creation
+    nothing but a fork: it is never handed a request, and nobody is told of its exit."""
+    cluster(kind="embedded", num_cpus=1)
+    h = Where.options(process()).invoke()
+    me = yr.get(h.where.invoke(), T)
+    spare = wait_until(lambda: (s := spares(me["ppid"], {me["pid"]})) and s, T, "a spare")
+    (dead,) = spare
+    os.kill(dead, signal.SIGKILL)
+    g = Where.options(process()).invoke()  # at once: the zygote may not have reaped it yet
+    there = yr.get(g.where.invoke(), T)
+    assert there["pid"] != dead and there["ppid"] == me["ppid"]
+    assert yr.get(h.where.invoke(), T)["pid"] == me["pid"]  # the neighbour is untouched
+    for x in (h, g):
+        x.terminate()

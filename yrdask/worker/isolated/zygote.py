@@ -170,7 +170,7 @@ class Zygote:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.lock = threading.Lock()
         self.ids = iter(range(1, 1 << 62))
-        self.waiting: dict[int, list] = {}  # request id -> [Event, answer]
+        self.waiting: dict[int, list] = {}  # request id -> [Event, answer, answered()]
         self.children: dict[int, ForkedProcess] = {}
         self.dead = False
         threading.Thread(target=self._read, daemon=True, name="yr-zygote-reader").start()
@@ -313,10 +313,13 @@ def _forked_child(zygote_pid: int, assignments: int, others: list[int]) -> None:
 
         asyncio.run(child_main(assigned, announce))
     except BaseException as e:  # noqa: BLE001 - told to the agent, then this process ends
-        if req is None:  # it failed as a spare: the request handed to it next is told
-            req = _read_request_now(assignments)
-        _write_line({"id": req["id"], "error": f"{type(e).__name__}: {e}"})
         code = 1
+        try:
+            if req is None:  # it failed as a spare: the request handed to it next is told
+                req = _read_request_now(assignments)
+            _write_line({"id": req["id"], "error": f"{type(e).__name__}: {e}"})
+        except BaseException:  # noqa: BLE001 - the zygote reports the exit to the request
+            pass
     os._exit(code)
 
 
@@ -418,8 +421,11 @@ def zygote_main(spares: int = 1) -> None:
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            os.close(w)
-            _forked_child(me, r, [fd for _pid, fd in waiting])
+            try:
+                os.close(w)
+                _forked_child(me, r, [fd for _pid, fd in waiting])
+            finally:
+                os._exit(1)  # never back into the zygote's loop
         os.close(r)
         children[pid] = None
         return pid, w
