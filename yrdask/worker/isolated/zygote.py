@@ -170,7 +170,7 @@ class Zygote:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.lock = threading.Lock()
         self.ids = iter(range(1, 1 << 62))
-        self.waiting: dict[int, list] = {}  # request id -> [Event, answer, answered()]
+        self.waiting: dict[int, list] = {}  # request id -> its slot (see request())
         self.children: dict[int, ForkedProcess] = {}
         self.dead = False
         threading.Thread(target=self._read, daemon=True, name="yr-zygote-reader").start()
@@ -188,17 +188,23 @@ class Zygote:
         with self.lock:
             if self.dead:
                 raise RuntimeError("the worker's zygote process has exited")
-            rid = next(self.ids)
-            slot: list = [threading.Event(), None, answered]
-            self.waiting[rid] = slot
-            line = json.dumps({"id": rid, "env": env, "cwd": cwd, **info}) + "\n"
-            try:
-                self.proc.stdin.write(line.encode())
-                self.proc.stdin.flush()
-            except (BrokenPipeError, ValueError, OSError):
-                self.dead = True
-                raise RuntimeError("the worker's zygote process has exited") from None
+            # [answered event, answer, answered(), the request, retries left]
+            slot: list = [threading.Event(), None, answered, {"env": env, "cwd": cwd, **info},
+                          1]
+            self._send(slot)
         return slot
+
+    def _send(self, slot: list) -> None:
+        """Write ``slot``'s request under a new id (with ``self.lock`` held)."""
+        rid = next(self.ids)
+        self.waiting[rid] = slot
+        try:
+            self.proc.stdin.write((json.dumps({"id": rid, **slot[3]}) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            self.waiting.pop(rid, None)
+            self.dead = True
+            raise RuntimeError("the worker's zygote process has exited") from None
 
     @staticmethod
     def answer(slot: list) -> tuple[ForkedProcess, str]:
@@ -226,7 +232,15 @@ class Zygote:
                         child._exited(msg["code"])
                     if slot is None:
                         continue
-                    # it died before it answered its request
+                    # it died before it answered its request: a spare killed while it
+                    # waited (its pipe took the request) gets it again once, then it fails
+                    if slot[4] > 0:
+                        slot[4] -= 1
+                        try:
+                            self._send(slot)
+                            continue
+                        except RuntimeError:
+                            pass
                     msg = {"error": f"{describe_exit_of(msg['exit'], msg['code'])} before it "
                                     "listened"}
                 if "pid" in msg:
