@@ -203,6 +203,45 @@ add(Figure(
 ))
 
 
+# -- process instances: an instance that is a process of its own (yrdask light=False; Ray: any
+# actor), next to the light figures above (docs/isolation.md, "Cost")
+
+add(Figure(
+    "process_create_ms", "process", "ms", False,
+    "a process instance (yrdask InvokeOptions(light=False), cpu=0; Ray: an actor, num_cpus=0) "
+    "created and called once, until that call is back; median over N sequential creations, "
+    "each terminated after",
+    params={"instances": 15, "warmup": 2}, quick={"instances": 3, "warmup": 1},
+    target=("<=", 5.0),
+))
+add(Figure(
+    "process_rtt_ms", "process", "ms", False,
+    "sequential call round trip on a process instance: median over 2000 calls (or as many as "
+    "fit in 5 s) after 100 warm-up calls (the light instance's is instance_rtt_ms)",
+    params={"warmup": 100, "calls": 2000, "max_seconds": 5.0},
+    quick={"warmup": 10, "calls": 100},
+))
+add(Figure(
+    "process_mem_mb", "process", "MB", False,
+    "memory per extra process instance: (PSS of all processes after N of them, each called "
+    "once - PSS before the first, so the zygote and its spare count too) / N",
+    params={"instances": 8, "settle_s": 1.0}, quick={"instances": 3, "settle_s": 0.5},
+))
+add(Figure(
+    "processes_200_pss_mb", "process", "MB", False,
+    "200 process instances alive at once (created together, each called once): (PSS of all "
+    "processes then - PSS before them) / 200; a system that cannot start that many is "
+    "measured with fewer (extra.processes)",
+    params={"processes": 200, "settle_s": 1.0}, quick={"processes": 50, "settle_s": 0.5},
+    target=("<=", 12.0), timeout_s=600.0,
+))
+add(Figure(
+    "processes_200_per_s", "process", "instances/s", True,
+    "the processes_200_pss_mb creation (measured in its process): process instances "
+    "created and called once per second, all 200 at once",
+    params={"processes": 200}, quick={"processes": 50}, timeout_s=600.0,
+))
+
 # -- scale: sized to the machine (python -m benchmarks --cpus N --only scale) ---------------
 # N worker processes (one per core); not part of a run without --only (they take long).
 

@@ -132,6 +132,11 @@ class System:
         """End an instance now (yrdask ``terminate``, Ray ``ray.kill``)."""
         raise NotImplementedError
 
+    def create_process(self, kind: str, *args: Any) -> Any:
+        """A tiny process instance: a process of its own, nothing else asked (yrdask
+        ``light=False``; a Ray actor always is one)."""
+        raise NotImplementedError
+
     def submit_isolated(self, i: int) -> Any:
         """The trivial task, with an env var set (so it runs in a process with that env)."""
         raise NotImplementedError
@@ -362,13 +367,14 @@ class System:
 
     # -- isolation figures ---------------------------------------------------------------
 
-    @measures("isolated_create_ms")
-    def isolated_create(self, p: dict) -> tuple[float, dict]:
+    def _create_ms(self, create: Callable[[], Any], p: dict) -> tuple[float, dict]:
+        """``create()`` and its first call back, sequentially, each destroyed after: the
+        median ms."""
         n, extra = self.capped("instances", p)
         out = []
         for k in range(p["warmup"] + n):
             t = time.perf_counter()
-            h = self.create_isolated("counter")
+            h = create()
             assert self.gather([self.call(h, "inc", k)])[0] == k + 1
             dt = (time.perf_counter() - t) * 1000.0
             self.destroy(h)
@@ -377,32 +383,79 @@ class System:
         out.sort()
         return out[len(out) // 2], {**extra, "all_ms": out}
 
-    @measures("isolated_rtt_ms")
-    def isolated_rtt(self, p: dict) -> tuple[float, dict]:
-        h = self.create_isolated("counter")
+    def _rtt_on(self, h: Any, p: dict) -> tuple[float, dict]:
         value, extra = self._latency(functools.partial(self.call, h, "inc"), p)
         self.destroy(h)
         return value, extra
+
+    def _memory_of(self, create: Callable[[], Any], n: int, settle_s: float) -> tuple[float, dict]:
+        """``n`` instances from ``create()`` alive at once, each called once: PSS per
+        instance (after - before) / n, and how long creating and calling them took."""
+        time.sleep(settle_s)
+        before, _ = tree_pss_mb()
+        t = time.perf_counter()
+        handles = [create() for _ in range(n)]
+        assert self.gather([self.call(h, "inc", k) for k, h in enumerate(handles)])[-1] == n
+        created = time.perf_counter() - t
+        time.sleep(settle_s)
+        after, info = tree_pss_mb()
+        for h in handles:
+            self.destroy(h)
+        return (after - before) / n, {"create_and_call_seconds": created,
+                                      "pss_before_mb": before, "pss_after_mb": after, **info}
+
+    @measures("isolated_create_ms")
+    def isolated_create(self, p: dict) -> tuple[float, dict]:
+        return self._create_ms(lambda: self.create_isolated("counter"), p)
+
+    @measures("isolated_rtt_ms")
+    def isolated_rtt(self, p: dict) -> tuple[float, dict]:
+        return self._rtt_on(self.create_isolated("counter"), p)
 
     @measures("isolated_task_rtt_ms")
     def isolated_task_rtt(self, p: dict) -> tuple[float, dict]:
         return self._latency(self.submit_isolated, p)
 
+    def _memory_figure(self, create: Callable[[], Any], p: dict,
+                       key: str = "instances") -> tuple[float, dict]:
+        """:meth:`_memory_of` for ``p[key]`` instances (this system's cap on ``key``)."""
+        n, extra = self.capped(key, p)
+        value, info = self._memory_of(create, n, p.get("settle_s", 1.0))
+        info["processes_counted"] = info.pop("processes")  # by tree_pss_mb, not p[key]
+        return value, {**extra, **info}
+
     @measures("isolated_mem_mb")
     def isolated_memory(self, p: dict) -> tuple[float, dict]:
-        n, extra = self.capped("instances", p)
-        time.sleep(p["settle_s"])
-        before, _ = tree_pss_mb()
-        t = time.perf_counter()
-        handles = [self.create_isolated("counter") for _ in range(n)]
-        assert self.gather([self.call(h, "inc", k) for k, h in enumerate(handles)])[-1] == n
-        created = time.perf_counter() - t
-        time.sleep(p["settle_s"])
-        after, info = tree_pss_mb()
-        for h in handles:
-            self.destroy(h)
-        return (after - before) / n, {**extra, "create_and_call_seconds": created,
-                                      "pss_before_mb": before, "pss_after_mb": after, **info}
+        return self._memory_figure(lambda: self.create_isolated("counter"), p)
+
+    # -- process instances (light=False; a Ray actor) ---------------------------------------
+
+    @measures("process_create_ms")
+    def process_create(self, p: dict) -> tuple[float, dict]:
+        return self._create_ms(lambda: self.create_process("counter"), p)
+
+    @measures("process_rtt_ms")
+    def process_rtt(self, p: dict) -> tuple[float, dict]:
+        return self._rtt_on(self.create_process("counter"), p)
+
+    @measures("process_mem_mb")
+    def process_memory(self, p: dict) -> tuple[float, dict]:
+        return self._memory_figure(lambda: self.create_process("counter"), p)
+
+    def _many_processes(self, p: dict) -> tuple[float, dict]:
+        value, extra = self._memory_figure(lambda: self.create_process("counter"), p,
+                                           "processes")
+        extra["processes_200_per_s"] = extra["processes"] / extra["create_and_call_seconds"]
+        return value, extra
+
+    @measures("processes_200_pss_mb")
+    def many_processes_memory(self, p: dict) -> tuple[float, dict]:
+        return self._many_processes(p)
+
+    @measures("processes_200_per_s")
+    def many_processes_rate(self, p: dict) -> tuple[float, dict]:
+        _, extra = self._many_processes(p)
+        return extra.pop("processes_200_per_s"), extra
 
     @measures("blas_matmul_s")
     def blas_matmul(self, p: dict) -> tuple[float, dict]:

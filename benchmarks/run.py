@@ -155,7 +155,7 @@ def not_applicable(system: str, figure: str) -> str | None:
 
 #: figure -> the figure whose fresh process also measures it (when both are selected):
 #: every process times its own init, so ``init_s`` needs no process of its own
-SHARED_PROCESS = {"init_s": "idle_pss_mb"}
+SHARED_PROCESS = {"init_s": "idle_pss_mb", "processes_200_per_s": "processes_200_pss_mb"}
 
 
 def _derived(figure: str, host: dict) -> dict:

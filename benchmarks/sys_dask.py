@@ -89,6 +89,10 @@ class Dask(System):
         **{fig: "Dask has no per-actor or per-task process with its own environment"
            for fig in ("isolated_create_ms", "isolated_rtt_ms", "isolated_task_rtt_ms",
                        "isolated_mem_mb")},
+        **{fig: "a Dask actor lives in a worker process it shares; Dask starts no process "
+                "per actor"
+           for fig in ("process_create_ms", "process_rtt_ms", "process_mem_mb",
+                       "processes_200_pss_mb", "processes_200_per_s")},
         "blas_matmul_s": "Dask has no per-task CPU count: its workers run numpy with "
                          "OMP_NUM_THREADS=1 (the nanny's pre-spawn environment)",
         "restart_s": "Dask actors are never restarted: when the worker hosting an actor dies, "

@@ -169,6 +169,15 @@ class Yrdask(System):
     def destroy(self, handle) -> None:
         handle.terminate()
 
+    def create_process(self, kind: str, *args):
+        key = (kind, "process")
+        creator = self.creators.get(key)
+        if creator is None:
+            opts = self.d.sizes["tiny"].copy()
+            opts.light = False  # a process of its own, nothing else asked
+            creator = self.creators[key] = self.d.kinds[kind].options(opts)
+        return creator.invoke(*args)
+
     @measures("drain_s")
     def drain(self, p: dict) -> tuple[float, dict]:
         """Scale-down of a worker holding ``instances`` checkpointed instances and

@@ -11,7 +11,6 @@ on the system's API (the seed's supervisor, ``nbytes_of``) stays in the system m
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from typing import Any, Callable
 
@@ -82,6 +81,9 @@ def nested_rtt(warmup: int, calls: int, *, submit_inc: Callable[[int], Any],
         get_one(submit_inc(i))
         out.append((pc() - t) * 1000.0)
     pids = get([submit_whoami(i) for i in range(20)])
+    import statistics  # here, not at the top: a process instance of this module's Counter
+    # would import it (fractions, decimal) on its way to its first call, ~3 MB and ms each
+
     return {"median_ms": statistics.median(out),
             "inner_same_process_fraction": _same_process_fraction(pids)}
 

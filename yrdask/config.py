@@ -87,3 +87,21 @@ def light_instances() -> bool:
         raise YRValueError(f"yrdask.instances.light={value!r}: expected true (instances share "
                            "worker processes) or false (each instance is a process of its own)")
     return value
+
+
+#: the most spare processes a worker's zygote may keep (``yrdask.instances.spare-processes``)
+MAX_SPARE_PROCESSES = 16
+
+
+def spare_processes() -> int:
+    """``yrdask.instances.spare-processes``: how many children a worker's zygote keeps forked
+    and listening ahead of the next process instance (docs/isolation.md, "Cost");
+    ``YRValueError`` naming the key for a value that is not a whole number from 0 to
+    :data:`MAX_SPARE_PROCESSES`."""
+    value = _whole("yrdask.instances.spare-processes", 1, 0)
+    if value > MAX_SPARE_PROCESSES:
+        raise YRValueError(
+            f"yrdask.instances.spare-processes={value}: expected at most "
+            f"{MAX_SPARE_PROCESSES} (each spare is a process that holds memory while it waits; "
+            "the default is 1)")
+    return value

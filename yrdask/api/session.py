@@ -38,10 +38,11 @@ def init(conf: Config | None = None) -> ClientInfo:
         freeze = heap.freeze_enabled()  # checked before anything starts
         # the submitter reads these once the cluster is starting, the instance creations
         # later: a bad one is refused here
-        from yrdask.config import light_instances, pipeline_settings
+        from yrdask.config import light_instances, pipeline_settings, spare_processes
 
         pipeline_settings()
         light_instances()
+        spare_processes()
         if conf.env_file:
             _load_env_file(conf.env_file)
         _apply_log_level(conf.log_level)

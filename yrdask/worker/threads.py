@@ -106,7 +106,7 @@ def follow_env(before: dict) -> None:
     env = os.environ
     if all(before.get(key) == env.get(key) for key in THREAD_ENV):
         return  # the same as the zygote's: nothing to do (the common case)
-    for lib in _controller().lib_controllers:
+    for lib in LIMITS._controller().lib_controllers:  # scanned in the zygote already
         n = _env_limit(_ENV_OF.get(lib.internal_api, ()), env)
         if n is not None and n != lib.num_threads:
             lib.set_num_threads(n)

@@ -483,8 +483,12 @@ def endpoint(info: dict) -> tuple[str, dict]:
     return f"{scheme}://{info.get('host') or '127.0.0.1'}:0", listen_args
 
 
-async def child_main(announce: Any, info: dict) -> None:
-    """Serve the agent until it lets go (the channel closes) or the process is killed."""
+
+async def child_main(assigned: Any, announce: Any, listen: dict) -> None:
+    """Listen where ``listen`` says (its worker's host and TLS: see :func:`endpoint`), then
+    wait for ``assigned()`` (the zygote hands this spare a request: its environment and
+    directory are applied, and its worker's ``info`` comes back), announce, and serve the
+    agent until it lets go (the channel closes) or the process is killed."""
     from distributed.core import Server
 
     from yrdask.runtime.context import install
@@ -492,16 +496,20 @@ async def child_main(announce: Any, info: dict) -> None:
     from yrdask.worker import output
 
     register_with_dask()
-    node = info.get("node") or ""
+    info: dict = {}
     runtime = LazyRuntime(asyncio.get_running_loop(), info)
     install(runtime)
-    host = IsolatedHost(runtime, info.get("worker") or "")
+    host = IsolatedHost(runtime)  # its worker is known once a request is handed to it
     runtime.agent.host = host
     # no scratch directory: nothing here writes one, and a killed child would leave it behind
     # for the next one to purge (a lock and a directory per process: ~10 ms of a creation)
     server = Server(P.handlers(P.ISOLATED_RPC, host), needs_workdir=False)
-    address, listen_args = endpoint(info)
+    address, listen_args = endpoint(listen)
     await server.listen(address, **listen_args)
+    req = await assigned()
+    info.update((key, req.get(key)) for key in ("node", "scheduler", "host", "worker", "tls"))
+    host.worker = info.get("worker") or ""
+    node = runtime.agent.node_id = info.get("node") or ""
     out = _OutputAgent(host, server, node)
     output.install(out)
     runtime.output_target = out.runtime.output_target

@@ -17,7 +17,8 @@ from yrdask import protocol as P
 from yrdask.errors import InstanceMovedError, RemoteError
 from yrdask.serialization import Frames, dumps
 from yrdask.worker.isolated import START_TIMEOUT_S
-from yrdask.worker.isolated.zygote import child_info, describe_exit_of, kill_child, spawn
+from yrdask.worker.isolated.zygote import (child_info, describe_exit_of, kill_child,
+                                            spawn_async)
 
 logger = logging.getLogger("yrdask.worker")
 
@@ -62,8 +63,7 @@ class IsolatedInstance:
             if spec.get("deps"):
                 spec["deps"] = await loop.run_in_executor(None, self.agent.deps_by_value,
                                                           spec["deps"])
-            proc, address = await loop.run_in_executor(None, spawn, spec["isolation"],
-                                                       child_info(self.agent))
+            proc, address = await spawn_async(spec["isolation"], child_info(self.agent))
             if self.stopped is not None:
                 kill_child(proc)
                 return

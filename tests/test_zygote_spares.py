@@ -1,0 +1,151 @@
+"""The zygote's spare processes (docs/isolation.md, "Cost"): each worker's zygote keeps
+``yrdask.instances.spare-processes`` children forked and listening, a process instance's
+creation is handed one (its environment applied then), and a spare is no instance: the
+scheduler never hears of it, and it ends with its worker.
+
+The embedded cluster has one worker process here, so there is one zygote.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+import yrdask as yr
+from conftest import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+T = 60
+
+
+@yr.instance
+class Where:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+
+    def where(self) -> dict:
+        return {"pid": os.getpid(), "ppid": os.getppid(),
+                "env": os.environ.get("YR_SPARE_TEST"), "cwd": os.getcwd()}
+
+
+def process(**kw) -> yr.InvokeOptions:
+    return yr.InvokeOptions(cpu=50, memory=10, light=False, **kw)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def spares(zygote: int, instances: set[int]) -> set[int]:
+    """The zygote's live children that host no instance."""
+    return {c.pid for c in psutil.Process(zygote).children() if c.pid not in instances
+            and alive(c.pid)}
+
+
+def scheduler_instances(address: str) -> set[str]:
+    """The instance ids the scheduler's lifecycle knows."""
+    from distributed import Client
+
+    def ids(dask_scheduler):
+        return list(dask_scheduler.extensions["yr"].instances.lifecycle.instances)
+
+    with Client(address, timeout=30) as client:
+        return set(client.run_on_scheduler(ids))
+
+
+def test_a_creation_is_handed_the_spare_and_a_spare_is_no_instance(cluster, tmp_path):
+    address = cluster(kind="embedded", num_cpus=1).address
+    first = Where.options(process()).invoke()
+    one = yr.get(first.where.invoke(), T)
+    zygote = one["ppid"]
+    spare = wait_until(lambda: (s := spares(zygote, {one["pid"]})) and s, T,
+                       "the zygote to fork a spare after the first creation")
+    assert len(spare) == 1, spare  # yrdask.instances.spare-processes: 1 (the default)
+    # The next creation is that process, with its own environment and directory applied.
+    second = Where.options(process(env_vars={"YR_SPARE_TEST": "mine"},
+                                   runtime_env={"working_dir": str(tmp_path)})).invoke()
+    two = yr.get(second.where.invoke(), T)
+    assert {two["pid"]} == spare
+    assert (two["env"], two["cwd"], two["ppid"]) == ("mine", str(tmp_path), zygote)
+    assert one["env"] is None
+    # A new spare took its place; the scheduler knows the two instances and nothing else.
+    again = wait_until(lambda: (s := spares(zygote, {one["pid"], two["pid"]})) and s, T,
+                       "a new spare after the second creation")
+    assert len(again) == 1 and not again & {one["pid"], two["pid"]}, again
+    assert scheduler_instances(address) == {first.instance_id, second.instance_id}
+    for h in (first, second):
+        h.terminate()
+    wait_until(lambda: not alive(one["pid"]) and not alive(two["pid"]), 30,
+               "the terminated instances' processes to end")
+    assert alive(again.pop())  # the spare stays for the next creation
+    assert scheduler_instances(address) == set()
+
+
+def test_no_spare_outlives_its_worker(cluster):
+    cluster(kind="embedded", num_cpus=1)
+    h = Where.options(process()).invoke()
+    me = yr.get(h.where.invoke(), T)
+    zygote = me["ppid"]
+    spare = wait_until(lambda: (s := spares(zygote, {me["pid"]})) and s, T, "a spare")
+    worker = psutil.Process(zygote).ppid()
+    assert worker != os.getpid()
+    os.kill(worker, signal.SIGKILL)  # no close, no cleanup
+    wait_until(lambda: not any(alive(p) for p in {zygote, me["pid"], *spare}), 30,
+               "the zygote, its instance and its spare to end with their worker")
+    cluster.finalize()  # the nanny's new worker has no zygote yet: a fresh cluster next
+
+
+def test_finalize_ends_the_spares(cluster):
+    cluster(kind="embedded", num_cpus=1)
+    h = Where.options(process()).invoke()
+    me = yr.get(h.where.invoke(), T)
+    spare = wait_until(lambda: (s := spares(me["ppid"], {me["pid"]})) and s, T, "a spare")
+    cluster.finalize()
+    wait_until(lambda: not any(alive(p) for p in {me["ppid"], me["pid"], *spare}), 30,
+               "the zygote, its instance and its spare to end at finalize")
+
+
+def test_no_spares_with_spare_processes_0(cluster, monkeypatch):
+    cluster.finalize()
+    monkeypatch.setenv("DASK_YRDASK__INSTANCES__SPARE_PROCESSES", "0")  # for the workers
+    cluster(kind="embedded", num_cpus=1)
+    hs = [Where.options(process()).invoke() for _ in range(2)]
+    pids = {w["pid"] for w in yr.get([h.where.invoke() for h in hs], T)}
+    zygote = psutil.Process(next(iter(pids))).ppid()
+    assert {c.pid for c in psutil.Process(zygote).children()} == pids  # forked on request
+    cluster.finalize()  # later tests get the default
+
+
+def test_a_bad_spare_count_is_refused_at_init(monkeypatch):
+    import dask
+
+    with dask.config.set({"yrdask.instances.spare-processes": 17}):
+        with pytest.raises(yr.YRValueError, match=r"spare-processes=17: expected at most 16"):
+            yr.init(yr.Config(num_cpus=1))
+    with dask.config.set({"yrdask.instances.spare-processes": "many"}):
+        with pytest.raises(yr.YRValueError, match=r"spare-processes='many': expected a whole"):
+            yr.init(yr.Config(num_cpus=1))
+
+
+def test_a_dead_spare_is_passed_over(cluster):
+    """A spare killed while it waits (the OOM killer, a stray kill) costs the next creation
+    nothing but a fork: it is never handed a request, and nobody is told of its exit."""
+    cluster(kind="embedded", num_cpus=1)
+    h = Where.options(process()).invoke()
+    me = yr.get(h.where.invoke(), T)
+    spare = wait_until(lambda: (s := spares(me["ppid"], {me["pid"]})) and s, T, "a spare")
+    (dead,) = spare
+    os.kill(dead, signal.SIGKILL)
+    g = Where.options(process()).invoke()  # at once: the zygote may not have reaped it yet
+    there = yr.get(g.where.invoke(), T)
+    assert there["pid"] != dead and there["ppid"] == me["ppid"]
+    assert yr.get(h.where.invoke(), T)["pid"] == me["pid"]  # the neighbour is untouched
+    for x in (h, g):
+        x.terminate()
