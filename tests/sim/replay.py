@@ -92,8 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", help="run a range A:B of seeds (N: 0:N), report the failures")
     p.add_argument("--keep-going", action="store_true", help="do not stop at the first failure")
     p.add_argument("--tail", type=int, default=None, help="story lines to print (default all)")
-    p.add_argument("--standins", action="store_true",
-                   help="use tests/sim/standins.py instead of the real submit and lease queues")
     p.add_argument("--calls", action="store_true",
                    help="the instance world (CallOrder, Lifecycle, LeaseQueue) instead of the "
                         "task world")
@@ -108,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
         from tests.sim.objects import main_objects
 
         return main_objects(args)
-    if args.standins:
-        M.use_standins()
     if os.environ.get("PYTHONHASHSEED") != "0":
         # set iteration order must match the run that found the seed
         os.environ["PYTHONHASHSEED"] = "0"

@@ -142,7 +142,7 @@ class SchedNode(Node):
         self.service = LeaseService(_SchedEdge(world, self), self.queue)
         # resource groups: the production group adapter's decisions (group_adapter.py)
         self.groups = None
-        if world.sc.groups and hasattr(self.queue, "bundles"):  # (the stand-ins have none)
+        if world.sc.groups:
             from yrdask.scheduler.group_adapter import GroupService
 
             self.groups = GroupService(_GroupEdge(world, self), self.queue)
