@@ -53,6 +53,7 @@ from __future__ import annotations
 import heapq
 import random
 import re
+import sys
 from collections import deque
 from typing import Any
 
@@ -78,6 +79,8 @@ MAX_STEPS = 60_000
 MAX_VIRTUAL_S = 20_000.0
 GRANT_WITHIN_S = 0.25  # virtual seconds a request that fits the free capacity may stay pending
 UNFIT = {"CPU": 64000.0, "Memory": 100.0}
+#: the race branches the world counts (``CallWorld.races``)
+RACES = ("a stop for a worker already removed",)
 
 
 # Failures the simulation found that are still open, by their exact seeds: seed -> (the
@@ -305,7 +308,10 @@ class _InstanceEdge:
         w.send(SCHED, SCHED, chan, ("SOON", _Later(chan, fn)))
 
     def is_worker(self, worker: str) -> bool:
-        return worker in self.world.registered
+        w = self.world
+        if worker in w.unheard and sys._getframe(1).f_code.co_name == "feed":
+            w.races["a stop for a worker already removed"] += 1  # (the service's branch)
+        return worker in w.registered
 
     def acquire(self, req: LeaseRequest, timeout_ms: int, answer: Any) -> None:
         w = self.world
@@ -368,6 +374,10 @@ class CallWorld:
         self.seed = seed
         rng = self.rng = random.Random(seed * 31 + 5)
         self.init_rng = random.Random(seed * 17 + 3)  # whose __init__ raises (its own draws)
+        # how long the machines hear of a peer after the adapter knows it is gone
+        self.gone_rng = random.Random(seed * 13 + 7)
+        self.unheard: set[str] = set()  # gone for the adapter, not yet for the machines
+        self.races: dict[str, int] = dict.fromkeys(RACES, 0)
         self.now = 0.0
         self.step = 0
         self._seq = 0
@@ -947,15 +957,14 @@ class CallWorld:
             for ws in self.stops.values():
                 ws.discard(iid)
             self.instances.stopped(iid)
-        elif op == "CLOSE":  # connect_job's finally
+        elif op == "CLOSE":  # connect_job's end: the job is gone for the adapter at once
             self.jobs.discard(src)
-            self.leases.owner_gone(src)
-            self.instances.owner_gone(self.procs[src].job, src)
+            self.later_heard(src, self.owner_gone)
         elif op == "REQUEST_LEASE":
             _, drid, shape, timeout = msg  # extension.request_lease
-            gone = self.leases.requester_gone(src)
-            if gone is not None:
-                self.send(SCHED, src, chan, ("REFUSED", drid, gone))
+            req = self.leases.lease_request(src, dict(shape), queue="q")
+            if isinstance(req, str):
+                self.send(SCHED, src, chan, ("REFUSED", drid, req))
                 return
 
             def answer(result: list) -> None:
@@ -964,7 +973,7 @@ class CallWorld:
                 else:
                     self.granted(result[0])
                     self.send(SCHED, src, chan, ("GRANT", drid, result[0]))
-            self.leases.open(LeaseRequest(src, dict(shape), queue="q"), timeout, answer)
+            self.leases.open(req, timeout, answer)
         elif op == "RETURN":
             self.leases.release(tuple(msg[1]), "return")
         elif op == "SOON":  # a task or callback the scheduler's loop runs on a later turn
@@ -972,9 +981,31 @@ class CallWorld:
         else:
             self.fail(f"scheduler got {msg}")
 
+    def later_heard(self, who: str, fn: Any) -> None:
+        """The adapter knows ``who`` is gone; the machines hear it now or after a seeded
+        delay (``M.GONE_DELAYS``, as the task world), so that the race branches run."""
+        delay = self.gone_rng.choice(M.GONE_DELAYS)
+        if not delay:
+            fn(who)
+            return
+        self.unheard.add(who)
+        self.say(SCHED, "gone, heard in", delay, who)
+        self.timer(self.now + delay, "heard", (fn, who))
+
+    def owner_gone(self, owner: str) -> None:
+        """``connect_job``'s clean-up: the job's leases and instances go."""
+        self.unheard.discard(owner)
+        self.leases.owner_gone(owner)
+        self.instances.owner_gone(self.procs[owner].job, owner)
+
     def worker_left(self, wname: str) -> None:
-        """Dask removed the worker: extension.on_remove_worker."""
+        """Dask removed the worker (``scheduler.workers``); the machines hear it (maybe
+        later): extension.on_remove_worker."""
         self.registered.discard(wname)
+        self.later_heard(wname, self.worker_heard_left)
+
+    def worker_heard_left(self, wname: str) -> None:
+        self.unheard.discard(wname)
         self.shrunk |= M.shrinking(self.lq, wname)  # its node's pool shrinks
         self.leases.worker_left(wname)
         self.instances.worker_lost(wname)
@@ -1069,6 +1100,8 @@ class CallWorld:
             self.kill_worker()
         elif kind == "left":
             self.worker_left(data)
+        elif kind == "heard":  # the machines hear of a peer the adapter knows is gone
+            data[0](data[1])
         elif kind == "join":
             self.say(self._add_worker(), "JOINED")
         elif kind.startswith("iso-"):

@@ -68,6 +68,9 @@ KEEP_REVOKED = (0.0, 0.05, 0.5, 5.0)  # SubmitQueue keep_revoked_s drawn per see
 #: how often a lease request's rpc is passed over when its turn comes (drawn per seed): a
 #: slow rpc connection, so that the owner's later withdraw (on its stream) overtakes it
 RPC_LAG = (0.0, 0.0, 0.0, 0.9)
+#: how long after the scheduler's adapter knows a peer is gone (a job stream closed, Dask
+#: removed a worker) its machines hear it (virtual seconds, drawn per departure)
+GONE_DELAYS = (0.0, 0.001, 0.02, 0.2, 1.0)
 
 
 def new_notices(delay_s: float) -> Any:

@@ -67,6 +67,34 @@ def test_seed_replays_identically() -> None:
         assert story(run_seed(seed)) == story(run_seed(seed))
 
 
+@needs_machines
+def test_race_branches_run() -> None:
+    """With the seeded delay between "the adapter knows a peer is gone" and "the machines
+    hear it" (``machines.GONE_DELAYS``), the race branches run: a grant for a requester
+    already gone, a grant on a worker Dask already removed (task world), a stop for a
+    worker already removed (instance world); with no delay, none does."""
+    from tests.sim.calls import run_call_seed
+    from tests.sim.replay import run_seed
+
+    races: dict[str, int] = {}
+    for seed in range(150, 230):
+        for what, n in run_seed(seed).races.items():
+            races[what] = races.get(what, 0) + n
+    for seed in range(80, 160):
+        for what, n in run_call_seed(seed).races.items():
+            races[what] = races.get(what, 0) + n
+    assert len(races) == 3 and all(races.values()), races
+
+
+@needs_machines
+def test_no_race_branch_without_the_delay(monkeypatch) -> None:
+    from tests.sim.replay import run_seed
+
+    monkeypatch.setattr(M, "GONE_DELAYS", (0.0,))
+    for seed in (154, 167, 190, 221):
+        assert not any(run_seed(seed).races.values())
+
+
 class _Lossy:
     """A submit queue that swallows every TaskFailed (a machine bug to catch)."""
 

@@ -32,7 +32,7 @@ from yrdask.scheduler.kv import KVServer
 from yrdask.scheduler.drain import Drainer
 from yrdask.scheduler.figures import SchedulingFigures
 from yrdask.scheduler.lease_service import LeaseService
-from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
+from yrdask.scheduler.requests import LeaseRequest, shape_of
 from yrdask.scheduler.resources import Ledger, Shape, format_shape
 from yrdask.scheduler.panels import DaskPanels
 from yrdask.scheduler.scale_up import ScaleUp
@@ -100,7 +100,8 @@ class YrSchedulerExtension:
         # One table each, from the protocol: the extension's ops, then the instance manager's.
         scheduler.handlers.update(P.handlers(P.SCHEDULER_RPC, self, self.instances, self.kv,
                                              self.rgroups))
-        scheduler.stream_handlers.update(P.handlers(P.SCHEDULER_STREAM, self, self.instances))
+        scheduler.stream_handlers.update(P.handlers(P.SCHEDULER_STREAM, self.lease_service, self,
+                                                    self.instances))
         self.drainer = Drainer(self)  # scale-down drains workers first (scheduler/drain.py)
         self.drainer.install()
         scheduler.add_plugin(_Hooks(self), name="yrdask-hooks")
@@ -275,7 +276,7 @@ class YrSchedulerExtension:
         self.jobs[owner_address] = Job(job_id, owner_address, stream, api)
         stream.send(P.JobWelcome(protocol_version=P.PROTOCOL_VERSION,
                                  dashboard=self.dashboard_link()).to_msg())
-        handlers = P.handlers(P.JOB_STREAM, self, self.instances)
+        handlers = P.handlers(P.JOB_STREAM, self.lease_service, self, self.instances)
         handlers[P.HANDLE_REFS] = functools.partial(handlers[P.HANDLE_REFS],
                                                     holder=owner_address)
         # An isolated process's runtime lends the CPU of the work it runs (LeaseBlocked on
@@ -295,7 +296,7 @@ class YrSchedulerExtension:
                     P.dispatch(handlers, msg)
         finally:
             for lease_id in lent:
-                self.lease_unblocked(lease_id)
+                self.lease_service.lease_unblocked(lease_id)
             self.jobs.pop(owner_address, None)
             self._release_owned_by(owner_address)
             self.instances.on_owner_gone(job_id, owner_address)
@@ -371,12 +372,11 @@ class YrSchedulerExtension:
         ``[None, reason]`` when it cannot be met in time (or is withdrawn: ``request_id`` is
         the owner's own id of it).
         """
-        gone = self.lease_service.requester_gone(owner)
-        if gone is not None:  # its job stream (or its worker) is gone already
-            return [None, gone]
-        reply = await self.acquire(LeaseRequest(
-            owner, shape_of(shape), local=local, queue=queue, avoid=tuple(avoid or ()),
-            affinity=freeze(affinity), own_id=request_id or ""), timeout_ms)
+        req = self.lease_service.lease_request(owner, shape, local, queue, avoid, affinity,
+                                               request_id)
+        if isinstance(req, str):  # its job stream (or its worker) is gone already
+            return [None, req]
+        reply = await self.acquire(req, timeout_ms)
         if reply and reply[0] is not None:
             return [reply[0], reply[1], self.server_id_of(reply[1])]
         return reply
@@ -443,14 +443,6 @@ class YrSchedulerExtension:
         except CommClosedError:
             pass
 
-    def return_leases(self, lease_ids: list[str], worker: str | None = None) -> None:
-        self.lease_service.release(lease_ids, "return")
-
-    def withdraw_lease_requests(self, owner: str, request_ids: list[str],
-                                worker: str | None = None) -> None:
-        """:class:`yrdask.protocol.WithdrawLeaseRequests`: ``owner``'s queue drained."""
-        self.lease_service.withdraw(owner, request_ids)
-
     def _release_owned_by(self, owner: str) -> None:
         """The owner's job ended: its leases are released, its waiting requests refused."""
         self.lease_service.owner_gone(owner)
@@ -465,16 +457,10 @@ class YrSchedulerExtension:
         """``LeaseBlocked`` / ``LeaseUnblocked`` on a job stream: remembered per stream."""
         if blocked:
             lent.add(lease_id)
-            self.lease_blocked(lease_id)
+            self.lease_service.lease_blocked(lease_id)
         else:
             lent.discard(lease_id)
-            self.lease_unblocked(lease_id)
-
-    def lease_blocked(self, lease_id: str, worker: str | None = None) -> None:
-        self.lease_service.lease_blocked(lease_id)
-
-    def lease_unblocked(self, lease_id: str, worker: str | None = None) -> None:
-        self.lease_service.lease_unblocked(lease_id)
+            self.lease_service.lease_unblocked(lease_id)
 
 
 class _LoopEdge:
