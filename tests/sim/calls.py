@@ -66,13 +66,13 @@ from yrdask.scheduler import leases as LQ
 from yrdask.scheduler import lifecycle as L
 
 from yrdask.scheduler.instance_service import InstanceService
-from yrdask.scheduler.lease_service import LeaseService
+from yrdask.scheduler.lease_service import STREAM_OPS, LeaseService
 from yrdask.scheduler.requests import LeaseRequest
 from yrdask.worker.instance_side import HostedCalls, InstanceSide
 
 from tests.sim import machines as M
 from tests.sim.isolated import IsolatedHosting
-from tests.sim.world import SimFailure
+from tests.sim.world import REPLY, SimFailure
 
 SCHED = "sched"
 MAX_STEPS = 60_000
@@ -259,8 +259,8 @@ class _CallEdge:
         self.world.timer(max(at, self.world.now), "lq-tick", None)  # fn is service.tick
 
     def send_to_owner(self, owner: str, msg: dict) -> None:
-        if owner in self.world.jobs and "lease_ids" in msg:
-            self.world.send(SCHED, owner, "stream", ("REVOKE", tuple(msg["lease_ids"])))
+        if owner in self.world.jobs:
+            self.world.send(SCHED, owner, "stream", msg)
 
     def has_job(self, owner: str) -> bool:
         return owner in self.world.jobs
@@ -390,6 +390,7 @@ class CallWorld:
         self.lq = LQ.LeaseQueue()
         # the production lease adapter (scheduler/lease_service.py) on a simulated edge
         self.leases = LeaseService(_CallEdge(self), self.lq)
+        self.lease_handlers = P.handlers(STREAM_OPS, self.leases)  # as the extension's
         # the production instance adapter (scheduler/instance_service.py) on a simulated edge
         self.instances = InstanceService(_InstanceEdge(self), self.lc, self.lq.ledger)
         # what outlives the scheduler (scheduler/durable.py), as the extension keeps it
@@ -461,7 +462,7 @@ class CallWorld:
         if not self.alive(dst):
             if chan == "call":  # connecting to a dead worker fails: the channel is lost
                 self.send("net", src, "lost", ("LOST", dst))
-            elif msg[0] == "STOP":  # the rpc fails: _stop answers Stopped all the same
+            elif type(msg) is tuple and msg[0] == "STOP":  # the rpc fails: _stop answers Stopped all the same
                 self.stops.get(dst, set()).discard(msg[1])
                 self.send("net", SCHED, f"stopfail-{msg[1]}", ("STOPPED", msg[1]))
             return
@@ -668,8 +669,8 @@ class CallWorld:
         elif action == "lease":
             rid = self.new_id("q")
             shape = {"CPU": float(rng.choice([500, 1000, 2000])), "Memory": 100.0}
-            self.send(dname, SCHED, f"rpc-lease-{rid}",
-                      ("REQUEST_LEASE", rid, shape, rng.choice([-1, 500, 3000])))
+            self.send(dname, SCHED, f"rpc-lease-{rid}", P.RequestLease(
+                dname, shape, rng.choice([-1, 500, 3000]), queue="q").to_msg())
         elif action == "abrupt":
             self.exit_driver(d, abrupt=True)
         elif action == "exit":
@@ -715,9 +716,20 @@ class CallWorld:
         d.alive, d.abrupt = False, abrupt
         self.send(d.name, SCHED, "stream", ("CLOSE",))
 
-    def at_driver(self, dname: str, src: str, msg: tuple) -> None:
-        op = msg[0]
+    def at_driver(self, dname: str, src: str, msg: tuple | dict) -> None:
         d = self.procs[dname]
+        if type(msg) is dict:  # the lease rpc's reply, a revoke (protocol.py)
+            if msg["op"] == REPLY and msg["result"][0] is not None:
+                d.leases.add(msg["result"][0])
+                self.timer(self.now + self.rng.expovariate(1 / 0.5), "return-lease",
+                           (dname, msg["result"][0]))
+            elif msg["op"] == P.REVOKE_LEASES:
+                for hid in msg["lease_ids"]:
+                    if hid in d.leases:
+                        self.timer(self.now + self.rng.uniform(0, 0.1), "return-lease",
+                                   (dname, hid))
+            return
+        op = msg[0]
         if op == "CREATE_REPLY":
             self.do(dname, "create_answered", msg[1], msg[2])
         elif op == "LOCATE_REPLY":
@@ -756,16 +768,6 @@ class CallWorld:
             self.do(dname, "arrived", iid, token)
             self.arrived_tokens.add(token)
             self.add_handle(dname, iid)
-        elif op == "GRANT":
-            _, rid, hid = msg
-            d.leases.add(hid)
-            self.timer(self.now + self.rng.expovariate(1 / 0.5), "return-lease", (dname, hid))
-        elif op == "REFUSED":
-            pass
-        elif op == "REVOKE":
-            for hid in msg[1]:
-                if hid in d.leases:
-                    self.timer(self.now + self.rng.uniform(0, 0.1), "return-lease", (dname, hid))
         else:
             self.fail(f"driver got {msg}")
 
@@ -773,6 +775,8 @@ class CallWorld:
 
     def at_worker(self, wname: str, src: str, chan: str, msg: tuple) -> None:
         w = self.procs[wname]
+        if type(msg) is dict:  # (the scheduler sends workers no lease message)
+            return self.fail(f"worker got {msg}")
         if msg[0].startswith("ISO_"):  # an isolated instance's process (isolated.py)
             return self.iso.at_worker(w, msg)
         op = msg[0]
@@ -814,7 +818,7 @@ class CallWorld:
             self.do(wname, "create_deps_ready", msg[1], msg[2])
         elif op == "CREATE_REPLY":
             self.do(wname, "create_answered", msg[1], msg[2])
-        elif op in ("GRANT", "REFUSED", "REVOKE", "LOST", "LOCATE_REPLY"):
+        elif op in ("LOST", "LOCATE_REPLY"):
             pass
         else:
             self.fail(f"worker got {msg}")
@@ -916,7 +920,12 @@ class CallWorld:
 
     def at_sched(self, src: str, chan: str, msg: tuple) -> None:
         """An rpc or stream message at the scheduler: the extension's and the instance
-        manager's handlers, which call the lease and instance services."""
+        manager's handlers, which call the lease and instance services (the lease ops as
+        ``protocol.py`` messages, through the lease service's own handlers)."""
+        if type(msg) is dict:
+            if msg["op"] == P.REQUEST_LEASE:
+                return P.dispatch({P.REQUEST_LEASE: self.rpc_request_lease}, msg, src, chan)
+            return P.dispatch(self.lease_handlers, msg)
         op = msg[0]
         lc = self.lc
         if op in ("REFS", "LOCATE"):
@@ -960,26 +969,27 @@ class CallWorld:
         elif op == "CLOSE":  # connect_job's end: the job is gone for the adapter at once
             self.jobs.discard(src)
             self.later_heard(src, self.owner_gone)
-        elif op == "REQUEST_LEASE":
-            _, drid, shape, timeout = msg  # extension.request_lease
-            req = self.leases.lease_request(src, dict(shape), queue="q")
-            if isinstance(req, str):
-                self.send(SCHED, src, chan, ("REFUSED", drid, req))
-                return
-
-            def answer(result: list) -> None:
-                if result[0] is None:
-                    self.send(SCHED, src, chan, ("REFUSED", drid, result[1]))
-                else:
-                    self.granted(result[0])
-                    self.send(SCHED, src, chan, ("GRANT", drid, result[0]))
-            self.leases.open(req, timeout, answer)
-        elif op == "RETURN":
-            self.leases.release(tuple(msg[1]), "return")
         elif op == "SOON":  # a task or callback the scheduler's loop runs on a later turn
             msg[1]()
         else:
             self.fail(f"scheduler got {msg}")
+
+    def rpc_request_lease(self, src: str, chan: str, timeout_ms: int, **fields: Any) -> None:
+        """``extension.request_lease``: the lease service makes the request (or refuses
+        it); the answer goes back on the rpc's connection."""
+        def reply(result: list) -> None:
+            self.send(SCHED, src, chan, {"op": REPLY, "to": P.REQUEST_LEASE,
+                                         "result": result})
+
+        req = self.leases.lease_request(**fields)
+        if isinstance(req, str):
+            return reply([None, req])
+
+        def answer(result: list) -> None:
+            if result[0] is not None:
+                self.granted(result[0])
+            reply(result)
+        self.leases.open(req, timeout_ms, answer)
 
     def later_heard(self, who: str, fn: Any) -> None:
         """The adapter knows ``who`` is gone; the machines hear it now or after a seeded
@@ -1053,7 +1063,7 @@ class CallWorld:
                     del busy[key]
                 src, dst, chan = key
                 self.now += 1e-4
-                self.say(dst, "<-", src, *msg)
+                self.say(dst, "<-", src, *(msg.values() if type(msg) is dict else msg))
                 if dst == SCHED:
                     self.at_sched(src, chan, msg)
                 elif self.procs[dst].alive:
@@ -1091,7 +1101,7 @@ class CallWorld:
             d, hid = data
             if self.procs[d].alive and hid in self.procs[d].leases:
                 self.procs[d].leases.discard(hid)
-                self.send(d, SCHED, "stream", ("RETURN", (hid,)))
+                self.send(d, SCHED, "stream", P.ReturnLeases([hid]).to_msg())
         elif kind == "drop":
             w, iid = data
             if self.procs[w].alive:

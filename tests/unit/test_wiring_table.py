@@ -103,14 +103,16 @@ def test_the_simulation_defines_no_handler_a_decisions_class_provides() -> None:
 
 
 def test_the_task_world_speaks_the_protocol_for_these_ops() -> None:
-    """No private spelling (``"RETURN_LEASES"``) of an op a decisions class handles, nor of
-    the scheduler's lease rpc, in the task world: it sends ``protocol.py`` messages."""
+    """No private spelling (``"RETURN_LEASES"``, ``"GRANT"``) of an op a decisions class
+    handles, nor of the scheduler's lease rpc and its answer, in the task or the instance
+    world: they send ``protocol.py`` messages."""
     handled = set(_handled_by_decisions())
     ops = {op for op, cls in P.MESSAGES.items() if cls.handler in handled}
     ops |= {P.REQUEST_LEASE, P.WORKER_LOST, P.CLOSE_STREAM, P.CREATE_RESOURCE_GROUP,
             P.REMOVE_RESOURCE_GROUP}
-    private = {op.removeprefix("yr_").upper() for op in ops}
-    tree = ast.parse((ROOT / "tests" / "sim" / "world.py").read_text())
-    strings = {n.value for n in ast.walk(tree)
-               if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    assert not strings & private, sorted(strings & private)
+    private = {op.removeprefix("yr_").upper() for op in ops} | {"GRANT", "REFUSE", "REFUSED"}
+    for name in ("world.py", "calls.py"):
+        tree = ast.parse((ROOT / "tests" / "sim" / name).read_text())
+        strings = {n.value for n in ast.walk(tree)
+                   if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        assert not strings & private, (name, sorted(strings & private))
