@@ -66,6 +66,7 @@ from yrdask.scheduler import leases as LQ
 from yrdask.scheduler import lifecycle as L
 
 from yrdask.scheduler.instance_service import InstanceService
+from yrdask.scheduler.departures import Departures
 from yrdask.scheduler.lease_service import STREAM_OPS, LeaseService
 from yrdask.scheduler.requests import LeaseRequest
 from yrdask.worker.instance_side import HostedCalls, InstanceSide
@@ -265,6 +266,11 @@ class _CallEdge:
     def has_job(self, owner: str) -> bool:
         return owner in self.world.jobs
 
+    def broadcast(self, msg: Any, but: str) -> None:
+        """``extension._broadcast``, to the drivers (workers here react to no loss)."""
+        for d in sorted(self.world.jobs):
+            self.world.send(SCHED, d, "stream", msg.to_msg())
+
     def is_worker(self, owner: str) -> bool:
         return owner in self.world.registered
 
@@ -395,6 +401,8 @@ class CallWorld:
         self.instances = InstanceService(_InstanceEdge(self), self.lc, self.lq.ledger)
         # what outlives the scheduler (scheduler/durable.py), as the extension keeps it
         self.durable = self.instances.durable = D.DurableControl(D.MemoryStore())
+        # a job's end, a worker's removal: the production order (scheduler/departures.py)
+        self.departures = Departures(_CallEdge(self), self.leases, self.instances)
         self.shrunk: set[str] = set()  # holdings on a node when it lost a process
         self.procs: dict[str, Proc] = {}
         self.specs: dict[str, dict] = {}  # route id -> creation spec (creator side)
@@ -723,6 +731,8 @@ class CallWorld:
                 d.leases.add(msg["result"][0])
                 self.timer(self.now + self.rng.expovariate(1 / 0.5), "return-lease",
                            (dname, msg["result"][0]))
+            elif msg["op"] == P.WORKER_LOST:  # the scheduler says the worker is gone
+                self.do(dname, "channel_lost", msg["worker"])
             elif msg["op"] == P.REVOKE_LEASES:
                 for hid in msg["lease_ids"]:
                     if hid in d.leases:
@@ -1005,8 +1015,7 @@ class CallWorld:
     def owner_gone(self, owner: str) -> None:
         """``connect_job``'s clean-up: the job's leases and instances go."""
         self.unheard.discard(owner)
-        self.leases.owner_gone(owner)
-        self.instances.owner_gone(self.procs[owner].job, owner)
+        self.departures.job_ended(self.procs[owner].job, owner)
 
     def worker_left(self, wname: str) -> None:
         """Dask removed the worker (``scheduler.workers``); the machines hear it (maybe
@@ -1017,12 +1026,9 @@ class CallWorld:
     def worker_heard_left(self, wname: str) -> None:
         self.unheard.discard(wname)
         self.shrunk |= M.shrinking(self.lq, wname)  # its node's pool shrinks
-        self.leases.worker_left(wname)
-        self.instances.worker_lost(wname)
-        for resume in self.gone_waiters.pop(wname, ()):
+        self.departures.worker_removed(wname)  # (the production order; WorkerLost to all)
+        for resume in self.gone_waiters.pop(wname, ()):  # extension.worker_gone's event
             resume()
-        for d in sorted(self.jobs):
-            self.send(SCHED, d, "stream", ("LOST", wname))
 
     # -- run ---------------------------------------------------------------------------------
 

@@ -159,6 +159,9 @@ class SchedNode(Node):
         from yrdask.scheduler.lease_service import STREAM_OPS
 
         self.stream = P.handlers(STREAM_OPS, self.service)
+        from yrdask.scheduler.departures import Departures
+
+        self.departures = Departures(self.service.edge, self.service, None, self.groups)
         self.rpc = {P.REQUEST_LEASE: world.rpc_request_lease,
                     P.CREATE_RESOURCE_GROUP: world.rpc_create_resource_group,
                     P.REMOVE_RESOURCE_GROUP: world.rpc_remove_resource_group}
@@ -185,6 +188,13 @@ class _SchedEdge:
 
     def has_job(self, owner: str) -> bool:
         return owner in self.sched.jobs
+
+    def broadcast(self, msg: Any, but: str) -> None:
+        """``extension._broadcast``: to the open job streams and the workers Dask has."""
+        sched, wire = self.sched, msg.to_msg()
+        for name, node in self.world.nodes.items():
+            if name != but and (name in sched.jobs or name in sched.workers) and node.alive:
+                self.world.send(SCHED, name, "stream", wire)
 
     def is_worker(self, owner: str) -> bool:
         return owner in self.sched.workers
@@ -811,22 +821,13 @@ class World:
         self.timer(self.now + delay, SCHED, "heard", (fn, who))
 
     def owner_gone(self, owner: str) -> None:
-        """``connect_job``'s clean-up: the owner's leases, requests and groups go."""
-        self.sched.service.owner_gone(owner)
-        if self.sched.groups is not None:
-            self.sched.groups.on_owner_gone(owner)
+        """``connect_job``'s clean-up (the production ``Departures``)."""
+        self.sched.departures.job_ended(owner, owner)
 
     def worker_left(self, w: str) -> None:
-        """``extension.on_remove_worker``: what ``w`` held is lost, its groups go, every
-        other process is told (``WorkerLost``)."""
+        """``extension.on_remove_worker`` (the production ``Departures``)."""
         self.shrunk |= M.shrinking(self.sched.queue, w)  # its node's pool shrinks
-        self.sched.service.worker_left(w)
-        if self.sched.groups is not None:  # groups code on that worker created
-            self.sched.groups.on_owner_gone(w)
-        lost = P.WorkerLost(w).to_msg()
-        for name, node in self.nodes.items():
-            if name != SCHED and name != w and node.alive:
-                self.send(SCHED, name, "stream", lost)
+        self.sched.departures.worker_removed(w)
 
     def rpc_request_lease(self, src: str, timeout_ms: int, **fields: Any) -> None:
         """``extension.request_lease``: the request its fields make (``lease_request``),

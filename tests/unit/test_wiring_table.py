@@ -116,3 +116,24 @@ def test_the_task_world_speaks_the_protocol_for_these_ops() -> None:
         strings = {n.value for n in ast.walk(tree)
                    if isinstance(n, ast.Constant) and isinstance(n.value, str)}
         assert not strings & private, (name, sorted(strings & private))
+
+
+def test_a_departure_runs_through_the_same_decisions_everywhere() -> None:
+    """A job's end and a worker's removal: the extension and both worlds run
+    ``Departures`` (the order in which the services hear it), and nothing else feeds the
+    services a departure."""
+    from yrdask.scheduler import departures, extension
+    from tests.sim import calls, world
+
+    for module in (extension, world, calls):
+        assert "Departures(" in _source(module), module.__name__
+    for module in (extension, world, calls):
+        src = _source(module)
+        for call in (".owner_gone(", ".worker_left(", ".worker_lost(", ".on_owner_gone("):
+            for line in src.splitlines():
+                if call in line and "departures" not in line and "def " not in line:
+                    assert "service" not in line and "leases" not in line \
+                        and "instances" not in line and "groups" not in line, \
+                        f"{module.__name__} feeds a departure past Departures: {line.strip()}"
+    assert "P.WorkerLost(" in _source(departures)
+

@@ -31,6 +31,7 @@ from yrdask.scheduler.group_adapter import ResourceGroupService
 from yrdask.scheduler.kv import KVServer
 from yrdask.scheduler.drain import Drainer
 from yrdask.scheduler.figures import SchedulingFigures
+from yrdask.scheduler.departures import Departures
 from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest, shape_of
 from yrdask.scheduler.resources import Ledger, Shape, format_shape
@@ -102,6 +103,9 @@ class YrSchedulerExtension:
                                              self.rgroups))
         scheduler.stream_handlers.update(P.handlers(P.SCHEDULER_STREAM, self.lease_service, self,
                                                     self.instances))
+        # who hears of a job's end or a worker's removal, in which order (departures.py)
+        self.departures = Departures(_LoopEdge(self), self.lease_service,
+                                     self.instances.service, self.rgroups.service)
         self.drainer = Drainer(self)  # scale-down drains workers first (scheduler/drain.py)
         self.drainer.install()
         scheduler.add_plugin(_Hooks(self), name="yrdask-hooks")
@@ -197,21 +201,18 @@ class YrSchedulerExtension:
 
     def on_remove_worker(self, address: str) -> None:
         self.pending_workers.pop(address, None)
-        # What it held is lost; leases a submitter on that worker held elsewhere die with it
-        # and its waiting requests are refused (the lease queue's WorkerLeft does both).
-        self.lease_service.worker_left(address)
-        self.instances.on_worker_lost(address)
+        server_id = self.server_ids.pop(address, "")
+        # What it held is lost, its submitter's leases and requests go, its instances
+        # restart or end, its code's groups go, everyone is told (the decisions: Departures)
+        self.departures.worker_removed(address, server_id)
         self.panels.worker_gone(address)
-        self.rgroups.on_owner_gone(address)  # groups code on that worker created
         gone = self._gone.pop(address, None)
         if gone is not None:
             gone.set()
-        server_id = self.server_ids.pop(address, "")
         self.removed.pop(address, None)
         self.removed[address] = server_id  # (newest last)
         while len(self.removed) > REMOVED_KEPT:
             self.removed.pop(next(iter(self.removed)))
-        self._broadcast(P.WorkerLost(address, server_id), but=address)
 
     def _broadcast(self, msg: Any, but: str) -> None:
         """Send ``msg`` to every driver, and to every worker but ``but`` (each stream in
@@ -298,9 +299,7 @@ class YrSchedulerExtension:
             for lease_id in lent:
                 self.lease_service.lease_unblocked(lease_id)
             self.jobs.pop(owner_address, None)
-            self._release_owned_by(owner_address)
-            self.instances.on_owner_gone(job_id, owner_address)
-            self.rgroups.on_owner_gone(owner_address)
+            self.departures.job_ended(job_id, owner_address)
             if not comm.closed():
                 await comm.close()
 
@@ -443,10 +442,6 @@ class YrSchedulerExtension:
         except CommClosedError:
             pass
 
-    def _release_owned_by(self, owner: str) -> None:
-        """The owner's job ended: its leases are released, its waiting requests refused."""
-        self.lease_service.owner_gone(owner)
-
     def task_records(self, records: list, running: dict, queued: dict,
                      worker: str | None = None) -> None:
         """A worker's yr calls for Dask's Task Stream and Progress (scheduler/panels.py)."""
@@ -478,6 +473,9 @@ class _LoopEdge:
 
     def send_to_owner(self, owner: str, msg: dict) -> None:
         self.ext._send_to_owner(owner, msg)
+
+    def broadcast(self, msg: Any, but: str) -> None:
+        self.ext._broadcast(msg, but)
 
     def has_job(self, owner: str) -> bool:
         return owner in self.ext.jobs
