@@ -80,7 +80,7 @@ MAX_STEPS = 60_000
 MAX_VIRTUAL_S = 20_000.0
 GRANT_WITHIN_S = 0.25  # virtual seconds a request that fits the free capacity may stay pending
 UNFIT = {"CPU": 64000.0, "Memory": 100.0}
-#: the race branches the world counts (``CallWorld.races``)
+#: the race branches the world counts (``CallWorld.races``; a range run prints their sum)
 RACES = ("a stop for a worker already removed",)
 
 

@@ -53,9 +53,22 @@ def test_seeded_scenarios() -> None:
     machine's validate(), capacity and conservation held after every step."""
     chunks = [c for c in (_chunk(i) for i in range(CHUNKS)) if c]
     procs = _run_chunks([["--seeds", f"{c.start}:{c.stop}", "--tail", "60"] for c in chunks])
+    races: dict[str, int] = {}
     for seeds, proc in zip(chunks, procs):
         assert proc.returncode == 0, proc.stdout[-20000:] + proc.stderr[-5000:]
         assert f"{len(seeds)} seeds in" in proc.stdout, proc.stdout
+        _add_race_line(races, proc.stdout)
+    # the race branches ran (a peer gone for the scheduler's adapter, not yet its machines)
+    if TOTAL >= 2000:
+        assert races and all(races.values()), races
+
+
+def _add_race_line(races: dict[str, int], stdout: str) -> None:
+    """Sum the ``race branches taken: what n, ...`` line of a chunk into ``races``."""
+    line = next(x for x in stdout.splitlines() if x.startswith("race branches taken: "))
+    for part in line.removeprefix("race branches taken: ").split(", "):
+        what, _, n = part.rpartition(" ")
+        races[what] = races.get(what, 0) + int(n)
 
 
 @needs_machines
@@ -171,9 +184,13 @@ def test_instance_scenarios() -> None:
     bounds = [(i * size, min(CALL_SEEDS, (i + 1) * size)) for i in range(CALL_CHUNKS)]
     bounds = [(a, b) for a, b in bounds if a < b]
     procs = _run_chunks([["--calls", "--seeds", f"{a}:{b}", "--keep-going"] for a, b in bounds])
+    races: dict[str, int] = {}
     for (a, b), proc in zip(bounds, procs):
         assert proc.returncode == 0, proc.stdout[-20000:] + proc.stderr[-5000:]
         assert f"{b - a} call seeds in" in proc.stdout, proc.stdout + proc.stderr
+        _add_race_line(races, proc.stdout)
+    if CALL_SEEDS >= 1000:  # a stop for a worker already removed ran
+        assert races and all(races.values()), races
 
 
 # The exact seeds of the instance world's findings still open (calls.KNOWN_FINDINGS,

@@ -45,7 +45,7 @@ SCHED = "sched"
 REPLY = "rpc-reply"
 ADD_WORKER = "add_worker"
 REMOVE_WORKER = "remove_worker"
-#: the race branches the world counts (``World.races``; ``python -m tests.sim --races``)
+#: the race branches the world counts (``World.races``; a range run prints their sum)
 RACES = ("granted to a requester already gone", "granted on a worker already removed")
 HANG_S = 300.0  # virtual seconds with nothing settling while the world is idle: a hang
 MAX_VIRTUAL_S = 5000.0
