@@ -12,9 +12,12 @@ jump of the clock.  The scheduler runs the production lease adapter
 (``scheduler/lease_service.py``, as ``scheduler/extension.py`` does), every driver and
 worker the production submitter (``runtime/submitter.py``'s ``Submitter``, as the runtime
 does) and every worker the agent's task side (``worker/task_side.py``'s ``TaskSide``, as
-``worker/agent.py`` does), each on a simulated edge: what is left here is I/O (links,
-virtual-time timers) and the user code (programs that compute, block in ``yr.get`` and
-submit children).  In the seeds with resource groups (``scenario.GROUP_SEEDS``) the scheduler
+``worker/agent.py`` does), each on a simulated edge.  The messages between them are
+``protocol.py``'s, dispatched through tables built as production builds them
+(``P.handlers``), and a peer's departure runs the production ``Departures``; the copies of
+production wiring still here are listed in docs/state-machines.md ("What the task world's
+edges still do by hand"); the rest is I/O (links, virtual-time timers) and the user code
+(programs that compute, block in ``yr.get`` and submit children).  In the seeds with resource groups (``scenario.GROUP_SEEDS``) the scheduler
 also runs the group machine and its adapter's decisions (``group_adapter.GroupService``), and
 the first driver creates groups, runs tasks into their bundles and removes them.  In the
 generator seeds (``scenario.GEN_SEEDS``) some tasks are generators, read through the
