@@ -21,6 +21,7 @@ EXAMPLES = {
     "nested_recursion.py": ([], "sum(range(100)) = 4950"),
     "wait_backpressure.py": ([], "100 results, at most 20 tasks in flight"),
     "ray_quickstart.py": (["-m", "yrdask.ray"], "caught: RayTaskError(ZeroDivisionError)"),
+    "dask_meets_ray.py": ([], "groupby checked against pandas: 4 stores"),
 }
 
 

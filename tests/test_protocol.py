@@ -30,6 +30,7 @@ SAMPLES: list[P.Message] = [
                    avoid=("tcp://w:2",), affinity=(("RESOURCE", "gpu", "Exists", (), True),),
                    request_id="r7"),
     P.ClusterInfo(instances=False),
+    P.StateRecords(kind="tasks", limit=100),
     P.OwnerAlive("tcp://o:1"),
     P.CreateInstance({"instance_id": "i-1", "cls": b"\x80pickled", "cls_name": "C",
                       "args": b"args", "deps": (), "shape": {"CPU": 1000.0}, "timeout_ms": -1,
@@ -146,7 +147,7 @@ def test_channel_groups_are_derived_from_the_table():
                                     P.CREATE_RESOURCE_GROUP, P.REMOVE_RESOURCE_GROUP,
                                     P.WAIT_RESOURCE_GROUP, P.GET_RESOURCE_GROUP, P.KV_PUT,
                                     P.KV_GET, P.KV_DEL,
-                                    P.WORKER_EXITED, P.OWNER_ALIVE}
+                                    P.WORKER_EXITED, P.OWNER_ALIVE, P.STATE_RECORDS}
     assert set(P.SCHEDULER_STREAM) == {P.RETURN_LEASES, P.LEASE_BLOCKED, P.LEASE_UNBLOCKED,
                                        P.HANDLE_REFS, P.INSTANCE_STATE, P.TASK_RECORDS,
                                        P.WITHDRAW_LEASE_REQUESTS}

@@ -24,7 +24,7 @@ from yrdask.api.resource_groups import (ResourceGroup, ResourceGroupOptions,
 from yrdask.runtime.objects import ObjectRef
 from yrdask.api.objects_api import cancel, get, put, wait
 from yrdask.api.session import finalize, init, is_initialized
-from yrdask.runtime.runtime import ClientInfo
+from yrdask.runtime.driver import ClientInfo
 from yrdask.api.state import load_state, save_state
 from yrdask.errors import (CallCrashedError, CancelledError, DependencyError, GetTimeoutError,
                            InstanceDiedError, KVExistsError, KVFullError, ScheduleError,

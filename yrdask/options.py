@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from yrdask.affinity import Affinity
-from yrdask.config import light_instances
 from yrdask.errors import YRTypeError, YRValueError
 
 __all__ = ["InvokeOptions", "Config", "ResourceGroupOptions", "check_invoke_options", "check_return_nums", "check_config",
-           "check_no_unknown", "resolve_security"]
+           "check_no_unknown"]
 
 _INT32_MAX = 0x7FFFFFFF
 _SPEC_KEY = "yrdask.spec"
@@ -150,31 +149,6 @@ def _check_runtime_env(v: dict) -> str | None:
     return None
 
 
-def isolation_spec(opts: "InvokeOptions") -> dict | None:
-    """``{"env": ..., "cwd": ...}`` when ``opts`` asks for its own process, else ``None``.
-
-    ``isolated=True``, ``env_vars`` or ``runtime_env`` env_vars/working_dir ask for it;
-    ``env_vars`` wins over ``runtime_env["env_vars"]`` (as in yr).  An empty ``cwd`` means
-    the job's ``Config.working_dir`` (filled in by the runtime), else the worker's.
-    """
-    renv = opts.runtime_env or {}
-    if not (opts.isolated or opts.env_vars or renv.get("env_vars") or renv.get("working_dir")):
-        return None
-    return {"env": {**renv.get("env_vars", {}), **opts.env_vars},
-            "cwd": renv.get("working_dir", "")}
-
-
-def instance_isolation(opts: "InvokeOptions") -> dict | None:
-    """An instance's :func:`isolation_spec`; a process instance that asks for nothing else
-    gets a process of its own with the worker's environment (``{"env": {}, "cwd": ""}``),
-    a light one ``None``.  ``light=None`` takes the job's default
-    (``yrdask.instances.light``, read where the instance is created)."""
-    iso = isolation_spec(opts)
-    if iso is None and not (light_instances() if opts.light is None else opts.light):
-        iso = {"env": {}, "cwd": ""}
-    return iso
-
-
 #: custom_extensions keys yrdask honours: allowed values, or None for a whole number of seconds.
 _EXTENSIONS: dict[str, tuple[str, ...] | None] = {
     "lifecycle": ("detached",),  # the instance outlives its job (detached)
@@ -196,23 +170,6 @@ def _check_custom_extensions(v: dict) -> str | None:
         elif value not in allowed:
             return f"map {key!r} to one of {allowed} (got {value!r})"
     return None
-
-
-class IsolatedFunction:
-    """A stateless function whose tasks run in a pooled child process of their worker, with
-    ``isolation`` (``{"env", "cwd"}``, see :func:`isolation_spec`) applied there."""
-
-    __slots__ = ("fn", "isolation")
-
-    def __init__(self, fn: Callable, isolation: dict) -> None:
-        self.fn = fn
-        self.isolation = isolation
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
-
-    def __reduce__(self) -> tuple:
-        return (IsolatedFunction, (self.fn, self.isolation))
 
 
 def _check_recycle_time(v: int) -> str | None:
@@ -785,54 +742,3 @@ def check_config(conf: Any) -> Config:
                 f"{getattr(conf, name)!r}); declare them on its workers instead (dask worker "
                 f"--resources, or DASK_YRDASK__WORKER__GPUS) and drop {name}")
     return conf.resolved()
-
-
-
-# The client-side TLS files: openYuanrong's Config field, the Security attribute it fills and
-# the Dask configuration key Security() reads when neither is given.
-_TLS_FILES = (("verify_file_path", "tls_ca_file", "distributed.comm.tls.ca-file"),
-              ("certificate_file_path", "tls_client_cert", "distributed.comm.tls.client.cert"),
-              ("private_key_path", "tls_client_key", "distributed.comm.tls.client.key"))
-
-
-def resolve_security(conf: Config) -> Any:
-    """The ``distributed.security.Security`` a driver uses, its certificate files checked.
-
-    From ``Config.security`` if set; else from openYuanrong's fields (``enable_tls`` or
-    ``enable_mtls`` with ``verify_file_path``, ``certificate_file_path``, ``private_key_path``);
-    else from Dask's configuration (``distributed.comm.tls.*``), which ``Security()`` reads.
-    A file that does not exist or does not load raises ``YRValueError`` naming it.
-    """
-    from distributed.security import Security
-
-    if conf.security is not None:
-        sec, names = conf.security, {attr: f"Config.security.{attr}" for _, attr, _ in _TLS_FILES}
-    elif conf.enable_tls or conf.enable_mtls:
-        if conf.private_key_paaswd:
-            raise YRValueError("Config.private_key_paaswd is not supported: Dask loads TLS keys "
-                               "without a password; give an unencrypted private_key_path")
-        for field_name, _, _ in _TLS_FILES:
-            if not getattr(conf, field_name):
-                raise YRValueError(f"Config.{field_name} must be set when enable_tls or "
-                                   "enable_mtls is True (yrdask always uses mutual TLS)")
-        sec = Security(require_encryption=True,
-                       **{attr: getattr(conf, f) for f, attr, _ in _TLS_FILES})
-        names = {attr: f"Config.{f}" for f, attr, _ in _TLS_FILES}
-    else:
-        sec, names = Security(), {attr: key for _, attr, key in _TLS_FILES}
-    for _, attr, _ in _TLS_FILES:
-        path = getattr(sec, attr, None)
-        if isinstance(path, str) and path and "\n" not in path and not os.path.isfile(path):
-            raise YRValueError(f"{names[attr]}: no such file {path!r}")
-    try:  # the driver both connects and listens (its owner server) with the client's files
-        sec.get_connection_args("client")
-        sec.get_listen_args("client")
-    except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
-        files = ", ".join(f"{names[attr]}={_show(getattr(sec, attr, None), 60)}"
-                          for _, attr, _ in _TLS_FILES)
-        raise YRValueError(f"the TLS files do not load ({files}): {e}") from None
-    except (AttributeError, TypeError) as e:  # a subclass that can only connect
-        raise YRValueError(f"{type(sec).__name__} cannot make the TLS contexts a driver needs to "
-                           f"connect and to listen ({e}); give a distributed.security.Security "
-                           "built from the same CA, certificate and key") from None
-    return sec

@@ -514,6 +514,36 @@ class KillInstance(Message):
     restart: bool = False
 
 
+STATE_RECORDS = "yr_state_records"
+
+
+class StateRecordsReply(TypedDict, total=False):
+    """What :class:`StateRecords` answers (``yrdask/scheduler/state_view.py``)."""
+
+    processes: dict[str, dict[str, Any]]  # worker address -> {"node", "host", "pid"}
+    jobs: dict[str, str]  # connected driver's owner address -> its job id
+    rows: list[Any]  # the records of the kind asked for
+    kept: int  # tasks: records the Task Stream buffer holds
+    total: int  # tasks: records it ever took (older ones fell out)
+    classes: list[str]  # tasks: the classes of the instances the scheduler knows
+    now: list[Any]  # tasks: [name, task_id, started, job, worker] of the tasks there now
+    running: dict[str, dict[str, int]]  # tasks: worker -> {name: calls running there}
+    queued: dict[str, dict[str, int]]  # tasks: worker -> {name: tasks waiting for a thread}
+
+
+@_message
+class StateRecords(Message):
+    """any -> scheduler rpc: the scheduler's records of one ``kind`` ("tasks", "instances",
+    "groups", "nodes", "workers"), for Ray's state API and ``ray.timeline()``; ``limit``
+    bounds the task rows (the newest; ``-1``: all kept).  Reply: :class:`StateRecordsReply`."""
+
+    op: ClassVar[str] = STATE_RECORDS
+    channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
+    reply_type: ClassVar[Any] = StateRecordsReply
+    kind: str
+    limit: int = -1
+
+
 # --- resource groups (scheduler rpc, handled by yrdask.scheduler.group_adapter) -----------
 
 CREATE_RESOURCE_GROUP = "yr_create_resource_group"
@@ -762,13 +792,16 @@ class TaskRecords(Message):
     Task Stream, Progress and Profile show of it (docs/monitoring.md, "yr work in Dask's
     panels").  ``records``: one ``[name, id, start, stop, thread, ok]`` per task or method
     call that ended (wall-clock seconds, the thread ident that ran it); ``running`` and
-    ``queued``: ``{name: count}`` now (replaces the worker's previous counts)."""
+    ``queued``: ``{name: count}`` now (replaces the worker's previous counts); ``tasks``: the
+    tasks there now, ``[name, task_id, started, owner]`` (every running one, the first
+    queued ones), for Ray's ``list_tasks``."""
 
     op: ClassVar[str] = TASK_RECORDS
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_STREAM,)
     records: Sequence[Sequence[Any]]
     running: Mapping[str, int]
     queued: Mapping[str, int]
+    tasks: Sequence[Sequence[Any]] = ()
 
 
 @_message
@@ -1261,6 +1294,15 @@ class TaskDone(Message):
     took: float | None = None
     requeue: bool = False
     refs: list | None = None  # [holder, borrowed, nested] (see the class docstring)
+
+
+PLAIN_TASK_DONE = frozenset(("op", "task_id", "results", "took"))
+"""The keys of a *plain* :class:`TaskDone` on the wire: results (and how long it ran) and
+nothing else, no error, requeue or refs report, as ``TaskDone.wire(task_id, results=...,
+took=...)`` writes it (``wire`` leaves fields at their defaults out; ``to_msg`` writes them
+all, so its dicts are never plain).  A caller settles an answer with
+``PLAIN_TASK_DONE.issuperset(msg)`` straight from its dict, the hot path; any other
+``TASK_DONE`` is read with ``TaskDone.from_msg``."""
 
 
 @_message

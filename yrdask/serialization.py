@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from yrdask.errors import YRRuntimeError, YRTypeError
+from yrdask.errors import YRError, YRRuntimeError, YRTypeError
 
 __all__ = ["dumps", "dumps_value", "dumps_definition", "loads", "wire", "Frames", "pack_args",
            "unpack_args", "ArgSlot"]
@@ -189,6 +189,8 @@ def pack_args(args: tuple, kwargs: dict, is_ref: Callable[[Any], bool]) -> tuple
         return pickle.dumps((args, kwargs), protocol=5), refs  # no cloudpickle Pickler needed
     try:
         return dumps((args, kwargs)), refs
+    except YRError:
+        raise  # a yr check met while pickling (a Dask Future of another cluster) says it all
     except Exception as e:
         named = [(f"argument {i}", a) for i, a in enumerate(args)]
         named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]

@@ -39,7 +39,7 @@ from yrdask.ray._alias import install
 install()
 import ray_helpers
 from yrdask.ray.remote_function import TaskBody
-from yrdask.ray.actor import host_class
+from yrdask.ray._actor_host import host_class
 ctx = {"namespace": "n", "job_id": "j", "alias": True, "resources": {}}
 body = cloudpickle.dumps(TaskBody(ray_helpers.doubled_via_object_store, ctx, False, 0))
 cls = cloudpickle.dumps(host_class(ray_helpers.Doubler, ctx, {}, None, 0)[0])

@@ -251,7 +251,7 @@ def test_owner_timeouts_are_read_from_the_config_and_checked():
     """``yrdask.object-store.owner-probe`` / ``owner-unreachable`` (docs/faults.md)."""
     import dask
 
-    from yrdask.runtime.runtime import owner_timeouts
+    from yrdask.runtime.object_access import owner_timeouts
 
     assert owner_timeouts() == (1.0, 4.0)
     with dask.config.set({"yrdask.object-store.owner-unreachable": "500ms"}):

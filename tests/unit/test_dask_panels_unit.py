@@ -106,3 +106,45 @@ def test_on_loop_from_the_loop_thread_queues_behind_earlier_calls():
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+def test_state_view_of_tasks_from_a_wrapped_task_stream(s):
+    """The scheduler's task records for Ray's state API (scheduler/state_view.py): what the
+    Task Stream buffer still holds, how many fell out, instances behind method calls, and
+    each worker's tasks now; Ray's truncation error once some fell out."""
+    from collections import deque
+
+    from yrdask.ray.util.state.api import check_complete
+    from yrdask.ray.util.state.exception import RayStateApiException
+    from yrdask.scheduler.state_view import state_records
+
+    panels = DaskPanels(s)
+    panels.task_stream().buffer = type(panels.task_stream().buffer)(deque(), 3)
+    w = "tcp://127.0.0.1:1"
+    panels.add(w, [("f", "t1", 1.0, 2.0, 7, True), ("f", "t2", 2.0, 3.0, 7, False),
+                   ("C.__init__", "i_9", 3.0, 3.1, 8, True), ("C.m", "t3", 3.2, 3.3, 8, True),
+                   ("g", "t4", 3.3, 3.4, 7, True)], {"g": 1}, {"g": 1}, now=100.0,
+               tasks=[("g", "t5", True, "job-1"), ("g", "t6", False, "i-9")])
+    alive = SimpleNamespace(instance_id="i-9", owner="job-1")
+    life = SimpleNamespace(
+        snapshot=lambda: [{"instance_id": "i-9", "class": "C", "worker": w}],
+        ended_rows=lambda: [], job_of=lambda owner: "job-1" if owner in ("job-1", "i-9")
+        else owner, instances={"i-9": alive})
+    ledger = SimpleNamespace(workers={"127.0.0.1": SimpleNamespace(processes={w: None},
+                                                                    host="127.0.0.1")})
+    ext = SimpleNamespace(scheduler=s, panels=panels, jobs={}, ledger=ledger,
+                          instances=SimpleNamespace(lifecycle=life))
+    reply = state_records(ext, "tasks", 10)
+    assert (reply["kept"], reply["total"]) == (3, 5)  # t1 and t2 fell out of the buffer
+    assert [(r[1], r[7]) for r in reply["rows"]] == [("i_9", "i-9"), ("t3", "i-9"),
+                                                    ("t4", "")]
+    assert reply["now"] == [["g", "t5", True, "job-1", w], ["g", "t6", False, "job-1", w]]
+    assert reply["processes"] == {w: {"node": "127.0.0.1", "host": "127.0.0.1", "pid": None}}
+    assert [r[1] for r in state_records(ext, "tasks", 1)["rows"]] == ["t4"]
+    with pytest.raises(RayStateApiException, match="Failed to retrieve all 5 tasks"):
+        check_complete(reply)
+    check_complete(dict(reply, total=3))
+    with pytest.raises(RayStateApiException, match="only the newest 1 came back"):
+        check_complete(state_records(ext, "tasks", 1))  # all kept, not all sent
+    with pytest.raises(ValueError, match="unknown state record kind"):
+        state_records(ext, "jobs", 10)

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from yrdask.errors import YRTimeoutError
-from yrdask.runtime import runtime as R
+from yrdask.runtime import object_access as R
 from yrdask.runtime.objects import Entry
 
 pytestmark = pytest.mark.timeout(30)
@@ -26,11 +26,11 @@ class Ref:
 
 
 class LoopRuntime:
-    """The parts of :class:`Runtime` its ``get`` uses, over a real loop thread."""
+    """The parts of :class:`ObjectAccess` its ``get`` uses, over a real loop thread."""
 
-    get = R.Runtime.get
-    _wait_all = R.Runtime._wait_all
-    _value_of = R.Runtime._value_of
+    get = R.ObjectAccess.get
+    _wait_all = R.ObjectAccess._wait_all
+    _value_of = R.ObjectAccess._value_of
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()

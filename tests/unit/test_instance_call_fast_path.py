@@ -1,23 +1,14 @@
-"""The instance call path's shortcuts keep their rules.
-
-* A sync instance's run of chained calls takes its share of the worker once while no Dask
-  task is about, and each call takes its turn again while one is (worker/share.py).
-* The caller reads a method call's plain answer off its wire dict
-  (:meth:`InstanceRouter.on_result`); an answer after a cancel, an error, a refs report and a
-  task's answer still go the general way (:meth:`InstanceRouter.on_done`).
-"""
+"""A sync instance's run of chained calls takes its share of the worker once while no Dask
+task is about, and each call takes its turn again while one is (worker/share.py).  (The
+caller's plain answers: tests/unit/test_hot_paths.py.)"""
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 
 import cloudpickle
 import pytest
 
 from yrdask import protocol as P
-from yrdask.runtime import call_order as C
-from yrdask.runtime.instance_router import Call, InstanceRouter
-from yrdask.runtime.runtime import DriverRuntime
 from yrdask.serialization import dumps_value, pack_args, unpack_args, wire
 from yrdask.worker.hosting import HostedInstance
 
@@ -119,99 +110,3 @@ def test_each_call_takes_its_turn_while_dask_tasks_are_about():
     assert len(peer.replies) == 6
     assert share.starts == share.ends == 7  # __init__ and each call
     assert share.most == 1 and share.holding == 0
-
-
-class _Entry:
-    def __init__(self) -> None:
-        self.result = self.error = None
-
-    def set_result(self, kind, payload) -> None:
-        self.result = (kind, payload)
-
-    def set_error(self, error) -> None:
-        self.error = error
-
-
-class _Channel:
-    def __init__(self) -> None:
-        self.sent: list = []
-
-    def send(self, msg) -> None:
-        self.sent.append(msg)
-
-
-def _runtime() -> tuple[DriverRuntime, list, _Channel]:
-    """A driver runtime's answer handling with a real router and CallOrder; instance "i1"
-    lives on worker W (created through the machine's events); the submitter records."""
-    rt = object.__new__(DriverRuntime)
-    tasks: list = []
-    chan = _Channel()
-    rt.objects = SimpleNamespace(on_done_refs=lambda refs: tasks.append(("refs", refs)))
-    rt.submitter = SimpleNamespace(on_task_done=tasks.append, tasks={})
-    rt.channels = {W: chan}
-    rt.channel = lambda address: chan
-    rt.router = InstanceRouter(rt, C.CallOrder())
-    order = rt.router.order
-    for ev in (C.CreateRequested("s1", "i1"), C.HandleAdded("s2", "i1"),
-               C.CreateDepsReady("s3", "i1"), C.Created("s4", "i1", W, "i1")):
-        order.handle(ev)
-    return rt, tasks, chan
-
-
-def _call(rt, cid: str) -> _Entry:
-    entry = _Entry()
-    rt.router.call(Call(cid, "i1", "inc", b"", (), (entry,), 1))
-    return entry
-
-
-def _general_way(*args, **kwargs):
-    pytest.fail("the general way was taken where a shortcut should have been")
-
-
-def test_a_plain_answer_settles_its_call_without_a_message_object():
-    rt, tasks, chan = _runtime()
-    # the shortcuts only: neither CallOrder.handle (send_at_once, succeeded_at_once) nor the
-    # TaskDone object (on_done) nor done() may be reached
-    rt.router.order.handle = _general_way
-    rt.router.on_done = rt.router.done = _general_way
-    entry = _call(rt, "c1")
-    assert [m["task_id"] for m in chan.sent] == ["c1"]  # sent at once
-    rt.on_channel_message(P.TaskDone.wire("c1", results=[[P.VALUE, b"x"]]))
-    assert entry.result == (P.VALUE, b"x") and entry.error is None
-    assert "c1" not in rt.router.calls and "c1" not in rt.router.order.calls
-    assert rt.router.order.counts == {"i1": 1}  # the handle only
-    assert tasks == []
-    rt.router.order.validate()
-
-
-def test_a_plain_answer_with_its_run_time_settles_its_call_without_a_message_object():
-    """``took`` (the worker's run time, which ``TaskDone.wire`` carries for tasks) does not
-    send a call's plain answer the general way."""
-    rt, tasks, chan = _runtime()
-    rt.router.order.handle = _general_way
-    rt.router.on_done = rt.router.done = _general_way
-    entry = _call(rt, "c1")
-    rt.on_channel_message(P.TaskDone.wire("c1", results=[[P.VALUE, b"x"]], took=1e-5))
-    assert entry.result == (P.VALUE, b"x") and entry.error is None
-    assert "c1" not in rt.router.calls and tasks == []
-    rt.router.order.validate()
-
-
-def test_other_answers_go_the_general_way():
-    rt, tasks, chan = _runtime()
-    entry = _call(rt, "c2")
-    # answered with a value after a cancel (an async method that caught it; the worker
-    # answers a cancelled sync call with CancelledError): the value, the general way
-    assert rt.router.cancel("c2")
-    rt.on_channel_message(P.TaskDone.wire("c2", results=[[P.VALUE, b"x"]]))
-    assert entry.error is None and entry.result == (P.VALUE, b"x")
-    entry = _call(rt, "c3")  # a refs report is applied first
-    rt.on_channel_message(P.TaskDone.wire("c3", results=[[P.VALUE, b"x"]],
-                                          refs=["w", [], []]))
-    assert tasks == [("refs", ["w", [], []])] and entry.result == (P.VALUE, b"x")
-    tasks.clear()
-    # a task's answer with the shape of a plain one: the submitter has it
-    rt.on_channel_message(P.TaskDone.wire("t1", results=[[P.VALUE, b"x"]]))
-    assert len(tasks) == 1 and tasks[0].task_id == "t1"
-    assert rt.router.calls == {} and rt.router.order.calls == {}
-    rt.router.order.validate()

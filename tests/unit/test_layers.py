@@ -26,6 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "api": {"runtime", "deploy"},
     "deploy": {"runtime", "scheduler", "worker", "dashboard"},
     "ray": {"api", "runtime"},
+    "dask": {"runtime"},  # yrdask/dask.py: yr objects in Dask graphs
     "cli": set(),
     "top": {"api", "runtime", "deploy"},  # yrdask/__init__.py: the public names
 }

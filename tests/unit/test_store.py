@@ -207,3 +207,23 @@ def test_bad_capacity_is_refused_naming_the_fix():
     with pytest.raises(YRValueError, match="not a size"):
         S.check_capacity("lots", "object_store_memory")
     assert S.check_capacity("2MB", "x") == 2_000_000
+
+
+def test_the_reaper_runs_as_its_own_module_without_site_or_yrdask(tmp_path):
+    """``store_reaper.py`` is run as a file with ``-I -S`` (no site-packages, so no yrdask
+    import): it removes a store once its registered processes have ended."""
+    from yrdask.runtime import store_reaper
+
+    d, spill = tmp_path / "store", tmp_path / "spill"
+    (d / "pids").mkdir(parents=True)
+    (d / "objects").mkdir()
+    (d / "objects" / "x").write_bytes(b"v")
+    (d / "lock").touch()
+    spill.mkdir()
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    (d / "pids" / f"{ended.stdout.strip()}-1").touch()  # a registered process, now gone
+    subprocess.run([sys.executable, "-I", "-S", store_reaper.__file__, str(d), str(spill),
+                    "0.05"], check=True, timeout=30)
+    wait_gone(str(d), str(spill))
+    assert not store_reaper.alive(f"{ended.stdout.strip()}-1")

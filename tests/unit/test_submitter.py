@@ -13,7 +13,7 @@ ME = "tcp://me:1"
 
 
 class Edge:
-    """A :class:`~yrdask.runtime.submitter.SubmitEdge` that records what it is asked."""
+    """A :class:`~yrdask.runtime.submitter.SubmitterEdge` that records what it is asked."""
 
     def __init__(self, local: str | None = ME, short_queue: bool = True) -> None:
         self.local = local
@@ -267,8 +267,9 @@ def test_a_plain_answer_read_from_its_wire_dict_inside_another_settlement_waits_
 
 
 def test_the_runtime_reads_a_plain_answer_without_a_message_object():
-    """``Runtime.on_channel_message``: a task's plain answer goes to ``on_task_ok``; one with
-    an error, a requeue or a refs report, and a method call's, take the ``TaskDone`` path."""
+    """``Runtime.on_channel_message``: a task's plain answer (``protocol.PLAIN_TASK_DONE``) goes
+    to ``on_task_ok``; one with an error, a requeue or a refs report, one written with every
+    field (``to_msg``), and a method call's, take the ``TaskDone`` path."""
     from yrdask.runtime.runtime import Runtime
 
     seen: list = []
@@ -296,13 +297,13 @@ def test_the_runtime_reads_a_plain_answer_without_a_message_object():
     rt = object.__new__(Runtime)
     rt.submitter, rt.router, rt.objects = Sub(), Router(), Objects()
     rt.on_channel_message(P.TaskDone.wire("t1", results=[[P.VALUE, b"x"]], took=0.5))
-    rt.on_channel_message(P.TaskDone("t1", results=[[P.VALUE, b"y"]]).to_msg())  # every key
+    rt.on_channel_message(P.TaskDone("t1", results=[[P.VALUE, b"y"]]).to_msg())  # every field
     rt.on_channel_message(P.TaskDone.wire("t2", error=b"err"))
     rt.on_channel_message(P.TaskDone.wire("t3", requeue=True))
     rt.on_channel_message(P.TaskDone.wire("t1", results=[], refs=["w", [], []]))
     rt.on_channel_message(P.TaskDone.wire("call1", results=[]))
     rt.on_channel_message(P.TaskDone.wire("gone", results=[]))  # settled already (a cancel)
-    assert seen == [("ok", "t1", [[P.VALUE, b"x"]], 0.5), ("ok", "t1", [[P.VALUE, b"y"]], None),
+    assert seen == [("ok", "t1", [[P.VALUE, b"x"]], 0.5), ("done", "t1"),
                     ("done", "t2"), ("done", "t3"), ("refs", ["w", [], []]), ("done", "t1"),
                     ("done", "gone")]
 

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from yrdask.worker.agent import WorkerAgent, _AgentEdge, _Ending
+from yrdask.worker.agent import WorkerAgent
+from yrdask.worker.task_runner import _AgentEdge, _Ending
 
 
 class _Recording:
@@ -118,7 +119,7 @@ def _run_of_three(replies: dict) -> tuple:
     """Tasks t1, t2, t3 of one lease, each admitted by the end of the one before, run by
     one thread; ``replies`` gives some of them extra answer fields.  (stream, agent, the
     loop calls queued, the timers armed)."""
-    from yrdask.worker.agent import Peer
+    from yrdask.worker.channel_peers import Peer
 
     stream = _Stream()
     agent, calls, timers = _holding_agent(replies)
@@ -152,7 +153,7 @@ def test_an_answer_with_refs_or_an_error_is_not_held():
 def test_an_answer_not_held_keeps_its_place_behind_what_its_thread_sent_before():
     """A drain already queued (another thread's run ended) must not carry a refs answer
     ahead of the messages its own thread queued first."""
-    from yrdask.worker.agent import Peer
+    from yrdask.worker.channel_peers import Peer
 
     stream = _Stream()
     agent, calls, _ = _holding_agent({})
@@ -168,7 +169,7 @@ def test_an_answer_not_held_keeps_its_place_behind_what_its_thread_sent_before()
 def _ordered(results: dict, waits: set, peer_kind: str = "peer") -> list:
     """One task t1 run to its end: the order of its answer (``answer``) and the gate's
     bookkeeping (``finished``); ``waits``: task ids whose lease has a task waiting."""
-    from yrdask.worker.agent import Peer
+    from yrdask.worker.channel_peers import Peer
 
     order: list = []
     agent, calls, _ = _holding_agent(results)

@@ -172,7 +172,8 @@ def test_a_new_process_named_after_the_old_ones_worker_lost_is_usable_at_once():
 def test_the_lost_channel_generations_kept_are_bounded():
     """``Runtime.lost_generation`` (confirmed_gone) keeps the newest EXITS_KEPT addresses,
     also for channels lost to addresses the scheduler never reported removed."""
-    from yrdask.runtime.runtime import EXITS_KEPT, Runtime
+    from yrdask.runtime.peers import EXITS_KEPT
+    from yrdask.runtime.runtime import Runtime
 
     loop = asyncio.new_event_loop()
     try:

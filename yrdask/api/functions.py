@@ -14,7 +14,7 @@ from yrdask.api.signatures import check_call
 from yrdask.runtime.context import current_runtime
 from yrdask.runtime.runtime import function_id
 from yrdask.errors import YRRuntimeError, YRTypeError, YRValueError
-from yrdask.options import IsolatedFunction, isolation_spec
+from yrdask.runtime.isolation import IsolatedFunction, isolation_spec
 from yrdask.options import (InvokeOptions, check_invoke_options, check_no_unknown,
                              check_return_nums)
 from yrdask.protocol import STREAMING

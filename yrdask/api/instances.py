@@ -17,7 +17,7 @@ from yrdask.api.signatures import check_call
 from yrdask.errors import (YRRuntimeError, YRTimeoutError, YRTypeError, YRValueError)
 from yrdask.options import InvokeOptions, check_invoke_options, check_return_nums
 from yrdask.options import check_no_unknown as _no_unknown
-from yrdask.options import instance_isolation
+from yrdask.runtime.isolation import instance_isolation
 from yrdask.serialization import dumps, dumps_definition
 
 _RETURN_NUMS = "__yr_return_nums__"

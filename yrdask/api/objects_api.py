@@ -9,6 +9,7 @@ from yrdask.runtime.objects import MAX_TIMEOUT, ObjectRef
 from yrdask.runtime.objects import check_live as _check_live
 from yrdask.runtime.objects import check_timeout as _check_timeout
 from yrdask.runtime.context import current_runtime
+from yrdask.runtime.dask_objects import as_given, is_dask, refs_for, to_ref
 from yrdask.errors import YRTypeError, YRValueError
 
 
@@ -60,9 +61,11 @@ def get(obj_refs: ObjectRef | list[ObjectRef], timeout: int = 300, allow_partial
     if isinstance(obj_refs, tuple) and not obj_refs:
         return []
     if not isinstance(obj_refs, list):
+        if is_dask(obj_refs):  # a Dask Future or delayed value: its result
+            return rt.get([to_ref(rt, obj_refs)], timeout, allow_partial)[0]
         raise YRTypeError(
             f"yr.get takes an ObjectRef or a list of ObjectRefs, got {type(obj_refs).__name__}")
-    _check_refs(obj_refs, "yr.get")
+    obj_refs = _refs_or_dask(rt, obj_refs, "yr.get")[0]
     _check_live(obj_refs, "yr.get")
     return rt.get(obj_refs, timeout, allow_partial)
 
@@ -77,7 +80,7 @@ def wait(obj_refs: ObjectRef | list[ObjectRef], wait_num: int | None = None,
     refs = [obj_refs] if isinstance(obj_refs, ObjectRef) else obj_refs
     if not isinstance(refs, list):
         raise YRTypeError(f"obj_refs type error, actual: {type(refs)}, expect: list of ObjectRef")
-    _check_refs(refs, "yr.wait")
+    refs, given = _refs_or_dask(rt, refs, "yr.wait")
     _check_live(refs, "yr.wait")
     if len(set(refs)) != len(refs):
         raise YRValueError("yr.wait: duplicate obj_ref exists in the list")
@@ -97,8 +100,12 @@ def wait(obj_refs: ObjectRef | list[ObjectRef], wait_num: int | None = None,
         if timeout == -1:
             timeout = None
     if wait_num == 0 or timeout == 0:
-        return [], list(refs)
-    return rt.wait(refs, wait_num, timeout)
+        ready, not_ready = [], list(refs)
+    else:
+        ready, not_ready = rt.wait(refs, wait_num, timeout)
+    if given:  # the Dask objects come back as given
+        return as_given(ready, given), as_given(not_ready, given)
+    return ready, not_ready
 
 
 def cancel(obj_refs: ObjectRef | list[ObjectRef], allow_force: bool = True,
@@ -114,6 +121,20 @@ def cancel(obj_refs: ObjectRef | list[ObjectRef], allow_force: bool = True,
     refs = [r.completed() if isinstance(r, ObjectRefGenerator) else r for r in refs]
     _check_refs(refs, "yr.cancel")
     rt.cancel(refs, recursive=bool(allow_recursive))
+
+
+def _refs_or_dask(rt: Any, refs: list, what: str) -> tuple[list, dict | None]:
+    """``(refs, None)`` if all are refs; with Dask Futures or delayed values among them,
+    ``(their refs, {ref: the object given})`` (docs/objects.md); else ``YRTypeError``."""
+    for r in refs:
+        if not isinstance(r, ObjectRef):
+            break
+    else:
+        return refs, None
+    converted = refs_for(rt, refs)
+    if converted is None:
+        _check_refs(refs, what)
+    return converted
 
 
 def _check_refs(refs: list, what: str) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 from yrdask.errors import YRRuntimeError, YRValueError
 from yrdask.options import Config, check_config
 from yrdask.runtime import context, heap
-from yrdask.runtime.runtime import ClientInfo, DriverRuntime
+from yrdask.runtime.dask_objects import close_dask_client
+from yrdask.runtime.driver import ClientInfo, DriverRuntime
 
 logger = logging.getLogger("yrdask")
 
@@ -83,6 +84,7 @@ def finalize() -> None:
             return
         context.install(None)
         try:
+            close_dask_client(rt)  # the Dask client yrdask.dask opened, if any
             rt.loop_runner.run(rt.close(), 60)
             if isinstance(rt.output_sink, _Printer):
                 rt.loop_runner.loop.call_soon_threadsafe(rt.output_sink.expire, True)

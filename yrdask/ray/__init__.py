@@ -20,6 +20,7 @@ from yrdask.ray.actor import ActorClass, ActorHandle, method
 from yrdask.ray.generators import DynamicObjectRefGenerator
 from yrdask.ray.remote_function import RemoteFunction
 from yrdask.ray.runtime_context import get_runtime_context
+from yrdask.ray._timeline import timeline
 from yrdask.ray.worker import (available_resources, cancel, cluster_resources, get, get_actor,
                                get_gpu_ids, init, is_initialized, kill, nodes, put, shutdown,
                                wait)
@@ -57,5 +58,5 @@ __all__ = sorted([
     "ObjectRefGenerator", "RemoteFunction", "actor", "available_resources", "cancel", "cluster_resources",
     "exceptions", "get", "get_actor", "get_gpu_ids", "get_runtime_context", "init",
     "is_initialized", "job_config", "kill",
-    "method", "nodes", "put", "remote", "shutdown", "util", "wait",
+    "method", "nodes", "put", "remote", "shutdown", "timeline", "util", "wait",
 ])

@@ -16,6 +16,7 @@ from typing import Any
 
 import yrdask
 from yrdask.runtime import context as _rtctx
+from yrdask.runtime.dask_objects import as_given, is_dask, refs_for, to_ref
 from yrdask.runtime.objects import ObjectRef, check_live
 from yrdask.ray._context import current_ctx
 from yrdask.ray._session import (RayContext, ensure_init, failed_ref, init, is_initialized,
@@ -35,6 +36,13 @@ def _refs_of(object_refs: Any, what: str) -> tuple[list, bool]:
         return [object_refs], True
     if not isinstance(object_refs, list) or not all(isinstance(r, ObjectRef)
                                                      for r in object_refs):
+        # Dask Futures or delayed values (alone or among refs): the refs of their results
+        rt = _rtctx.current_runtime()
+        if is_dask(object_refs):
+            return [to_ref(rt, object_refs)], True
+        converted = refs_for(rt, object_refs) if isinstance(object_refs, list) else None
+        if converted is not None:
+            return converted[0], False
         raise ValueError(f"'object_refs' must either be an ObjectRef or a list of ObjectRefs "
                          f"({what} got {type(object_refs).__name__})")
     return object_refs, False
@@ -103,10 +111,14 @@ def wait(object_refs: list, *, num_returns: int = 1, timeout: float | None = Non
         raise ValueError(f"The 'timeout' argument must be nonnegative. Received {timeout}")
     if not isinstance(fetch_local, bool):
         raise TypeError(f"fetch_local must be a bool, got {fetch_local!r}")
-    for ref in object_refs:
-        if not isinstance(ref, ObjectRef):
+    given = None
+    if not all(isinstance(ref, ObjectRef) for ref in object_refs):
+        converted = refs_for(_rtctx.current_runtime(), object_refs)  # Dask objects among them
+        if converted is None:
+            bad = next(r for r in object_refs if not isinstance(r, ObjectRef))
             raise TypeError(f"wait() expected a list of ray.ObjectRef, got list containing "
-                            f"{type(ref)}")
+                            f"{type(bad)}")
+        object_refs, given = converted
     if not object_refs:
         return [], []
     if len(set(object_refs)) != len(object_refs):
@@ -117,7 +129,10 @@ def wait(object_refs: list, *, num_returns: int = 1, timeout: float | None = Non
         raise ValueError("num_returns cannot be greater than the number of objects provided "
                          "to ray.wait.")
     check_live(object_refs, "ray.wait")
-    return _rtctx.current_runtime().wait(object_refs, num_returns, timeout)
+    ready, not_ready = _rtctx.current_runtime().wait(object_refs, num_returns, timeout)
+    if given:  # the Dask objects come back as given
+        return as_given(ready, given), as_given(not_ready, given)
+    return ready, not_ready
 
 
 def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:

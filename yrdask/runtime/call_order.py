@@ -389,17 +389,23 @@ class CallOrder:
         handler(event, out)
         return out
 
-    # the hot path: a call sent at once, a call answered (CallRouter takes these first)
+    # The hot path's events, by their fields: a call sent at once, a call answered.  These
+    # are the implementation of those cases: handle(CallSubmitted) and handle(CallDone) try
+    # them first (_submitted, _done), and CallRouter calls them directly (no event object
+    # per call).  The stimulus id is the call id unless ``sid`` names another.
 
     def send_at_once(self, call_id: str, instance_id: str, max_redeliveries: int | None,
-                     unordered: bool, concurrency: int) -> SendCall | None:
+                     unordered: bool, concurrency: int, sid: str | None = None
+                     ) -> SendCall | None:
         """``CallSubmitted`` of a ready call without a failed argument, when it leaves at
         once: its route knows its worker, queues nothing and is alive, and the instance is
-        counted already.  Then it does what :meth:`handle` does (the same state and story)
-        and returns the one ``SendCall``; otherwise None, having changed nothing (the event
-        goes through :meth:`handle`)."""
-        route = self.routes.get(instance_id)
-        if route is None or route.worker is None or route.queue or route.dead is not None:
+        counted already.  Then it returns the one ``SendCall``; otherwise None, having
+        changed nothing (:meth:`handle` takes the other cases)."""
+        try:  # (no dict.get: the hot path counts its calls)
+            route = self.routes[instance_id]
+        except KeyError:
+            return None
+        if route.worker is None or route.queue or route.dead is not None:
             return None
         n = self.counts.get(instance_id)
         if not n or call_id in self.calls:
@@ -410,15 +416,19 @@ class CallOrder:
         self.counts[instance_id] = n + 1
         route.inflight[call_id] = call
         worker, target = route.worker, route.real_id or instance_id
-        self._entries.append((call_id, "send", call_id, target, worker))  # as _pump's
-        return SendCall(call_id, call_id, target, worker)
+        if sid is None:
+            sid = call_id
+        self._entries.append((sid, "send", call_id, target, worker))  # as _pump's
+        return SendCall(sid, call_id, target, worker)
 
-    def succeeded_at_once(self, call_id: str) -> bool:
+    def succeeded_at_once(self, call_id: str, sid: str | None = None) -> bool:
         """``CallDone`` without an error, when the call is in flight and its instance stays
-        counted after it (the usual answer): what :meth:`handle` does (its ``CallSucceeded``
-        is the caller's to carry out), True; otherwise False, having changed nothing."""
-        call = self.calls.get(call_id)
-        if call is None:
+        counted after it (the usual answer): True, its ``CallSucceeded`` being the caller's
+        to carry out; otherwise False, having changed nothing (:meth:`handle` takes the
+        other cases)."""
+        try:  # (no dict.get: the hot path counts its calls)
+            call = self.calls[call_id]
+        except KeyError:
             return False
         iid = call.instance_id
         route = self.routes.get(iid)
@@ -427,7 +437,7 @@ class CallOrder:
             return False
         del route.inflight[call_id]
         del self.calls[call_id]
-        self._entries.append((call_id, "succeeded", call_id, iid))  # as _done's
+        self._entries.append((call_id if sid is None else sid, "succeeded", call_id, iid))
         self.counts[iid] = n - 1
         return True
 
@@ -435,6 +445,12 @@ class CallOrder:
 
     def _submitted(self, ev: CallSubmitted, out: list) -> None:
         cid, iid = ev.call_id, ev.instance_id
+        if ev.ready and ev.error is None:  # the usual: it leaves at once
+            ins = self.send_at_once(cid, iid, ev.max_redeliveries, ev.unordered,
+                                    ev.concurrency, ev.stimulus_id)
+            if ins is not None:
+                out.append(ins)
+                return
         if cid in self.calls:
             self.story.log(ev.stimulus_id, ("duplicate-ignored", cid), (cid,))
             return
@@ -469,6 +485,9 @@ class CallOrder:
 
     def _done(self, ev: CallDone, out: list) -> None:
         cid = ev.call_id
+        if ev.error is None and self.succeeded_at_once(cid, ev.stimulus_id):  # the usual
+            out.append(CallSucceeded(ev.stimulus_id, cid))
+            return
         call = self.calls.get(cid)
         route = self.routes.get(call.instance_id) if call is not None else None
         if route is None or route.inflight.pop(cid, None) is None:

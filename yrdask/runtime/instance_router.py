@@ -88,14 +88,9 @@ class InstanceRouter(CallRouter):
             self.submit(cid, call.instance_id, False, None, call.max_redeliveries,
                         call.unordered, call.concurrency)
             when_ready(refs, lambda: self.deps_ready(cid, failed_dep(refs)))
-        elif not refs:  # the usual: no ref argument, sent at once (submit's shortcut)
-            ins = self.order.send_at_once(cid, call.instance_id, call.max_redeliveries,
-                                          call.unordered, call.concurrency)
-            if ins is not None:
-                self.send_call(ins)
-            else:
-                self.submit(cid, call.instance_id, True, None, call.max_redeliveries,
-                            call.unordered, call.concurrency)
+        elif not refs:  # the usual: no ref argument (sent at once: CallRouter.submit)
+            self.submit(cid, call.instance_id, True, None, call.max_redeliveries,
+                        call.unordered, call.concurrency)
         else:
             error = failed_dep(refs)
             self.submit(cid, call.instance_id, True, error, call.max_redeliveries,
@@ -127,16 +122,14 @@ class InstanceRouter(CallRouter):
         """A plain answer (``TaskDone`` with results only: no error, no refs report) to
         method call ``cid`` (the hot path, read off its wire dict); False if it is no call
         waiting here or one answered after a cancel (then :meth:`on_done` has the rule)."""
-        call = self.calls.get(cid)
-        if call is None or call.cancelled or results is None:
+        try:
+            call = self.calls[cid]
+        except KeyError:
             return False
-        if self.order.succeeded_at_once(cid):  # done() and call_succeeded() in one
-            del self.calls[cid]
-            for entry, (k, payload) in zip(call.entries, results):
-                entry.set_result(k, payload)
-            return True
+        if call.cancelled or results is None:
+            return False
         call.results = results
-        self.done(cid)
+        self.done(cid)  # (CallRouter: the usual answer settles through call_succeeded)
         return True
 
     def on_done(self, msg: P.TaskDone) -> bool:
@@ -181,7 +174,9 @@ class InstanceRouter(CallRouter):
             chan.send(P.CancelTask(call.call_id))
 
     def call_succeeded(self, call_id: str) -> None:
-        call = self.calls.pop(call_id)
+        calls = self.calls
+        call = calls[call_id]
+        del calls[call_id]  # (not pop: no call on the hot path)
         for entry, (k, payload) in zip(call.entries, call.results):
             entry.set_result(k, payload)
 

@@ -59,6 +59,12 @@ class _Recording(threading.local):
 _pickled = _Recording()
 
 
+def recording() -> list | None:
+    """While this thread packs for yr (``pack_counting``: a call's arguments, a value), that
+    packing's record (its slot 2 is free for ``dask_objects``, and goes with it), else None."""
+    return _pickled.rec
+
+
 def check_timeout(timeout: Any) -> None:
     """A ``yr.get`` timeout: seconds in (0, MAX_TIMEOUT], or -1 for no limit."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
@@ -750,7 +756,7 @@ def pack_counting(pack: Callable[..., Any], *args: Any) -> tuple[Any, list, dict
     worker): the caller hands those to the counter (lend, contains), so none is pinned."""
     local = _pickled
     saved = local.rec
-    rec = local.rec = [None, None]
+    rec = local.rec = [None, None, None]  # [2]: dask_objects' refs made in this packing
     try:
         packed = pack(*args)
     finally:

@@ -1,9 +1,13 @@
-"""The per-process yr runtime: ``init``/``finalize`` and the object operations behind the API.
+"""The per-process yr runtime: its loop, inbox and call channels, and the entry points that
+submit tasks and method calls.
 
-There is one :class:`Runtime` per process.  In a driver ``yr.init`` creates it, with its own
-event loop thread; in a worker process the worker agent creates it on the worker's event loop,
+There is one :class:`Runtime` per process.  In a driver ``yr.init`` creates it
+(:class:`~yrdask.runtime.driver.DriverRuntime`, with its own event loop thread); in a worker
+process the worker agent creates it on the worker's event loop (:func:`install_worker_runtime`),
 so code inside tasks and instances uses the same API.  User threads never touch runtime
-state directly: they hand work to the loop (``on_loop``) and wait on entries.
+state directly: they hand work to the loop (``on_loop``) and wait on entries.  Object access
+(:mod:`yrdask.runtime.object_access`) and peer liveness (:mod:`yrdask.runtime.peers`) are the
+runtime's other two parts, each in a module of its own.
 """
 
 from __future__ import annotations
@@ -15,25 +19,21 @@ import hashlib
 import itertools
 import logging
 import threading
-import time
 import uuid
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 from yrdask import protocol as P
 from yrdask.runtime import context
-from yrdask.runtime.context import current_lease, current_owner
-from yrdask.runtime.objects import (REFS_LOCK, Entry, ObjectRef, ObjectTable, pack_counting,
-                                    pack_recording_refs, unpickling)
-from yrdask.runtime.store import close_node_store, node_store
-from yrdask.runtime.store import configure as configure_store
+from yrdask.runtime.context import current_owner
+from yrdask.runtime.objects import ObjectRef, ObjectTable, pack_counting, pack_recording_refs
+from yrdask.runtime.object_access import ObjectAccess
+from yrdask.runtime.peers import PeerLiveness
+from yrdask.runtime.store import close_node_store
 from yrdask.runtime.generators import Stream, on_generator_item
 from yrdask.runtime import worker_processes as WP
-from yrdask.errors import (OwnerDiedError, RemoteError, YRRuntimeError, YRTimeoutError,
-                           YRTypeError, YRValueError)
-from yrdask.options import Config, resolve_security
-from yrdask.serialization import (Frames, dumps, dumps_value, loads, pack_args, pack_plain_args,
-                                  register_with_dask, unpicklable, wire)
+from yrdask.runtime import dask_objects
+from yrdask.errors import YRRuntimeError
+from yrdask.serialization import pack_args, pack_plain_args, register_with_dask
 
 if TYPE_CHECKING:
     from yrdask.runtime.node import LocalNode
@@ -41,49 +41,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("yrdask")
 
 INLINE_LIMIT = 512 * 1024  # results larger than this stay on the worker that made them
-OWNER_PROBE_S = 1.0  # one connect try to a borrowed object's owner; then ask the scheduler
-OWNER_UNREACHABLE_S = 4.0  # an owner not reached for this long (still listed) is given up
-
-
-def owner_timeouts() -> tuple[float, float]:
-    """``(probe, unreachable)`` seconds: ``yrdask.object-store.owner-probe`` (one connect try
-    to an owner) and ``yrdask.object-store.owner-unreachable`` (how long a reader keeps trying
-    an owner the scheduler still lists before it fails), docs/faults.md."""
-    import dask
-    from dask.utils import parse_timedelta
-
-    def get(key: str, default: float) -> float:
-        value = dask.config.get(f"yrdask.object-store.{key}", None)
-        seconds = default if value is None else parse_timedelta(value, default="s")
-        if seconds is None or seconds <= 0:
-            raise YRValueError(f"yrdask.object-store.{key} must be a positive duration such "
-                               f"as '1s', got {value!r}")
-        return float(seconds)
-
-    return get("owner-probe", OWNER_PROBE_S), get("owner-unreachable", OWNER_UNREACHABLE_S)
-
-
-@dataclass
-class ClientInfo:
-    """What ``yr.init`` returns: the job id and where to watch it."""
-
-    job_id: str
-    dashboard_link: str | None = None
-    scheduler_address: str = ""
-
-    def __repr__(self) -> str:
-        return (f"ClientInfo(job_id={self.job_id!r}, scheduler={self.scheduler_address!r}, "
-                f"dashboard={self.dashboard_link!r})")
-
-    def _repr_html_(self) -> str:
-        link = (f'<a href="{self.dashboard_link}" target="_blank">{self.dashboard_link}</a>'
-                if self.dashboard_link else "none")
-        return (f"<div><strong>yrdask job</strong> <code>{self.job_id}</code><br>"
-                f"scheduler: <code>{self.scheduler_address}</code><br>dashboard: {link}</div>")
-
-
-class Runtime:
-    """Object table, submitter and channels of one process (see module docstring)."""
+class Runtime(ObjectAccess, PeerLiveness):
+    """The runtime of one process (see module docstring): its loop and channels here,
+    object access (:class:`ObjectAccess`) and peer liveness (:class:`PeerLiveness`) mixed in."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, job_id: str,
                  defer_machines: bool = False) -> None:
@@ -94,6 +54,7 @@ class Runtime:
         self.connector: Any = None
         self.agent: "LocalNode | None" = None  # the worker agent, when this runtime lives in a worker
         register_with_dask()  # large values travel as Dask frames (serialization.Frames)
+        dask_objects.register()  # Dask Futures and delayed values in calls become refs
         self.objects = ObjectTable(self, INLINE_LIMIT)
         if not defer_machines:  # else the caller runs build_machines() before any use
             self.build_machines()
@@ -206,20 +167,17 @@ class Runtime:
         """A message from a worker on a call channel (:data:`P.CHANNEL_TO_CALLER`): the
         :class:`P.TaskDone` of a method call goes to the router, of a task to the submitter."""
         if msg["op"] == P.TASK_DONE:  # the one op of P.CHANNEL_TO_CALLER
-            # A plain answer (results and nothing else but ``took``: no error, requeue or
-            # refs report) is the hot path, read from the dict: no message object.  A task's
-            # needs no router lookup (call and task ids never collide: both come from new_id);
-            # a call's is ``TaskDone.wire``'s (op, id, results), with ``took`` or without.
-            task_id = msg["task_id"]
-            if task_id in self.submitter.tasks:
-                if (msg.get("refs") is None and msg.get("error") is None
-                        and not msg.get("requeue")):
+            # A plain answer (P.PLAIN_TASK_DONE: results, maybe took) is the hot path, read
+            # from the dict: no message object.  A task's needs no router lookup (call and
+            # task ids never collide: both come from new_id).
+            if P.PLAIN_TASK_DONE.issuperset(msg):
+                task_id = msg["task_id"]
+                if task_id in self.submitter.tasks:
                     self.submitter.on_task_ok(task_id, msg.get("results") or [],
                                               msg.get("took"))
                     return
-            elif ((len(msg) == 3 or len(msg) == 4 and "took" in msg)
-                  and self.router.on_result(task_id, msg.get("results"))):
-                return
+                if self.router.on_result(task_id, msg.get("results")):
+                    return
             done = P.TaskDone.from_msg(msg)
             if done.refs is not None:  # before the call lets go of its argument refs
                 self.objects.on_done_refs(done.refs)
@@ -245,153 +203,6 @@ class Runtime:
             raise type(error)(str(error))
         self.submit_task = self.call_method = self.create_instance = refuse  # type: ignore
 
-    def worker_exit(self, worker: str, how: str, server_id: str = "") -> None:
-        """``WORKER_EXIT``: how the process of ``worker`` ended (its nanny told the scheduler).
-        A report about a process that a newer one at that address replaced here already
-        settles the errors waiting for it but is not kept (it would describe the new one)."""
-        current = self.worker_processes.current.get(worker)
-        self.exits[worker] = how
-        while len(self.exits) > EXITS_KEPT:
-            self.exits.popitem(last=False)
-        for wake in self._exit_waiters.pop(worker, ()):
-            wake()
-        if server_id and current is not None and current != server_id:
-            self.exits.pop(worker, None)
-
-    def with_exit_reason(self, error: Any, fail: Callable[[BaseException], None]) -> None:
-        """Fail with ``error`` (a crash error naming ``error.worker``) once it can say how that
-        worker's process ended: at once if known, else when the nanny's report arrives, or
-        after :data:`EXIT_REASON_WAIT_S` without it (a lost host has no nanny to tell)."""
-        worker = error.worker
-        done = False
-
-        def settle() -> None:
-            nonlocal done
-            if not done:
-                done = True
-                how = self.exits.get(worker)
-                fail(error.with_exit(how) if how else error)
-
-        if not worker or worker in self.exits:
-            settle()
-            return
-
-        self._exit_waiters.setdefault(worker, []).append(settle)
-        self.loop.call_later(EXIT_REASON_WAIT_S, settle)
-
-    def worker_lost(self, address: str, server_id: str = "") -> None:
-        """The scheduler removed a worker: treat a channel to it as lost, socket or not; its
-        borrowings end and the objects it owned can no longer be read (OwnerDiedError).
-        Unless it is a process whose successor at that address this process already deals
-        with (a lease reply about the new one overtook this message): then its death was
-        carried out when the successor was seen, and nothing here is the dead one's."""
-        for ins in self.worker_processes.handle(WP.Lost("worker-lost", address, server_id)):
-            if type(ins) is WP.Gone:
-                chan = self.channels.get(address)
-                if chan is not None and hasattr(chan, "abort"):
-                    chan.abort()
-                self._process_died(address)
-                self.lost_workers[address] = None
-                while len(self.lost_workers) > EXITS_KEPT:
-                    self.lost_workers.pop(next(iter(self.lost_workers)))
-            elif type(ins) is WP.Stranger:
-                # a channel opened before the current one was known may be to the dead one
-                chan = self.channels.get(address)
-                if (chan is not None and hasattr(chan, "abort")
-                        and not self.worker_processes.live(address, chan.expect)):
-                    chan.abort()
-
-    def objects_moved(self, worker: str, to: str, object_ids: list) -> None:
-        """:class:`P.ObjectsMoved`: the values ``worker`` kept are kept by ``to`` now."""
-        self.objects.location_moved(worker, to, object_ids)
-
-    def _process_died(self, address: str) -> None:
-        """The process this process dealt with at ``address`` is dead: objects it owned or
-        kept are lost, its borrowings end, its removal is counted (confirmed_gone)."""
-        self.objects.process_died(address)
-        self.objects.location_lost(address, self.submitter.reconstruct(address))
-        self.removals[address] = self.removals.pop(address, 0) + 1  # (newest last)
-        while len(self.removals) > EXITS_KEPT:
-            gone = next(iter(self.removals))
-            del self.removals[gone]
-            self.lost_generation.pop(gone, None)
-        for wake in self._lost_waiters.pop(address, ()):
-            wake()
-
-    def worker_seen(self, address: str, server_id: str) -> bool:
-        """(loop) A lease grant, an instance location or ``WorkerJoined`` says the process
-        ``server_id`` runs at ``address``.
-        If this process dealt with another one there, that one is dead (Dask lists one worker
-        per address): its death is carried out now, before anything of the new one is
-        recorded, and the address is usable again (a ``WorkerLost`` of it that comes later
-        changes nothing).  If the old one's ``WorkerLost`` was handled already, the address
-        is usable again at once too, not only once ``WorkerJoined`` (on the job stream,
-        which a lease reply can overtake) comes.  Returns whether it was made usable."""
-        processes = self.worker_processes
-        before = processes.current.get(address)
-        joined = False
-        for ins in processes.handle(WP.Seen("seen", address, server_id)):
-            if type(ins) is WP.Superseded:
-                # the removal is counted first: a locate for an instance whose channel is
-                # dropped here must not wait for the new process to go (confirmed_gone)
-                self._process_died(address)
-                chan = self.channels.get(address)
-                if chan is not None and hasattr(chan, "abort") and chan.expect != ins.new:
-                    self._drop_channel(address, chan)
-                joined = True
-        if (before is None and not joined and processes.live(address, server_id)
-                and (address in self.lost_workers or address in self.objects.counter.dead)):
-            joined = True  # a new process where a lost one's death was carried out here
-        if joined:
-            self._joined(address)
-        return joined
-
-    def _drop_channel(self, address: str, chan: Any) -> None:
-        """Drop a channel to a process known dead now, and handle its loss at once (so
-        that its late loss report cannot void what is granted on the new process)."""
-        chan.closed = True  # its reader reports nothing when it ends
-        chan.abort()
-        self.on_channel_lost(address, chan)
-
-    def confirmed_gone(self, address: str) -> bool:
-        """Has the scheduler removed the process at ``address`` that this runtime's last lost
-        channel there was connected to?  (Then the process there now, if any, is another
-        one: a worker restarted at the same address.)"""
-        generation = self.lost_generation.get(address)
-        return generation is not None and self.removals.get(address, 0) > generation
-
-    def worker_joined(self, address: str, server_id: str = "") -> None:
-        """``WORKER_JOINED``: a new process registered at the address of a lost worker.  Forget
-        the old one's death (how it ended, the unreachable owner, the worker its lease
-        requests avoid): objects it owned or kept stay lost, the new one is usable at once."""
-        before = self.worker_processes.current.get(address)
-        if self.worker_seen(address, server_id):
-            return
-        if before is None or before == server_id:  # (else it named no new process there)
-            self._joined(address)
-
-    def _joined(self, address: str) -> None:
-        self.exits.pop(address, None)
-        self.lost_workers.pop(address, None)
-        self.objects.process_joined(address)
-        self.submitter.worker_joined(address)
-
-    def on_channel_lost(self, address: str, lost: Any = None) -> None:
-        """A call channel to ``address`` broke (``lost``: that channel; a newer one to the
-        same address stays)."""
-        if lost is not None and self.channels.get(address) is not lost:
-            return
-        chan = self.channels.pop(address, None)
-        generation = getattr(chan, "generation", None)
-        if generation is not None:  # (newest last, bounded on its own: a channel can be lost
-            # after its address's removal count was dropped, or to one never removed)
-            self.lost_generation.pop(address, None)
-            self.lost_generation[address] = generation
-            while len(self.lost_generation) > EXITS_KEPT:
-                self.lost_generation.pop(next(iter(self.lost_generation)))
-        self.submitter.on_channel_lost(address)
-        self.router.on_channel_lost(address)
-
 
     def free_remote(self, worker: str, object_ids: list[str]) -> None:
         """Our objects ``object_ids`` are freed: the worker keeping them drops its copies,
@@ -414,80 +225,6 @@ class Runtime:
 
         self.on_loop(start)
 
-    # -- reference counting messages (runtime/refcount.py) ---------------------------------
-
-    def refs_message(self, address: str, cls: type, item: Any) -> None:
-        """Queue one item of a :class:`P.WaitRefsRemoved`, :class:`P.RefsRemoved` or pinning
-        :class:`P.AddBorrower` for ``address`` (any thread, :data:`REFS_LOCK` held): one
-        message per kind and address goes out per loop pass."""
-        batch = self._refs_out.get((cls, address))
-        if batch is None:
-            batch = self._refs_out[(cls, address)] = []
-            if len(self._refs_out) == 1:
-                self.on_loop_later(self._flush_refs)
-        batch.append(item)
-
-    def _flush_refs(self) -> None:
-        with REFS_LOCK:
-            out, self._refs_out = self._refs_out, {}
-        if self.closed:
-            return
-        for (cls, address), items in out.items():
-            if cls is P.AddBorrower:  # answered: the tokens' holds end (AddAcked)
-                msg: P.Message = P.AddBorrower([i[:3] for i in items])
-            else:
-                msg, items = cls(self.address, items), None
-            self.loop.create_task(self._send_refs(address, msg, items))
-
-    async def _send_refs(self, address: str, msg: P.Message, acked: list | None = None) -> None:
-        try:
-            await P.request(self.connector.rpc(address), msg)
-        except (OSError, asyncio.TimeoutError):  # gone: its borrowings end with it
-            if not self.closed:
-                self.objects.process_died(address)
-            return
-        except Exception:
-            logger.debug("cannot send %s to %s", msg.op, address, exc_info=True)
-            return
-        if acked:
-            self.objects.added(acked)
-
-    def add_borrower(self, owner: str, items: list) -> None:
-        """Register ``[[object_id, borrower, via], ...]`` with ``owner`` and wait for the
-        answer (a user thread); on the loop it is sent without waiting."""
-        msg = P.AddBorrower(items)
-        if threading.get_ident() == self.loop_thread:
-            self.loop.create_task(self._send_refs(owner, msg))
-            return
-        async def send() -> None:
-            if await self.owner_gone(owner) is None:
-                await P.request(self.connector.rpc(owner), msg)
-
-        try:
-            self.run_sync(send())
-        except Exception:  # the owner is gone: reading those refs says so
-            pass
-
-    def load_borrowed(self, payload: Any) -> Any:
-        """Unpickle the value of an object this process borrows; refs nested in it register
-        with their owners before the value is handed on (docs/objects.md)."""
-        value, found = unpickling(loads, payload)
-        if found:
-            self.objects.register_reads(found)
-        return value
-
-    def wait_refs_removed(self, sender: str, items: list) -> None:
-        """:class:`P.WaitRefsRemoved` (rpc handler of workers and the owner server)."""
-        self.objects.on_wait(sender, items)
-
-    def refs_removed(self, sender: str, items: list) -> None:
-        """:class:`P.RefsRemoved`."""
-        self.objects.on_removed(sender, items)
-
-    def handle_add_borrower(self, items: list) -> list:
-        """:class:`P.AddBorrower`."""
-        return self.objects.add_borrower(list(items))
-
     @property
     def connection_args(self) -> dict:
         return self.connector.connection_args
@@ -506,6 +243,7 @@ class Runtime:
         if blob is not None:  # the hot path: plain values, no ref among them
             dep_refs = nested = ()  # (shared, and not tracked by the garbage collector)
         else:
+            args, kwargs = dask_objects.convert_args(self, args, kwargs)
             (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
         task_id = self.new_id()
         if nret <= 1:
@@ -534,7 +272,7 @@ class Runtime:
     # -- instances -------------------------------------------------------------------------
 
     def with_working_dir(self, isolation: dict) -> dict:
-        """``isolation`` (see ``options.isolation_spec``) with the job's ``Config.working_dir``
+        """``isolation`` (see ``runtime.isolation.isolation_spec``) with the job's ``Config.working_dir``
         as its directory when it names none (docs/isolation.md)."""
         if isolation.get("cwd"):
             return isolation
@@ -543,6 +281,7 @@ class Runtime:
 
     def create_instance(self, spec: dict, args: tuple, kwargs: dict) -> str:
         """Send an instance creation (asynchronous); returns the new instance id."""
+        args, kwargs = dask_objects.convert_args(self, args, kwargs)
         (blob, dep_refs), _refs, counted = pack_counting(pack_args, args, kwargs, _is_ref)
         if counted:  # an instance may keep them for its whole life: their owners keep them
             self.objects.pin(counted)
@@ -567,6 +306,7 @@ class Runtime:
         if blob is not None:  # the hot path: plain values, no ref among them
             dep_refs = nested = ()  # (shared, and not tracked by the garbage collector)
         else:
+            args, kwargs = dask_objects.convert_args(self, args, kwargs)
             (blob, dep_refs), nested = pack_recording_refs(pack_args, args, kwargs, _is_ref)
         call_id = self.new_id()
         if nret == 1 or nret == 0:  # the hot path: one ref
@@ -590,287 +330,7 @@ class Runtime:
         """A scheduler RPC from a user thread (its fields are the op's, ``timeout`` included)."""
         return self.run_sync(self.connector.scheduler_rpc(op, **kwargs))
 
-    # -- objects ---------------------------------------------------------------------------
-
-    def put(self, obj: Any) -> ObjectRef:
-        """Store ``obj`` (pickled now, a snapshot) under a new ref this process owns.
-
-        The entry is settled, value and pickle, before its ref exists (objects.py's rule).
-        """
-        if obj is None or (isinstance(obj, (bytes, bytearray, memoryview)) and len(obj) == 0):
-            raise YRValueError("yr.put: value is None or has zero length")
-        if isinstance(obj, ObjectRef):
-            raise YRTypeError(
-                "Calling 'put' on an ObjectRef is not allowed; to store a reference, "
-                "put it inside a list: yr.put([ref])")
-        if isinstance(obj, (bytes, bytearray, memoryview)):
-            obj = bytes(obj)
-        return self.put_value(obj, "yr.put")
-
-    def put_value(self, obj: Any, what: str = "yr.put") -> ObjectRef:
-        """``put`` without the argument checks (``ray.put`` takes None too): pickled now, a
-        snapshot; a large value's one copy goes to the node's store."""
-        try:
-            payload, _refs, counted = pack_counting(dumps_value, obj)
-        except Exception as e:
-            raise unpicklable(obj, f"{what}: the value", e) from e
-        object_id = self.new_id()
-        entry = Entry()
-        if type(payload) is Frames:  # large: its one copy goes to the node's shared memory
-            entry.payload = node_store().put(object_id, payload)
-            entry.stored = True
-        else:  # small: the pickle is the snapshot; a get unpickles it (once)
-            entry.payload = payload
-        entry.settle(P.VALUE)
-        ref = self.objects.new_ref(object_id, entry)
-        if counted:  # refs nested in the value live as long as it does
-            self.objects.contains(object_id, list(counted.items()))
-        return ref
-
-    def get(self, refs: Sequence[ObjectRef], timeout: float, allow_partial: bool = False) -> list:
-        deadline = None if timeout == -1 else time.monotonic() + timeout
-        lease_id = current_lease()
-        blocked = False
-        gather = True  # many refs left from the first pending one: waited for from the back, once
-        try:
-            for at, ref in enumerate(refs):
-                entry = ref._entry
-                if entry.ready:
-                    continue
-                if threading.get_ident() == self.loop_thread:
-                    raise YRRuntimeError(
-                        "yr.get would block the yr event loop; use 'await ref' in async code")
-                self._ensure_fetch(ref)
-                if not blocked and (lease_id is not None or self.agent is not None):
-                    blocked = self._lend(lease_id, True)
-                if gather and at + GATHER_MIN_PENDING <= len(refs):  # few wake-ups for all
-                    gather = False
-                    self._wait_all(refs[at:], deadline)
-                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if not entry.wait(remaining) and not allow_partial:
-                    raise YRTimeoutError(
-                        f"failed to get object {ref._id} within {timeout} s: it is not ready "
-                        "(raise the timeout, or use timeout=-1 to wait forever)")
-        finally:
-            if blocked:
-                self._lend(lease_id, False)
-        return [self._value_of(ref) for ref in refs]
-
-    def _wait_all(self, refs: Sequence[ObjectRef], deadline: float | None) -> None:
-        """Wait (bounded by ``deadline``) for the pending refs of ``refs`` from the last one
-        back; the caller's loop then checks each ref as before.
-
-        Results of a burst arrive about in submission order: waiting front to back, the
-        thread caught up with them every few results, made an event, slept and was woken
-        (a wake-up and a GIL hand-over per few results, paid by the loop too).  From the
-        back it sleeps until the last is ready and then finds nearly all the others ready.
-        Borrowed refs are all asked for first, so their owners answer in parallel."""
-        pending = [r for r in refs if not r._entry.ready]
-        for ref in pending:
-            self._ensure_fetch(ref)
-        for ref in reversed(pending):
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not ref._entry.wait(remaining):
-                return  # timed out: the caller's loop says which ref
-
-    def _lend(self, lease_id: str | None, blocked: bool) -> bool:
-        """A thread waits in ``yr.get``/``yr.wait`` (or runs again): a task's lease lends its
-        CPU; a thread with no lease in a worker (a Dask task) lends its share of the worker."""
-        if lease_id is not None:
-            self.connector.notify_blocked(lease_id, blocked)
-            return True
-        if self.agent is not None:
-            self.agent.lend_slot("", blocked)
-            return True
-        return False
-
-    def _value_of(self, ref: ObjectRef) -> Any:
-        entry = ref._entry
-        state = entry.state
-        if state == P.VALUE:
-            value = entry.get_value() if entry.owner is None else entry.get_value(self.load_borrowed)
-        elif state == P.LOCATION:
-            location = entry.location
-            try:
-                value = self._fetch_value(ref._id, entry)
-            except YRRuntimeError:
-                if not self._lost_meanwhile(entry, location):
-                    raise
-                return self.get([ref], -1)[0]  # computed again, or failed for good
-        elif state == P.ERROR:
-            raise entry.exception()
-        else:  # allow_partial and not ready
-            return None
-        if isinstance(value, (bytes, bytearray)):
-            return memoryview(value)
-        return value
-
-    def _lost_meanwhile(self, entry: Entry, location: str | None) -> bool:
-        """A fetch from ``location`` failed: wait (bounded) to hear whether that worker is
-        gone, and say whether the entry was handled since (reconstruction, docs/objects.md)."""
-        if location is None or self.closed:
-            return False
-
-        async def heard() -> None:
-            if location in self.lost_workers:
-                return
-            fut = self.loop.create_future()
-            self._lost_waiters.setdefault(location, []).append(
-                lambda: fut.done() or fut.set_result(None))
-            await asyncio.wait_for(fut, LOST_WAIT_S)
-
-        try:
-            self.run_sync(heard())
-        except Exception:
-            return False
-        return not (entry.state == P.LOCATION and entry.location == location)
-
-    def _fetch_value(self, object_id: str, entry: Entry) -> Any:
-        """The value of an entry a worker keeps: fetched once, cached (any thread)."""
-        if entry.has_value:
-            return entry.value
-        payload = self.fetch_payload(object_id, entry.location)
-        value = loads(payload) if entry.owner is None else self.load_borrowed(payload)
-        return entry.cache_value(value)
-
-    def fetch_payload(self, object_id: str, address: str) -> bytes:
-        """Pickled value of an object, asking ``address`` (its owner, or the worker keeping it)
-        and following the owner's answer to the worker that keeps it.  Not on the loop."""
-        store = node_store()
-        local = store.get(object_id)
-        if local is not None:  # on this node already: mapped, not copied
-            return local
-        return store.pull(object_id, lambda: self._pull(object_id, address))
-
-    def _pull(self, object_id: str, address: str) -> Any:
-        """The payload of an object from another process (following the owner's redirect
-        to the worker that keeps it); peer to peer, never through the scheduler."""
-        while True:
-            if self.agent is not None and address == self.address:
-                return self.agent.store_get(object_id)
-            kind, payload = self.run_sync(self._fetch(address, object_id, None))
-            if kind == P.VALUE:
-                return payload
-            if kind == P.ERROR:
-                raise loads(payload).to_exception()
-            address = payload  # the owner says: a worker keeps it there
-
-    async def owner_gone(self, address: str) -> str | None:
-        """Why the owner at ``address`` is gone, or ``None`` if it is reached (or the
-        scheduler cannot say).  Dask retries a refused connect until
-        ``distributed.comm.timeouts.connect`` (30 s); instead each connect try lasts
-        ``owner-probe`` (1 s), and after a failed one the scheduler is asked
-        (:class:`~yrdask.protocol.OwnerAlive`): an owner it no longer lists is gone at once;
-        one it still lists (its stream not closed yet, or a hung process) is tried again
-        until ``owner-unreachable`` (4 s) has passed, then given up (:func:`owner_timeouts`)."""
-        if address in self.lost_workers or address in self.objects.counter.dead:
-            return "the scheduler reported it gone"
-        probe, unreachable = owner_timeouts()
-        rpc = self.connector.rpc(address)
-        deadline = time.monotonic() + unreachable
-        while True:
-            began = time.monotonic()
-            try:
-                # bounded as a whole: Dask's handshake read after the connect has no
-                # timeout, and a hung owner's kernel still accepts the connection
-                comm = await asyncio.wait_for(rpc.pool.connect(address, timeout=probe),
-                                              probe)
-            except OSError as e:
-                try:
-                    alive = await self.connector.request(P.OwnerAlive(address))
-                except Exception:  # the scheduler cannot say: keep trying the owner
-                    return None
-                if alive is False:  # (None: a scheduler without the rpc)
-                    return f"the scheduler no longer knows it ({e})"
-                if alive is None:
-                    return None
-                if time.monotonic() >= deadline:
-                    return (f"no connection within {unreachable:g} s, though the scheduler "
-                            f"still lists it (a hung process, or one whose death the scheduler "
-                            f"has not seen yet; yrdask.object-store.owner-unreachable) ({e})")
-                # one try per probe at most: a connect that fails at once does not turn
-                # this into a tight loop of OwnerAlive requests
-                await asyncio.sleep(max(0.0, began + probe - time.monotonic()))
-                continue
-            rpc.pool.reuse(address, comm)  # the request that follows takes it
-            return None
-
-    async def _fetch(self, address: str, object_id: str, timeout: float | None,
-                     owner: bool = False) -> list:
-        try:
-            gone = await self.owner_gone(address) if owner else None
-            if gone is not None:  # its other objects here fail too, at once
-                self.objects.process_died(address)
-                raise OSError(gone)
-            return await P.request(self.connector.rpc(address),
-                                   P.FetchObject(object_id, timeout=timeout))
-        except Exception as e:
-            if owner and isinstance(e, OSError):  # the owner cannot be reached: it died
-                error: Exception = OwnerDiedError(
-                    f"object {object_id} cannot be read: its owner {address} (the process that "
-                    f"created it) is unreachable: {e}")
-            else:
-                error = YRRuntimeError(f"cannot fetch object {object_id} from {address}: {e}")
-            return [P.ERROR, dumps(RemoteError.from_exception(error, ""))]
-
-    def _ensure_fetch(self, ref: ObjectRef) -> None:
-        """A borrowed ref nobody asked its owner for yet: ask (the owner answers when ready)."""
-        entry = ref._entry
-        if entry.owner is None or entry.ready or entry.fetching:
-            return
-        with REFS_LOCK:  # user threads race here: one fetch only
-            if entry.fetching:
-                return
-            entry.fetching = True
-
-        async def fetch() -> None:
-            kind, payload = await self._fetch(entry.owner, ref._id, None, owner=True)
-            entry.set_result(kind, payload)
-
-        self.on_loop(lambda: self.loop.create_task(fetch()))
-
-    async def handle_fetch(self, object_id: str, timeout: float | None = None) -> list:
-        """``FETCH_OBJECT`` for an object this process owns: wait for it, then send it."""
-        entry = self.objects.entries.get(object_id)
-        if entry is None:
-            raise YRRuntimeError(f"object {object_id} is unknown to its owner {self.address}"
-                                 " (it was freed, or its owner restarted)")
-        if not entry.ready:
-            fut = self.loop.create_future()
-            entry.add_callback(lambda: fut.done() or fut.set_result(None))
-            await asyncio.wait_for(fut, timeout)
-        kind, payload = entry.snapshot(float("inf"))
-        return [kind, wire(payload)]
-
-    def wait(self, refs: list[ObjectRef], wait_num: int, timeout: float | None) -> tuple[list, list]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        done = threading.Event()
-        count = [0]
-        lock = threading.Lock()
-
-        def one() -> None:
-            with lock:
-                count[0] += 1
-                if count[0] >= wait_num:
-                    done.set()
-
-        for ref in refs:
-            self._ensure_fetch(ref)
-            self.on_loop(ref._entry.add_callback, one)
-        lease_id = current_lease()
-        blocked = False
-        try:
-            if lease_id is not None or self.agent is not None:
-                blocked = True  # before the notice: if it raises, the finally still undoes it
-                self._lend(lease_id, True)
-            done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        finally:
-            if blocked:
-                self._lend(lease_id, False)
-        ready, not_ready = [], []
-        for ref in refs:
-            (ready if ref._entry.ready and len(ready) < wait_num else not_ready).append(ref)
-        return ready, not_ready
+    # -- cancels ---------------------------------------------------------------------------
 
     def cancel(self, refs: list[ObjectRef], force: bool = False,
                recursive: bool = False) -> None:
@@ -962,15 +422,6 @@ def _load_machines() -> None:
         from yrdask.runtime.submitter import Submitter, Task
 
 
-# a get with at least this many refs from its first pending one on (counted whether ready or
-# not: _wait_all skips the ready ones) waits for them from the last one back
-GATHER_MIN_PENDING = 4
-EXITS_KEPT = 1000  # worker processes whose end this runtime remembers
-EXIT_REASON_WAIT_S = 0.5  # how long a crash error waits to learn how the process ended
-LOST_WAIT_S = 30.0  # how long a failed fetch waits to hear that its worker is gone
-
-
-
 def _safe_call(callback: Callable, ref: ObjectRef) -> None:
     try:
         callback(ref)
@@ -984,112 +435,6 @@ def _is_ref(value: Any) -> bool:
 
 def function_id(payload: bytes, name: str) -> str:
     return f"{name}-{hashlib.blake2b(payload, digest_size=8).hexdigest()}"
-
-
-# --- driver lifecycle -----------------------------------------------------------------------
-
-
-class _LoopThread:
-    """An asyncio loop in a daemon thread: the driver's yr event loop."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="yrdask-loop", daemon=True)
-        self.thread.start()
-        self.ready.wait()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(self.ready.set)
-        self.loop.run_forever()
-        self.loop.close()
-
-    def run(self, coro: Any, timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-class DriverRuntime(Runtime):
-    """A driver's runtime: owns the loop thread, and the embedded cluster if it started one."""
-
-    def __init__(self, conf: Config, cluster: "LocalCluster | None" = None) -> None:
-        if cluster is not None:
-            cluster.launch()  # first: its launcher imports while this process builds the rest
-        try:
-            self.loop_runner = _LoopThread()
-            # An embedded cluster's driver builds its submitter and router once the workers'
-            # start order is sent (EmbeddedCluster.start): they import while the launcher forks.
-            super().__init__(self.loop_runner.loop, conf.job_id,
-                             defer_machines=cluster is not None)
-        except BaseException:
-            proc = getattr(cluster, "proc", None)
-            if proc is not None:  # it only waits for an address: nothing else to stop
-                proc.kill()
-                proc.wait()
-            raise
-        self.loop_thread = self.loop_runner.thread.ident
-        self.conf = conf
-        self.cluster = cluster  # the embedded cluster to start (no server_address), if any
-        self.heap_frozen = False  # yr.init froze the GC's heap; yr.finalize gives it back
-        self.info: ClientInfo | None = None
-        # Config.log_to_driver: TaskOutput from workers goes to output_sink(records).
-        self.output_sink: Callable[[list], None] | None = None
-        if conf.log_to_driver:
-            self.output_target = lambda: self.address
-
-    async def start(self) -> ClientInfo:
-        conf = self.conf
-        configure_store(conf.object_store_memory, "Config.object_store_memory")
-        if self.cluster is not None:
-            self.cluster.launch()  # its launcher imports distributed while this process does
-        from distributed.utils import get_ip
-
-        security = resolve_security(conf)  # Config.security, yr's TLS fields or Dask's config
-        connection_args = security.get_connection_args("client")
-        tls = connection_args["ssl_context"] is not None
-        address = conf.server_address
-        if address:
-            if "://" not in address:
-                address = f"{'tls' if tls or security.require_encryption else 'tcp'}://{address}"
-            _check_scheme(address, tls, security.require_encryption)
-            host = address.split("://", 1)[1].rsplit(":", 1)[0].strip("[]")
-            listen_host = "127.0.0.1" if host in ("127.0.0.1", "localhost") else get_ip(host)
-        else:
-            self.cluster.security = security if tls else None
-            address = await self.cluster.start(after_order=self.build_machines)
-            listen_host = "127.0.0.1"
-        from yrdask.runtime.transport import DriverConnector
-
-        self.connector = DriverConnector(
-            self, address, connection_args, security.get_listen_args("client"))
-        try:
-            self.address = await self.connector.start(self.job_id, listen_host)
-        except OSError as e:  # unreachable, or refused by TLS (CommClosedError is an OSError)
-            raise YRRuntimeError(f"cannot join the cluster at {address}: {e}") from e
-        return ClientInfo(self.job_id, self.connector.dashboard, address)
-
-    async def close(self) -> None:
-        try:
-            await super().close()
-        finally:
-            if self.cluster is not None:
-                await self.cluster.close()
-
-
-def _check_scheme(address: str, tls: bool, required: bool) -> None:
-    """A ``tls://`` address needs certificates; required encryption needs a ``tls://`` address."""
-    if address.startswith("tls://") and not tls:
-        raise YRValueError(
-            f"server_address {address!r} is a TLS address but no TLS certificates are set: give "
-            "Config(security=distributed.security.Security(tls_ca_file=..., tls_client_cert=..., "
-            "tls_client_key=...)) or set distributed.comm.tls.* in the Dask config")
-    if required and address.startswith("tcp://"):
-        raise YRValueError(f"server_address {address!r} is a tcp:// address, but the TLS "
-                           "settings require encryption: use tls://")
 
 
 def install_worker_runtime(agent: "LocalNode") -> Runtime:

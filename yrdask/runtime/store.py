@@ -20,8 +20,8 @@ Freed files are recycled: a file nobody maps any more (every mapping holds a sha
 ``flock`` on it) goes to a small pool whose pages the next write of a similar size reuses.
 
 Cleanup.  Every process that writes to the store registers its pid (with its start time, so
-a reused pid is not mistaken for it) under ``pids/``.  A tiny *reaper* process (``python -I
--S``, detached) watches those pids and removes the whole directory, and the node's spill
+a reused pid is not mistaken for it) under ``pids/``.  A tiny *reaper* process
+(:mod:`yrdask.runtime.store_reaper`, run as ``python -I -S``, detached) watches those pids and removes the whole directory, and the node's spill
 directory, once none is alive: the last process ending by ``SIGKILL`` leaves nothing behind.
 A process that attaches checks the reaper too and starts a new one if it died.  Changes of
 the registry, reserving room for a write, and spilling happen under an ``flock`` on ``lock``
@@ -43,6 +43,10 @@ import threading
 from typing import Any, Callable
 
 from yrdask.errors import YRValueError
+from yrdask.runtime import store_reaper
+from yrdask.runtime.store_reaper import (alive as _alive, listdir as _listdir,
+                                         remove_store as _remove_store,
+                                         start_time as _start_time, unlink as _unlink)
 from yrdask.serialization import Frames
 
 __all__ = ["node_id", "node_store", "NodeStore", "set_capacity", "close_node_store",
@@ -78,37 +82,6 @@ def store_dir(node: str | None = None) -> str:
 def spill_dir(node: str | None = None) -> str:
     """The local-disk directory a node's store spills to."""
     return os.path.join(tempfile.gettempdir(), f"yrdask-spill-{os.getuid()}-{_safe(node or node_id())}")
-
-
-def _start_time(pid: int) -> str | None:
-    """The start time of a live process ``pid`` (None if it is gone or a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        if not os.path.isdir("/proc"):  # no procfs: trust kill(0)
-            try:
-                os.kill(pid, 0)
-                return "0"
-            except ProcessLookupError:
-                return None
-            except PermissionError:
-                return "0"
-        return None
-    fields = stat[stat.rfind(b")") + 2:].split()
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return fields[19].decode()
-
-
-def _alive(tag: str) -> bool:
-    """``tag`` is ``"<pid>-<start time>"``: is that very process still running?"""
-    pid, _, start = tag.partition("-")
-    try:
-        now = _start_time(int(pid))
-    except ValueError:
-        return False
-    return now is not None and (start == now or now == "0")
 
 
 @functools.lru_cache(maxsize=1)
@@ -206,9 +179,11 @@ class NodeStore:
             return False
 
     def _start_reaper(self) -> None:
-        # The reaper forks once more and its parent exits: nobody has to wait for it.
-        subprocess.run([sys.executable, "-I", "-S", "-c", _REAPER, self.dir, self.spill,
-                        str(REAPER_POLL_S)], stdin=subprocess.DEVNULL,
+        # The reaper forks once more and its parent exits: nobody has to wait for it.  It
+        # runs as a file (no site, no yrdask package import): store_reaper imports the
+        # standard library only.
+        subprocess.run([sys.executable, "-I", "-S", store_reaper.__file__, self.dir,
+                        self.spill, str(REAPER_POLL_S)], stdin=subprocess.DEVNULL,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
                        start_new_session=True, check=False, timeout=30)
 
@@ -546,114 +521,12 @@ def _pwrite(fd: int, view: memoryview, offset: int) -> None:
         done += os.pwrite(fd, view[done:done + CHUNK], offset + done)
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except FileNotFoundError:
-        return []
-
-
 def _scandir(path: str) -> list:
     try:
         with os.scandir(path) as it:
             return list(it)
     except FileNotFoundError:
         return []
-
-
-def _remove_store(directory: str, spill: str) -> None:
-    """Remove a store nobody uses (under its lock): objects, spill, registry, then the lock."""
-    shutil.rmtree(spill, ignore_errors=True)
-    for name in ("objects", "pids"):
-        shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
-    for name in os.listdir(directory) if os.path.isdir(directory) else ():
-        if name != "lock":
-            p = os.path.join(directory, name)
-            shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else _unlink(p)
-    _unlink(os.path.join(directory, "lock"))
-    try:
-        os.rmdir(directory)
-    except OSError:
-        pass
-
-
-# The reaper: detached, no site imports; removes the store once no registered pid lives.
-# Kept in sync with _alive/_start_time/_remove_store above (it cannot import yrdask cheaply).
-_REAPER = r"""
-import fcntl, os, shutil, sys, time
-d, spill, poll = sys.argv[1], sys.argv[2], float(sys.argv[3])
-if os.fork():
-    os._exit(0)
-os.setsid() if os.getsid(0) != os.getpid() else None
-def start(pid):
-    try:
-        s = open('/proc/%d/stat' % pid, 'rb').read()
-    except OSError:
-        return None
-    f = s[s.rfind(b')') + 2:].split()
-    return None if f[0] in (b'Z', b'X') else f[19].decode()
-def alive(tag):
-    pid, _, st = tag.partition('-')
-    try:
-        now = start(int(pid))
-    except ValueError:
-        return False
-    return now is not None and (st == now or now == '0')
-me = '%d-%s' % (os.getpid(), start(os.getpid()))
-lock = os.path.join(d, 'lock')
-try:
-    fd = os.open(lock, os.O_RDWR)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    open(os.path.join(d, '.reaper'), 'w').write(me)
-    os.replace(os.path.join(d, '.reaper'), os.path.join(d, 'reaper'))
-    os.close(fd)
-except OSError:
-    os._exit(0)
-pids = os.path.join(d, 'pids')
-while True:
-    time.sleep(poll)
-    try:
-        tags = os.listdir(pids)
-    except OSError:
-        tags = []
-    if any(alive(t) for t in tags):
-        continue
-    try:
-        fd = os.open(lock, os.O_RDWR)
-    except OSError:
-        os._exit(0)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    try:
-        tags = os.listdir(pids)
-    except OSError:
-        tags = []
-    try:
-        if open(os.path.join(d, 'reaper')).read().strip() != me:
-            os._exit(0)  # another reaper took over
-    except OSError:
-        os._exit(0)
-    if any(alive(t) for t in tags):
-        os.close(fd)
-        continue
-    shutil.rmtree(spill, ignore_errors=True)
-    for name in os.listdir(d):
-        if name != 'lock':
-            p = os.path.join(d, name)
-            shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)
-    os.unlink(lock)
-    try:
-        os.rmdir(d)
-    except OSError:
-        pass
-    os._exit(0)
-"""
 
 
 _store: NodeStore | None = None

@@ -18,7 +18,7 @@ each of the machine's instructions means:
 4. ``WakeAt`` arms one timer that answers with ``Tick``; revokes, lost channels and the end
    of the runtime are events too.
 
-It does no I/O itself: a small :class:`SubmitEdge` carries out the edge (the clock, timers,
+It does no I/O itself: a small :class:`SubmitterEdge` carries out the edge (the clock, timers,
 sends, lease rpcs, the object table).  The runtime plugs in :class:`RuntimeEdge` (its loop,
 channels and connector); the simulation (``tests/sim/world.py``) plugs in its virtual clock
 and links, so it drives this very code (as ``scheduler/lease_service.py`` is driven).
@@ -77,7 +77,7 @@ class Task:
     cancelled: bool = False
 
 
-class SubmitEdge(Protocol):
+class SubmitterEdge(Protocol):
     """What :class:`Submitter` needs of the world around it (all on the loop thread)."""
 
     def now(self) -> float:
@@ -139,9 +139,9 @@ class SubmitEdge(Protocol):
 
 class Submitter:
     """Per-process task submission: feeds the :class:`SubmitQueue` and decides what its
-    instructions mean; the :class:`SubmitEdge` does the I/O."""
+    instructions mean; the :class:`SubmitterEdge` does the I/O."""
 
-    def __init__(self, edge: SubmitEdge, machine: M.SubmitQueue) -> None:
+    def __init__(self, edge: SubmitterEdge, machine: M.SubmitQueue) -> None:
         self.edge = edge
         self.machine = machine
         self.tasks: dict[str, Task] = {}  # submitted and not settled yet

@@ -37,6 +37,7 @@ from yrdask.scheduler.requests import LeaseRequest, shape_of
 from yrdask.scheduler.resources import Ledger, Shape, format_shape
 from yrdask.scheduler.panels import DaskPanels
 from yrdask.scheduler.scale_up import ScaleUp
+from yrdask.scheduler import state_view
 from yrdask.scheduler.waits import WaitWatch
 
 logger = logging.getLogger("yrdask.scheduler")
@@ -323,6 +324,11 @@ class YrSchedulerExtension:
                 "ended": self.instances.lifecycle.ended_rows() if instances else [],
                 "resource_groups": self.rgroups.machine.snapshot()}
 
+    def state_records(self, kind: str, limit: int = -1) -> dict:
+        """:class:`yrdask.protocol.StateRecords`: records for Ray's state API and timeline
+        (scheduler/state_view.py)."""
+        return state_view.state_records(self, kind, limit)
+
     def worker_scheduling(self) -> dict[str, dict]:
         """Each worker's last heartbeat report of its yr load and local/forwarded counts."""
         out = {}
@@ -442,11 +448,11 @@ class YrSchedulerExtension:
         except CommClosedError:
             pass
 
-    def task_records(self, records: list, running: dict, queued: dict,
+    def task_records(self, records: list, running: dict, queued: dict, tasks: Any = (),
                      worker: str | None = None) -> None:
         """A worker's yr calls for Dask's Task Stream and Progress (scheduler/panels.py)."""
         if worker is not None:
-            self.panels.add(worker, records, running, queued)
+            self.panels.add(worker, records, running, queued, tasks=tasks)
 
     def _job_lent(self, lent: set, blocked: bool, lease_id: str) -> None:
         """``LeaseBlocked`` / ``LeaseUnblocked`` on a job stream: remembered per stream."""

@@ -40,6 +40,7 @@ class DaskPanels:
         self.active_at: dict[str, float] = {}  # name -> last time something happened
         self.classes: set[str] = set()  # names whose counts are instance lifetimes
         self.records = 0  # records added so far
+        self.tasks: dict[str, Any] = {}  # worker -> its tasks now (TaskRecords.tasks)
 
     # -- Dask's objects --------------------------------------------------------------------
 
@@ -72,8 +73,14 @@ class DaskPanels:
     # -- events ----------------------------------------------------------------------------
 
     def add(self, worker: str, records: Iterable[Sequence[Any]], running: Mapping[str, int],
-            queued: Mapping[str, int], now: float | None = None) -> None:
-        """One worker's batch: records of ended calls, and its running/queued counts now."""
+            queued: Mapping[str, int], now: float | None = None,
+            tasks: Sequence[Sequence[Any]] = ()) -> None:
+        """One worker's batch: records of ended calls, its running/queued counts now, and
+        the tasks it has now (kept for Ray's ``list_tasks``, ``scheduler/state_view.py``)."""
+        if tasks:
+            self.tasks[worker] = tasks
+        else:
+            self.tasks.pop(worker, None)
         added = 0  # records, for the plugin's index (its readers count from it)
         now = time.time() if now is None else now
         plugin = self.task_stream()
@@ -109,6 +116,7 @@ class DaskPanels:
         """A worker left: what it ran and queued no longer counts."""
         self.add(worker, (), {}, {})
         self.counts.pop(worker, None)
+        self.tasks.pop(worker, None)
 
     def tick(self, lifecycle: Any, now: float | None = None) -> None:
         """Periodic: instance lifetimes per class, and fading of idle names' done counts.

@@ -33,6 +33,7 @@ from typing import Any
 from yrdask import protocol as P
 
 FLUSH_MS = 250  # how often a batch goes to the scheduler (only when something changed)
+QUEUED_LISTED = 100  # queued tasks listed by id in a batch (their count is always exact)
 
 _get_ident = threading.get_ident  # begin/end run twice per task and call: no lookups
 _time = time.time
@@ -51,7 +52,7 @@ class Recorder:
         self.active = agent.worker.active_threads if profile else {}
         self.running: dict[int, str] = {}  # thread ident -> name, while it runs yr code
         self.records: list[tuple] = []  # ended since the last flush
-        self._sent: tuple[dict, dict] = ({}, {})  # counts in the last batch
+        self._sent: tuple = ({}, {}, [])  # counts and tasks in the last batch
 
     def begin(self, name: str, call_id: str) -> float:
         """The calling thread starts ``name`` now (for Dask's profiler, if on, as key
@@ -75,15 +76,25 @@ class Recorder:
         self.running.pop(ident, None)
         self.records.append((name, call_id, start, stop, ident, ok))
 
-    def counts(self) -> tuple[dict[str, int], dict[str, int]]:
-        """``(running, queued)`` by name now: running calls, and tasks here not started yet."""
+    def counts(self) -> tuple[dict[str, int], dict[str, int], list[tuple]]:
+        """``(running, queued, tasks)`` now: running calls and tasks here not started yet, by
+        name; and the tasks here, ``(name, task_id, started, owner)``, every running one and
+        the first :data:`QUEUED_LISTED` queued ones (Ray's ``list_tasks``)."""
         running = Counter(self.running.values())
         queued: Counter = Counter()
+        tasks = []
         agent = self.agent
+        listed = 0
         for task_id, ex in list(agent.tasks.items()):
-            if task_id not in agent.running:
-                queued[ex.msg["name"]] += 1
-        return dict(running), dict(queued)
+            msg = ex.msg
+            started = task_id in agent.running
+            if not started:
+                queued[msg["name"]] += 1
+                listed += 1
+                if listed > QUEUED_LISTED:
+                    continue
+            tasks.append((msg["name"], task_id, started, msg["owner"]))
+        return dict(running), dict(queued), tasks
 
     def flush(self) -> None:
         """Periodic (worker loop): ship what ended and the counts, if anything changed."""
@@ -94,7 +105,9 @@ class Recorder:
         if not records and counts == self._sent:
             return
         self._sent = counts
-        self.agent.runtime.connector.stream_send(P.TaskRecords(records, *counts))
+        running, queued, tasks = counts
+        self.agent.runtime.connector.stream_send(P.TaskRecords(records, running, queued,
+                                                               tasks))
 
 
 

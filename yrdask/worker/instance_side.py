@@ -15,7 +15,7 @@ virtual executors and clock), so it runs this very code (as ``worker/task_side.p
   holds when it starts: it never runs); a call for an instance stopped here answers "died".
   While an instance moves away (scale-down) its new calls are held unrun; once it has left
   they, and later ones, answer "moved" (the caller sends them to its new worker); a move given
-  up lets them through in order. Its :class:`InstanceEdge` makes the hosted instances and
+  up lets them through in order. Its :class:`InstanceSideEdge` makes the hosted instances and
   answers.
 * :class:`HostedCalls`, one per instance hosted in the worker's process: which of its calls
   run, where, and how each is answered.  :class:`~yrdask.worker.call_queue.CallQueue`
@@ -45,7 +45,7 @@ from yrdask.worker.call_queue import CallQueue
 ENDED_KEPT = 10_000
 
 
-class InstanceEdge(Protocol):
+class InstanceSideEdge(Protocol):
     """What :class:`InstanceSide` needs of the world around it.  A hosted instance it gets
     from :meth:`host` has ``call(peer, msg)``, ``stop(reason)`` and, if its calls can be
     cancelled, ``cancel_call(call_id) -> bool``."""
@@ -69,7 +69,7 @@ class InstanceEdge(Protocol):
 class InstanceSide:
     """The instances one worker hosts (see module docstring)."""
 
-    def __init__(self, edge: InstanceEdge) -> None:
+    def __init__(self, edge: InstanceSideEdge) -> None:
         self.edge = edge
         self.instances: dict[str, Any] = {}  # instance id -> the hosted instance
         self.early: dict[str, list] = {}  # instance id -> (peer, msg) that beat its START

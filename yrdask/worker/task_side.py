@@ -7,7 +7,7 @@ one is answered ``requeue`` and forgotten, a task that ended is forgotten before
 (its retry may come back at once), a cancel of an unknown task is dropped (it ended or went
 back), any cancel interrupts the task, and a forced one of a task still running after a grace
 ends the process.
-It does no I/O itself: a small :class:`TaskEdge` runs tasks, answers callers and arms
+It does no I/O itself: a small :class:`TaskSideEdge` runs tasks, answers callers and arms
 timers.  It also lends: a thread of a lease or instance that waits in ``yr.get`` frees the
 lease's gate slot at once and its CPU at the scheduler if the wait lasts
 (``worker/lending.py``'s :class:`~yrdask.worker.lending.LendNotices`).
@@ -30,7 +30,7 @@ from yrdask.worker import lending as L
 FORCE_CANCEL_GRACE_S = 0.5
 
 
-class TaskEdge(Protocol):
+class TaskSideEdge(Protocol):
     """What :class:`TaskSide` needs of the world around it."""
 
     def now(self) -> float:
@@ -58,7 +58,7 @@ class TaskSide:
     msg)`` makes a task's record (``worker/execution.py``'s ``Execution``): it has
     ``task_id`` and ``cancel()``."""
 
-    def __init__(self, edge: TaskEdge, record: Callable[[str, Any, dict], Any],
+    def __init__(self, edge: TaskSideEdge, record: Callable[[str, Any, dict], Any],
                  gate: G.LeaseGate | None = None,
                  notices: L.LendNotices | None = None) -> None:
         self.edge = edge

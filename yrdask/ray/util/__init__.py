@@ -1,5 +1,5 @@
 """``ray.util``: ActorPool, queues, placement groups, named-actor listing, node address (and the
-submodules ``multiprocessing`` and ``joblib``, imported by name)."""
+submodules ``multiprocessing``, ``joblib`` and ``state``, imported by name)."""
 
 from __future__ import annotations
 

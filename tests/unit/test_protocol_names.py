@@ -1,0 +1,29 @@
+"""Every ``typing.Protocol`` class under ``yrdask/`` has a name of its own (an edge protocol
+is named for its decisions class: docs/state-machines.md, "Names")."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "yrdask"
+
+
+def _protocols() -> dict[str, list[str]]:
+    """``{class name: [module, ...]}`` of the classes that derive from ``Protocol``."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    (isinstance(b, ast.Name) and b.id == "Protocol")
+                    or (isinstance(b, ast.Attribute) and b.attr == "Protocol")
+                    for b in node.bases):
+                found.setdefault(node.name, []).append(str(path.relative_to(ROOT.parent)))
+    return found
+
+
+def test_protocol_class_names_are_unique():
+    found = _protocols()
+    assert "SubmitterEdge" in found and "TaskSideEdge" in found  # the walk finds them
+    twice = {name: where for name, where in found.items() if len(where) > 1}
+    assert not twice, f"Protocol classes sharing a name (rename one): {twice}"
