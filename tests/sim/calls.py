@@ -53,6 +53,7 @@ from __future__ import annotations
 import heapq
 import random
 import re
+import sys
 from collections import deque
 from typing import Any
 
@@ -65,18 +66,21 @@ from yrdask.scheduler import leases as LQ
 from yrdask.scheduler import lifecycle as L
 
 from yrdask.scheduler.instance_service import InstanceService
-from yrdask.scheduler.lease_service import LeaseService
+from yrdask.scheduler.departures import Departures
+from yrdask.scheduler.lease_service import STREAM_OPS, LeaseService
 from yrdask.scheduler.requests import LeaseRequest
 from yrdask.worker.instance_side import HostedCalls, InstanceSide
 
 from tests.sim import machines as M
-from tests.sim.world import SimFailure
+from tests.sim.world import REPLY, SimFailure
 
 SCHED = "sched"
 MAX_STEPS = 60_000
 MAX_VIRTUAL_S = 20_000.0
 GRANT_WITHIN_S = 0.25  # virtual seconds a request that fits the free capacity may stay pending
 UNFIT = {"CPU": 64000.0, "Memory": 100.0}
+#: the race branches the world counts (``CallWorld.races``; a range run prints their sum)
+RACES = ("a stop for a worker already removed",)
 
 
 # Failures the simulation found that are still open, by their exact seeds: seed -> (the
@@ -252,11 +256,16 @@ class _CallEdge:
         self.world.timer(max(at, self.world.now), "lq-tick", None)  # fn is service.tick
 
     def send_to_owner(self, owner: str, msg: dict) -> None:
-        if owner in self.world.jobs and "lease_ids" in msg:
-            self.world.send(SCHED, owner, "stream", ("REVOKE", tuple(msg["lease_ids"])))
+        if owner in self.world.jobs:
+            self.world.send(SCHED, owner, "stream", msg)
 
     def has_job(self, owner: str) -> bool:
         return owner in self.world.jobs
+
+    def broadcast(self, msg: Any, but: str) -> None:
+        """``extension._broadcast``, to the drivers (workers here react to no loss)."""
+        for d in sorted(self.world.jobs):
+            self.world.send(SCHED, d, "stream", msg.to_msg())
 
     def is_worker(self, owner: str) -> bool:
         return owner in self.world.registered
@@ -301,7 +310,10 @@ class _InstanceEdge:
         w.send(SCHED, SCHED, chan, ("SOON", _Later(chan, fn)))
 
     def is_worker(self, worker: str) -> bool:
-        return worker in self.world.registered
+        w = self.world
+        if worker in w.unheard and sys._getframe(1).f_code.co_name == "feed":
+            w.races["a stop for a worker already removed"] += 1  # (the service's branch)
+        return worker in w.registered
 
     def acquire(self, req: LeaseRequest, timeout_ms: int, answer: Any) -> None:
         w = self.world
@@ -364,6 +376,10 @@ class CallWorld:
         self.seed = seed
         rng = self.rng = random.Random(seed * 31 + 5)
         self.init_rng = random.Random(seed * 17 + 3)  # whose __init__ raises (its own draws)
+        # how long the machines hear of a peer after the adapter knows it is gone
+        self.gone_rng = random.Random(seed * 13 + 7)
+        self.unheard: set[str] = set()  # gone for the adapter, not yet for the machines
+        self.races: dict[str, int] = dict.fromkeys(RACES, 0)
         self.now = 0.0
         self.step = 0
         self._seq = 0
@@ -376,10 +392,13 @@ class CallWorld:
         self.lq = LQ.LeaseQueue()
         # the production lease adapter (scheduler/lease_service.py) on a simulated edge
         self.leases = LeaseService(_CallEdge(self), self.lq)
+        self.lease_handlers = P.handlers(STREAM_OPS, self.leases)  # as the extension's
         # the production instance adapter (scheduler/instance_service.py) on a simulated edge
         self.instances = InstanceService(_InstanceEdge(self), self.lc, self.lq.ledger)
         # what outlives the scheduler (scheduler/durable.py), as the extension keeps it
         self.durable = self.instances.durable = D.DurableControl(D.MemoryStore())
+        # a job's end, a worker's removal: the production order (scheduler/departures.py)
+        self.departures = Departures(_CallEdge(self), self.leases, self.instances)
         self.shrunk: set[str] = set()  # holdings on a node when it lost a process
         self.procs: dict[str, Proc] = {}
         self.specs: dict[str, dict] = {}  # route id -> creation spec (creator side)
@@ -446,7 +465,7 @@ class CallWorld:
         if not self.alive(dst):
             if chan == "call":  # connecting to a dead worker fails: the channel is lost
                 self.send("net", src, "lost", ("LOST", dst))
-            elif msg[0] == "STOP":  # the rpc fails: _stop answers Stopped all the same
+            elif type(msg) is tuple and msg[0] == "STOP":  # the rpc fails: _stop answers Stopped all the same
                 self.stops.get(dst, set()).discard(msg[1])
                 self.send("net", SCHED, f"stopfail-{msg[1]}", ("STOPPED", msg[1]))
             return
@@ -653,8 +672,8 @@ class CallWorld:
         elif action == "lease":
             rid = self.new_id("q")
             shape = {"CPU": float(rng.choice([500, 1000, 2000])), "Memory": 100.0}
-            self.send(dname, SCHED, f"rpc-lease-{rid}",
-                      ("REQUEST_LEASE", rid, shape, rng.choice([-1, 500, 3000])))
+            self.send(dname, SCHED, f"rpc-lease-{rid}", P.RequestLease(
+                dname, shape, rng.choice([-1, 500, 3000]), queue="q").to_msg())
         elif action == "abrupt":
             self.exit_driver(d, abrupt=True)
         elif action == "exit":
@@ -700,9 +719,22 @@ class CallWorld:
         d.alive, d.abrupt = False, abrupt
         self.send(d.name, SCHED, "stream", ("CLOSE",))
 
-    def at_driver(self, dname: str, src: str, msg: tuple) -> None:
-        op = msg[0]
+    def at_driver(self, dname: str, src: str, msg: tuple | dict) -> None:
         d = self.procs[dname]
+        if type(msg) is dict:  # the lease rpc's reply, a revoke (protocol.py)
+            if msg["op"] == REPLY and msg["result"][0] is not None:
+                d.leases.add(msg["result"][0])
+                self.timer(self.now + self.rng.expovariate(1 / 0.5), "return-lease",
+                           (dname, msg["result"][0]))
+            elif msg["op"] == P.WORKER_LOST:  # the scheduler says the worker is gone
+                self.do(dname, "channel_lost", msg["worker"])
+            elif msg["op"] == P.REVOKE_LEASES:
+                for hid in msg["lease_ids"]:
+                    if hid in d.leases:
+                        self.timer(self.now + self.rng.uniform(0, 0.1), "return-lease",
+                                   (dname, hid))
+            return
+        op = msg[0]
         if op == "CREATE_REPLY":
             self.do(dname, "create_answered", msg[1], msg[2])
         elif op == "LOCATE_REPLY":
@@ -739,16 +771,6 @@ class CallWorld:
             self.do(dname, "arrived", iid, token)
             self.arrived_tokens.add(token)
             self.add_handle(dname, iid)
-        elif op == "GRANT":
-            _, rid, hid = msg
-            d.leases.add(hid)
-            self.timer(self.now + self.rng.expovariate(1 / 0.5), "return-lease", (dname, hid))
-        elif op == "REFUSED":
-            pass
-        elif op == "REVOKE":
-            for hid in msg[1]:
-                if hid in d.leases:
-                    self.timer(self.now + self.rng.uniform(0, 0.1), "return-lease", (dname, hid))
         else:
             self.fail(f"driver got {msg}")
 
@@ -756,6 +778,8 @@ class CallWorld:
 
     def at_worker(self, wname: str, src: str, chan: str, msg: tuple) -> None:
         w = self.procs[wname]
+        if type(msg) is dict:  # (the scheduler sends workers no lease message)
+            return self.fail(f"worker got {msg}")
         op = msg[0]
         if op == "START":  # agent.start_instance: the instance side (production code)
             _, iid, inc, conc = msg
@@ -795,7 +819,7 @@ class CallWorld:
             self.do(wname, "create_deps_ready", msg[1], msg[2])
         elif op == "CREATE_REPLY":
             self.do(wname, "create_answered", msg[1], msg[2])
-        elif op in ("GRANT", "REFUSED", "REVOKE", "LOST", "LOCATE_REPLY"):
+        elif op in ("LOST", "LOCATE_REPLY"):
             pass
         else:
             self.fail(f"worker got {msg}")
@@ -897,7 +921,12 @@ class CallWorld:
 
     def at_sched(self, src: str, chan: str, msg: tuple) -> None:
         """An rpc or stream message at the scheduler: the extension's and the instance
-        manager's handlers, which call the lease and instance services."""
+        manager's handlers, which call the lease and instance services (the lease ops as
+        ``protocol.py`` messages, through the lease service's own handlers)."""
+        if type(msg) is dict:
+            if msg["op"] == P.REQUEST_LEASE:
+                return P.dispatch({P.REQUEST_LEASE: self.rpc_request_lease}, msg, src, chan)
+            return P.dispatch(self.lease_handlers, msg)
         op = msg[0]
         lc = self.lc
         if op in ("REFS", "LOCATE"):
@@ -938,41 +967,59 @@ class CallWorld:
             for ws in self.stops.values():
                 ws.discard(iid)
             self.instances.stopped(iid)
-        elif op == "CLOSE":  # connect_job's finally
+        elif op == "CLOSE":  # connect_job's end: the job is gone for the adapter at once
             self.jobs.discard(src)
-            self.leases.owner_gone(src)
-            self.instances.owner_gone(self.procs[src].job, src)
-        elif op == "REQUEST_LEASE":
-            _, drid, shape, timeout = msg  # extension.request_lease
-            gone = self.leases.requester_gone(src)
-            if gone is not None:
-                self.send(SCHED, src, chan, ("REFUSED", drid, gone))
-                return
-
-            def answer(result: list) -> None:
-                if result[0] is None:
-                    self.send(SCHED, src, chan, ("REFUSED", drid, result[1]))
-                else:
-                    self.granted(result[0])
-                    self.send(SCHED, src, chan, ("GRANT", drid, result[0]))
-            self.leases.open(LeaseRequest(src, dict(shape), queue="q"), timeout, answer)
-        elif op == "RETURN":
-            self.leases.release(tuple(msg[1]), "return")
+            self.later_heard(src, self.owner_gone)
         elif op == "SOON":  # a task or callback the scheduler's loop runs on a later turn
             msg[1]()
         else:
             self.fail(f"scheduler got {msg}")
 
+    def rpc_request_lease(self, src: str, chan: str, timeout_ms: int, **fields: Any) -> None:
+        """``extension.request_lease``: the lease service makes the request (or refuses
+        it); the answer goes back on the rpc's connection."""
+        def reply(result: list) -> None:
+            self.send(SCHED, src, chan, {"op": REPLY, "to": P.REQUEST_LEASE,
+                                         "result": result})
+
+        req = self.leases.lease_request(**fields)
+        if isinstance(req, str):
+            return reply([None, req])
+
+        def answer(result: list) -> None:
+            if result[0] is not None:
+                self.granted(result[0])
+            reply(result)
+        self.leases.open(req, timeout_ms, answer)
+
+    def later_heard(self, who: str, fn: Any) -> None:
+        """The adapter knows ``who`` is gone; the machines hear it now or after a seeded
+        delay (``M.GONE_DELAYS``, as the task world), so that the race branches run."""
+        delay = self.gone_rng.choice(M.GONE_DELAYS)
+        if not delay:
+            fn(who)
+            return
+        self.unheard.add(who)
+        self.say(SCHED, "gone, heard in", delay, who)
+        self.timer(self.now + delay, "heard", (fn, who))
+
+    def owner_gone(self, owner: str) -> None:
+        """``connect_job``'s clean-up: the job's leases and instances go."""
+        self.unheard.discard(owner)
+        self.departures.job_ended(self.procs[owner].job, owner)
+
     def worker_left(self, wname: str) -> None:
-        """Dask removed the worker: extension.on_remove_worker."""
+        """Dask removed the worker (``scheduler.workers``); the machines hear it (maybe
+        later): extension.on_remove_worker."""
         self.registered.discard(wname)
+        self.later_heard(wname, self.worker_heard_left)
+
+    def worker_heard_left(self, wname: str) -> None:
+        self.unheard.discard(wname)
         self.shrunk |= M.shrinking(self.lq, wname)  # its node's pool shrinks
-        self.leases.worker_left(wname)
-        self.instances.worker_lost(wname)
-        for resume in self.gone_waiters.pop(wname, ()):
+        self.departures.worker_removed(wname)  # (the production order; WorkerLost to all)
+        for resume in self.gone_waiters.pop(wname, ()):  # extension.worker_gone's event
             resume()
-        for d in sorted(self.jobs):
-            self.send(SCHED, d, "stream", ("LOST", wname))
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -1013,7 +1060,7 @@ class CallWorld:
                     del busy[key]
                 src, dst, chan = key
                 self.now += 1e-4
-                self.say(dst, "<-", src, *msg)
+                self.say(dst, "<-", src, *(msg.values() if type(msg) is dict else msg))
                 if dst == SCHED:
                     self.at_sched(src, chan, msg)
                 elif self.procs[dst].alive:
@@ -1051,7 +1098,7 @@ class CallWorld:
             d, hid = data
             if self.procs[d].alive and hid in self.procs[d].leases:
                 self.procs[d].leases.discard(hid)
-                self.send(d, SCHED, "stream", ("RETURN", (hid,)))
+                self.send(d, SCHED, "stream", P.ReturnLeases([hid]).to_msg())
         elif kind == "drop":
             w, iid = data
             if self.procs[w].alive:
@@ -1060,6 +1107,8 @@ class CallWorld:
             self.kill_worker()
         elif kind == "left":
             self.worker_left(data)
+        elif kind == "heard":  # the machines hear of a peer the adapter knows is gone
+            data[0](data[1])
         elif kind == "join":
             self.say(self._add_worker(), "JOINED")
 

@@ -68,6 +68,9 @@ KEEP_REVOKED = (0.0, 0.05, 0.5, 5.0)  # SubmitQueue keep_revoked_s drawn per see
 #: how often a lease request's rpc is passed over when its turn comes (drawn per seed): a
 #: slow rpc connection, so that the owner's later withdraw (on its stream) overtakes it
 RPC_LAG = (0.0, 0.0, 0.0, 0.9)
+#: how long after the scheduler's adapter knows a peer is gone (a job stream closed, Dask
+#: removed a worker) its machines hear it (virtual seconds, drawn per departure)
+GONE_DELAYS = (0.0, 0.001, 0.02, 0.2, 1.0)
 
 
 def new_notices(delay_s: float) -> Any:
@@ -326,24 +329,11 @@ def stories(world: Any, keys: tuple) -> list[str]:
     return out
 
 
-def use_standins() -> None:
-    """Swap in the minimal stand-ins of ``standins.py`` for the submit and lease queues."""
-    global sq, lq, new_submit_queue, new_lease_queue
-    from tests.sim import standins
-
-    sq, lq = standins.SQ, standins.LQ
-    new_submit_queue = standins.StandinSubmitQueue
-    new_lease_queue = standins.StandinLeaseQueue
-
-
 def check_granted_in_time(queue: Any, since_of: dict, now: float, within: float) -> None:
     """Progress of a ``LeaseQueue``: a pending request (a task lease or an instance, no
     affinity) that fits the free capacity of a node with a process it does not avoid is
     granted within ``within`` virtual seconds (``since_of``: request id -> since when it has
-    fit, the caller's record between calls; the minimal stand-in queue, which keeps its
-    waiters in a list, is not held to it)."""
-    if not isinstance(queue.pending, dict):
-        return
+    fit, the caller's record between calls)."""
     fit_now = set()
     for rid, w in queue.pending.items():
         if w.kind not in ("lease", "instance") or w.affinity:

@@ -248,6 +248,28 @@ def _gone_requester_served(patch: Patch) -> None:
     patch(LeaseService, "requester_gone", lambda self, owner: None)
 
 
+def _departure_keeps_groups(patch: Patch) -> None:
+    from yrdask.scheduler.departures import Departures
+
+    def job_ended(self, job_id, owner):  # the groups never hear of the job's end
+        self.leases.owner_gone(owner)
+        if self.instances is not None:
+            self.instances.owner_gone(job_id, owner)
+    patch(Departures, "job_ended", job_ended)
+
+
+def _departure_skips_instances(patch: Patch) -> None:
+    from yrdask import protocol as P
+    from yrdask.scheduler.departures import Departures
+
+    def worker_removed(self, worker, server_id=""):  # the lifecycle never hears of it
+        self.leases.worker_left(worker)
+        if self.groups is not None:
+            self.groups.on_owner_gone(worker)
+        self.edge.broadcast(P.WorkerLost(worker, server_id), but=worker)
+    patch(Departures, "worker_removed", worker_removed)
+
+
 def _retryable_as_final(patch: Patch) -> None:
     from yrdask.runtime.submitter import Submitter
 
@@ -691,6 +713,13 @@ MUTATIONS: list[Mutation] = [
     Mutation("adapter-serves-gone-requester", "tasks",
              "the scheduler adapter (LeaseService, production code) asks for a lease of a "
              "requester whose job already ended", _gone_requester_served, 1000),
+    Mutation("departure-keeps-groups", "tasks",
+             "a job's end (Departures, production code) never reaches the group service: "
+             "its groups outlive it", _departure_keeps_groups, 400),
+    Mutation("departure-skips-instances", "calls",
+             "a worker's removal (Departures, production code) never reaches the instance "
+             "service: its instances are neither restarted nor ended",
+             _departure_skips_instances, 400),
     Mutation("submitter-retryable-as-final", "tasks",
              "the submitter adapter (Submitter, production code) reports a retryable user "
              "error as final (retry_times ignored)", _retryable_as_final, 200),

@@ -69,19 +69,33 @@ def failure_report(seed: int, failure: SimFailure, tail: int | None = TAIL) -> s
     ])
 
 
-def run_seeds(seeds: range, stop_on_failure: bool = True) -> tuple[int, list[tuple[int, str]]]:
-    """Run ``seeds``; returns (how many ran, [(seed, report)] of the failures)."""
+def run_seeds(seeds: range, stop_on_failure: bool = True,
+              races: dict[str, int] | None = None) -> tuple[int, list[tuple[int, str]]]:
+    """Run ``seeds``; returns (how many ran, [(seed, report)] of the failures); adds the
+    race branches each world took to ``races``."""
     failures = []
     n = 0
     for seed in seeds:
         n += 1
         try:
-            run_seed(seed)
+            world = run_seed(seed)
+            if races is not None:
+                add_races(races, world.races)
         except SimFailure as e:
             failures.append((seed, failure_report(seed, e)))
             if stop_on_failure:
                 break
     return n, failures
+
+
+def add_races(total: dict[str, int], races: dict[str, int]) -> None:
+    """Count the race branches a world took (``World.races``) into ``total``."""
+    for what, n in races.items():
+        total[what] = total.get(what, 0) + n
+
+
+def races_line(total: dict[str, int]) -> str:
+    return "race branches taken: " + ", ".join(f"{what} {n}" for what, n in total.items())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", help="run a range A:B of seeds (N: 0:N), report the failures")
     p.add_argument("--keep-going", action="store_true", help="do not stop at the first failure")
     p.add_argument("--tail", type=int, default=None, help="story lines to print (default all)")
-    p.add_argument("--standins", action="store_true",
-                   help="use tests/sim/standins.py instead of the real submit and lease queues")
     p.add_argument("--calls", action="store_true",
                    help="the instance world (CallOrder, Lifecycle, LeaseQueue) instead of the "
                         "task world")
@@ -108,8 +120,6 @@ def main(argv: list[str] | None = None) -> int:
         from tests.sim.objects import main_objects
 
         return main_objects(args)
-    if args.standins:
-        M.use_standins()
     if os.environ.get("PYTHONHASHSEED") != "0":
         # set iteration order must match the run that found the seed
         os.environ["PYTHONHASHSEED"] = "0"
@@ -128,10 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     a, _, b = (args.seeds or "0:1000").rpartition(":")  # "A:B", or "N" for 0:N
     a, b = int(a or 0), int(b)
     t0 = time.perf_counter()
-    n, failures = run_seeds(range(a, b), stop_on_failure=not args.keep_going)
+    races: dict[str, int] = {}
+    n, failures = run_seeds(range(a, b), stop_on_failure=not args.keep_going, races=races)
     for seed, rep in failures:
         print(rep)
         print()
+    print(races_line(races))
     print(f"{n} seeds in {time.perf_counter() - t0:.1f} s, {len(failures)} failed"
           + (f": {[s for s, _ in failures]}" if failures else ""))
     return 1 if failures else 0
@@ -152,10 +164,11 @@ def _main_calls(args) -> int:
     seeds = [args.seed] if args.seed is not None else range(
         *(int(x) for x in (args.seeds or "0:1000").split(":")))
     t0 = time.perf_counter()
-    failed, known = [], {}
+    failed, known, races = [], {}, {}
     for seed in seeds:
         try:
             world = run_call_seed(seed)
+            add_races(races, world.races)
         except SimFailure as e:
             section = known_finding(seed, e.message)
             if section is not None and not args.strict and args.seed is None:
@@ -174,6 +187,7 @@ def _main_calls(args) -> int:
             print(world.story(args.tail or 10_000))
     for section, ss in known.items():
         print(f"known finding ({len(ss)} seeds): {section}: {ss[:20]}")
+    print(races_line(races))
     print(f"{len(seeds)} call seeds in {time.perf_counter() - t0:.1f} s, {len(failed)} failed"
           + (f": {failed}" if failed else ""))
     return 1 if failed else 0

@@ -46,6 +46,7 @@ def test_mutations_reach_the_production_adapters():
     the group service, the instance router, the instance manager, hosting's call queue and
     call rules, and the worker agent's instance side."""
     names = {m.name for m in MU.MUTATIONS}
+    assert {"departure-keeps-groups", "departure-skips-instances"} <= names  # departures.py
     assert {"adapter-serves-gone-requester", "group-for-gone-owner", "router-sends-reversed",
             "router-ignores-lost-channel", "manager-forgets-dead-worker",
             "manager-never-releases", "hosting-exceeds-concurrency",

@@ -12,9 +12,12 @@ jump of the clock.  The scheduler runs the production lease adapter
 (``scheduler/lease_service.py``, as ``scheduler/extension.py`` does), every driver and
 worker the production submitter (``runtime/submitter.py``'s ``Submitter``, as the runtime
 does) and every worker the agent's task side (``worker/task_side.py``'s ``TaskSide``, as
-``worker/agent.py`` does), each on a simulated edge: what is left here is I/O (links,
-virtual-time timers) and the user code (programs that compute, block in ``yr.get`` and
-submit children).  In the seeds with resource groups (``scenario.GROUP_SEEDS``) the scheduler
+``worker/agent.py`` does), each on a simulated edge.  The messages between them are
+``protocol.py``'s, dispatched through tables built as production builds them
+(``P.handlers``), and a peer's departure runs the production ``Departures``; the copies of
+production wiring still here are listed in docs/state-machines.md ("What the task world's
+edges still do by hand"); the rest is I/O (links, virtual-time timers) and the user code
+(programs that compute, block in ``yr.get`` and submit children).  In the seeds with resource groups (``scenario.GROUP_SEEDS``) the scheduler
 also runs the group machine and its adapter's decisions (``group_adapter.GroupService``), and
 the first driver creates groups, runs tasks into their bundles and removes them.  In the
 generator seeds (``scenario.GEN_SEEDS``) some tasks are generators, read through the
@@ -40,6 +43,13 @@ from yrdask import protocol as P
 from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError, YRRuntimeError
 
 SCHED = "sched"
+# What the kernel carries besides protocol.py's messages: an rpc's reply on its connection
+# (``{"op": REPLY, "to": the rpc's op, ...}``) and Dask's own worker hooks.
+REPLY = "rpc-reply"
+ADD_WORKER = "add_worker"
+REMOVE_WORKER = "remove_worker"
+#: the race branches the world counts (``World.races``; a range run prints their sum)
+RACES = ("granted to a requester already gone", "granted on a worker already removed")
 HANG_S = 300.0  # virtual seconds with nothing settling while the world is idle: a hang
 MAX_VIRTUAL_S = 5000.0
 PLACE_WITHIN_S = 0.5  # virtual seconds a group that fits the free capacity may stay unplaced
@@ -142,11 +152,22 @@ class SchedNode(Node):
         self.service = LeaseService(_SchedEdge(world, self), self.queue)
         # resource groups: the production group adapter's decisions (group_adapter.py)
         self.groups = None
-        if world.sc.groups and hasattr(self.queue, "bundles"):  # (the stand-ins have none)
+        if world.sc.groups:
             from yrdask.scheduler.group_adapter import GroupService
 
             self.groups = GroupService(_GroupEdge(world, self), self.queue)
         self.rgm = self.groups.machine if self.groups is not None else None
+        # the extension's tables, as it builds them: the lease ops are the service's own
+        # handlers; the rpcs answer on their connections (World.rpc_*)
+        from yrdask.scheduler.lease_service import STREAM_OPS
+
+        self.stream = P.handlers(STREAM_OPS, self.service)
+        from yrdask.scheduler.departures import Departures
+
+        self.departures = Departures(self.service.edge, self.service, None, self.groups)
+        self.rpc = {P.REQUEST_LEASE: world.rpc_request_lease,
+                    P.CREATE_RESOURCE_GROUP: world.rpc_create_resource_group,
+                    P.REMOVE_RESOURCE_GROUP: world.rpc_remove_resource_group}
 
 
 class _SchedEdge:
@@ -166,15 +187,17 @@ class _SchedEdge:
     def send_to_owner(self, owner: str, msg: dict) -> None:
         if owner not in self.sched.jobs and owner not in self.sched.workers:
             return  # no stream to it (extension._send_to_owner)
-        from yrdask import protocol as P
-
-        if msg["op"] == P.REVOKE_LEASES:
-            msg = {"op": "REVOKE_LEASES", "lease_ids": tuple(msg["lease_ids"]),
-                   "keep": bool(msg.get("keep", False))}
         self.world.send(SCHED, owner, "stream", msg)
 
     def has_job(self, owner: str) -> bool:
         return owner in self.sched.jobs
+
+    def broadcast(self, msg: Any, but: str) -> None:
+        """``extension._broadcast``: to the open job streams and the workers Dask has."""
+        sched, wire = self.sched, msg.to_msg()
+        for name, node in self.world.nodes.items():
+            if name != but and (name in sched.jobs or name in sched.workers) and node.alive:
+                self.world.send(SCHED, name, "stream", wire)
 
     def is_worker(self, owner: str) -> bool:
         return owner in self.sched.workers
@@ -336,35 +359,33 @@ class _ProcEdge(_NodeEdge):
         self.world.timer(self.world.now, self.node.name, "call", _SimTimer(fn, (arg,)))
 
     def request_lease(self, ins: Any, near: str | None, answer: Any) -> None:
-        name = self.node.name  # the answer comes back as GRANT / REFUSE (proc_message)
+        name = self.node.name  # the answer comes back as the rpc's reply (proc_message)
         if self.node.task_side is not None:  # as the WorkerConnector's request_lease
             self.node.task_side.asking(True)
-        self.world.send(name, SCHED, f"rpc:{name}/{ins.request_id}", {
-            "op": "REQUEST_LEASE", "request_id": ins.request_id, "shape": dict(ins.shape),
-            "timeout_ms": ins.timeout_ms, "local": near, "queue": ins.queue,
-            "avoid": tuple(ins.avoid), "affinity": ins.affinity})
+        self.world.send(name, SCHED, f"rpc:{name}/{ins.request_id}", P.RequestLease(
+            name, dict(ins.shape), ins.timeout_ms, near, ins.queue, tuple(ins.avoid),
+            ins.affinity, ins.request_id).to_msg())
 
     def push(self, task: Any, lease_id: str, worker: str, slots: int) -> None:
         self.world.check_revoked_push(self.node, task.task_id, lease_id)
         self.world.tasks[task.task_id].where = worker
         self.world.lease_busy(self.node, task.task_id, lease_id, worker)
-        msg = {"op": "RUN_TASK", "task_id": task.task_id, "lease_id": lease_id, "slots": slots}
-        if task.args:
-            msg["args"] = task.args
-        self.world.send(self.node.name, worker, "call", msg)
+        self.world.send(self.node.name, worker, "call", P.RunTask.wire(  # as RuntimeEdge.push
+            task.task_id, lease_id, task.fn_id, None, task.args, task.deps, task.nret,
+            task.owner, task.name, slots, task.log_to))
 
     def send_cancel(self, worker: str, task_id: str, force: bool,
                     recursive: bool = False) -> None:
-        self.world.send(self.node.name, worker, "call", {"op": "CANCEL_TASK",
-                                                         "task_id": task_id})
+        self.world.send(self.node.name, worker, "call",
+                        P.CancelTask(task_id, force, recursive).to_msg())
 
     def return_leases(self, lease_ids: list) -> None:
-        self.world.send(self.node.name, SCHED, "stream", {"op": "RETURN_LEASES",
-                                                          "lease_ids": tuple(lease_ids)})
+        self.world.send(self.node.name, SCHED, "stream",
+                        P.ReturnLeases(list(lease_ids)).to_msg())
 
     def withdraw_requests(self, request_ids: list) -> None:
-        self.world.send(self.node.name, SCHED, "stream", {"op": "WITHDRAW_LEASE_REQUESTS",
-                                                          "request_ids": tuple(request_ids)})
+        self.world.send(self.node.name, SCHED, "stream",
+                        P.WithdrawLeaseRequests(self.node.name, list(request_ids)).to_msg())
 
     def crashed(self, error: Any, entries: list) -> None:
         for entry in entries:  # how the process ended is not modelled: fail at once
@@ -409,8 +430,8 @@ class _TaskEdge(_NodeEdge):
         raise AssertionError("cancel(force=True) is not simulated")
 
     def notify(self, holding_id: str, blocked: bool) -> None:
-        self.world.send(self.node.name, SCHED, "stream", {
-            "op": "LEASE_BLOCKED" if blocked else "LEASE_UNBLOCKED", "lease_id": holding_id})
+        msg = P.LeaseBlocked(holding_id) if blocked else P.LeaseUnblocked(holding_id)
+        self.world.send(self.node.name, SCHED, "stream", msg.to_msg())
 
 
 class ProcNode(Node):
@@ -429,6 +450,7 @@ class ProcNode(Node):
                                    M.new_submit_queue(name if worker else None, **sq_kwargs,
                                                       keep_revoked_s=world.keep_revoked_s))
         self.submit = self.submitter.machine
+        self.stream = P.handlers((P.REVOKE_LEASES,), self.submitter)  # (as the runtime's)
         # a worker's task side (worker/task_side.py, as the agent runs it)
         self.task_side = TaskSide(_TaskEdge(world, self), Run, M.new_gate(),
                                   M.new_notices(world.lend_delay)) if worker else None
@@ -466,6 +488,10 @@ class World:
         self.keep_revoked_s = random.Random(f"keep-{seed}").choice(M.KEEP_REVOKED)
         # how often a lease request's rpc is passed over (M.RPC_LAG): its own generator too
         self.lag_rng = random.Random(f"lag-{seed}")
+        # how long the machines hear of a peer after the adapter knows it is gone
+        self.gone_rng = random.Random(f"gone-{seed}")
+        # race branches taken (a peer gone for the adapter, not yet for the machines)
+        self.races: dict[str, int] = dict.fromkeys(RACES, 0)
         self.rpc_lag = self.lag_rng.choice(M.RPC_LAG)
         self.now = 0.0
         self.step = 0
@@ -537,7 +563,7 @@ class World:
         dnode = self.nodes.get(dst)
         if dnode is None or not dnode.alive:
             self.say(src, ("dropped (dead)", dst, msg), msg.get("task_id", ""))
-            if msg.get("op") == "RUN_TASK" and msg["task_id"] in self.tasks:
+            if msg.get("op") == P.RUN_TASK and msg["task_id"] in self.tasks:
                 rec = self.tasks[msg["task_id"]]  # pushed to a dead worker: lost with it
                 rec.crash_hits += 1
                 rec.where = None
@@ -703,13 +729,14 @@ class World:
                     self.cancel(node, rec.task_id)
         elif kind == "rg-create":  # yr.create_resource_group: an rpc, answered at once
             if not node.closed:
-                self.send(name, SCHED, f"rpc:{name}/rg-{data.name}", {
-                    "op": "CREATE_RG", "name": data.name, "bundles": data.bundles,
-                    "strategy": data.strategy})
+                self.send(name, SCHED, f"rpc:{name}/rg-{data.name}", P.CreateResourceGroup(
+                    name, data.name, data.bundles, data.strategy).to_msg())
         elif kind == "rg-remove":  # yr.remove_resource_group
             if not node.closed:
-                self.send(name, SCHED, f"rpc:{name}/rg-rm-{data.name}", {
-                    "op": "REMOVE_RG", "name": data.name})
+                self.send(name, SCHED, f"rpc:{name}/rg-rm-{data.name}",
+                          P.RemoveResourceGroup(data.name).to_msg())
+        elif kind == "heard":  # the machines hear of a peer the adapter knows is gone
+            data[0](data[1])
         elif kind == "kill":
             self.kill_random_worker()
         elif kind == "join":
@@ -733,50 +760,99 @@ class World:
                      msg.get("lease_id", ""))
             if op == "REFS" and msg["kind"] != "Added":  # the rpc fails at its sender
                 self.timer(self.now, src, "refs-failed", dst)
-            if op == "GRANT" and dst != SCHED:  # the reply to a gone requester
-                pass
             return
         self.say(dst, ("<-", src, msg), msg.get("task_id", ""), msg.get("lease_id", ""))
         if dst == SCHED:
             self.sched_message(src, msg)
-        elif op == "RUN_TASK":
-            self.run_task(node, src, msg)
+        elif op == P.RUN_TASK:
+            self.pushed(node, src, msg)
         elif op == P.TASK_DONE:
             self.task_done(node, src, msg)
         elif op == P.GENERATOR_ITEM:
             self.generator_item(node, msg)
         elif op == "REFS":
             self.refs_delivery(node, src, msg)
-        elif op == "CANCEL_TASK":
-            self.cancel_task(node, msg["task_id"])
+        elif op == P.CANCEL_TASK:  # (agent.cancel_task: the task side decides)
+            self.touched.append(node)
+            node.task_side.cancel(msg["task_id"], bool(msg.get("force")))
         else:
             self.proc_message(node, src, msg)
 
     # -- scheduler adapter (scheduler/extension.py) -----------------------------------------
 
     def sched_message(self, src: str, msg: dict) -> None:
-        """The scheduler's handlers (``extension.request_lease``, ``return_leases``, ...):
-        each goes to the production ``LeaseService``."""
+        """A message at the scheduler, dispatched as the extension dispatches it: the lease
+        ops through the production table (``P.handlers(lease_service.STREAM_OPS, ...)``:
+        the ``LeaseService``'s own handlers), the rpcs through theirs, the end of a job
+        stream as ``connect_job``'s end, Dask's worker hooks as ``on_add_worker`` /
+        ``on_remove_worker``.  What the world checks on the way is all it adds."""
         op = msg["op"]
+        sched = self.sched
+        if op in sched.stream:
+            if op == P.WITHDRAW_LEASE_REQUESTS:
+                for own_id in msg["request_ids"]:
+                    self.withdraws_seen.setdefault((src, own_id), self.now)
+            elif op == P.LEASE_UNBLOCKED:
+                self.reclaimed.add(msg["lease_id"])  # may take its CPU back over capacity
+            P.dispatch(sched.stream, msg)
+        elif op in sched.rpc:
+            P.dispatch(sched.rpc, msg, src)
+        elif op == P.CLOSE_STREAM:  # connect_job's end: the job is gone for the adapter
+            sched.jobs.discard(src)
+            self.later_heard(("owner gone", src), self.owner_gone, src)
+        elif op == ADD_WORKER:
+            sched.workers.add(msg["worker"])
+            sched.service.worker_joined(msg["worker"], dict(msg["capacity"]),
+                                        node=self.host_of(msg["worker"]))
+        elif op == REMOVE_WORKER:  # Dask removed it (scheduler.workers), then our hook runs
+            w = msg["worker"]
+            sched.workers.discard(w)
+            self.later_heard(("worker left", w), self.worker_left, w)
+        else:
+            raise AssertionError(f"unknown message to the scheduler: {msg}")
+
+    def later_heard(self, what: tuple, fn: Any, who: str) -> None:
+        """The adapter knows ``who`` is gone (its stream closed, Dask removed it); the
+        machines hear it now or after a seeded delay (``M.GONE_DELAYS``: Dask runs other
+        plugins' hooks, which may await, before ours), so that grants and answers for a
+        peer already gone to the adapter, but not yet to the machines, happen."""
+        delay = self.gone_rng.choice(M.GONE_DELAYS)
+        if not delay:
+            fn(who)
+            return
+        self.say(SCHED, (what[0], "heard in", delay), who)
+        self.timer(self.now + delay, SCHED, "heard", (fn, who))
+
+    def owner_gone(self, owner: str) -> None:
+        """``connect_job``'s clean-up (the production ``Departures``)."""
+        self.sched.departures.job_ended(owner, owner)
+
+    def worker_left(self, w: str) -> None:
+        """``extension.on_remove_worker`` (the production ``Departures``)."""
+        self.shrunk |= M.shrinking(self.sched.queue, w)  # its node's pool shrinks
+        self.sched.departures.worker_removed(w)
+
+    def rpc_request_lease(self, src: str, timeout_ms: int, **fields: Any) -> None:
+        """``extension.request_lease``: the request its fields make (``lease_request``),
+        opened on the lease service; its answer goes back on the rpc's own connection."""
+        own_id = fields.get("request_id", "")
         service = self.sched.service
-        if op == "REQUEST_LEASE":
-            own_id, chan = msg["request_id"], f"rpc:{src}/{msg['request_id']}"
-            gone = service.requester_gone(src)
-            if gone is not None:
-                self.send(SCHED, src, chan, {"op": "REFUSE", "request_id": own_id,
-                                            "reason": gone})
-                return
-            from yrdask.scheduler.requests import LeaseRequest, freeze
 
-            req = LeaseRequest(src, dict(msg["shape"]), local=msg["local"], queue=msg["queue"],
-                               avoid=tuple(msg["avoid"] or ()), affinity=freeze(msg["affinity"]),
-                               own_id=own_id)
+        def reply(result: list) -> None:
+            self.send(SCHED, src, f"rpc:{src}/{own_id}", {
+                "op": REPLY, "to": P.REQUEST_LEASE, "request_id": own_id, "result": result})
 
-            def answer(result: list) -> None:  # the rpc's reply
-                if result[0] is None:
-                    self.send(SCHED, src, chan, {"op": "REFUSE", "request_id": own_id,
-                                                "reason": result[1]})
-                    return
+        req = service.lease_request(**fields)
+        if isinstance(req, str):
+            reply([None, req])
+            return
+
+        def answer(result: list) -> None:
+            if result[0] is None and result[1] == service.requester_gone(src):
+                self.races["granted to a requester already gone"] += 1
+            elif result[0] is not None and result[1] not in self.sched.workers:
+                self.races["granted on a worker already removed"] += 1
+            if result[0] is not None:
                 at = self.withdraws_seen.get((src, own_id))
                 if at is not None:  # scheduler/leases.py: a withdraw that overtook it
                     raise SimFailure(
@@ -788,55 +864,22 @@ class World:
                     M.check_bundle_grant(self.sched, result[0], req.affinity)
                 except AssertionError as e:
                     raise SimFailure(str(e), self, (result[0],)) from e
-                self.send(SCHED, src, chan, {"op": "GRANT", "request_id": own_id,
-                                            "lease_id": result[0], "worker": result[1]})
-            service.open(req, msg["timeout_ms"], answer)
-        elif op == "RETURN_LEASES":
-            service.release(tuple(msg["lease_ids"]), "return")
-        elif op == "WITHDRAW_LEASE_REQUESTS":
-            for own_id in msg["request_ids"]:
-                self.withdraws_seen.setdefault((src, own_id), self.now)
-            service.withdraw(src, tuple(msg["request_ids"]))
-        elif op == "LEASE_BLOCKED":
-            service.lease_blocked(msg["lease_id"])
-        elif op == "LEASE_UNBLOCKED":
-            self.reclaimed.add(msg["lease_id"])  # may take its CPU back over capacity
-            service.lease_unblocked(msg["lease_id"])
-        elif op == "OWNER_GONE":  # connect_job's finally
-            self.sched.jobs.discard(src)
-            service.owner_gone(src)
-            if self.sched.groups is not None:
-                self.sched.groups.on_owner_gone(src)
-        elif op == "CREATE_RG":  # group_adapter.create_resource_group
-            why = self.sched.groups.create(src, msg["name"], msg["bundles"], msg["strategy"])
-            if why and src not in self.sched.jobs and src not in self.sched.workers:
-                # it came after the driver's OWNER_GONE (RPC_LAG): refused, to nobody
-                self.send(SCHED, src, f"rpc:{src}/rg-{msg['name']}", {
-                    "op": "RG_REFUSED", "name": msg["name"], "reason": why})
-                return
-            if why:
-                raise SimFailure(f"group {msg['name']} refused: {why}", self, (msg["name"],))
-            self.send(SCHED, src, f"rpc:{src}/rg-{msg['name']}", {"op": "RG_CREATED",
-                                                                  "name": msg["name"]})
-        elif op == "REMOVE_RG":  # group_adapter.remove_resource_group
-            self.removed_groups.add(msg["name"])
-            self.sched.groups.remove(msg["name"])
-        elif op == "WORKER_JOINED":
-            self.sched.workers.add(msg["worker"])
-            service.worker_joined(msg["worker"], dict(msg["capacity"]),
-                                  node=self.host_of(msg["worker"]))
-        elif op == "WORKER_LEFT":  # extension.on_remove_worker
-            w = msg["worker"]
-            self.sched.workers.discard(w)
-            self.shrunk |= M.shrinking(self.sched.queue, w)  # its node's pool shrinks
-            service.worker_left(w)
-            if self.sched.groups is not None:  # groups code on that worker created
-                self.sched.groups.on_owner_gone(w)
-            for name, node in self.nodes.items():
-                if name != SCHED and name != w and node.alive:
-                    self.send(SCHED, name, "stream", {"op": "WORKER_LOST", "worker": w})
-        else:
-            raise AssertionError(f"unknown message to the scheduler: {msg}")
+            reply(result)
+        service.open(req, timeout_ms, answer)
+
+    def rpc_create_resource_group(self, src: str, owner: str, name: str, bundles: Any,
+                                  strategy: str = "PACK", **more: Any) -> None:
+        """``ResourceGroupService.create_resource_group``: the group service decides."""
+        why = self.sched.groups.create(owner, name, bundles, strategy, **more)
+        if why and src in self.sched.jobs:  # only an owner gone already may be refused
+            raise SimFailure(f"group {name} refused: {why}", self, (name,))
+        self.send(SCHED, src, f"rpc:{src}/rg-{name}", {
+            "op": REPLY, "to": P.CREATE_RESOURCE_GROUP, "name": name, "result": why})
+
+    def rpc_remove_resource_group(self, src: str, name: str) -> None:
+        """``ResourceGroupService.remove_resource_group`` (its reply is not waited for)."""
+        self.removed_groups.add(name)
+        self.sched.groups.remove(name)
 
     # -- the submitter's world (runtime/submitter.py runs on _ProcEdge) ---------------------
 
@@ -876,17 +919,17 @@ class World:
         op = msg["op"]
         submitter = node.submitter
         self.touched.append(node)
-        if op in ("GRANT", "REFUSE") and node.task_side is not None:
-            node.task_side.asking(False)  # the request's rpc returned
-        if op == "GRANT":
-            submitter.lease_answer(msg["request_id"], msg["lease_id"], msg["worker"])
-            self.lease_granted(node, msg["lease_id"], msg["worker"])
-            keep = node.early_revoked.pop(msg["lease_id"], None)
-            if keep is not None and msg["lease_id"] in getattr(node.submit, "leases", {}):
-                node.revoked_at[msg["lease_id"]] = (self.now, keep)  # revoked from now on
-        elif op == "REFUSE":
-            submitter.lease_answer(msg["request_id"], None, msg["reason"])
-        elif op == "REVOKE_LEASES":
+        if op == REPLY and msg["to"] == P.REQUEST_LEASE:  # the request's rpc returned
+            if node.task_side is not None:
+                node.task_side.asking(False)
+            lease_id, where = msg["result"][:2]
+            submitter.lease_answer(msg["request_id"], lease_id, where)
+            if lease_id is not None:
+                self.lease_granted(node, lease_id, where)
+                keep = node.early_revoked.pop(lease_id, None)
+                if keep is not None and lease_id in getattr(node.submit, "leases", {}):
+                    node.revoked_at[lease_id] = (self.now, keep)  # revoked from now on
+        elif op == P.REVOKE_LEASES:
             keep = msg.get("keep", False)
             held = getattr(node.submit, "leases", {})
             for lid in msg["lease_ids"]:
@@ -895,23 +938,24 @@ class World:
                         node.revoked_at[lid] = (self.now, keep)
                 else:  # before its grant (or after its return): applied with the grant
                     node.early_revoked[lid] = keep and node.early_revoked.get(lid, True)
-            submitter.revoke(list(msg["lease_ids"]), keep)
-        elif op in ("WORKER_LOST", "CHANNEL_LOST"):
+            P.dispatch(node.stream, msg)
+        elif op in (P.WORKER_LOST, "CHANNEL_LOST"):
             submitter.on_channel_lost(msg["worker"])
             self.leases_lost(node, msg["worker"])
-            if op == "WORKER_LOST" and node.rt is not None:  # Runtime.worker_lost
+            if op == P.WORKER_LOST and node.rt is not None:  # Runtime.worker_lost
                 node.rt.objects.process_died(msg["worker"])  # (may free what it borrowed)
                 if not node.worker and node.planned == 0:
                     self.maybe_close(node)
-        elif op == "RG_CREATED":  # create_resource_group returned: run tasks in the group
-            node.planned -= 1
+        elif op == REPLY and msg["to"] == P.CREATE_RESOURCE_GROUP:
+            if msg["result"]:  # only ever refused to an owner that is gone
+                raise SimFailure(f"{node.name} is running, yet its group {msg['name']} was "
+                                 f"refused as if it were gone: {msg['result']}", self,
+                                 (msg["name"],))
+            node.planned -= 1  # create_resource_group returned: run tasks in the group
             g = next(g for g in self.groups if g.name == msg["name"])
             for prog in g.progs:
                 node.tops.append(self.submit(node, prog, None, top=True))
             self.timer(max(self.now, g.remove_at), node.name, "rg-remove", g)
-        elif op == "RG_REFUSED":  # only ever sent to an owner that is gone
-            raise SimFailure(f"{node.name} is running, yet its group {msg['name']} was refused "
-                             f"as if it were gone: {msg['reason']}", self, (msg["name"],))
         else:
             raise AssertionError(f"unknown message to {node.name}: {msg}")
 
@@ -1054,7 +1098,8 @@ class World:
         self.touched.append(node)
         node.task_side.feed(event)
 
-    def run_task(self, node: ProcNode, caller: str, msg: dict) -> None:
+    def pushed(self, node: ProcNode, caller: str, msg: dict) -> None:
+        """``agent.run_task``: the task side takes the ``RunTask`` (never twice)."""
         self.touched.append(node)
         if not node.task_side.run_task(caller, msg):
             raise SimFailure(f"task {msg['task_id']} pushed to {node.name} while still there",
@@ -1533,10 +1578,6 @@ class World:
         node.task_side.finished(run)
         self.send(node.name, run.caller, "call", done.to_msg())
 
-    def cancel_task(self, node: ProcNode, task_id: str) -> None:
-        self.touched.append(node)
-        node.task_side.cancel(task_id, False)
-
     def cancel(self, node: ProcNode, task_id: str) -> None:
         """``yr.cancel`` in a driver."""
         rec = self.tasks[task_id]
@@ -1562,7 +1603,7 @@ class World:
             self.sched.service.worker_joined(name, dict(cap), node=self.host_of(name))
         else:
             self.say(name, ("joins", cap, self.host_of(name)))
-            self.send("cluster", SCHED, "ctl", {"op": "WORKER_JOINED", "worker": name,
+            self.send("cluster", SCHED, "ctl", {"op": ADD_WORKER, "worker": name,
                                                 "capacity": cap})
 
     def live_workers(self) -> list[ProcNode]:
@@ -1610,7 +1651,7 @@ class World:
                 rec.where = None
         node.runs.clear()
         node.kept.clear()
-        self.send("cluster", SCHED, "ctl", {"op": "WORKER_LEFT", "worker": w})
+        self.send("cluster", SCHED, "ctl", {"op": REMOVE_WORKER, "worker": w})
         for name, other in self.nodes.items():
             if name != SCHED and other.alive and not getattr(other, "closed", False):
                 self.send(f"net:{w}", name, "lost", {"op": "CHANNEL_LOST", "worker": w})
@@ -1624,7 +1665,7 @@ class World:
             rec = self.tasks[t]
             if not rec.settled:
                 rec.abandoned = True
-        self.send(node.name, SCHED, "stream", {"op": "OWNER_GONE"})
+        self.send(node.name, SCHED, "stream", P.CloseStream().to_msg())
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -1708,6 +1749,8 @@ class World:
             for msg in self.links[key]:
                 if "lease_id" in msg:
                     out.add(msg["lease_id"])
+                elif msg["op"] == REPLY and msg["to"] == P.REQUEST_LEASE and msg["result"][0]:
+                    out.add(msg["result"][0])  # a grant on its way
                 out.update(msg.get("lease_ids", ()))
         return out
 

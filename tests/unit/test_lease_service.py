@@ -82,12 +82,12 @@ def test_withdraw_names_the_owners_own_id_and_answers_a_waiting_request_once(svc
     lid = ask(svc, "d1")[1][0][0]
     answers: list = []
     rid = svc.open(LeaseRequest("d2", dict(CPU1), own_id="r5"), 5000, answers.append)
-    svc.withdraw("d1", ["r5"])  # another owner's id: nothing
+    svc.withdraw_lease_requests("d1", ["r5"])  # another owner's id: nothing
     assert rid in svc.leases.pending and answers == []
-    svc.withdraw("d2", ["r9", "r5"])  # r9: not heard of yet (overtaken): remembered
+    svc.withdraw_lease_requests("d2", ["r9", "r5"])  # r9: not heard of yet (overtaken): remembered
     assert rid not in svc.leases.pending and answers[0][0] is None and len(answers) == 1
     assert svc._own == {}
-    svc.withdraw("d2", ["r5"])  # answered already
+    svc.withdraw_lease_requests("d2", ["r5"])  # answered already
     svc.release([lid])
     assert len(answers) == 1 and not svc.leases.ledger.holdings
     late: list = []  # the overtaken request comes: refused at once, nothing held
@@ -100,5 +100,5 @@ def test_a_withdraw_after_the_grant_changes_nothing(svc):
     answers: list = []
     svc.open(LeaseRequest("d1", dict(CPU1), own_id="r1"), 5000, answers.append)
     assert answers[0][1] == W1 and svc._own == {}
-    svc.withdraw("d1", ["r1"])
+    svc.withdraw_lease_requests("d1", ["r1"])
     assert answers[0][0] in svc.leases.ledger.holdings and len(answers) == 1

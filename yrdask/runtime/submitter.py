@@ -292,7 +292,7 @@ class Submitter:
         for entry in task.entries:
             entry.set_error(error)
 
-    def revoke(self, lease_ids: list[str], keep: bool = False) -> None:
+    def revoke_leases(self, lease_ids: list[str], keep: bool = False) -> None:
         """The scheduler wants these leases back (``keep``: a busy one may run its queue's
         backlog a while first)."""
         self._handle(M.LeasesRevoked("revoke", tuple(lease_ids), keep))

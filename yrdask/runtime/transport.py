@@ -245,7 +245,7 @@ class DriverConnector:
 
     def revoke_leases(self, lease_ids: list[str], keep: bool = False) -> None:
         """:class:`yrdask.protocol.RevokeLeases` from the job stream."""
-        self.rt.submitter.revoke(lease_ids, keep)
+        self.rt.submitter.revoke_leases(lease_ids, keep)
 
     def objects_moved(self, worker: str, to: str, object_ids: list) -> None:
         """:class:`yrdask.protocol.ObjectsMoved` from the job stream."""

@@ -31,8 +31,9 @@ from yrdask.scheduler.group_adapter import ResourceGroupService
 from yrdask.scheduler.kv import KVServer
 from yrdask.scheduler.drain import Drainer
 from yrdask.scheduler.figures import SchedulingFigures
+from yrdask.scheduler.departures import Departures
 from yrdask.scheduler.lease_service import LeaseService
-from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
+from yrdask.scheduler.requests import LeaseRequest, shape_of
 from yrdask.scheduler.resources import Ledger, Shape, format_shape
 from yrdask.scheduler.panels import DaskPanels
 from yrdask.scheduler.scale_up import ScaleUp
@@ -101,7 +102,11 @@ class YrSchedulerExtension:
         # One table each, from the protocol: the extension's ops, then the instance manager's.
         scheduler.handlers.update(P.handlers(P.SCHEDULER_RPC, self, self.instances, self.kv,
                                              self.rgroups))
-        scheduler.stream_handlers.update(P.handlers(P.SCHEDULER_STREAM, self, self.instances))
+        scheduler.stream_handlers.update(P.handlers(P.SCHEDULER_STREAM, self.lease_service, self,
+                                                    self.instances))
+        # who hears of a job's end or a worker's removal, in which order (departures.py)
+        self.departures = Departures(_LoopEdge(self), self.lease_service,
+                                     self.instances.service, self.rgroups.service)
         self.drainer = Drainer(self)  # scale-down drains workers first (scheduler/drain.py)
         self.drainer.install()
         scheduler.add_plugin(_Hooks(self), name="yrdask-hooks")
@@ -197,21 +202,18 @@ class YrSchedulerExtension:
 
     def on_remove_worker(self, address: str) -> None:
         self.pending_workers.pop(address, None)
-        # What it held is lost; leases a submitter on that worker held elsewhere die with it
-        # and its waiting requests are refused (the lease queue's WorkerLeft does both).
-        self.lease_service.worker_left(address)
-        self.instances.on_worker_lost(address)
+        server_id = self.server_ids.pop(address, "")
+        # What it held is lost, its submitter's leases and requests go, its instances
+        # restart or end, its code's groups go, everyone is told (the decisions: Departures)
+        self.departures.worker_removed(address, server_id)
         self.panels.worker_gone(address)
-        self.rgroups.on_owner_gone(address)  # groups code on that worker created
         gone = self._gone.pop(address, None)
         if gone is not None:
             gone.set()
-        server_id = self.server_ids.pop(address, "")
         self.removed.pop(address, None)
         self.removed[address] = server_id  # (newest last)
         while len(self.removed) > REMOVED_KEPT:
             self.removed.pop(next(iter(self.removed)))
-        self._broadcast(P.WorkerLost(address, server_id), but=address)
 
     def broadcast(self, msg: Any) -> None:
         """Send ``msg`` to every driver and every worker."""
@@ -280,7 +282,7 @@ class YrSchedulerExtension:
         self.jobs[owner_address] = Job(job_id, owner_address, stream, api)
         stream.send(P.JobWelcome(protocol_version=P.PROTOCOL_VERSION,
                                  dashboard=self.dashboard_link()).to_msg())
-        handlers = P.handlers(P.JOB_STREAM, self, self.instances)
+        handlers = P.handlers(P.JOB_STREAM, self.lease_service, self, self.instances)
         handlers[P.HANDLE_REFS] = functools.partial(handlers[P.HANDLE_REFS],
                                                     holder=owner_address)
         # An isolated process's runtime lends the CPU of the work it runs (LeaseBlocked on
@@ -300,11 +302,9 @@ class YrSchedulerExtension:
                     P.dispatch(handlers, msg)
         finally:
             for lease_id in lent:
-                self.lease_unblocked(lease_id)
+                self.lease_service.lease_unblocked(lease_id)
             self.jobs.pop(owner_address, None)
-            self._release_owned_by(owner_address)
-            self.instances.on_owner_gone(job_id, owner_address)
-            self.rgroups.on_owner_gone(owner_address)
+            self.departures.job_ended(job_id, owner_address)
             if not comm.closed():
                 await comm.close()
 
@@ -381,12 +381,11 @@ class YrSchedulerExtension:
         ``[None, reason]`` when it cannot be met in time (or is withdrawn: ``request_id`` is
         the owner's own id of it).
         """
-        gone = self.lease_service.requester_gone(owner)
-        if gone is not None:  # its job stream (or its worker) is gone already
-            return [None, gone]
-        reply = await self.acquire(LeaseRequest(
-            owner, shape_of(shape), local=local, queue=queue, avoid=tuple(avoid or ()),
-            affinity=freeze(affinity), own_id=request_id or ""), timeout_ms)
+        req = self.lease_service.lease_request(owner, shape, local, queue, avoid, affinity,
+                                               request_id)
+        if isinstance(req, str):  # its job stream (or its worker) is gone already
+            return [None, req]
+        reply = await self.acquire(req, timeout_ms)
         if reply and reply[0] is not None:
             return [reply[0], reply[1], self.server_id_of(reply[1])]
         return reply
@@ -453,18 +452,6 @@ class YrSchedulerExtension:
         except CommClosedError:
             pass
 
-    def return_leases(self, lease_ids: list[str], worker: str | None = None) -> None:
-        self.lease_service.release(lease_ids, "return")
-
-    def withdraw_lease_requests(self, owner: str, request_ids: list[str],
-                                worker: str | None = None) -> None:
-        """:class:`yrdask.protocol.WithdrawLeaseRequests`: ``owner``'s queue drained."""
-        self.lease_service.withdraw(owner, request_ids)
-
-    def _release_owned_by(self, owner: str) -> None:
-        """The owner's job ended: its leases are released, its waiting requests refused."""
-        self.lease_service.owner_gone(owner)
-
     def task_records(self, records: list, running: dict, queued: dict, tasks: Any = (),
                      worker: str | None = None) -> None:
         """A worker's yr calls for Dask's Task Stream and Progress (scheduler/panels.py)."""
@@ -475,16 +462,10 @@ class YrSchedulerExtension:
         """``LeaseBlocked`` / ``LeaseUnblocked`` on a job stream: remembered per stream."""
         if blocked:
             lent.add(lease_id)
-            self.lease_blocked(lease_id)
+            self.lease_service.lease_blocked(lease_id)
         else:
             lent.discard(lease_id)
-            self.lease_unblocked(lease_id)
-
-    def lease_blocked(self, lease_id: str, worker: str | None = None) -> None:
-        self.lease_service.lease_blocked(lease_id)
-
-    def lease_unblocked(self, lease_id: str, worker: str | None = None) -> None:
-        self.lease_service.lease_unblocked(lease_id)
+            self.lease_service.lease_unblocked(lease_id)
 
 
 class _LoopEdge:
@@ -502,6 +483,9 @@ class _LoopEdge:
 
     def send_to_owner(self, owner: str, msg: dict) -> None:
         self.ext._send_to_owner(owner, msg)
+
+    def broadcast(self, msg: Any, but: str) -> None:
+        self.ext._broadcast(msg, but)
 
     def has_job(self, owner: str) -> bool:
         return owner in self.ext.jobs

@@ -211,10 +211,6 @@ class ResourceGroupService:
         """The lease queue handled an event (see :meth:`GroupService.after_feed`)."""
         self.service.after_feed()
 
-    def on_owner_gone(self, owner: str) -> None:
-        """``owner``'s job ended (or its worker left): its groups are removed."""
-        self.service.on_owner_gone(owner)
-
 
 class _LoopGroupEdge:
     """The group service's I/O edge in the scheduler: the extension's lease service, instance

@@ -2,7 +2,8 @@
 
 Handles ``CREATE_INSTANCE``, ``LOCATE_INSTANCE``, ``GET_NAMED``, ``LIST_NAMED``,
 ``KILL_INSTANCE``, ``INSTANCE_STATUS``, ``SAVE_STATE``, ``LOAD_STATE`` (scheduler rpc) and
-``HANDLE_REFS``, ``INSTANCE_STATE`` (streams), and the extension's owner and worker losses.
+``HANDLE_REFS``, ``INSTANCE_STATE`` (streams); owner and worker losses reach its service
+through ``scheduler/departures.py``.
 What each of them does is decided by :class:`~yrdask.scheduler.instance_service.InstanceService`
 (which the simulation drives too) over the :class:`~yrdask.scheduler.lifecycle.Lifecycle`
 machine; this module turns the rpcs into its calls (futures wait for its answers) and
@@ -142,12 +143,6 @@ class InstanceManager:
             self.ext.broadcast(P.WorkerExit(address, reason))
         self.service.instance_state(instance_id, state, worker, error is not None, reason,
                                     incarnation, address)
-
-    def on_owner_gone(self, owner: str, holder: str | None) -> None:
-        self.service.owner_gone(owner, holder)
-
-    def on_worker_lost(self, worker: str) -> None:
-        self.service.worker_lost(worker)
 
     async def _wait(self, iid: str, stage: str, timeout: float | None = None) -> tuple:
         """``(worker, "")`` once ``iid`` reached ``stage``, or ``(None, reason)`` if it ended."""

@@ -14,14 +14,18 @@ links, so it drives this very code.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from yrdask import protocol as P
 from yrdask.scheduler import leases as LQ
-from yrdask.scheduler.requests import LeaseRequest
+from yrdask.scheduler.requests import LeaseRequest, freeze, shape_of
 from yrdask.scheduler.resources import Shape
 
 Answer = Callable[[list], None]
+
+#: the stream ops :class:`LeaseService` handles itself (its methods are their handlers): the
+#: extension's worker-stream and job-stream tables and the simulation's take them from it
+STREAM_OPS = (P.RETURN_LEASES, P.WITHDRAW_LEASE_REQUESTS, P.LEASE_BLOCKED, P.LEASE_UNBLOCKED)
 
 
 class LeaseEdge(Protocol):
@@ -66,6 +70,19 @@ class LeaseService:
 
     # -- requests --------------------------------------------------------------------------
 
+    def lease_request(self, owner: str, shape: Shape, local: str | None = None,
+                      queue: str = "", avoid: Sequence[str] | None = None,
+                      affinity: Sequence[Any] | None = None,
+                      request_id: str = "") -> LeaseRequest | str:
+        """What a :class:`~yrdask.protocol.RequestLease` asks for (its fields), to
+        :meth:`open`; or, as a string, why it is refused before it is asked."""
+        gone = self.requester_gone(owner)
+        if gone is not None:
+            return gone
+        return LeaseRequest(owner, shape_of(shape), local=local, queue=queue,
+                            avoid=tuple(avoid or ()), affinity=freeze(affinity),
+                            own_id=request_id or "")
+
     def requester_gone(self, owner: str) -> str | None:
         """Why a lease request of ``owner`` is refused before it is asked, or None.
 
@@ -100,24 +117,25 @@ class LeaseService:
         if request_id in self.leases.pending:
             self.feed(LQ.RequestCancelled(f"withdrawn-{request_id}", request_id))
 
-    def withdraw(self, owner: str, own_ids: list[str] | tuple[str, ...]) -> None:
-        """``owner`` no longer wants these lease requests (its queue drained; ``own_ids``
-        are its own ids of them): each still waiting leaves the queue and is answered
-        ``[None, reason]``.  One not heard of yet (the withdraw overtook it: the request
-        travels on an rpc, the withdraw on the owner's stream) is remembered by the lease
-        queue and refused when it comes; one answered already is left alone (a grant that
-        crossed the withdraw is returned by the owner as unwanted)."""
-        for own_id in own_ids:
-            rid = self._own.get((owner, own_id))
-            self.feed(LQ.RequestWithdrawn(f"withdraw-{rid or own_id}", rid or "", owner,
-                                          own_id))
-
     def _forget(self, request_id: str) -> tuple[Answer, LeaseRequest] | None:
         """The request's answer, no longer waited for (None if it was answered)."""
         entry = self._answers.pop(request_id, None)
         if entry is not None and entry[1].own_id:
             self._own.pop((entry[1].owner, entry[1].own_id), None)
         return entry
+
+    def withdraw_lease_requests(self, owner: str, request_ids: list[str] | tuple[str, ...],
+                                worker: str | None = None) -> None:
+        """:class:`~yrdask.protocol.WithdrawLeaseRequests`: ``owner`` no longer wants these
+        lease requests (its queue drained; ``request_ids`` are its own ids of them): each still waiting leaves the queue and is answered
+        ``[None, reason]``.  One not heard of yet (the withdraw overtook it: the request
+        travels on an rpc, the withdraw on the owner's stream) is remembered by the lease
+        queue and refused when it comes; one answered already is left alone (a grant that
+        crossed the withdraw is returned by the owner as unwanted)."""
+        for own_id in request_ids:
+            rid = self._own.get((owner, own_id))
+            self.feed(LQ.RequestWithdrawn(f"withdraw-{rid or own_id}", rid or "", owner,
+                                          own_id))
 
     def cancel(self, request_id: str) -> None:
         """Withdraw a waiting request (its instance ended): its answer is ``[None, reason]``.
@@ -145,10 +163,17 @@ class LeaseService:
         """The owner's job ended: its leases are released, its waiting requests refused."""
         self.feed(LQ.OwnerGone(f"owner-gone-{next(self._stimuli)}", owner))
 
-    def lease_blocked(self, lease_id: str) -> None:
+    def return_leases(self, lease_ids: list[str] | tuple[str, ...],
+                      worker: str | None = None) -> None:
+        """:class:`~yrdask.protocol.ReturnLeases`: the owner is done with them."""
+        self.release(lease_ids, "return")
+
+    def lease_blocked(self, lease_id: str, worker: str | None = None) -> None:
+        """:class:`~yrdask.protocol.LeaseBlocked`: its CPU is lent to the cluster."""
         self.feed(LQ.LeaseBlocked(f"blocked-{next(self._stimuli)}", lease_id))
 
-    def lease_unblocked(self, lease_id: str) -> None:
+    def lease_unblocked(self, lease_id: str, worker: str | None = None) -> None:
+        """:class:`~yrdask.protocol.LeaseUnblocked`: it takes its CPU back."""
         self.feed(LQ.LeaseUnblocked(f"unblocked-{next(self._stimuli)}", lease_id))
 
     def tick(self) -> None:

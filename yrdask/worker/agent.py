@@ -351,7 +351,7 @@ class WorkerAgent(TaskRunner):
         self.runtime.worker_joined(worker, server_id)
 
     def revoke_leases(self, lease_ids: list[str], keep: bool = False) -> None:
-        self.runtime.submitter.revoke(lease_ids, keep)
+        self.runtime.submitter.revoke_leases(lease_ids, keep)
 
     # -- instances -------------------------------------------------------------------------
 

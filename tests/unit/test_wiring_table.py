@@ -1,0 +1,139 @@
+"""docs/state-machines.md's wiring table stays true: for each machine, the decisions class
+production drives it through is the one the simulation drives, on an edge of its own, and
+the simulation re-implements no handler that a decisions class provides."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from yrdask import protocol as P
+
+ROOT = Path(__file__).resolve().parents[2]
+HEADER = "| machine | decisions class | production edge | simulated edge |"
+
+
+def _rows() -> list[list[list[str]]]:
+    """The table's rows, each a list of cells, each the dotted names in its backticks."""
+    text = (ROOT / "docs" / "state-machines.md").read_text()
+    lines = text[text.index(HEADER):].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows.append([re.findall(r"`([\w.]+)`", c) for c in cells])
+    return rows
+
+
+def _resolve(dotted: str) -> tuple[Any, str, Any]:
+    """(module, name, object) of ``package.module.Name``."""
+    modname, _, name = dotted.rpartition(".")
+    module = importlib.import_module(modname)
+    return module, name, getattr(module, name)
+
+
+def _source(module: Any) -> str:
+    return Path(module.__file__).read_text()
+
+
+ROWS = _rows()
+
+
+def test_the_table_names_every_machine_the_worlds_drive() -> None:
+    machines = {row[0][0].rsplit(".", 1)[1] for row in ROWS}
+    assert {"LeaseQueue", "SubmitQueue", "LeaseGate", "GroupMachine", "Lifecycle",
+            "CallOrder", "CallQueue"} <= machines
+    for row in ROWS:
+        assert len(row) == 4 and all(row), f"a cell without a class name: {row}"
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r[0][0].rsplit(".", 1)[1] for r in ROWS])
+def test_production_and_simulation_drive_the_same_decisions_class(row: list) -> None:
+    (machine,), (decisions,), (prod_edge,), sim_edges = row
+    mmod, mname, mcls = _resolve(machine)
+    assert isinstance(mcls, type) and callable(getattr(mcls, "validate", None)), \
+        f"{machine} is not a machine"
+    dmod, dname, dcls = _resolve(decisions)
+    assert mname in _source(dmod), f"{decisions}'s module never names its machine {mname}"
+    pmod, pname, pcls = _resolve(prod_edge)
+    psrc, dsrc = _source(pmod), _source(dmod)
+    built = (f"{dname}({pname}(" in psrc  # the adapter builds the decisions on its edge
+             or f"cls({pname}(" in dsrc  # a factory on the decisions class does
+             or f"class {pname}({dname})" in psrc)  # the edge is the router itself
+    assert built, f"{prod_edge} does not drive {decisions}"
+    for sim_edge in sim_edges:
+        smod, sname, _ = _resolve(sim_edge)
+        assert f"{dname}({sname}(" in _source(smod), \
+            f"the simulation does not drive {decisions} on {sim_edge}"
+
+
+def _handled_by_decisions() -> dict[str, str]:
+    """handler name -> the decisions class that provides it, for every protocol op."""
+    out = {}
+    for row in ROWS:
+        _, dname, dcls = _resolve(row[1][0])
+        for cls in P.MESSAGES.values():
+            if callable(getattr(dcls, cls.handler, None)):
+                out[cls.handler] = dname
+    return out
+
+
+def test_the_simulation_defines_no_handler_a_decisions_class_provides() -> None:
+    handled = _handled_by_decisions()
+    assert {"return_leases", "withdraw_lease_requests", "lease_blocked", "lease_unblocked",
+            "revoke_leases"} <= set(handled)
+    for path in sorted((ROOT / "tests" / "sim").glob("*.py")):
+        if path.name == "mutations.py":  # (it patches production handlers on purpose)
+            continue
+        tree = ast.parse(path.read_text())
+        edges = {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+                 and c.name.endswith("Edge") for f in c.body}  # (an edge sends them)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                    and id(node) not in edges:
+                assert node.name not in handled, (
+                    f"{path.name}:{node.lineno} defines {node.name}(), the handler "
+                    f"{handled[node.name]} provides: dispatch the message to it instead")
+
+
+def test_the_task_world_speaks_the_protocol_for_these_ops() -> None:
+    """No private spelling (``"RETURN_LEASES"``, ``"GRANT"``) of an op a decisions class
+    handles, nor of the scheduler's lease rpc and its answer, in the task or the instance
+    world: they send ``protocol.py`` messages."""
+    handled = set(_handled_by_decisions())
+    ops = {op for op, cls in P.MESSAGES.items() if cls.handler in handled}
+    ops |= {P.REQUEST_LEASE, P.WORKER_LOST, P.CLOSE_STREAM, P.CREATE_RESOURCE_GROUP,
+            P.REMOVE_RESOURCE_GROUP}
+    private = {op.removeprefix("yr_").upper() for op in ops} | {"GRANT", "REFUSE", "REFUSED"}
+    for name in ("world.py", "calls.py"):
+        tree = ast.parse((ROOT / "tests" / "sim" / name).read_text())
+        strings = {n.value for n in ast.walk(tree)
+                   if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        assert not strings & private, (name, sorted(strings & private))
+
+
+def test_a_departure_runs_through_the_same_decisions_everywhere() -> None:
+    """A job's end and a worker's removal: the extension and both worlds run
+    ``Departures`` (the order in which the services hear it), and nothing else feeds the
+    services a departure."""
+    from yrdask.scheduler import departures, extension
+    from tests.sim import calls, world
+
+    for module in (extension, world, calls):
+        assert "Departures(" in _source(module), module.__name__
+    for module in (extension, world, calls):
+        src = _source(module)
+        for call in (".owner_gone(", ".worker_left(", ".worker_lost(", ".on_owner_gone("):
+            for line in src.splitlines():
+                if call in line and "departures" not in line and "def " not in line:
+                    assert "service" not in line and "leases" not in line \
+                        and "instances" not in line and "groups" not in line, \
+                        f"{module.__name__} feeds a departure past Departures: {line.strip()}"
+    assert "P.WorkerLost(" in _source(departures)
+
