@@ -18,7 +18,6 @@ within ``BUDGET`` seeds (default: its own budget, a few times the seed that catc
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from tests.sim.mutations import Mutation, Patch, _Patcher, apply, first_catch
 
