@@ -393,13 +393,19 @@ def check_answered_by_deadline(queue: Any, freeable_at: dict, now: float, slack:
             f"its way since {freeable_at.get(rid, w.since):.3f} s")
 
 
-def check_offers(queue: Any, offers: dict) -> None:
+def check_offers(queue: Any, offer_of: Any) -> None:
     """Capacity against the offers themselves: no node of the ledger counts more of a
-    resource than the worker processes the scheduler was told of offer there (``offers``:
-    node -> summed capacity, the caller's own record of joins and removals)."""
+    resource than the worker processes it lists there offer (``offer_of(process)``: what
+    that process offered when it joined, the caller's own record), so a node that keeps a
+    gone process's share is caught."""
     for node, ws in _ledger(queue).workers.items():
-        offered = offers.get(node, {})
+        if not ws.processes:
+            continue
+        offered: dict[str, float] = {}
+        for p in ws.processes:
+            for r, a in offer_of(p).items():
+                offered[r] = offered.get(r, 0.0) + a
         for r, a in ws.capacity.items():
             assert a <= offered.get(r, 0.0) + EPS, (
-                f"capacity: the ledger counts {r}={a:g} on node {node}, whose live worker "
-                f"processes offer {offered.get(r, 0.0):g} ({sorted(ws.processes)})")
+                f"capacity: the ledger counts {r}={a:g} on node {node}, whose worker "
+                f"processes {sorted(ws.processes)} offer {offered.get(r, 0.0):g}")

@@ -1131,15 +1131,10 @@ class World:
             raise SimFailure(str(e), self) from e
 
     def check_offered(self) -> None:
-        """The ledger's node capacity is what the worker processes the scheduler was told
-        of (joined, not removed) offer there, by the world's own record."""
-        offers: dict[str, dict] = {}
-        for name in self.sched.workers:
-            offer = offers.setdefault(self.host_of(name), {})
-            for r, a in self.nodes[name].capacity.items():
-                offer[r] = offer.get(r, 0.0) + a
+        """The ledger's node capacity is what the worker processes it lists there offered
+        when they joined (the world's own record of each process's capacity)."""
         try:
-            M.check_offers(self.sched.queue, offers)
+            M.check_offers(self.sched.queue, lambda name: self.nodes[name].capacity)
         except AssertionError as e:
             raise SimFailure(str(e), self) from e
 
