@@ -1124,17 +1124,19 @@ class World:
     def check_deadlines(self) -> None:
         """A lease request is answered by the timeout it asked for, or waits on only while
         task leases hold what it needs (``DEADLINE_SLACK_S`` of virtual time allowed)."""
-        try:
-            M.check_answered_by_deadline(self.sched.queue, self.freeable_at, self.now,
-                                         DEADLINE_SLACK_S)
-        except AssertionError as e:
-            raise SimFailure(str(e), self) from e
+        self._machine_check(M.check_answered_by_deadline, self.sched.queue, self.freeable_at,
+                            self.now, DEADLINE_SLACK_S)
 
     def check_offered(self) -> None:
         """The ledger's node capacity is what the worker processes it lists there offered
         when they joined (the world's own record of each process's capacity)."""
+        self._machine_check(M.check_offers, self.sched.queue,
+                            lambda name: self.nodes[name].capacity)
+
+    def _machine_check(self, check: Any, *args: Any) -> None:
+        """Run a check of ``machines.py``; its AssertionError fails the seed."""
         try:
-            M.check_offers(self.sched.queue, lambda name: self.nodes[name].capacity)
+            check(*args)
         except AssertionError as e:
             raise SimFailure(str(e), self) from e
 
