@@ -416,6 +416,7 @@ class CallWorld:
         self.latency = rng.choice([0.0, 0.02, 0.1])
         self.grantable_since: dict[str, float] = {}  # progress: request id -> since it fit
         self.checked_at = -1.0
+        self.release_checked_at = -1.0
         # the scenario
         nworkers = rng.randint(1, 3)
         self.nworkers = 0
@@ -1075,6 +1076,9 @@ class CallWorld:
             else:
                 return
             self.validate()
+            if self.now - self.release_checked_at >= 0.1:  # release, as time moves
+                self.release_checked_at = self.now
+                self.check_holders()
             if self.now != self.checked_at and self.lq.pending:  # progress, as time moves
                 self.checked_at = self.now
                 try:
@@ -1125,6 +1129,33 @@ class CallWorld:
                         h.queue.validate()
         except AssertionError as e:
             self.fail(f"validate() failed at step {self.step}: {e}")
+
+    def check_holders(self) -> None:
+        """Release, from the world's own records: a live process the scheduler counts as a
+        holder of an unnamed instance holds it (a handle, an unsettled call), unless a
+        message of it is still on its way (to itself: a handle report it batches; to the
+        scheduler: the report).  Else the instance would outlive its last handle."""
+        lc = self.lc
+        candidates = [(iid, rec) for iid, rec in lc.instances.items()
+                      if rec.holders and rec.refcounted and rec.state != P.DEAD]
+        if not candidates:
+            return
+        telling = {src for src, dst, _chan in self.busy if dst == SCHED or dst == src}
+        held: set | None = None
+        for iid, rec in candidates:
+            for h in sorted(rec.holders):
+                p = self.procs.get(h)
+                if p is None or not p.alive or h in telling:
+                    continue
+                if held is None:
+                    held = {(q.name, lc.resolve(i)) for q in self.procs.values() if q.alive
+                            for i, n in q.handles.items() if n > 0}
+                    held.update((c["caller"], lc.resolve(c["iid"]))
+                                for c in self.calls.values() if not c["settled"])
+                if (h, iid) not in held:
+                    self.fail(f"release: the scheduler counts {h} as a holder of {iid} "
+                              f"({rec.state}), yet {h} holds no handle to it and no call on "
+                              "it, and has nothing on its way to tell")
 
     # -- end checks --------------------------------------------------------------------------
 

@@ -350,3 +350,52 @@ def check_granted_in_time(queue: Any, since_of: dict, now: float, within: float)
         assert now - since <= within, (
             f"progress: {queue.pending[rid].describe()} ({queue.pending[rid]!r}) has fit the "
             f"free capacity since {since:.3f} s, yet is still pending at {now:.3f} s")
+
+
+def check_answered_by_deadline(queue: Any, freeable_at: dict, now: float, slack: float) -> None:
+    """Timers of a ``LeaseQueue``: a request (no affinity) that asked for ``timeout_ms``
+    is answered by then, unless task leases hold resources on a node that could ever run it
+    (tasks end: it may wait on, one more ``max(timeout, 1 s)`` after the last time that held).
+    Judged from the request's own arrival time and timeout and the ledger's holdings, never
+    from the deadline the queue worked out (``freeable_at``: request id -> the last time a
+    lease stood in its way, the caller's record between calls)."""
+    if not isinstance(queue.pending, dict) or getattr(queue, "scaling", None) is not None:
+        return
+    ledger = queue.ledger
+    for rid in [r for r in freeable_at if r not in queue.pending]:
+        del freeable_at[rid]
+    for rid, w in queue.pending.items():
+        if w.timeout_ms < 0 or w.affinity:
+            continue
+        timeout = w.timeout_ms / 1000
+        for h in ledger.holdings.values():
+            n = ledger.workers.get(h.node) if h.kind == "lease" else None
+            if n is not None and all(n.capacity.get(r, 0.0) + EPS >= a
+                                     for r, a in w.shape.items()):
+                freeable_at[rid] = now
+                break
+        bound = w.since + timeout
+        if rid in freeable_at:
+            bound = max(bound, freeable_at[rid] + max(timeout, 1.0))
+        assert now <= bound + slack, (
+            f"timer: {w.describe()} ({w!r}) asked at {w.since:.3f} s to be answered within "
+            f"{timeout:g} s, yet still waits at {now:.3f} s, and no task lease has stood in "
+            f"its way since {freeable_at.get(rid, w.since):.3f} s")
+
+
+def check_offers(queue: Any, offer_of: Any) -> None:
+    """Capacity against the offers themselves: no node of the ledger counts more of a
+    resource than the worker processes it lists there offer (``offer_of(process)``: what
+    that process offered when it joined, the caller's own record), so a node that keeps a
+    gone process's share is caught."""
+    for node, ws in _ledger(queue).workers.items():
+        if not ws.processes:
+            continue
+        offered: dict[str, float] = {}
+        for p in ws.processes:
+            for r, a in offer_of(p).items():
+                offered[r] = offered.get(r, 0.0) + a
+        for r, a in ws.capacity.items():
+            assert a <= offered.get(r, 0.0) + EPS, (
+                f"capacity: the ledger counts {r}={a:g} on node {node}, whose worker "
+                f"processes {sorted(ws.processes)} offer {offered.get(r, 0.0):g}")

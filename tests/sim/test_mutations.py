@@ -14,6 +14,7 @@ import os
 import pytest
 
 from tests.sim import mutations as MU
+from tests.sim import mutations_fresh as FR
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,7 +68,24 @@ def test_mutations_reach_generators_and_borrowing():
             "refs-death-ignored", "refs-never-freed"} <= names
 
 
-@pytest.mark.parametrize("mutation", MU.MUTATIONS, ids=lambda m: m.name)
+def test_fresh_set_spans_the_blind_spots():
+    """The fresh set (``mutations_fresh.py``, written from the production code alone) is
+    twelve mutations, none of them the authors' own, in the machines and in the wiring
+    around them, with every blind-spot kind among them."""
+    assert len(FR.FRESH) == 12
+    names = {m.name for m in FR.FRESH}
+    assert len(names) == 12 and not names & {m.name for m in MU.MUTATIONS}
+    kinds = " ".join(m.what for m in FR.FRESH)
+    for kind in ("(progress", "(results", "(capacity", "(timer", "(race", "(safety"):
+        assert kind in kinds, kind
+    targets = {m.what.split(" ", 1)[0].split(".", 1)[0] for m in FR.FRESH}
+    assert {"leases", "resources", "groups", "lifecycle", "lease_gate", "call_order",
+            "submit_queue"} <= targets
+    assert {"call_router", "instance_side"} <= targets  # the wiring around the machines
+    assert {m.world for m in FR.FRESH} == {"tasks", "calls"}
+
+
+@pytest.mark.parametrize("mutation", MU.MUTATIONS + FR.FRESH, ids=lambda m: m.name)
 def test_mutation_is_caught(mutation, monkeypatch):
     MU.apply(mutation, monkeypatch.setattr)
     seed, line = MU.first_catch(mutation, range(mutation.budget))

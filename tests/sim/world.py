@@ -55,6 +55,7 @@ MAX_VIRTUAL_S = 5000.0
 PLACE_WITHIN_S = 0.5  # virtual seconds a group that fits the free capacity may stay unplaced
 GRANT_WITHIN_S = 0.25  # virtual seconds a task lease request that fits may stay pending
 IDLE_SLACK_S = 0.5  # virtual seconds an idle lease may outstay its lease_idle_s
+DEADLINE_SLACK_S = 0.25  # virtual seconds a request may outstay the timeout it asked for
 
 
 class SimFailure(AssertionError):
@@ -368,6 +369,7 @@ class _ProcEdge(_NodeEdge):
 
     def push(self, task: Any, lease_id: str, worker: str, slots: int) -> None:
         self.world.check_revoked_push(self.node, task.task_id, lease_id)
+        self.world.check_push_target(self.node, task.task_id, worker)
         self.world.tasks[task.task_id].where = worker
         self.world.lease_busy(self.node, task.task_id, lease_id, worker)
         self.world.send(self.node.name, worker, "call", P.RunTask.wire(  # as RuntimeEdge.push
@@ -525,6 +527,10 @@ class World:
         # progress: group name -> since when it has been pending while it fit what was free
         self.placeable_since: dict[str, float] = {}
         self.grantable_since: dict[str, float] = {}  # lease request id -> since it fit
+        # timers: lease request id -> the last time a task lease stood in its way
+        self.freeable_at: dict[str, float] = {}
+        # race branches: (owner, worker) -> when the owner heard the worker was lost
+        self.lost_heard: dict[tuple, float] = {}
         # (worker, lease id) -> the runs that started there and have not finished
         self.active: dict[tuple, set] = {}
         self.sched = SchedNode(self)
@@ -615,6 +621,8 @@ class World:
                     self.check_groups_placed()
                 if self.sched.queue.pending:
                     self.check_leases_granted()
+                    self.check_deadlines()
+                self.check_offered()
             if self.step > max_steps or self.now > MAX_VIRTUAL_S:
                 raise SimFailure(f"livelock: {self.step} steps, virtual time {self.now:.1f} s, "
                                  "tasks unsettled", self, self.unsettled())
@@ -940,6 +948,7 @@ class World:
                     node.early_revoked[lid] = keep and node.early_revoked.get(lid, True)
             P.dispatch(node.stream, msg)
         elif op in (P.WORKER_LOST, "CHANNEL_LOST"):
+            self.lost_heard.setdefault((node.name, msg["worker"]), self.now)
             submitter.on_channel_lost(msg["worker"])
             self.leases_lost(node, msg["worker"])
             if op == P.WORKER_LOST and node.rt is not None:  # Runtime.worker_lost
@@ -1156,6 +1165,36 @@ class World:
                                     GRANT_WITHIN_S)
         except AssertionError as e:
             raise SimFailure(str(e), self) from e
+
+    def check_deadlines(self) -> None:
+        """A lease request is answered by the timeout it asked for, or waits on only while
+        task leases hold what it needs (``DEADLINE_SLACK_S`` of virtual time allowed)."""
+        self._machine_check(M.check_answered_by_deadline, self.sched.queue, self.freeable_at,
+                            self.now, DEADLINE_SLACK_S)
+
+    def check_offered(self) -> None:
+        """The ledger's node capacity is what the worker processes it lists there offered
+        when they joined (the world's own record of each process's capacity)."""
+        self._machine_check(M.check_offers, self.sched.queue,
+                            lambda name: self.nodes[name].capacity)
+
+    def _machine_check(self, check: Any, *args: Any) -> None:
+        """Run a check of ``machines.py``; its AssertionError fails the seed."""
+        try:
+            check(*args)
+        except AssertionError as e:
+            raise SimFailure(str(e), self) from e
+
+    def check_push_target(self, node: ProcNode, task_id: str, worker: str) -> None:
+        """Race branch: an owner never pushes a task to a worker whose loss it has heard of
+        (dead workers stay dead here; replacements get new names).  A grant there that
+        crossed the loss goes back unused: a push would charge the task a crash it never
+        had."""
+        at = self.lost_heard.get((node.name, worker))
+        if at is not None:
+            raise SimFailure(f"race: {node.name} pushed task {task_id} to {worker} at "
+                             f"{self.now:.3f} s, though it heard at {at:.3f} s that {worker} "
+                             "was lost", self, (task_id, worker))
 
     # -- timers: an idle lease goes back about lease_idle_s after it went idle -------------
 
