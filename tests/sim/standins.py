@@ -183,6 +183,9 @@ class StandinSubmitQueue:
                     del self.leases[lid]
                     out.append(SQ.ReturnLeases("d", (lid,)))
 
+    def own_crashes_count(self, worker):
+        return False  # every loss is counted alike (the real queue's yr crash rule aside)
+
     def _WorkerLost(self, ev, out):
         self.now = ev.now
         self.lost[ev.worker] = ev.now + self.avoid_s
