@@ -125,6 +125,8 @@ def test_a_generator_method_that_raises_fills_the_rest_of_its_returns_with_the_e
             [1, 2, "Broken", "Broken"]
         dynamic = ray.get(method.options(num_returns="dynamic").remote(), timeout=60)
         assert _values_or_errors(dynamic) == [1, 2, "Broken"]
+        # every return made before the error: Ray only logs it (its generator page)
+        assert _values_or_errors(method.options(num_returns=2).remote()) == [1, 2]
     ray.kill(b)
 
 

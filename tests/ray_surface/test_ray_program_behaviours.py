@@ -177,6 +177,8 @@ def test_actor_proxy_job_config_and_max_concurrency(ray_env):
     from yrdask.ray.actor import ActorProxy
 
     handle: ActorProxy[Named] = Named.options(max_concurrency=5000).remote()  # Ray: no bound
+    hint = ray.actor.ActorClass[Named]  # the class's type in hints, as Ray's actors page
+    assert hint.__origin__ is ray.actor.ActorClass and hint.__args__ == (Named,)
     assert isinstance(handle, ActorProxy)
     assert ray.get(handle.names.remote())[0] == "Named.names"
     ray.kill(handle)
