@@ -179,6 +179,7 @@ def test_actor_proxy_job_config_and_max_concurrency(ray_env):
     handle: ActorProxy[Named] = Named.options(max_concurrency=5000).remote()  # Ray: no bound
     hint = ray.actor.ActorClass[Named]  # the class's type in hints, as Ray's actors page
     assert hint.__origin__ is ray.actor.ActorClass and hint.__args__ == (Named,)
+    assert ray.ObjectRef[int].__origin__ is ray.ObjectRef  # `ref: ray.ObjectRef[int] = ...`
     assert isinstance(handle, ActorProxy)
     assert ray.get(handle.names.remote())[0] == "Named.names"
     ray.kill(handle)
