@@ -259,20 +259,23 @@ def plus_one(x: int) -> int:
     return x + 1
 
 
-@pytest.mark.parametrize("kind", ["embedded", "cli"])
-def test_a_task_that_kills_its_process_fails_after_its_bound_naming_the_exit(cluster, kind,
-                                                                             tmp_path):
+@pytest.mark.parametrize("kind,retry_times", [("embedded", 0), ("cli", 1)])
+def test_a_task_that_crashes_its_process_runs_retry_times_more_naming_the_exit(
+        cluster, kind, retry_times, tmp_path):
+    """openYuanrong's rule for a crash "such as core dump" (here ``os._exit(3)``): rerun
+    ``retry_times`` times (0 by default: it runs once), then the typed error naming how the
+    process ended; an outside kill (SIGKILL) is rerun without spending them (test above)."""
     if kind == "embedded":
         cluster(kind="embedded", num_cpus=NUM_CPUS)
     else:
         cluster(kind="cli", workers=[{}, {}])
     runs = tmp_path / "runs"
     with pytest.raises(yr.TaskCrashedError) as info:
-        yr.get(exits_every_time.options(small(retry_times=1)).invoke(str(runs)), timeout=120)
+        yr.get(exits_every_time.options(small(retry_times=retry_times)).invoke(str(runs)),
+               timeout=120)
     text = str(info.value)
-    # yrdask.scheduling.max-task-crashes=3: four runs, then the typed error; retry_times (for
-    # exceptions the code raises) does not add runs; the nanny told how the process ended.
-    assert runs.read_text() == "xxxx" and "exits_every_time" in text and "4 times" in text
+    assert runs.read_text() == "x" * (retry_times + 1), text
+    assert "exits_every_time" in text and f"more than retry_times={retry_times} allows" in text
     assert "its process exited with code 3" in text, text
     assert yr.get(plus_one.invoke(1), timeout=60) == 2  # the cluster goes on
 

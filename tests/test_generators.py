@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 
 import pytest
 
@@ -43,12 +44,14 @@ def sum_of_stream(n):
 
 @yr.invoke
 def dies_once_after(k, total, go_path, died_path):
-    """Yields ``k`` items, waits for ``go_path``, then kills its process the first time."""
+    """Yields ``k`` items, waits for ``go_path``, then its process is killed (SIGKILL, as the
+    OOM killer or an eviction would: a loss from outside, not spending retry_times) the
+    first time."""
     for i in range(total):
         if i == k and not os.path.exists(died_path):
             wait_for_file(go_path)
             open(died_path, "w").close()
-            os._exit(3)
+            os.kill(os.getpid(), signal.SIGKILL)
         yield i
 
 

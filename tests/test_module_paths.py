@@ -4,6 +4,8 @@ top-level API (``is``, not copies), so code written against openYuanrong's modul
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 
 import pytest
 
@@ -81,3 +83,20 @@ def test_every_module_all_resolves():
         module = importlib.import_module(path)
         missing = [n for n in module.__all__ if not hasattr(module, n)]
         assert not missing, f"{path}: {missing}"
+
+
+def test_submodules_are_attributes_after_a_bare_import():
+    """openYuanrong's Monte Carlo example annotates ``-> yr.decorator.instance_proxy.InstanceProxy``
+    after a bare ``import yr``: yr's submodules (and ``yrdask.decorator``) are attributes of the
+    package without importing them by name; a fresh interpreter, so nothing imported them yet."""
+    code = ("import yr, yrdask\n"
+            "def make() -> yr.decorator.instance_proxy.InstanceProxy: ...\n"
+            "assert make.__annotations__['return'] is yr.InstanceProxy\n"
+            "assert yrdask.decorator.instance_proxy.InstanceProxy is yrdask.InstanceProxy\n"
+            "assert yrdask.decorator.function_proxy.FunctionProxy is yrdask.FunctionProxy\n"
+            "assert yr.config.InvokeOptions is yr.InvokeOptions\n"
+            "assert yr.exception.YRInvokeError is yr.YRInvokeError\n"
+            "assert yr.runtime.SetParam is yr.SetParam\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -32,6 +32,7 @@ from yrdask.errors import (CallCrashedError, CancelledError, DependencyError, Ge
                            YRRuntimeError, YRTimeoutError, YRTypeError, YRValueError,
                            YRequestError)
 from yrdask.options import Config, InvokeOptions
+from yrdask import decorator  # noqa: E402,F401 - yr's module path, an attribute as in yr
 
 __version__ = "0.1.0"
 

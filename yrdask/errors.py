@@ -129,6 +129,23 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
+#: signals whose default action dumps core: a process they end crashed by its own hand
+#: (openYuanrong's "core dump"); SIGKILL / SIGTERM come from outside (eviction, OOM killer).
+CORE_DUMP_SIGNALS = frozenset({"SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE",
+                               "SIGSEGV", "SIGSYS", "SIGXCPU", "SIGXFSZ"})
+
+
+def crashed_by_itself(how: str | None) -> bool:
+    """Did a process that ended as ``how`` (:func:`describe_exit`'s words) crash by its own
+    hand: a non-zero exit code (``os._exit(3)``) or a core-dump signal?  ``None`` (nothing
+    reported: a lost host, a graceful close) and an outside kill are not crashes."""
+    if not how:
+        return False
+    if how.startswith("exited with code "):
+        return how != "exited with code 0"
+    return any(f"({name})" in how for name in CORE_DUMP_SIGNALS)
+
+
 class _CrashError(YRRuntimeError):
     """Work lost with a process that died: ``worker`` is the last worker it was lost with."""
 

@@ -194,3 +194,42 @@ def test_a_recursive_cancel_of_an_actor_task_cancels_the_tasks_it_submitted(ray_
     _touch(folder, "release")
     assert not os.path.exists(os.path.join(folder, "grandchild-finished"))
     ray.kill(actor)
+
+
+@ray.remote
+class Holder:
+    """Keeps what it is given (a ref inside a list stays a ref) for the test to read."""
+
+    def __init__(self):
+        self.kept = None
+
+    def keep(self, box):
+        self.kept = box
+
+    def get(self):
+        return self.kept
+
+
+@ray.remote(num_cpus=0)
+def calls_an_actor(folder, actor, holder):
+    ref = actor.handles.remote(folder, "reraises")
+    ray.get(holder.keep.remote([ref]))
+    return ray.get(ref)
+
+
+def test_a_recursive_cancel_cancels_the_actor_tasks_a_task_submitted(ray_env, tmp_path):
+    # Ray's CancelChildren cancels a child actor task too (never by force): here a running
+    # async method, which lets the CancelledError through
+    folder = str(tmp_path)
+    actor, holder = Cancellable.remote(), Holder.remote()
+    ref = calls_an_actor.remote(folder, actor, holder)
+    wait_until(lambda: os.path.exists(os.path.join(folder, "reraises-started")), 60,
+               "the actor task to start")
+    (child_ref,) = ray.get(holder.get.remote(), timeout=30)
+    ray.cancel(ref)
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(ref, timeout=30)
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(child_ref, timeout=30)  # it would sleep 60 s if not cancelled
+    ray.kill(actor)
+    ray.kill(holder)

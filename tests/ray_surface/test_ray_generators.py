@@ -125,6 +125,8 @@ def test_a_generator_method_that_raises_fills_the_rest_of_its_returns_with_the_e
             [1, 2, "Broken", "Broken"]
         dynamic = ray.get(method.options(num_returns="dynamic").remote(), timeout=60)
         assert _values_or_errors(dynamic) == [1, 2, "Broken"]
+        # every return made before the error: Ray only logs it (its generator page)
+        assert _values_or_errors(method.options(num_returns=2).remote()) == [1, 2]
     ray.kill(b)
 
 
@@ -201,3 +203,23 @@ def test_placement_group_that_cannot_fit_is_not_ready(ray_env):
         placement_group([{"CPU": 1}], strategy="EVERYWHERE")
     with pytest.raises(ValueError, match="bundle_index"):
         PlacementGroupSchedulingStrategy(pg, 5)
+
+
+@ray.remote
+def two_items():
+    yield 1
+    yield 2
+
+
+@ray.remote
+def five():
+    return 5
+
+
+def test_num_returns_none_is_rays_default(ray_env):
+    # Ray's tests pass num_returns=None for "the default": a generator streams, a function
+    # returns one value
+    gen = two_items.options(num_returns=None).remote()
+    assert [ray.get(ref, timeout=60) for ref in gen] == [1, 2]
+    assert ray.get(five.options(num_returns=None).remote(), timeout=60) == 5
+    assert ray.get(ray.remote(num_returns=None)(lambda: 6).remote(), timeout=60) == 6

@@ -177,6 +177,9 @@ def test_actor_proxy_job_config_and_max_concurrency(ray_env):
     from yrdask.ray.actor import ActorProxy
 
     handle: ActorProxy[Named] = Named.options(max_concurrency=5000).remote()  # Ray: no bound
+    hint = ray.actor.ActorClass[Named]  # the class's type in hints, as Ray's actors page
+    assert hint.__origin__ is ray.actor.ActorClass and hint.__args__ == (Named,)
+    assert ray.ObjectRef[int].__origin__ is ray.ObjectRef  # `ref: ray.ObjectRef[int] = ...`
     assert isinstance(handle, ActorProxy)
     assert ray.get(handle.names.remote())[0] == "Named.names"
     ray.kill(handle)
@@ -452,3 +455,31 @@ def test_max_calls_recycles_the_process(ray_env):
     assert len(set(pids)) == 3
     with pytest.raises(ValueError, match="max_calls"):
         pid_once.options(max_calls=-1).remote()
+
+
+@ray.remote
+class Batcher:
+    """Ray's async-actor batching example: calls wait on a shared Event until a batch of
+    ``size`` has started; the last of a batch sets it, the woken ones clear it."""
+
+    def __init__(self, size: int) -> None:
+        self.event, self.started, self.size = asyncio.Event(), 0, size
+
+    async def run(self) -> int:
+        self.started += 1
+        if self.started == self.size:
+            self.event.set()
+        else:
+            await self.event.wait()
+            self.event.clear()
+            self.started = 0
+        return 1
+
+
+def test_a_woken_call_resumes_before_the_next_queued_call_starts(ray_env):
+    # with max_concurrency=2 the third call must not start before the first, woken by the
+    # second's Event.set(), resumes: else it sees the Event still set and two calls end up
+    # waiting on a cleared Event, holding both slots for ever (Ray runs it to the end)
+    actor = Batcher.options(max_concurrency=2).remote(2)
+    assert ray.get([actor.run.remote() for _ in range(8)], timeout=60) == [1] * 8
+    ray.kill(actor)

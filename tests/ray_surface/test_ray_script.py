@@ -62,3 +62,22 @@ def test_usage_without_a_script():
     out = subprocess.run([sys.executable, "-m", "yrdask.ray"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "usage: python -m yrdask.ray" in out.stderr
+
+
+def test_processes_multiprocessing_spawns_import_ray_too(tmp_path):
+    # a ProcessPoolExecutor under "spawn" imports the program's __main__ again in each
+    # child, with its `import ray` (Ray's anti-pattern page on forking does this)
+    script = tmp_path / "spawns.py"
+    script.write_text(
+        "import multiprocessing\n"
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "import ray\n\n"
+        "def name(_):\n"
+        "    return ray.__name__\n\n"
+        "if __name__ == '__main__':\n"
+        "    multiprocessing.set_start_method('spawn', force=True)\n"
+        "    with ProcessPoolExecutor(max_workers=1) as pool:\n"
+        "        print(pool.submit(name, 0).result())\n")
+    out = subprocess.run([sys.executable, "-m", "yrdask.ray", str(script)], capture_output=True,
+                         text=True, timeout=120, cwd=str(tmp_path))
+    assert out.returncode == 0 and out.stdout.strip() == "yrdask.ray", out.stderr[-3000:]

@@ -76,9 +76,10 @@ def test_schedule_errors_are_rays_unschedulable_errors():
     actor = from_yr_error(yr.ScheduleError(
         "Unschedulable instance i-94591332e21: request {x: 1} can never be scheduled"))
     assert type(task) is ray.exceptions.TaskUnschedulableError
-    assert str(task).startswith("The task is not schedulable: request {CPU: 1000, x: 1}")
+    # in Ray's words (yrdask/words.py): Ray's resource dict, cores
+    assert str(task).startswith("The task is not schedulable: request {'CPU': 1.0, 'x': 1.0}")
     assert type(actor) is ray.exceptions.ActorUnschedulableError
-    assert str(actor).startswith("The actor is not schedulable: Unschedulable instance")
+    assert str(actor).startswith("The actor is not schedulable: Unschedulable actor")
     for err in (task, actor):
         assert isinstance(err, ray.exceptions.RayError) and isinstance(err, yr.ScheduleError)
 

@@ -393,6 +393,9 @@ class _ProcEdge(_NodeEdge):
         for entry in entries:  # how the process ended is not modelled: fail at once
             entry.set_error(error)
 
+    def when_exit_known(self, worker: str, then: Any, wait_s: float) -> None:
+        then(None)  # not modelled: every loss is an eviction (never the task's own crash)
+
     def kept_result(self, oid: str, entry: Any, worker: str) -> bool:
         raise AssertionError("results kept on workers (the object plane) are not simulated")
 

@@ -634,13 +634,15 @@ def test_a_task_that_keeps_killing_workers_fails_after_max_crash_retries():
     assert m.tasks == {}
 
 
-def lose_until_failed(m: SubmitQueue, limit: int) -> tuple[int, BaseException | None]:
-    """Grant each request on a fresh worker and lose it; (how many losses, the error)."""
+def lose_until_failed(m: SubmitQueue, limit: int,
+                      crashed: bool = False) -> tuple[int, BaseException | None]:
+    """Grant each request on a fresh worker and lose it (``crashed``: the process crashed by
+    its own hand); (how many losses, the error)."""
     rid = "r1"
     for n in range(1, limit + 1):
         w = f"w{n}"
         assert pushed(grant(m, rid, f"L{n}", worker=w, now=n)) == [("t", f"L{n}")]
-        out = step(m, WorkerLost("x", w, n + 0.5))
+        out = step(m, WorkerLost("x", w, n + 0.5, crashed=crashed))
         if "t" in failed(out):
             return n, failed(out)["t"]
         rid = requests(out)[0]
@@ -655,6 +657,30 @@ def test_a_task_bound_of_reruns_overrides_the_queue_bound(own):
     assert losses == own + 1 and isinstance(err, TaskCrashedError)
     assert f"its own bound of {own} reruns" in str(err)
 
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+def test_a_yr_task_whose_process_crashes_spends_its_retry_times(retries):
+    """openYuanrong's rule: a crash of the task's own process (core dump, ``os._exit``) is
+    rerun ``retry_times`` times; an eviction or lost host is rerun without spending them, up
+    to the queue's bound."""
+    m = mk(max_crash_retries=3, max_pending_requests=1)
+    queue(m, "t", name="crasher", retries=retries)
+    losses, err = lose_until_failed(m, 10, crashed=True)
+    assert losses == retries + 1 and type(err) is TaskCrashedError
+    assert f"more than retry_times={retries} allows" in str(err) and "crasher" in str(err)
+    m = mk(max_crash_retries=3, max_pending_requests=1)
+    queue(m, "t", name="evicted", retries=retries)
+    losses, err = lose_until_failed(m, 10, crashed=False)
+    assert losses == 4 and "max-task-crashes=3" in str(err)
+
+
+def test_a_task_with_its_own_bound_ignores_how_its_process_ended():
+    """Ray's rule: ``max_retries`` bounds every loss of the worker, a crash or not."""
+    m = mk(max_crash_retries=3, max_pending_requests=1)
+    queue(m, "t", name="ray_task", max_crashes=2)
+    losses, err = lose_until_failed(m, 10, crashed=True)
+    assert losses == 3 and "its own bound of 2 reruns" in str(err)
 
 def test_a_task_without_a_bound_of_reruns_is_rerun_every_time():
     m = mk(max_crash_retries=2, max_pending_requests=1)

@@ -1,5 +1,4 @@
-"""``yr.decorator.function_proxy``: the stateless function proxy (re-exported from yrdask)."""
+"""``yr.decorator.function_proxy``: :mod:`yrdask.decorator.function_proxy` (same objects)."""
 
-from yrdask.api.functions import FunctionProxy  # noqa: F401
-
-__all__ = ["FunctionProxy"]
+from yrdask.decorator.function_proxy import *  # noqa: F401,F403
+from yrdask.decorator.function_proxy import __all__  # noqa: F401

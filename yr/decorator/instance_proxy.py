@@ -1,6 +1,4 @@
-"""``yr.decorator.instance_proxy``: instance handles and creators (re-exported from yrdask)."""
+"""``yr.decorator.instance_proxy``: :mod:`yrdask.decorator.instance_proxy` (same objects)."""
 
-from yrdask.api.instances import (InstanceCreator, InstanceProxy, MethodProxy,  # noqa: F401
-                                  get_instance)
-
-__all__ = ["InstanceCreator", "InstanceProxy", "MethodProxy", "get_instance"]
+from yrdask.decorator.instance_proxy import *  # noqa: F401,F403
+from yrdask.decorator.instance_proxy import __all__  # noqa: F401

@@ -2,9 +2,11 @@
 
 ``python -m yrdask.ray script.py`` installs it in the driver; work submitted from there
 installs it in the worker processes that run it (task bodies and actor classes carry the
-flag).  Nothing named ``ray`` is installed anywhere: the finder maps ``ray`` and ``ray.X``
-to the very module objects ``yrdask.ray`` and ``yrdask.ray.X``, so pickles of their
-functions and classes still name ``yrdask.ray``.
+flag), and so do the processes ``multiprocessing`` spawns from a process that has it (a
+``ProcessPoolExecutor`` under the "spawn" start method imports the program's ``__main__``
+again, with its ``import ray``).  Nothing named ``ray`` is installed anywhere: the finder
+maps ``ray`` and ``ray.X`` to the very module objects ``yrdask.ray`` and ``yrdask.ray.X``,
+so pickles of their functions and classes still name ``yrdask.ray``.
 """
 
 from __future__ import annotations
@@ -57,3 +59,27 @@ def install() -> None:
         raise ImportError("the real 'ray' package is already imported in this process; "
                           "yrdask.ray cannot stand in for it")
     sys.meta_path.insert(0, RayAliasFinder())
+    _spawned_children_install()
+
+
+_SPAWN_PREFIX = "from yrdask.ray._alias import install; install(); "
+
+
+def _spawned_children_install() -> None:
+    """A process ``multiprocessing`` spawns (``python -c "...spawn_main(...)"``) installs
+    the alias first: its command line is prefixed with :func:`install`."""
+    import multiprocessing.spawn as spawn
+
+    original = spawn.get_command_line
+    if getattr(original, "_yrdask", False):
+        return
+
+    def get_command_line(**kwds: Any) -> list:
+        line = original(**kwds)
+        if "-c" in line[:-1]:
+            at = line.index("-c") + 1
+            line[at] = _SPAWN_PREFIX + line[at]
+        return line
+
+    get_command_line._yrdask = True  # type: ignore[attr-defined]
+    spawn.get_command_line = get_command_line

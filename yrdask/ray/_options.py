@@ -201,7 +201,8 @@ def _check_bundle_fit(options: dict, is_actor: bool, group: Any, what: str) -> N
 
 
 def _task_options(options: dict, out: RayOptions) -> None:
-    out.num_returns = check_num_returns(options.get("num_returns", 1))
+    returns = options.get("num_returns")  # None: Ray's default (1; a generator streams)
+    out.num_returns = 1 if returns is None else check_num_returns(returns)
     retries = options.get("max_retries", 3)
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < -1:
         raise ValueError(f"The keyword 'max_retries' only accepts -1 (infinite), 0 or a "

@@ -13,10 +13,12 @@ import uuid
 from typing import Any
 
 import yrdask
+from yrdask.errors import YRTypeError, YRValueError
 from yrdask.runtime import context as _rtctx
 from yrdask.runtime.objects import Entry, ObjectRef
 from yrdask.ray._context import STATE, Session
 from yrdask.ray.exceptions import UnsupportedOptionError
+from yrdask.words import in_ray_words
 
 _lock = threading.RLock()
 
@@ -151,8 +153,13 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
                 conf_kwargs["log_to_driver"] = bool(log_to_driver)
             if conf_kwargs["server_address"]:
                 _check_listening(conf_kwargs["server_address"])
+            try:  # a bad value reads as ray.init's argument (yrdask/words.py), not Config's
+                conf = yrdask.Config(**conf_kwargs)
+            except (YRValueError, YRTypeError) as e:
+                plain = ValueError if isinstance(e, YRValueError) else TypeError
+                raise plain(in_ray_words(str(e))) from None
             _rtctx.set_driver_api("ray")  # the scheduler explains waits in Ray's words
-            yrdask.init(yrdask.Config(**conf_kwargs))
+            yrdask.init(conf)
             rt = _rtctx.installed_runtime()
         elif num_cpus is not None or num_gpus is not None or resources or \
                 object_store_memory is not None or address not in (None, "auto"):

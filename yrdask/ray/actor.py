@@ -104,6 +104,11 @@ class ActorClass:
     """A ``@ray.remote`` class: ``.remote(*args)`` creates an actor, ``.options(**kw)`` a copy
     with other options."""
 
+    def __class_getitem__(cls, item: Any) -> Any:
+        """``ActorClass[Counter]`` in type hints (Ray's actors page writes
+        ``CounterActor: ActorClass[Counter] = ray.remote(Counter)``)."""
+        return types.GenericAlias(cls, item)
+
     def __init__(self, cls: type, options: dict) -> None:
         check_keys(options, ACTOR)
         check_resources(options)  # Ray checks them here, not at the first .remote()

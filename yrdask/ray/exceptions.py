@@ -27,6 +27,7 @@ import re
 from typing import Any
 
 from yrdask import errors as _yr
+from yrdask.words import in_ray_words
 
 __all__ = ["RayError", "RayTaskError", "RayActorError", "ActorDiedError",
            "ActorUnavailableError", "GetTimeoutError", "TaskCancelledError",
@@ -205,24 +206,25 @@ def from_yr_error(err: BaseException, what: str = "") -> BaseException:
                 "The actor died because of an error raised in its creation task: "
                 f"{cause.traceback_str}")
         return RayTaskError(what, text, cause).as_instanceof_cause()
+    # each message in Ray's words (yrdask/words.py: the one table of yr phrase -> Ray's)
     if isinstance(err, _yr.CancelledError):
-        return TaskCancelledError(error_message=str(err))
+        return TaskCancelledError(error_message=in_ray_words(str(err)))
     if isinstance(err, _yr.YRTimeoutError):
-        return GetTimeoutError(str(err))
+        return GetTimeoutError(in_ray_words(str(err)))
     if isinstance(err, _yr.TaskCrashedError):
-        return WorkerCrashedError(str(err))
+        return WorkerCrashedError(in_ray_words(str(err)))
     if isinstance(err, _yr.OwnerDiedError):
-        return OwnerDiedError(str(err))
+        return OwnerDiedError(in_ray_words(str(err)))
     if isinstance(err, _yr.ObjectLostError):
-        return ObjectLostError(str(err))
+        return ObjectLostError(in_ray_words(str(err)))
     if isinstance(err, _yr.CallCrashedError):  # the call is given up; the actor restarts
         return actor_unavailable(str(err))
     if isinstance(err, _yr.InstanceDiedError):
         return actor_died(str(err))
     if isinstance(err, _yr.ScheduleError):
         text = str(err)
-        return (ActorUnschedulableError if _INSTANCE.search(text) else TaskUnschedulableError)(
-            text)
+        kind = ActorUnschedulableError if _INSTANCE.search(text) else TaskUnschedulableError
+        return kind(in_ray_words(text))
     return err
 
 
@@ -236,8 +238,8 @@ def actor_unavailable(message: str) -> "ActorUnavailableError":
     actor_id = found.group("id") if found else None
     return ActorUnavailableError(
         f"The actor {actor_id or ''} is unavailable: The actor is temporarily unavailable: "
-        f"{message.rstrip('.')}. The task may or may not have been executed on the actor.",
-        actor_id=actor_id)
+        f"{in_ray_words(message.rstrip('.'))}. The task may or may not have been executed on "
+        "the actor.", actor_id=actor_id)
 
 
 _ENDED = re.compile(r"instance (?P<id>\S+) \((?P<cls>[^)]*)\) has ended: (?P<why>.*)", re.S)
@@ -264,13 +266,13 @@ def actor_died(message: str, actor_id: str | None = None,
             else:
                 first = f"The actor is dead because {found.group('why').rstrip('.')}."
             break
-    lines = [first]
+    lines = [in_ray_words(first)]
     if class_name:
         lines.append(f"\tclass_name: {class_name}")
     if actor_id:
         lines.append(f"\tactor_id: {actor_id}")
     if detail:
-        lines.append(f"\tdetail: {detail}")
+        lines.append(f"\tdetail: {in_ray_words(detail)}")
     return ActorDiedError("\n".join(lines), actor_id=actor_id)
 
 

@@ -30,7 +30,8 @@ def generator_returns(gen: Any, n: int,
     """The task's ``n`` returns from the values generator ``gen`` yields (Ray's rule for a
     generator called with an int ``num_returns``): fewer values is the task's
     ``ValueError``; more are logged as an error and dropped, as Ray does (it does not raise,
-    ray-project/ray#28689).  If the generator raises after yielding some values (and
+    ray-project/ray#28689), and so is an error raised once all ``n`` were yielded.  If the
+    generator raises after yielding some values (and
     ``reraise`` does not want it re-raised, for a rerun), those are the first returns and
     the error is each of the rest, as on Ray."""
     from yrdask.errors import ReturnError
@@ -45,7 +46,12 @@ def generator_returns(gen: Any, n: int,
                 break
             values.append(value)
     except Exception as e:  # noqa: BLE001 - the rest of the returns, or the task's error
-        if not values or len(values) == n or (reraise is not None and reraise(e)):
+        if values and len(values) == n:  # every return made: logged only, as Ray does
+            logger.error("Unhandled error: Task threw exception, but all return values "
+                         "already created.  This should only occur when using generator "
+                         "tasks.", exc_info=True)
+            return values[0] if n == 1 else tuple(values)
+        if not values or (reraise is not None and reraise(e)):
             raise
         import traceback
 

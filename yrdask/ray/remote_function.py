@@ -122,7 +122,7 @@ class RemoteFunction:
 
         check_keys(options, TASK)
         check_resources(options)  # Ray checks them here, not at the first .remote()
-        if "num_returns" in options:
+        if options.get("num_returns") is not None:  # None: Ray's default
             check_num_returns(options["num_returns"])
         if inspect.iscoroutinefunction(fn):
             raise ValueError(  # Ray's type and advice
@@ -195,7 +195,7 @@ class RemoteFunction:
         from yrdask.protocol import STREAMING
 
         is_gen = inspect.isgeneratorfunction(self._function)
-        if "num_returns" not in self._options and is_gen:
+        if self._options.get("num_returns") is None and is_gen:
             num_returns = "streaming"  # Ray's default for generator functions
         if num_returns in ("streaming", "dynamic") and not is_gen:
             raise ValueError(f"num_returns={num_returns!r} needs a generator function; "

@@ -32,6 +32,7 @@ import asyncio
 import concurrent.futures
 import copy
 import threading
+import types
 from typing import Any, Callable
 
 from yrdask import protocol as P
@@ -295,6 +296,9 @@ class ObjectRef:
     """
 
     __slots__ = ("_id", "_runtime", "_entry", "__weakref__")
+
+    #: ``ObjectRef[int]`` in type hints (Ray's actors page: ``ref: ray.ObjectRef[int]``)
+    __class_getitem__ = classmethod(types.GenericAlias)
 
     def __init__(self, object_id: str, runtime: Any, entry: Entry) -> None:
         """Only :class:`ObjectTable` builds refs, with ``entry.refs`` already counted."""

@@ -57,24 +57,30 @@ class PeerLiveness:
 
     def with_exit_reason(self, error: Any, fail: Callable[[BaseException], None]) -> None:
         """Fail with ``error`` (a crash error naming ``error.worker``) once it can say how that
-        worker's process ended: at once if known, else when the nanny's report arrives, or
-        after :data:`EXIT_REASON_WAIT_S` without it (a lost host has no nanny to tell)."""
-        worker = error.worker
+        worker's process ended (:meth:`when_exit_known`)."""
+        self.when_exit_known(error.worker, lambda how: fail(
+            error.with_exit(how) if how else error))
+
+    def when_exit_known(self, worker: str, then: Callable[[str | None], None],
+                        wait_s: float | None = None) -> None:
+        """``then(how)`` once it is known how ``worker``'s process ended: at once if known,
+        else when the nanny's report arrives, or with ``None`` after ``wait_s`` without it (a
+        lost host has no nanny to tell; a process that exited with code 0 is not reported);
+        ``wait_s`` defaults to :data:`EXIT_REASON_WAIT_S`."""
         done = False
 
         def settle() -> None:
             nonlocal done
             if not done:
                 done = True
-                how = self.exits.get(worker)
-                fail(error.with_exit(how) if how else error)
+                then(self.exits.get(worker))
 
         if not worker or worker in self.exits:
             settle()
             return
 
         self._exit_waiters.setdefault(worker, []).append(settle)
-        self.loop.call_later(EXIT_REASON_WAIT_S, settle)
+        self.loop.call_later(EXIT_REASON_WAIT_S if wait_s is None else wait_s, settle)
 
     def worker_lost(self, address: str, server_id: str = "") -> None:
         """The scheduler removed a worker: treat a channel to it as lost, socket or not; its

@@ -323,6 +323,9 @@ class Runtime(ObjectAccess, PeerLiveness):
         call = Call(call_id, instance_id, method, blob, dep_refs, entries, nret,
                     max_redeliveries=max_redeliveries, unordered=unordered,
                     concurrency=concurrency, held=dep_refs + nested if nested else dep_refs)
+        note = context.child_note
+        if note is not None:  # a worker: the running task's child (Ray cancels it recursively)
+            note(call_id)
         self.on_loop(self._call_on_loop, call)
         return refs
 

@@ -32,7 +32,10 @@ One :class:`SubmitQueue` per process (driver or worker).  How a task travels:
    a burst does not withdraw and ask again.  A grant that crosses the withdraw is kept if
    its queue has tasks again, else returned at once.
 6. A lost worker voids its leases: its tasks go back to the front of their queues (not counted
-   against ``retries``) at most ``max_crash_retries`` times each, and lease requests avoid it
+   against ``retries``) at most ``max_crash_retries`` times each (or their own ``max_crashes``),
+   except that a task without its own bound (yr's) whose process crashed by its own hand
+   (``WorkerLost.crashed``: openYuanrong's "core dump") spends one of its ``retries`` and fails
+   with none left; lease requests avoid it
    for ``avoid_lost_s``, or until a new process registers at its address
    (:class:`WorkerJoined`: the requests sent meanwhile are withdrawn and asked again).  A user exception reruns a task while its ``retries`` last; a task
    the worker's gate handed back unrun (``"requeue"``) is queued again and its queue stops
@@ -125,10 +128,13 @@ class LeasesRevoked(Event):
 
 @dataclass(frozen=True, slots=True)
 class WorkerLost(Event):
-    """The channel to ``worker`` broke, or the scheduler said it is gone."""
+    """The channel to ``worker`` broke, or the scheduler said it is gone.  ``crashed``: its
+    process crashed by its own hand (an exit code, a core-dump signal: see
+    :func:`yrdask.errors.crashed_by_itself`), which yr's tasks count against ``retries``."""
 
     worker: str
     now: float
+    crashed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +243,7 @@ class _Task:
     """What the machine knows of one task: ids, counters and where it is."""
 
     __slots__ = ("task_id", "key", "q", "name", "data_home", "retries_left", "crashes",
-                 "state", "lease", "settled", "runs", "max_crashes", "seq")
+                 "state", "lease", "settled", "runs", "max_crashes", "seq", "retries_initial")
 
     def __init__(self, ev: TaskQueued, q: "_Queue") -> None:
         self.task_id = ev.task_id
@@ -245,7 +251,7 @@ class _Task:
         self.q = q  # its queue (a key of nested tuples is slow to hash on the hot path)
         self.name = ev.name
         self.data_home = ev.data_home
-        self.retries_left = ev.retries
+        self.retries_left = self.retries_initial = ev.retries
         self.crashes = 0
         self.max_crashes = ev.max_crashes
         self.state = QUEUED
@@ -634,15 +640,26 @@ class SubmitQueue:
                     continue
                 task.crashes += 1
                 bound = self.max_crash_retries if task.max_crashes is None else task.max_crashes
-                if 0 <= bound < task.crashes:
+                own = ev.crashed and task.max_crashes is None  # yr: a crash spends a retry
+                if own and task.retries_left > 0:
+                    task.retries_left -= 1
+                    back.append(task)
+                elif own or 0 <= bound < task.crashes:
                     del self.tasks[task.task_id]
-                    why = (f"yrdask.scheduling.max-task-crashes={bound}" if task.max_crashes is None
-                           else f"its own bound of {bound} reruns")
+                    if own:
+                        text = (f"task {task.task_id} ({task.name}) was running when its "
+                                f"worker process crashed (on {ev.worker}); it ran {task.runs} "
+                                f"times, more than retry_times={task.retries_initial} allows "
+                                "(InvokeOptions.retry_times reruns a task whose process "
+                                "crashed)")
+                    else:
+                        why = (f"yrdask.scheduling.max-task-crashes={bound}"
+                               if task.max_crashes is None else f"its own bound of {bound} reruns")
+                        text = (f"task {task.task_id} ({task.name}) was lost with its worker "
+                                f"{task.crashes} times (last on {ev.worker}); it ran "
+                                f"{task.runs} times, more than {why} allows")
                     self._emit(TaskFailed(self._sid, task.task_id, TaskCrashedError(
-                        f"task {task.task_id} ({task.name}) was lost with its worker "
-                        f"{task.crashes} times (last on {ev.worker}); it ran {task.runs} "
-                        f"times, more than {why} allows", crashes=task.crashes,
-                        worker=ev.worker)), task.task_id, ev.worker)
+                        text, crashes=task.crashes, worker=ev.worker)), task.task_id, ev.worker)
                 else:
                     back.append(task)
             if back:
@@ -884,6 +901,14 @@ class SubmitQueue:
         self._entries.append((self._sid, (what, *keys), keys))
 
     # -- invariants ------------------------------------------------------------------------
+
+    def own_crashes_count(self, worker: str) -> bool:
+        """Does a task on a lease of ``worker`` spend its ``retries`` if the process crashed
+        by its own hand (a task without its own bound, yr's: rule 6)?  Then its loss waits to
+        hear how the process ended before it is handled."""
+        return any(lease.worker == worker and any(t.max_crashes is None
+                                                  for t in lease.tasks.values())
+                   for lease in self.leases.values())
 
     def validate(self) -> None:
         """Check the machine's invariants; raises AssertionError naming the broken one."""

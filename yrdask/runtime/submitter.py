@@ -39,7 +39,7 @@ import dask
 from yrdask.config import pipeline_settings
 from yrdask import protocol as P
 from yrdask.errors import (CancelledError, DependencyError, ObjectLostError, TaskCrashedError,
-                           dependency_error)
+                           crashed_by_itself, dependency_error)
 from yrdask.runtime import submit_queue as M
 from yrdask.runtime.store import node_store
 from yrdask.runtime.objects import (Entry, dep_of, failed_dep, failing_entries, pending_owned,
@@ -47,6 +47,11 @@ from yrdask.runtime.objects import (Entry, dep_of, failed_dep, failing_entries, 
 from yrdask.serialization import loads
 
 logger = logging.getLogger("yrdask.submitter")
+
+#: how long a lost worker's yr tasks wait to hear how its process ended (its nanny's report)
+#: before they are rerun as after an eviction; a report that comes decides at once
+LOST_VERDICT_WAIT_S = 1.0
+
 
 @dataclass(eq=False, slots=True)
 class Task:
@@ -110,6 +115,10 @@ class SubmitterEdge(Protocol):
     def crashed(self, error: TaskCrashedError, entries: list[Entry]) -> None:
         """Fail ``entries`` with ``error``, once it can say how the worker's process ended."""
 
+    def when_exit_known(self, worker: str, then: Any, wait_s: float) -> None:
+        """``then(how)``: how ``worker``'s process ended (``None``: not reported within
+        ``wait_s``)."""
+
     def kept_result(self, oid: str, entry: Entry, worker: str) -> bool:
         """A result ``worker`` keeps: False (and the worker's copy freed) when nothing here
         refers to it any more, else True (its lineage is kept)."""
@@ -161,6 +170,7 @@ class Submitter:
         # is lost).  pushed: task id -> the worker running it now (tasks with ref arguments)
         self.pushed: dict[str, str] = {}
         self.cancelled_args: dict[str, tuple[str, list]] = {}  # task id -> (worker, refs)
+        self._lost_pending: set[str] = set()  # lost workers waiting to hear how they ended
 
     @classmethod
     def for_runtime(cls, runtime: Any, lease_idle_s: float = 1.0,
@@ -303,10 +313,26 @@ class Submitter:
             if where == worker:  # no TASK_DONE will come: the worker's borrowings ended
                 del self.pushed[task_id]
                 self.cancelled_args.pop(task_id, None)
-        self._handle(M.WorkerLost("channel-lost", worker, self.edge.now()))
+        if worker in self._lost_pending:
+            return
+        if not self.machine.own_crashes_count(worker):
+            self._handle(M.WorkerLost("channel-lost", worker, self.edge.now()))
+            return
+        # yr tasks ran there: whether the loss spends their retry_times depends on how the
+        # process ended (its own crash, or an eviction / lost host), which the nanny reports
+        self._lost_pending.add(worker)
+        self.edge.when_exit_known(worker, lambda how: self._lost(worker, how),
+                                  LOST_VERDICT_WAIT_S)
+
+    def _lost(self, worker: str, how: str | None) -> None:
+        if worker in self._lost_pending:
+            self._lost_pending.discard(worker)
+            self._handle(M.WorkerLost("channel-lost", worker, self.edge.now(),
+                                      crashed_by_itself(how)))
 
     def worker_joined(self, worker: str) -> None:
         """A new process registered at the address of the lost ``worker``."""
+        self._lost(worker, None)  # a loss still waiting for its verdict goes first
         self._handle(M.WorkerJoined("worker-joined", worker, self.edge.now()))
 
     def lease_answer(self, request_id: str, lease_id: str | None, where: str) -> None:
@@ -527,6 +553,9 @@ class RuntimeEdge:
 
     def crashed(self, error: TaskCrashedError, entries: list[Entry]) -> None:
         self.rt.with_exit_reason(error, failing_entries(entries))
+
+    def when_exit_known(self, worker: str, then: Any, wait_s: float) -> None:
+        self.rt.when_exit_known(worker, then, wait_s)
 
     def kept_result(self, oid: str, entry: Entry, worker: str) -> bool:
         if entry.refs <= 0 and self.rt.objects.entries.get(oid) is not entry:

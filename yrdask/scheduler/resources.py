@@ -24,14 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from yrdask.affinity import AffinityKind, Wire, describe, evaluate, parse_labels
+# how to make a request fit, appended to every "cannot be placed" explanation (yr's words;
+# a Ray job reads them in Ray's: yrdask/words.py)
+from yrdask.words import FIX_HINT
 
 EPS = 1e-9
-
-#: How to make a request fit, appended to every "cannot be placed" explanation.
-FIX_HINT = ("To place it: ask for less with InvokeOptions(cpu=..., memory=...) (cpu in "
-            "millicores, 1000 = one core; memory in MB), end instances that hold what it "
-            "needs, or add capacity: yr.init(Config(num_cpus=...)) for the embedded cluster, "
-            "or more or larger workers.")
 
 Shape = dict[str, float]
 

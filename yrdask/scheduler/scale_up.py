@@ -27,7 +27,7 @@ from dask.utils import parse_timedelta
 
 from yrdask.scheduler import demand as D
 from yrdask.scheduler.resources import Shape, format_shape
-from yrdask.scheduler.waits import ray_shape
+from yrdask.words import ray_shape
 
 logger = logging.getLogger("yrdask.scheduler")
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import re
 from typing import Any
 
 import dask
 from dask.utils import parse_timedelta
 
 from yrdask import protocol as P
+from yrdask import words
+from yrdask.words import ray_shape
 
 logger = logging.getLogger("yrdask.scheduler")
 
@@ -183,45 +184,16 @@ class WaitWatch:
 
 # -- Ray's words ---------------------------------------------------------------------------
 
-RAY_FIX_HINT = ("To place it: ask for less with .options(num_cpus=..., num_gpus=..., "
-                "resources={...}) (or in @ray.remote), end actors that hold what it needs "
-                "(ray.kill), or add capacity: ray.init(num_cpus=...) for a local cluster, or "
-                "more or larger workers.")
-
-
-def ray_shape(shape: dict[str, float]) -> str:
-    """``{"CPU": 1500, "Memory": 0, "GPU": 1}`` -> ``"num_cpus=1.5, num_gpus=1"`` (Ray's
-    arguments; custom tags as ``resources={...}``; memory only when asked for, in bytes)."""
-    parts = []
-    if shape.get("CPU"):
-        parts.append(f"num_cpus={shape['CPU'] / 1000:g}")
-    if shape.get("GPU"):
-        parts.append(f"num_gpus={shape['GPU']:g}")
-    if shape.get("Memory"):
-        parts.append(f"memory={shape['Memory'] * 2**20:.0f}")
-    custom = {r: a for r, a in sorted(shape.items()) if r not in ("CPU", "GPU", "Memory")}
-    if custom:
-        parts.append("resources={" + ", ".join(f"{r!r}: {a:g}" for r, a in custom.items())
-                     + "}")
-    return ", ".join(parts) or "nothing"
-
-
-_MILLICORES = re.compile(r"needs CPU ([\d.]+), free ([\d.-]+) of ([\d.]+) millicores")
-
-
-def _cpus(m: re.Match) -> str:
-    need, free, cap = (float(x) / 1000 for x in m.groups())
-    return f"needs {need:g} CPU, {free:g} of {cap:g} free"
-
 
 def in_ray_words(why: dict[str, Any]) -> None:
-    """Rewrite a wait explanation for a Ray program: Ray's names (task, actor), CPUs in
-    ``num_cpus`` rather than millicores, and Ray's remedies (``.options``, ``ray.init``)."""
-    what = why["what"].replace("task lease request", "Ray task request").replace(
-        " instance ", " actor ", 1)
-    reasons = [_MILLICORES.sub(_cpus, r).replace(" instance", " actor") for r in why["reasons"]]
+    """Rewrite a wait explanation for a Ray program through yrdask/words.py's table: Ray's
+    names (task, actor), CPUs rather than millicores, and Ray's remedies (``.options``,
+    ``ray.init``)."""
+    what = words.in_ray_words(why["what"])
+    reasons = [words.in_ray_words(r) for r in why["reasons"]]
     head = f"{what} waits for {ray_shape(why['needs'])}"
     if why.get("waited_s") is not None:
         head += f" ({why['waited_s']:.0f} s so far)"
-    why.update(what=what, reasons=reasons, fix=RAY_FIX_HINT,
-               text=f"{head}: {'; '.join(reasons)}. {RAY_FIX_HINT}")
+    why.update(what=what, reasons=reasons, fix=words.RAY_FIX_HINT,
+               problem=words.in_ray_words(why.get("problem") or ""),
+               text=f"{head}: {'; '.join(reasons)}. {words.RAY_FIX_HINT}")

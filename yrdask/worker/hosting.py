@@ -228,6 +228,12 @@ class HostedInstance(HostedCalls):
                         await result
                 finally:
                     item = self.finished()
+                if item is not None:
+                    # the loop first runs what the call just woke (a coroutine it set an
+                    # Event for), as Ray's, where each call starts as a task of its own:
+                    # Ray's batching example (max_concurrency=2, a shared Event) deadlocks
+                    # if the next call runs before the woken one resumes
+                    await asyncio.sleep(0)
 
         self.loop.create_task(chain(item))
 

@@ -446,10 +446,15 @@ class TaskRunner:
             self._cancel_children(children, bool(msg.get("force")))
 
     def _cancel_children(self, children: list | None, force: bool) -> None:
-        """A recursive cancel: the tasks the cancelled task or call submitted (this process
-        owns them) are cancelled too, recursively."""
+        """A recursive cancel: the tasks and actor calls the cancelled task or call submitted
+        (this process owns them) are cancelled too, recursively; an actor call never by
+        force, as Ray's ``CancelChildren``."""
+        router = self.runtime.router
         for child in children or ():
-            self.runtime.submitter.cancel(child, force, True)
+            if child in router.calls:
+                router.cancel(child, True)
+            else:
+                self.runtime.submitter.cancel(child, force, True)
 
 
 class _Ending(threading.local):
