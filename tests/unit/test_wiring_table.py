@@ -89,7 +89,7 @@ def test_the_simulation_defines_no_handler_a_decisions_class_provides() -> None:
     assert {"return_leases", "withdraw_lease_requests", "lease_blocked", "lease_unblocked",
             "revoke_leases"} <= set(handled)
     for path in sorted((ROOT / "tests" / "sim").glob("*.py")):
-        if path.name == "mutations.py":  # (it patches production handlers on purpose)
+        if path.name.startswith("mutations"):  # (it patches production handlers on purpose)
             continue
         tree = ast.parse(path.read_text())
         edges = {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
