@@ -1268,7 +1268,10 @@ class CallMethod(Message):
     """caller -> worker.  ``task_id`` is the call id.  Answered by :class:`TaskDone`; calls
     from one channel to one instance run in the order sent (concurrency 1).  ``caller``:
     set only by a worker agent that forwards the call to an isolated process (the caller's
-    address, to which refs nested in the results are lent)."""
+    address, to which refs nested in the results are lent).  ``redeliveries``: the call's
+    own bound of redelivery after its instance's process died while it ran (the caller's
+    ``max_redeliveries``: Ray's ``max_task_retries`` of the call, its method or its actor;
+    -1 no bound); ``None``: the instance's (its method's, else the Dask key)."""
 
     op: ClassVar[str] = CALL_METHOD
     channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_WORKER,)
@@ -1279,6 +1282,7 @@ class CallMethod(Message):
     deps: list
     nret: int
     caller: str = ""
+    redeliveries: int | None = None
 
 
 STREAMING = -1

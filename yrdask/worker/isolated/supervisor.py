@@ -258,15 +258,22 @@ class IsolatedInstance:
         cause = self.decide.died
         bound = int(dask.config.get("yrdask.scheduling.max-call-redeliveries", 1))
         own = self.redeliveries  # a method's own bound (Ray's max_task_retries)
-        decided = self.decide.restart(int(spec.get("incarnation") or 0),
-                                      lambda item: own.get(item[1]["method"], bound))
+
+        def own_bound(msg: dict) -> int | None:  # the call's, else its method's
+            n = msg.get("redeliveries")
+            return own.get(msg["method"]) if n is None else n
+
+        decided = self.decide.restart(
+            int(spec.get("incarnation") or 0),
+            lambda item: bound if (n := own_bound(item[1])) is None else n)
         if decided is None:
             logger.info("instance %s: ignoring a START_INSTANCE (its process is running)",
                         self.instance_id)
             return
         for cid, (peer, msg), n in decided[1]:
             method = msg["method"]
-            why = (f"its own bound: {own[method]}" if method in own
+            mine = own_bound(msg)
+            why = (f"its own bound: {mine}" if mine is not None
                    else f"yrdask.scheduling.max-call-redeliveries={bound}")
             err = CallCrashedError(
                 f"method {method!r}: call {cid} on instance {self.instance_id} "
