@@ -10,6 +10,7 @@ later calls.  A light actor on the same node lives on."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import sys
 
@@ -71,9 +72,10 @@ def test_intended_exit_ends_a_process_actor_without_restart(ray_env, how):
     leaving = Unit.options(yrdask_light=False).remote()
     light = Unit.options(yrdask_light=True).remote()
     assert ray.get([leaving.incr.remote(), light.incr.remote()], timeout=T) == [1, 1]
-    with pytest.raises(ray.exceptions.ActorDiedError):
+    said = r"exit_actor\(\)" if how == "leave" else r"sys\.exit\(\)"  # what ended it
+    with pytest.raises(ray.exceptions.ActorDiedError, match=said):
         ray.get(getattr(leaving, how).remote(), timeout=T)
-    with pytest.raises(ray.exceptions.ActorDiedError):
+    with pytest.raises(ray.exceptions.ActorDiedError, match=said):
         ray.get(leaving.incr.remote(), timeout=T)  # max_restarts=2 left unused
     assert ray.get(light.incr.remote(), timeout=T) == 2
     ray.kill(light)
@@ -210,3 +212,30 @@ def test_an_actor_makes_nested_calls_from_its_own_process(ray_env):
     assert values == [0, 1, 4, 9]
     assert pid not in task_pids and kid_pid not in task_pids and kid_pid != pid
     ray.kill(a)
+
+
+@ray.remote(num_cpus=0.1)
+class Registrar:
+    def __init__(self, path):
+        atexit.register(lambda: open(path, "w").close())
+
+    def leave(self):
+        ray.actor.exit_actor()
+
+    def crash(self):
+        os._exit(1)
+
+
+def test_an_actor_that_exits_runs_its_atexit_handlers_one_that_crashes_does_not(
+        ray_env, tmp_path):
+    """exit_actor() ends the actor's process as Ray's does, running the atexit handlers its
+    actor registered; a crash (os._exit) skips them."""
+    leaving = Registrar.remote(str(tmp_path / "left"))
+    crashing = Registrar.options(max_restarts=0).remote(str(tmp_path / "crashed"))
+    ray.get([leaving.__ray_ready__.remote(), crashing.__ray_ready__.remote()], timeout=T)
+    with pytest.raises(ray.exceptions.ActorDiedError, match=r"exit_actor\(\)"):
+        ray.get(leaving.leave.remote(), timeout=T)
+    wait_until((tmp_path / "left").exists, T, "the atexit handler of the actor that exited")
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(crashing.crash.remote(), timeout=T)
+    assert not (tmp_path / "crashed").exists()

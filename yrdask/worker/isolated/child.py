@@ -7,6 +7,7 @@ waits (:class:`ChildLending`).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import threading
@@ -16,7 +17,7 @@ from typing import Any
 import dask
 
 from yrdask import protocol as P
-from yrdask.errors import RemoteError, YRRuntimeError, user_traceback
+from yrdask.errors import RemoteError, ReturnError, YRRuntimeError, user_traceback
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args
 from yrdask.worker.isolated import START_TIMEOUT_S
 
@@ -119,6 +120,9 @@ class IsolatedHost:
         out = []
         nested = None
         for oid, v in zip(ids, values):
+            if type(v) is ReturnError:  # this return failed, the earlier ones did not
+                out.append([P.ERROR, dumps(RemoteError.from_exception(v.error, v.traceback_str))])
+                continue
             payload, _refs, counted = pack_counting(dumps_value, v)
             if counted:  # refs exist here only once this process's runtime has started
                 objects = self.runtime.started_runtime().objects
@@ -182,6 +186,9 @@ class IsolatedHost:
     async def start_isolated(self, spec: dict) -> bytes | None:
         from yrdask.worker.hosting import HostedInstance
 
+        # the zygote's exit handlers are its own: this process runs those its instance
+        # registers, when the instance ends by intent (stop_isolated), as a Ray actor does
+        atexit._clear()
         self._built = self.loop.create_future()
         self.instance = HostedInstance(self, spec, spec.get("deps") or [])
         return await self._built
@@ -196,6 +203,9 @@ class IsolatedHost:
         hook = getattr(inst, "run_shutdown_hook", None)
         if hook is not None:
             await hook(obj)
+        # then the instance's atexit handlers, as the process of a Ray actor that exits runs
+        # them (a crash or a kill of the process skips them, as there)
+        await self.loop.run_in_executor(None, atexit._run_exitfuncs)
 
     async def checkpoint_isolated(self) -> bytes:
         """``CHECKPOINT_ISOLATED``: the hosted instance's current state, pickled."""
