@@ -37,23 +37,38 @@ def split_returns(result: Any, nret: int) -> list:
     return values
 
 
+REPLY_WRITE_WAIT_S = 5.0  # a thread waits this long at most for its reply to be written
+
+
 class _ChildPeer:
-    """The agent's call channel, seen from the child: replies from instance threads."""
+    """The agent's call channel, seen from the child: replies from instance threads.
+
+    A thread's reply is written before the thread goes on to its next call: a method that
+    ends the process (``os._exit``) must not take the answers of the calls before it with
+    it, or the agent would count those calls as not started and deliver them again."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, stream: Any) -> None:
         self.loop = loop
         self.stream = stream
+        self.loop_thread = threading.get_ident()
 
     def reply(self, msg: dict) -> None:
-        self.loop.call_soon_threadsafe(self._send, msg)
+        if threading.get_ident() == self.loop_thread:
+            self._send(msg)
+            return
+        written = threading.Event()
+        self.loop.call_soon_threadsafe(self._send, msg, written)
+        written.wait(REPLY_WRITE_WAIT_S)
 
-    def _send(self, msg: dict) -> None:
+    def _send(self, msg: dict, written: threading.Event | None = None) -> None:
         from distributed.comm.core import CommClosedError
 
         try:
             self.stream.send(msg)
         except CommClosedError:
             pass
+        if written is not None:  # after the stream's own write, which send() scheduled
+            self.loop.call_soon(written.set)
 
 
 class _CallerPeer:
