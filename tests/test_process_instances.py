@@ -47,6 +47,9 @@ class Member:
     def quit(self, *code: object) -> None:
         sys.exit(*code)
 
+    def leave(self) -> None:
+        yr.exit()
+
     def quit_once(self, marker: str, code: int) -> str:
         if not os.path.exists(marker):
             open(marker, "w").close()
@@ -190,24 +193,11 @@ def test_a_process_instance_makes_nested_calls(cluster):
         x.terminate()
 
 
-@yr.instance
-class Leaver:
-    def __init__(self) -> None:
-        self.n = 0
-
-    def incr(self) -> int:
-        self.n += 1
-        return self.n
-
-    def leave(self) -> None:
-        yr.exit()
-
-
 def test_yr_exit_ends_a_process_instance_without_a_restart(cluster):
     """yr.exit() in a method of a process instance is an intended exit: no restart although
     it has some left; the call and later ones fail, and its neighbour lives on."""
     cluster(kind="embedded", num_cpus=1)
-    leaving = Leaver.options(small(recover_retry_times=2)).invoke()
+    leaving = Member.options(small(recover_retry_times=2)).invoke(0)
     neighbour = Member.options(small()).invoke(5)
     assert yr.get(leaving.incr.invoke(), T) == 1
     with pytest.raises(yr.InstanceDiedError, match=r"yr\.exit\(\)"):
