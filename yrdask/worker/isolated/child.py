@@ -301,6 +301,8 @@ class LazyRuntime:
         self._loop = loop
         self._loop_thread = threading.get_ident()
         self._info = info
+        # its worker's host: the node's IP (get_node_ip_address) before any runtime runs
+        self.node_ip: str = info.get("host") or "127.0.0.1"
         self._real: Any = None
         self._lock = threading.Lock()
         self.output_target: Any = None  # set by worker.output; handed to the real runtime
