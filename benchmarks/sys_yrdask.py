@@ -72,7 +72,9 @@ def _define() -> SimpleNamespace:
     def nbytes_of(box):
         return yr.get(box[0]).nbytes  # box: a list, so the ref is not resolved before the call
 
-    small = yr.InvokeOptions(cpu=10, memory=0)
+    # the instance figures (instances_100_per_s, instance_mem_mb, instance calls, ...) are
+    # of light instances, named as such: the default is a process of its own
+    small = yr.InvokeOptions(cpu=10, memory=0, light=True)
     Counter = yr.instance(invoke_options=small)(workloads.Counter)
     TrainingWorker = yr.instance(invoke_options=small)(workloads.TrainingWorker)
 
@@ -92,7 +94,7 @@ def _define() -> SimpleNamespace:
         yr=yr, inc=inc, nested=nested, nested_burst=nested_burst, nbytes_of=nbytes_of,
         spin=spin, fan_out=fan_out, block=block, blas=blas,
         kinds={"counter": Counter, "supervisor": TrainingSupervisor},
-        sizes={"small": small, "tiny": yr.InvokeOptions(cpu=0, memory=0)})
+        sizes={"small": small, "tiny": yr.InvokeOptions(cpu=0, memory=0, light=True)})
 
 
 class Yrdask(System):
@@ -162,6 +164,7 @@ class Yrdask(System):
         creator = self.creators.get(key)
         if creator is None:
             opts = self.d.sizes["tiny"].copy()
+            opts.light = None
             opts.env_vars = {"YR_BENCH_ISOLATED": "1"}  # implies a process of its own
             creator = self.creators[key] = self.d.kinds[kind].options(opts)
         return creator.invoke(*args)
@@ -224,6 +227,7 @@ class Yrdask(System):
     def submit_isolated(self, i: int):
         if "inc_isolated" not in self.creators:
             opts = self.d.sizes["tiny"].copy()
+            opts.light = None
             opts.env_vars = {"YR_BENCH_ISOLATED": "1"}
             self.creators["inc_isolated"] = self.d.inc.options(opts)
         return self.creators["inc_isolated"].invoke(i)

@@ -227,7 +227,9 @@ def test_refs_in_a_workers_generator_items_are_freed_once_the_consumer_drops_the
     holds neither the items nor the refs, every worker's table and store is empty again."""
     gc.collect()
     before = live(borrow_cluster)["driver"]  # what earlier tests' refs still hold there
-    boxer = Boxer.invoke() if source == "method" else None
+    # a light instance: its generator runs in the worker, whose tables the test reads (a
+    # process instance's: test_isolated_nested.py)
+    boxer = Boxer.options(yr.InvokeOptions(light=True)).invoke() if source == "method" else None
     gen = boxer.stream.invoke(3) if boxer else boxed_stream.invoke(3)
     items = list(gen)
     item_ids = {item.id for item in items}  # "<call id>.<index>": none may stay in the driver

@@ -30,7 +30,10 @@ def faults_cluster(cluster):
 
 
 def small(**kw) -> yr.InvokeOptions:
-    return yr.InvokeOptions(cpu=100, memory=10, **kw)
+    # light instances: these tests kill the worker process an instance runs in, by the pid
+    # it reports, and a light instance's process is its worker's (a process instance's own
+    # crashes and exits: test_process_instances.py, test_isolation.py)
+    return yr.InvokeOptions(cpu=100, memory=10, light=True, **kw)
 
 
 @yr.instance

@@ -22,6 +22,8 @@ pytestmark = pytest.mark.timeout(240)
 
 def small(**kw) -> yr.InvokeOptions:
     return yr.InvokeOptions(cpu=100, memory=10, **kw)
+# ``plain`` instances below are light ones (light=True): the reference for what runs in the
+# worker's own process, which the isolated ones are compared with
 
 
 @yr.instance
@@ -69,7 +71,7 @@ def test_isolated_instance_sees_its_env_vars_and_working_dir(cluster, kind, tmp_
         cluster(kind="embedded", num_cpus=1)
     else:
         cluster(kind="cli", workers=[{}])
-    plain = Probe.options(small()).invoke()
+    plain = Probe.options(small(light=True)).invoke()
     iso = Probe.options(small(env_vars={"YR_ISOLATION_TEST": "from-env-vars"},
                               runtime_env={"working_dir": str(tmp_path)})).invoke()
     here, there = yr.get([plain.where.invoke(), iso.where.invoke()], timeout=60)
@@ -85,7 +87,7 @@ def test_isolated_instance_sees_its_env_vars_and_working_dir(cluster, kind, tmp_
 
 def test_crash_takes_only_the_isolated_process(cluster):
     cluster(kind="embedded", num_cpus=1)
-    plain = Probe.options(small()).invoke(10)
+    plain = Probe.options(small(light=True)).invoke(10)
     other = Probe.options(small(isolated=True)).invoke(20)
     doomed = Probe.options(small(isolated=True)).invoke(30)
     worker = yr.get(plain.where.invoke(), timeout=60)["pid"]
@@ -175,7 +177,7 @@ def test_no_isolated_process_outlives_terminate_or_finalize(cluster):
 
 def test_isolated_process_ends_when_its_worker_is_killed(cluster):
     cluster(kind="embedded", num_cpus=1)
-    plain = Probe.options(small()).invoke()
+    plain = Probe.options(small(light=True)).invoke()
     h = Probe.options(small(isolated=True)).invoke()
     worker = yr.get(plain.where.invoke(), timeout=60)["pid"]
     child = yr.get(h.where.invoke(), timeout=60)["pid"]
@@ -261,7 +263,7 @@ def test_config_working_dir_is_the_default_for_isolated_work(cluster, tmp_path):
     own_dir.mkdir()
     yr.init(yr.Config(server_address=cli.address, working_dir=str(job_dir)))
     try:
-        plain = Probe.options(small()).invoke()
+        plain = Probe.options(small(light=True)).invoke()
         default = Probe.options(small(isolated=True)).invoke()
         named = Probe.options(small(runtime_env={"working_dir": str(own_dir)})).invoke()
         here, there, own = yr.get([h.where.invoke() for h in (plain, default, named)],

@@ -227,7 +227,10 @@ def test_dedup_collapses_a_line_printed_by_several_processes(printing, capsys):
     tag = uuid.uuid4().hex[:6]
     # Two instances of a whole CPU each: one in each of the two worker processes (one node
     # of two processes on the embedded cluster, two nodes on the cli one).
-    talkers = [Loud.options(yr.InvokeOptions(cpu=1000, memory=10)).invoke() for _ in range(2)]
+    # Light instances, pinned: the lines of process instances terminated right after the
+    # call do not reach the driver's summary yet (an open issue, see the process model).
+    talkers = [Loud.options(yr.InvokeOptions(cpu=1000, memory=10, light=True)).invoke()
+               for _ in range(2)]
     done = yr.get([t.loud.invoke(tag) for t in talkers], T)
     for t in talkers:
         t.terminate()

@@ -1,8 +1,8 @@
-"""Process instances (docs/isolation.md): with ``yrdask.instances.light`` off, or
-``InvokeOptions(light=False)``, an instance is a process of its own, forked from its worker's
-zygote.  Its environment, module state and crash are its own, and the exit rules
-(docs/isolation.md#exit-rules) end or restart that instance alone; light instances still
-share their worker's process.
+"""Process instances (docs/isolation.md): an instance is a process of its own by default
+(``yrdask.instances.light`` false), forked from its worker's zygote.  Its environment, module
+state and crash are its own, and the exit rules (docs/isolation.md#exit-rules) end or
+restart that instance alone; light instances (``InvokeOptions(light=True)``) still share
+their worker's process.
 
 The embedded cluster has one worker process, so every instance is a neighbour of every other.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 
-import dask
 import pytest
 
 import yrdask as yr
@@ -48,6 +47,9 @@ class Member:
     def quit(self, *code: object) -> None:
         sys.exit(*code)
 
+    def leave(self) -> None:
+        yr.exit()
+
     def quit_once(self, marker: str, code: int) -> str:
         if not os.path.exists(marker):
             open(marker, "w").close()
@@ -70,11 +72,10 @@ def state(h) -> dict:
 
 def test_each_process_instance_sees_its_own_environment_and_module_state(cluster):
     """Six members that each set an environment variable and a module global in __init__
-    read back their own values as process instances (the job default turned off), and their
-    neighbours' as light ones (light=True: one shared worker process)."""
+    read back their own values as process instances (the default: no light option), and
+    their neighbours' as light ones (light=True: one shared worker process)."""
     cluster(kind="embedded", num_cpus=1)
-    with dask.config.set({"yrdask.instances.light": False}):
-        own = [Member.options(small()).invoke(i) for i in range(6)]
+    own = [Member.options(small()).invoke(i) for i in range(6)]
     seen = yr.get([h.seen.invoke() for h in own], T)
     assert [(env, mod) for env, mod, _pid in seen] == [(str(i), i) for i in range(6)], seen
     assert len({pid for _e, _m, pid in seen}) == 6  # six processes
@@ -89,12 +90,12 @@ def test_each_process_instance_sees_its_own_environment_and_module_state(cluster
 
 
 def test_a_crash_restarts_that_process_instance_alone(cluster):
-    """os._exit in one process instance: it restarts per recover_retry_times (a fresh
-    __init__); its process neighbour and the light instance on the same worker keep their
-    state, and the worker process is the same."""
+    """os._exit in one instance (a process, by default): it restarts per
+    recover_retry_times (a fresh __init__); its process neighbour and the light instance on
+    the same worker keep their state, and the worker process is the same."""
     cluster(kind="embedded", num_cpus=1)
-    doomed = Member.options(small(light=False, recover_retry_times=2)).invoke(100)
-    neighbour = Member.options(small(light=False)).invoke(200)
+    doomed = Member.options(small(recover_retry_times=2)).invoke(100)
+    neighbour = Member.options(small()).invoke(200)
     light = Member.options(small(light=True)).invoke(300)
     assert yr.get([neighbour.incr.invoke(), light.incr.invoke()], T) == [201, 301]
     worker = yr.get(light.seen.invoke(), T)[2]
@@ -156,3 +157,55 @@ def test_sys_exit_in_an_async_method_ends_the_process_instance(cluster):
     with pytest.raises(yr.InstanceDiedError, match=r"exited by sys\.exit\(\)"):
         yr.get(h.ping.invoke(), T)
 
+
+
+@yr.invoke
+def square(x: int) -> int:
+    return x * x
+
+
+@yr.instance
+class Nester:
+    """Makes nested calls from its own process: a task, another instance, a put and a get."""
+
+    def fan(self, n: int) -> tuple:
+        squares = yr.get([square.invoke(i) for i in range(n)], T)
+        kid = Member.options(small()).invoke(7)
+        kid_seen = yr.get(kid.seen.invoke(), T)
+        kid.terminate()
+        boxed = yr.get(yr.put(sum(squares)), T)
+        return squares, boxed, kid_seen, os.getpid()
+
+
+def test_a_process_instance_makes_nested_calls(cluster):
+    """A default (process) instance submits tasks, creates and calls an instance of its own
+    and puts and gets an object, through its own runtime; the child instance is a process
+    apart from its creator's."""
+    cluster(kind="embedded", num_cpus=1)
+    h = Nester.options(small()).invoke()
+    worker = Member.options(small(light=True)).invoke(0)
+    squares, boxed, (env, mod, kid_pid), pid = yr.get(h.fan.invoke(4), T)
+    assert squares == [0, 1, 4, 9] and boxed == 14
+    assert (env, mod) == ("7", 7)
+    worker_pid = yr.get(worker.seen.invoke(), T)[2]
+    assert len({pid, kid_pid, worker_pid}) == 3, (pid, kid_pid, worker_pid)
+    for x in (h, worker):
+        x.terminate()
+
+
+def test_yr_exit_ends_a_process_instance_without_a_restart(cluster):
+    """yr.exit() in a method of a process instance is an intended exit: no restart although
+    it has some left; the call and later ones fail, and its neighbour lives on."""
+    cluster(kind="embedded", num_cpus=1)
+    leaving = Member.options(small(recover_retry_times=2)).invoke(0)
+    neighbour = Member.options(small()).invoke(5)
+    assert yr.get(leaving.incr.invoke(), T) == 1
+    with pytest.raises(yr.InstanceDiedError, match=r"yr\.exit\(\)"):
+        yr.get(leaving.leave.invoke(), T)
+    with pytest.raises(yr.InstanceDiedError, match=r"yr\.exit\(\)"):
+        yr.get(leaving.incr.invoke(), T)
+    st = wait_until(lambda: (s := state(leaving))["state"] == "DEAD" and s, 30,
+                    lambda: f"the instance DEAD at the scheduler: {state(leaving)}")
+    assert not st["restarts"], st
+    assert yr.get(neighbour.incr.invoke(), T) == 6
+    neighbour.terminate()

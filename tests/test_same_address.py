@@ -138,8 +138,9 @@ def test_a_worker_restarted_at_its_address_is_a_new_worker(fixed_port_cluster):
     yr.wait(kept, timeout=T)  # computed: its value lives in that worker process only
     # owned by that process, too large to travel inline with the result: only it has it
     (owned,) = yr.get(put_here.invoke(BIG), timeout=T)
-    gone = Keeper.options(recover_retry_times=0).invoke()
-    back = Keeper.options(recover_retry_times=1).invoke()
+    # light instances (pinned): the test reads the worker's pid through them
+    gone = Keeper.options(recover_retry_times=0, light=True).invoke()
+    back = Keeper.options(recover_retry_times=1, light=True).invoke()
     assert yr.get([gone.pid.invoke(), back.pid.invoke()], timeout=T) == [pid, pid]
 
     os.kill(pid, signal.SIGKILL)  # the worker process, not its nanny
@@ -156,7 +157,7 @@ def test_a_worker_restarted_at_its_address_is_a_new_worker(fixed_port_cluster):
     (fresh,) = yr.get(put_here.invoke(BIG), timeout=T)
     assert yr.get(fresh, timeout=T).strip() == f"owned by {new_pid}"
     # a new instance is created there
-    assert yr.get(Keeper.invoke().pid.invoke(), timeout=T) == new_pid
+    assert yr.get(Keeper.options(light=True).invoke().pid.invoke(), timeout=T) == new_pid
     # the old instances: one restarted on the new process, one reported dead
     assert yr.get(back.pid.invoke(), timeout=T) == new_pid
     with pytest.raises(yr.InstanceDiedError, match="was lost"):

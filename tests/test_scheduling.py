@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 
+import psutil
 import pytest
 
 import yrdask as yr
@@ -58,7 +59,9 @@ def test_tags_place_tasks_and_instances_on_the_tagged_worker(zones):
         assert {pid for pid, _ in got} <= pids, (zone, got, pids)
         handles = [Probe.options(opts).invoke() for _ in range(3)]
         got = yr.get([h.where.invoke() for h in handles], T)
-        assert {pid for pid, _ in got} <= pids, (zone, got, pids)
+        # each instance is a process of its own, started by that worker
+        assert all({pid, *(p.pid for p in psutil.Process(pid).parents())} & pids
+                   for pid, _ in got), (zone, got, pids)
         for h in handles:
             h.terminate()
 

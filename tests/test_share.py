@@ -82,7 +82,9 @@ def test_yr_and_dask_tasks_share_each_workers_thread(cluster, tmp_path: pathlib.
         x = da.arange(4000 * 4000, chunks=500 * 500).reshape((4000, 4000))
         blocks = x.map_blocks(busy_block, folder, meta=np.empty((0, 0), dtype=x.dtype))
         total = blocks.sum()
-        busy = Busy.invoke()
+        # a light instance: its calls share the worker's thread, which is what is checked
+        # (a process instance's calls run in its own process)
+        busy = Busy.options(yr.InvokeOptions(light=True)).invoke()
         assert yr.get(busy.work.invoke(folder, 0), T) == 0  # placed and constructed
         future = client.compute(total)
         wait_until(lambda: any("dask" in log.read_text() for log in tmp_path.glob("*.log")),

@@ -256,7 +256,9 @@ def test_tasks_instances_and_nested_calls_over_tls(tls_driver):
     assert yr.get(plus_one.invoke(1), T) == 2
     # Worker -> worker: the outer task on the plain worker calls into the tagged one.
     plain_only = yr.InvokeOptions(cpu=1000)  # the tagged worker's CPU is taken below
-    counter = Counter.options(yr.InvokeOptions(cpu=1000, custom_resources={"tls_tag": 1})).invoke()
+    # a light instance (pinned): node() reads the address of the worker it runs in
+    counter = Counter.options(yr.InvokeOptions(cpu=1000, custom_resources={"tls_tag": 1},
+                                               light=True)).invoke()
     tagged_node = yr.get(counter.node.invoke(), T)
     assert tagged_node in workers
     assert [yr.get(counter.add.invoke(1), T) for _ in range(3)] == [1, 2, 3]

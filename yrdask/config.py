@@ -80,7 +80,7 @@ def light_instances() -> bool:
     """``yrdask.instances.light``: whether an instance that names no ``light`` option is a
     light one (shares a worker process) or a process instance; ``YRValueError`` naming the
     key for a value that is not a bool."""
-    value = dask.config.get("yrdask.instances.light", True)
+    value = dask.config.get("yrdask.instances.light", False)
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         value = value.strip().lower() == "true"  # a quoted YAML value, a string set
     if type(value) is not bool:

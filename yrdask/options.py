@@ -454,7 +454,8 @@ class InvokeOptions:
     isolated: bool = _opt(_bool(), False)
     # yrdask extension: True hosts the instance in a worker process it shares with other
     # light instances (fast, small; docs/isolation.md says what they share), False in a
-    # process of its own; None: the job's default, the Dask key ``yrdask.instances.light``.
+    # process of its own; None: the job's default, the Dask key ``yrdask.instances.light``
+    # (false unless set: a process of its own, as a yr instance or a Ray actor is).
     light: bool | None = _opt(_bool(none_ok=True), None)
 
     # Plain class attributes, not dataclass fields: passing them to the constructor is a

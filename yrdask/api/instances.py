@@ -476,6 +476,12 @@ def exit() -> None:  # noqa: A001 - yr's name
     The call that ran ``yr.exit()`` and those queued behind it fail with ``InstanceDiedError``
     ("exited by yr.exit()").  Outside an instance method: ``YRRuntimeError``.
     """
+    exit_with("exited by yr.exit()")
+
+
+def exit_with(reason: str) -> None:
+    """:func:`exit` with the ``reason`` the instance's callers are told (the Ray surface's
+    ``exit_actor()`` names itself, as Ray's error does)."""
     from yrdask.runtime.context import current_owner
 
     rt = current_runtime()
@@ -484,7 +490,7 @@ def exit() -> None:  # noqa: A001 - yr's name
     if agent is None or not iid or iid not in agent.instances:
         raise YRRuntimeError("yr.exit() can only be called inside a method of an instance "
                              "(use handle.terminate() or yr.kill_instance(id) from elsewhere)")
-    rt.scheduler_call(P.KILL_INSTANCE, instance_id=iid, reason="exited by yr.exit()")
+    rt.scheduler_call(P.KILL_INSTANCE, instance_id=iid, reason=reason)
     raise InstanceExited(iid)
 
 

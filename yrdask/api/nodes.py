@@ -37,7 +37,9 @@ def get_node_ip_address() -> str:
     """The IP address of the node this code runs on (in a driver: the driver's IP)."""
     from distributed.comm import get_address_host
 
-    return get_address_host(current_runtime().address)
+    rt = current_runtime()
+    # an instance's own process knows its worker's host, with or without a runtime started
+    return getattr(rt, "node_ip", None) or get_address_host(rt.address)
 
 
 def resources() -> list[dict]:

@@ -90,11 +90,11 @@ def exit_actor() -> None:
         raise TypeError("exit_actor API is called on a non-actor worker (call it inside an "
                         "actor method)")
     try:
-        from yrdask.api.instances import exit as yr_exit
+        from yrdask.api.instances import exit_with
     except ImportError:  # older yrdask: end it here
         _kill(current_runtime(), inst.instance_id, False)
         raise ActorExitRequest() from None
-    yr_exit()
+    exit_with("exited by ray.actor.exit_actor()")
 
 
 # -- classes, handles, methods -----------------------------------------------------------------

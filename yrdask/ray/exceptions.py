@@ -33,7 +33,7 @@ __all__ = ["RayError", "RayTaskError", "RayActorError", "ActorDiedError",
            "ActorUnavailableError", "GetTimeoutError", "TaskCancelledError",
            "WorkerCrashedError", "ObjectLostError", "OwnerDiedError", "RuntimeEnvSetupError",
            "RaySystemError", "TaskUnschedulableError", "ActorUnschedulableError",
-           "ObjectRefStreamEndOfStreamError", "UnsupportedOptionError",
+           "ObjectRefStreamEndOfStreamError", "AsyncioActorExit", "UnsupportedOptionError",
            "from_yr_error"]
 
 
@@ -166,6 +166,12 @@ class ActorUnschedulableError(RayError, _yr.ScheduleError):
 
     def __str__(self) -> str:
         return f"The actor is not schedulable: {self.error_message}"
+
+
+class AsyncioActorExit(RayError):
+    """Ray's signal of ``exit_actor()`` in an async actor.  Defined for ``except`` clauses:
+    yrdask's ``exit_actor()`` ends the actor before it raises, so catching what it raises
+    does not keep the actor alive, as on Ray."""
 
 
 class ObjectRefStreamEndOfStreamError(RayError):

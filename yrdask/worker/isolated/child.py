@@ -7,6 +7,7 @@ waits (:class:`ChildLending`).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import threading
@@ -16,7 +17,7 @@ from typing import Any
 import dask
 
 from yrdask import protocol as P
-from yrdask.errors import RemoteError, YRRuntimeError, user_traceback
+from yrdask.errors import RemoteError, ReturnError, YRRuntimeError, user_traceback
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args
 from yrdask.worker.isolated import START_TIMEOUT_S
 
@@ -36,27 +37,42 @@ def split_returns(result: Any, nret: int) -> list:
     return values
 
 
+REPLY_WRITE_WAIT_S = 5.0  # a thread waits this long at most for its reply to be written
+
+
 class _ChildPeer:
     """A caller's call channel, seen from the child: replies from instance threads.
-    ``caller`` is who opened it (``OpenChannel.caller``), to whom refs in results are lent."""
+    ``caller`` is who opened it (``OpenChannel.caller``), to whom refs in results are lent.
 
-    __slots__ = ("loop", "stream", "caller")
+    A thread's reply is written before the thread goes on to its next call: a method that
+    ends the process (``os._exit``) must not take the answers of the calls before it with
+    it, or the caller would count those calls as unanswered and deliver them again."""
+
+    __slots__ = ("loop", "stream", "caller", "loop_thread")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, stream: Any, caller: str) -> None:
         self.loop = loop
         self.stream = stream
         self.caller = caller
+        self.loop_thread = threading.get_ident()
 
     def reply(self, msg: dict) -> None:
-        self.loop.call_soon_threadsafe(self._send, msg)
+        if threading.get_ident() == self.loop_thread:
+            self._send(msg)
+            return
+        written = threading.Event()
+        self.loop.call_soon_threadsafe(self._send, msg, written)
+        written.wait(REPLY_WRITE_WAIT_S)
 
-    def _send(self, msg: dict) -> None:
+    def _send(self, msg: dict, written: threading.Event | None = None) -> None:
         from distributed.comm.core import CommClosedError
 
         try:
             self.stream.send(msg)
         except CommClosedError:
             pass  # the caller went: its calls are its own to deliver again
+        if written is not None:  # after the stream's own write, which send() scheduled
+            self.loop.call_soon(written.set)
 
 
 def _stored(object_id: str) -> Any:
@@ -119,6 +135,9 @@ class IsolatedHost:
         out = []
         nested = None
         for oid, v in zip(ids, values):
+            if type(v) is ReturnError:  # this return failed, the earlier ones did not
+                out.append([P.ERROR, dumps(RemoteError.from_exception(v.error, v.traceback_str))])
+                continue
             payload, _refs, counted = pack_counting(dumps_value, v)
             if counted:  # refs exist here only once this process's runtime has started
                 objects = self.runtime.started_runtime().objects
@@ -202,6 +221,9 @@ class IsolatedHost:
     def _host(self, spec: dict, running: Any) -> Any:
         from yrdask.worker.hosting import HostedInstance
 
+        # the zygote's exit handlers are its own: this process runs those its instance
+        # registers, when the instance ends by intent (stop_isolated), as a Ray actor does
+        atexit._clear()
         self.instance = HostedInstance(self, spec, spec.get("deps") or [])
         return self.instance
 
@@ -228,6 +250,9 @@ class IsolatedHost:
         hook = getattr(inst, "run_shutdown_hook", None)
         if hook is not None:
             await hook(obj)
+        # then the instance's atexit handlers, as the process of a Ray actor that exits runs
+        # them (a crash or a kill of the process skips them, as there)
+        await self.loop.run_in_executor(None, atexit._run_exitfuncs)
 
     async def checkpoint_isolated(self) -> bytes:
         """``CHECKPOINT_ISOLATED``: the hosted instance's current state, pickled."""
@@ -328,6 +353,8 @@ class LazyRuntime:
         self._loop = loop
         self._loop_thread = threading.get_ident()
         self._info = info
+        # its worker's host: the node's IP (get_node_ip_address) before any runtime runs
+        self.node_ip: str = info.get("host") or "127.0.0.1"
         self._real: Any = None
         self._lock = threading.Lock()
         self.output_target: Any = None  # set by worker.output; handed to the real runtime
