@@ -133,7 +133,9 @@ def test_task_stream_and_profile_hold_yr_work(client):
     def progress() -> dict:
         return client.run_on_scheduler(lambda dask_scheduler: {
             name: dict(tp.states) for name, tp in dask_scheduler.task_prefixes.items()})
-    states = wait_until(lambda: (lambda s: s if "Tally" in s else None)(progress()), T,
+    # (the lifetimes are counted on the scheduler's periodic tick: wait for the ALIVE one)
+    states = wait_until(lambda: (lambda s: s if s.get("Tally", {}).get("processing", 0) >= 1
+                                 else None)(progress()), T,
                         lambda: f"Tally's lifetime in the task prefixes: {progress()}")
     assert states["spin_a_while"]["memory"] >= 30, states
     assert states["Tally.add"]["memory"] >= 20, states

@@ -83,6 +83,7 @@ SAMPLES: list[P.Message] = [
     P.CheckpointIsolated(),
     P.KeptObjects(),
     P.ResultsKept(("c-1", "c-2.0")),
+    P.CallRecords((("Tally.add", "c-1", 1.0, 1.5, 140, True),), {"Tally.add": 1}, 2, 7),
     P.AdoptObjects("tcp://w:2", ("o-1",)),
     P.ObjectsMoved("tcp://w:2", "tcp://w:3", ("o-1",)),
     P.RunIsolated("t-1", "l-1", "f-1", b"\x80fn", b"\x80args", (("t-0", "value", b"v"),), 1,
@@ -169,7 +170,7 @@ def test_channel_groups_are_derived_from_the_table():
     assert set(P.ISOLATED_RPC) == {P.OPEN_CHANNEL, P.START_ISOLATED, P.STOP_ISOLATED,
                                     P.RUN_ISOLATED, P.CHECKPOINT_ISOLATED, P.DRAIN_INSTANCE,
                                     P.INSTANCE_MOVED}
-    assert P.ISOLATED_TO_AGENT == (P.RESULTS_KEPT,)
+    assert set(P.ISOLATED_TO_AGENT) == {P.CALL_RECORDS, P.RESULTS_KEPT}
     assert P.CHANNEL_TO_CALLER == (P.TASK_DONE, P.GENERATOR_ITEM)
     for group in (P.SCHEDULER_RPC, P.SCHEDULER_STREAM, P.WORKER_RPC, P.WORKER_STREAM):
         assert all(op in P.MESSAGES for op in group)

@@ -1170,6 +1170,26 @@ class ResultsKept(Message):
     object_ids: list
 
 
+CALL_RECORDS = "yr_call_records"
+
+
+@_message
+class CallRecords(Message):
+    """isolated process -> its worker agent, on the supervision channel: its instance's
+    calls that ended since the last batch, ``(name, call_id, start, stop, thread, ok)`` as
+    a worker records its own, how many run now by name, and how many it has answered and not.  The agent adds them to its
+    batch for Dask's Task Stream and Progress (``worker/dask_panels.py``), so a process
+    instance's calls show there, in ``ray.util.state.list_tasks`` and ``ray.timeline()``
+    as a light instance's do."""
+
+    op: ClassVar[str] = CALL_RECORDS
+    channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_TO_AGENT,)
+    records: list
+    running: dict
+    pending: int = 0  # its calls not answered yet
+    done: int = 0  # its calls answered so far (its instance's, in this process)
+
+
 KEPT_OBJECTS = "yr_kept_objects"
 
 

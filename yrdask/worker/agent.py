@@ -225,7 +225,7 @@ class WorkerAgent(TaskRunner):
             "tasks_running": len(self.running),
             "tasks_queued": max(0, len(self.tasks) - len(self.running)),
             "tasks_done": self.tasks_done,
-            "instances": {iid: [inst.calls_done, len(inst.pending)]
+            "instances": {iid: [inst.calls_done, inst.calls_pending]
                           for iid, inst in self.instances.items()},
             "scheduling": self.runtime.submitter.figures(),
             "kept": len(self.store),

@@ -52,6 +52,8 @@ class Recorder:
         self.active = agent.worker.active_threads if profile else {}
         self.running: dict[int, str] = {}  # thread ident -> name, while it runs yr code
         self.records: list[tuple] = []  # ended since the last flush
+        # process instances' calls running now, by instance id (their CallRecords)
+        self.children: dict[str, dict[str, int]] = {}
         self._sent: tuple = ({}, {}, [])  # counts and tasks in the last batch
 
     def begin(self, name: str, call_id: str) -> float:
@@ -81,6 +83,8 @@ class Recorder:
         name; and the tasks here, ``(name, task_id, started, owner)``, every running one and
         the first :data:`QUEUED_LISTED` queued ones (Ray's ``list_tasks``)."""
         running = Counter(self.running.values())
+        for counts in list(self.children.values()):
+            running.update(counts)
         queued: Counter = Counter()
         tasks = []
         agent = self.agent
@@ -109,6 +113,53 @@ class Recorder:
         self.agent.runtime.connector.stream_send(P.TaskRecords(records, running, queued,
                                                                tasks))
 
+
+    def from_child(self, instance_id: str, records: list, running: dict | None) -> None:
+        """A process instance's :class:`~yrdask.protocol.CallRecords` (``running`` None: the
+        process is gone, nothing of it runs any more)."""
+        self.records.extend(tuple(r) for r in records)
+        if running:
+            self.children[instance_id] = running
+        else:
+            self.children.pop(instance_id, None)
+
+
+class ChildRecorder:
+    """A process instance's own recorder: its calls for its worker's :class:`Recorder`,
+    sent on the supervision channel every :data:`FLUSH_MS` when something changed (no
+    Profile: Dask's profiler samples the worker's threads, not this process's)."""
+
+    def __init__(self, send: Any, load: Any) -> None:
+        self.send = send  # CallRecords -> the agent (False while there is no channel)
+        self.load = load  # () -> (the instance's calls not answered yet, answered so far)
+        self.running: dict[int, str] = {}
+        self.records: list[tuple] = []
+        self._sent: tuple = ({}, 0, 0)
+
+    def begin(self, name: str, call_id: str) -> float:
+        self.running[_get_ident()] = name
+        return _time()
+
+    def drop(self) -> None:
+        self.running.pop(threading.get_ident(), None)
+
+    def end(self, name: str, call_id: str, start: float, ok: bool) -> None:
+        stop = _time()
+        ident = _get_ident()
+        self.running.pop(ident, None)
+        self.records.append((name, call_id, start, stop, ident, ok))
+
+    def flush(self) -> None:
+        """Periodic (the process's loop): ship what ended and the running counts."""
+        running = dict(Counter(self.running.values()))
+        pending, done = self.load()
+        n = len(self.records)
+        if not n and (running, pending, done) == self._sent:
+            return
+        records = self.records[:n]
+        if self.send(P.CallRecords(records, running, pending, done).to_msg()):
+            del self.records[:n]
+            self._sent = (running, pending, done)
 
 
 def store_bytes(ids: Any, objects: str, spill: str) -> tuple[int, int]:

@@ -221,6 +221,11 @@ class HostedCalls:
         self.off_loop: frozenset = frozenset()  # methods started on the side executor
         self.calls_done = 0
 
+    @property
+    def calls_pending(self) -> int:
+        """Calls here not answered yet (the agent's load report)."""
+        return len(self.pending)
+
     def call(self, peer: Any, msg: dict) -> None:
         """A call arrived (loop thread): it waits, starts or answers "died"."""
         call_id = msg["task_id"]

@@ -109,8 +109,23 @@ class IsolatedHost:
         # (``START``, calls, cancels, a scale-down's hold and release)
         self.side = InstanceSide(SideEdge(self._host))
         self.supervision: Any = None  # the agent's channel (a StreamSender)
+        # its calls for Dask's panels, through the agent (dask_panels.ChildRecorder; None:
+        # yrdask.dashboard.dask-panels is off); HostedInstance reads it as a worker's
+        self.recorder: Any = None
         self.functions: dict[str, Any] = {}
         self._built: asyncio.Future | None = None
+
+    def send_records(self, msg: dict) -> bool:
+        """A :class:`P.CallRecords` to the agent; False while there is no channel."""
+        from distributed.comm.core import CommClosedError
+
+        if self.supervision is None:
+            return False
+        try:
+            self.supervision.send(msg)
+        except CommClosedError:
+            return False
+        return True
 
     def payloads(self, deps: list) -> list:
         """Small values came in the message; large ones are mapped from the node's store
@@ -247,6 +262,8 @@ class IsolatedHost:
             return
         obj = inst.obj
         inst.stop(reason)
+        if self.recorder is not None:  # its last calls reach the panels before it goes
+            self.recorder.flush()
         hook = getattr(inst, "run_shutdown_hook", None)
         if hook is not None:
             await hook(obj)
@@ -534,8 +551,19 @@ async def child_main(assigned: Any, announce: Any, listen: dict) -> None:
     address, listen_args = endpoint(listen)
     await server.listen(address, **listen_args)
     req = await assigned()
-    info.update((key, req.get(key)) for key in ("node", "scheduler", "host", "worker", "tls"))
+    info.update((key, req.get(key))
+                for key in ("node", "scheduler", "host", "worker", "tls", "panels"))
     host.worker = info.get("worker") or ""
+    if info.get("panels"):  # its worker records its work for Dask's panels: so does this
+        from tornado.ioloop import PeriodicCallback
+
+        from yrdask.worker.dask_panels import FLUSH_MS, ChildRecorder
+
+        host.recorder = ChildRecorder(
+            host.send_records,
+            lambda: (0, 0) if host.instance is None else (host.instance.calls_pending,
+                                                            host.instance.calls_done))
+        PeriodicCallback(host.recorder.flush, FLUSH_MS).start()
     node = runtime.agent.node_id = info.get("node") or ""
     out = _OutputAgent(host, server, node)
     output.install(out)

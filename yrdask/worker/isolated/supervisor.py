@@ -26,8 +26,7 @@ logger = logging.getLogger("yrdask.worker")
 class IsolatedInstance:
     """The agent's side of one process instance (see module docstring)."""
 
-    calls_done = 0  # (the agent's figures) its calls go to its process, never through here
-    pending: dict = {}
+    pending: dict = {}  # its calls go to its process, never through here
 
     def __init__(self, agent: Any, spec: dict) -> None:
         self.agent = agent
@@ -44,6 +43,9 @@ class IsolatedInstance:
         self._stopping: asyncio.Task | None = None
         self._kept = P.handlers(P.ISOLATED_TO_AGENT, self)
         self.generation = 0
+        # the agent's load figures, as its process's CallRecords tell them
+        self.calls_done = 0
+        self.calls_pending = 0
         agent.loop.create_task(self._start())
 
     @property
@@ -115,6 +117,15 @@ class IsolatedInstance:
         except (CommClosedError, OSError):
             pass  # the watcher reports the exit
 
+    def call_records(self, records: list, running: dict, pending: int = 0,
+                     done: int = 0) -> None:
+        """:class:`P.CallRecords`: the process's calls, for Dask's panels and the agent's
+        load report."""
+        self.calls_done, self.calls_pending = done, pending
+        rec = self.agent.recorder
+        if rec is not None:
+            rec.from_child(self.instance_id, records, running)
+
     def results_kept(self, object_ids: list) -> None:
         """:class:`P.ResultsKept`: large results the process wrote to the node's store are
         this worker's to keep for their owners (unless freed already)."""
@@ -153,6 +164,8 @@ class IsolatedInstance:
         Its callers lost their channels and locate it again."""
         if self.stopped is not None or gen != self.generation or self.dead:
             return
+        if self.agent.recorder is not None:  # nothing of it runs any more
+            self.agent.recorder.from_child(self.instance_id, [], None)
         cause = describe_exit_of(proc.pid, code)
         logger.warning("instance %s (%s): %s", self.instance_id, self.cls_name, cause)
         if self.supervision is not None:

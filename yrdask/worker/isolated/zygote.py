@@ -56,7 +56,8 @@ def child_info(agent: Any) -> dict:
     except Exception:  # noqa: BLE001 - an address without a host: loopback
         host = "127.0.0.1"
     return {"node": _node_name(agent), "scheduler": scheduler, "host": host,
-            "worker": worker.address, "tls": _tls_of(worker)}
+            "worker": worker.address, "tls": _tls_of(worker),
+            "panels": getattr(agent, "recorder", None) is not None}
 
 
 #: the worker's TLS settings a child listens with (files or PEM strings: JSON-able)
