@@ -78,6 +78,10 @@ SCHED = "sched"
 MAX_STEPS = 60_000
 MAX_VIRTUAL_S = 20_000.0
 GRANT_WITHIN_S = 0.25  # virtual seconds a request that fits the free capacity may stay pending
+#: virtual seconds within which an instance with restarts left that lost its process is
+#: hosted again (its worker's removal: at most 3 s, then heard at most 1 s later; the grant
+#: of what fits: GRANT_WITHIN_S), unless it ended for another reason or waits for room
+RESTART_WITHIN_S = 8.0
 UNFIT = {"CPU": 64000.0, "Memory": 100.0}
 #: the race branches the world counts (``CallWorld.races``; a range run prints their sum)
 RACES = ("a stop for a worker already removed",)
@@ -187,6 +191,7 @@ class _HostEdge:
         iid, inc, conc = spec["instance_id"], spec["incarnation"], spec["concurrency"]
         h = w.incs[(iid, inc)] = SimHosted(world, w, iid, inc, conc)
         world.say(w.name, "hosts", iid, inc, f"concurrency {conc}")
+        world.started(iid)
         world.send(w.name, w.name, f"init-{iid}", ("INIT", iid, inc))
         return h
 
@@ -337,6 +342,7 @@ class _InstanceEdge:
         w = self.world
         iid, inc = spec["instance_id"], spec.get("incarnation", 0)
         w.say(SCHED, "start", iid, worker, inc)
+        w.placed[iid] = (worker, w.placed.get(iid, ("", 0))[1] + 1)
         w.send(SCHED, worker, "stream", ("START", iid, inc, spec.get("concurrency") or (
             1000 if spec.get("is_async") else 1)))
 
@@ -406,6 +412,8 @@ class CallWorld:
         self.calls: dict[str, dict] = {}
         self.execs: dict[tuple, list] = {}  # (iid, worker, incarnation) -> [(caller, route, seq, cid)]
         self.tokens: dict[str, tuple] = {}  # token -> (iid, receiver)
+        self.incarnations: dict[str, int] = {}  # iid -> incarnations started (hosted) ever
+        self.placed: dict[str, tuple] = {}  # iid -> (worker of its last START, STARTs sent)
         self.arrived_tokens: set[str] = set()
         # scheduler adapter state
         self.registered: set[str] = set()  # workers the scheduler knows (Dask's view)
@@ -543,6 +551,50 @@ class CallWorld:
                           f"({self.lc.resolve(iid)}) is live: {self.lc.status(iid)}")
         else:
             self.fail(f"call {cid} failed with {err!r}")
+
+    def budget(self, iid: str) -> int:
+        """The instance's restart budget as its creator asked (the world's own record of the
+        create params): ``recover_retry_times``, -1 for no limit."""
+        return self.specs[iid].get("recover_retry_times") or 0
+
+    def started(self, iid: str) -> None:
+        """A worker hosts a new incarnation of ``iid``: never more than 1 + its budget."""
+        n = self.incarnations[iid] = self.incarnations.get(iid, 0) + 1
+        budget = self.budget(iid)
+        if budget != -1 and n > 1 + budget:
+            self.fail(f"restart: {iid} started {n} times, though created with "
+                      f"recover_retry_times={budget}: {self.lc.story.dump(iid)}")
+
+    def lost_process(self, iid: str, cause: str) -> None:
+        """The process meant to host ``iid`` died (its worker, or its own process), hosting
+        it or not yet: each START it was sent is one of its 1 + budget lives, so with lives
+        left it must be started again within ``RESTART_WITHIN_S`` (checked by a timer)."""
+        budget = self.budget(iid)
+        n = self.placed[iid][1]
+        if budget == -1 or n < 1 + budget:
+            self.timer(self.now + RESTART_WITHIN_S, "restart-due", (iid, n, cause))
+
+    def check_restarted(self, iid: str, n: int, cause: str) -> None:
+        """Progress of restarts: hosted again since it lost its process, or it ended for a
+        reason of its own (terminated, released, its owner ended, no worker had room), or it
+        still waits for room; never ended for that loss while it had restarts left."""
+        if self.placed[iid][1] > n:
+            return
+        lc = self.lc
+        rec = lc.instances.get(iid)
+        reason = lc.graveyard.get(iid) if rec is None else rec.reason
+        if rec is not None and rec.state != P.DEAD:
+            if rec.acquiring:  # waits for room (the lease queue's progress check holds)
+                return
+            if rec.state == P.RESTARTING or rec.worker is not None and not self.alive(rec.worker):
+                self.fail(f"restart: {iid} lost its process ({cause}) {RESTART_WITHIN_S} s ago, "
+                          f"has restarts left, and was not started again: {rec.state} on "
+                          f"{rec.worker}: {lc.story.dump(iid)}")
+            return
+        if reason is not None and reason.startswith(cause) and "take it back" not in reason:
+            self.fail(f"restart: {iid} ended for the loss of its process ({reason}) though "
+                      f"it had restarts left (created with recover_retry_times="
+                      f"{self.budget(iid)}, started {n} times): {lc.story.dump(iid)}")
 
     def add_handle(self, pname: str, iid: str) -> None:
         p = self.procs[pname]
@@ -898,6 +950,8 @@ class CallWorld:
         wname = self.rng.choice(live)
         self.procs[wname].alive = False
         self.say(wname, "KILLED")
+        for iid in sorted(i for i, (on, _n) in self.placed.items() if on == wname):
+            self.lost_process(iid, f"its worker {wname} was lost")
         for key in list(self.busy):
             if wname in key[:2]:
                 self.links[key].clear()
@@ -1115,6 +1169,8 @@ class CallWorld:
             data[0](data[1])
         elif kind == "join":
             self.say(self._add_worker(), "JOINED")
+        elif kind == "restart-due":
+            self.check_restarted(*data)
 
     def validate(self) -> None:
         try:
