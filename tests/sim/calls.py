@@ -58,7 +58,8 @@ from collections import deque
 from typing import Any
 
 from yrdask import protocol as P
-from yrdask.errors import CallCrashedError, CancelledError, InstanceDiedError, ScheduleError
+from yrdask.errors import (CallCrashedError, CancelledError, InstanceDiedError,
+                           InstanceMovedError, ScheduleError)
 from yrdask.runtime import call_order as C
 from yrdask.runtime.call_router import CallRouter
 from yrdask.scheduler import durable as D
@@ -130,6 +131,7 @@ class Proc:
         self.incs: dict[tuple, "SimHosted"] = {}  # (iid, incarnation) -> hosted here ever
         self.ran: set[str] = set()  # calls whose method began here
         self.unrun_cancels: set[str] = set()  # calls cancelled here before they began
+        self.parent: str | None = None  # a process instance's own process: its worker
 
     @property
     def hosted(self) -> dict[str, "SimHosted"]:
@@ -189,6 +191,11 @@ class _HostEdge:
     def host(self, spec: dict, running: Any) -> Any:
         w, world = self.w, self.world
         iid, inc, conc = spec["instance_id"], spec["incarnation"], spec["concurrency"]
+        if w.parent is None and world.specs[iid].get("isolation"):  # (as agent.host)
+            if type(running) is SimSupervisor:  # its process died: the scheduler restarts it
+                running.restart(spec)
+                return running
+            return SimSupervisor(world, w, spec)
         h = w.incs[(iid, inc)] = SimHosted(world, w, iid, inc, conc)
         world.say(w.name, "hosts", iid, inc, f"concurrency {conc}")
         world.started(iid)
@@ -201,6 +208,66 @@ class _HostEdge:
 
     def ignored_start(self, instance_id: str) -> None:
         self.world.say(self.w.name, "start ignored, stopped before", instance_id)
+
+
+class SimSupervisor:
+    """The agent's side of a process instance (as ``worker/isolated/supervisor.py``'s
+    ``IsolatedInstance``): each incarnation is a process of its own (a ``Proc`` of kind
+    "process", hosting with its own ``InstanceSide``, as ``isolated/child.py``), reached by
+    its callers at its own endpoint; this side never runs a call, reports where the process
+    serves (its ``STATE`` ALIVE carries the endpoint) and its death (``STATE``
+    RESTARTING with the incarnation and the dead endpoint), and stops it."""
+
+    def __init__(self, world: "CallWorld", w: Proc, spec: dict) -> None:
+        self.world, self.w, self.iid = world, w, spec["instance_id"]
+        self.stopped: str | None = None
+        self.dead = False  # its process died; waiting for the scheduler's decision
+        self.child: Proc | None = None
+        self.inc = -1
+        self._start(spec)
+
+    def __repr__(self) -> str:
+        return f"<supervisor of {self.iid}.{self.inc} on {self.w.name}>"
+
+    def _start(self, spec: dict) -> None:
+        self.inc = spec["incarnation"]
+        self.child = self.world.spawn(self.w, spec)
+
+    def restart(self, spec: dict) -> None:
+        """``START_INSTANCE`` again after its process died: a new process."""
+        if self.stopped is not None or not self.dead:
+            self.world.say(self.w.name, "start ignored, its process runs", self.iid)
+            return
+        self.dead = False
+        self._start(spec)
+
+    def died(self, cause: str) -> None:
+        """Its process died (the watcher): the scheduler decides restart or end."""
+        if self.stopped is not None or self.dead:
+            return
+        self.dead = True
+        self.world.send(self.w.name, SCHED, "stream", ("STATE", self.iid, P.RESTARTING, False,
+                                                        cause, self.inc, self.child.name))
+
+    def stop(self, reason: str) -> bool:
+        """The instance ends: its process answers the calls it has, then goes."""
+        if self.stopped is not None:
+            return False
+        self.stopped = reason
+        child = self.child
+        if child is not None and child.alive:
+            child.side.stop(self.iid, reason)
+            self.world.end_process(child, crashed=False)
+        return True
+
+    def call(self, peer: Any, msg: dict) -> None:
+        """A call sent to the worker (the caller had its address from a creation that
+        ended before it served): unrun, its caller locates the instance again."""
+        self.world.send(self.w.name, peer, "call", ("DONE", msg["task_id"], (
+            "moved", f"{self.iid} is served by its own process")))
+
+    def cancel_call(self, call_id: str) -> bool:
+        return False
 
 
 class _RouterEdge:
@@ -384,6 +451,8 @@ class CallWorld:
         self.init_rng = random.Random(seed * 17 + 3)  # whose __init__ raises (its own draws)
         # how long the machines hear of a peer after the adapter knows it is gone
         self.gone_rng = random.Random(seed * 13 + 7)
+        # which instances run in a process of their own, when such a process dies (own draws)
+        self.proc_rng = random.Random(seed * 7 + 11)
         self.unheard: set[str] = set()  # gone for the adapter, not yet for the machines
         self.races: dict[str, int] = dict.fromkeys(RACES, 0)
         self.now = 0.0
@@ -452,6 +521,8 @@ class CallWorld:
                 self.timer(t + rng.expovariate(1 / 0.5), "plan", (d.name, "exit"))
         for _ in range(rng.choice([0, 0, 1, 1, 2])):
             self.timer(rng.uniform(0, 6), "kill-worker", None)
+        for _ in range(self.proc_rng.choice([0, 1, 2, 3])):
+            self.timer(self.proc_rng.uniform(0, 6), "process-dies", None)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -688,6 +759,8 @@ class CallWorld:
                 and rng.random() < 0.5
             params["off_loop"] = params["is_async"] and rng.random() < 0.5
             params["init_fails"] = self.init_rng.random() < 0.04
+            # a process instance: its own process, reached at its own endpoint
+            params["isolation"] = "process" if self.proc_rng.random() < 0.3 else None
             if params["shape"] is UNFIT and params["timeout_ms"] < 0:
                 params["timeout_ms"] = 2000
             self.create(dname, d.job, params)
@@ -798,9 +871,11 @@ class CallWorld:
             # what the executing side answered (the settlement must match one of them)
             rec.setdefault("answers", []).append(
                 result[0] if isinstance(result, tuple) and isinstance(result[0], str)
-                and result[0] in ("died", "init-error", "cancelled") else "ok")
+                and result[0] in ("died", "init-error", "cancelled", "moved") else "ok")
             if rec["cancelled"]:  # whatever the answer: settled as cancelled (on_done)
                 self.do(dname, "done", cid, CancelledError(f"Task: {cid} was cancelled."))
+            elif isinstance(result, tuple) and result[0] == "moved":
+                self.do(dname, "done", cid, InstanceMovedError(result[1]))
             elif isinstance(result, tuple) and result[0] == "died":
                 self.do(dname, "done", cid, InstanceDiedError(result[1]))
             elif isinstance(result, tuple) and result[0] == "init-error":
@@ -847,6 +922,10 @@ class CallWorld:
                 h.init_raised = True  # the world's own record
                 h.init_error = "InitBoom"
             h.constructed(frozenset({"side"}) if spec.get("off_loop") else frozenset())
+            if w.parent is not None:  # its agent reports where its own process serves
+                self.send(w.parent, SCHED, "stream", ("STATE", msg[1], "ALIVE",
+                                                      h.init_error is not None, "", -1, wname))
+                return
             self.send(wname, SCHED, "stream", ("STATE", msg[1], "ALIVE",
                                                h.init_error is not None))
         elif op == "CALL":  # agent.call_method: the instance side (production code)
@@ -909,7 +988,8 @@ class CallWorld:
         self.say(w.name, "run", cid, iid, h.inc, "off the loop" if side else "")
         caller = rec["caller"]
         result = None
-        if rec["kind"] == "spawn":  # the method creates a child and returns its handle
+        if rec["kind"] == "spawn" and w.parent is None:  # creates a child, returns its handle
+            # (a process instance's children are its own runtime's: not simulated)
             rng = self.rng
             child = self.create(w.name, iid, {
                 "name": None, "namespace": "", "detached": rng.random() < 0.1,
@@ -943,6 +1023,46 @@ class CallWorld:
             if nxt is not None:
                 h._start(nxt)
 
+    def spawn(self, w: Proc, spec: dict) -> Proc:
+        """A process instance's incarnation gets a process of its own (its endpoint), which
+        hosts it with its own instance side (``isolated/child.py``)."""
+        c = Proc(f"{w.name}.p{self.new_id('')}", "process")
+        c.parent = w.name
+        self.procs[c.name] = c
+        c.side = InstanceSide(_HostEdge(self, c))
+        self.say(w.name, "spawns", c.name, spec["instance_id"], spec["incarnation"])
+        c.side.start(dict(spec))
+        return c
+
+    def end_process(self, c: Proc, crashed: bool) -> None:
+        """A process instance's process ends: nothing reaches it any more (a crash loses
+        what it had not sent yet), and its callers' channels to it break."""
+        c.alive = False
+        self.say(c.name, "CRASHED" if crashed else "ENDED")
+        for key in list(self.busy):
+            if c.name == key[1] or (crashed and c.name == key[0]):
+                self.links[key].clear()
+                del self.busy[key]
+        for p in self.procs.values():
+            if p.alive and p.kind == "driver":
+                self.send("net", p.name, "lost", ("LOST", c.name))
+
+    def process_dies(self) -> None:
+        """A seeded crash of a process instance's process (``os._exit``, a segfault) while
+        its worker lives: its supervisor reports it, its callers lose their channel."""
+        live = sorted((p.name, iid) for p in self.procs.values()
+                      if p.alive and p.parent is not None for iid in p.hosted)
+        if not live:
+            return
+        cname, iid = self.proc_rng.choice(live)
+        c = self.procs[cname]
+        sup = self.procs[c.parent].hosted.get(iid)
+        self.end_process(c, crashed=True)
+        cause = f"its process {cname} died"
+        if type(sup) is SimSupervisor and sup.child is c:
+            sup.died(cause)
+            self.lost_process(iid, cause)
+
     def kill_worker(self) -> None:
         live = sorted(p.name for p in self.procs.values() if p.kind == "worker" and p.alive)
         if not live:
@@ -961,6 +1081,9 @@ class CallWorld:
         for p in self.procs.values():  # the call channels to it break
             if p.alive and p.kind == "driver":
                 self.send("net", p.name, "lost", ("LOST", wname))
+        for p in list(self.procs.values()):  # its instances' own processes die with it
+            if p.alive and p.parent == wname:
+                self.end_process(p, crashed=True)
         self.timer(self.now + self.rng.uniform(0.05, 3.0), "left", wname)
         if self.rng.random() < 0.7:
             self.timer(self.now + self.rng.uniform(0, 2.0), "join", None)
@@ -1119,7 +1242,7 @@ class CallWorld:
                 if dst == SCHED:
                     self.at_sched(src, chan, msg)
                 elif self.procs[dst].alive:
-                    if self.procs[dst].kind == "worker":
+                    if self.procs[dst].kind != "driver":
                         self.at_worker(dst, src, chan, msg)
                     else:
                         self.at_driver(dst, src, msg)
@@ -1169,6 +1292,8 @@ class CallWorld:
             data[0](data[1])
         elif kind == "join":
             self.say(self._add_worker(), "JOINED")
+        elif kind == "process-dies":
+            self.process_dies()
         elif kind == "restart-due":
             self.check_restarted(*data)
 
@@ -1182,7 +1307,8 @@ class CallWorld:
                 if p.alive:
                     p.order.validate()
                     for h in p.hosted.values():
-                        h.queue.validate()
+                        if type(h) is SimHosted:
+                            h.queue.validate()
         except AssertionError as e:
             self.fail(f"validate() failed at step {self.step}: {e}")
 
@@ -1254,11 +1380,11 @@ class CallWorld:
             if stuck and rec.refcounted and not rec.holders:
                 self.fail(f"{iid} is kept by handles in transit that arrived: {sorted(stuck)}")
         for w in self.procs.values():
-            if w.kind != "worker" or not w.alive:
+            if w.kind == "driver" or not w.alive:
                 continue
             for iid, h in w.hosted.items():
                 rec = lc.instances.get(iid)
-                if rec is None or rec.state == P.DEAD or rec.worker != w.name:
+                if rec is None or rec.state == P.DEAD or rec.worker != (w.parent or w.name):
                     self.fail(f"orphan: {w.name} hosts {iid} (incarnation {h.inc}) which the "
                               f"lifecycle has {'ended' if rec is None else rec.state + ' on ' + str(rec.worker)}")
             for iid, calls in w.side.early.items():
