@@ -83,6 +83,9 @@ GRANT_WITHIN_S = 0.25  # virtual seconds a request that fits the free capacity m
 #: hosted again (its worker's removal: at most 3 s, then heard at most 1 s later; the grant
 #: of what fits: GRANT_WITHIN_S), unless it ended for another reason or waits for room
 RESTART_WITHIN_S = 8.0
+#: how often a call may be running when its process dies and still be delivered again
+#: (``CallOrder``'s default ``max_redeliveries``)
+MAX_REDELIVERIES = 1
 UNFIT = {"CPU": 64000.0, "Memory": 100.0}
 #: the race branches the world counts (``CallWorld.races``; a range run prints their sum)
 RACES = ("a stop for a worker already removed",)
@@ -720,7 +723,10 @@ class CallWorld:
         self.calls[cid] = {"iid": iid, "caller": pname, "seq": self._seq_of(pname),
                            "settled": 0, "answered": False, "sent": 0, "bad_arg": bad,
                            "kind": kind, "result": None, "unordered": unordered,
-                           "method": method, "cancelled": False, "sent_to": None}
+                           "method": method, "cancelled": False, "sent_to": None,
+                           # in a process instance, the method crashes its process
+                           # (``os._exit``) each time it runs
+                           "poison": self.proc_rng.random() < 0.08}
         self.say(pname, "call", cid, iid, kind, "ready" if ready else "waits for its argument",
                  "unordered" if unordered else "")
         self.do(pname, "submit", cid, iid, ready, None, None, unordered, conc)
@@ -761,6 +767,8 @@ class CallWorld:
             params["init_fails"] = self.init_rng.random() < 0.04
             # a process instance: its own process, reached at its own endpoint
             params["isolation"] = "process" if self.proc_rng.random() < 0.3 else None
+            # ... whose __init__ may crash its process (each incarnation's by a coin)
+            params["init_crashes"] = params["isolation"] and self.proc_rng.random() < 0.2
             if params["shape"] is UNFIT and params["timeout_ms"] < 0:
                 params["timeout_ms"] = 2000
             self.create(dname, d.job, params)
@@ -916,6 +924,9 @@ class CallWorld:
             h = w.incs.get((msg[1], msg[2]))
             if h is None or h.stopped is not None:
                 return
+            if w.parent is not None and self.specs[msg[1]].get("init_crashes") and \
+                    self.proc_rng.random() < 0.5:  # its process died in __init__
+                return self.process_died(w, msg[1], "it died in __init__")
             h.ready = True
             spec = self.specs[msg[1]]
             if spec.get("init_fails"):
@@ -936,6 +947,8 @@ class CallWorld:
             if cid not in w.ran:  # it has not begun here: it must never begin
                 w.unrun_cancels.add(cid)
             w.side.cancel(cid)
+        elif op == "EXIT":  # the running method ended its process (os._exit)
+            self.process_died(w, msg[1], f"{msg[2]} called os._exit")
         elif op == "RUN":  # an executor picks up a call hosting started
             self.run_call(w, *msg[1:])
         elif op == "FINISH":  # ... and it returns
@@ -979,12 +992,16 @@ class CallWorld:
             self.fail(f"hosting: call {cid} on {iid} ran though its __init__ raised")
         if cid in w.unrun_cancels:
             self.fail(f"hosting: call {cid} on {iid} began after its cancel had arrived")
+        rec = self.calls[cid]
+        if rec.get("crashes", 0) > MAX_REDELIVERIES and not rec.get("crash_unknown"):
+            self.fail(f"crash: call {cid} on {iid} began again though it was running when its "
+                      f"process died {rec['crashes']} times (max_redeliveries "
+                      f"{MAX_REDELIVERIES})")
         w.ran.add(cid)
         (h.side_running if side else h.running).add(cid)
         if len(h.running) > h.conc:
             self.fail(f"hosting: {len(h.running)} calls of {iid} run at once on {w.name}, "
                       f"over its concurrency {h.conc}: {sorted(h.running)}")
-        rec = self.calls[cid]
         self.say(w.name, "run", cid, iid, h.inc, "off the loop" if side else "")
         caller = rec["caller"]
         result = None
@@ -1004,6 +1021,8 @@ class CallWorld:
         elif rec["kind"] == "save":
             self.send(w.name, SCHED, self.new_id("rpc-save-"), ("SAVE", iid, b"state"))
         h.results[cid] = result
+        if rec["poison"] and w.parent is not None:
+            return self.send(w.name, w.name, f"finish-{cid}", ("EXIT", iid, cid))
         self.send(w.name, w.name, f"finish-{cid}", ("FINISH", iid, cid, inc, side))
         return None
 
@@ -1034,9 +1053,26 @@ class CallWorld:
         c.side.start(dict(spec))
         return c
 
+    def note_crash(self, p: Proc) -> None:
+        """Process ``p`` dies: the world's own record of the calls that were running in it
+        (each caller must charge them: ``charge_crash``).  Not for a caller whose answer
+        from ``p`` is lost with it (the rule's known gap: that finished call is charged in
+        place of a running one), nor for off-loop methods (outside the queue's window)."""
+        lost = {dst for src, dst, chan in self.busy if src == p.name and chan == "call"}
+        for h in p.hosted.values():
+            if type(h) is not SimHosted or self.specs[h.iid].get("off_loop"):
+                continue
+            for cid in sorted(h.running):
+                rec = self.calls[cid]
+                rec["crashes"] = rec.get("crashes", 0) + 1
+                if rec["caller"] in lost:
+                    rec["crash_unknown"] = True
+
     def end_process(self, c: Proc, crashed: bool) -> None:
         """A process instance's process ends: nothing reaches it any more (a crash loses
         what it had not sent yet), and its callers' channels to it break."""
+        if crashed:
+            self.note_crash(c)
         c.alive = False
         self.say(c.name, "CRASHED" if crashed else "ENDED")
         for key in list(self.busy):
@@ -1055,10 +1091,13 @@ class CallWorld:
         if not live:
             return
         cname, iid = self.proc_rng.choice(live)
-        c = self.procs[cname]
+        self.process_died(self.procs[cname], iid, "it was killed")
+
+    def process_died(self, c: Proc, iid: str, why: str) -> None:
+        """Process ``c`` of ``iid`` died: its watcher tells the supervisor."""
         sup = self.procs[c.parent].hosted.get(iid)
         self.end_process(c, crashed=True)
-        cause = f"its process {cname} died"
+        cause = f"its process {c.name} died: {why}"
         if type(sup) is SimSupervisor and sup.child is c:
             sup.died(cause)
             self.lost_process(iid, cause)
@@ -1068,6 +1107,7 @@ class CallWorld:
         if not live:
             return
         wname = self.rng.choice(live)
+        self.note_crash(self.procs[wname])
         self.procs[wname].alive = False
         self.say(wname, "KILLED")
         for iid in sorted(i for i, (on, _n) in self.placed.items() if on == wname):
