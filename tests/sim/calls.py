@@ -15,6 +15,11 @@ on simulated executors (``SimHosted``), over its ``CallQueue`` (none before ``__
 at most ``concurrency`` at once, in arrival order); a started call returns later, so calls
 run side by side; calls of an async instance's off-loop method (Ray's concurrency groups)
 start outside the queue; a driver may cancel a call (Ray's cancel of an actor task).
+Process instances: the worker's instance side hosts a ``SimSupervisor`` (as
+``IsolatedInstance``) that gives each incarnation a process of its own (a ``Proc`` of kind
+"process", its endpoint, with its own ``InstanceSide``); callers reach it there, its death
+(seeded, in ``__init__``, or by a call that ends it) is reported as ``STATE`` RESTARTING and
+reaches callers as a lost channel to that endpoint.
 
 Links are FIFO per (sender, receiver, channel): the job and worker streams keep order, each
 rpc (create, locate, kill, stop, lease request) travels on a connection of its own, so rpcs
@@ -33,7 +38,10 @@ workers die and new ones join.
 Checks (``SimFailure``): each machine's ``validate()`` after every step; every call settles
 exactly once (calls of an abruptly ended driver excepted) with a value or an allowed error
 (its argument's error; ``InstanceDiedError``/``ScheduleError`` only once the instance has
-ended; ``CancelledError`` only if cancelled); no call (off-loop ones included) begins before
+ended; ``CancelledError`` only if cancelled); an instance is hosted at most 1 + its
+``recover_retry_times`` times, and one that lost its process with lives left is started
+again within ``RESTART_WITHIN_S`` (unless it ended otherwise or waits for room); a call
+running at more deaths of its process than ``max_redeliveries`` never begins again; no call (off-loop ones included) begins before
 ``__init__`` finished, nor after its ``__init__`` raised (its calls answer that error: 4 % of
 instances), nor after its cancel reached its worker, no more queued calls run at
 once than the concurrency; within one incarnation the calls of one route start in
