@@ -659,6 +659,54 @@ def _overtaking_withdraw_forgotten(patch: Patch) -> None:
     patch(LeaseQueue, "_withdrawn", withdrawn)
 
 
+def _restarting_death_ignored(patch: Patch) -> None:
+    """``Lifecycle._process_died`` ignores every death while ``RESTARTING``, the current
+    incarnation's too (a restarted process that died before it came up)."""
+    from yrdask import protocol as P
+    from yrdask.scheduler import lifecycle as L
+
+    real = L.Lifecycle._process_died
+
+    def _process_died(self, ev, out):
+        rec = self.instances.get(ev.instance_id)
+        if rec is not None and rec.state == P.RESTARTING:
+            self._log(ev.stimulus_id, "process-died-ignored", ev.instance_id, ev.worker)
+            return
+        real(self, ev, out)
+    patch(L.Lifecycle, "_process_died", _process_died)
+
+
+def _restart_budget_reset(patch: Patch) -> None:
+    """``Lifecycle._started`` resets the restarts used once the instance serves again."""
+    from yrdask.scheduler import lifecycle as L
+
+    real = L.Lifecycle._started
+
+    def _started(self, ev, out):
+        real(self, ev, out)
+        rec = self.instances.get(ev.instance_id)
+        if rec is not None:
+            rec.restarts = 0
+    patch(L.Lifecycle, "_started", _started)
+
+
+def _crash_charged_to_none(patch: Patch) -> None:
+    """``charge_crash`` charges no call: every unanswered call goes again, uncharged."""
+    from yrdask.runtime import call_order as C
+
+    patch(C, "charge_crash", lambda unanswered, concurrency, charge, bound:
+          (list(unanswered), []))
+
+
+def _crash_charged_to_oldest(patch: Patch) -> None:
+    """``charge_crash`` charges only the oldest unanswered call, whatever the concurrency."""
+    from yrdask.runtime import call_order as C
+
+    real = C.charge_crash
+    patch(C, "charge_crash", lambda unanswered, concurrency, charge, bound:
+          real(unanswered, 1, charge, bound))
+
+
 LQ_V = ("yrdask.scheduler.leases", "LeaseQueue")
 SQ_V = ("yrdask.runtime.submit_queue", "SubmitQueue")
 GATE_V = ("yrdask.worker.lease_gate", "LeaseGate")
@@ -861,6 +909,22 @@ MUTATIONS: list[Mutation] = [
     Mutation("refs-never-freed", "tasks",
              "the reference counter never frees an object (a leak: nothing is freed at the "
              "end)", _refs_never_freed, 200, (RC_V,)),
+    # process instances: their own process dies while the worker lives
+    Mutation("restarting-death-ignored", "calls",
+             "the lifecycle ignores a death of the current incarnation while RESTARTING (a "
+             "restarted process died before it came up): the instance never restarts",
+             _restarting_death_ignored, 150, (LC_V,)),
+    Mutation("restart-budget-reset", "calls",
+             "the lifecycle resets an instance's restarts once it serves again: it restarts "
+             "past its recover_retry_times", _restart_budget_reset, 150, (LC_V,)),
+    Mutation("crash-charged-to-none", "calls",
+             "call_order.charge_crash charges no call when a host process dies: a call that "
+             "kills its process is delivered again past max_redeliveries",
+             _crash_charged_to_none, 100, (CO_V,)),
+    Mutation("crash-charged-to-oldest", "calls",
+             "call_order.charge_crash charges only the oldest unanswered call, not the "
+             "oldest concurrency ones: a running call that kills its process goes again "
+             "uncharged", _crash_charged_to_oldest, 400, (CO_V,)),
 ]
 
 

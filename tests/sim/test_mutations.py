@@ -56,6 +56,9 @@ def test_mutations_reach_the_production_adapters():
     assert {"instance-side-drops-early-calls", "instance-side-starts-after-stop",
             "hosting-cancel-not-kept", "hosting-stop-keeps-calls",
             "hosting-init-error-ignored"} <= names
+    # process instances: a death while restarting, the budget, the crash-charging rule
+    assert {"restarting-death-ignored", "restart-budget-reset", "crash-charged-to-none",
+            "crash-charged-to-oldest"} <= names
 
 
 def test_mutations_reach_generators_and_borrowing():
