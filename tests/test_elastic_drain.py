@@ -174,7 +174,8 @@ def test_a_checkpointed_instance_moves_with_its_state_and_calls_run_once(two, is
     new = host_of(client, c.instance_id)
     assert new != old and old not in client.scheduler_info()["workers"]
     moved = [e for e in current_runtime().router.order.story_of(c.instance_id) if "moved" in e[1]]
-    assert moved, "no call was answered 'moved' by the old host"
+    if not isolated:  # (a process instance's calls above were sent once it had moved)
+        assert moved, "no call was answered 'moved' by the old host"
     c.terminate()
 
 

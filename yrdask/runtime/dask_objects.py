@@ -210,7 +210,7 @@ def dask_client(rt: Any) -> Any:
         if ours is None or ours.status != "running":
             conf = getattr(rt, "conf", None)
             if conf is not None:
-                from yrdask.options import resolve_security
+                from yrdask.runtime.security import resolve_security
 
                 security = resolve_security(conf)
             else:
