@@ -227,7 +227,9 @@ def test_a_recursive_cancel_cancels_the_actor_tasks_a_task_submitted(ray_env, tm
     ref = calls_an_actor.remote(folder, actor, holder)
     wait_until(lambda: os.path.exists(os.path.join(folder, "reraises-started")), 60,
                "the actor task to start")
-    (child_ref,) = ray.get(holder.get.remote(), timeout=30)
+    # (the task hands the ref to the holder right after the call starts: it may not be there yet)
+    (child_ref,) = wait_until(lambda: ray.get(holder.get.remote(), timeout=30), 30,
+                              "the task to hand its actor call's ref to the holder")
     ray.cancel(ref)
     with pytest.raises(ray.exceptions.TaskCancelledError):
         ray.get(ref, timeout=30)

@@ -458,21 +458,27 @@ def uninstall_worker_runtime(rt: Runtime) -> None:
         context.install(None)
 
 
-async def join_as_client(scheduler: str, job_id: str, listen_host: str) -> Runtime:
+async def join_as_client(scheduler: str, job_id: str, listen_host: str,
+                         tls: dict | None = None) -> Runtime:
     """A runtime of its own for a process that has none: an isolated process of a worker
     (docs/isolation.md), started at its first nested call, on the running loop.
 
     It joins the scheduler the way a driver joining an address does (``DriverConnector``:
     a job stream and an owner server), under a job id of its own, so it owns what it
     creates and its job stream's end (the process died) releases its leases and handles.
-    TLS comes from Dask's config (``distributed.comm.tls.*``), as for any client.
+    TLS comes from Dask's config (``distributed.comm.tls.*``), as for any client, else from
+    ``tls``: its worker's own certificates (``Security`` keywords), which the worker was
+    given on its command line or by its deployer (dask-gateway, the Kubernetes operator).
     """
     from distributed.security import Security
 
     from yrdask.runtime.transport import DriverConnector
 
-    security = Security()
-    connection_args = security.get_connection_args("client")
+    security, role = Security(), "client"
+    connection_args = security.get_connection_args(role)
+    if connection_args.get("ssl_context") is None and tls:
+        security, role = Security(**tls), "worker"
+        connection_args = security.get_connection_args(role)
     if scheduler.startswith("tls://") and connection_args.get("ssl_context") is None:
         raise YRRuntimeError(
             f"nested calls in an isolated process need TLS to reach the scheduler at "
@@ -482,7 +488,7 @@ async def join_as_client(scheduler: str, job_id: str, listen_host: str) -> Runti
     rt = Runtime(asyncio.get_running_loop(), job_id)
     rt.loop_thread = threading.get_ident()
     rt.connector = DriverConnector(rt, scheduler, connection_args,
-                                   security.get_listen_args("client"))
+                                   security.get_listen_args(role))
     try:
         rt.address = await rt.connector.start(job_id, listen_host)
     except BaseException:

@@ -369,13 +369,16 @@ class LazyRuntime:
         self.agent = _NoAgent(info.get("node") or "")
         self._loop = loop
         self._loop_thread = threading.get_ident()
-        self._info = info
-        # its worker's host: the node's IP (get_node_ip_address) before any runtime runs
-        self.node_ip: str = info.get("host") or "127.0.0.1"
+        self._info = info  # (a spare's is filled in when it is handed its request)
         self._real: Any = None
         self._lock = threading.Lock()
         self.output_target: Any = None  # set by worker.output; handed to the real runtime
         self.start_s: float | None = None  # how long the start took (docs/isolation.md)
+
+    @property
+    def node_ip(self) -> str:
+        """Its worker's host: the node's IP (``get_node_ip_address``), before any runtime."""
+        return self._info.get("host") or "127.0.0.1"
 
     @property
     def started(self) -> bool:
@@ -411,7 +414,8 @@ class LazyRuntime:
         t0 = time.perf_counter()
         job = f"isolated-{os.getpid()}-{os.urandom(4).hex()}"
         fut = asyncio.run_coroutine_threadsafe(
-            join_as_client(scheduler, job, self._info.get("host") or "127.0.0.1"), self._loop)
+            join_as_client(scheduler, job, self._info.get("host") or "127.0.0.1",
+                           self._info.get("tls") or None), self._loop)
         try:
             rt = fut.result(START_TIMEOUT_S)
         except YRRuntimeError:

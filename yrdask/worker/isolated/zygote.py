@@ -68,7 +68,14 @@ def _tls_of(worker: Any) -> dict:
     """The worker's own certificates (given in the config or on its command line), for the
     endpoint of its process instances: they listen as their worker does."""
     security = getattr(worker, "security", None)
-    if security is None or not getattr(security, "tls_worker_cert", None):
+    if security is None:
+        return {}
+    if not getattr(security, "tls_worker_cert", None):
+        # dask-gateway's GatewaySecurity: one self-signed certificate and its key, in memory
+        # (Dask's Security takes PEM contents as well as paths)
+        cert, key = getattr(security, "tls_cert", None), getattr(security, "tls_key", None)
+        if isinstance(cert, str) and isinstance(key, str):
+            return {"tls_ca_file": cert, "tls_worker_cert": cert, "tls_worker_key": key}
         return {}
     return {k: v for k in _TLS_KEYS if isinstance(v := getattr(security, k, None), str)}
 
