@@ -74,7 +74,10 @@ def _define() -> SimpleNamespace:
 
     # the instance figures (instances_100_per_s, instance_mem_mb, instance calls, ...) are
     # of light instances, named as such: the default is a process of its own
-    small = yr.InvokeOptions(cpu=10, memory=0, light=True)
+    # (a checkout from before the choice existed, measured as --baseline, has only light ones)
+    light = ({"light": True} if "light" in getattr(yr.InvokeOptions, "__dataclass_fields__", {})
+             else {})
+    small = yr.InvokeOptions(cpu=10, memory=0, **light)
     Counter = yr.instance(invoke_options=small)(workloads.Counter)
     TrainingWorker = yr.instance(invoke_options=small)(workloads.TrainingWorker)
 
@@ -94,7 +97,7 @@ def _define() -> SimpleNamespace:
         yr=yr, inc=inc, nested=nested, nested_burst=nested_burst, nbytes_of=nbytes_of,
         spin=spin, fan_out=fan_out, block=block, blas=blas,
         kinds={"counter": Counter, "supervisor": TrainingSupervisor},
-        sizes={"small": small, "tiny": yr.InvokeOptions(cpu=0, memory=0, light=True)})
+        sizes={"small": small, "tiny": yr.InvokeOptions(cpu=0, memory=0, **light)})
 
 
 class Yrdask(System):
