@@ -26,7 +26,6 @@ logger = logging.getLogger("yrdask.worker")
 class IsolatedInstance:
     """The agent's side of one process instance (see module docstring)."""
 
-    pending: dict = {}  # its calls go to its process, never through here
 
     def __init__(self, agent: Any, spec: dict) -> None:
         self.agent = agent
