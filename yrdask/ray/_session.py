@@ -166,7 +166,11 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
             raise ValueError("When connecting to an existing cluster, num_cpus, num_gpus, "
                              "resources, object_store_memory and address must not be provided "
                              "(yrdask is already initialised in this process by yr.init)")
+        from yrdask.api.session import LINE_HANDLERS
         from yrdask.ray._alias import installed
+        from yrdask.ray.experimental.tqdm_ray import LINE_PREFIX, handle_line
+
+        LINE_HANDLERS[LINE_PREFIX] = handle_line  # bars of tasks and actors, drawn here
 
         sess = Session(namespace or f"anon-{uuid.uuid4().hex[:12]}",
                        getattr(rt, "job_id", ""), owns, rt, job_env)
