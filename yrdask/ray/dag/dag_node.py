@@ -62,9 +62,7 @@ class _Run:
     def value(self, node: "DAGNode") -> Any:
         key = node._stable_uuid
         if key not in self.values:
-            from yrdask.ray.dag.input_node import InputNode
-
-            if isinstance(node, InputNode):
+            if node._is_input:
                 if self.input_node not in (None, key):
                     raise YRValueError("Each DAG should only have one unique InputNode: this "
                                        "DAG reads two; bind every input of one DAG to the "
@@ -80,6 +78,8 @@ class _Run:
 class DAGNode:
     """A bound call: its arguments (``get_args``/``get_kwargs``), its options
     (``get_options``) and the other nodes it depends on (``get_other_args_to_resolve``)."""
+
+    _is_input = False  # the DAG's InputNode: one per DAG
 
     def __init__(self, args: Any, kwargs: dict | None, options: dict | None,
                  other_args_to_resolve: dict | None) -> None:

@@ -38,6 +38,8 @@ class InputNode(DAGNode):
     """The DAG's input: use it inside ``with InputNode() as inp:`` and bind ``inp`` (or
     ``inp[i]``, ``inp["key"]``, ``inp.attr``) as arguments."""
 
+    _is_input = True
+
     def __init__(self, *args: Any, input_type: Any = None, **kwargs: Any) -> None:
         if args or kwargs:
             raise YRValueError("InputNode should not take any args or kwargs: the input is "
