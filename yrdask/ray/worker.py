@@ -131,7 +131,8 @@ def wait(object_refs: list, *, num_returns: int = 1, timeout: float | None = Non
     if num_returns > len(object_refs):
         raise ValueError("num_returns cannot be greater than the number of objects provided "
                          "to ray.wait.")
-    check_live([r for r in object_refs if isinstance(r, ObjectRef)], "ray.wait")
+    check_live(object_refs if given is None else  # generators were checked by _waitables
+               [r for r in object_refs if isinstance(r, ObjectRef)], "ray.wait")
     ready, not_ready = _rtctx.current_runtime().wait(object_refs, num_returns, timeout)
     if given:  # the Dask objects come back as given
         return as_given(ready, given), as_given(not_ready, given)
@@ -144,20 +145,21 @@ def _waitables(items: list) -> tuple[list, dict]:
     rt = _rtctx.current_runtime()
     out, given = [], {}
     for item in items:
-        if isinstance(item, ObjectRefGenerator):
+        if isinstance(item, ObjectRef):
+            out.append(item)
+        elif isinstance(item, ObjectRefGenerator):
             stream = item._stream
             check_live([stream.end_ref], "ray.wait")
             given[stream] = item
             out.append(stream)
-            continue
-        converted = None if isinstance(item, ObjectRef) else refs_for(rt, [item])
-        if converted is None and not isinstance(item, ObjectRef):
-            raise TypeError("wait() expected a list of ray.ObjectRef or ray.ObjectRefGenerator, "
-                            f"got list containing {type(item)}")
-        if converted is not None:
-            (item,), more = converted
+        else:
+            converted = refs_for(rt, [item])
+            if converted is None:
+                raise TypeError("wait() expected a list of ray.ObjectRef or "
+                                f"ray.ObjectRefGenerator, got list containing {type(item)}")
+            (ref,), more = converted
             given.update(more)
-        out.append(item)
+            out.append(ref)
     return out, given
 
 
