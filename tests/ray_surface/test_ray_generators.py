@@ -223,3 +223,116 @@ def test_num_returns_none_is_rays_default(ray_env):
     assert [ray.get(ref, timeout=60) for ref in gen] == [1, 2]
     assert ray.get(five.options(num_returns=None).remote(), timeout=60) == 5
     assert ray.get(ray.remote(num_returns=None)(lambda: 6).remote(), timeout=60) == 6
+
+
+@ray.remote
+class Plain:
+    def one(self):
+        return 1
+
+
+def test_streaming_and_dynamic_on_a_plain_function_fail_where_declared(ray_env):
+    # Ray refuses them at the decorator (and at .options()), before anything is submitted
+    with pytest.raises(ValueError, match="can only be used with generator functions"):
+        ray.remote(num_returns="dynamic")(five)
+    with pytest.raises(ValueError, match="can only be used with generator functions"):
+        ray.remote(five).options(num_returns="streaming")
+    with pytest.raises(ValueError, match="can only be used with generator functions"):
+        ray.method(num_returns="dynamic")(five)
+    p = Plain.remote()
+    with pytest.raises(ValueError, match="can only be used with generator functions"):
+        p.one.options(num_returns="dynamic")
+    assert ray.get(p.one.options(num_returns=None).remote(), timeout=60) == 1
+    ray.kill(p)
+
+
+def test_get_of_a_streaming_generator_gives_the_generator(ray_env):
+    # Ray's rule: code written for num_returns="dynamic" (ray.get, then iterate) reads a
+    # streaming generator too
+    gen = tens.remote(3)
+    assert ray.get(gen) is gen
+    first, second, third = ray.get(gen)
+    assert ray.get([first, second, third], timeout=60) == [0, 10, 20]
+    # None is the method's own num_returns again: a generator method streams
+    s = Streamer.remote()
+    again = s.count.options(num_returns=2).options(num_returns=None).remote(2)
+    assert isinstance(again, ray.ObjectRefGenerator)
+    assert [ray.get(r, timeout=60) for r in again] == [0, 1]
+    ray.kill(s)
+
+
+@ray.remote(num_cpus=0)
+class Runs:
+    def __init__(self):
+        self.n = 0
+
+    def inc(self):
+        self.n += 1
+        return self.n
+
+
+class Flaky(Exception):
+    pass
+
+
+@ray.remote(max_retries=1)
+def fails_in_its_first_run(runs):
+    for i in range(3):
+        yield i
+        if i == 1 and ray.get(runs.inc.remote()) == 1:
+            raise Flaky("first run")
+
+
+def test_a_streaming_task_reruns_for_retry_exceptions_and_sends_only_new_items(ray_env):
+    runs = Runs.remote()
+    gen = fails_in_its_first_run.options(retry_exceptions=[Flaky]).remote(runs)
+    assert [ray.get(r, timeout=60) for r in gen] == [0, 1, 2]  # the rerun's 0, 1 not again
+    assert ray.get(runs.inc.remote(), timeout=60) == 3  # it ran twice
+    runs = Runs.remote()
+    gen = fails_in_its_first_run.remote(runs)  # not named: the error is the next item
+    assert ray.get(next(gen), timeout=60) == 0
+    assert ray.get(next(gen), timeout=60) == 1
+    with pytest.raises(Flaky):
+        ray.get(next(gen), timeout=60)
+    with pytest.raises(StopIteration):
+        next(gen)
+
+
+@ray.remote(num_cpus=0)
+class Gate:
+    def __init__(self):
+        self.open = asyncio.Event()
+
+    async def wait(self):
+        await self.open.wait()
+
+    def release(self):
+        self.open.set()
+
+
+@ray.remote
+def one_then_gated(gate):
+    yield "first"
+    ray.get(gate.wait.remote())
+    yield "second"
+
+
+def test_wait_takes_generators_ready_when_their_next_item_is(ray_env):
+    gate = Gate.remote()
+    gen = one_then_gated.remote(gate)
+    assert ray.wait([gen], timeout=60) == ([gen], [])  # the first item came
+    assert ray.get(next(gen), timeout=60) == "first"
+    assert ray.wait([gen], timeout=0) == ([], [gen])  # the second waits for the gate
+    plain = ray.put(1)
+    assert ray.wait([gen, plain], num_returns=1, timeout=60) == ([plain], [gen])
+    gate.release.remote()
+    assert ray.wait([plain, gen], num_returns=2, timeout=60) == ([plain, gen], [])
+    assert ray.get(next(gen), timeout=60) == "second"
+    assert ray.wait([gen], timeout=60) == ([gen], [])  # over: next() stops at once
+    with pytest.raises(StopIteration):
+        next(gen)
+    with pytest.raises(TypeError, match="got a single ObjectRefGenerator"):
+        ray.wait(gen)
+    with pytest.raises(ValueError, match="unique"):
+        ray.wait([gen, gen])
+    ray.kill(gate)

@@ -83,6 +83,26 @@ def test_abandoning_drops_held_and_later_items(h):
     assert h.m.finished
 
 
+def test_next_ready_says_whether_a_take_would_wait(h):
+    assert not h.m.next_ready
+    h(ItemArrived, 0)
+    assert h.m.next_ready  # item 0 is held
+    h(Take)
+    assert not h.m.next_ready  # item 1 has not come
+    h(Ended, 1)
+    assert h.m.next_ready  # over: the next take stops at once
+    assert kinds(h(Take)) == [Stop]
+
+
+def test_next_ready_after_an_error_and_after_abandoning():
+    failed = MachineHarness(StreamState("t2"))
+    failed(Ended, None, True)
+    assert failed.m.next_ready  # the error ref is ready to hand out
+    gone = MachineHarness(StreamState("t3"))
+    gone(Abandoned)
+    assert gone.m.next_ready
+
+
 def test_the_story_names_the_stream(h):
     h(ItemArrived, 0)
     assert "KeepItem index=0" in h.m.story("t1")
@@ -255,6 +275,25 @@ def test_stream_adapter_error_ref_and_async_waiter():
     assert stream.next(1) is None
 
 
+def test_stream_adapter_runs_next_ready_callbacks_once_an_item_or_the_end_comes():
+    from yrdask import protocol as P
+    from yrdask.serialization import dumps_value
+
+    rt, end, stream = _stream()
+    calls: list = []
+    stream.on_next_ready(lambda: calls.append("first"))
+    assert calls == [] and not stream.next_ready()
+    stream.on_item(0, [P.VALUE, dumps_value("a")])
+    assert calls == ["first"] and stream.next_ready()
+    stream.on_next_ready(lambda: calls.append("now"))  # ready already: at once
+    assert calls == ["first", "now"]
+    stream.next(1)
+    stream.on_next_ready(lambda: calls.append("end"))
+    end._entry.set_result(P.VALUE, dumps_value(1))
+    assert calls == ["first", "now", "end"] and stream.next_ready()
+    assert stream.ready_callbacks == []
+
+
 def test_stream_adapter_cancel_and_abandon():
     from yrdask import protocol as P
 
@@ -324,3 +363,42 @@ def test_refs_lent_via_items_that_never_come_are_answered_when_the_stream_ends()
     assert (child, P.REFS_REMOVED, ["r2", 1]) in sent
     with REFS_LOCK:
         rt.objects.counter.validate()
+
+
+def test_a_rerun_generator_yields_only_the_items_not_sent_yet():
+    from yrdask.ray._util import rerun_items
+
+    runs: list = []
+
+    def make():
+        attempt = len(runs)
+        runs.append(attempt)
+        for i in range(4):
+            if attempt < 2 and i == 2 - attempt:  # run 0 breaks after two items, run 1 after one
+                raise KeyError(attempt)
+            yield (attempt, i)
+
+    tries: list = []
+
+    def again(e, attempt):
+        tries.append((type(e), attempt))
+        return attempt < 2
+
+    # items already sent are skipped by position: the third run gives only index 2 and 3
+    assert list(rerun_items(make, again)) == [(0, 0), (0, 1), (2, 2), (2, 3)]
+    assert runs == [0, 1, 2]
+    assert tries == [(KeyError, 0), (KeyError, 1)]
+
+
+def test_a_rerun_generator_raises_once_no_rerun_is_left():
+    from yrdask.ray._util import rerun_items
+
+    def make():
+        yield 1
+        raise ValueError("no")
+
+    out: list = []
+    with pytest.raises(ValueError, match="no"):
+        for item in rerun_items(make, lambda e, attempt: attempt < 1):
+            out.append(item)
+    assert out == [1]  # the rerun's first item was sent already

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from yrdask.api.instances import _CONCURRENCY, _REDELIVERIES, _UNORDERED
 from yrdask.runtime.context import current_lease, current_owner, task_context
 from yrdask.ray._context import current_method
-from yrdask.ray._util import should_retry
+from yrdask.ray._util import rerun_items, should_retry
 from yrdask.ray.exceptions import _CreationFailed
 
 _NRET = "__yr_return_nums__"  # what yr's instances read for a method's number of returns
@@ -142,22 +142,7 @@ def _retrying_generator(fn: Callable, retry: Any, max_retries: int) -> Callable:
 
     @functools.wraps(fn)
     def run(self, *args, **kwargs):
-        sent = attempt = 0
-        while True:
-            index = 0
-            try:
-                for item in fn(self, *args, **kwargs):
-                    if index >= sent:
-                        yield item
-                        sent += 1
-                    index += 1
-                return
-            except GeneratorExit:
-                raise
-            except BaseException as e:  # noqa: BLE001
-                if not again(e, attempt):
-                    raise
-                attempt += 1
+        yield from rerun_items(lambda: fn(self, *args, **kwargs), again)
     return run
 
 

@@ -216,9 +216,15 @@ def _task_options(options: dict, out: RayOptions) -> None:
     out.max_calls = max_calls
 
 
-def check_num_returns(n: Any) -> Any:
-    """Ray's ``num_returns``: an int >= 0, ``"streaming"`` or ``"dynamic"``."""
+def check_num_returns(n: Any, is_gen: bool | None = None, what: str = "") -> Any:
+    """Ray's ``num_returns``: an int >= 0, ``"streaming"`` or ``"dynamic"``; the last two
+    only for a generator function (``is_gen``; ``None``: not known here), refused where it
+    is declared, as Ray does (``what`` names it)."""
     if n in ("streaming", "dynamic"):
+        if is_gen is False:
+            raise ValueError(f"num_returns={n!r} can only be used with generator functions "
+                             f"(functions that use 'yield'); {what or 'the function'} is not "
+                             "a generator function")
         return n
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 100:
         raise ValueError(f"The keyword 'num_returns' only accepts an int in [0, 100], "

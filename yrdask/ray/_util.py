@@ -4,11 +4,11 @@ yrdask's bound on reruns after a lost worker."""
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from yrdask.errors import CancelledError as _YRCancelled
 
-__all__ = ["should_retry", "next_spread_node"]
+__all__ = ["should_retry", "rerun_items", "next_spread_node"]
 
 
 def should_retry(exc: BaseException, retry_exceptions: Any) -> bool:
@@ -20,6 +20,29 @@ def should_retry(exc: BaseException, retry_exceptions: Any) -> bool:
     if isinstance(retry_exceptions, tuple):
         return isinstance(exc, retry_exceptions)
     return False
+
+
+def rerun_items(make: Callable[[], Iterator], again: Callable[[BaseException, int], bool]
+                ) -> Iterator:
+    """The items of the generator ``make()`` builds, built again after an exception for
+    which ``again(exc, attempt)`` says so, as Ray retries a streaming task: a rerun's items
+    the caller already received (by position) are not yielded again."""
+    sent = attempt = 0
+    while True:
+        index = 0
+        try:
+            for item in make():
+                if index >= sent:
+                    yield item
+                    sent += 1
+                index += 1
+            return
+        except GeneratorExit:
+            raise
+        except BaseException as e:  # noqa: BLE001 - rerun or re-raised
+            if not again(e, attempt):
+                raise
+            attempt += 1
 
 
 _spread = {"next": 0, "at": -1.0, "nodes": []}  # round robin over the nodes, shared

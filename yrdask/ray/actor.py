@@ -43,7 +43,7 @@ def method(*args: Any, num_returns: Any = None, concurrency_group: str | None = 
                         f"@ray.method(num_returns=2); got positional {args!r}")
     check_keys(unknown, METHOD)  # names any other Ray method option
     if num_returns is not None:
-        num_returns = _method_returns(check_num_returns(num_returns), "@ray.method")
+        check_num_returns(num_returns)
     if concurrency_group is not None and not isinstance(concurrency_group, str):
         raise TypeError(f"concurrency_group must be a str, got {concurrency_group!r}")
     if retry_exceptions is not None:
@@ -53,12 +53,16 @@ def method(*args: Any, num_returns: Any = None, concurrency_group: str | None = 
 
     def mark(fn: Callable) -> Callable:
         is_gen = inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
-        if num_returns is not None and is_gen != (num_returns < 0):
+        nret = num_returns
+        if nret is not None:
+            check_num_returns(nret, is_gen, fn.__qualname__)
+            nret = _method_returns(nret, "@ray.method")
+        if nret is not None and is_gen != (nret < 0):
             raise ValueError(f"@ray.method(num_returns=...) on {fn.__qualname__}: a generator "
                              "method streams (num_returns='streaming'); other methods return "
                              "a number of values")
-        if num_returns is not None and not is_gen:
-            setattr(fn, _NRET, num_returns)
+        if nret is not None and not is_gen:
+            setattr(fn, _NRET, nret)
         if concurrency_group is not None:
             setattr(fn, _GROUP, concurrency_group)
         if retry_exceptions is not None:
@@ -270,7 +274,14 @@ class ActorMethod:
 
         check_keys(options, METHOD)
         checked: dict = {}
+        default = self._options
+        if "num_returns" in options and options["num_returns"] is None:  # the method's own
+            options = {k: v for k, v in options.items() if k != "num_returns"}
+            default = {k: v for k, v in default.items()
+                       if k not in ("num_returns", "_gen_returns")}
         for key, value in options.items():
+            if key == "num_returns":
+                check_num_returns(value, self._nret == STREAMING, self._name)
             if key == "num_returns" and self._nret == STREAMING and value != "streaming":
                 # a generator method called with an int or "dynamic" num_returns (Ray's
                 # static and dynamic generators): the actor collects what it yields
@@ -293,7 +304,7 @@ class ActorMethod:
                 if not isinstance(value, str):
                     raise TypeError(f"name must be a str, got {value!r}")
             checked[key] = value
-        merged = {**self._options, **checked}
+        merged = {**default, **checked}
         if "num_returns" in checked and "_gen_returns" not in checked:
             merged.pop("_gen_returns", None)  # streams again
         return ActorMethod(self._handle, self._name, self._nret, self._sig, merged)

@@ -26,7 +26,7 @@ from yrdask.ray._context import STATE, current_ctx, set_task_ctx, title_begin, t
 from yrdask.ray._options import (TASK, RayOptions, check_num_returns, node_affinity,
                                  to_invoke_options)
 from yrdask.ray._util import (captured_group, in_captured_group, next_spread_node,
-                              should_retry, with_capture)
+                              rerun_items, should_retry, with_capture)
 from yrdask.ray.exceptions import UnsupportedOptionError
 
 __all__ = ["RemoteFunction", "TaskBody", "should_retry"]
@@ -65,8 +65,7 @@ class TaskBody:
                         return self._collect(self.fn(*args, **kwargs), attempt)
                     return self.fn(*args, **kwargs)
                 except BaseException as e:  # noqa: BLE001 - rerun or re-raise
-                    if should_retry(e, self.retry_exceptions) and (
-                            self.max_retries == -1 or attempt < self.max_retries):
+                    if self._again(e, attempt):
                         attempt += 1
                         continue
                     raise
@@ -74,28 +73,33 @@ class TaskBody:
             title_end(title)
             set_task_ctx(prev)
 
+    def _again(self, e: BaseException, attempt: int) -> bool:
+        """Whether attempt ``attempt`` (0: the first run) failing with ``e`` is run again:
+        ``retry_exceptions`` names ``e`` and ``max_retries`` allows one more."""
+        return should_retry(e, self.retry_exceptions) and (
+            self.max_retries == -1 or attempt < self.max_retries)
+
     def _dynamic(self, args: tuple, kwargs: dict, attempt: int) -> Any:
         """``num_returns="dynamic"``: the refs of the yielded values (the last one holds the
         error if the generator raised and is not rerun)."""
         from yrdask.ray.generators import dynamic_refs
 
         return dynamic_refs(self.fn(*args, **kwargs), self.__qualname__,
-                            lambda e: should_retry(e, self.retry_exceptions) and (
-                                self.max_retries == -1 or attempt < self.max_retries))
+                            lambda e: self._again(e, attempt))
 
     def _collect(self, gen: Any, attempt: int) -> Any:
         """The ``num_returns`` values a generator yielded, as the task's returns."""
         from yrdask.ray.generators import generator_returns
 
-        return generator_returns(gen, self.num_returns,
-                                 lambda e: should_retry(e, self.retry_exceptions) and (
-                                     self.max_retries == -1 or attempt < self.max_retries))
+        return generator_returns(gen, self.num_returns, lambda e: self._again(e, attempt))
 
     def _stream(self, args: tuple, kwargs: dict) -> Any:
-        """A generator task: the context holds while it yields (the worker iterates it)."""
+        """A generator task: the context holds while it yields (the worker iterates it); it
+        is run again after the exceptions ``retry_exceptions`` names, up to ``max_retries``
+        times, the caller getting only the items it has not received yet."""
         prev = set_task_ctx(dict(self.ctx, task_id=uuid.uuid4().hex))
         try:
-            yield from self.fn(*args, **kwargs)
+            yield from rerun_items(lambda: self.fn(*args, **kwargs), self._again)
         finally:
             set_task_ctx(prev)
 
@@ -123,7 +127,8 @@ class RemoteFunction:
         check_keys(options, TASK)
         check_resources(options)  # Ray checks them here, not at the first .remote()
         if options.get("num_returns") is not None:  # None: Ray's default
-            check_num_returns(options["num_returns"])
+            check_num_returns(options["num_returns"], inspect.isgeneratorfunction(fn),
+                              getattr(fn, "__qualname__", ""))
         if inspect.iscoroutinefunction(fn):
             raise ValueError(  # Ray's type and advice
                 f"'async def' should not be used for remote tasks ({fn.__qualname__}). You can "
@@ -204,9 +209,6 @@ class RemoteFunction:
         is_gen = inspect.isgeneratorfunction(self._function)
         if self._options.get("num_returns") is None and is_gen:
             num_returns = "streaming"  # Ray's default for generator functions
-        if num_returns in ("streaming", "dynamic") and not is_gen:
-            raise ValueError(f"num_returns={num_returns!r} needs a generator function; "
-                             f"{self.__qualname__} does not yield")
         if num_returns == "streaming":
             return STREAMING, "streaming"
         if num_returns == "dynamic":

@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 import yrdask
+from yrdask.api.generators import ObjectRefGenerator
 from yrdask.runtime import context as _rtctx
 from yrdask.runtime.dask_objects import as_given, is_dask, refs_for, to_ref
 from yrdask.runtime.objects import ObjectRef, check_live
@@ -56,9 +57,12 @@ def get(object_refs: Any, *, timeout: float | None = None) -> Any:
     """Value(s) of ``object_refs``; waits ``timeout`` s (None: forever; 0: only if ready).
 
     A failed task raises ``RayTaskError(E)`` (also an ``E``); a dead actor ``ActorDiedError``;
-    running out of time ``GetTimeoutError``.
+    running out of time ``GetTimeoutError``.  An ``ObjectRefGenerator`` comes back as it is
+    (Ray's rule, so code written for ``num_returns="dynamic"`` reads a streaming one too).
     """
     ensure_init()
+    if isinstance(object_refs, ObjectRefGenerator):
+        return object_refs
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or timeout < 0):
         raise ValueError(f"'timeout' must be None or a non-negative number, got {timeout!r}")
@@ -99,13 +103,17 @@ def wait(object_refs: list, *, num_returns: int = 1, timeout: float | None = Non
          fetch_local: bool = True) -> tuple[list, list]:
     """``(ready, not_ready)`` once ``num_returns`` refs are ready or ``timeout`` s passed.
 
-    Both lists keep the input order; failed refs count as ready.
+    Both lists keep the input order; failed refs count as ready.  An ``ObjectRefGenerator``
+    in the list is ready when ``next()`` on it would not wait: its next item is ready, or
+    the generator is over (``next()`` raises ``StopIteration``), as on Ray.
     """
     ensure_init()
-    if isinstance(object_refs, ObjectRef):
-        raise TypeError("wait() expected a list of ray.ObjectRef, got a single ray.ObjectRef")
+    if isinstance(object_refs, (ObjectRef, ObjectRefGenerator)):
+        raise TypeError("wait() expected a list of ray.ObjectRef or ray.ObjectRefGenerator, "
+                        f"got a single {type(object_refs).__name__}")
     if not isinstance(object_refs, list):
-        raise TypeError(f"wait() expected a list of ray.ObjectRef, got {type(object_refs)}")
+        raise TypeError("wait() expected a list of ray.ObjectRef or ray.ObjectRefGenerator, "
+                        f"got {type(object_refs)}")
     if timeout is not None and (isinstance(timeout, bool) or
                                 not isinstance(timeout, (int, float)) or timeout < 0):
         raise ValueError(f"The 'timeout' argument must be nonnegative. Received {timeout}")
@@ -113,12 +121,7 @@ def wait(object_refs: list, *, num_returns: int = 1, timeout: float | None = Non
         raise TypeError(f"fetch_local must be a bool, got {fetch_local!r}")
     given = None
     if not all(isinstance(ref, ObjectRef) for ref in object_refs):
-        converted = refs_for(_rtctx.current_runtime(), object_refs)  # Dask objects among them
-        if converted is None:
-            bad = next(r for r in object_refs if not isinstance(r, ObjectRef))
-            raise TypeError(f"wait() expected a list of ray.ObjectRef, got list containing "
-                            f"{type(bad)}")
-        object_refs, given = converted
+        object_refs, given = _waitables(object_refs)
     if not object_refs:
         return [], []
     if len(set(object_refs)) != len(object_refs):
@@ -128,11 +131,36 @@ def wait(object_refs: list, *, num_returns: int = 1, timeout: float | None = Non
     if num_returns > len(object_refs):
         raise ValueError("num_returns cannot be greater than the number of objects provided "
                          "to ray.wait.")
-    check_live(object_refs, "ray.wait")
+    check_live(object_refs if given is None else  # generators were checked by _waitables
+               [r for r in object_refs if isinstance(r, ObjectRef)], "ray.wait")
     ready, not_ready = _rtctx.current_runtime().wait(object_refs, num_returns, timeout)
     if given:  # the Dask objects come back as given
         return as_given(ready, given), as_given(not_ready, given)
     return ready, not_ready
+
+
+def _waitables(items: list) -> tuple[list, dict]:
+    """``ray.wait``'s list with a generator's stream for each generator and a ref for each
+    Dask object, and ``{stream or ref: the item given}`` to put them back."""
+    rt = _rtctx.current_runtime()
+    out, given = [], {}
+    for item in items:
+        if isinstance(item, ObjectRef):
+            out.append(item)
+        elif isinstance(item, ObjectRefGenerator):
+            stream = item._stream
+            check_live([stream.end_ref], "ray.wait")
+            given[stream] = item
+            out.append(stream)
+        else:
+            converted = refs_for(rt, [item])
+            if converted is None:
+                raise TypeError("wait() expected a list of ray.ObjectRef or "
+                                f"ray.ObjectRefGenerator, got list containing {type(item)}")
+            (ref,), more = converted
+            given.update(more)
+            out.append(ref)
+    return out, given
 
 
 def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:

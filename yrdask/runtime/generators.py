@@ -176,6 +176,13 @@ class StreamState:
         return index >= self.received and not self.abandoned and not self.ended
 
     @property
+    def next_ready(self) -> bool:
+        """A ``Take`` now would not wait: the next item is here, or the stream is over (Ray's
+        readiness of a generator in ``ray.wait``)."""
+        return (self.abandoned or self.error_taken or self.taken in self.held
+                or self.ended)
+
+    @property
     def finished(self) -> bool:
         """Nothing more will be handed out."""
         return self.abandoned or self.error_taken or (
@@ -214,6 +221,7 @@ class Stream:
         self.early: set[int] = set()  # items polled for (lent via them) before they came
         self.error: Any = None
         self.waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self.ready_callbacks: list[Callable[[], None]] = []  # loop thread, see on_next_ready
         runtime.streams[call_id] = self
         runtime.on_loop(end_ref._entry.add_callback, self._on_end)
 
@@ -277,11 +285,30 @@ class Stream:
         refs.clear()  # the refs die here, outside the lock (their drop may free copies)
 
     def _wake(self) -> None:
-        """Under the lock: wake blocked and awaiting consumers."""
+        """Under the lock (loop thread): wake blocked and awaiting consumers, and those
+        waiting for the next item to be ready."""
         self.cond.notify_all()
         waiters, self.waiters = self.waiters, []
         for loop, fut in waiters:
             loop.call_soon_threadsafe(_resolve, fut)
+        if self.ready_callbacks and self.state.next_ready:
+            callbacks, self.ready_callbacks = self.ready_callbacks, []
+            for cb in callbacks:
+                cb()
+
+    def on_next_ready(self, cb: Callable[[], None]) -> None:
+        """Run ``cb`` (loop thread) once taking would not wait (:meth:`next_ready`), or now
+        if it would not.  ``cb`` runs under the stream's lock: it must take no other."""
+        with self.lock:
+            if self.state.next_ready:
+                cb()
+            else:
+                self.ready_callbacks.append(cb)
+
+    def next_ready(self) -> bool:
+        """Whether ``next()`` would return at once (the next item is here, or the end)."""
+        with self.lock:
+            return self.state.next_ready
 
     # -- consumers (any thread) --------------------------------------------------------------
 

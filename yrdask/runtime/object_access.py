@@ -24,6 +24,7 @@ from yrdask.runtime.store import node_store
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpicklable, wire
 
 if TYPE_CHECKING:
+    from yrdask.runtime.generators import Stream
     from yrdask.runtime.node import LocalNode
     from yrdask.runtime.objects import ObjectTable
 
@@ -396,7 +397,11 @@ class ObjectAccess:
         kind, payload = entry.snapshot(float("inf"))
         return [kind, wire(payload)]
 
-    def wait(self, refs: list[ObjectRef], wait_num: int, timeout: float | None) -> tuple[list, list]:
+    def wait(self, refs: list[ObjectRef | Stream], wait_num: int, timeout: float | None
+             ) -> tuple[list, list]:
+        """``(ready, not_ready)`` once ``wait_num`` of ``refs`` are ready or ``timeout`` s
+        passed, both in input order.  A generator's stream among them (``ray.wait``) is ready
+        when its next item is, or its end."""
         deadline = None if timeout is None else time.monotonic() + timeout
         done = threading.Event()
         count = [0]
@@ -409,8 +414,11 @@ class ObjectAccess:
                     done.set()
 
         for ref in refs:
-            self._ensure_fetch(ref)
-            self.on_loop(ref._entry.add_callback, one)
+            if isinstance(ref, ObjectRef):
+                self._ensure_fetch(ref)
+                self.on_loop(ref._entry.add_callback, one)
+            else:
+                self.on_loop(ref.on_next_ready, one)
         lease_id = current_lease()
         blocked = False
         try:
@@ -423,5 +431,6 @@ class ObjectAccess:
                 self._lend(lease_id, False)
         ready, not_ready = [], []
         for ref in refs:
-            (ready if ref._entry.ready and len(ready) < wait_num else not_ready).append(ref)
+            is_ready = ref._entry.ready if isinstance(ref, ObjectRef) else ref.next_ready()
+            (ready if is_ready and len(ready) < wait_num else not_ready).append(ref)
         return ready, not_ready
