@@ -79,6 +79,16 @@ def test_unsupported_ray_options_are_named(key, value):
         ray.remote(**{key: value})(f)
 
 
+def test_system_config_is_refused_before_anything_starts_and_says_what_bounds_memory():
+    with pytest.raises(UnsupportedOptionError, match="no node-wide monitor") as info:
+        ray.init(_system_config={"memory_usage_threshold": 0.4})
+    assert "distributed.worker.memory" in str(info.value)
+    assert "Drop _system_config" in str(info.value)
+    with pytest.raises(UnsupportedOptionError, match=r"\{'object_timeout_milliseconds'\}") as info:
+        ray.init(_system_config={"object_timeout_milliseconds": 10})
+    assert "memory" not in str(info.value)
+
+
 def test_unknown_keywords_and_wrong_kinds_are_value_errors():
     def f():
         return 1

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from yrdask.errors import YRRuntimeError, YRValueError
 from yrdask.options import Config, check_config
@@ -171,6 +171,13 @@ def _process(source: str) -> str:
     return source.rpartition(" pid=")[2]
 
 
+#: Lines of the job's output that start with one of these prefixes go to its handler, as
+#: ``handler(source, line)`` on the driver's loop thread, instead of to this driver's
+#: stdout/stderr: state that work sends its driver as printed lines (``ray.experimental
+#: .tqdm_ray``'s progress bars, as Ray sends them).
+LINE_HANDLERS: dict[str, Callable[[str, str], None]] = {}
+
+
 class _Printer:
     """``Config(log_to_driver=True)``: prints of the job's tasks and methods, written to this
     driver's stdout/stderr, each line prefixed with where it ran: ``(square pid=12,
@@ -192,15 +199,30 @@ class _Printer:
     def __call__(self, records: list) -> None:
         now = time.monotonic()
         out: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        handled = tuple(LINE_HANDLERS)
         for source, stream, text in records:
             lines = out["stderr" if stream == "stderr" else "stdout"]
             for line in text.splitlines():
+                if handled and line.startswith(handled):
+                    self._handle(source, line)
+                    continue
                 if self.dedup and self._held(stream, line, source, now):
                     continue
                 lines.append(f"({source}) {line}\n")
         self._write(out)
         if self.dedup and self.seen and self.timer is None:
             self.timer = self.loop.call_later(DEDUP_WINDOW_S, self.expire)
+
+    @staticmethod
+    def _handle(source: str, line: str) -> None:
+        for prefix, handler in list(LINE_HANDLERS.items()):
+            if line.startswith(prefix):
+                try:
+                    handler(source, line)
+                except Exception:  # noqa: BLE001 - a bad line must not stop the job's prints
+                    logger.exception("yrdask: the handler of %r failed on a line of %s",
+                                     prefix, source)
+                return
 
     def _held(self, stream: str, line: str, source: str, now: float) -> bool:
         entry = self.seen.get((stream, line))

@@ -84,6 +84,8 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     it.  Unsupported keywords raise :class:`UnsupportedOptionError` naming them.
     """
     unsupported = {k: v for k, v in kwargs.items() if v is not None}
+    if "_system_config" in unsupported:
+        raise UnsupportedOptionError(_system_config_refusal(unsupported["_system_config"]))
     if unsupported:
         raise UnsupportedOptionError(
             f"ray.init({', '.join(sorted(unsupported))}=...) is not supported by yrdask.ray; "
@@ -166,7 +168,11 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
             raise ValueError("When connecting to an existing cluster, num_cpus, num_gpus, "
                              "resources, object_store_memory and address must not be provided "
                              "(yrdask is already initialised in this process by yr.init)")
+        from yrdask.api.session import LINE_HANDLERS
         from yrdask.ray._alias import installed
+        from yrdask.ray.experimental.tqdm_ray import LINE_PREFIX, handle_line
+
+        LINE_HANDLERS[LINE_PREFIX] = handle_line  # bars of tasks and actors, drawn here
 
         sess = Session(namespace or f"anon-{uuid.uuid4().hex[:12]}",
                        getattr(rt, "job_id", ""), owns, rt, job_env)
@@ -174,6 +180,26 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         sess.default_lifetime = default_lifetime
         STATE.session = sess
         return _context_of(sess)
+
+
+def _system_config_refusal(config: Any) -> str:
+    """Why ``ray.init(_system_config=...)`` is refused, and what yrdask has instead."""
+    keys = sorted(config) if isinstance(config, dict) else []
+    text = (f"ray.init(_system_config={{{', '.join(repr(k) for k in keys)}}}) is not supported "
+            "by yrdask.ray: it sets the internals of Ray's raylet and GCS, which yrdask does "
+            "not have.")
+    if any(k.startswith(("memory_usage_threshold", "memory_monitor", "min_memory_free"))
+           for k in keys):
+        text += (" Ray's memory monitor (memory_usage_threshold) kills the newest task or "
+                 "actor when the node's memory use passes that fraction, failing it with "
+                 "OutOfMemoryError; yrdask has no node-wide monitor. Memory is bounded per "
+                 "worker process by Dask instead: `dask worker --memory-limit` and the Dask "
+                 "keys distributed.worker.memory.target/spill/pause/terminate (past "
+                 "'terminate', 95 % of the limit by default, the nanny restarts the worker, "
+                 "and the tasks it ran fail with WorkerCrashedError or rerun within "
+                 "max_retries); ask for memory with @ray.remote(memory=...) so that tasks are "
+                 "placed where it is free.")
+    return text + " Drop _system_config."
 
 
 def _check_listening(address: str) -> None:

@@ -134,6 +134,13 @@ class ActorClass:
     def options(self, **options: Any) -> "ActorClass":
         return ActorClass(self._cls, {**self._options, **options})
 
+    def bind(self, *args: Any, **kwargs: Any) -> Any:
+        """A :class:`~yrdask.ray.dag.ClassNode`: this actor in a DAG, created anew by each
+        ``dag.execute()`` (Ray's DAG API)."""
+        from yrdask.ray.dag.class_node import ClassNode
+
+        return ClassNode(self, args, kwargs)
+
     def _creator_for_session(self) -> tuple[InstanceCreator, Any]:
         sess = STATE.session
         if self._creator is not None and self._creator[0] == id(sess):
@@ -301,6 +308,24 @@ class ActorMethod:
         if "num_returns" in checked and "_gen_returns" not in checked:
             merged.pop("_gen_returns", None)  # streams again
         return ActorMethod(self._handle, self._name, self._nret, self._sig, merged)
+
+    def bind(self, *args: Any, **kwargs: Any) -> Any:
+        """A :class:`~yrdask.ray.dag.ClassMethodNode`: this call of this actor in a DAG,
+        made by each ``dag.execute()`` (Ray's DAG API)."""
+        from yrdask.ray.dag.class_node import (PARENT_CLASS_NODE_KEY,
+                                               PREV_CLASS_METHOD_CALL_KEY, ClassMethodNode)
+
+        if self._sig is not None:
+            from yrdask.api.signatures import check_call
+
+            try:
+                check_call(self._sig, args, kwargs)
+            except TypeError as e:
+                raise TypeError(f"{self._handle._proxy._cls_name}.{self._name}.bind(): "
+                                f"{e}") from None
+        return ClassMethodNode(self._name, args, kwargs, dict(self._options),
+                               {PARENT_CLASS_NODE_KEY: self._handle,
+                                PREV_CLASS_METHOD_CALL_KEY: None}, method=self)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Call the method: an ObjectRef (a list of ``num_returns`` of them; None for 0)."""

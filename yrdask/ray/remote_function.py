@@ -153,6 +153,13 @@ class RemoteFunction:
 
         return RemoteFunction(self._function, {**self._options, **options})
 
+    def bind(self, *args: Any, **kwargs: Any) -> Any:
+        """A :class:`~yrdask.ray.dag.FunctionNode`: this call in a DAG, made by
+        ``dag.execute()`` (Ray's DAG API)."""
+        from yrdask.ray.dag.function_node import FunctionNode
+
+        return FunctionNode(self, args, kwargs)
+
     def _proxy_for_session(self) -> tuple[FunctionProxy, RayOptions]:
         sess = STATE.session
         cached = self._proxy
