@@ -180,6 +180,7 @@ class RemoteFunction:
         proxy = FunctionProxy(body, ropts.invoke, nret)
         proxy._wait_nested = False  # Ray's rule: refs nested in arguments are not waited for
         proxy._max_crashes = ropts.max_retries  # reruns after a lost worker (-1: no bound)
+        proxy._events = ropts.events  # enable_task_events=False: its tasks leave no record
         if ropts.max_calls:
             if mode == "streaming":
                 raise UnsupportedOptionError(
