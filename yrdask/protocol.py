@@ -283,13 +283,15 @@ KILL_INSTANCE = "yr_kill_instance"
 @_message
 class JobWelcome(Message):
     """scheduler -> driver, the first message on a new job stream (the reply to
-    :class:`ConnectJob`).  ``error`` is set, and the stream closed, on a protocol mismatch."""
+    :class:`ConnectJob`).  ``error`` is set, and the stream closed, on a protocol mismatch.
+    ``session``: the cluster's session name (Ray's ``get_session_name()``)."""
 
     op: ClassVar[str] = "yr_job_welcome"
     channels: ClassVar[tuple[str, ...]] = ()  # read by ConnectJob's sender, no handler
     protocol_version: int | None = None
     dashboard: str | None = None
     error: str | None = None
+    session: str | None = None
 
 
 JOB_WELCOME = JobWelcome.op
