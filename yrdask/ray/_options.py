@@ -219,14 +219,6 @@ def _task_options(options: dict, out: RayOptions) -> None:
     out.max_calls = max_calls
 
 
-def check_task_events(value: Any) -> bool:
-    """Ray's ``enable_task_events``: a bool (False: the task, actor or call leaves no record
-    in ``ray.util.state``, ``ray.timeline()`` or Dask's panels)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"enable_task_events must be a bool, got {value!r}")
-    return value
-
-
 def check_num_returns(n: Any) -> Any:
     """Ray's ``num_returns``: an int >= 0, ``"streaming"`` or ``"dynamic"``."""
     if n in ("streaming", "dynamic"):
@@ -351,3 +343,11 @@ def check_namespace(namespace: Any) -> None:
                         f"{namespace!r}")
     if not namespace:
         raise ValueError('"" is not a valid namespace. Pass None to not specify a namespace.')
+
+
+def check_task_events(value: Any) -> bool:
+    """Ray's ``enable_task_events``: a bool (False: the task, actor or call leaves no record
+    in ``ray.util.state``, ``ray.timeline()`` or Dask's panels)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"enable_task_events must be a bool, got {value!r}")
+    return value
