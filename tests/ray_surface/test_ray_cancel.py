@@ -16,6 +16,7 @@ import sys
 import time
 
 import cloudpickle
+import psutil
 import pytest
 
 import yrdask as yr
@@ -251,6 +252,9 @@ def held(folder):
 def blocked_on(box, folder, name, how):
     """Blocks in ``ray.get`` or ``ray.wait`` on the ref in ``box``; notes its start and its
     end (a ``finally`` runs only in a process that goes on)."""
+    with open(os.path.join(folder, f"{name}-pid.part"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(folder, f"{name}-pid.part"), os.path.join(folder, f"{name}-pid"))
     _touch(folder, f"{name}-started")
     try:
         if how == "get":
@@ -278,5 +282,11 @@ def test_a_cancel_ends_a_task_blocked_on_a_value_in_its_own_process(ray_env, tmp
     wait_until(lambda: os.path.exists(os.path.join(folder, "cancelled-ended")), 30,
                "the cancelled task to end in its process (its finally ran)")
     assert not os.path.exists(os.path.join(folder, "other-ended"))
+    with open(os.path.join(folder, "cancelled-pid")) as f:
+        proc = psutil.Process(int(f.read()))
+    until = time.monotonic() + 2.0  # an absence: watched for 4x the agent's 0.5 s grace
+    while time.monotonic() < until:
+        assert proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        time.sleep(0.05)
     _touch(folder, "release")
     assert ray.get(other, timeout=60) == ("released" if how == "get" else 1)
