@@ -283,13 +283,15 @@ KILL_INSTANCE = "yr_kill_instance"
 @_message
 class JobWelcome(Message):
     """scheduler -> driver, the first message on a new job stream (the reply to
-    :class:`ConnectJob`).  ``error`` is set, and the stream closed, on a protocol mismatch."""
+    :class:`ConnectJob`).  ``error`` is set, and the stream closed, on a protocol mismatch.
+    ``session``: the cluster's session name (Ray's ``get_session_name()``)."""
 
     op: ClassVar[str] = "yr_job_welcome"
     channels: ClassVar[tuple[str, ...]] = ()  # read by ConnectJob's sender, no handler
     protocol_version: int | None = None
     dashboard: str | None = None
     error: str | None = None
+    session: str | None = None
 
 
 JOB_WELCOME = JobWelcome.op
@@ -1282,7 +1284,9 @@ class RunTask(Message):
     of ``[ref_id, kind, payload]`` as in :data:`FetchReply`; ``owner`` the lifetime owner (a
     job id or an instance id); ``name`` the function name, for errors and the dashboard;
     ``slots`` how many tasks of the lease may run at once (more may be pushed, and wait in
-    the worker's lease gate).  Answered by :class:`TaskDone`."""
+    the worker's lease gate); ``events`` False: the task leaves no record (Dask's panels,
+    Ray's ``list_tasks`` and ``timeline``: Ray's ``enable_task_events=False``).  Answered by
+    :class:`TaskDone`."""
 
     op: ClassVar[str] = RUN_TASK
     channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_WORKER,)
@@ -1297,6 +1301,7 @@ class RunTask(Message):
     name: str
     slots: int = 1
     log_to: str | None = None  # the driver that gets the task's prints (log_to_driver)
+    events: bool = True
 
 
 @_message
@@ -1353,7 +1358,8 @@ class CallMethod(Message):
     """caller -> worker, or a process instance's own process (docs/isolation.md).
     ``task_id`` is the call id.  Answered by :class:`TaskDone`; calls from one channel to one
     instance run in the order sent (concurrency 1).  Refs nested in the results are lent to
-    the channel's caller (:class:`OpenChannel`)."""
+    the channel's caller (:class:`OpenChannel`).  ``events`` False: the call leaves no record
+    (as :class:`RunTask`)."""
 
     op: ClassVar[str] = CALL_METHOD
     channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_WORKER,)
@@ -1363,6 +1369,7 @@ class CallMethod(Message):
     args: bytes
     deps: list
     nret: int
+    events: bool = True
 
 
 STREAMING = -1

@@ -16,6 +16,7 @@ import sys
 import time
 
 import cloudpickle
+import psutil
 import pytest
 
 import yrdask as yr
@@ -237,3 +238,55 @@ def test_a_recursive_cancel_cancels_the_actor_tasks_a_task_submitted(ray_env, tm
         ray.get(child_ref, timeout=30)  # it would sleep 60 s if not cancelled
     ray.kill(actor)
     ray.kill(holder)
+
+
+@ray.remote(num_cpus=0)
+def held(folder):
+    """A value that comes only once the test writes ``release``."""
+    while not os.path.exists(os.path.join(folder, "release")):
+        time.sleep(0.02)
+    return "released"
+
+
+@ray.remote(num_cpus=0)
+def blocked_on(box, folder, name, how):
+    """Blocks in ``ray.get`` or ``ray.wait`` on the ref in ``box``; notes its start and its
+    end (a ``finally`` runs only in a process that goes on)."""
+    with open(os.path.join(folder, f"{name}-pid.part"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(folder, f"{name}-pid.part"), os.path.join(folder, f"{name}-pid"))
+    _touch(folder, f"{name}-started")
+    try:
+        if how == "get":
+            return ray.get(box[0])
+        return len(ray.wait(box)[0])
+    finally:
+        _touch(folder, f"{name}-ended")
+
+
+@pytest.mark.parametrize("force,how", [(True, "get"), (False, "wait")])
+def test_a_cancel_ends_a_task_blocked_on_a_value_in_its_own_process(ray_env, tmp_path,
+                                                                    force, how):
+    # the thread blocked in ray.get / ray.wait is in C, where the interrupt of a cancel never
+    # lands: its wait ends instead, so the task stops at once and a forced cancel does not
+    # have to end the worker process (with its other tasks: `other`, blocked beside it)
+    folder = str(tmp_path)
+    gate = held.remote(folder)
+    ref = blocked_on.remote([gate], folder, "cancelled", how)
+    other = blocked_on.remote([gate], folder, "other", how)
+    wait_until(lambda: all(os.path.exists(os.path.join(folder, f"{n}-started"))
+                           for n in ("cancelled", "other")), 60, "both tasks to block")
+    ray.cancel(ref, force=force)
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(ref, timeout=30)
+    wait_until(lambda: os.path.exists(os.path.join(folder, "cancelled-ended")), 30,
+               "the cancelled task to end in its process (its finally ran)")
+    assert not os.path.exists(os.path.join(folder, "other-ended"))
+    with open(os.path.join(folder, "cancelled-pid")) as f:
+        proc = psutil.Process(int(f.read()))
+    until = time.monotonic() + 2.0  # an absence: watched for 4x the agent's 0.5 s grace
+    while time.monotonic() < until:
+        assert proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        time.sleep(0.05)
+    _touch(folder, "release")
+    assert ray.get(other, timeout=60) == ("released" if how == "get" else 1)

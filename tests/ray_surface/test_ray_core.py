@@ -218,6 +218,29 @@ def test_runtime_context_in_a_task(ray_env):
     assert driver.get_assigned_resources() == {}
 
 
+@ray.remote
+def session_in_task():
+    return ray.get_runtime_context().get_session_name()
+
+
+@ray.remote
+class SessionInActor:
+    def session(self):
+        return ray.get_runtime_context().get_session_name(), ray.get(session_in_task.remote())
+
+
+def test_session_name_is_the_clusters_everywhere(ray_env):
+    # Ray: one name per cluster instance, the same in the driver, its tasks and its actors
+    import re
+
+    name = ray.get_runtime_context().get_session_name()
+    assert re.fullmatch(r"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d{6}_\d+", name), name
+    assert ray.get(session_in_task.remote()) == name
+    actor = SessionInActor.remote()
+    assert ray.get(actor.session.remote()) == (name, name)  # and a task it submits
+    ray.kill(actor)
+
+
 def test_nodes_and_resources_in_ray_units(ray_env):
     nodes = ray.nodes()  # the embedded cluster is one node (a machine: docs/nodes.md)
     assert len(nodes) == 1 and all(n["Alive"] for n in nodes)

@@ -191,6 +191,32 @@ def test_actor_proxy_job_config_and_max_concurrency(ray_env):
         ray.job_config.JobConfig(metadata={"a": "b"})
 
 
+def test_code_search_path_lets_workers_load_the_jobs_modules(ray_env, tmp_path):
+    # a function and a class of a module that only the job's code_search_path holds travel
+    # by reference (cloudpickle pickles an importable module's names so): the worker and
+    # the actor's process import the module from that directory, as Ray's workers do from
+    # their PYTHONPATH
+    import importlib
+
+    name = f"codepath_mod_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        "def tripled(x):\n    return x * 3\n\n\n"
+        "class Keeper:\n    def module(self):\n        return __name__\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        mod = importlib.import_module(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+    ray.shutdown()
+    ray.init(job_config=ray.job_config.JobConfig(code_search_path=[str(tmp_path)]))
+    assert ray.get(ray.remote(mod.tripled).remote(2)) == 6
+    keeper = ray.remote(mod.Keeper).remote()
+    assert ray.get(keeper.module.remote()) == name
+    ray.kill(keeper)
+    with pytest.raises(TypeError, match="code search path"):
+        ray.job_config.JobConfig(code_search_path="not a list")
+
+
 # -- Ray's error types and wording -------------------------------------------------------------
 
 

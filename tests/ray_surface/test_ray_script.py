@@ -81,3 +81,23 @@ def test_processes_multiprocessing_spawns_import_ray_too(tmp_path):
     out = subprocess.run([sys.executable, "-m", "yrdask.ray", str(script)], capture_output=True,
                          text=True, timeout=120, cwd=str(tmp_path))
     assert out.returncode == 0 and out.stdout.strip() == "yrdask.ray", out.stderr[-3000:]
+
+
+def test_python_processes_the_program_starts_import_ray_too(tmp_path):
+    # Ray's tests start drivers with subprocess.run([sys.executable, "driver.py"]): under
+    # python -m yrdask.ray their `import ray` (and `ray.util`) is yrdask.ray as well
+    child = tmp_path / "child.py"
+    child.write_text("import ray, ray.util, yrdask.ray, yrdask.ray.util\n"
+                     "print(ray is yrdask.ray, ray.util is yrdask.ray.util)\n")
+    script = tmp_path / "starts.py"
+    script.write_text("import subprocess, sys\n"
+                      "import ray\n\n"
+                      f"print(subprocess.check_output([sys.executable, {str(child)!r}], "
+                      "text=True).strip())\n")
+    out = subprocess.run([sys.executable, "-m", "yrdask.ray", str(script)], capture_output=True,
+                         text=True, timeout=120, cwd=str(tmp_path))
+    assert out.returncode == 0 and out.stdout.strip() == "True True", out.stderr[-3000:]
+    plain = subprocess.run([sys.executable, str(child)], capture_output=True, text=True,
+                           timeout=60, cwd=str(tmp_path),
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert plain.returncode != 0 and "No module named 'ray'" in plain.stderr  # only under it

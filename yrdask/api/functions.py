@@ -32,6 +32,7 @@ class FunctionProxy:
     # AttributeError that getattr(self, name, default) raises inside for a missing name.
     _wait_nested = True  # refs nested in the arguments gate the start (yr's rule)
     _max_crashes: int | None = None  # reruns after a lost worker (None: the config's bound)
+    _events = True  # False: its tasks leave no record (Ray's enable_task_events=False)
 
     def __init__(self, func: Callable, options: InvokeOptions, return_nums: int,
                  initializer: Callable | None = None) -> None:
@@ -66,6 +67,8 @@ class FunctionProxy:
             proxy._wait_nested = False
         if getattr(self, "_max_crashes", None) is not None:  # and its max_retries
             proxy._max_crashes = self._max_crashes
+        if not getattr(self, "_events", True):  # and its enable_task_events=False
+            proxy._events = False
         return proxy
 
     def get_original_func(self) -> Callable:
@@ -104,7 +107,8 @@ class FunctionProxy:
         refs = rt.submit_task(self._fn_id, self._payload, self._name, args, kwargs,
                               self._return_nums, self._shape, self._shape_key,
                               opts.schedule_timeout_ms, opts.retry_times,
-                              wait_nested=self._wait_nested, max_crashes=self._max_crashes)
+                              wait_nested=self._wait_nested, max_crashes=self._max_crashes,
+                              events=self._events)
         if self._return_nums == 0:
             return None
         if self._return_nums == 1:

@@ -28,6 +28,9 @@ _CONCURRENCY = "__yr_concurrency__"
 #: A class attribute: a call may pass earlier calls whose ref arguments are not ready yet (the
 #: Ray surface's async and threaded actors, whose calls Ray runs as their arguments resolve).
 _UNORDERED = "__yr_unordered_calls__"
+#: A class or method attribute: False, its calls (a class's: its creation too) leave no
+#: record (the Ray surface's ``enable_task_events=False``; a method's own value wins).
+_EVENTS = "__yr_task_events__"
 DEFAULT_GRACE_S = 30  # __yr_shutdown__'s default grace period, as in yr
 REAL_ID_WAIT_S = 30  # InstanceProxy.real_id waits this long for a placement, as in yr
 
@@ -60,6 +63,8 @@ class _ClassInfo:
         # max_task_retries): the class's __yr_max_redeliveries__, or a method's own
         self.redeliveries: dict[str, int] = {}
         default_redeliveries = getattr(cls, _REDELIVERIES, None)
+        default_events = getattr(cls, _EVENTS, True)
+        self.untraced: list[str] = []  # methods whose calls leave no record (_EVENTS)
         self.is_async = False
         for name, member in inspect.getmembers(cls):
             raw = inspect.getattr_static(cls, name, None)
@@ -90,6 +95,8 @@ class _ClassInfo:
             bound = getattr(func, _REDELIVERIES, default_redeliveries)
             if bound is not None:
                 self.redeliveries[name] = bound
+            if not getattr(func, _EVENTS, default_events):
+                self.untraced.append(name)
         try:
             init_sig = inspect.signature(cls.__init__)
             self.init_sig: inspect.Signature | None = init_sig.replace(
@@ -97,7 +104,7 @@ class _ClassInfo:
         except (TypeError, ValueError):
             self.init_sig = None
         self._info = {"name": self.name, "methods": self.methods,
-                      "redeliveries": self.redeliveries,
+                      "redeliveries": self.redeliveries, "untraced": self.untraced,
                       "unordered": bool(getattr(cls, _UNORDERED, False))}
         self.meta = dumps(self._info)
         self._metas: dict[int, bytes] = {1: self.meta}
@@ -217,6 +224,8 @@ class InstanceCreator:
             "grace_s": _grace_seconds(opts),  # __yr_shutdown__'s bound
             "isolation": instance_isolation(opts),  # docs/isolation.md
         }
+        if not getattr(info.cls, _EVENTS, True):  # its creation leaves no record either
+            spec["events"] = False
         if instance_id is not None:
             spec["instance_id"] = instance_id
             rt.create_instance(spec, args, kwargs)
@@ -258,6 +267,7 @@ class InstanceProxy:
         self._redeliveries: dict = info.get("redeliveries", {})
         self._unordered: bool = info.get("unordered", False)
         self._concurrency: int = info.get("concurrency", 1)
+        self._untraced = frozenset(info.get("untraced", ()))
         self._rt = runtime
         self._terminated = False
         runtime.on_loop(runtime.router.incref, instance_id)
@@ -352,8 +362,11 @@ class InstanceProxy:
 class MethodProxy:
     """One method of an instance handle: ``.invoke(*args)`` and ``.options(opts)``."""
 
-    def __init__(self, handle: InstanceProxy, name: str, nret: int, sig: Any) -> None:
+    def __init__(self, handle: InstanceProxy, name: str, nret: int, sig: Any,
+                 events: bool | None = None) -> None:
         self._handle, self._name, self._nret, self._sig = handle, name, nret, sig
+        # False: its calls leave no record; None: as the class says (_EVENTS)
+        self._events = name not in handle._untraced if events is None else events
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise YRRuntimeError(f"instance methods cannot be called directly: use "
@@ -375,7 +388,7 @@ class MethodProxy:
                 raise TypeError(f"{h._cls_name}.{self._name}.invoke(): {e}") from None
         refs = h._rt.call_method(h.instance_id, self._name, args, kwargs, self._nret,
                                  h._redeliveries.get(self._name), h._unordered,
-                                 h._concurrency)
+                                 h._concurrency, self._events)
         if self._nret == 0:
             return None
         if self._nret == P.STREAMING:

@@ -4,7 +4,9 @@ Also ``python -m yrdask.ray -m module [args...]`` and ``python -m yrdask.ray -c 
 [args...]``, as ``python`` takes them.  Installs the ``ray`` import alias (``import ray`` /
 ``from ray.util import ActorPool`` give yrdask.ray's modules) and runs the program as
 ``__main__``, with ``sys.argv`` and ``sys.path[0]`` as ``python`` would set them.  Nothing
-named ``ray`` is installed on disk.
+named ``ray`` is installed in site-packages: the Python processes the program starts get
+``yrdask/ray/_program_path`` (a ``ray`` package that hands over yrdask.ray) first on their
+``PYTHONPATH``, so their ``import ray`` is yrdask.ray as well.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def main(argv: list[str]) -> int:
     from yrdask.ray._alias import install
 
     install()
+    _program_path_for_children()
     if argv[0] == "-m":  # as `python -m MODULE`: argv[0] becomes the module's file
         sys.argv = [argv[1], *argv[2:]]
         sys.path[0] = os.getcwd()
@@ -45,6 +48,18 @@ def main(argv: list[str]) -> int:
         sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
         runpy.run_path(argv[0], run_name="__main__")
     return 0
+
+
+def _program_path_for_children() -> None:
+    """Python processes the program starts (``sys.executable driver.py``) inherit
+    ``PYTHONPATH`` with ``yrdask/ray/_program_path`` first, whose ``ray`` package is
+    yrdask.ray: their ``import ray`` is yrdask.ray too, as on a machine with Ray installed."""
+    from yrdask.ray import _program_path
+
+    here = os.path.dirname(os.path.abspath(_program_path.__file__))
+    current = os.environ.get("PYTHONPATH", "")
+    if here not in current.split(os.pathsep):
+        os.environ["PYTHONPATH"] = here + (os.pathsep + current if current else "")
 
 
 if __name__ == "__main__":

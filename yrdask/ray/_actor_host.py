@@ -298,20 +298,26 @@ def _call_with_options(self: Any, name: str, options: dict, *args: Any, **kwargs
                    cls.__ray_async__)(self, *args, **kwargs)
 
 
-class _InstallAlias:
-    """Unpickling this installs the ``ray`` import alias (``python -m yrdask.ray`` runs)."""
+class _PrepareImports:
+    """Unpickling this installs the ``ray`` import alias (``python -m yrdask.ray`` runs) and
+    puts the job's ``code_search_path`` on ``sys.path`` (``_alias.prepare_imports``)."""
+
+    def __init__(self, alias: bool, code_paths: tuple) -> None:
+        self.alias, self.code_paths = alias, code_paths
 
     def __reduce__(self):
-        from yrdask.ray._alias import install
+        from yrdask.ray._alias import prepare_imports
 
-        return (install, ())
+        return (prepare_imports, (self.alias, self.code_paths))
 
 
-def _alias_metaclass(base: type) -> type:
-    """A metaclass that carries :class:`_InstallAlias`: cloudpickle rebuilds a class's
-    metaclass (and its attributes) before the class's bases, so on a worker the alias is in
-    place before the user's class is imported from a module that says ``import ray``."""
-    return type(f"RayActorMeta({base.__name__})", (base,), {"_ray_alias": _InstallAlias()})
+def _alias_metaclass(base: type, alias: bool, code_paths: tuple) -> type:
+    """A metaclass that carries :class:`_PrepareImports`: cloudpickle rebuilds a class's
+    metaclass (and its attributes) before the class's bases, so on a worker the alias and the
+    code paths are in place before the user's class is imported from a module that says
+    ``import ray`` or lives in the job's ``code_search_path``."""
+    return type(f"RayActorMeta({base.__name__})", (base,),
+                {"_ray_alias": _PrepareImports(alias, code_paths)})
 
 
 def _is_async_class(cls: type) -> bool:
@@ -395,7 +401,9 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
                 raise _CreationFailed(traceback.format_exc()) from None
 
     ns["__init__"] = __init__
-    meta = _alias_metaclass(type(cls)) if ctx.get("alias") else type(cls)
+    code_paths = tuple(ctx.get("code_search_path", ()))
+    meta = _alias_metaclass(type(cls), bool(ctx.get("alias")), code_paths) \
+        if ctx.get("alias") or code_paths else type(cls)
     host = meta(cls.__name__, (cls,), ns)
     host.__qualname__ = cls.__qualname__
     concurrency = max_concurrency

@@ -83,3 +83,15 @@ def _spawned_children_install() -> None:
 
     get_command_line._yrdask = True  # type: ignore[attr-defined]
     spawn.get_command_line = get_command_line
+
+
+def prepare_imports(alias: bool, code_paths: tuple = ()) -> None:
+    """On a worker, before a job's task or actor class is unpickled: the alias (``alias``:
+    its driver runs under ``python -m yrdask.ray``) and the job's
+    ``JobConfig(code_search_path=...)`` directories at the end of ``sys.path`` (once each;
+    the process serves other jobs too, whose own modules keep precedence)."""
+    if alias:
+        install()
+    for path in code_paths:
+        if path not in sys.path:
+            sys.path.append(path)

@@ -38,11 +38,18 @@ class Session:
         self.job_env = job_env or {}
         self.alias = False  # True when this process runs under ``python -m yrdask.ray``
         self.default_lifetime: str | None = None  # JobConfig(default_actor_lifetime=)
+        self.code_search_path: list[str] = []  # JobConfig(code_search_path=), for workers
+        # the cluster's session name (Ray's get_session_name), as its scheduler told
+        connector = getattr(runtime, "connector", None)
+        self.session_name: str = getattr(connector, "session", None) or ""
 
     def ctx(self, resources: dict | None = None) -> dict:
         """The context that work submitted now carries to its workers."""
-        return {"namespace": self.namespace, "job_id": self.job_id, "alias": self.alias,
-                "resources": dict(resources or {})}
+        ctx = {"namespace": self.namespace, "job_id": self.job_id, "alias": self.alias,
+               "resources": dict(resources or {}), "session_name": self.session_name}
+        if self.code_search_path:  # workers put them on sys.path (_alias.prepare_imports)
+            ctx["code_search_path"] = self.code_search_path
+        return ctx
 
 
 class _State:
@@ -87,7 +94,8 @@ def current_ctx() -> dict:
             return found
     if STATE.session is not None:
         return STATE.session.ctx()
-    return {"namespace": "", "job_id": "", "alias": False, "resources": {}}
+    return {"namespace": "", "job_id": "", "alias": False, "resources": {},
+            "session_name": ""}
 
 
 class _Titles:

@@ -51,7 +51,8 @@ _OPTIONS: dict[str, tuple[frozenset, Any]] = {
     "placement_group_capture_child_tasks": (frozenset({TASK, ACTOR}), None),
     "label_selector": (frozenset({TASK, ACTOR}), None),
     "_metadata": (frozenset({TASK, ACTOR}), None),
-    "enable_task_events": (frozenset({TASK, ACTOR, METHOD}), True),
+    # False: the work leaves no record (list_tasks, timeline, Dask's panels)
+    "enable_task_events": (frozenset({TASK, ACTOR, METHOD}), _UNSET),
     "max_calls": (frozenset({TASK}), _UNSET),
     "max_pending_calls": (frozenset({ACTOR}), -1),
     "allow_out_of_order_execution": (frozenset({ACTOR}), _UNSET),
@@ -87,6 +88,7 @@ class RayOptions:
     group: Any = None  # the placement group this work runs in (get_placement_group_id)
     max_concurrency: int | None = None  # Ray's, which may exceed yr's concurrency bound
     max_calls: int = 0  # Ray's: a process runs this many calls of the function, then ends
+    events: bool = True  # Ray's enable_task_events: False, the work leaves no record
 
 
 def check_keys(options: dict, kind: str) -> None:
@@ -143,6 +145,7 @@ def to_invoke_options(options: dict, kind: str, namespace: str,
         out.resources["memory"] = memory
     inv.custom_resources = {k: v for k, v in custom.items() if v}
     out.resources.update(custom)
+    out.events = check_task_events(options.get("enable_task_events", True))
     _runtime_env(options.get("runtime_env"), inv, job_env)
     _strategy(options.get("scheduling_strategy"), inv, out)
     if out.group is not None:
@@ -334,7 +337,8 @@ def node_affinity(node_id: str, soft: bool = True) -> list:
                      [LabelOperator(OperatorType.LABEL_IN, "NODE_ID", [node_id])])]
 
 
-__all__ = ["RayOptions", "to_invoke_options", "check_keys", "check_num_returns", "node_affinity"]
+__all__ = ["RayOptions", "to_invoke_options", "check_keys", "check_num_returns",
+           "check_task_events", "node_affinity"]
 
 
 def check_namespace(namespace: Any) -> None:
@@ -345,3 +349,11 @@ def check_namespace(namespace: Any) -> None:
                         f"{namespace!r}")
     if not namespace:
         raise ValueError('"" is not a valid namespace. Pass None to not specify a namespace.')
+
+
+def check_task_events(value: Any) -> bool:
+    """Ray's ``enable_task_events``: a bool (False: the task, actor or call leaves no record
+    in ``ray.util.state``, ``ray.timeline()`` or Dask's panels)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"enable_task_events must be a bool, got {value!r}")
+    return value

@@ -112,6 +112,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     if namespace is not None and (not isinstance(namespace, str) or not namespace):
         raise TypeError(f"namespace must be None or a non-empty str, got {namespace!r}")
     default_lifetime = None
+    code_paths: list = []
     if job_config is not None:  # ray.job_config.JobConfig: namespace, env, actor lifetime
         from yrdask.ray.job_config import _apply
 
@@ -119,6 +120,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         namespace = namespace or job_config.ray_namespace
         runtime_env = {**(job_config.runtime_env or {}), **(runtime_env or {})}
         default_lifetime = job_config.default_actor_lifetime
+        code_paths = [os.path.abspath(p) for p in job_config.code_search_path]
     job_env: dict = {}
     if runtime_env:
         from yrdask.ray._options import _runtime_env
@@ -178,6 +180,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
                        getattr(rt, "job_id", ""), owns, rt, job_env)
         sess.alias = installed()
         sess.default_lifetime = default_lifetime
+        sess.code_search_path = code_paths
         STATE.session = sess
         return _context_of(sess)
 

@@ -12,14 +12,14 @@ import inspect
 import types
 from typing import Any, Callable
 
-from yrdask.api.instances import (_REDELIVERIES, InstanceCreator, InstanceProxy, MethodProxy,
-                                  _kill)
+from yrdask.api.instances import (_EVENTS, _REDELIVERIES, InstanceCreator, InstanceProxy,
+                                  MethodProxy, _kill)
 from yrdask.runtime.context import current_runtime
 from yrdask.ray._actor_host import _GROUP, _NRET, _RETRY, _TASK_RETRIES, host_class
 from yrdask.ray._context import STATE, current_ctx, hosted_instance
 from yrdask.ray._util import captured_group, in_captured_group, with_capture
 from yrdask.ray._options import (ACTOR, METHOD, check_keys, check_num_returns, check_resources,
-                                 node_affinity)
+                                 check_task_events, node_affinity)
 from yrdask.ray._options import to_invoke_options
 from yrdask.ray.exceptions import ActorExitRequest, UnsupportedOptionError, actor_died
 
@@ -32,15 +32,20 @@ _PER_CALL = ("max_task_retries", "retry_exceptions", "concurrency_group", "name"
 
 def method(*args: Any, num_returns: Any = None, concurrency_group: str | None = None,
            max_task_retries: int | None = None, retry_exceptions: Any = None,
-           **unknown: Any) -> Callable:
+           enable_task_events: bool | None = None, **unknown: Any) -> Callable:
     """Annotate an actor method: ``@ray.method(num_returns=2, concurrency_group="io")``;
-    ``@ray.method`` and ``@ray.method()`` leave the method's options as they are (Ray 2.x)."""
+    ``@ray.method`` and ``@ray.method()`` leave the method's options as they are (Ray 2.x).
+    ``enable_task_events=False``: its calls leave no record (it wins over the actor's)."""
     bare = len(args) == 1 and callable(args[0]) and not unknown and num_returns is None \
-        and concurrency_group is None and max_task_retries is None and retry_exceptions is None
+        and concurrency_group is None and max_task_retries is None \
+        and retry_exceptions is None and enable_task_events is None
     if args and not bare:
         raise TypeError("The @ray.method decorator takes keyword arguments only (num_returns, "
-                        "concurrency_group, max_task_retries, retry_exceptions), e.g. "
-                        f"@ray.method(num_returns=2); got positional {args!r}")
+                        "concurrency_group, max_task_retries, retry_exceptions, "
+                        "enable_task_events), e.g. @ray.method(num_returns=2); got positional "
+                        f"{args!r}")
+    if enable_task_events is not None:
+        check_task_events(enable_task_events)
     check_keys(unknown, METHOD)  # names any other Ray method option
     if num_returns is not None:
         check_num_returns(num_returns)
@@ -70,6 +75,8 @@ def method(*args: Any, num_returns: Any = None, concurrency_group: str | None = 
         if max_task_retries is not None:
             setattr(fn, _TASK_RETRIES, max_task_retries)
             setattr(fn, _REDELIVERIES, max_task_retries)  # after a crash, too (yr's bound)
+        if enable_task_events is not None:
+            setattr(fn, _EVENTS, enable_task_events)
         return fn
 
     return mark(args[0]) if bare else mark
@@ -160,6 +167,8 @@ class ActorClass:
                                        ropts.max_concurrency, ropts.max_retries,
                                        options.get("allow_out_of_order_execution"))
         ropts.invoke.concurrency = concurrency
+        if not ropts.events:  # enable_task_events=False: its creation and calls leave no
+            setattr(host, _EVENTS, False)  # record, but for methods that say otherwise
         creator = InstanceCreator(host, ropts.invoke.validate())
         self._creator = (id(sess), creator, ropts)
         return creator, ropts
@@ -303,6 +312,8 @@ class ActorMethod:
             elif key == "name":
                 if not isinstance(value, str):
                     raise TypeError(f"name must be a str, got {value!r}")
+            elif key == "enable_task_events":
+                check_task_events(value)
             checked[key] = value
         merged = {**default, **checked}
         if "num_returns" in checked and "_gen_returns" not in checked:
@@ -339,13 +350,15 @@ class ActorMethod:
                              handle._proxy._cls_name)
             refs = [failed_ref(err) for _ in range(max(1, nret))]
             return None if nret == 0 else refs[0] if nret == 1 else refs
+        events = self._options.get("enable_task_events")  # None: as the method or actor says
         per_call = {k: v for k, v in self._options.items() if k in _PER_CALL}
         if not per_call:
-            return MethodProxy(handle._proxy, self._name, nret, self._sig).invoke(*args,
-                                                                                  **kwargs)
-        return self._call_with_options(nret, per_call, args, kwargs)
+            return MethodProxy(handle._proxy, self._name, nret, self._sig, events).invoke(
+                *args, **kwargs)
+        return self._call_with_options(nret, per_call, args, kwargs, events)
 
-    def _call_with_options(self, nret: int, per_call: dict, args: tuple, kwargs: dict) -> Any:
+    def _call_with_options(self, nret: int, per_call: dict, args: tuple, kwargs: dict,
+                           events: bool | None = None) -> Any:
         """Send the call to the actor's ``__ray_call__`` with its per-call options; a call
         running when the actor's process dies is delivered again up to this call's
         ``max_task_retries`` times."""
@@ -366,9 +379,11 @@ class ActorMethod:
         if proxy._terminated or proxy._rt.closed:
             return MethodProxy(proxy, self._name, nret, None).invoke()  # raises, says why
         method_args = (self._name, per_call, *args)
+        if events is None:
+            events = self._name not in proxy._untraced
         refs = proxy._rt.call_method(proxy.instance_id, "__ray_call__", method_args, kwargs,
                                      nret, redeliveries, proxy._unordered,
-                                     proxy._concurrency)
+                                     proxy._concurrency, events)
         if nret == 0:
             return None
         if nret == STREAMING:

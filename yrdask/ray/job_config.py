@@ -1,10 +1,12 @@
 """``ray.job_config.JobConfig``: job-wide settings handed to ``ray.init(job_config=...)``.
 
 yrdask honours ``runtime_env`` (``env_vars`` only, as ``ray.init(runtime_env=)``),
-``ray_namespace`` (the job's namespace unless ``ray.init(namespace=)`` names one) and
-``default_actor_lifetime`` (actors that give no ``lifetime`` get this one).  ``metadata``,
-``code_search_path`` and ``jvm_options`` are refused when set: yrdask keeps no job table to
-show metadata in and runs no Java.
+``ray_namespace`` (the job's namespace unless ``ray.init(namespace=)`` names one),
+``default_actor_lifetime`` (actors that give no ``lifetime`` get this one) and
+``code_search_path`` (directories the workers add to ``sys.path`` before they load the job's
+tasks and actors, as Ray's Python workers get them in their ``PYTHONPATH``).  ``metadata`` and
+``jvm_options`` are refused when set: yrdask keeps no job table to show metadata in and runs
+no Java.
 """
 
 from __future__ import annotations
@@ -24,12 +26,16 @@ class JobConfig:
                  metadata: dict | None = None, ray_namespace: str | None = None,
                  default_actor_lifetime: str = "non_detached",
                  _py_driver_sys_path: list | None = None) -> None:
-        for key, value in (("jvm_options", jvm_options), ("code_search_path", code_search_path),
-                           ("metadata", metadata)):
+        for key, value in (("jvm_options", jvm_options), ("metadata", metadata)):
             if value:
                 raise UnsupportedOptionError(
                     f"JobConfig({key}=...) is not supported by yrdask.ray: it keeps no job "
                     "table and runs no Java; leave it out")
+        paths = code_search_path or []
+        if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) for p in paths):
+            raise TypeError(f"The type of code search path is incorrect: {type(paths)} "
+                            "(a list of directory paths, str)")
+        self.code_search_path = list(paths)
         self.runtime_env = runtime_env or {}
         self.metadata: dict = {}
         self.ray_namespace: str | None = None
@@ -66,7 +72,8 @@ class JobConfig:
 
     def __repr__(self) -> str:
         return (f"JobConfig(runtime_env={self.runtime_env!r}, ray_namespace="
-                f"{self.ray_namespace!r}, default_actor_lifetime={self.default_actor_lifetime!r})")
+                f"{self.ray_namespace!r}, default_actor_lifetime={self.default_actor_lifetime!r}, "
+                f"code_search_path={self.code_search_path!r})")
 
 
 def _apply(job_config: Any) -> JobConfig:

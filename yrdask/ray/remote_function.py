@@ -3,7 +3,8 @@
 The function travels inside a :class:`TaskBody`, which on the worker
 
 * installs the ``ray`` import alias first when the driver runs under ``python -m yrdask.ray``
-  (so a body that says ``ray.get`` or ``import ray`` finds yrdask.ray there too);
+  (so a body that says ``ray.get`` or ``import ray`` finds yrdask.ray there too), and puts the
+  job's ``JobConfig(code_search_path=...)`` on ``sys.path``;
 * sets the job context (namespace, job id, assigned resources) for ``ray.get_runtime_context``
   and ``ray.get_actor``;
 * reruns the function after a user exception when ``retry_exceptions`` allows it, up to
@@ -106,14 +107,15 @@ class TaskBody:
     def __reduce__(self):
         state = cloudpickle.dumps((self.fn, self.ctx, self.retry_exceptions, self.max_retries,
                                    self.mode, self.num_returns), protocol=5)
-        return (_rebuild_body, (bool(self.ctx.get("alias")), state))
+        return (_rebuild_body, (bool(self.ctx.get("alias")), state,
+                                tuple(self.ctx.get("code_search_path", ()))))
 
 
-def _rebuild_body(alias: bool, state: bytes) -> TaskBody:
-    if alias:  # before the function is unpickled: its module may say `import ray`
-        from yrdask.ray._alias import install
+def _rebuild_body(alias: bool, state: bytes, code_paths: tuple = ()) -> TaskBody:
+    if alias or code_paths:  # before the function is unpickled: its module may say
+        from yrdask.ray._alias import prepare_imports  # `import ray`, or be in the job's
 
-        install()
+        prepare_imports(alias, code_paths)  # code_search_path
     return TaskBody(*pickle.loads(state))
 
 
@@ -192,6 +194,7 @@ class RemoteFunction:
         proxy = FunctionProxy(body, ropts.invoke, nret)
         proxy._wait_nested = False  # Ray's rule: refs nested in arguments are not waited for
         proxy._max_crashes = ropts.max_retries  # reruns after a lost worker (-1: no bound)
+        proxy._events = ropts.events  # enable_task_events=False: its tasks leave no record
         if ropts.max_calls:
             if mode == "streaming":
                 raise UnsupportedOptionError(

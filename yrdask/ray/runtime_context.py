@@ -117,6 +117,12 @@ class RuntimeContext:
     def get_job_id(self) -> str:
         return current_ctx().get("job_id", "")
 
+    def get_session_name(self) -> str:
+        """The session name of the cluster this process works in (Ray's form,
+        ``session_2025-01-01_00-00-00_000000_1234``): the same in the driver and in the tasks
+        and actors of every job on that cluster, another one after the scheduler restarts."""
+        return current_ctx().get("session_name", "")
+
     def get_task_id(self) -> str | None:
         """An id unique to this execution of the task or actor method call (None in a
         driver)."""

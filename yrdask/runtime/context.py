@@ -74,6 +74,12 @@ cancel_probe: Any = None
 child_note: Any = None
 
 
+#: Set by the worker layer (``worker/execution.py``): ``hook(wait, timeout)`` runs the
+#: blocking ``wait(timeout)`` (an ``Event.wait``) of a thread in ``get``/``wait`` so that a
+#: cancel of the task it runs ends the wait.  None in processes that run no tasks.
+wait_hook: Any = None
+
+
 def current_task_cancelled() -> bool:
     """Whether the task the current thread runs has been cancelled (False outside tasks)."""
     probe = cancel_probe

@@ -44,6 +44,7 @@ class Call:
     held: Sequence | None = None  # its ref arguments, alive until it is answered (borrowing)
     sent_to: str | None = None  # the worker it was last sent to
     cancelled: bool = False  # Ray's cancel of an actor task: settled here, told to the worker
+    events: bool = True  # False: the call leaves no record (P.CallMethod)
 
 
 class InstanceRouter(CallRouter):
@@ -168,7 +169,8 @@ class InstanceRouter(CallRouter):
                 call.deps = ()
         chan = self.rt.channels.get(ins.worker) or self.rt.channel(ins.worker)
         chan.send(P.CallMethod.wire(
-            call.call_id, ins.instance_id, call.method, call.args, call.deps, call.nret))
+            call.call_id, ins.instance_id, call.method, call.args, call.deps, call.nret,
+            call.events))
         call.sent_to = ins.worker
         if call.cancelled:  # cancelled before it left: the worker answers it unrun
             chan.send(P.CancelTask(call.call_id))

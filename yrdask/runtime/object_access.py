@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from yrdask import protocol as P
 from yrdask.errors import (OwnerDiedError, RemoteError, YRRuntimeError, YRTimeoutError,
                            YRTypeError, YRValueError)
+from yrdask.runtime import context as _rtctx
 from yrdask.runtime.context import current_lease
 from yrdask.runtime.objects import REFS_LOCK, Entry, ObjectRef, pack_counting, unpickling
 from yrdask.runtime.store import node_store
@@ -54,6 +55,15 @@ def owner_timeouts() -> tuple[float, float]:
         return float(seconds)
 
     return get("owner-probe", OWNER_PROBE_S), get("owner-unreachable", OWNER_UNREACHABLE_S)
+
+
+def block(wait: Callable[[float | None], bool], timeout: float | None) -> bool:
+    """``wait(timeout)`` (an ``Event.wait``) of a user thread in ``get``/``wait``; in a
+    task's thread the worker layer's :data:`~yrdask.runtime.context.wait_hook` runs it, so
+    that a cancel of the task ends the wait (a thread blocked in C never sees the exception
+    a cancel raises in it)."""
+    hook = _rtctx.wait_hook
+    return wait(timeout) if hook is None else hook(wait, timeout)
 
 
 class ObjectAccess:
@@ -202,7 +212,9 @@ class ObjectAccess:
                     gather = False
                     self._wait_all(refs[at:], deadline)
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if not entry.wait(remaining) and not allow_partial:
+                hook = _rtctx.wait_hook  # block()'s, inline: no extra call on the hot path
+                ready = entry.wait(remaining) if hook is None else hook(entry.wait, remaining)
+                if not ready and not allow_partial:
                     raise YRTimeoutError(
                         f"failed to get object {ref._id} within {timeout} s: it is not ready "
                         "(raise the timeout, or use timeout=-1 to wait forever)")
@@ -225,7 +237,7 @@ class ObjectAccess:
             self._ensure_fetch(ref)
         for ref in reversed(pending):
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not ref._entry.wait(remaining):
+            if not block(ref._entry.wait, remaining):
                 return  # timed out: the caller's loop says which ref
 
     def _lend(self, lease_id: str | None, blocked: bool) -> bool:
@@ -425,7 +437,7 @@ class ObjectAccess:
             if lease_id is not None or self.agent is not None:
                 blocked = True  # before the notice: if it raises, the finally still undoes it
                 self._lend(lease_id, True)
-            done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            block(done.wait, None if deadline is None else max(0.0, deadline - time.monotonic()))
         finally:
             if blocked:
                 self._lend(lease_id, False)

@@ -234,11 +234,12 @@ class Runtime(ObjectAccess, PeerLiveness):
     def submit_task(self, fn_id: str, fn_payload: bytes, name: str, args: tuple, kwargs: dict,
                     nret: int, shape: dict, shape_key: tuple, timeout_ms: int,
                     retries: int, wait_nested: bool = True,
-                    max_crashes: int | None = None) -> list[ObjectRef]:
+                    max_crashes: int | None = None, events: bool = True) -> list[ObjectRef]:
         """Submit a stateless call.  ``wait_nested``: refs nested in the arguments gate its
         start (yr's dependency resolver); the Ray surface turns it off (Ray's rule).
         ``max_crashes``: reruns after its worker is lost (None: ``max-task-crashes``; -1: no
-        bound), which the Ray surface sets from ``max_retries``."""
+        bound), which the Ray surface sets from ``max_retries``.  ``events`` False: it leaves
+        no record (Ray's ``enable_task_events=False``, :class:`P.RunTask`)."""
         blob = pack_plain_args(args, kwargs)
         if blob is not None:  # the hot path: plain values, no ref among them
             dep_refs = nested = ()  # (shared, and not tracked by the garbage collector)
@@ -257,7 +258,7 @@ class Runtime(ObjectAccess, PeerLiveness):
         stream = None if nret >= 0 else Stream(self, task_id, refs[0], f"function {name}")
         task = Task(task_id, fn_id, fn_payload, name, blob, dep_refs, entries,
                     ids, nret, shape, shape_key, timeout_ms, retries,
-                    current_owner() or self.job_id, log_to=self.output_target())
+                    current_owner() or self.job_id, log_to=self.output_target(), events=events)
         # The task holds its ref arguments until it ends: the worker's TaskDone says which
         # it kept (borrowing, docs/objects.md) before they are let go.
         task.held = dep_refs + nested if nested else dep_refs
@@ -295,13 +296,15 @@ class Runtime(ObjectAccess, PeerLiveness):
 
     def call_method(self, instance_id: str, method: str, args: tuple, kwargs: dict,
                     nret: int, max_redeliveries: int | None = None,
-                    unordered: bool = False, concurrency: int = 1) -> list[ObjectRef]:
+                    unordered: bool = False, concurrency: int = 1,
+                    events: bool = True) -> list[ObjectRef]:
         """Send a method call.  ``max_redeliveries``: how often it is delivered again after
         its instance's process died while it ran (None: ``max-call-redeliveries``; -1: no
         bound), which the Ray surface sets from ``max_task_retries``.  ``unordered``: it may
         leave before earlier calls whose ref arguments are not ready (Ray's async actors).
         ``concurrency``: the instance's (0: unknown), which bounds the calls a lost worker
-        charges a crash (``call_order.crash_window``)."""
+        charges a crash (``call_order.crash_window``).  ``events`` False: the call leaves no
+        record (Ray's ``enable_task_events=False``, :class:`P.CallMethod`)."""
         blob = pack_plain_args(args, kwargs)
         if blob is not None:  # the hot path: plain values, no ref among them
             dep_refs = nested = ()  # (shared, and not tracked by the garbage collector)
@@ -322,7 +325,8 @@ class Runtime(ObjectAccess, PeerLiveness):
                 entries = [r._entry for r in refs]
         call = Call(call_id, instance_id, method, blob, dep_refs, entries, nret,
                     max_redeliveries=max_redeliveries, unordered=unordered,
-                    concurrency=concurrency, held=dep_refs + nested if nested else dep_refs)
+                    concurrency=concurrency, held=dep_refs + nested if nested else dep_refs,
+                    events=events)
         note = context.child_note
         if note is not None:  # a worker: the running task's child (Ray cancels it recursively)
             note(call_id)

@@ -73,6 +73,7 @@ class Task:
     retries: int
     owner: str  # lifetime owner (job or instance id) for work created by the task
     log_to: str | None = None  # the driver that gets the task's prints (log_to_driver)
+    events: bool = True  # False: the task leaves no record (P.RunTask)
     deps: Sequence | None = None
     nested: Sequence | None = None  # refs nested in the arguments that gate the start (yr's rule)
     max_crashes: int | None = None  # reruns after a lost worker (None: the queue's bound)
@@ -540,7 +541,8 @@ class RuntimeEdge:
             chan.sent_functions.add(task.fn_id)
             fn = task.fn_payload
         chan.send(P.RunTask.wire(task.task_id, lease_id, task.fn_id, fn, task.args, task.deps,
-                                 task.nret, task.owner, task.name, slots, task.log_to))
+                                 task.nret, task.owner, task.name, slots, task.log_to,
+                                 task.events))
 
     def send_cancel(self, worker: str, task_id: str, force: bool, recursive: bool) -> None:
         self.rt.channel(worker).send(P.CancelTask(task_id, force, recursive))

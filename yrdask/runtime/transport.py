@@ -170,6 +170,7 @@ class DriverConnector:
         self.comm: Any = None
         self.reader: asyncio.Task | None = None
         self.dashboard: str | None = None
+        self.session: str | None = None  # the cluster's session name (JobWelcome)
         self.lost: SchedulerLostError | None = None  # the job stream closed under us
         self.closing = False  # close() began: the stream ends because this driver does
 
@@ -191,6 +192,7 @@ class DriverConnector:
         if welcome.error:
             raise YRRuntimeError(welcome.error)
         self.dashboard = welcome.dashboard
+        self.session = welcome.session
         self.stream = StreamSender(comm)
         self.reader = asyncio.get_running_loop().create_task(self._read())
         return address

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -57,6 +58,14 @@ class Job:
     api: str = "yr"  # "ray": the driver speaks Ray (waits are explained in Ray's words)
 
 
+def session_name(started: float, pid: int) -> str:
+    """The cluster's session name, Ray's form (``session_2025-01-01_00-00-00_000000_1234``):
+    when this scheduler's extension started and its process id, so a scheduler restarted at
+    the same address starts another session.  Drivers get it in :class:`P.JobWelcome`."""
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(started))
+    return f"session_{stamp}_{int(started % 1 * 1_000_000):06d}_{pid}"
+
+
 class YrSchedulerExtension:
     """Global scheduler + registries of yr on the Dask scheduler (see module docstring)."""
 
@@ -64,6 +73,7 @@ class YrSchedulerExtension:
                  monitoring: Callable[[Any], Any] | None = None,
                  nanny_plugin: Any = None, durable: Any = None) -> None:
         self.scheduler = scheduler
+        self.session_name = session_name(time.time(), os.getpid())
         # scheduler/durable.py's DurableControl, or None: what a restarted scheduler reads back
         self.durable = durable
         # Handed in by the composition root (yrdask.deploy): the scheduler never imports
@@ -281,7 +291,8 @@ class YrSchedulerExtension:
             return
         self.jobs[owner_address] = Job(job_id, owner_address, stream, api)
         stream.send(P.JobWelcome(protocol_version=P.PROTOCOL_VERSION,
-                                 dashboard=self.dashboard_link()).to_msg())
+                                 dashboard=self.dashboard_link(),
+                                 session=self.session_name).to_msg())
         handlers = P.handlers(P.JOB_STREAM, self.lease_service, self, self.instances)
         handlers[P.HANDLE_REFS] = functools.partial(handlers[P.HANDLE_REFS],
                                                     holder=owner_address)

@@ -91,6 +91,8 @@ class Recorder:
         listed = 0
         for task_id, ex in list(agent.tasks.items()):
             msg = ex.msg
+            if not msg.get("events", True):  # Ray's enable_task_events=False: not listed
+                continue
             started = task_id in agent.running
             if not started:
                 queued[msg["name"]] += 1

@@ -19,12 +19,18 @@ While the user code calls back into yr's own bookkeeping that must not be torn h
 lease gate, when the task blocks in ``yr.get`` and lends its slot), the record is *shielded*:
 no exception is raised meanwhile, one already raised is withdrawn, and the cancel is raised
 synchronously when the shield is lifted.
+
+A thread blocked in C never sees the asynchronous exception.  So a task's thread that
+blocks in ``yr.get``/``yr.wait`` waits shielded, in slices (the runtime's ``wait_hook``,
+:func:`_cancellable_wait`): a cancel ends that wait at once, and a forced cancel of a task
+waiting on a value never has to end the worker process.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from typing import Any
 
 from yrdask.errors import CancelledError
@@ -45,6 +51,37 @@ def _current_cancelled() -> bool:
 
 
 _rtctx.cancel_probe = _current_cancelled  # ray's RuntimeContext.is_canceled() asks it
+
+#: a task's thread blocked in ``yr.get``/``yr.wait`` looks at its cancel this often
+WAIT_CHECK_S = 0.1
+
+
+def _cancellable_wait(wait: Any, timeout: float | None) -> bool:
+    """A task's thread blocks in ``yr.get``/``yr.wait``: ``wait(timeout)`` shielded (the
+    exception a cancel raises in a thread lands only when it runs Python again, maybe inside
+    ``threading``'s own code, and never while it is blocked in C), in slices of
+    :data:`WAIT_CHECK_S`; a cancel meanwhile ends the wait with ``CancelledError``, raised
+    here, so a task blocked on a value stops at once (and a forced cancel leaves its worker
+    process alone).  Other threads just wait."""
+    ex = getattr(_current, "ex", None)
+    if ex is None or not ex.armed:
+        return wait(timeout)
+    ex.shield()
+    try:
+        end = None if timeout is None else time.monotonic() + timeout
+        while not ex.cancelled:
+            step = WAIT_CHECK_S if end is None else min(WAIT_CHECK_S,
+                                                        max(0.0, end - time.monotonic()))
+            if wait(step):
+                return True
+            if end is not None and time.monotonic() >= end:
+                return False
+        return False
+    finally:
+        ex.unshield()  # raises the CancelledError of a cancel that came meanwhile
+
+
+_rtctx.wait_hook = _cancellable_wait
 
 
 #: Set by ``worker/hosting.py``: notes a child of the method call this thread runs.

@@ -245,7 +245,7 @@ class HostedInstance(HostedCalls):
     def _construct(self, deps: list) -> Any:
         """``__init__`` with the creation arguments, or the last checkpoint on a restart."""
         off_loop: frozenset = frozenset()  # methods started from side_loop (see above)
-        rec = self.recorder
+        rec = self.recorder if self.spec.get("events", True) else None
         name = f"{self.cls_name}.__init__"
         key_id = self.instance_id.replace("-", "_")  # Dask's key_split stops at "i-"
         start = rec.begin(name, key_id) if rec is not None else 0.0
@@ -297,7 +297,8 @@ class HostedInstance(HostedCalls):
         call_id = msg["task_id"]
         if not self.runs(call_id):  # stopped, __init__ failed or cancelled: answered
             return None
-        rec = self.recorder  # Dask's Task Stream, Progress and Profile
+        # Dask's Task Stream, Progress and Profile; none without task events (P.CallMethod)
+        rec = self.recorder if msg.get("events", True) else None
         if rec is not None:
             name = self._names.get(msg["method"])
             if name is None:

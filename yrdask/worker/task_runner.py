@@ -258,7 +258,8 @@ class TaskRunner:
                 (args, kwargs), borrowed = self.unpack_call(msg)
         except BaseException as e:  # noqa: BLE001
             return self._error_reply(task_id, e, traceback.format_exc(), False)
-        rec = self.recorder  # Dask's Task Stream, Progress and Profile (dask_panels.py)
+        # Dask's Task Stream, Progress and Profile (dask_panels.py); none without task events
+        rec = self.recorder if msg.get("events", True) else None
         start = rec.begin(msg["name"], task_id) if rec is not None else 0.0
         # 2 whole CPUs or more: its threads follow them (worker/threads.py); else nothing
         cpus = whole_cpus(P.lease_cpus(lease_id)) if P.CPUS_MARK in lease_id else 0
@@ -346,7 +347,7 @@ class TaskRunner:
                                 self.fn_payloads[msg["fn_id"]], msg["args"], deps,
                                 msg["nret"], msg["owner"], msg.get("log_to"),
                                 msg["name"], ex.peer.caller or "").to_msg()
-        rec = self.recorder
+        rec = self.recorder if msg.get("events", True) else None
         start = rec.begin(msg["name"], task_id) if rec is not None else 0.0
         if not ex.arm():
             if rec is not None:
