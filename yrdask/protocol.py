@@ -1141,6 +1141,23 @@ class InstanceMoved(Message):
     to: str = ""
 
 
+END_PROCESSES = "yr_end_processes"
+
+
+@_message
+class EndProcesses(Message):
+    """scheduler -> worker rpc (scale-down, ``scheduler/drain.py``), just before the worker
+    retires: end the own processes of these instances now (they restart elsewhere once it
+    is gone), unreported, so that none answers a call after Dask removed the worker.  Their
+    callers lose their channels and locate them again.  Reply: the ids whose processes
+    ended (light instances, and those not hosted here, are left out)."""
+
+    op: ClassVar[str] = END_PROCESSES
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
+    reply_type: ClassVar[Any] = list
+    instance_ids: list
+
+
 CHECKPOINT_ISOLATED = "yr_checkpoint_isolated"
 
 
