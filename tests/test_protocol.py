@@ -37,7 +37,7 @@ SAMPLES: list[P.Message] = [
                       "owner": "job-1", "holder": "tcp://o:1", "name": None,
                       "namespace": None, "detached": False, "concurrency": 1,
                       "is_async": False, "meta": {"m": (1, False)}}),
-    P.LocateInstance("i-1", lost="tcp://w:1"),
+    P.LocateInstance("i-1", lost="tcp://w:1", lost_server_id="Worker-5a1e"),
     P.InstanceStatus("i-1"),
     P.SaveState("i-1", b"\x00state\xff"),
     P.LoadState("i-1"),

@@ -431,15 +431,19 @@ class CreateInstance(Message):
 
 @_message
 class LocateInstance(Message):
-    """any -> scheduler rpc.  ``lost``: the worker the caller just lost its channel to.
+    """any -> scheduler rpc.  ``lost``: the worker the caller just lost its channel to;
+    ``lost_server_id``: the server id of the process it lost there (``""``: not known).
     Reply: :data:`LocateReply`; waits while the instance is being placed or restarted, and,
-    with ``lost``, until Dask has confirmed that worker gone (bounded)."""
+    with ``lost``, until Dask has confirmed that worker gone (bounded): at once if another
+    process than ``lost_server_id`` is registered at ``lost`` now (the lost one was removed
+    already; the instance may run again on the new one)."""
 
     op: ClassVar[str] = LOCATE_INSTANCE
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
     reply_type: ClassVar[Any] = LocateReply
     instance_id: str
     lost: str | None = None
+    lost_server_id: str = ""
 
 
 @_message
