@@ -14,7 +14,9 @@ is made where workers are proposed, and ``retire_workers`` only drains.
 * :class:`Drainer` is its Dask edge: Dask's ``valid_workers_downscaling`` plugin hook
   (which ``Scheduler.workers_to_close`` calls on every path) leaves out the workers to keep,
   and ``retire_workers`` (the method and the comm handler) drains each worker first and
-  leaves out any whose drain failed, with the reason logged.
+  leaves out any whose drain failed, with the reason logged.  While it drains, the lease
+  queue places nothing new on it (``WorkerDraining``), and the own processes of instances
+  that restart elsewhere end before Dask removes it (``EndProcesses``).
 """
 
 from __future__ import annotations
@@ -232,8 +234,9 @@ class Drainer:
 
     async def retire_workers(self, workers: list[str] | None = None, *,
                              names: list | None = None, **kwargs: Any) -> dict:
-        """Dask's ``retire_workers``, each worker drained first; a worker whose drain
-        failed is left out (kept, reason logged)."""
+        """Dask's ``retire_workers``, each worker drained first (nothing new is placed on
+        it from now on); a worker whose drain failed is left out (kept, reason logged) and
+        takes work again, as does one Dask did not retire."""
         retire_kw = {k: kwargs.pop(k) for k in _RETIRE_KWARGS if k in kwargs}
         if names is not None and workers is not None:
             raise TypeError("names and workers are mutually exclusive")
