@@ -40,6 +40,15 @@ class Counter:
     def state(self) -> tuple:
         return self.n, list(self.seen), os.getpid()
 
+    def hold(self, path: str) -> int:
+        """Runs until ``path`` exists (says it started with ``path.started``)."""
+        import time
+
+        open(path + ".started", "w").close()
+        while not os.path.exists(path):
+            time.sleep(0.01)
+        return self.n
+
 
 @yr.invoke
 def big(n: int) -> bytes:
@@ -126,10 +135,9 @@ def test_an_instance_without_a_checkpoint_keeps_its_worker_unless_the_key_says(t
     ``yrdask.scheduling.drain-restart-unmovable`` its worker retires and it restarts
     elsewhere from ``__init__``, within its restart budget."""
     _lc, client = two
-    # light: a process instance's process may still answer a call for a moment after its
-    # worker retired (it ends when its supervision channel closes), so the call below could
-    # read its old state; an open gap of the direct route (docs/isolation.md, "Instances")
-    c = Counter.options(yr.InvokeOptions(recover_retry_times=1, light=True)).invoke()
+    # a process instance: its process ends before its worker is removed, so no call is
+    # answered from its old state while it restarts elsewhere (the check of the last call)
+    c = Counter.options(yr.InvokeOptions(recover_retry_times=1)).invoke()
     assert yr.get(c.inc.invoke(1)) == 1
     host = host_of(client, c.instance_id)
     proposed = to_close(client)
@@ -142,6 +150,24 @@ def test_an_instance_without_a_checkpoint_keeps_its_worker_unless_the_key_says(t
         assert host in client.retire_workers(workers=[host], close_workers=True)
     assert yr.get(c.inc.invoke(3)) == 1  # a fresh __init__ elsewhere
     assert host_of(client, c.instance_id) != host
+    c.terminate()
+
+
+def test_a_process_ended_for_a_retirement_dask_refused_restarts_on_its_worker(two):
+    """The drain ends the processes of instances that restart elsewhere; when Dask then
+    keeps the worker (Dask data no other worker can take), they restart there."""
+    _lc, client = two
+    c = Counter.options(yr.InvokeOptions(recover_retry_times=1)).invoke()
+    assert yr.get(c.inc.invoke(1)) == 1
+    host = host_of(client, c.instance_id)
+    other = next(w for w in client.scheduler_info()["workers"] if w != host)
+    data = client.scatter(b"d" * 1000, workers=[host])  # only the host has it
+    with dask.config.set({"yrdask.scheduling.drain-restart-unmovable": True}):
+        retired = client.retire_workers(workers=[host, other], close_workers=True)
+    assert host not in retired and host in client.scheduler_info()["workers"]
+    assert yr.get(c.inc.invoke(2), timeout=30) == 1  # a fresh __init__, on its worker
+    assert host_of(client, c.instance_id) == host
+    del data
     c.terminate()
 
 
@@ -181,6 +207,45 @@ def test_a_checkpointed_instance_moves_with_its_state_and_calls_run_once(two, is
     if not isolated:  # (a process instance's calls above were sent once it had moved)
         assert moved, "no call was answered 'moved' by the old host"
     c.terminate()
+
+
+def test_nothing_new_is_placed_on_a_worker_while_it_drains(two, tmp_path):
+    """From the moment ``retire_workers`` drains a worker, new instances go elsewhere,
+    though it has the most room (else the drain would end by keeping it: work was placed
+    on it meanwhile)."""
+    _lc, client = two
+    light = yr.InvokeOptions(light=True, cpu=100)
+    mover = Counter.options(light).invoke()
+    assert yr.get(mover.checkpoint.invoke()) == 0  # movable
+    host = host_of(client, mover.instance_id)
+    # the other worker process is fuller than the host from now on (the node's processes
+    # are ranked by their own free CPU)
+    filler = Counter.options(yr.InvokeOptions(light=True, cpu=500)).invoke()
+    yr.get(filler.inc.invoke())
+    other = host_of(client, filler.instance_id)
+    assert other != host
+    flag = str(tmp_path / "go")
+    running = mover.hold.invoke(flag)  # the drain waits for it
+    wait_until(lambda: os.path.exists(flag + ".started"), 30, "the call to run")
+    retired: list = []
+    retire = threading.Thread(target=lambda: retired.append(client.retire_workers(
+        workers=[host], close_workers=True)))
+    retire.start()
+    try:
+        wait_until(lambda: client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.extensions["yr"].ledger.processes[host]
+            .draining), 30, "the drain to begin")
+        newcomer = Counter.options(light).invoke()
+        assert yr.get(newcomer.inc.invoke()) == 1
+        assert host_of(client, newcomer.instance_id) == other
+    finally:
+        open(flag, "w").close()
+        retire.join(60)
+    assert yr.get(running) == 0 and host in retired[0]
+    assert host_of(client, mover.instance_id) == other
+    assert yr.get(newcomer.inc.invoke()) == 2
+    for c in (mover, filler, newcomer):
+        c.terminate()
 
 
 def test_a_value_kept_only_by_the_retired_worker_is_read_after(two):

@@ -37,7 +37,7 @@ SAMPLES: list[P.Message] = [
                       "owner": "job-1", "holder": "tcp://o:1", "name": None,
                       "namespace": None, "detached": False, "concurrency": 1,
                       "is_async": False, "meta": {"m": (1, False)}}),
-    P.LocateInstance("i-1", lost="tcp://w:1"),
+    P.LocateInstance("i-1", lost="tcp://w:1", lost_server_id="Worker-5a1e"),
     P.InstanceStatus("i-1"),
     P.SaveState("i-1", b"\x00state\xff"),
     P.LoadState("i-1"),
@@ -80,6 +80,7 @@ SAMPLES: list[P.Message] = [
     P.StopIsolated("terminated"),
     P.DrainInstance("i-1", 5.0),
     P.InstanceMoved("i-1", "tcp://w:3"),
+    P.EndProcesses(("i-1", "i-2")),
     P.CheckpointIsolated(),
     P.KeptObjects(),
     P.ResultsKept(("c-1", "c-2.0")),
@@ -161,7 +162,8 @@ def test_channel_groups_are_derived_from_the_table():
     assert set(P.WORKER_RPC) == {P.OPEN_CHANNEL, P.FETCH_OBJECT, P.FREE_OBJECTS,
                                  P.STOP_INSTANCE, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,
                                  P.ADD_BORROWER, P.CANCEL_OWNED, P.DRAIN_INSTANCE,
-                                 P.INSTANCE_MOVED, P.KEPT_OBJECTS, P.ADOPT_OBJECTS}
+                                 P.INSTANCE_MOVED, P.KEPT_OBJECTS, P.ADOPT_OBJECTS,
+                                 P.END_PROCESSES}
     assert set(P.WORKER_STREAM) == {P.REVOKE_LEASES, P.START_INSTANCE, P.CRASH_INSTANCE,
                                     P.WORKER_LOST, P.WORKER_EXIT, P.WORKER_JOINED, P.OBJECTS_MOVED}
     assert P.OWNER_RPC == (P.FETCH_OBJECT, P.TASK_OUTPUT, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,

@@ -19,6 +19,7 @@ import time
 import pytest
 
 import yrdask as yr
+from yrdask import protocol as P
 from conftest import CliCluster, WorkerProc, wait_until
 from yrdask.errors import OwnerDiedError
 
@@ -186,6 +187,13 @@ def test_a_worker_restarted_at_its_address_is_a_new_worker(fixed_port_cluster):
     assert [tuple(v) for (_, p), v in tied if p == pid] == [(address, old_id)], tied
     rt = current_runtime()
     assert new_id != old_id and rt.worker_processes.live(address, new_id)
+    # a caller that lost its channel to the old process and asks only now where the
+    # instance is (naming the process it lost) is answered at once: the new process there
+    # is another one, not waited for as the lost one
+    t1 = time.monotonic()
+    reply = rt.run_sync(_locate(rt, back.instance_id, address, old_id), timeout=T)
+    assert reply[0] == P.ALIVE and reply[1] == address and reply[4] == new_id, reply
+    assert time.monotonic() - t1 < 5, f"the locate waited {time.monotonic() - t1:.1f} s"
     kept_new = big.invoke(8)
     yr.wait(kept_new, timeout=T)
     chan = rt.channels[address]
@@ -195,6 +203,11 @@ def test_a_worker_restarted_at_its_address_is_a_new_worker(fixed_port_cluster):
     assert entry.location == address, f"the new process's value was dropped: {entry.state}"
     assert yr.get(where.invoke(), timeout=T) == (new_pid, address)
     assert yr.get(kept_new, timeout=T) == bytes([8]) * BIG
+
+
+async def _locate(rt, iid: str, lost: str, lost_server_id: str) -> list:
+    return await rt.connector.request(P.LocateInstance(iid, lost=lost,
+                                                       lost_server_id=lost_server_id))
 
 
 async def _late_worker_lost(rt, address: str, server_id: str) -> None:

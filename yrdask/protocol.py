@@ -433,15 +433,19 @@ class CreateInstance(Message):
 
 @_message
 class LocateInstance(Message):
-    """any -> scheduler rpc.  ``lost``: the worker the caller just lost its channel to.
+    """any -> scheduler rpc.  ``lost``: the worker the caller just lost its channel to;
+    ``lost_server_id``: the server id of the process it lost there (``""``: not known).
     Reply: :data:`LocateReply`; waits while the instance is being placed or restarted, and,
-    with ``lost``, until Dask has confirmed that worker gone (bounded)."""
+    with ``lost``, until Dask has confirmed that worker gone (bounded): at once if another
+    process than ``lost_server_id`` is registered at ``lost`` now (the lost one was removed
+    already; the instance may run again on the new one)."""
 
     op: ClassVar[str] = LOCATE_INSTANCE
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
     reply_type: ClassVar[Any] = LocateReply
     instance_id: str
     lost: str | None = None
+    lost_server_id: str = ""
 
 
 @_message
@@ -1141,6 +1145,23 @@ class InstanceMoved(Message):
     channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_ISOLATED_RPC)
     instance_id: str
     to: str = ""
+
+
+END_PROCESSES = "yr_end_processes"
+
+
+@_message
+class EndProcesses(Message):
+    """scheduler -> worker rpc (scale-down, ``scheduler/drain.py``), just before the worker
+    retires: end the own processes of these instances now (they restart elsewhere once it
+    is gone), unreported, so that none answers a call after Dask removed the worker.  Their
+    callers lose their channels and locate them again.  Reply: the ids whose processes
+    ended (light instances, and those not hosted here, are left out)."""
+
+    op: ClassVar[str] = END_PROCESSES
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
+    reply_type: ClassVar[Any] = list
+    instance_ids: list
 
 
 CHECKPOINT_ISOLATED = "yr_checkpoint_isolated"

@@ -322,8 +322,11 @@ class _RouterEdge:
         w.send(self.pname, SCHED, w.new_id("rpc-create-"), ("CREATE", w.specs[instance_id]))
 
     def send_locate(self, instance_id: str, lost: str | None) -> None:
+        # A simulated worker's server id is its name: no process is ever restarted under
+        # the same name here (FINDINGS.md), so the lost process is the one of that name.
         w = self.world
-        w.send(self.pname, SCHED, w.new_id("rpc-locate-"), ("LOCATE", instance_id, lost))
+        w.send(self.pname, SCHED, w.new_id("rpc-locate-"),
+               ("LOCATE", instance_id, lost, lost or ""))
 
 
 class _CallEdge:
@@ -429,9 +432,9 @@ class _InstanceEdge:
         w.stops.setdefault(worker, set()).add(instance_id)
         w.send(SCHED, worker, w.new_id("rpc-stop-"), ("STOP", instance_id, reason))
 
-    def worker_gone(self, worker: str, timeout: float, then: Any) -> None:
+    def worker_gone(self, worker: str, timeout: float, then: Any, server_id: str = "") -> None:
         w = self.world
-        if worker not in w.registered:
+        if worker not in w.registered or (server_id and server_id != worker):
             then()
             return
         once = [then]
@@ -1171,9 +1174,9 @@ class CallWorld:
                 self.send(SCHED, src, chan, ("CREATE_REPLY", iid, reply))
             self.instances.create({k: v for k, v in spec.items() if v is not None}, created)
         elif op == "LOCATE":
-            _, iid, lost = msg
+            _, iid, lost, lost_server_id = msg
             self.instances.locate(iid, lost, lambda reply: self.send(
-                SCHED, src, chan, ("LOCATE_REPLY", iid, reply)))
+                SCHED, src, chan, ("LOCATE_REPLY", iid, reply)), lost_server_id)
         elif op == "KILL":
             kid = self.new_id("kill-")
             self.kills.add(kid)

@@ -66,6 +66,18 @@ def test_impossible_strict_spread_waits_and_says_why_then_places_when_a_worker_j
     m.validate()
 
 
+def test_no_bundle_goes_to_a_node_whose_processes_all_drain():
+    ledger = ledger_of(4000, 1000)
+    m = G.GroupMachine(ledger)
+    assert ledger.set_draining("w0", True)
+    out = create(m, "g", [{"CPU": 2000}])
+    assert not of(out, G.GroupReady) and m.groups["g"].state == P.RG_PENDING
+    assert ledger.set_draining("w0", False)  # kept after all
+    out = m.handle(G.ClusterChanged("kept"))
+    assert of(out, G.GroupReady) and workers_of(m, "g") == ["w0"]
+    m.validate()
+
+
 def test_strict_pack_puts_every_bundle_on_one_worker_or_waits():
     ledger = ledger_of(1000, 3000)
     m = G.GroupMachine(ledger)

@@ -25,7 +25,7 @@ class Edge:
         self.released: list = []
         self.started: list = []  # (worker, spec)
         self.stops: list = []  # (worker, iid, reason)
-        self.gone: list = []  # (worker, timeout, then)
+        self.gone: list = []  # (worker, timeout, then, server id)
         self.timers: list = []
 
     def now(self): return self.t
@@ -37,7 +37,8 @@ class Edge:
     def release(self, ids): self.released.extend(ids)
     def start_instance(self, worker, spec): self.started.append((worker, spec))
     def stop_instance(self, worker, iid, reason): self.stops.append((worker, iid, reason))
-    def worker_gone(self, worker, timeout, then): self.gone.append((worker, timeout, then))
+    def worker_gone(self, worker, timeout, then, server_id=""):
+        self.gone.append((worker, timeout, then, server_id))
     def after_feed(self): pass
 
     def run_soon(self):
@@ -130,8 +131,10 @@ def test_a_locate_from_a_caller_that_lost_the_worker_waits_for_its_removal(svc):
     created(svc, recover_retry_times=1)
     svc.instance_state("i1", "ALIVE", W1)
     replies: list = []
-    svc.locate("i1", W1, replies.append)
+    svc.locate("i1", W1, replies.append, "s-old")
+    # the edge waits for that process's removal (at once if another one is at W1 now)
     assert replies == [] and svc.edge.gone[0][:2] == (W1, LOST_WORKER_WAIT_S)
+    assert svc.edge.gone[0][3] == "s-old"
     svc.edge.workers.discard(W1)
     svc.worker_lost(W1)  # restarts: a new acquire
     svc.edge.gone[0][2]()

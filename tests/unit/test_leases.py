@@ -18,7 +18,7 @@ from yrdask.scheduler import leases as LQ
 from yrdask.scheduler.leases import (Granted, HoldingsReleased, HoldRequested, LeaseBlocked,
                                      LeaseQueue, LeaseUnblocked, OwnerGone, Refused,
                                      RequestCancelled, RequestWithdrawn, Revoke, Tick, WakeAt,
-                                     WorkerJoined, WorkerLeft)
+                                     WorkerDraining, WorkerJoined, WorkerLeft)
 from yrdask.statemachine import Event
 
 pytestmark = pytest.mark.timeout(120)
@@ -109,6 +109,19 @@ def test_local_first_when_it_fits_and_never_an_avoided_worker():
     assert grants(q2(req("r1", avoid=(A,))))["r1"][1] == B
     out = q2(req("r2", avoid=(A, B)))
     assert grants(out) == {} and "r2" in q2.q.pending
+
+
+def test_a_draining_worker_takes_nothing_new_until_it_is_kept():
+    q = Q(**{A: cpu(4), B: cpu(1)})
+    assert q(WorkerDraining("t", A, True)) == []
+    assert grants(q(req("r1", local=A)))["r1"][1] == B  # not there, even when local
+    out = q(req("r2", kind="instance", holding_id="I2", owner="I2"))
+    assert grants(out) == {} and "r2" in q.q.pending  # B is full: it waits
+    assert any("retiring" in line for line in q.q.explain_wait("r2")["reasons"])
+    out = q(WorkerDraining("t", A, False))  # kept after all: what waits goes there
+    assert grants(out) == {"r2": ("I2", A)}
+    assert [e[1][0] for e in q.q.story(A) if e[1][0] in ("draining", "kept")] == \
+        ["draining", "kept"]
 
 
 def test_hard_affinity_filters_workers():
@@ -540,6 +553,8 @@ def _random_run(seed: int, steps: int = 40) -> None:
             if isinstance(ins, Granted):
                 r = asked[ins.request_id]
                 assert ins.worker not in r.avoid, f"seed {seed}: granted on an avoided worker"
+                assert not q.ledger.processes[ins.worker].draining, \
+                    f"seed {seed}: granted on a draining worker"
                 assert ins.holding_id in q.ledger.holdings
                 if r.holding_id is not None:
                     assert ins.holding_id == r.holding_id
@@ -559,8 +574,10 @@ def _random_run(seed: int, steps: int = 40) -> None:
             if rng.random() < 0.3:
                 cap["gpu"] = 1.0
             feed(WorkerJoined(sid, w, cap))
-        elif roll < 0.17:
+        elif roll < 0.15:
             feed(WorkerLeft(sid, rng.choice(WORKERS)))
+        elif roll < 0.17:
+            feed(WorkerDraining(sid, rng.choice(WORKERS), rng.random() < 0.6))
         elif roll < 0.50:
             n_req += 1
             rid = f"r{n_req}"
@@ -614,7 +631,9 @@ def _random_run(seed: int, steps: int = 40) -> None:
                 now += rng.choice([0.0, 0.05, 0.5, 2.0])
             feed(Tick(sid, now))
 
-    # The end: everything is given back, time runs out, the owners leave.
+    # The end: no worker drains, everything is given back, time runs out, the owners leave.
+    for w in WORKERS:
+        feed(WorkerDraining("end", w, False))
     feed(HoldingsReleased("end", tuple(sorted(q.ledger.holdings))))
     for lease in [h for h in q.ledger.holdings.values() if h.lent_cpu]:
         feed(LeaseUnblocked("end", lease.holding_id))

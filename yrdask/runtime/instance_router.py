@@ -208,7 +208,10 @@ class InstanceRouter(CallRouter):
             # now (a worker restarted at a fixed port) is another, where the instance may
             # run again; the scheduler must not wait for *it* to go (LocateInstance.lost)
             lost = None
-        self.rt.loop.create_task(self._locate_rpc(instance_id, lost))
+        # which process it lost there (if this process was told): a request that reaches the
+        # scheduler after a new process took that address is answered at once
+        server_id = self.rt.worker_processes.current.get(lost, "") if lost else ""
+        self.rt.loop.create_task(self._locate_rpc(instance_id, lost, server_id))
 
     async def _create_rpc(self, iid: str) -> None:
         spec, _refs = self.specs.pop(iid)
@@ -222,9 +225,10 @@ class InstanceRouter(CallRouter):
                 reply = reply[:3]
         self.create_answered(iid, reply)
 
-    async def _locate_rpc(self, iid: str, lost: str | None) -> None:
+    async def _locate_rpc(self, iid: str, lost: str | None, lost_server_id: str = "") -> None:
         try:
-            reply: Any = await self.rt.connector.request(P.LocateInstance(iid, lost=lost))
+            reply: Any = await self.rt.connector.request(
+                P.LocateInstance(iid, lost=lost, lost_server_id=lost_server_id))
         except Exception as e:
             reply = e
         else:

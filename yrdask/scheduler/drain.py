@@ -14,7 +14,9 @@ is made where workers are proposed, and ``retire_workers`` only drains.
 * :class:`Drainer` is its Dask edge: Dask's ``valid_workers_downscaling`` plugin hook
   (which ``Scheduler.workers_to_close`` calls on every path) leaves out the workers to keep,
   and ``retire_workers`` (the method and the comm handler) drains each worker first and
-  leaves out any whose drain failed, with the reason logged.
+  leaves out any whose drain failed, with the reason logged.  While it drains, the lease
+  queue places nothing new on it (``WorkerDraining``), and the own processes of instances
+  that restart elsewhere end before Dask removes it (``EndProcesses``).
 """
 
 from __future__ import annotations
@@ -122,6 +124,9 @@ class Drainer:
         self._retire = self.scheduler.retire_workers  # Dask's own (bound methods)
         self._to_close = self.scheduler.workers_to_close
         self.kept_log: dict[str, str] = {}  # worker -> why it was last kept (dashboards, tests)
+        # retiring worker -> instances whose own processes its drain ended (restarted there
+        # if the worker is kept after all)
+        self.ended: dict[str, tuple[str, ...]] = {}
 
     def install(self) -> None:
         """``retire_workers`` (method and comm handler) drains first; ``workers_to_close``
@@ -229,8 +234,9 @@ class Drainer:
 
     async def retire_workers(self, workers: list[str] | None = None, *,
                              names: list | None = None, **kwargs: Any) -> dict:
-        """Dask's ``retire_workers``, each worker drained first; a worker whose drain
-        failed is left out (kept, reason logged)."""
+        """Dask's ``retire_workers``, each worker drained first (nothing new is placed on
+        it from now on); a worker whose drain failed is left out (kept, reason logged) and
+        takes work again, as does one Dask did not retire."""
         retire_kw = {k: kwargs.pop(k) for k in _RETIRE_KWARGS if k in kwargs}
         if names is not None and workers is not None:
             raise TypeError("names and workers are mutually exclusive")
@@ -244,11 +250,28 @@ class Drainer:
         if not addresses:
             return {}
         retiring = set(addresses)
-        results = await asyncio.gather(*(self.drain(w, retiring) for w in addresses))
-        go = [w for w, ok in zip(addresses, results) if ok]
-        if not go:
-            return {}
-        return await self._retire(workers=go, **retire_kw)
+        lease_service = self.ext.lease_service
+        for w in addresses:  # from now on nothing new is placed there
+            lease_service.worker_draining(w, True)
+        retired: dict = {}
+        try:
+            results = await asyncio.gather(*(self.drain(w, retiring) for w in addresses))
+            go = [w for w, ok in zip(addresses, results) if ok]
+            if go:
+                retired = await self._retire(workers=go, **retire_kw)
+        finally:
+            for w in addresses:
+                ended = self.ended.pop(w, ())
+                if w in retired or w not in self.scheduler.workers:
+                    continue
+                # kept after all (its drain failed, or Dask did not retire it)
+                lease_service.worker_draining(w, False)
+                for iid in ended:  # their processes ended for nothing: restart them there
+                    self.ext.instances.service.instance_state(
+                        iid, P.RESTARTING, w,
+                        reason=f"its process ended for the retirement of worker {w}, "
+                               "which was kept after all")
+        return retired
 
     async def drain(self, worker: str, retiring: set[str]) -> bool:
         """Make ``worker`` safe to retire: move its instances, hand its values over.  False
@@ -278,8 +301,25 @@ class Drainer:
         if d.restart:
             logger.info("scale-down: worker %s retires; instances %s have no checkpoint and "
                         "restart elsewhere", worker, list(d.restart))
+            why = await self.end_processes(worker, d.restart)
+            if why:
+                self._keep(worker, why)
+                return False
         self.kept_log.pop(worker, None)
         return True
+
+    async def end_processes(self, worker: str, instance_ids: Iterable[str]) -> str:
+        """The instances that restart elsewhere once ``worker`` goes: their own processes
+        end now, before Dask removes the worker, so none answers a call from its old state
+        while the instance starts elsewhere (their callers lose their channels and locate
+        them again; the restart waits for the worker's removal).  Returns "" or why not."""
+        try:
+            ended = await P.request(self.scheduler.rpc(worker),
+                                    P.EndProcesses(list(instance_ids)))
+        except Exception as e:  # noqa: BLE001 - the worker went meanwhile
+            return f"it did not end its instances' processes ({e!r})"
+        self.ended[worker] = tuple(ended or ())
+        return ""
 
     async def move_instance(self, worker: str, iid: str, retiring: set[str],
                             timeout: float) -> str:

@@ -345,14 +345,15 @@ class GroupMachine:
     def _try_place(self, g: Group, sid: str, out: list[Instruction]) -> None:
         todo = [b for b in g.bundles if b.worker is None]
         fixed = {b.index: b.worker for b in g.bundles if b.worker is not None}
-        free = {a: {r: ws.free(r) for r in ws.capacity} for a, ws in self.ledger.workers.items()}
+        nodes = self.ledger.open_nodes()  # not the nodes being drained to retire
+        free = {ws.address: {r: ws.free(r) for r in ws.capacity} for ws in nodes}
         if g.tried_on is not None and not _grew(g.tried_on, free):
             return  # nothing freed up since it last failed: it would fail again
         found = place(g.strategy, {b.index: b.shape for b in todo}, fixed, free)
         g.tried_on = free if found is None else None
         if found is None:
             g.reason = explain_unplaced(g.strategy, g.bundles, fixed, free,
-                                        {a: ws.capacity for a, ws in self.ledger.workers.items()})
+                                        {ws.address: ws.capacity for ws in nodes})
             self._story.log(sid, ("wait", g.name, g.reason), (g.name,))
             return
         for b in todo:

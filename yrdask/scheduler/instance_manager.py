@@ -60,15 +60,17 @@ class InstanceManager:
             return [*reply, self.ext.server_id_of(reply[1])]
         return reply
 
-    async def locate_instance(self, instance_id: str, lost: str | None = None) -> list:
+    async def locate_instance(self, instance_id: str, lost: str | None = None,
+                              lost_server_id: str = "") -> list:
         """Reply ``[state, worker, reason, instance_id, server_id]`` (the id an alias stands
         for; which process at ``worker``, ``""`` for none).
 
-        ``lost``: the caller lost its channel to that worker; if the instance is still
-        recorded there, wait until Dask confirms the worker gone (it then restarts or ends).
+        ``lost``: the caller lost its channel to that worker (the process ``lost_server_id``,
+        if it says); if the instance is still recorded there, wait until Dask confirms that
+        process gone (it then restarts or ends).
         """
         fut = asyncio.get_running_loop().create_future()
-        self.service.locate(instance_id, lost, _setter(fut))
+        self.service.locate(instance_id, lost, _setter(fut), lost_server_id)
         reply = await fut
         return [*reply, self.ext.server_id_of(reply[1]) if reply[1] else ""]
 
@@ -220,9 +222,11 @@ class _DaskEdge:
             logger.debug("stopping %s on %s: %r", instance_id, worker, e)
         self.ext.instances.service.stopped(instance_id)
 
-    def worker_gone(self, worker: str, timeout: float, then: Callable[[], None]) -> None:
-        if worker not in self.ext.scheduler.workers:
-            then()
+    def worker_gone(self, worker: str, timeout: float, then: Callable[[], None],
+                    server_id: str = "") -> None:
+        if worker not in self.ext.scheduler.workers or (
+                server_id and self.ext.server_id_of(worker) != server_id):
+            then()  # removed, or removed and followed by a new process at that address
             return
 
         async def wait() -> None:

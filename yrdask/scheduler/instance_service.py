@@ -71,8 +71,11 @@ class InstanceEdge(Protocol):
         """``STOP_INSTANCE`` rpc to ``worker``; once it returned or failed, the edge calls
         :meth:`InstanceService.stopped`."""
 
-    def worker_gone(self, worker: str, timeout: float, then: Callable[[], None]) -> None:
-        """Call ``then`` once the cluster removed ``worker`` or ``timeout`` s passed."""
+    def worker_gone(self, worker: str, timeout: float, then: Callable[[], None],
+                    server_id: str = "") -> None:
+        """Call ``then`` once the cluster removed ``worker`` or ``timeout`` s passed; at once
+        if the process registered at ``worker`` now is not ``server_id`` (when given): that
+        one was removed already, and a new one took its address."""
 
     def after_feed(self) -> None:
         """Called after every lifecycle event (the simulation checks what it ended)."""
@@ -136,11 +139,13 @@ class InstanceService:
             reply([real_id, worker, meta] if worker is not None else [None, reason, None])
         self.wait(real_id, L.PLACED, placed)
 
-    def locate(self, instance_id: str, lost: str | None, reply: Reply) -> None:
+    def locate(self, instance_id: str, lost: str | None, reply: Reply,
+               lost_server_id: str = "") -> None:
         """``LOCATE_INSTANCE``: ``reply([state, worker, reason, instance_id])`` (the id an
-        alias stands for).  ``lost``: the caller lost its channel to that worker; if the
-        instance is still recorded there, wait until the cluster removed it (it then
-        restarts or ends), within :data:`LOST_WORKER_WAIT_S`."""
+        alias stands for).  ``lost``: the caller lost its channel to that worker (the process
+        ``lost_server_id``, if it says); if the instance is still recorded there, wait until
+        the cluster removed that process (the instance then restarts or ends), within
+        :data:`LOST_WORKER_WAIT_S`: not at all if a new process took its address already."""
         lc = self.lifecycle
         if lc.unknown(lc.resolve(instance_id)):
             # never seen: its CREATE_INSTANCE (an rpc of its own) may still be on the way,
@@ -149,13 +154,14 @@ class InstanceService:
                 if reason:
                     reply([P.DEAD, None, reason, instance_id])
                 else:
-                    self._locate_known(instance_id, lost, reply)
+                    self._locate_known(instance_id, lost, reply, lost_server_id)
             self.waiters.setdefault((instance_id, L.CREATED), []).append(created)
             self.feed(L.AwaitCreation(self._sid("await"), instance_id, self.edge.now()))
             return
-        self._locate_known(instance_id, lost, reply)
+        self._locate_known(instance_id, lost, reply, lost_server_id)
 
-    def _locate_known(self, instance_id: str, lost: str | None, reply: Reply) -> None:
+    def _locate_known(self, instance_id: str, lost: str | None, reply: Reply,
+                      lost_server_id: str = "") -> None:
         lc = self.lifecycle
         real_id = lc.resolve(instance_id)
 
@@ -174,7 +180,7 @@ class InstanceService:
         elif L.runs_alone(rec.spec) and lost != rec.worker:
             self._wait_new_endpoint(real_id, lost, placed)
         elif rec.worker == lost:
-            self.edge.worker_gone(lost, LOST_WORKER_WAIT_S, go)
+            self.edge.worker_gone(lost, LOST_WORKER_WAIT_S, go, lost_server_id)
         else:
             go()
 

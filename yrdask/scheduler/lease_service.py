@@ -154,6 +154,12 @@ class LeaseService:
         self.feed(LQ.WorkerJoined(f"worker-joined-{next(self._stimuli)}", address, capacity,
                                   node, tuple(gpus or ()), shared))
 
+    def worker_draining(self, address: str, draining: bool) -> None:
+        """``address`` is drained to retire (nothing new goes there), or kept after all
+        (see ``LQ.WorkerDraining``)."""
+        self.feed(LQ.WorkerDraining(f"worker-draining-{next(self._stimuli)}", address,
+                                    draining))
+
     def worker_left(self, address: str) -> None:
         """What it held is lost; the leases a submitter on it held elsewhere die with it and
         its waiting requests are refused (the lease queue's ``WorkerLeft`` does both)."""

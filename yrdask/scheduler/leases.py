@@ -12,7 +12,8 @@ same class through a simulated network.
 The rules:
 
 * a request is granted at once when a worker fits it (:meth:`Ledger.choose`: hard
-  affinities filter, soft ones rank, the requester's ``local`` worker first, ``avoid`` never);
+  affinities filter, soft ones rank, the requester's ``local`` worker first, ``avoid`` never,
+  nor a worker being drained to retire: ``WorkerDraining``);
 * otherwise it waits, first come first served but without head-of-line blocking: whenever
   resources free up, every waiting request that fits now is granted, in arrival order,
   except that a task lease request whose queue already holds leases comes after those whose
@@ -80,6 +81,16 @@ class WorkerLeft(Event):
     released and its waiting requests refused, as for ``OwnerGone(worker)``."""
 
     worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerDraining(Event):
+    """``worker`` is being drained to retire (``draining``; scheduler/drain.py), or was kept
+    after all: while it drains nothing new is granted on it (leases, instances; a node all
+    of whose processes drain takes no new bundle), and what it holds stays."""
+
+    worker: str
+    draining: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +289,7 @@ class LeaseQueue:
             OwnerGone: self._owner_gone, RequestCancelled: self._cancelled,
             RequestWithdrawn: self._withdrawn, Tick: self._tick,
             WorkerJoined: self._worker_joined, WorkerLeft: self._worker_left,
+            WorkerDraining: self._worker_draining,
         }
 
     # -- queries ---------------------------------------------------------------------------
@@ -471,6 +483,17 @@ class LeaseQueue:
                               format_shape(ev.capacity), node), (worker, node))
         out: list[Instruction] = []
         self._grant_pending(sid, out)
+        return out
+
+    def _worker_draining(self, ev: WorkerDraining) -> list[Instruction]:
+        sid, worker = ev.stimulus_id, ev.worker
+        if not self.ledger.set_draining(worker, ev.draining):
+            self._story.log(sid, ("draining-ignored", worker, ev.draining), (worker,))
+            return []
+        self._story.log(sid, ("draining" if ev.draining else "kept", worker), (worker,))
+        out: list[Instruction] = []
+        if not ev.draining:  # room again for what waits
+            self._grant_pending(sid, out)
         return out
 
     def _worker_left(self, ev: WorkerLeft) -> list[Instruction]:

@@ -102,6 +102,9 @@ class ProcessOffer:
     load: float = 0.0  # queued yr work the process last reported (heartbeat)
     holdings: set[str] = field(default_factory=set)
     cpu_held: float = 0.0  # CPU of the work running in it (lent CPU not counted)
+    # it is being drained to retire (scheduler/drain.py): nothing new is placed in it, and
+    # a node all of whose processes drain takes no new bundle
+    draining: bool = False
 
     def cpu_free(self) -> float:
         """What is left of its own CPU share: work beyond it would share its cores (and its
@@ -172,7 +175,7 @@ class NodeResources:
                        key=lambda p: (p.cpu_free() + EPS < cpu, p.address != prefer,
                                       -p.cpu_free(), len(p.holdings), p.load, p.address))
         for p in order:
-            if p.address in avoid:
+            if p.draining or p.address in avoid:
                 continue
             if not devices or not self.gpu_used:
                 return p.address, ()
@@ -266,7 +269,7 @@ class Ledger:
                 offer.gpus += tuple(f"{prefix}{i}" for i in range(int(capacity[kind] + EPS)))
         if known is not None:  # registered again: it keeps what it holds
             offer.holdings, offer.load = known.holdings, known.load
-            offer.cpu_held = known.cpu_held
+            offer.cpu_held, offer.draining = known.cpu_held, known.draining
         self.processes[address] = ns.processes[address] = offer
         self._sum(ns)
 
@@ -307,6 +310,20 @@ class Ledger:
         """Forget a worker process; returns the holdings that lived on it (now gone): its
         leases and instances, and its node's bundles if it was the node's last process."""
         return self._drop_process(address)
+
+    def set_draining(self, address: str, draining: bool) -> bool:
+        """Mark a worker process as drained to retire (``True``) or kept after all; True if
+        that changed anything.  A draining process takes no new lease, instance or bundle
+        (:meth:`NodeResources.process_for`, :meth:`open_nodes`); what it holds stays."""
+        p = self.processes.get(address)
+        if p is None or p.draining == draining:
+            return False
+        p.draining = draining
+        return True
+
+    def open_nodes(self) -> list[NodeResources]:
+        """The nodes new bundles may go to: all but those whose every process drains."""
+        return [ws for ws in self.workers.values() if not _retiring(ws)]
 
     def node_of(self, address: str) -> str | None:
         """The node id of a worker process (None if it is unknown)."""
@@ -482,7 +499,7 @@ class Ledger:
         return [
             self.holdings[h]
             for ws in self.workers.values()
-            if _reachable(ws, avoid) and ws.could_ever_fit(shape)
+            if _reachable(ws, avoid) and not _retiring(ws) and ws.could_ever_fit(shape)
             and self._allowed(ws, affinity)[0]
             for h in sorted(ws.holdings)
             if self.holdings[h].kind == "lease"
@@ -537,6 +554,9 @@ class Ledger:
         for ws in self.workers.values():
             if not _reachable(ws, avoid):
                 never.append(f"{ws.address} (unreachable to the requester)")
+                continue
+            if _retiring(ws):
+                never.append(f"{ws.address} (retiring: it is being drained)")
                 continue
             if not ws.could_ever_fit(shape):
                 never.append(f"{ws.address} (offers {format_shape(ws.capacity)})")
@@ -596,6 +616,11 @@ def _reachable(ws: NodeResources, avoid: Collection[str]) -> bool:
     if not ws.processes:
         return ws.address not in avoid
     return any(p not in avoid for p in ws.processes)
+
+
+def _retiring(ws: NodeResources) -> bool:
+    """True if every worker process of the node is being drained to retire."""
+    return bool(ws.processes) and all(p.draining for p in ws.processes.values())
 
 
 def _host(address: str) -> str:

@@ -425,6 +425,19 @@ class WorkerAgent(TaskRunner):
         else:
             inst.stop(f"it moved to {to}")
 
+    async def end_processes(self, instance_ids: list) -> list[str]:
+        """:class:`P.EndProcesses`: the worker retires; these instances restart elsewhere
+        once it is gone, so their own processes end now (unreported).  Returns the ids whose
+        processes ended."""
+        ended = []
+        for iid in instance_ids:
+            inst = self.instance_side.instances.get(iid)
+            if type(inst) is IsolatedInstance and await inst.end_for_retirement():
+                ended.append(iid)
+        if ended:
+            logger.info("instances %s: their processes ended, the worker retires", ended)
+        return ended
+
     def kept_objects(self) -> list[str]:
         """:class:`P.KeptObjects`: the large values this worker keeps for their owners."""
         return list(self.store)

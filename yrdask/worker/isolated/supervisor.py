@@ -259,6 +259,30 @@ class IsolatedInstance:
         if self.stopped is None and self.proc is not None:
             kill_child(self.proc)
 
+    async def end_for_retirement(self) -> bool:
+        """:class:`P.EndProcesses`: the worker retires and the instance restarts elsewhere
+        once it is gone, so its process ends now, before the scheduler removes the worker
+        (no call is answered from its old state meanwhile).  Its death is not reported (the
+        worker's removal is the loss); it stays dead here, so a ``START_INSTANCE`` (the
+        worker kept after all) starts it again.  True once a process of it has exited."""
+        proc = self.proc
+        if self.stopped is not None or proc is None or self.dead:
+            return False
+        self.generation += 1  # its watcher and a start under way report nothing
+        self.dead = True
+        if self.agent.recorder is not None:  # nothing of it runs any more
+            self.agent.recorder.from_child(self.instance_id, [], None)
+        if self.supervision is not None:
+            self.supervision.abort()
+        self.supervision = self.proc = self.init_error = None
+        kill_child(proc)
+        try:
+            await self.agent.loop.run_in_executor(None, proc.wait, 5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL did not land
+            logger.error("isolated process %s did not exit", proc.pid)
+            return False
+        return True
+
     def kill_now(self) -> None:
         """The worker closes (or the instance moved away): the child goes at once (no
         shutdown hook), and is reaped."""
