@@ -27,6 +27,7 @@ class Edge:
         self.stops: list = []  # (worker, iid, reason)
         self.gone: list = []  # (worker, timeout, then)
         self.timers: list = []
+        self.broadcasts: list = []
 
     def now(self): return self.t
     def call_at(self, at, fn): self.timers.append((at, fn))
@@ -38,6 +39,7 @@ class Edge:
     def start_instance(self, worker, spec): self.started.append((worker, spec))
     def stop_instance(self, worker, iid, reason): self.stops.append((worker, iid, reason))
     def worker_gone(self, worker, timeout, then): self.gone.append((worker, timeout, then))
+    def broadcast(self, msg): self.broadcasts.append(msg)
     def after_feed(self): pass
 
     def run_soon(self):
@@ -128,7 +130,7 @@ def test_kill_on_a_removed_worker_answers_at_once(svc):
 
 def test_a_locate_from_a_caller_that_lost_the_worker_waits_for_its_removal(svc):
     created(svc, recover_retry_times=1)
-    svc.instance_state("i1", "ALIVE", W1)
+    svc.instance_state("i1", "ALIVE", worker=W1)
     replies: list = []
     svc.locate("i1", W1, replies.append)
     assert replies == [] and svc.edge.gone[0][:2] == (W1, LOST_WORKER_WAIT_S)
@@ -152,7 +154,7 @@ def test_a_locate_that_overtook_the_creation_waits_for_it(svc):
 
 def test_a_restart_tells_the_worker_its_count_and_checkpoint(svc):
     created(svc, recover_retry_times=1)
-    svc.instance_state("i1", "ALIVE", W1)
+    svc.instance_state("i1", "ALIVE", worker=W1)
     svc.save_state("i1", b"ck")
     svc.edge.workers.discard(W1)
     svc.worker_lost(W1)
