@@ -316,8 +316,8 @@ class _RouterEdge:
         rec["sent"] += 1
         rec["sent_to"] = ins.worker
         w.say(pname, "send", ins.call_id, ins.instance_id, ins.worker)
-        w.send(pname, ins.worker, "call", P.CallMethod(
-            ins.call_id, ins.instance_id, rec["method"], b"", [], 1).to_msg())
+        w.send(pname, ins.worker, "call", P.CallMethod.wire(
+            ins.call_id, ins.instance_id, rec["method"], b"", [], 1))
         if rec["cancelled"]:  # cancelled before it left (InstanceRouter.send_call)
             w.send(pname, ins.worker, "call", P.CancelTask(ins.call_id).to_msg())
 
@@ -944,8 +944,7 @@ class CallWorld:
 
     def call_answered(self, dname: str, msg: dict) -> None:
         """A method call's ``TASK_DONE`` (as ``InstanceRouter.on_done``)."""
-        done = P.TaskDone.from_msg(msg)
-        cid, error = done.task_id, done.error
+        cid, error = msg["task_id"], msg.get("error")
         rec = self.calls[cid]
         # what the executing side answered (the settlement must match one of them)
         rec.setdefault("answers", []).append(ANSWERS.get(type(error), "ok"))
@@ -956,7 +955,7 @@ class CallWorld:
         elif error is not None:
             self.do(dname, "done", cid, error)
         else:
-            rec["result"] = done.results[0][1]
+            rec["result"] = msg["results"][0][1]
             self.do(dname, "done", cid)
         rec["answered"] = rec["settled"] == 1
 
@@ -1087,7 +1086,7 @@ class CallWorld:
             caller = h.answered(cid)
             if caller is not None:
                 self.send(w.name, caller, "call",
-                          P.TaskDone(cid, results=[[P.VALUE, result]]).to_msg())
+                          P.TaskDone.wire(cid, results=[[P.VALUE, result]]))
         if not side:
             nxt = h.finished()
             if nxt is not None:
