@@ -21,6 +21,14 @@ Process instances: the worker's instance side hosts a ``SimSupervisor`` (as
 (seeded, in ``__init__``, or by a call that ends it) is reported as ``STATE`` RESTARTING and
 reaches callers as a lost channel to that endpoint.
 
+What crosses a process is a ``protocol.py`` message (``CreateInstance``, ``LocateInstance``,
+``KillInstance``, ``SaveState``, ``HandleRefs``, ``InstanceState``, ``CloseStream``,
+``StartInstance``, ``StopInstance``, ``CallMethod``, ``CancelTask``, ``TaskDone``, the lease
+ops), dispatched through tables built as production builds them (``P.handlers``): the
+scheduler's take the lease service's and the instance service's own handlers, a worker's its
+instance side's; an rpc's answer comes back as ``world.REPLY`` on its connection.  The
+tuples left are each process's own steps and a broken channel (the wiring test's
+``KERNEL_STEPS``).
 Links are FIFO per (sender, receiver, channel): the job and worker streams keep order, each
 rpc (create, locate, kill, stop, lease request) travels on a connection of its own, so rpcs
 overtake stream messages as they do in Dask.  Asynchronous steps of the adapters (the
