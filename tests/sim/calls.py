@@ -21,6 +21,14 @@ Process instances: the worker's instance side hosts a ``SimSupervisor`` (as
 (seeded, in ``__init__``, or by a call that ends it) is reported as ``STATE`` RESTARTING and
 reaches callers as a lost channel to that endpoint.
 
+What crosses a process is a ``protocol.py`` message (``CreateInstance``, ``LocateInstance``,
+``KillInstance``, ``SaveState``, ``HandleRefs``, ``InstanceState``, ``CloseStream``,
+``StartInstance``, ``StopInstance``, ``CallMethod``, ``CancelTask``, ``TaskDone``, the lease
+ops), dispatched through tables built as production builds them (``P.handlers``): the
+scheduler's take the lease service's and the instance service's own handlers, a worker's its
+instance side's; an rpc's answer comes back as ``world.REPLY`` on its connection.  The
+tuples left are each process's own steps and a broken channel (the wiring test's
+``KERNEL_STEPS``).
 Links are FIFO per (sender, receiver, channel): the job and worker streams keep order, each
 rpc (create, locate, kill, stop, lease request) travels on a connection of its own, so rpcs
 overtake stream messages as they do in Dask.  Asynchronous steps of the adapters (the
@@ -74,9 +82,10 @@ from yrdask.scheduler import durable as D
 from yrdask.scheduler import leases as LQ
 from yrdask.scheduler import lifecycle as L
 
+from yrdask.scheduler import instance_service as IS
 from yrdask.scheduler.instance_service import InstanceService
 from yrdask.scheduler.departures import Departures
-from yrdask.scheduler.lease_service import STREAM_OPS, LeaseService
+from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest
 from yrdask.worker.instance_side import HostedCalls, InstanceSide
 
@@ -122,6 +131,11 @@ class InitBoom(Exception):
     """The instance's ``__init__`` raised: every call answers this."""
 
 
+#: what the executing side answered, by the type of its ``TASK_DONE``'s error
+ANSWERS = {InstanceDiedError: "died", InitBoom: "init-error", CancelledError: "cancelled",
+           InstanceMovedError: "moved"}
+
+
 class Proc:
     """A driver or worker process: its CallOrder, the handles it holds, its hosting."""
 
@@ -143,6 +157,16 @@ class Proc:
         self.ran: set[str] = set()  # calls whose method began here
         self.unrun_cancels: set[str] = set()  # calls cancelled here before they began
         self.parent: str | None = None  # a process instance's own process: its worker
+        # the agent's tables (P.handlers), its instance side's own handlers: the worker
+        # stream's (P.WORKER_STREAM) and the call channel's (P.CHANNEL_TO_WORKER)
+        self.stream: dict[str, Any] = {}
+        self.channel: dict[str, Any] = {}
+
+    def hosting(self, side: InstanceSide) -> None:
+        """Host instances (a worker, or a process instance's own process): ``side``."""
+        self.side = side
+        self.stream = P.handlers((P.START_INSTANCE,), side)
+        self.channel = P.handlers((P.CALL_METHOD,), side)
 
     @property
     def hosted(self) -> dict[str, "SimHosted"]:
@@ -175,18 +199,20 @@ class SimHosted(HostedCalls):
         self.world.admit(self, item[1]["task_id"], True)
 
     def _answer_died(self, peer: Any, call_id: str) -> None:
-        self.world.send(self.w.name, peer, "call",
-                        ("DONE", call_id, ("died", f"{self.iid} has ended: {self.stopped}")))
+        self.world.send(self.w.name, peer, "call", P.TaskDone(call_id, error=InstanceDiedError(
+            f"{self.iid} has ended: {self.stopped}")).to_msg())
 
     def _answer_init_error(self, call_id: str) -> None:
         peer = self.answered(call_id)
         if peer is not None:
-            self.world.send(self.w.name, peer, "call", ("DONE", call_id, ("init-error",)))
+            self.world.send(self.w.name, peer, "call",
+                            P.TaskDone(call_id, error=InitBoom(self.iid)).to_msg())
 
     def _answer_cancelled(self, call_id: str) -> None:
         peer = self.answered(call_id)
         if peer is not None:
-            self.world.send(self.w.name, peer, "call", ("DONE", call_id, ("cancelled",)))
+            self.world.send(self.w.name, peer, "call", P.TaskDone(call_id, error=CancelledError(
+                f"Task: {call_id} was cancelled.")).to_msg())
 
     def _interrupt(self, call_id: str) -> None:
         pass  # a running call runs on to its answer (a sync method; Ray's cancel)
@@ -201,7 +227,8 @@ class _HostEdge:
 
     def host(self, spec: dict, running: Any) -> Any:
         w, world = self.w, self.world
-        iid, inc, conc = spec["instance_id"], spec["incarnation"], spec["concurrency"]
+        iid, inc = spec["instance_id"], spec.get("incarnation", 0)
+        conc = spec.get("concurrency") or (1000 if spec.get("is_async") else 1)
         if w.parent is None and world.specs[iid].get("isolation"):  # (as agent.host)
             if type(running) is SimSupervisor:  # its process died: the scheduler restarts it
                 running.restart(spec)
@@ -214,8 +241,8 @@ class _HostEdge:
         return h
 
     def died(self, peer: Any, msg: dict, why: str) -> None:
-        self.world.send(self.w.name, peer, "call",
-                        ("DONE", msg["task_id"], ("died", f"{msg['instance_id']} has ended: {why}")))
+        self.world.send(self.w.name, peer, "call", P.TaskDone(msg["task_id"], error=(
+            InstanceDiedError(f"{msg['instance_id']} has ended: {why}"))).to_msg())
 
     def ignored_start(self, instance_id: str) -> None:
         self.world.say(self.w.name, "start ignored, stopped before", instance_id)
@@ -241,7 +268,7 @@ class SimSupervisor:
         return f"<supervisor of {self.iid}.{self.inc} on {self.w.name}>"
 
     def _start(self, spec: dict) -> None:
-        self.inc = spec["incarnation"]
+        self.inc = spec.get("incarnation", 0)
         self.child = self.world.spawn(self.w, spec)
 
     def restart(self, spec: dict) -> None:
@@ -257,8 +284,8 @@ class SimSupervisor:
         if self.stopped is not None or self.dead:
             return
         self.dead = True
-        self.world.send(self.w.name, SCHED, "stream", ("STATE", self.iid, P.RESTARTING, False,
-                                                        cause, self.inc, self.child.name))
+        self.world.send(self.w.name, SCHED, "stream", P.InstanceState(
+            self.iid, P.RESTARTING, None, cause, self.inc, self.child.name).to_msg())
 
     def stop(self, reason: str) -> bool:
         """The instance ends: its process answers the calls it has, then goes."""
@@ -274,8 +301,8 @@ class SimSupervisor:
     def call(self, peer: Any, msg: dict) -> None:
         """A call sent to the worker (the caller had its address from a creation that
         ended before it served): unrun, its caller locates the instance again."""
-        self.world.send(self.w.name, peer, "call", ("DONE", msg["task_id"], (
-            "moved", f"{self.iid} is served by its own process")))
+        self.world.send(self.w.name, peer, "call", P.TaskDone(msg["task_id"], error=(
+            InstanceMovedError(f"{self.iid} is served by its own process"))).to_msg())
 
     def cancel_call(self, call_id: str) -> bool:
         return False
@@ -297,10 +324,10 @@ class _RouterEdge:
         rec["sent"] += 1
         rec["sent_to"] = ins.worker
         w.say(pname, "send", ins.call_id, ins.instance_id, ins.worker)
-        w.send(pname, ins.worker, "call", ("CALL", ins.call_id, ins.instance_id, pname,
-                                           rec["method"]))
+        w.send(pname, ins.worker, "call", P.CallMethod.wire(
+            ins.call_id, ins.instance_id, rec["method"], b"", [], 1))
         if rec["cancelled"]:  # cancelled before it left (InstanceRouter.send_call)
-            w.send(pname, ins.worker, "call", ("CANCEL", ins.call_id))
+            w.send(pname, ins.worker, "call", P.CancelTask(ins.call_id).to_msg())
 
     def call_succeeded(self, call_id: str) -> None:
         self.world.settled(self.pname, call_id, None)
@@ -314,19 +341,21 @@ class _RouterEdge:
     def report_handles(self, ins: C.ReportHandles) -> None:
         w, pname = self.world, self.pname
         w.say(pname, "report", ins.deltas, list(ins.transit), list(ins.arrived))
-        w.send(pname, SCHED, "stream",
-               ("REFS", dict(ins.deltas), tuple(ins.transit), tuple(ins.arrived)))
+        w.send(pname, SCHED, "stream", P.HandleRefs(  # as InstanceRouter.report_handles
+            dict(ins.deltas), transit=[list(t) for t in ins.transit],
+            arrived=[list(t) for t in ins.arrived]).to_msg())
 
     def send_create(self, instance_id: str) -> None:
         w = self.world
-        w.send(self.pname, SCHED, w.new_id("rpc-create-"), ("CREATE", w.specs[instance_id]))
+        spec = {k: v for k, v in w.specs[instance_id].items() if v is not None}
+        w.send(self.pname, SCHED, w.new_id("rpc-create-"), P.CreateInstance(spec).to_msg())
 
     def send_locate(self, instance_id: str, lost: str | None) -> None:
         # A simulated worker's server id is its name: no process is ever restarted under
         # the same name here (FINDINGS.md), so the lost process is the one of that name.
         w = self.world
         w.send(self.pname, SCHED, w.new_id("rpc-locate-"),
-               ("LOCATE", instance_id, lost, lost or ""))
+               P.LocateInstance(instance_id, lost, lost or "").to_msg())
 
 
 class _CallEdge:
@@ -424,13 +453,12 @@ class _InstanceEdge:
         iid, inc = spec["instance_id"], spec.get("incarnation", 0)
         w.say(SCHED, "start", iid, worker, inc)
         w.placed[iid] = (worker, w.placed.get(iid, ("", 0))[1] + 1)
-        w.send(SCHED, worker, "stream", ("START", iid, inc, spec.get("concurrency") or (
-            1000 if spec.get("is_async") else 1)))
+        w.send(SCHED, worker, "stream", P.StartInstance(spec).to_msg())
 
     def stop_instance(self, worker: str, instance_id: str, reason: str) -> None:
         w = self.world
         w.stops.setdefault(worker, set()).add(instance_id)
-        w.send(SCHED, worker, w.new_id("rpc-stop-"), ("STOP", instance_id, reason))
+        w.send(SCHED, worker, w.new_id("rpc-stop-"), P.StopInstance(instance_id, reason).to_msg())
 
     def worker_gone(self, worker: str, timeout: float, then: Any, server_id: str = "") -> None:
         w = self.world
@@ -444,6 +472,12 @@ class _InstanceEdge:
                 once.pop()()
         w.gone_waiters.setdefault(worker, []).append(resume)
         w.timer(w.now + timeout, "gone-timeout", resume)
+
+    def broadcast(self, msg: Any) -> None:
+        """``extension.broadcast``: here only a process instance's end (``WorkerExit``),
+        which the callers' errors would name; how a process ended is not simulated."""
+        assert type(msg) is P.WorkerExit, msg
+        self.world.say(SCHED, "broadcast", msg.op, msg.worker)
 
     def after_feed(self) -> None:
         w = self.world
@@ -481,9 +515,17 @@ class CallWorld:
         self.lq = LQ.LeaseQueue()
         # the production lease adapter (scheduler/lease_service.py) on a simulated edge
         self.leases = LeaseService(_CallEdge(self), self.lq)
-        self.lease_handlers = P.handlers(STREAM_OPS, self.leases)  # as the extension's
         # the production instance adapter (scheduler/instance_service.py) on a simulated edge
         self.instances = InstanceService(_InstanceEdge(self), self.lc, self.lq.ledger)
+        # the extension's tables (P.handlers over the protocol's ops), the same services' own
+        # handlers: the scheduler rpc (instance_service.RPC_OPS answer through a callback),
+        # a worker's stream (Dask adds ``worker``) and a job's stream
+        self.sched_rpc = P.handlers(IS.RPC_OPS, self.instances)
+        self.sched_ops = P.handlers((P.SAVE_STATE,), self.instances)
+        self.sched_stream = P.handlers(
+            [op for op in P.SCHEDULER_STREAM if op != P.TASK_RECORDS],
+            self.leases, self.instances)
+        self.job_stream = P.handlers(P.JOB_STREAM, self.leases, self.instances)
         # what outlives the scheduler (scheduler/durable.py), as the extension keeps it
         self.durable = self.instances.durable = D.DurableControl(D.MemoryStore())
         # a job's end, a worker's removal: the production order (scheduler/departures.py)
@@ -559,9 +601,8 @@ class CallWorld:
         if not self.alive(dst):
             if chan == "call":  # connecting to a dead worker fails: the channel is lost
                 self.send("net", src, "lost", ("LOST", dst))
-            elif type(msg) is tuple and msg[0] == "STOP":  # the rpc fails: _stop answers Stopped all the same
-                self.stops.get(dst, set()).discard(msg[1])
-                self.send("net", SCHED, f"stopfail-{msg[1]}", ("STOPPED", msg[1]))
+            elif type(msg) is dict and msg["op"] == P.STOP_INSTANCE:  # the rpc fails: _stop
+                self.stop_failed(dst, msg["instance_id"])  # answers Stopped all the same
             return
         key = (src, dst, chan)
         q = self.links.get(key)
@@ -579,7 +620,7 @@ class CallWorld:
         self.nworkers += 1
         self.procs[w.name] = w
         w.router = CallRouter(_RouterEdge(self, w.name), w.order)
-        w.side = InstanceSide(_HostEdge(self, w))  # the agent's instance side
+        w.hosting(InstanceSide(_HostEdge(self, w)))  # the agent's instance side
         cap = {"CPU": float(self.rng.choice([1000, 2000, 4000])), "Memory": 4000.0}
         self.registered.add(w.name)
         # Nodes are hosts (docs/nodes.md): in odd seeds the workers pair up on hosts.
@@ -807,13 +848,13 @@ class CallWorld:
                 rec["cancelled"] = True
                 self.say(dname, "cancel", cid, rec["sent_to"])
                 if rec["sent_to"] is not None:
-                    self.send(dname, rec["sent_to"], "call", ("CANCEL", cid))
+                    self.send(dname, rec["sent_to"], "call", P.CancelTask(cid).to_msg())
         elif action == "drop" and held:
             self.drop_handle(dname, rng.choice(held))
         elif action == "kill" and held:
             iid = rng.choice(held)
             self.say(dname, "terminate", iid)
-            self.send(dname, SCHED, self.new_id("rpc-kill-"), ("KILL", iid))
+            self.send(dname, SCHED, self.new_id("rpc-kill-"), P.KillInstance(iid).to_msg())
         elif action == "lease":
             rid = self.new_id("q")
             shape = {"CPU": float(rng.choice([500, 1000, 2000])), "Memory": 100.0}
@@ -862,50 +903,28 @@ class CallWorld:
             self.do(d.name, "flush")  # the last handle report goes out first
         self.say(d.name, "EXIT" + (" (abrupt)" if abrupt else ""))
         d.alive, d.abrupt = False, abrupt
-        self.send(d.name, SCHED, "stream", ("CLOSE",))
+        self.send(d.name, SCHED, "stream", P.CloseStream().to_msg())
 
     def at_driver(self, dname: str, src: str, msg: tuple | dict) -> None:
         d = self.procs[dname]
-        if type(msg) is dict:  # the lease rpc's reply, a revoke (protocol.py)
-            if msg["op"] == REPLY and msg["result"][0] is not None:
-                d.leases.add(msg["result"][0])
-                self.timer(self.now + self.rng.expovariate(1 / 0.5), "return-lease",
-                           (dname, msg["result"][0]))
-            elif msg["op"] == P.WORKER_LOST:  # the scheduler says the worker is gone
+        if type(msg) is dict:  # protocol.py messages, and rpc replies on their connection
+            op = msg["op"]
+            if op == P.TASK_DONE:
+                return self.call_answered(dname, msg)
+            if op == REPLY:
+                return self.rpc_answered(d, msg)
+            if op == P.WORKER_LOST:  # the scheduler says the worker is gone
                 self.do(dname, "channel_lost", msg["worker"])
-            elif msg["op"] == P.REVOKE_LEASES:
+            elif op == P.REVOKE_LEASES:
                 for hid in msg["lease_ids"]:
                     if hid in d.leases:
                         self.timer(self.now + self.rng.uniform(0, 0.1), "return-lease",
                                    (dname, hid))
+            elif op != P.WORKER_EXIT:  # (how a process ended: for errors, not simulated)
+                self.fail(f"driver got {msg}")
             return
         op = msg[0]
-        if op == "CREATE_REPLY":
-            self.do(dname, "create_answered", msg[1], msg[2])
-        elif op == "LOCATE_REPLY":
-            self.do(dname, "locate_answered", msg[1], msg[2])
-        elif op == "DONE":
-            _, cid, result = msg
-            rec = self.calls[cid]
-            # what the executing side answered (the settlement must match one of them)
-            rec.setdefault("answers", []).append(
-                result[0] if isinstance(result, tuple) and isinstance(result[0], str)
-                and result[0] in ("died", "init-error", "cancelled", "moved") else "ok")
-            if rec["cancelled"]:  # whatever the answer: settled as cancelled (on_done)
-                self.do(dname, "done", cid, CancelledError(f"Task: {cid} was cancelled."))
-            elif isinstance(result, tuple) and result[0] == "moved":
-                self.do(dname, "done", cid, InstanceMovedError(result[1]))
-            elif isinstance(result, tuple) and result[0] == "died":
-                self.do(dname, "done", cid, InstanceDiedError(result[1]))
-            elif isinstance(result, tuple) and result[0] == "init-error":
-                self.do(dname, "done", cid, InitBoom(rec["iid"]))
-            elif isinstance(result, tuple) and result[0] == "cancelled":
-                self.fail(f"call {cid} answered {result} though it was not cancelled")
-            else:
-                rec["result"] = result
-                self.do(dname, "done", cid)
-            rec["answered"] = rec["settled"] == 1
-        elif op == "LOST":
+        if op == "LOST":  # its call channel to a worker or process broke
             self.do(dname, "channel_lost", msg[1])
         elif op == "DEPS":
             self.do(dname, "deps_ready", msg[1], msg[2])
@@ -921,17 +940,63 @@ class CallWorld:
         else:
             self.fail(f"driver got {msg}")
 
+    def rpc_answered(self, p: Proc, msg: dict) -> None:
+        """An rpc's reply (``InstanceRouter._create_rpc`` / ``_locate_rpc``, the lease rpc)."""
+        to, result = msg["to"], msg["result"]
+        if to == P.CREATE_INSTANCE:
+            self.do(p.name, "create_answered", msg["request"]["spec"]["instance_id"], result)
+        elif to == P.LOCATE_INSTANCE:
+            self.do(p.name, "locate_answered", msg["request"]["instance_id"], result)
+        elif to == P.REQUEST_LEASE and result[0] is not None:
+            p.leases.add(result[0])
+            self.timer(self.now + self.rng.expovariate(1 / 0.5), "return-lease",
+                       (p.name, result[0]))
+
+    def call_answered(self, dname: str, msg: dict) -> None:
+        """A method call's ``TASK_DONE`` (as ``InstanceRouter.on_done``)."""
+        cid, error = msg["task_id"], msg.get("error")
+        rec = self.calls[cid]
+        # what the executing side answered (the settlement must match one of them)
+        rec.setdefault("answers", []).append(ANSWERS.get(type(error), "ok"))
+        if rec["cancelled"]:  # whatever the answer: settled as cancelled (on_done)
+            self.do(dname, "done", cid, CancelledError(f"Task: {cid} was cancelled."))
+        elif type(error) is CancelledError:
+            self.fail(f"call {cid} answered {error!r} though it was not cancelled")
+        elif error is not None:
+            self.do(dname, "done", cid, error)
+        else:
+            rec["result"] = msg["results"][0][1]
+            self.do(dname, "done", cid)
+        rec["answered"] = rec["settled"] == 1
+
     # -- workers (worker/agent.py, worker/hosting.py) ----------------------------------------
 
-    def at_worker(self, wname: str, src: str, chan: str, msg: tuple) -> None:
+    def at_worker(self, wname: str, src: str, chan: str, msg: tuple | dict) -> None:
         w = self.procs[wname]
-        if type(msg) is dict:  # (the scheduler sends workers no lease message)
+        if type(msg) is dict:  # protocol.py messages, and rpc replies on their connection
+            op = msg["op"]
+            if op in w.channel:  # the agent's call channel table (P.CHANNEL_TO_WORKER)
+                return w.channel[op](src, msg)
+            if op in w.stream:  # its worker stream table (P.WORKER_STREAM)
+                return P.dispatch(w.stream, msg)
+            if op == P.STOP_INSTANCE:  # agent.stop_instance: the instance side's stop
+                self.say(wname, "stop", msg["instance_id"], msg["reason"])
+                w.side.stop(msg["instance_id"], msg["reason"])
+                return self.send(wname, SCHED, chan, {"op": REPLY, "to": op, "request": msg,
+                                                      "result": None})
+            if op == P.CANCEL_TASK:  # agent.cancel_task of an id that is no task: a call
+                cid = msg["task_id"]
+                if cid not in w.ran:  # it has not begun here: it must never begin
+                    w.unrun_cancels.add(cid)
+                w.side.cancel(cid)
+                return None
+            if op == REPLY:
+                return self.rpc_answered(w, msg)
+            if op in (P.TASK_DONE, P.WORKER_LOST, P.WORKER_EXIT):  # (workers call nothing)
+                return None
             return self.fail(f"worker got {msg}")
         op = msg[0]
-        if op == "START":  # agent.start_instance: the instance side (production code)
-            _, iid, inc, conc = msg
-            w.side.start({"instance_id": iid, "incarnation": inc, "concurrency": conc})
-        elif op == "INIT":  # __init__ finished (HostedInstance._construct)
+        if op == "INIT":  # __init__ finished (HostedInstance._construct)        elif op == "INIT":  # __init__ finished (HostedInstance._construct)
             h = w.incs.get((msg[1], msg[2]))
             if h is None or h.stopped is not None:
                 return
@@ -944,40 +1009,23 @@ class CallWorld:
                 h.init_raised = True  # the world's own record
                 h.init_error = "InitBoom"
             h.constructed(frozenset({"side"}) if spec.get("off_loop") else frozenset())
+            error = b"InitBoom" if h.init_error is not None else None  # (a pickled error)
             if w.parent is not None:  # its agent reports where its own process serves
-                self.send(w.parent, SCHED, "stream", ("STATE", msg[1], "ALIVE",
-                                                      h.init_error is not None, "", -1, wname))
+                self.send(w.parent, SCHED, "stream", P.InstanceState(
+                    msg[1], P.ALIVE, error, address=wname).to_msg())
                 return
-            self.send(wname, SCHED, "stream", ("STATE", msg[1], "ALIVE",
-                                               h.init_error is not None))
-        elif op == "CALL":  # agent.call_method: the instance side (production code)
-            _, cid, iid, caller, method = msg
-            w.side.call_method(caller, {"task_id": cid, "instance_id": iid, "method": method})
-        elif op == "CANCEL":  # agent.cancel_task of an id that is no task: a method call
-            cid = msg[1]
-            if cid not in w.ran:  # it has not begun here: it must never begin
-                w.unrun_cancels.add(cid)
-            w.side.cancel(cid)
+            self.send(wname, SCHED, "stream", P.InstanceState(msg[1], P.ALIVE, error).to_msg())
         elif op == "EXIT":  # the running method ended its process (os._exit)
             self.process_died(w, msg[1], f"{msg[2]} called os._exit")
         elif op == "RUN":  # an executor picks up a call hosting started
             self.run_call(w, *msg[1:])
         elif op == "FINISH":  # ... and it returns
             self.finish_call(w, *msg[1:])
-        elif op == "STOP":  # agent.stop_instance: the instance side (production code)
-            _, iid, reason = msg
-            self.say(wname, "stop", iid, reason)
-            w.side.stop(iid, reason)
-            self.send(wname, SCHED, chan, ("STOPPED", iid))
         elif op == "FLUSH":
             self.do(wname, "flush")
         elif op == "CDEPS":
             self.do(wname, "create_deps_ready", msg[1], msg[2])
-        elif op == "CREATE_REPLY":
-            self.do(wname, "create_answered", msg[1], msg[2])
-        elif op in ("LOST", "LOCATE_REPLY"):
-            pass
-        else:
+        elif op != "LOST":  # (workers call nothing: a lost channel changes nothing)
             self.fail(f"worker got {msg}")
 
     def admit(self, h: SimHosted, cid: str, side: bool) -> None:
@@ -1030,7 +1078,7 @@ class CallWorld:
             result = (child, token)
             self.timer(self.now + rng.uniform(0, 0.5), "drop", (w.name, child))
         elif rec["kind"] == "save":
-            self.send(w.name, SCHED, self.new_id("rpc-save-"), ("SAVE", iid, b"state"))
+            self.send(w.name, SCHED, self.new_id("rpc-save-"), P.SaveState(iid, b"state").to_msg())
         h.results[cid] = result
         if rec["poison"] and w.parent is not None:
             return self.send(w.name, w.name, f"finish-{cid}", ("EXIT", iid, cid))
@@ -1047,7 +1095,8 @@ class CallWorld:
         if ran:
             caller = h.answered(cid)
             if caller is not None:
-                self.send(w.name, caller, "call", ("DONE", cid, result))
+                self.send(w.name, caller, "call",
+                          P.TaskDone.wire(cid, results=[[P.VALUE, result]]))
         if not side:
             nxt = h.finished()
             if nxt is not None:
@@ -1059,8 +1108,8 @@ class CallWorld:
         c = Proc(f"{w.name}.p{self.new_id('')}", "process")
         c.parent = w.name
         self.procs[c.name] = c
-        c.side = InstanceSide(_HostEdge(self, c))
-        self.say(w.name, "spawns", c.name, spec["instance_id"], spec["incarnation"])
+        c.hosting(InstanceSide(_HostEdge(self, c)))
+        self.say(w.name, "spawns", c.name, spec["instance_id"], spec.get("incarnation", 0))
         c.side.start(dict(spec))
         return c
 
@@ -1127,8 +1176,8 @@ class CallWorld:
             if wname in key[:2]:
                 self.links[key].clear()
                 del self.busy[key]
-        for iid in sorted(self.stops.pop(wname, ())):  # its STOP rpcs fail
-            self.send("net", SCHED, f"stopfail-{iid}", ("STOPPED", iid))
+        for iid in sorted(self.stops.get(wname, ())):  # its STOP rpcs fail
+            self.stop_failed(wname, iid)
         for p in self.procs.values():  # the call channels to it break
             if p.alive and p.kind == "driver":
                 self.send("net", p.name, "lost", ("LOST", wname))
@@ -1148,61 +1197,65 @@ class CallWorld:
         except AssertionError as e:
             self.fail(str(e))
 
-    def at_sched(self, src: str, chan: str, msg: tuple) -> None:
-        """An rpc or stream message at the scheduler: the extension's and the instance
-        manager's handlers, which call the lease and instance services (the lease ops as
-        ``protocol.py`` messages, through the lease service's own handlers)."""
-        if type(msg) is dict:
-            if msg["op"] == P.REQUEST_LEASE:
-                return P.dispatch({P.REQUEST_LEASE: self.rpc_request_lease}, msg, src, chan)
-            return P.dispatch(self.lease_handlers, msg)
-        op = msg[0]
+    def at_sched(self, src: str, chan: str, msg: tuple | dict) -> None:
+        """An rpc or stream message at the scheduler, dispatched through the tables the
+        extension builds (``P.handlers``): the lease service's and the instance service's
+        own handlers (an rpc's answer goes back on its connection)."""
+        if type(msg) is not dict:  # a task or callback the scheduler's loop runs later
+            assert msg[0] == "SOON", msg
+            return msg[1]()
+        op = msg["op"]
         lc = self.lc
-        if op in ("REFS", "LOCATE"):
-            ids = [msg[1]] if op == "LOCATE" else [*msg[1], *(i for i, _ in msg[2]),
-                                                    *(i for i, _ in msg[3])]
+        if op in (P.HANDLE_REFS, P.LOCATE_INSTANCE):
+            ids = [msg["instance_id"]] if op == P.LOCATE_INSTANCE else [
+                *msg["deltas"], *(i for i, _ in msg.get("transit", ())),
+                *(i for i, _ in msg.get("arrived", ()))]
             for i in ids:
                 if i not in lc.instances and i not in lc.aliases and i not in lc.graveyard:
                     self.say(SCHED, "creation overtaken by", op, i)
-        if op == "CREATE":
-            spec = msg[1]
-            iid = spec["instance_id"]
-            if spec["owner"].startswith("job-") and src not in self.jobs:
-                self.say(SCHED, "creation after the job ended", iid)
+        if op in self.sched_rpc:  # instance_service.RPC_OPS: answered through a callback
+            if op == P.CREATE_INSTANCE:
+                owner = msg["spec"]["owner"]
+                if owner.startswith("job-") and src not in self.jobs:
+                    self.say(SCHED, "creation after the job ended", msg["spec"]["instance_id"])
+            elif op == P.KILL_INSTANCE:
+                self.kills.add(chan)
 
-            def created(reply: list) -> None:
-                self.send(SCHED, src, chan, ("CREATE_REPLY", iid, reply))
-            self.instances.create({k: v for k, v in spec.items() if v is not None}, created)
-        elif op == "LOCATE":
-            _, iid, lost, lost_server_id = msg
-            self.instances.locate(iid, lost, lambda reply: self.send(
-                SCHED, src, chan, ("LOCATE_REPLY", iid, reply)), lost_server_id)
-        elif op == "KILL":
-            kid = self.new_id("kill-")
-            self.kills.add(kid)
-            self.instances.kill(msg[1], "terminated", lambda: self.kills.discard(kid))
-        elif op == "SAVE":
+            def answer(result: Any) -> None:
+                if op == P.KILL_INSTANCE:  # counted (every kill answered); the terminating
+                    self.kills.discard(chan)  # driver here waits for nothing: not sent
+                    return
+                self.send(SCHED, src, chan, {"op": REPLY, "to": op, "request": msg,
+                                             "result": result})
+            return P.dispatch(self.sched_rpc, msg, answer)
+        if op == P.REQUEST_LEASE:
+            return P.dispatch({P.REQUEST_LEASE: self.rpc_request_lease}, msg, src, chan)
+        if op == P.SAVE_STATE:
             try:
-                self.instances.save_state(msg[1], msg[2])
+                return P.dispatch(self.sched_ops, msg)
             except RuntimeError:  # it ended meanwhile: the rpc raises to the caller
-                pass
-        elif op == "REFS":
-            _, deltas, transit, arrived = msg
-            self.instances.handle_refs(src, deltas, transit, arrived)
-        elif op == "STATE":  # (failed, reason, incarnation) may follow
-            self.instances.instance_state(msg[1], msg[2], src, *msg[3:])
-        elif op == "STOPPED":
-            iid = msg[1]
+                return None
+        if op == REPLY:  # the STOP_INSTANCE rpc returned (or failed): _DaskEdge._stop
+            iid = msg["request"]["instance_id"]
             for ws in self.stops.values():
                 ws.discard(iid)
-            self.instances.stopped(iid)
-        elif op == "CLOSE":  # connect_job's end: the job is gone for the adapter at once
+            return self.instances.stopped(iid)
+        if op == P.CLOSE_STREAM:  # connect_job's end: the job is gone for the adapter at once
             self.jobs.discard(src)
-            self.later_heard(src, self.owner_gone)
-        elif op == "SOON":  # a task or callback the scheduler's loop runs on a later turn
-            msg[1]()
-        else:
-            self.fail(f"scheduler got {msg}")
+            return self.later_heard(src, self.owner_gone)
+        if src in self.jobs:  # its job stream (connect_job's table: HANDLE_REFS's holder)
+            return P.dispatch(self.job_stream, {**msg, "holder": src}
+                              if op == P.HANDLE_REFS else msg)
+        if op in self.sched_stream:  # a worker's stream (Dask adds ``worker``)
+            return P.dispatch(self.sched_stream, {**msg, "worker": src})
+        return self.fail(f"scheduler got {msg}")
+
+    def stop_failed(self, worker: str, iid: str) -> None:
+        """A ``STOP_INSTANCE`` rpc to a dead worker fails (``_DaskEdge._stop`` answers
+        ``stopped`` all the same)."""
+        self.send("net", SCHED, f"stopfail-{iid}", {
+            "op": REPLY, "to": P.STOP_INSTANCE, "request": P.StopInstance(iid, "").to_msg(),
+            "result": OSError(f"{worker} is gone")})
 
     def rpc_request_lease(self, src: str, chan: str, timeout_ms: int, **fields: Any) -> None:
         """``extension.request_lease``: the lease service makes the request (or refuses
@@ -1258,7 +1311,7 @@ class CallWorld:
             self.check_quiescent()
             self.check_restart()
             for iid in sorted(self.lc.instances):  # the detached ones: terminate them
-                self.send("admin", SCHED, self.new_id("rpc-kill-"), ("KILL", iid))
+                self.send("admin", SCHED, self.new_id("rpc-kill-"), P.KillInstance(iid).to_msg())
             self._run()
             self.check_end()
             self.check_restart()

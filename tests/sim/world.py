@@ -39,6 +39,8 @@ from tests.sim import machines as M
 from tests.sim.programs import Program, UserBoom
 
 from yrdask import protocol as P
+from yrdask.runtime.answers import CallerAnswers
+from yrdask.runtime.peers import PeerLiveness
 
 from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError, YRRuntimeError
 
@@ -280,12 +282,17 @@ class _AgentShim:
         return WorkerAgent._place(self, object_id, payload)  # type: ignore[arg-type]
 
 
-class _SimRuntime:
-    """What a process's generator streams need of its runtime (``runtime.Runtime``): the
-    real object table (``ObjectTable``) that makes their refs, the registry of open streams
-    that ``on_generator_item`` routes items by, and the loop (here: at once)."""
+class _SimRuntime(PeerLiveness, CallerAnswers):
+    """What a process's runtime (``runtime.Runtime``) is in the task world: its own parts
+    that route the call channels' answers (``CallerAnswers``: a ``TASK_DONE`` to the
+    submitter, or the instance router, a ``GENERATOR_ITEM`` to its stream) and carry out a
+    lost worker or channel (``PeerLiveness``: the submitter's and router's channel loss, the
+    object table's ``process_died``), the real object table (``ObjectTable``), the registry
+    of open streams and the loop (here: at once)."""
 
     def __init__(self, world: "World", node: "ProcNode") -> None:
+        from yrdask.runtime.call_order import CallOrder
+        from yrdask.runtime.instance_router import InstanceRouter
         from yrdask.runtime.objects import ObjectTable
 
         self.world = world
@@ -295,6 +302,17 @@ class _SimRuntime:
         self.closed = False
         self.loop_thread = None  # consumers never block here: they take with timeout 0
         self.objects = ObjectTable(self, 1 << 16)
+        self.submitter = node.submitter
+        self.router = InstanceRouter(self, CallOrder())  # (no instance calls here)
+        self.channels: dict[str, _SimChannel] = {}
+        self.init_peers()
+
+    def channel(self, address: str) -> "_SimChannel":
+        """The call channel to ``address`` (``Runtime.channel``: opened on first use)."""
+        chan = self.channels.get(address)
+        if chan is None:
+            chan = self.channels[address] = _SimChannel(self, address)
+        return chan
 
     def on_loop(self, fn: Any, *args: Any) -> None:
         fn(*args)
@@ -316,6 +334,20 @@ class _SimRuntime:
     def cancel(self, refs: list) -> None:
         for ref in refs:
             self.world.cancel(self.node, ref._id)
+
+
+class _SimChannel:
+    """A call channel (``transport.Channel``) as the runtime keeps it: dropped when its
+    worker is removed (``abort``: its reader reports the loss, here at once)."""
+
+    __slots__ = ("rt", "address")
+
+    def __init__(self, rt: Any, address: str) -> None:
+        self.rt = rt
+        self.address = address
+
+    def abort(self) -> None:
+        self.rt.on_channel_lost(self.address, self)
 
 
 class _SimTimer:
@@ -372,12 +404,14 @@ class _ProcEdge(_NodeEdge):
         self.world.check_push_target(self.node, task.task_id, worker)
         self.world.tasks[task.task_id].where = worker
         self.world.lease_busy(self.node, task.task_id, lease_id, worker)
+        self.node.runtime(self.world).channel(worker)  # (RuntimeEdge.push opens it)
         self.world.send(self.node.name, worker, "call", P.RunTask.wire(  # as RuntimeEdge.push
             task.task_id, lease_id, task.fn_id, None, task.args, task.deps, task.nret,
             task.owner, task.name, slots, task.log_to))
 
     def send_cancel(self, worker: str, task_id: str, force: bool,
                     recursive: bool = False) -> None:
+        self.node.runtime(self.world).channel(worker)
         self.world.send(self.node.name, worker, "call",
                         P.CancelTask(task_id, force, recursive).to_msg())
 
@@ -455,14 +489,15 @@ class ProcNode(Node):
                                    M.new_submit_queue(name if worker else None, **sq_kwargs,
                                                       keep_revoked_s=world.keep_revoked_s))
         self.submit = self.submitter.machine
-        self.stream = P.handlers((P.REVOKE_LEASES,), self.submitter)  # (as the runtime's)
+        # (as the runtime's: the submitter's and the runtime's own handlers)
+        self.stream = P.handlers((P.REVOKE_LEASES,), self.submitter)
         # a worker's task side (worker/task_side.py, as the agent runs it)
         self.task_side = TaskSide(_TaskEdge(world, self), Run, M.new_gate(),
                                   M.new_notices(world.lend_delay)) if worker else None
         self.gate = self.task_side.gate if worker else None
         self.runs: dict[str, Run] = self.task_side.running if worker else {}  # computing
         self.closed = False
-        self.rt: _SimRuntime | None = None  # made for its first generator or ref
+        self.rt: Any = None  # its _SimRuntime, made for its first answer, generator or ref
         self.kept: list = []  # ref seeds: argument refs kept after their tasks ended
         # lease id -> (when, keep): the first revoke of a lease it held, a firm one over it
         self.revoked_at: dict[str, tuple[float, bool]] = {}
@@ -472,7 +507,7 @@ class ProcNode(Node):
         self.tops: list[str] = []
         self.planned = 0  # submissions still to come
 
-    def runtime(self, world: "World") -> _SimRuntime:
+    def runtime(self, world: "World") -> Any:
         if self.rt is None:
             self.rt = _SimRuntime(world, self)
         return self.rt
@@ -952,12 +987,14 @@ class World:
             P.dispatch(node.stream, msg)
         elif op in (P.WORKER_LOST, "CHANNEL_LOST"):
             self.lost_heard.setdefault((node.name, msg["worker"]), self.now)
-            submitter.on_channel_lost(msg["worker"])
+            rt = node.runtime(self)
+            if op == P.WORKER_LOST:  # (the connector's worker_lost: the runtime's, peers.py)
+                rt.worker_lost(msg["worker"], msg.get("server_id", ""))
+            else:  # the channel's reader ended (transport.Channel: on_lost)
+                rt.on_channel_lost(msg["worker"])
             self.leases_lost(node, msg["worker"])
-            if op == P.WORKER_LOST and node.rt is not None:  # Runtime.worker_lost
-                node.rt.objects.process_died(msg["worker"])  # (may free what it borrowed)
-                if not node.worker and node.planned == 0:
-                    self.maybe_close(node)
+            if op == P.WORKER_LOST and not node.worker and node.planned == 0:
+                self.maybe_close(node)  # (its process_died may free what it borrowed)
         elif op == REPLY and msg["to"] == P.CREATE_RESOURCE_GROUP:
             if msg["result"]:  # only ever refused to an owner that is gone
                 raise SimFailure(f"{node.name} is running, yet its group {msg['name']} was "
@@ -972,16 +1009,15 @@ class World:
             raise AssertionError(f"unknown message to {node.name}: {msg}")
 
     def task_done(self, node: ProcNode, src: str, msg: dict) -> None:
-        """A ``TASK_DONE`` wire message from worker ``src`` (``Runtime.on_channel_message``)."""
-        done = P.TaskDone.from_msg(msg)
-        rec = self.tasks.get(done.task_id)
+        """A ``TASK_DONE`` wire message from worker ``src``: the runtime's own routing
+        (``CallerAnswers.on_channel_message``, as ``Runtime``'s)."""
+        task_id = msg["task_id"]
+        rec = self.tasks.get(task_id)
         if rec is not None and rec.where == src:
             rec.where = None
-        self.lease_task_back(done.task_id)
+        self.lease_task_back(task_id)
         self.touched.append(node)
-        if done.refs is not None:  # before the task lets go of its argument refs
-            node.runtime(self).objects.on_done_refs(done.refs)
-        node.submitter.on_task_done(done)
+        node.runtime(self).on_channel_message(msg)
         if self.sc.refs and not node.worker:  # a cancelled task's refs may go only now
             self.maybe_close(node)
 
@@ -1503,10 +1539,8 @@ class World:
 
     def generator_item(self, node: ProcNode, msg: dict) -> None:
         """A ``GENERATOR_ITEM`` from a worker (``Runtime.on_channel_message``)."""
-        from yrdask.runtime.generators import on_generator_item
-
         self.touched.append(node)
-        on_generator_item(node.runtime(self), msg)
+        node.runtime(self).on_channel_message(msg)
         c = self.consumers.get(msg["task_id"])
         if c is not None and c.node is node:
             self.wake_consumer(c)
@@ -1610,15 +1644,16 @@ class World:
                 child = self.tasks[cid]
                 child.ref = child.back = None
             done = self.ref_reply(node, run, outcome, value, took)
-        elif outcome == "ok":
-            done = P.TaskDone(run.task_id, results=[[P.VALUE, value]], took=took)
+        elif outcome == "ok":  # (the agent's plain answer: TaskDone.wire)
+            done = None
+            msg = P.TaskDone.wire(run.task_id, results=[[P.VALUE, value]], took=took)
         else:
             done = P.TaskDone(run.task_id, error=value, took=took,
                               retryable=outcome == "retryable")
         self.say(node.name, ("done", outcome, value if outcome != "ok" else ""), run.task_id)
         self.touched.append(node)
         node.task_side.finished(run)
-        self.send(node.name, run.caller, "call", done.to_msg())
+        self.send(node.name, run.caller, "call", msg if done is None else done.to_msg())
 
     def cancel(self, node: ProcNode, task_id: str) -> None:
         """``yr.cancel`` in a driver."""

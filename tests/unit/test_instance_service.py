@@ -27,6 +27,8 @@ class Edge:
         self.stops: list = []  # (worker, iid, reason)
         self.gone: list = []  # (worker, timeout, then, server id)
         self.timers: list = []
+        self.broadcasts: list = []
+        self.crashes: list = []  # (worker, iid, incarnation)
 
     def now(self): return self.t
     def call_at(self, at, fn): self.timers.append((at, fn))
@@ -39,6 +41,8 @@ class Edge:
     def stop_instance(self, worker, iid, reason): self.stops.append((worker, iid, reason))
     def worker_gone(self, worker, timeout, then, server_id=""):
         self.gone.append((worker, timeout, then, server_id))
+    def broadcast(self, msg): self.broadcasts.append(msg)
+    def crash_instance(self, worker, iid, reason, inc): self.crashes.append((worker, iid, inc))
     def after_feed(self): pass
 
     def run_soon(self):
@@ -129,7 +133,7 @@ def test_kill_on_a_removed_worker_answers_at_once(svc):
 
 def test_a_locate_from_a_caller_that_lost_the_worker_waits_for_its_removal(svc):
     created(svc, recover_retry_times=1)
-    svc.instance_state("i1", "ALIVE", W1)
+    svc.instance_state("i1", "ALIVE", worker=W1)
     replies: list = []
     svc.locate("i1", W1, replies.append, "s-old")
     # the edge waits for that process's removal (at once if another one is at W1 now)
@@ -155,7 +159,7 @@ def test_a_locate_that_overtook_the_creation_waits_for_it(svc):
 
 def test_a_restart_tells_the_worker_its_count_and_checkpoint(svc):
     created(svc, recover_retry_times=1)
-    svc.instance_state("i1", "ALIVE", W1)
+    svc.instance_state("i1", "ALIVE", worker=W1)
     svc.save_state("i1", b"ck")
     svc.edge.workers.discard(W1)
     svc.worker_lost(W1)
@@ -170,3 +174,48 @@ def test_save_state_of_an_ended_instance_raises(svc):
     svc.kill("i1", "terminated", lambda: None)
     with pytest.raises(RuntimeError, match="has ended"):
         svc.save_state("i1", b"x")
+
+
+def test_the_instance_ops_are_its_own_handlers(svc):
+    """The extension's tables take these ops from the service (``P.handlers``): an rpc's
+    answer callback comes first, a stream's sender as ``worker=`` or ``holder=``."""
+    from yrdask.scheduler.instance_service import OPS, RPC_OPS
+
+    rpc = P.handlers(RPC_OPS, svc)
+    ops = P.handlers(OPS, svc)
+    replies: list = []
+    P.dispatch(rpc, P.CreateInstance(spec()).to_msg(), replies.append)
+    svc.edge.run_soon()
+    svc.edge.acquires[-1][2](["i1", W1])
+    assert replies == [["i1", W1, {"m": 1}]]
+    P.dispatch(ops, {**P.InstanceState("i1", P.ALIVE).to_msg(), "worker": W1})
+    P.dispatch(ops, {**P.HandleRefs({"i1": 1}).to_msg(), "holder": "d2"})
+    assert "d2" in svc.lifecycle.instances["i1"].holders
+    P.dispatch(rpc, P.LocateInstance("i1").to_msg(), replies.append)
+    assert replies[-1] == [P.ALIVE, W1, "", "i1"]
+    P.dispatch(ops, P.SaveState("i1", b"ck").to_msg())
+    assert svc.lifecycle.checkpoint_of("i1") == b"ck"
+    P.dispatch(rpc, P.KillInstance("i1").to_msg(), replies.append)
+    assert svc.edge.stops == [(W1, "i1", "terminated")] and len(replies) == 2
+    svc.stopped("i1")
+    assert replies[-1] is None
+
+
+def test_kill_with_restart_crashes_it_and_answers_at_once(svc):
+    created(svc, recover_retry_times=1)
+    svc.instance_state("i1", P.ALIVE, worker=W1)
+    replies: list = []
+    svc.kill_instance(replies.append, "i1", "killed by hand", restart=True)
+    assert replies == [None] and svc.lifecycle.is_live("i1") and not svc.edge.stops
+    assert svc.edge.crashes == [(W1, "i1", 0)]
+
+
+def test_a_process_instance_that_ended_is_told_to_everyone(svc):
+    """An ``INSTANCE_STATE`` other than ALIVE with a process instance's endpoint and a reason
+    is broadcast as ``WorkerExit`` (its callers' errors say how it ended); an ALIVE one, or
+    one with no reason, is not."""
+    created(svc, recover_retry_times=1)
+    svc.instance_state("i1", P.ALIVE, worker=W1, address="tcp://p:1")
+    svc.instance_state("i1", P.RESTARTING, worker=W1, reason="killed by signal 9",
+                       incarnation=0, address="tcp://p:1")
+    assert svc.edge.broadcasts == [P.WorkerExit("tcp://p:1", "killed by signal 9")]

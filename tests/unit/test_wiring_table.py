@@ -88,6 +88,9 @@ def test_the_simulation_defines_no_handler_a_decisions_class_provides() -> None:
     handled = _handled_by_decisions()
     assert {"return_leases", "withdraw_lease_requests", "lease_blocked", "lease_unblocked",
             "revoke_leases"} <= set(handled)
+    # the instance ops: the instance service's and the worker's instance side's own
+    assert {"create_instance", "locate_instance", "kill_instance", "save_state",
+            "handle_refs", "instance_state", "start_instance", "call_method"} <= set(handled)
     for path in sorted((ROOT / "tests" / "sim").glob("*.py")):
         if path.name.startswith("mutations"):  # (it patches production handlers on purpose)
             continue
@@ -116,6 +119,57 @@ def test_the_task_world_speaks_the_protocol_for_these_ops() -> None:
         strings = {n.value for n in ast.walk(tree)
                    if isinstance(n, ast.Constant) and isinstance(n.value, str)}
         assert not strings & private, (name, sorted(strings & private))
+
+
+#: what the worlds' kernels carry that is no protocol message: a process's own steps (a loop
+#: turn, an executor picking up or finishing a call, a ref argument ready, a batched flush),
+#: a broken channel, and a handle pickled from one driver to another (user data)
+KERNEL_STEPS = {"SOON", "INIT", "RUN", "FINISH", "EXIT", "DEPS", "CDEPS", "FLUSH", "LOST",
+                "HANDLE"}
+
+
+def test_every_message_between_processes_is_a_protocol_message() -> None:
+    """The worlds send no private tuple for what crosses a process: a tuple on a link is
+    one of the kernel's own steps (``KERNEL_STEPS``); every other message is built by a
+    ``protocol.py`` class (or is an rpc's reply)."""
+    for name in ("world.py", "calls.py"):
+        tree = ast.parse((ROOT / "tests" / "sim" / name).read_text())
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "send" and len(node.args) == 4):
+                continue
+            msg = node.args[3]
+            if isinstance(msg, ast.Tuple):
+                head = msg.elts[0]
+                assert isinstance(head, ast.Constant) and head.value in KERNEL_STEPS, \
+                    f"{name}:{node.lineno} sends a private tuple {ast.unparse(msg)[:60]}"
+
+
+def test_the_task_world_runs_the_runtimes_own_parts() -> None:
+    """A process's answers on its call channels and its lost workers and channels are
+    carried out by the runtime's own parts (``CallerAnswers``, ``PeerLiveness``), which the
+    task world's runtime mixes in as ``Runtime`` does; tests/sim defines none of their
+    methods (but on an edge, which implements a decisions class's protocol)."""
+    from yrdask.runtime.answers import CallerAnswers
+    from yrdask.runtime.peers import PeerLiveness
+    from yrdask.runtime.runtime import Runtime
+    from tests.sim.world import _SimRuntime
+
+    for part in (CallerAnswers, PeerLiveness):
+        assert issubclass(Runtime, part) and issubclass(_SimRuntime, part), part
+    own = {name for part in (CallerAnswers, PeerLiveness) for name in vars(part)
+           if callable(vars(part)[name]) and not name.startswith("__")}
+    for path in sorted((ROOT / "tests" / "sim").glob("*.py")):
+        if path.name.startswith("mutations"):
+            continue
+        tree = ast.parse(path.read_text())
+        edges = {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+                 and c.name.endswith("Edge") for f in c.body}  # (an edge's own protocol)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                    and id(node) not in edges:
+                assert node.name not in own, (
+                    f"{path.name}:{node.lineno} defines {node.name}(), the runtime's own")
 
 
 def test_a_departure_runs_through_the_same_decisions_everywhere() -> None:

@@ -42,6 +42,16 @@ class PeerLiveness:
     lost_generation: dict[str, int]
     _lost_waiters: dict[str, list[Callable[[], None]]]
 
+    def init_peers(self) -> None:
+        """Nothing known of other processes yet (the runtime's constructor calls it)."""
+        self.exits = collections.OrderedDict()
+        self._exit_waiters = {}
+        self.lost_workers = {}
+        self.removals = {}
+        self.lost_generation = {}
+        self._lost_waiters = {}
+        self.worker_processes = WP.WorkerProcesses()
+
     def worker_exit(self, worker: str, how: str, server_id: str = "") -> None:
         """``WORKER_EXIT``: how the process of ``worker`` ended (its nanny told the scheduler).
         A report about a process that a newer one at that address replaced here already

@@ -6,8 +6,9 @@ There is one :class:`Runtime` per process.  In a driver ``yr.init`` creates it
 process the worker agent creates it on the worker's event loop (:func:`install_worker_runtime`),
 so code inside tasks and instances uses the same API.  User threads never touch runtime
 state directly: they hand work to the loop (``on_loop``) and wait on entries.  Object access
-(:mod:`yrdask.runtime.object_access`) and peer liveness (:mod:`yrdask.runtime.peers`) are the
-runtime's other two parts, each in a module of its own.
+(:mod:`yrdask.runtime.object_access`), peer liveness (:mod:`yrdask.runtime.peers`) and the
+call channels' answers (:mod:`yrdask.runtime.answers`) are the runtime's other parts, each in
+a module of its own.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from yrdask.runtime import context
 from yrdask.runtime.context import current_owner
 from yrdask.runtime.objects import ObjectRef, ObjectTable, pack_counting, pack_recording_refs
 from yrdask.runtime.object_access import ObjectAccess
+from yrdask.runtime.answers import CallerAnswers
 from yrdask.runtime.peers import PeerLiveness
 from yrdask.runtime.store import close_node_store
-from yrdask.runtime.generators import Stream, on_generator_item
-from yrdask.runtime import worker_processes as WP
+from yrdask.runtime.generators import Stream
 from yrdask.runtime import dask_objects
 from yrdask.errors import YRRuntimeError
 from yrdask.serialization import pack_args, pack_plain_args, register_with_dask
@@ -41,9 +42,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("yrdask")
 
 INLINE_LIMIT = 512 * 1024  # results larger than this stay on the worker that made them
-class Runtime(ObjectAccess, PeerLiveness):
+class Runtime(ObjectAccess, PeerLiveness, CallerAnswers):
     """The runtime of one process (see module docstring): its loop and channels here,
-    object access (:class:`ObjectAccess`) and peer liveness (:class:`PeerLiveness`) mixed in."""
+    object access (:class:`ObjectAccess`), peer liveness (:class:`PeerLiveness`) and the
+    call channels' answers (:class:`CallerAnswers`) mixed in."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, job_id: str,
                  defer_machines: bool = False) -> None:
@@ -60,19 +62,7 @@ class Runtime(ObjectAccess, PeerLiveness):
             self.build_machines()
         self.channels: dict[str, Any] = {}
         self.streams: dict[str, Stream] = {}  # generator calls whose end has not come
-        # how recently lost worker processes ended (WORKER_EXIT), and who waits to know
-        self.exits: collections.OrderedDict[str, str] = collections.OrderedDict()
-        self._exit_waiters: dict[str, list[Callable[[], None]]] = {}
-        self.lost_workers: dict[str, None] = {}  # workers the scheduler removed (recent)
-        # how often the scheduler removed a process at each address (recent), and that count
-        # when the last lost channel to it was opened: a new process at the same address is
-        # told apart from the one a channel was lost to (confirmed_gone)
-        self.removals: dict[str, int] = {}
-        self.lost_generation: dict[str, int] = {}
-        self._lost_waiters: dict[str, list[Callable[[], None]]] = {}
-        # which worker process (Dask server id) this process deals with at each address: a
-        # WorkerLost of a dead one does not touch what belongs to its successor there
-        self.worker_processes = WP.WorkerProcesses()
+        self.init_peers()
         self._prefix = uuid.uuid4().hex[:10]
         self._counter = itertools.count()
         self._inbox: collections.deque = collections.deque()  # (fn, args) from user threads
@@ -162,29 +152,6 @@ class Runtime(ObjectAccess, PeerLiveness):
                 chan.generation = self.removals.get(address, 0)
             self.channels[address] = chan
         return chan
-
-    def on_channel_message(self, msg: dict) -> None:
-        """A message from a worker on a call channel (:data:`P.CHANNEL_TO_CALLER`): the
-        :class:`P.TaskDone` of a method call goes to the router, of a task to the submitter."""
-        if msg["op"] == P.TASK_DONE:  # the one op of P.CHANNEL_TO_CALLER
-            # A plain answer (P.PLAIN_TASK_DONE: results, maybe took) is the hot path, read
-            # from the dict: no message object.  A task's needs no router lookup (call and
-            # task ids never collide: both come from new_id).
-            if P.PLAIN_TASK_DONE.issuperset(msg):
-                task_id = msg["task_id"]
-                if task_id in self.submitter.tasks:
-                    self.submitter.on_task_ok(task_id, msg.get("results") or [],
-                                              msg.get("took"))
-                    return
-                if self.router.on_result(task_id, msg.get("results")):
-                    return
-            done = P.TaskDone.from_msg(msg)
-            if done.refs is not None:  # before the call lets go of its argument refs
-                self.objects.on_done_refs(done.refs)
-            if not self.router.on_done(done):
-                self.submitter.on_task_done(done)
-        elif msg["op"] == P.GENERATOR_ITEM:
-            on_generator_item(self, msg)
 
     def scheduler_lost(self, error: BaseException) -> None:
         """(loop) This driver's job stream closed while the driver was open: its scheduler

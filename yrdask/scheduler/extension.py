@@ -111,9 +111,9 @@ class YrSchedulerExtension:
         self.scale_up = ScaleUp(self)  # yr demand in Dask's adaptive target (scale_up.py)
         # One table each, from the protocol: the extension's ops, then the instance manager's.
         scheduler.handlers.update(P.handlers(P.SCHEDULER_RPC, self, self.instances, self.kv,
-                                             self.rgroups))
+                                             self.rgroups, self.instances.service))
         scheduler.stream_handlers.update(P.handlers(P.SCHEDULER_STREAM, self.lease_service, self,
-                                                    self.instances))
+                                                    self.instances.service))
         # who hears of a job's end or a worker's removal, in which order (departures.py)
         self.departures = Departures(_LoopEdge(self), self.lease_service,
                                      self.instances.service, self.rgroups.service)
@@ -293,7 +293,7 @@ class YrSchedulerExtension:
         stream.send(P.JobWelcome(protocol_version=P.PROTOCOL_VERSION,
                                  dashboard=self.dashboard_link(),
                                  session=self.session_name).to_msg())
-        handlers = P.handlers(P.JOB_STREAM, self.lease_service, self, self.instances)
+        handlers = P.handlers(P.JOB_STREAM, self.lease_service, self, self.instances.service)
         handlers[P.HANDLE_REFS] = functools.partial(handlers[P.HANDLE_REFS],
                                                     holder=owner_address)
         # An isolated process's runtime lends the CPU of the work it runs (LeaseBlocked on

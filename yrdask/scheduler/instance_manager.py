@@ -1,9 +1,10 @@
 """The instance lifecycle's Dask adapter: the I/O edge of :mod:`instance_service`.
 
 Handles ``CREATE_INSTANCE``, ``LOCATE_INSTANCE``, ``GET_NAMED``, ``LIST_NAMED``,
-``KILL_INSTANCE``, ``INSTANCE_STATUS``, ``SAVE_STATE``, ``LOAD_STATE`` (scheduler rpc) and
-``HANDLE_REFS``, ``INSTANCE_STATE`` (streams); owner and worker losses reach its service
-through ``scheduler/departures.py``.
+``KILL_INSTANCE``, ``INSTANCE_STATUS``, ``LOAD_STATE`` (scheduler rpc); ``SAVE_STATE``,
+``HANDLE_REFS`` and ``INSTANCE_STATE`` are its service's own handlers
+(``instance_service.OPS``); owner and worker losses reach its service through
+``scheduler/departures.py``.
 What each of them does is decided by :class:`~yrdask.scheduler.instance_service.InstanceService`
 (which the simulation drives too) over the :class:`~yrdask.scheduler.lifecycle.Lifecycle`
 machine; this module turns the rpcs into its calls (futures wait for its answers) and
@@ -39,8 +40,9 @@ class InstanceManager:
             dask.config.get("yrdask.scheduling.ended-instances-kept", L.ENDED_KEPT)))
         self.service = InstanceService(_DaskEdge(ext), lifecycle, ext.ledger)
         self.lifecycle = lifecycle
-        # Its handlers are registered by the extension, in the tables built from the protocol
-        # (P.handlers(P.SCHEDULER_RPC, ext, ext.instances), ...).
+        # Its handlers and its service's (instance_service.OPS) are registered by the
+        # extension, in the tables built from the protocol
+        # (P.handlers(P.SCHEDULER_RPC, ext, ext.instances, ext.instances.service), ...).
 
     @property
     def requests(self) -> dict[str, LeaseRequest]:
@@ -53,9 +55,7 @@ class InstanceManager:
         """Reply ``[instance_id, worker, meta, server_id]`` once placed (``server_id``:
         which process at ``worker``, ``runtime/worker_processes.py``), or
         ``[None, reason, None]``."""
-        fut = asyncio.get_running_loop().create_future()
-        self.service.create(spec, _setter(fut))
-        reply = await fut
+        reply = await _answered(self.service.create_instance, spec=spec)
         if reply[0] is not None:
             return [*reply, self.ext.server_id_of(reply[1])]
         return reply
@@ -69,9 +69,8 @@ class InstanceManager:
         if it says); if the instance is still recorded there, wait until Dask confirms that
         process gone (it then restarts or ends).
         """
-        fut = asyncio.get_running_loop().create_future()
-        self.service.locate(instance_id, lost, _setter(fut), lost_server_id)
-        reply = await fut
+        reply = await _answered(self.service.locate_instance, instance_id=instance_id, lost=lost,
+                                lost_server_id=lost_server_id)
         return [*reply, self.ext.server_id_of(reply[1]) if reply[1] else ""]
 
     def instance_status(self, instance_id: str) -> dict:
@@ -91,10 +90,6 @@ class InstanceManager:
             return ""
         why = self.ext.leases.explain_wait(req.request_id, asyncio.get_running_loop().time())
         return why["text"] if why is not None else ""
-
-    def save_state(self, instance_id: str, state: bytes) -> None:
-        """Keep an instance's checkpoint; a restart resumes from it instead of ``__init__``."""
-        self.service.save_state(instance_id, state)
 
     def load_state(self, instance_id: str) -> bytes | None:
         return self.lifecycle.checkpoint_of(instance_id)
@@ -123,34 +118,22 @@ class InstanceManager:
                             restart: bool = False) -> None:
         """End the instance and its non-detached descendants; reply once they are stopped.
         ``restart``: kill its process as if it crashed instead (reply at once)."""
-        if restart:
-            self.service.crash(instance_id, reason)
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self.service.kill(instance_id, reason, lambda: _set(fut, None))
-        await fut
-
-    # -- streams and the extension's events ------------------------------------------------
-
-    def handle_refs(self, deltas: dict, transit: list = (), arrived: list = (),
-                    worker: str | None = None, holder: str | None = None) -> None:
-        self.service.handle_refs(worker or holder, deltas, transit, arrived)
-
-    def instance_state(self, instance_id: str, state: str, error: Any = None,
-                       worker: str | None = None, reason: str = "",
-                       incarnation: int = -1, address: str = "") -> None:
-        if address and state != P.ALIVE and reason:
-            # a process instance's process ended: its callers lost their channels to it, and
-            # their errors say how it ended (as for a worker process, P.WorkerExit)
-            self.ext.broadcast(P.WorkerExit(address, reason))
-        self.service.instance_state(instance_id, state, worker, error is not None, reason,
-                                    incarnation, address)
+        await _answered(self.service.kill_instance, instance_id=instance_id, reason=reason,
+                        restart=restart)
 
     async def _wait(self, iid: str, stage: str, timeout: float | None = None) -> tuple:
         """``(worker, "")`` once ``iid`` reached ``stage``, or ``(None, reason)`` if it ended."""
         fut = asyncio.get_running_loop().create_future()
         self.service.wait(iid, stage, lambda worker, reason: _set(fut, (worker, reason)))
         return await asyncio.wait_for(fut, timeout)
+
+
+async def _answered(handler: Callable[..., None], **fields: Any) -> Any:
+    """Await what ``handler(answer, **fields)`` (an rpc of ``instance_service.RPC_OPS``)
+    answers."""
+    fut = asyncio.get_running_loop().create_future()
+    handler(_setter(fut), **fields)
+    return await fut
 
 
 def _set(fut: asyncio.Future, value: Any) -> None:
@@ -233,6 +216,9 @@ class _DaskEdge:
             await self.ext.worker_gone(worker, timeout)
             then()
         asyncio.get_running_loop().create_task(wait())
+
+    def broadcast(self, msg: Any) -> None:
+        self.ext.broadcast(msg)
 
     def after_feed(self) -> None:
         pass

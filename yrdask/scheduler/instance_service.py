@@ -33,6 +33,14 @@ ENDED_JOBS_KEPT = 10_000
 Reply = Callable[[list], None]
 StageAnswer = Callable[[Any, str], None]  # (worker or None, reason)
 
+#: the scheduler rpcs :class:`InstanceService` answers through a callback given first
+#: (``handler(answer, **fields)``): the Dask adapter awaits it, the simulation sends it back
+RPC_OPS = (P.CREATE_INSTANCE, P.LOCATE_INSTANCE, P.KILL_INSTANCE)
+#: the ops :class:`InstanceService` handles as they come (``handler(**fields)``; a stream's
+#: sender as ``worker=`` or ``holder=``): the extension's tables and the simulation's take
+#: them from it
+OPS = (P.SAVE_STATE, P.HANDLE_REFS, P.INSTANCE_STATE)
+
 
 class InstanceEdge(Protocol):
     """What :class:`InstanceService` needs of the world around it."""
@@ -76,6 +84,9 @@ class InstanceEdge(Protocol):
         """Call ``then`` once the cluster removed ``worker`` or ``timeout`` s passed; at once
         if the process registered at ``worker`` now is not ``server_id`` (when given): that
         one was removed already, and a new one took its address."""
+
+    def broadcast(self, msg: Any) -> None:
+        """Send ``msg`` (a :class:`~yrdask.protocol.Message`) to every driver and worker."""
 
     def after_feed(self) -> None:
         """Called after every lifecycle event (the simulation checks what it ended)."""
@@ -211,6 +222,25 @@ class InstanceService:
         if not done:
             self.edge.call_at(self.edge.now() + LOST_WORKER_WAIT_S, bound)
 
+    def create_instance(self, answer: Reply, spec: dict) -> None:
+        """:class:`~yrdask.protocol.CreateInstance`: :meth:`create`."""
+        self.create(spec, answer)
+
+    def locate_instance(self, answer: Reply, instance_id: str, lost: str | None = None,
+                        lost_server_id: str = "") -> None:
+        """:class:`~yrdask.protocol.LocateInstance`: :meth:`locate`."""
+        self.locate(instance_id, lost, answer, lost_server_id)
+
+    def kill_instance(self, answer: Callable[[None], None], instance_id: str,
+                      reason: str = "terminated", restart: bool = False) -> None:
+        """:class:`~yrdask.protocol.KillInstance`: :meth:`kill`, answered once the stops
+        returned; ``restart``: :meth:`crash` instead, answered at once."""
+        if restart:
+            self.crash(instance_id, reason)
+            answer(None)
+            return
+        self.kill(instance_id, reason, lambda: answer(None))
+
     def kill(self, instance_id: str, reason: str, done: Callable[[], None]) -> None:
         """``KILL_INSTANCE``: end it and its non-detached descendants; ``done()`` once the
         stops sent for them returned."""
@@ -263,16 +293,24 @@ class InstanceService:
 
     # -- streams and the cluster's events --------------------------------------------------
 
-    def handle_refs(self, holder: str, deltas: dict, transit: Any = (),
-                    arrived: Any = ()) -> None:
-        self.feed(L.HandleRefs(self._sid("refs"), holder, deltas, transit, arrived,
+    def handle_refs(self, deltas: dict, transit: Any = (), arrived: Any = (),
+                    worker: str | None = None, holder: str | None = None) -> None:
+        """:class:`~yrdask.protocol.HandleRefs` from a worker's stream (``worker``) or a
+        job's (``holder``)."""
+        self.feed(L.HandleRefs(self._sid("refs"), worker or holder, deltas, transit, arrived,
                                self.edge.now()))
 
-    def instance_state(self, instance_id: str, state: str, worker: str, failed: bool = False,
-                       reason: str = "", incarnation: int = -1, address: str = "") -> None:
-        """``INSTANCE_STATE`` from ``worker``: ALIVE (``failed``: ``__init__`` raised;
-        ``address``: where its own process serves), EXITED, or RESTARTING (its isolated
-        process of restart ``incarnation`` died; the worker lives)."""
+    def instance_state(self, instance_id: str, state: str, error: Any = None,
+                       worker: str | None = None, reason: str = "", incarnation: int = -1,
+                       address: str = "") -> None:
+        """:class:`~yrdask.protocol.InstanceState` from ``worker``: ALIVE (``error``:
+        ``__init__`` raised; ``address``: where its own process serves), EXITED, or
+        RESTARTING (its isolated process of restart ``incarnation`` died; the worker lives).
+        A process instance's process that ended: its callers lost their channels to it, and
+        their errors say how it ended (as for a worker process, :class:`P.WorkerExit`)."""
+        if address and state != P.ALIVE and reason:
+            self.edge.broadcast(P.WorkerExit(address, reason))
+        failed = error is not None
         sid = self._sid(f"state-{state}")
         if state == "EXITED":
             event: Any = L.InstanceExited(sid, instance_id, worker, reason)

@@ -99,10 +99,10 @@ class WorkerAgent(TaskRunner):
         self.ended: dict[str, str] = self.instance_side.ended  # recently stopped -> reason
         self.pool = ProcessPool(self)  # processes for tasks with env_vars (docs/isolation.md)
         worker.handlers.update(P.handlers(P.WORKER_RPC, self))
-        worker.stream_handlers.update(P.handlers(P.WORKER_STREAM, self))
+        # START_INSTANCE and CALL_METHOD are the instance side's own handlers
+        worker.stream_handlers.update(P.handlers(P.WORKER_STREAM, self, self.instance_side))
         # Call channel handlers take (peer, wire dict): the hot path keeps the dict it read.
-        self.channel_handlers = P.handlers(P.CHANNEL_TO_WORKER, self)
-        self.channel_handlers[P.CALL_METHOD] = self.instance_side.call_method  # one hop less
+        self.channel_handlers = P.handlers(P.CHANNEL_TO_WORKER, self, self.instance_side)
         self.node_id = node_id(worker.address)  # the node (host) this process belongs to
         configure_store()  # yrdask.object-store.memory, when this worker's config sets it
         self.runtime = install_worker_runtime(self)
@@ -354,14 +354,6 @@ class WorkerAgent(TaskRunner):
         self.runtime.submitter.revoke_leases(lease_ids, keep)
 
     # -- instances -------------------------------------------------------------------------
-
-    def start_instance(self, spec: dict) -> None:
-        """``START_INSTANCE`` (the decisions: :class:`InstanceSide`; hosting: :meth:`host`)."""
-        self.instance_side.start(spec)
-
-    def call_method(self, peer: Any, msg: dict) -> None:
-        """``CALL_METHOD`` (the channel's handler is the instance side's own method)."""
-        self.instance_side.call_method(peer, msg)
 
     def host(self, spec: dict, running: Any) -> HostedInstance | IsolatedInstance:
         """Host the instance of a ``START_INSTANCE`` here, or in a process of its own."""

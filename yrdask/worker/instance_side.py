@@ -100,6 +100,10 @@ class InstanceSide:
                         cancel_call(call_id)
         return inst
 
+    def start_instance(self, spec: dict) -> None:
+        """:class:`~yrdask.protocol.StartInstance` (the worker stream's handler): :meth:`start`."""
+        self.start(spec)
+
     def call_method(self, peer: Any, msg: dict) -> None:
         """``CALL_METHOD`` (loop thread): to its instance, or it waits for its ``START``, or
         it answers "died"."""
