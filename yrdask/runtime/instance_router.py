@@ -49,7 +49,7 @@ class Call:
 class InstanceRouter(CallRouter):
     """See module docstring; ``order`` is the machine (one per process).  What it does with
     the machine's instructions is decided by :class:`CallRouter` (which the simulation drives
-    too); this class is its edge (:class:`~yrdask.runtime.call_router.RouterEdge`)."""
+    too); this class is its edge (:class:`~yrdask.runtime.call_router.CallRouterEdge`)."""
 
     def __init__(self, runtime: Any, order: C.CallOrder | None = None) -> None:
         self.rt = runtime
@@ -155,7 +155,7 @@ class InstanceRouter(CallRouter):
         """Calls not answered go back to their routes, which locate their instance again."""
         self.channel_lost(worker)
 
-    # -- the edge (RouterEdge) -----------------------------------------------------------
+    # -- the edge (CallRouterEdge) -----------------------------------------------------------
 
     def send_call(self, ins: C.SendCall) -> None:
         call = self.calls[ins.call_id]
