@@ -23,7 +23,8 @@ from yrdask import protocol as P
 from yrdask.runtime import submit_queue as M
 from yrdask.runtime.objects import Entry
 from yrdask.config import PIPELINE_DEPTH, PIPELINE_REFILL
-from yrdask.runtime.submitter import RuntimeEdge, Submitter, Task
+from yrdask.runtime.submitter import Submitter, Task
+from yrdask.runtime.submitter_edge import RuntimeEdge
 from yrdask.runtime.instance_router import InstanceRouter
 
 
