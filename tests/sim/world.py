@@ -286,7 +286,7 @@ class _SimRuntime:
     that ``on_generator_item`` routes items by, and the loop (here: at once)."""
 
     def __init__(self, world: "World", node: "ProcNode") -> None:
-        from yrdask.runtime.objects import ObjectTable
+        from yrdask.runtime.object_table import ObjectTable
 
         self.world = world
         self.node = node
