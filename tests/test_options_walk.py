@@ -29,7 +29,8 @@ from typing import Any, Callable
 import pytest
 
 import yrdask as yr
-from yrdask.options import Config, InvokeOptions, field_default, rejection
+from yrdask.field_specs import field_default, rejection
+from yrdask.options import Config, InvokeOptions
 from yrdask.runtime.security import resolve_security
 
 from conftest import wait_until
