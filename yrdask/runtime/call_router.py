@@ -6,8 +6,8 @@
 answer, a broken channel, handles made, dropped, sent, unpickled, rpc answers) into events,
 reads the rpc answers (a creation that bound nothing or raised fails, a locate that says
 ``DEAD`` or raised names no worker) and hands each instruction to a small
-:class:`CallRouterEdge`.  The runtime's adapter (``runtime/instance_router.py``) is its own edge
-(payloads, channels, rpcs on the loop); the simulation (``tests/sim/calls.py``) plugs in its
+:class:`CallRouterEdge`.  The runtime's adapter (``runtime/instance_router.py``) holds one and
+is its edge (payloads, channels, rpcs on the loop); the simulation (``tests/sim/calls.py``) plugs in its
 links, so it drives this very code.
 """
 
