@@ -1,7 +1,7 @@
 """The per-process object table: this process's entries by object id, and the adapter of
 the reference counting machine.
 
-:class:`ObjectTable` makes and drops the entries behind this process's ``ObjectRef``\ s,
+:class:`ObjectTable` makes and drops the entries behind this process's refs (``ObjectRef``),
 pickles refs (``reduce_ref``) and unpickles them as borrowed ones (``borrow``), and feeds the
 pure counter of ``runtime/refcount.py`` with what happens to them: refs lent in arguments and
 results, the owner's polls and a borrower's answers, processes that die or join.  It carries
