@@ -178,7 +178,7 @@ def test_every_field_has_a_decision(cls_name, name):
     decision = DECISIONS.get((cls_name, name))
     assert decision is not None, (
         f"{cls_name}.{name} has no decision: honour it (and add a check here and a row in "
-        "docs/options.md) or reject it with _no(...) in yrdask/options.py")
+        "docs/options.md) or reject it with unsupported(...) in yrdask/options.py")
     rejected_in_code = rejection(_field(cls_name, name)) is not None
     assert rejected_in_code == isinstance(decision, Rejected), (
         f"{cls_name}.{name}: options.py {'rejects' if rejected_in_code else 'accepts'} it, "
