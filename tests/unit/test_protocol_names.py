@@ -39,3 +39,17 @@ def test_edge_protocols_are_named_for_their_decisions_class():
            if name.endswith("Edge") and name[:-len("Edge")] not in classes[where[0]]}
     assert not off, ("an edge protocol is its decisions class's name + 'Edge', in that "
                      f"class's module (docs/state-machines.md, 'Names'): {off}")
+
+
+def test_no_class_inherits_a_decisions_class():
+    """Production edges hold their decisions class (composition): none subclasses one."""
+    decisions = {name[:-len("Edge")] for name in _protocols() if name.endswith("Edge")}
+    assert {"Submitter", "CallRouter", "LeaseService"} <= decisions
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                         for b in node.bases}
+                found += [f"{path.name}: {node.name}({b})" for b in bases & decisions]
+    assert not found, f"hold the decisions class instead of inheriting it: {found}"
