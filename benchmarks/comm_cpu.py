@@ -6,7 +6,8 @@ channels; how many messages each carries (``benchmarks/scale_cpu.py``, ``message
 what a task pays: with ``k`` messages per write and per read, a task costs ``fixed / k +
 per_message`` of comm CPU.  With a core per worker the batches are short (each worker answers
 each task at once), which is why the driver's loop spends more per task on 16 cores than on 2
-(docs/changelog/performance-history.md, "perf round 8").  Each batch is written with ``StreamSender``'s comm
+(docs/changelog/performance-history.md,
+"2026-11-27: The driver's CPU per task, and what a message costs").  Each batch is written with ``StreamSender``'s comm
 write and read back by the reader, one batch in flight at a time (as on a channel whose peer
 answers each push); the messages are a ``RUN_TASK`` wire dict and a ``TASK_DONE`` one in turn.
 Reports µs of process CPU per batch (write, loop wake-up, read, hand-over) for k = 1, 2, 4,

@@ -19,7 +19,8 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 RAY_USAGE_STATS_ENABLED=0
 # Bytecode, as `pip install` writes it: the unpacked packages and this checkout hold only
 # sources, and with PYTHONDONTWRITEBYTECODE every interpreter (each system's driver, yrdask's
 # launcher, Dask's and Ray's worker processes) compiled them again, about 1 s more of every
-# init_s on 16 cores (docs/performance.md, "Start-up with many worker processes").
+# init_s on 16 cores (docs/changelog/performance-history.md,
+# "2026-11-26: Start-up with many worker processes").
 python3 -m compileall -q -j0 $site yrdask benchmarks examples >/dev/null \
   || echo "compileall reported errors: what it could not compile is compiled at every start"
 # The machine's own packages that the systems import came without bytecode as well (numpy,

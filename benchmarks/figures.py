@@ -20,7 +20,7 @@ class Figure:
     params: dict[str, Any] = field(default_factory=dict)
     quick: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 300.0
-    #: the issue-5 target for yrdask: (comparison, value), e.g. ("<=", 1.5); None: no target
+    #: the target for yrdask: (comparison, value), e.g. ("<=", 1.5); None: no target
     target: tuple[str, float] | None = None
     #: the figure starts and stops its own cluster (benchmarks/elastic.py): the harness
     #: starts none and measures no init_s for it

@@ -1,8 +1,8 @@
 """``python -m benchmarks.init_timeline [--workers N]``: where ``yr.init`` spends its time.
 
 One ``yr.init()`` of the embedded cluster until its first result, as ``init_s`` times it, with
-the time of each step on the critical path (docs/performance.md, "Start-up with many worker
-processes"): the launcher's start, the driver's scheduler, the start order, each worker
+the time of each step on the critical path (docs/changelog/performance-history.md,
+"2026-11-26: Start-up with many worker processes"): the launcher's start, the driver's scheduler, the start order, each worker
 process's fork and each yr worker's registration; then the CPU each process spent.
 ``--workers N`` starts N worker processes whatever the number of cores (each offering one CPU,
 as ``num_cpus=N`` on an N-core host would): with more processes than cores it measures the

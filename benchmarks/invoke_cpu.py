@@ -5,7 +5,8 @@ signature check, argument pickling, the ref and its entry, the ``Task`` record. 
 part is cut off (``Runtime.on_loop`` drops the task), so nothing contends for the GIL and the
 figure does not move with the machine's load the way ``scale_cpu``'s ``MainThread`` does.
 Best of 7 bursts of N (default 20 000) on the embedded 2-CPU cluster, collector off; µs of
-the thread's CPU per invoke (its CPU clock: time the thread waited for a core is not counted).  Prints one JSON line (docs/changelog/performance-history.md, "perf round 8").
+the thread's CPU per invoke (its CPU clock: time the thread waited for a core is not counted).  Prints one JSON line (docs/changelog/performance-history.md,
+"2026-11-27: The driver's CPU per task, and what a message costs").
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Each process's idle CPU rate, measured for 1.5 s just before, is subtracted (Das
 callbacks cost more per item the longer an item takes).  Prints one line: µs per item in the
 parent's worker, in the driver (which hosts the scheduler) and in the other processes.
 Compare a baseline by running it with ``PYTHONPATH`` set to the baseline's worktree,
-alternating (docs/changelog/performance-history.md, "perf round 5").
+alternating (docs/changelog/performance-history.md, "2026-11-26: Nested tasks").
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ answers built the way a worker builds them.  20 000 tasks on ``LEASES`` pipeline
 runtime does.  Reports the best of 5 rounds in µs per task, with the collector off
 (``--gc``: on).
 Measures what the driver's loop spends per task beyond Dask's comm reads and writes
-(docs/changelog/performance-history.md, "perf round 7").
+(docs/changelog/performance-history.md, "2026-11-27: The driver's loop per task").
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from yrdask import protocol as P
 from yrdask.runtime import submit_queue as M
 from yrdask.runtime.objects import Entry
 from yrdask.config import PIPELINE_DEPTH, PIPELINE_REFILL
-from yrdask.runtime.submitter import RuntimeEdge, Submitter, Task
+from yrdask.runtime.submitter import Submitter, Task
+from yrdask.runtime.submitter_edge import RuntimeEdge
 from yrdask.runtime.instance_router import InstanceRouter
 
 

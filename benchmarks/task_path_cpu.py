@@ -7,7 +7,8 @@ pushes 20 000 trivial tasks (``RUN_TASK`` wire dicts, one lease) through ``run_t
 reports the best of 7 rounds in µs per task, with the collector off (``--gc``: on), and one
 ``yr.get`` inside a task's lending steps (``lend_slot`` blocked, then unblocked).  What it
 leaves out (the loop hop, the thread hand-off, the socket) is the same in every tree; what it
-measures is what a tree adds per task on the worker (docs/changelog/performance-history.md, "perf round 6").
+measures is what a tree adds per task on the worker (docs/changelog/performance-history.md,
+"2026-11-26: Latency: the worker's steps per task").
 """
 
 from __future__ import annotations

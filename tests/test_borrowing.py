@@ -116,8 +116,8 @@ def consume_boxed_stream(n):
 
 
 def test_nested_refs_read_kept_and_dropped_leave_nothing_behind(borrow_cluster):
-    """The issue's pattern: a task returns ``[put(4 MB)]``, the driver reads it and an
-    instance keeps it until the next one comes; 300 rounds hold at most a few objects."""
+    """A task returns ``[put(4 MB)]``, the driver reads it and an instance keeps it until
+    the next one comes; 300 rounds hold at most a few objects."""
     from yrdask.runtime.store import node_store
 
     keeper = Keeper.invoke()

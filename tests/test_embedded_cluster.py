@@ -334,7 +334,8 @@ def test_import_yrdask_does_not_import_distributed():
 def test_start_order_goes_before_the_driver_builds_its_submitter_and_metrics(tmp_path):
     """What the driver needs only once workers run (its submitter and instance router, the
     dashboard's routes and metrics) is built after the workers' start order is sent, while
-    the launcher forks (docs/performance.md, start-up); all of it is there when init returns."""
+    the launcher forks (docs/changelog/performance-history.md, "2026-11-26: Start-up with many
+    worker processes"); all of it is there when init returns."""
     result = run_driver(tmp_path, """
         import sys, urllib.request
         import yrdask as yr

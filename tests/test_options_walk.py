@@ -29,7 +29,8 @@ from typing import Any, Callable
 import pytest
 
 import yrdask as yr
-from yrdask.options import Config, InvokeOptions, field_default, rejection
+from yrdask.field_specs import field_default, rejection
+from yrdask.options import Config, InvokeOptions
 from yrdask.runtime.security import resolve_security
 
 from conftest import wait_until
@@ -177,7 +178,7 @@ def test_every_field_has_a_decision(cls_name, name):
     decision = DECISIONS.get((cls_name, name))
     assert decision is not None, (
         f"{cls_name}.{name} has no decision: honour it (and add a check here and a row in "
-        "docs/options.md) or reject it with _no(...) in yrdask/options.py")
+        "docs/options.md) or reject it with unsupported(...) in yrdask/options.py")
     rejected_in_code = rejection(_field(cls_name, name)) is not None
     assert rejected_in_code == isinstance(decision, Rejected), (
         f"{cls_name}.{name}: options.py {'rejects' if rejected_in_code else 'accepts'} it, "

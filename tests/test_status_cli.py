@@ -180,10 +180,10 @@ def free_slots(address: str, cpu: float) -> int:
 
 def test_a_full_cluster_explains_why_an_instance_waits_and_lists_ended_ones(
         yr_cluster, cluster_kind, caplog):
-    """The issue's example: instances of cpu=500 fill the workers; the next one waits, and
-    h.status(), ``yrdask status`` and (embedded: same process) the scheduler's log say why:
-    what it needs, what each worker lacks, which classes hold it, and how to fix it.  Once
-    terminated, it is listed under "Ended" with its class and why it ended."""
+    """Instances of cpu=500 fill the workers; the next one waits, and h.status(), ``yrdask
+    status`` and (embedded: same process) the scheduler's log say why: what it needs, what
+    each worker lacks, which classes hold it, and how to fix it.  Once terminated, it is
+    listed under "Ended" with its class and why it ended."""
     import dask
     import logging
 

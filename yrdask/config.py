@@ -26,7 +26,8 @@ dask.config.update_defaults(_DEFAULTS)
 # it has room for four, so each push carries four tasks and each run of them on the worker
 # answers in one write.  With a worker per core the batches are what these make them (one
 # task ends at a time), and a write and a read cost ~40 times a message in them
-# (docs/changelog/performance-history.md, "perf round 6" and "perf round 8").  The defaults of
+# (docs/changelog/performance-history.md, "2026-11-26: Many workers" and
+# "2026-11-27: The driver's CPU per task, and what a message costs").  The defaults of
 # yrdask.scheduling.pipeline-depth / pipeline-refill (yrdask.yaml).
 PIPELINE_DEPTH = 8
 PIPELINE_REFILL = 4

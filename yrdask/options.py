@@ -1,92 +1,26 @@
-"""The ``yr.InvokeOptions`` and ``yr.Config`` dataclasses and the checks that validate them."""
+"""The ``yr.InvokeOptions``, ``yr.Config`` and ``ResourceGroupOptions`` dataclasses: each field's
+spec, the rules between fields, and the checks that validate them (how a spec is checked is
+``yrdask/field_specs.py``'s)."""
 
 from __future__ import annotations
 
-import copy as _copy
-import dataclasses
 import logging
 import os
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from yrdask.affinity import Affinity
 from yrdask.errors import YRTypeError, YRValueError
+from yrdask.field_specs import (ANY, DICT, LIST, STR, STR_DICT, STR_LIST, NoneType, Spec,
+                                bool_spec, check_value, copy_containers, int_spec,
+                                is_instance_of, reject_unsupported, show, spec_field,
+                                unsupported, validate_fields)
 
 __all__ = ["InvokeOptions", "Config", "ResourceGroupOptions", "check_invoke_options", "check_return_nums", "check_config",
            "check_no_unknown"]
 
 _INT32_MAX = 0x7FFFFFFF
-_SPEC_KEY = "yrdask.spec"
-_NoneType = type(None)
-
-# A value check gets the (already type-checked) value and returns None when it is fine, or
-# the phrase that completes "<Owner>.<field> must ..." when it is not.
-_Check = Callable[[Any], "str | None"]
-
-
-# --------------------------------------------------------------------------- field specs
-
-
-@dataclass(frozen=True)
-class _Spec:
-    """How one dataclass field is checked: allowed types, element types and a value check."""
-
-    types: tuple[type, ...] | None  # None: any type is accepted
-    expect: str  # what is expected, for messages: "an int (millicores)"
-    keys: tuple[type, ...] | None = None  # dict key types
-    items: tuple[type, ...] | None = None  # dict value / list element types
-    check: _Check | None = None
-    # Set for a field yrdask does not support: (why it has no meaning here, what to use
-    # instead).  A value other than the field's default is then a YRValueError naming both.
-    reject: tuple[str, str] | None = None
-
-
-def _no(spec: _Spec, why: str, instead: str) -> _Spec:
-    """``spec`` for a field yrdask rejects when set: ``why`` it has no meaning, what to use ``instead``."""
-    return dataclasses.replace(spec, reject=(why, instead))
-
-
-def _opt(
-    spec: _Spec, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, repr: bool = True
-) -> Any:
-    """A dataclass field carrying its validation spec in its metadata."""
-    return field(default=default, default_factory=factory, repr=repr, metadata={_SPEC_KEY: spec})
-
-
-def _range(lo: int | None, hi: int | None) -> _Check:
-    """A check that an int (or None, which passes) lies in [lo, hi]."""
-
-    def check(v: Any) -> str | None:
-        if v is None or ((lo is None or v >= lo) and (hi is None or v <= hi)):
-            return None
-        if hi is None:
-            return f"be >= {lo}"
-        if lo is None:
-            return f"be <= {hi}"
-        return f"be in [{lo}, {hi}]"
-
-    return check
-
-
-def _int(lo: int | None = None, hi: int | None = None, note: str = "", none_ok: bool = False) -> _Spec:
-    note = f" ({note})" if note else ""
-    expect = f"None or an int{note}" if none_ok else f"an int{note}"
-    types: tuple[type, ...] = (int, _NoneType) if none_ok else (int,)
-    return _Spec(types, expect, check=_range(lo, hi))
-
-
-def _bool(none_ok: bool = False) -> _Spec:
-    return _Spec((bool, _NoneType), "None or a bool") if none_ok else _Spec((bool,), "a bool")
-
-
-_STR = _Spec((str,), "a str")
-_ANY = _Spec(None, "any value")
-_STR_LIST = _Spec((list,), "a list[str]", items=(str,))
-_LIST = _Spec((list,), "a list")
-_STR_DICT = _Spec((dict,), "a dict[str, str]", keys=(str,), items=(str,))
-_DICT = _Spec((dict,), "a dict")
-
 
 #: How much of a node's ``accelerator_type:<model>`` (1 per node) a request for that model
 #: takes: any request fits, so the tag only chooses nodes (Ray's rule).
@@ -143,9 +77,9 @@ def _check_runtime_env(v: dict) -> str | None:
     env = v.get("env_vars", {})
     if not isinstance(env, dict) or not all(
             isinstance(k, str) and isinstance(x, str) for k, x in env.items()):
-        return f"have 'env_vars' as a dict[str, str], got {_show(env)}"
+        return f"have 'env_vars' as a dict[str, str], got {show(env)}"
     if not isinstance(v.get("working_dir", ""), str):
-        return f"have 'working_dir' as a str, got {_show(v['working_dir'])}"
+        return f"have 'working_dir' as a str, got {show(v['working_dir'])}"
     return None
 
 
@@ -186,104 +120,6 @@ def _check_security(v: Any) -> str | None:
 
 def _check_logger(v: Any) -> str | None:
     return None if v is None or isinstance(v, logging.Logger) else "be None or a logging.Logger"
-
-
-# --------------------------------------------------------------------------- shared machinery
-
-
-def _is_instance(value: Any, types: tuple[type, ...]) -> bool:
-    """isinstance, except that a bool does not count as an int or float unless bool is listed."""
-    if isinstance(value, bool) and bool not in types:
-        return False
-    return isinstance(value, types)
-
-
-def _show(value: Any, limit: int = 120) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _type_error(owner: str, name: str, spec: _Spec, value: Any, detail: str = "") -> YRTypeError:
-    return YRTypeError(
-        f"{owner}.{name} must be {spec.expect}, got {_show(value)} ({type(value).__name__}){detail}"
-    )
-
-
-def _check_value(owner: str, name: str, spec: _Spec, value: Any) -> None:
-    """Raise YRTypeError / YRValueError when ``value`` does not satisfy ``spec``."""
-    if spec.types is not None and not _is_instance(value, spec.types):
-        raise _type_error(owner, name, spec, value)
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if spec.keys is not None and not _is_instance(k, spec.keys):
-                raise _type_error(owner, name, spec, value, f": key {k!r} is a {type(k).__name__}")
-            if spec.items is not None and not _is_instance(v, spec.items):
-                raise _type_error(owner, name, spec, value, f": value of {k!r} is a {type(v).__name__}")
-    elif isinstance(value, list) and spec.items is not None:
-        for i, v in enumerate(value):
-            if not _is_instance(v, spec.items):
-                raise _type_error(owner, name, spec, value, f": item {i} is a {type(v).__name__}")
-    if spec.check is not None:
-        problem = spec.check(value)
-        if problem is not None:
-            # A spec without types checks the type itself (a class imported lazily).
-            error = YRTypeError if spec.types is None else YRValueError
-            raise error(f"{owner}.{name} must {problem}, got {_show(value)}")
-
-
-def _validate_fields(obj: Any) -> None:
-    """Check every dataclass field of ``obj`` against the spec stored in its metadata."""
-    owner = type(obj).__name__
-    for f in dataclasses.fields(obj):
-        spec = f.metadata.get(_SPEC_KEY)
-        if spec is not None:
-            _check_value(owner, f.name, spec, getattr(obj, f.name))
-
-
-def field_default(f: dataclasses.Field) -> Any:
-    """The default value of dataclass field ``f`` (a fresh one for a factory)."""
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
-    return f.default
-
-
-def rejection(f: dataclasses.Field) -> tuple[str, str] | None:
-    """``(why, instead)`` when yrdask rejects field ``f`` set to a non-default value, else None."""
-    spec = f.metadata.get(_SPEC_KEY)
-    return None if spec is None else spec.reject
-
-
-def _reject_unsupported(obj: Any, skip: tuple[str, ...] = ()) -> None:
-    """YRValueError for the first field yrdask does not support that is set to a non-default value.
-
-    The message names the field, why it has no meaning on Dask and what to use instead: no
-    option is accepted and then ignored (docs/options.md lists every field).
-    """
-    owner = type(obj).__name__
-    for f in dataclasses.fields(obj):
-        reject = rejection(f)
-        if reject is None or f.name in skip:
-            continue
-        value = getattr(obj, f.name)
-        if value != field_default(f):
-            why, instead = reject
-            shown = _show(value) if f.repr else "a value (hidden)"  # secrets stay out of messages
-            raise YRValueError(f"{owner}.{f.name} is not supported by yrdask ({why}); {instead} "
-                               f"(got {shown})")
-
-
-def _copy_containers(obj: Any) -> Any:
-    """A shallow copy of ``obj`` whose dict/list/set fields are deep-copied (shallow if that fails)."""
-    new = _copy.copy(obj)
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if isinstance(value, (dict, list, set)):
-            try:
-                value = _copy.deepcopy(value)
-            except Exception:
-                value = _copy.copy(value)
-            setattr(new, f.name, value)
-    return new
 
 
 # --------------------------------------------------------------------------- InvokeOptions
@@ -348,115 +184,115 @@ class ResourceGroupOptions:
     ``resource_group_name`` means no group (yr's default).  See ``docs/resource-groups.md``.
     """
 
-    resource_group_name: str = _opt(_STR, "")
-    bundle_index: int = _opt(_int(-1, note="-1 = any bundle"), -1)
+    resource_group_name: str = spec_field(STR, "")
+    bundle_index: int = spec_field(int_spec(-1, note="-1 = any bundle"), -1)
 
     def __post_init__(self) -> None:
-        _validate_fields(self)
+        validate_fields(self)
 
 
 @dataclass
 class InvokeOptions:
     """Per-call scheduling and lifecycle options of a task or instance, as in ``yr.InvokeOptions``."""
 
-    # Each field is honoured (docs/options.md says how) or rejected when set (_no: why, and
+    # Each field is honoured (docs/options.md says how) or rejected when set (unsupported: why, and
     # what to use instead); tests/test_options_walk.py walks them all.
-    cpu: int = _opt(_int(0, note="millicores"), 500)
-    memory: int = _opt(_int(0, note="MB"), 500)
-    cpu_limit: int = _opt(_no(
-        _int(0, note="millicores"), "a worker process does not cap the CPU one task uses",
+    cpu: int = spec_field(int_spec(0, note="millicores"), 500)
+    memory: int = spec_field(int_spec(0, note="MB"), 500)
+    cpu_limit: int = spec_field(unsupported(
+        int_spec(0, note="millicores"), "a worker process does not cap the CPU one task uses",
         "use cpu= for the millicores reserved for the call"), 0)
-    mem_limit: int = _opt(_no(
-        _int(0, note="MB"), "a worker process does not cap the memory one task uses",
+    mem_limit: int = spec_field(unsupported(
+        int_spec(0, note="MB"), "a worker process does not cap the memory one task uses",
         "use memory= for the MB reserved for the call"), 0)
-    concurrency: int | None = _opt(_int(1, 1000, none_ok=True), None)
-    custom_resources: dict[str, float] = _opt(
-        _Spec((dict,), "a dict[str, int | float]", keys=(str,), items=(int, float),
+    concurrency: int | None = spec_field(int_spec(1, 1000, none_ok=True), None)
+    custom_resources: dict[str, float] = spec_field(
+        Spec((dict,), "a dict[str, int | float]", keys=(str,), items=(int, float),
               check=_check_custom_resources),
         factory=dict,
     )
-    custom_extensions: dict[str, str] = _opt(
-        _Spec((dict,), "a dict[str, str | int]", keys=(str,), items=(str, int),
+    custom_extensions: dict[str, str] = spec_field(
+        Spec((dict,), "a dict[str, str | int]", keys=(str,), items=(str, int),
               check=_check_custom_extensions), factory=dict
     )
-    pod_labels: dict[str, str] = _opt(_no(
-        _STR_DICT, "Kubernetes pod labels have no meaning for Dask workers",
+    pod_labels: dict[str, str] = spec_field(unsupported(
+        STR_DICT, "Kubernetes pod labels have no meaning for Dask workers",
         "use labels=[...] for instance labels, or custom_resources={...} to target workers"),
         factory=dict)
-    labels: list[str] = _opt(_STR_LIST, factory=list)
-    affinity: dict[str, str] = _opt(_no(
-        _DICT, "the deprecated affinity dict of openYuanrong",
+    labels: list[str] = spec_field(STR_LIST, factory=list)
+    affinity: dict[str, str] = spec_field(unsupported(
+        DICT, "the deprecated affinity dict of openYuanrong",
         "use schedule_affinities=[yr.Affinity(...)]"), factory=dict)
-    device: Any = _opt(_no(
-        _ANY, "heterogeneous function devices are not modelled",
+    device: Any = spec_field(unsupported(
+        ANY, "heterogeneous function devices are not modelled",
         'use custom_resources={"GPU": n} with workers started with --resources "GPU=n"'), None)
-    max_invoke_latency: int = _opt(_no(
-        _int(-1, _INT32_MAX, note="ms"), "there is no function autoscaler to act on a latency goal",
+    max_invoke_latency: int = spec_field(unsupported(
+        int_spec(-1, _INT32_MAX, note="ms"), "there is no function autoscaler to act on a latency goal",
         "size the cluster instead (Config(num_cpus=...) or more dask workers)"), 5000)
-    min_instances: int = _opt(_no(
-        _int(0, _INT32_MAX), "stateless calls run on leased worker slots, not on a pool of "
+    min_instances: int = spec_field(unsupported(
+        int_spec(0, _INT32_MAX), "stateless calls run on leased worker slots, not on a pool of "
         "function instances", "size the cluster instead (Config(num_cpus=...) or more dask workers)"),
         0)
-    max_instances: int = _opt(_no(
-        _int(-1, _INT32_MAX), "stateless calls run on leased worker slots, not on a pool of "
+    max_instances: int = spec_field(unsupported(
+        int_spec(-1, _INT32_MAX), "stateless calls run on leased worker slots, not on a pool of "
         "function instances", "bound parallelism with yr.wait back-pressure or the cluster size"),
         0)
-    recover_retry_times: int = _opt(_int(-1, _INT32_MAX, note="restarts, -1 = unlimited"), 0)
-    need_order: bool | None = _opt(_bool(none_ok=True), None)
-    name: str = _opt(_STR, "")
-    namespace: str = _opt(_STR, "")
-    schedule_affinities: list = _opt(
-        _Spec((list,), "a list[yr.Affinity]", items=(Affinity,)), factory=list)
-    is_data_affinity: bool = _opt(_bool(), False)
-    resource_group_options: Any = _opt(_Spec(
-        (ResourceGroupOptions, _NoneType), "None or a yr.ResourceGroupOptions"), None)
-    function_group_options: Any = _opt(_no(
-        _ANY, "function groups (gang-scheduled stateless functions) are not implemented",
+    recover_retry_times: int = spec_field(int_spec(-1, _INT32_MAX, note="restarts, -1 = unlimited"), 0)
+    need_order: bool | None = spec_field(bool_spec(none_ok=True), None)
+    name: str = spec_field(STR, "")
+    namespace: str = spec_field(STR, "")
+    schedule_affinities: list = spec_field(
+        Spec((list,), "a list[yr.Affinity]", items=(Affinity,)), factory=list)
+    is_data_affinity: bool = spec_field(bool_spec(), False)
+    resource_group_options: Any = spec_field(Spec(
+        (ResourceGroupOptions, NoneType), "None or a yr.ResourceGroupOptions"), None)
+    function_group_options: Any = spec_field(unsupported(
+        ANY, "function groups (gang-scheduled stateless functions) are not implemented",
         "use resource_group_options= to place calls in a resource group"), None)
-    env_vars: dict[str, str] = _opt(_STR_DICT, factory=dict)
-    retry_times: int = _opt(_int(0, _INT32_MAX), 0)
-    trace_id: str = _opt(_no(
-        _STR, "yrdask has no distributed tracing to carry the id into",
+    env_vars: dict[str, str] = spec_field(STR_DICT, factory=dict)
+    retry_times: int = spec_field(int_spec(0, _INT32_MAX), 0)
+    trace_id: str = spec_field(unsupported(
+        STR, "yrdask has no distributed tracing to carry the id into",
         "pass the id as an argument of the call"), "")
-    alias_params: dict[str, str] = _opt(_no(
-        _DICT, "function aliases of openYuanrong's function service do not exist here",
+    alias_params: dict[str, str] = spec_field(unsupported(
+        DICT, "function aliases of openYuanrong's function service do not exist here",
         "call the function you mean directly"), factory=dict)
-    runtime_env: dict = _opt(_Spec((dict,), "a dict", keys=(str,), check=_check_runtime_env),
+    runtime_env: dict = spec_field(Spec((dict,), "a dict", keys=(str,), check=_check_runtime_env),
                              factory=dict)
-    debug: Any = _opt(_no(
-        _ANY, "there is no remote debug server in workers",
+    debug: Any = spec_field(unsupported(
+        ANY, "there is no remote debug server in workers",
         "debug the function locally, or log from it (Config(log_to_driver=True) shows its prints)"),
         None)
-    preempted_allowed: bool = _opt(_no(
-        _bool(), "yrdask never preempts running work", "leave it False"), False)
-    instance_priority: int = _opt(_no(
-        _int(), "requests are served in arrival order, there are no priorities",
+    preempted_allowed: bool = spec_field(unsupported(
+        bool_spec(), "yrdask never preempts running work", "leave it False"), False)
+    instance_priority: int = spec_field(unsupported(
+        int_spec(), "requests are served in arrival order, there are no priorities",
         "leave it 0"), 0)
-    schedule_timeout_ms: int = _opt(_int(-1, note="ms, -1 = forever"), 30000)
-    group_name: str = _opt(_STR, "")
-    idle_timeout: int = _opt(_no(
-        _int(0, note="seconds"), "instances are not recycled when idle: one lives until it is "
+    schedule_timeout_ms: int = spec_field(int_spec(-1, note="ms, -1 = forever"), 30000)
+    group_name: str = spec_field(STR, "")
+    idle_timeout: int = spec_field(unsupported(
+        int_spec(0, note="seconds"), "instances are not recycled when idle: one lives until it is "
         "terminated, released or its owner ends", "call handle.terminate() when done"), 300)
-    is_delete_remote_tensor: bool = _opt(_no(
-        _bool(), "there is no device tensor transport", "leave it False"), False)
-    bypass_datasystem: bool = _opt(_no(
-        _bool(), "there is no data system: values up to 512 KiB already travel inline with the "
+    is_delete_remote_tensor: bool = spec_field(unsupported(
+        bool_spec(), "there is no device tensor transport", "leave it False"), False)
+    bypass_datasystem: bool = spec_field(unsupported(
+        bool_spec(), "there is no data system: values up to 512 KiB already travel inline with the "
         "call and larger ones stay on the worker that made them", "leave it False"), False)
-    skip_serialize: bool = _opt(_no(
-        _bool(), "code is always shipped by pickling, nothing is pre-deployed",
+    skip_serialize: bool = spec_field(unsupported(
+        bool_spec(), "code is always shipped by pickling, nothing is pre-deployed",
         "leave it False"), False)
-    port_forwardings: list = _opt(_no(
-        _LIST, "sandbox port forwarding does not exist for Dask workers",
+    port_forwardings: list = spec_field(unsupported(
+        LIST, "sandbox port forwarding does not exist for Dask workers",
         "reach a service in a worker by its worker's host"), factory=list)
-    get_if_exists: bool = _opt(_bool(), False)
+    get_if_exists: bool = spec_field(bool_spec(), False)
     # yrdask extension: host the instance in its own process (for native code that may
     # crash); env_vars and runtime_env env_vars/working_dir imply it.
-    isolated: bool = _opt(_bool(), False)
+    isolated: bool = spec_field(bool_spec(), False)
     # yrdask extension: True hosts the instance in a worker process it shares with other
     # light instances (fast, small; docs/isolation.md says what they share), False in a
     # process of its own; None: the job's default, the Dask key ``yrdask.instances.light``
     # (false unless set: a process of its own, as a yr instance or a Ray actor is).
-    light: bool | None = _opt(_bool(none_ok=True), None)
+    light: bool | None = spec_field(bool_spec(none_ok=True), None)
 
     # Plain class attributes, not dataclass fields: passing them to the constructor is a
     # TypeError, exactly as in yr.  They may still be set on an instance.
@@ -470,8 +306,8 @@ class InvokeOptions:
         # ``.options()`` and the decorators): yr code often sets fields one by one.  A field
         # yrdask does not support fails here too when set, unless a cross-field rule covers
         # it (cpu_limit, mem_limit): that rule's message comes first, at validate().
-        _validate_fields(self)
-        _reject_unsupported(self, skip=_CROSS_FIELDS)
+        validate_fields(self)
+        reject_unsupported(self, skip=_CROSS_FIELDS)
 
     def validate(self) -> "InvokeOptions":
         """Check every option's type and range; raise YRTypeError / YRValueError naming the field.
@@ -479,14 +315,14 @@ class InvokeOptions:
         A field yrdask does not support, set to a non-default value, is a YRValueError that
         says what to use instead (docs/options.md).
         """
-        _validate_fields(self)
+        validate_fields(self)
         for name in _CLASS_FLAGS:
-            _check_value("InvokeOptions", name, _bool(), getattr(self, name))
+            check_value("InvokeOptions", name, bool_spec(), getattr(self, name))
         for name, rule in _CROSS_RULES:
             problem = rule(self)
             if problem is not None:
-                raise YRValueError(f"InvokeOptions.{name} must {problem}, got {_show(getattr(self, name))}")
-        _reject_unsupported(self)
+                raise YRValueError(f"InvokeOptions.{name} must {problem}, got {show(getattr(self, name))}")
+        reject_unsupported(self)
         return self
 
     def resource_shape(self) -> dict[str, float]:
@@ -505,7 +341,7 @@ class InvokeOptions:
 
     def copy(self) -> "InvokeOptions":
         """An independent copy: its dict and list fields can be mutated without touching self."""
-        return _copy_containers(self)
+        return copy_containers(self)
 
 
 def check_invoke_options(opts: Any) -> InvokeOptions:
@@ -531,8 +367,8 @@ def check_no_unknown(what: str, kwargs: dict, tolerated: tuple[str, ...] = ()) -
 
 def check_return_nums(n: Any, what: str = "return_nums") -> int:
     """Check a declared number of return values: an int in [0, 100]."""
-    if not _is_instance(n, (int,)):
-        raise YRTypeError(f"{what} must be an int, got {_show(n)} ({type(n).__name__})")
+    if not is_instance_of(n, (int,)):
+        raise YRTypeError(f"{what} must be an int, got {show(n)} ({type(n).__name__})")
     if not 0 <= n <= 100:
         raise YRValueError(f"{what} must be in [0, 100], got {n!r}")
     return n
@@ -561,110 +397,110 @@ _LOGS_INSTEAD = "pass logger= (a logging.Logger that gets yrdask's records) or c
 class Config:
     """Settings for ``yr.init``: where the cluster is, logging, timeouts and defaults for the job."""
 
-    # Each field is honoured (docs/options.md says how) or rejected when set (_no: why, and
+    # Each field is honoured (docs/options.md says how) or rejected when set (unsupported: why, and
     # what to use instead); tests/test_options_walk.py walks them all.
-    function_id: str = _opt(_no(_STR, _DEPLOYED, _PICKLED), "")
-    cpp_function_id: str = _opt(_no(_STR, _DEPLOYED, _PICKLED), "")
-    cpp_auto_function_name: str = _opt(_no(_STR, _DEPLOYED, _PICKLED), "")
-    function_name: str = _opt(_no(_STR, _DEPLOYED, _PICKLED), "")
-    server_address: str = _opt(_STR, "")
-    ds_address: str = _opt(_no(_STR, _NO_DS, "join the cluster with server_address= only"), "")
-    is_driver: bool = _opt(_no(
-        _bool(), "only a driver calls yr.init; code in tasks and instances is initialised "
+    function_id: str = spec_field(unsupported(STR, _DEPLOYED, _PICKLED), "")
+    cpp_function_id: str = spec_field(unsupported(STR, _DEPLOYED, _PICKLED), "")
+    cpp_auto_function_name: str = spec_field(unsupported(STR, _DEPLOYED, _PICKLED), "")
+    function_name: str = spec_field(unsupported(STR, _DEPLOYED, _PICKLED), "")
+    server_address: str = spec_field(STR, "")
+    ds_address: str = spec_field(unsupported(STR, _NO_DS, "join the cluster with server_address= only"), "")
+    is_driver: bool = spec_field(unsupported(
+        bool_spec(), "only a driver calls yr.init; code in tasks and instances is initialised "
         "already", "do not call yr.init inside tasks"), True)
-    log_level: str | int = _opt(_Spec((str, int), "a str or an int (log level)"), "")
-    invoke_timeout: int = _opt(_no(
-        _int(1, note="seconds"), "there is no HTTP frontend whose reads it would bound",
+    log_level: str | int = spec_field(Spec((str, int), "a str or an int (log level)"), "")
+    invoke_timeout: int = spec_field(unsupported(
+        int_spec(1, note="seconds"), "there is no HTTP frontend whose reads it would bound",
         "pass timeout= to yr.get / yr.wait, and InvokeOptions(schedule_timeout_ms=...)"), 900)
     # local_mode: yr's single-process mode runs here on the embedded cluster (cluster semantics)
-    local_mode: bool = _opt(_bool(), False)
-    code_dir: str = _opt(_no(_STR, _CODE, _CODE_INSTEAD), "")
-    connection_nums: int = _opt(_no(_int(1), _HTTP, _DASK_COMM), 100)
-    recycle_time: int = _opt(_no(
-        _Spec((int,), "an int (seconds)", check=_check_recycle_time),
+    local_mode: bool = spec_field(bool_spec(), False)
+    code_dir: str = spec_field(unsupported(STR, _CODE, _CODE_INSTEAD), "")
+    connection_nums: int = spec_field(unsupported(int_spec(1), _HTTP, _DASK_COMM), 100)
+    recycle_time: int = spec_field(unsupported(
+        Spec((int,), "an int (seconds)", check=_check_recycle_time),
         "stateless calls run on leases, which go back after 1 s idle, not on recycled instances",
         "leave it 2"), 2)
-    in_cluster: bool | None = _opt(_no(
-        _bool(none_ok=True), "a driver always joins through the Dask scheduler",
+    in_cluster: bool | None = spec_field(unsupported(
+        bool_spec(none_ok=True), "a driver always joins through the Dask scheduler",
         "give server_address="), None)
-    job_id: str = _opt(_STR, "")
-    tls_config: Any = _opt(_no(_ANY, "openYuanrong's TLS config object is not read", _TLS), None)
-    auto: bool = _opt(_bool(), False)
-    deployment_config: Any = _opt(_no(
-        _ANY, "the embedded cluster is sized by CPUs only",
+    job_id: str = spec_field(STR, "")
+    tls_config: Any = spec_field(unsupported(ANY, "openYuanrong's TLS config object is not read", _TLS), None)
+    auto: bool = spec_field(bool_spec(), False)
+    deployment_config: Any = spec_field(unsupported(
+        ANY, "the embedded cluster is sized by CPUs only",
         "use num_cpus= (its workers offer their memory limit)"), None)
-    rt_server_address: str = _opt(_no(_STR, "there is no runtime server to reach",
+    rt_server_address: str = spec_field(unsupported(STR, "there is no runtime server to reach",
                                       "give server_address= (the Dask scheduler)"), "")
-    log_dir: str = _opt(_no(_STR, _LOGS, _LOGS_INSTEAD), "./")
-    env_file: str = _opt(_STR, "")
-    log_file_size_max: int = _opt(_no(_int(0), _LOGS, _LOGS_INSTEAD), 0)
-    log_file_num_max: int = _opt(_no(_int(0), _LOGS, _LOGS_INSTEAD), 0)
-    log_flush_interval: int = _opt(_no(_int(0, note="seconds"), _LOGS, _LOGS_INSTEAD), 5)
-    logger: logging.Logger | None = _opt(_Spec(None, "None or a logging.Logger", check=_check_logger), None)
-    runtime_id: str = _opt(_no(_STR, "a driver has no runtime id but its job_id",
+    log_dir: str = spec_field(unsupported(STR, _LOGS, _LOGS_INSTEAD), "./")
+    env_file: str = spec_field(STR, "")
+    log_file_size_max: int = spec_field(unsupported(int_spec(0), _LOGS, _LOGS_INSTEAD), 0)
+    log_file_num_max: int = spec_field(unsupported(int_spec(0), _LOGS, _LOGS_INSTEAD), 0)
+    log_flush_interval: int = spec_field(unsupported(int_spec(0, note="seconds"), _LOGS, _LOGS_INSTEAD), 5)
+    logger: logging.Logger | None = spec_field(Spec(None, "None or a logging.Logger", check=_check_logger), None)
+    runtime_id: str = spec_field(unsupported(STR, "a driver has no runtime id but its job_id",
                                "use job_id="), "driver")
-    max_task_instance_num: int = _opt(_no(
-        _int(-1, note="-1 = unlimited"), "stateless calls do not run on function instances",
+    max_task_instance_num: int = spec_field(unsupported(
+        int_spec(-1, note="-1 = unlimited"), "stateless calls do not run on function instances",
         "size the cluster (num_cpus= or more dask workers)"), -1)
-    load_paths: list = _opt(_no(_LIST, _CODE, _CODE_INSTEAD), factory=list)
-    rpc_timeout: int = _opt(_no(_int(1, note="seconds"), _HTTP, _DASK_COMM), 1800)
-    enable_mtls: bool | None = _opt(_bool(none_ok=True), None)
-    enable_tls: bool | None = _opt(_bool(none_ok=True), None)
-    private_key_path: str = _opt(_STR, "")
-    certificate_file_path: str = _opt(_STR, "")
-    verify_file_path: str = _opt(_STR, "")
-    private_key_paaswd: str = _opt(_no(
-        _STR, "Dask loads TLS keys without a password",
+    load_paths: list = spec_field(unsupported(LIST, _CODE, _CODE_INSTEAD), factory=list)
+    rpc_timeout: int = spec_field(unsupported(int_spec(1, note="seconds"), _HTTP, _DASK_COMM), 1800)
+    enable_mtls: bool | None = spec_field(bool_spec(none_ok=True), None)
+    enable_tls: bool | None = spec_field(bool_spec(none_ok=True), None)
+    private_key_path: str = spec_field(STR, "")
+    certificate_file_path: str = spec_field(STR, "")
+    verify_file_path: str = spec_field(STR, "")
+    private_key_paaswd: str = spec_field(unsupported(
+        STR, "Dask loads TLS keys without a password",
         "give an unencrypted private_key_path"), "", repr=False)  # secret: kept out of repr
-    server_name: str = _opt(_no(_STR, "Dask checks the scheduler's certificate against the CA, "
+    server_name: str = spec_field(unsupported(STR, "Dask checks the scheduler's certificate against the CA, "
                                 "not against a configured server name", _TLS), "")
-    http_ioc_threads_num: int = _opt(_no(_int(1), _HTTP, _DASK_COMM), 400)
-    ns: str = _opt(_no(_STR, "a job-wide default namespace is not implemented",
+    http_ioc_threads_num: int = spec_field(unsupported(int_spec(1), _HTTP, _DASK_COMM), 400)
+    ns: str = spec_field(unsupported(STR, "a job-wide default namespace is not implemented",
                        "give InvokeOptions(namespace=...) and yr.get_instance(name, namespace=...)"),
                    "")
-    tenant_id: str = _opt(_no(_STR, _IAM, _TLS), "")
-    auth_token: str = _opt(_no(_STR, _IAM, _TLS), "", repr=False)  # secret: kept out of repr
-    enable_metrics: bool = _opt(_no(
-        _bool(), "metrics are the scheduler's (Dask's /metrics and the yr dashboard pages), "
+    tenant_id: str = spec_field(unsupported(STR, _IAM, _TLS), "")
+    auth_token: str = spec_field(unsupported(STR, _IAM, _TLS), "", repr=False)  # secret: kept out of repr
+    enable_metrics: bool = spec_field(unsupported(
+        bool_spec(), "metrics are the scheduler's (Dask's /metrics and the yr dashboard pages), "
         "not the driver's", "leave it True; turn the dashboard off on the scheduler "
         "(dask scheduler --no-dashboard)"), True)
-    bypass_datasystem: bool | None = _opt(_no(
-        _bool(none_ok=True), _NO_DS + ": values up to 512 KiB already travel inline",
+    bypass_datasystem: bool | None = spec_field(unsupported(
+        bool_spec(none_ok=True), _NO_DS + ": values up to 512 KiB already travel inline",
         "leave it None"), None)
-    custom_envs: dict[str, str] = _opt(_no(
-        _STR_DICT, "worker processes are shared by every job and are not restarted per job",
+    custom_envs: dict[str, str] = spec_field(unsupported(
+        STR_DICT, "worker processes are shared by every job and are not restarted per job",
         "use InvokeOptions(env_vars=...) or runtime_env={\"env_vars\": ...}: that work runs "
         "in its own process with them"), factory=dict)
-    master_addr_list: list = _opt(_no(_LIST, "there are no master nodes",
+    master_addr_list: list = spec_field(unsupported(LIST, "there are no master nodes",
                                       "give server_address= (the Dask scheduler)"), factory=list)
-    working_dir: str = _opt(_STR, "")
-    enable_ds_encrypt: bool = _opt(_no(_bool(), _NO_DS, _TLS), False)
-    ds_public_key_path: str = _opt(_no(_STR, _NO_DS, _TLS), "")
-    runtime_public_key_path: str = _opt(_no(_STR, _NO_DS, _TLS), "")
-    runtime_private_key_path: str = _opt(_no(_STR, _NO_DS, _TLS), "")
-    num_cpus: int | None = _opt(_int(1, none_ok=True), None)
+    working_dir: str = spec_field(STR, "")
+    enable_ds_encrypt: bool = spec_field(unsupported(bool_spec(), _NO_DS, _TLS), False)
+    ds_public_key_path: str = spec_field(unsupported(STR, _NO_DS, _TLS), "")
+    runtime_public_key_path: str = spec_field(unsupported(STR, _NO_DS, _TLS), "")
+    runtime_private_key_path: str = spec_field(unsupported(STR, _NO_DS, _TLS), "")
+    num_cpus: int | None = spec_field(int_spec(1, none_ok=True), None)
     # yrdask extensions (Ray's ray.init(num_gpus=, resources=)): what the embedded cluster's
     # node offers besides its CPUs; GPUs declared here need no hardware (docs/nodes.md).
-    num_gpus: int | None = _opt(_int(0, none_ok=True), None)
-    resources: dict = _opt(_Spec((dict,), "a dict[str, float]", keys=(str,),
+    num_gpus: int | None = spec_field(int_spec(0, none_ok=True), None)
+    resources: dict = spec_field(Spec((dict,), "a dict[str, float]", keys=(str,),
                                  items=(int, float), check=_check_node_resources),
                            factory=dict)
     # Bytes of shared memory the node's object store may hold before it spills to disk
     # (docs/objects.md); None: the Dask key yrdask.object-store.memory, else 30 % of memory.
-    object_store_memory: int | None = _opt(_int(1, note="bytes", none_ok=True), None)
-    runtime_env: dict | None = _opt(_no(
-        _Spec((dict, _NoneType), "None or a dict"), "a job-wide runtime environment is not "
+    object_store_memory: int | None = spec_field(int_spec(1, note="bytes", none_ok=True), None)
+    runtime_env: dict | None = spec_field(unsupported(
+        Spec((dict, NoneType), "None or a dict"), "a job-wide runtime environment is not "
         "implemented", "give InvokeOptions(runtime_env=...) to the functions and classes "
         "that need it"), None)
-    log_to_driver: bool = _opt(_bool(), False)
-    dedup_logs: bool = _opt(_bool(), True)
+    log_to_driver: bool = spec_field(bool_spec(), False)
+    dedup_logs: bool = spec_field(bool_spec(), True)
     # yrdask extension: the Dask TLS settings (a distributed.security.Security) used to
     # join a secure cluster; None for a plain-TCP cluster.
-    security: object = _opt(_Spec(None, "None or a distributed.security.Security", check=_check_security), None)
+    security: object = spec_field(Spec(None, "None or a distributed.security.Security", check=_check_security), None)
 
     def __post_init__(self) -> None:
-        _validate_fields(self)  # a bad setting fails where it is written, not at yr.init
-        _reject_unsupported(self)
+        validate_fields(self)  # a bad setting fails where it is written, not at yr.init
+        reject_unsupported(self)
 
     def validate(self) -> "Config":
         """Check every setting's type and range; raise YRTypeError / YRValueError naming the field.
@@ -673,17 +509,17 @@ class Config:
         says what to use instead (docs/options.md); so is a setting that would be ignored
         because of another one.
         """
-        _validate_fields(self)
-        _reject_unsupported(self)
+        validate_fields(self)
+        reject_unsupported(self)
         for name, rule in _CONFIG_RULES:
             problem = rule(self)
             if problem is not None:
-                raise YRValueError(f"Config.{name} {problem}, got {_show(getattr(self, name))}")
+                raise YRValueError(f"Config.{name} {problem}, got {show(getattr(self, name))}")
         return self
 
     def resolved(self) -> "Config":
         """A validated copy with unset fields filled from the environment and a fresh job id."""
-        conf: Config = _copy_containers(self)
+        conf: Config = copy_containers(self)
         if not conf.server_address and not (conf.auto or conf.local_mode):
             conf.server_address = os.environ.get("YR_SERVER_ADDRESS", "")
         if conf.log_level == "":

@@ -566,7 +566,7 @@ def _task_args_let_go_when_queued(patch: Patch) -> None:
 
 
 def _borrowers_not_recorded(patch: Patch) -> None:
-    from yrdask.runtime.objects import ObjectTable
+    from yrdask.runtime.object_table import ObjectTable
 
     real = ObjectTable.on_done_refs
 
@@ -577,13 +577,13 @@ def _borrowers_not_recorded(patch: Patch) -> None:
 
 
 def _contains_ignored(patch: Patch) -> None:
-    from yrdask.runtime.objects import ObjectTable
+    from yrdask.runtime.object_table import ObjectTable
 
     patch(ObjectTable, "contains", lambda self, outer, inner: None)
 
 
 def _process_death_ignored(patch: Patch) -> None:
-    from yrdask.runtime.objects import ObjectTable
+    from yrdask.runtime.object_table import ObjectTable
 
     patch(ObjectTable, "process_died", lambda self, address: None)
 

@@ -293,7 +293,7 @@ class _SimRuntime(PeerLiveness, CallerAnswers):
     def __init__(self, world: "World", node: "ProcNode") -> None:
         from yrdask.runtime.call_order import CallOrder
         from yrdask.runtime.instance_router import InstanceRouter
-        from yrdask.runtime.objects import ObjectTable
+        from yrdask.runtime.object_table import ObjectTable
 
         self.world = world
         self.node = node

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class LeaseRecorder:
-    """A ``LeaseEdge`` (``scheduler/lease_service.py``): a settable clock, the timers and the
+    """A ``LeaseServiceEdge`` (``scheduler/lease_service.py``): a settable clock, the timers and the
     messages to owners kept in lists, jobs and workers as sets the test fills."""
 
     def __init__(self, jobs: set[str] | None = None, workers: set[str] | None = None) -> None:

@@ -262,7 +262,7 @@ def test_owner_timeouts_are_read_from_the_config_and_checked():
 
 
 def test_gc_freeze_key_is_a_bool():
-    """``yrdask.process.gc-freeze`` (docs/performance.md): a non-bool is refused by name
+    """``yrdask.process.gc-freeze`` (docs/scheduling.md): a non-bool is refused by name
     (``yr.init`` checks it before it starts anything: test_embedded_cluster)."""
     import dask
 

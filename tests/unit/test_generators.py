@@ -205,7 +205,7 @@ class _Runtime:
     """Just what :class:`Stream` touches: streams, on_loop, objects, free_remote, cancel."""
 
     def __init__(self) -> None:
-        from yrdask.runtime.objects import ObjectTable
+        from yrdask.runtime.object_table import ObjectTable
 
         self.streams: dict = {}
         self.objects = ObjectTable(self, 512 * 1024)

@@ -33,7 +33,7 @@ class Edge(LeaseRecorder):
         if self.groups is not None:
             self.groups.after_feed()
 
-    # GroupEdge
+    # GroupServiceEdge
     def grant_pending(self) -> None:
         self.grants += 1
         self.leases.tick()

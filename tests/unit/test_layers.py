@@ -13,8 +13,8 @@ import yrdask
 ROOT = Path(yrdask.__file__).parent
 
 #: base modules: import nothing of yrdask but other base modules.
-BASE = {"protocol", "errors", "options", "affinity", "serialization", "config", "stream",
-        "statemachine", "words"}
+BASE = {"protocol", "errors", "options", "field_specs", "affinity", "serialization", "config",
+        "stream", "statemachine", "words"}
 
 #: floor -> the floors it may import (besides itself and base).
 ALLOWED: dict[str, set[str]] = {

@@ -750,8 +750,7 @@ def test_the_extension_announces_a_new_process_at_a_removed_workers_address():
 
 
 def test_a_waiting_request_is_explained_by_worker_with_the_classes_that_hold_it():
-    """The issue's example: default cpu=500 on a 2-core machine fits 4 instances; the 5th
-    waits, and says why."""
+    """Default cpu=500 on a 2-core machine fits 4 instances; the 5th waits, and says why."""
     q = Q(**{A: {"CPU": 2000.0, "Memory": 4000.0}})
     shape = {"CPU": 500.0, "Memory": 0.0}
     for i in range(1, 5):

@@ -32,7 +32,7 @@ def test_an_object_nobody_borrowed_is_freed_with_its_last_local_ref():
     w.validate()
 
 
-def test_the_issue_pattern_result_borrowed_then_lent_to_an_instance_then_freed():
+def test_a_result_borrowed_then_lent_to_an_instance_then_freed():
     """W returns [r] in result x to C; C lends r to instance A; everyone drops."""
     w, c, a = R.RefCounter("W"), R.RefCounter("C"), R.RefCounter("A")
     (wait,) = w.handle(R.Lent("pack", "r", "C", via="x", held=True))

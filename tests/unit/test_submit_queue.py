@@ -866,7 +866,7 @@ def _refs(*ids: str) -> list:
     """Real ObjectRefs of a stand-in runtime (pickling a ref asks its runtime's table)."""
     import types
 
-    from yrdask.runtime.objects import ObjectTable
+    from yrdask.runtime.object_table import ObjectTable
 
     rt = types.SimpleNamespace(address="tcp://me:1", closed=False)
     rt.objects = ObjectTable(rt, 1024)

@@ -6,8 +6,8 @@
 answer, a broken channel, handles made, dropped, sent, unpickled, rpc answers) into events,
 reads the rpc answers (a creation that bound nothing or raised fails, a locate that says
 ``DEAD`` or raised names no worker) and hands each instruction to a small
-:class:`RouterEdge`.  The runtime's adapter (``runtime/instance_router.py``) is its own edge
-(payloads, channels, rpcs on the loop); the simulation (``tests/sim/calls.py``) plugs in its
+:class:`CallRouterEdge`.  The runtime's adapter (``runtime/instance_router.py``) holds one and
+is its edge (payloads, channels, rpcs on the loop); the simulation (``tests/sim/calls.py``) plugs in its
 links, so it drives this very code.
 """
 
@@ -20,7 +20,7 @@ from yrdask.errors import InstanceMovedError
 from yrdask.runtime import call_order as C
 
 
-class RouterEdge(Protocol):
+class CallRouterEdge(Protocol):
     """What :class:`CallRouter` needs of the world around it."""
 
     def send_call(self, ins: C.SendCall) -> None:
@@ -49,9 +49,9 @@ class RouterEdge(Protocol):
 
 class CallRouter:
     """Feeds :class:`CallOrder` and carries out its instructions through a
-    :class:`RouterEdge`."""
+    :class:`CallRouterEdge`."""
 
-    def __init__(self, edge: RouterEdge, order: C.CallOrder) -> None:
+    def __init__(self, edge: CallRouterEdge, order: C.CallOrder) -> None:
         self.edge = edge
         self.order = order
 

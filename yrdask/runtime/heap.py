@@ -5,7 +5,7 @@ libraries (Dask, Tornado, numpy, yrdask).  A burst of pending tasks or calls add
 thousands of young objects (refs, entries), which sets off full collections, and each full
 collection walked all of them again: 6-8 µs of GC per task or call in the driver.
 ``gc.freeze()`` moves the objects alive at start-up into the permanent generation, which
-collections skip (docs/performance.md, "The driver's garbage collector").
+collections skip (docs/changelog/performance-history.md, "2026-11-27: The driver's garbage collector").
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 Every rule (per-caller order, creation and locating, redelivery after a lost channel, dead
 routes, handle counts) lives in :mod:`yrdask.runtime.call_order`, and what is done with its
 instructions and the rpc answers in :mod:`yrdask.runtime.call_router` (which the simulation
-drives too); this adapter is that router's edge: it keeps what the machine does not see
-(the creation specs, the pickled arguments, the ref arguments and the result entries of
-each call), turns the runtime's callbacks into the router's calls and carries out the
-instructions: rpcs to the scheduler, ``CALL_METHOD`` on the call channels, settling result
+drives too); this adapter holds that router and is its edge: it keeps what the machine
+does not see (the creation specs, the pickled arguments, the ref arguments and the result
+entries of each call), turns the runtime's callbacks into the router's calls and carries out
+the instructions: rpcs to the scheduler, ``CALL_METHOD`` on the call channels, settling result
 entries, and the batched ``HANDLE_REFS`` report.  All methods run on the loop thread.
 """
 
@@ -47,17 +47,27 @@ class Call:
     events: bool = True  # False: the call leaves no record (P.CallMethod)
 
 
-class InstanceRouter(CallRouter):
+class InstanceRouter:
     """See module docstring; ``order`` is the machine (one per process).  What it does with
-    the machine's instructions is decided by :class:`CallRouter` (which the simulation drives
-    too); this class is its edge (:class:`~yrdask.runtime.call_router.RouterEdge`)."""
+    the machine's instructions is decided by its :class:`CallRouter` (``decisions``, which
+    the simulation drives too, on an edge of its own); this class is that router's edge
+    (:class:`~yrdask.runtime.call_router.CallRouterEdge`)."""
 
     def __init__(self, runtime: Any, order: C.CallOrder | None = None) -> None:
         self.rt = runtime
         if order is None:
             order = C.CallOrder(max_redeliveries=int(
                 dask.config.get("yrdask.scheduling.max-call-redeliveries", 1)))
-        super().__init__(self, order)
+        self.order = order
+        self.decisions = decisions = CallRouter(self, order)
+        # what the API and the rpc answers tell the decisions directly (bound once: no call
+        # of this class in between): handles made, dropped, sent and unpickled, rpc replies
+        self.incref = decisions.incref
+        self.decref = decisions.decref
+        self.transit = decisions.transit
+        self.arrived = decisions.arrived
+        self.create_answered = decisions.create_answered
+        self.locate_answered = decisions.locate_answered
         self.calls: dict[str, Call] = {}
         self.specs: dict[str, tuple[dict, list]] = {}  # creations not answered yet
 
@@ -66,7 +76,7 @@ class InstanceRouter(CallRouter):
     def create(self, spec: dict, dep_refs: list) -> None:
         iid = spec["instance_id"]
         self.specs[iid] = (spec, dep_refs)
-        self.create_requested(iid)
+        self.decisions.create_requested(iid)
         when_ready(dep_refs, lambda: self._create_ready(iid))
 
     def _create_ready(self, iid: str) -> None:
@@ -79,23 +89,23 @@ class InstanceRouter(CallRouter):
                     self.rt.objects.pin({ref._id: ref._entry.owner or self.rt.address})
         else:
             del self.specs[iid]
-        self.create_deps_ready(iid, error)
+        self.decisions.create_deps_ready(iid, error)
 
     def call(self, call: Call) -> None:
         cid = call.call_id
         self.calls[cid] = call
         refs = call.dep_refs
         if refs and pending_owned(refs):
-            self.submit(cid, call.instance_id, False, None, call.max_redeliveries,
-                        call.unordered, call.concurrency)
-            when_ready(refs, lambda: self.deps_ready(cid, failed_dep(refs)))
+            self.decisions.submit(cid, call.instance_id, False, None,
+                                  call.max_redeliveries, call.unordered, call.concurrency)
+            when_ready(refs, lambda: self.decisions.deps_ready(cid, failed_dep(refs)))
         elif not refs:  # the usual: no ref argument (sent at once: CallRouter.submit)
-            self.submit(cid, call.instance_id, True, None, call.max_redeliveries,
-                        call.unordered, call.concurrency)
+            self.decisions.submit(cid, call.instance_id, True, None,
+                                  call.max_redeliveries, call.unordered, call.concurrency)
         else:
             error = failed_dep(refs)
-            self.submit(cid, call.instance_id, True, error, call.max_redeliveries,
-                        call.unordered, call.concurrency)
+            self.decisions.submit(cid, call.instance_id, True, error,
+                                  call.max_redeliveries, call.unordered, call.concurrency)
 
     def cancel(self, cid: str, recursive: bool = False) -> bool:
         """Ray's ``cancel`` of an actor task; False if ``cid`` is no call waiting for its
@@ -130,7 +140,7 @@ class InstanceRouter(CallRouter):
         if call.cancelled or results is None:
             return False
         call.results = results
-        self.done(cid)  # (CallRouter: the usual answer settles through call_succeeded)
+        self.decisions.done(cid)  # (the usual answer settles through call_succeeded)
         return True
 
     def on_done(self, msg: P.TaskDone) -> bool:
@@ -149,14 +159,14 @@ class InstanceRouter(CallRouter):
             if call.cancelled and isinstance(getattr(error, "to_exception", None) and
                                              error.to_exception(), InstanceDiedError):
                 error = CancelledError(f"Task: {cid} was cancelled.")  # then its actor ended
-        self.done(cid, error)
+        self.decisions.done(cid, error)
         return True
 
     def on_channel_lost(self, worker: str) -> None:
         """Calls not answered go back to their routes, which locate their instance again."""
-        self.channel_lost(worker)
+        self.decisions.channel_lost(worker)
 
-    # -- the edge (RouterEdge) -----------------------------------------------------------
+    # -- the edge (CallRouterEdge) -----------------------------------------------------------
 
     def send_call(self, ins: C.SendCall) -> None:
         call = self.calls[ins.call_id]
@@ -192,7 +202,7 @@ class InstanceRouter(CallRouter):
             entry.set_error(error)
 
     def flush_soon(self) -> None:
-        self.rt.loop.call_soon(self.flush)
+        self.rt.loop.call_soon(self.decisions.flush)
 
     def report_handles(self, ins: C.ReportHandles) -> None:
         self.rt.connector.stream_send(P.HandleRefs(

@@ -27,7 +27,7 @@ from yrdask.serialization import Frames, dumps, dumps_value, loads, unpicklable,
 if TYPE_CHECKING:
     from yrdask.runtime.generators import Stream
     from yrdask.runtime.node import LocalNode
-    from yrdask.runtime.objects import ObjectTable
+    from yrdask.runtime.object_table import ObjectTable
 
 logger = logging.getLogger("yrdask")
 

@@ -1,7 +1,7 @@
 """Ownership reference counting: when a value, and every copy of it, may be freed.
 
 One :class:`RefCounter` per process; pure (no I/O, threads or clocks), driven by the object
-table (``runtime/objects.py``) and by the protocol messages :class:`~yrdask.protocol.WaitRefsRemoved`,
+table (``runtime/object_table.py``) and by the protocol messages :class:`~yrdask.protocol.WaitRefsRemoved`,
 :class:`~yrdask.protocol.RefsRemoved` and :class:`~yrdask.protocol.AddBorrower`.
 
 The protocol is Ray's ownership protocol (``reference_count.cc``: borrowers, borrowers of

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from yrdask import protocol as P
 from yrdask.runtime import context
 from yrdask.runtime.context import current_owner
-from yrdask.runtime.objects import ObjectRef, ObjectTable, pack_counting, pack_recording_refs
+from yrdask.runtime.object_table import ObjectTable
+from yrdask.runtime.objects import ObjectRef, pack_counting, pack_recording_refs
 from yrdask.runtime.object_access import ObjectAccess
 from yrdask.runtime.answers import CallerAnswers
 from yrdask.runtime.peers import PeerLiveness

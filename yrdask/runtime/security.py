@@ -6,7 +6,8 @@ import os
 from typing import Any
 
 from yrdask.errors import YRValueError
-from yrdask.options import Config, _show
+from yrdask.field_specs import show
+from yrdask.options import Config
 
 
 # The client-side TLS files: openYuanrong's Config field, the Security attribute it fills and
@@ -49,7 +50,7 @@ def resolve_security(conf: Config) -> Any:
         sec.get_connection_args("client")
         sec.get_listen_args("client")
     except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
-        files = ", ".join(f"{names[attr]}={_show(getattr(sec, attr, None), 60)}"
+        files = ", ".join(f"{names[attr]}={show(getattr(sec, attr, None), 60)}"
                           for _, attr, _ in _TLS_FILES)
         raise YRValueError(f"the TLS files do not load ({files}): {e}") from None
     except (AttributeError, TypeError) as e:  # a subclass that can only connect

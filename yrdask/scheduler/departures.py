@@ -18,7 +18,7 @@ from yrdask import protocol as P
 from yrdask.scheduler.lease_service import LeaseService
 
 
-class DepartureEdge(Protocol):
+class DeparturesEdge(Protocol):
     """What :class:`Departures` needs of the world around it."""
 
     def broadcast(self, msg: P.Message, but: str) -> None:
@@ -31,7 +31,7 @@ class Departures:
     (:class:`~yrdask.scheduler.group_adapter.GroupService`) may be None where a world has
     none."""
 
-    def __init__(self, edge: DepartureEdge, leases: LeaseService, instances: Any = None,
+    def __init__(self, edge: DeparturesEdge, leases: LeaseService, instances: Any = None,
                  groups: Any = None) -> None:
         self.edge = edge
         self.leases = leases

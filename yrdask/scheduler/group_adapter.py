@@ -4,10 +4,10 @@ Ops (:mod:`yrdask.protocol`, resource-group section): ``yr_create_resource_group
 ``yr_remove_resource_group``, ``yr_wait_resource_group``, ``yr_get_resource_group``. The
 decisions are :class:`~yrdask.scheduler.groups.GroupMachine`'s; :class:`GroupService` feeds it
 events (from those rpcs, from every lease-queue step that may have changed capacity, from
-ended jobs) and carries out its instructions through a small :class:`GroupEdge` (let the lease
+ended jobs) and carries out its instructions through a small :class:`GroupServiceEdge` (let the lease
 queue grant what a reservation or release made possible, kill instances and revoke leases that
 ran in a removed group, answer waiters), as ``scheduler/lease_service.py`` does with
-``LeaseEdge``.
+``LeaseServiceEdge``.
 :class:`ResourceGroupService` plugs in the scheduler's loop and streams; the simulation
 (``tests/sim/world.py``) plugs in its links, so it drives this very code.
 """
@@ -28,7 +28,7 @@ logger = logging.getLogger("yrdask.scheduler")
 KILL_WAIT_S = 30.0  # how long a removal waits for the instances in the group to stop
 
 
-class GroupEdge(Protocol):
+class GroupServiceEdge(Protocol):
     """What :class:`GroupService` needs of the world around it."""
 
     def grant_pending(self) -> None:
@@ -51,9 +51,9 @@ class GroupEdge(Protocol):
 
 class GroupService:
     """Feeds the group machine and carries out its instructions through a
-    :class:`GroupEdge`; ``leases`` is the lease queue whose ledger the groups reserve in."""
+    :class:`GroupServiceEdge`; ``leases`` is the lease queue whose ledger the groups reserve in."""
 
-    def __init__(self, edge: GroupEdge, leases: Any) -> None:
+    def __init__(self, edge: GroupServiceEdge, leases: Any) -> None:
         self.edge = edge
         self.machine = G.GroupMachine(leases.ledger)
         leases.bundles = self.machine  # the lease queue fits bundle requests through it

@@ -8,7 +8,7 @@ for Dask to confirm a lost worker), when an acquire is skipped (cancelled before
 or its grant turned into a loss (the worker went meanwhile), which stops are sent and which
 are settled at once, what a started instance is told (restart count, checkpoint, devices).
 Answers go to callbacks, called exactly once.  It does no I/O itself: a small
-:class:`InstanceEdge` carries it out (the clock, timers, ``START_INSTANCE``, ``STOP_INSTANCE``,
+:class:`InstanceServiceEdge` carries it out (the clock, timers, ``START_INSTANCE``, ``STOP_INSTANCE``,
 resources through the lease service, Dask's view of the workers).  The Dask adapter
 (``scheduler/instance_manager.py``) plugs in its loop, streams and rpcs; the simulation
 (``tests/sim/calls.py``) plugs in its virtual clock and links, so it drives this very code.
@@ -42,7 +42,7 @@ RPC_OPS = (P.CREATE_INSTANCE, P.LOCATE_INSTANCE, P.KILL_INSTANCE)
 OPS = (P.SAVE_STATE, P.HANDLE_REFS, P.INSTANCE_STATE)
 
 
-class InstanceEdge(Protocol):
+class InstanceServiceEdge(Protocol):
     """What :class:`InstanceService` needs of the world around it."""
 
     def now(self) -> float:
@@ -94,12 +94,12 @@ class InstanceEdge(Protocol):
 
 class InstanceService:
     """Feeds the :class:`~yrdask.scheduler.lifecycle.Lifecycle` and carries out its
-    instructions through an :class:`InstanceEdge`; see module docstring.
+    instructions through an :class:`InstanceServiceEdge`; see module docstring.
 
     ``ledger``: the lease queue's ledger, read for the devices an instance holds.
     """
 
-    def __init__(self, edge: InstanceEdge, lifecycle: L.Lifecycle | None = None,
+    def __init__(self, edge: InstanceServiceEdge, lifecycle: L.Lifecycle | None = None,
                  ledger: Any = None) -> None:
         self.edge = edge
         self.lifecycle = lifecycle if lifecycle is not None else L.Lifecycle()

@@ -5,7 +5,7 @@ lease queue's answers.
 this class decides what the adapter around it does: which requests it refuses before asking
 (a requester with no job stream that is no worker), which grants it releases at once (the
 caller stopped waiting, or the requester is gone), where answers, revocations and timers go.
-It does no I/O itself: a small :class:`LeaseEdge` carries out the edge (the clock, timers,
+It does no I/O itself: a small :class:`LeaseServiceEdge` carries out the edge (the clock, timers,
 sends to an owner, who is connected).  The Dask extension (``scheduler/extension.py``) plugs in
 its loop and streams; the simulation (``tests/sim/world.py``) plugs in its virtual clock and
 links, so it drives this very code.
@@ -28,7 +28,7 @@ Answer = Callable[[list], None]
 STREAM_OPS = (P.RETURN_LEASES, P.WITHDRAW_LEASE_REQUESTS, P.LEASE_BLOCKED, P.LEASE_UNBLOCKED)
 
 
-class LeaseEdge(Protocol):
+class LeaseServiceEdge(Protocol):
     """What :class:`LeaseService` needs of the world around it."""
 
     def now(self) -> float:
@@ -52,14 +52,14 @@ class LeaseEdge(Protocol):
 
 
 class LeaseService:
-    """Feeds the lease queue and carries out its instructions through a :class:`LeaseEdge`.
+    """Feeds the lease queue and carries out its instructions through a :class:`LeaseServiceEdge`.
 
     A request is opened with :meth:`open` and an ``answer`` callback, called exactly once
     with ``[holding_id, worker]`` or ``[None, reason]`` unless the caller :meth:`close`\\ s it
     first (it stopped waiting); a grant that finds no one waiting is released at once.
     """
 
-    def __init__(self, edge: LeaseEdge, leases: LQ.LeaseQueue | None = None) -> None:
+    def __init__(self, edge: LeaseServiceEdge, leases: LQ.LeaseQueue | None = None) -> None:
         self.edge = edge
         self.leases = leases if leases is not None else LQ.LeaseQueue()
         self._answers: dict[str, tuple[Answer, LeaseRequest]] = {}  # by request id
