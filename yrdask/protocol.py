@@ -1076,6 +1076,23 @@ class StopInstance(Message):
     reason: str
 
 
+ASSIGN_ISOLATED = "yr_assign_isolated"
+
+
+@_message
+class AssignIsolated(Message):
+    """worker agent -> a spare of its zygote (rpc, the first message on the comm the agent
+    opened to it when it began to listen): become the process of ``request`` (``env``,
+    ``cwd`` and the worker's ``info``: ``zygote.child_info``), applied before any user code
+    runs.  The work follows on the same comm (:class:`StartIsolated`, :class:`RunIsolated`).
+    Reply: the process's pid."""
+
+    op: ClassVar[str] = ASSIGN_ISOLATED
+    channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_RPC,)
+    reply_type: ClassVar[Any] = int
+    request: dict
+
+
 START_ISOLATED = "yr_start_isolated"
 
 
