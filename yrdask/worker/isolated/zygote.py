@@ -24,6 +24,7 @@ from typing import Any
 from yrdask import protocol as P
 from yrdask.errors import YRValueError, describe_exit
 from yrdask.worker.isolated import START_TIMEOUT_S
+from yrdask.worker.threads import isolation_env
 
 
 def describe_exit_of(pid: int, returncode: int) -> str:
@@ -230,7 +231,10 @@ class Zygote:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "yrdask.worker.isolated", "--zygote",
              "--spares", str(spare_processes()), "--listen", json.dumps(listen)],
-            env=_child_env(None),
+            # with the thread limits of work on one CPU or less (most of it: those requests
+            # then change no limit, and skip threadpoolctl's walk, ~0.3 ms a creation), and
+            # the libraries it loads start with one thread (safe to fork)
+            env=_child_env(isolation_env(None, 1)),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.lock = threading.Lock()
         self.ready: list[_Spare] = []  # spares that listen, oldest first
