@@ -1084,13 +1084,16 @@ class AssignIsolated(Message):
     """worker agent -> a spare of its zygote (rpc, the first message on the comm the agent
     opened to it when it began to listen): become the process of ``request`` (``env``,
     ``cwd`` and the worker's ``info``: ``zygote.child_info``), applied before any user code
-    runs.  The work follows on the same comm (:class:`StartIsolated`, :class:`RunIsolated`).
-    Reply: the process's pid."""
+    runs, then do ``then`` (the wire dict of its first work, :class:`StartIsolated` or
+    :class:`RunIsolated`; one message and one dispatch for both).  Replies: the process's
+    pid once the request is applied (the agent then knows that this process took it), then
+    ``then``'s reply; without ``then``, the pid only."""
 
     op: ClassVar[str] = ASSIGN_ISOLATED
     channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_RPC,)
     reply_type: ClassVar[Any] = int
     request: dict
+    then: dict | None = None
 
 
 START_ISOLATED = "yr_start_isolated"

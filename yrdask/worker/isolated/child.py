@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import inspect
 import logging
 import os
 import threading
@@ -130,10 +131,20 @@ class IsolatedHost:
         self.server: Any = None  # its Dask Server (child_main)
         self.assigned = False  # a request was handed to it: no longer a spare
 
-    def assign_isolated(self, request: dict) -> int:
-        """:class:`P.AssignIsolated`: this spare becomes the process of ``request``: its
-        environment and directory are applied before any user code runs, and its worker's
-        ``info`` is filled in.  Reply: this process's pid."""
+    async def assign_isolated(self, comm: Any, request: dict, then: dict | None = None) -> Any:
+        """:class:`P.AssignIsolated`: this spare becomes the process of ``request`` (see
+        :meth:`assign`); its pid goes back at once, then ``then`` runs here and its reply is
+        this message's (``None`` without ``then``: the pid was the reply)."""
+        pid = self.assign(request)
+        if then is None:
+            return pid
+        await comm.write(pid)
+        result = P.dispatch(self.server.handlers, then)
+        return await result if inspect.iscoroutine(result) else result
+
+    def assign(self, request: dict) -> int:
+        """Become the process of ``request``: its environment and directory are applied
+        before any user code runs, and its worker's ``info`` is filled in; its pid."""
         if self.assigned:
             raise YRRuntimeError(f"isolated process {os.getpid()} was handed a second request")
         self.assigned = True

@@ -97,9 +97,10 @@ def _request(isolation: dict) -> tuple[dict, str | None]:
 async def start_child(isolation: dict, info: dict, connection_args: dict,
                       then: dict | None = None) -> tuple["ForkedProcess", str, Any]:
     """A process for ``isolation``: the oldest spare of this worker's zygote (listening, and
-    connected to by this agent already), handed its request (:class:`P.AssignIsolated`) and,
-    pipelined behind it on the same comm, ``then`` (an instance's ``StartIsolated``).
-    Returns the process, its address and the comm, whose next read is ``then``'s reply.
+    connected to by this agent already), handed its request and ``then`` (an instance's
+    ``StartIsolated``) in one message (:class:`P.AssignIsolated`).  Returns the process,
+    its address and the comm, whose next read is ``then``'s reply (once the process has
+    said that it took the request).
 
     A spare that dies before it takes the request (killed while it waited) is passed over
     once; if the next one dies too, the start fails at once, not after the start timeout.
@@ -113,15 +114,13 @@ async def start_child(isolation: dict, info: dict, connection_args: dict,
     z = Zygote._current
     if z is None or z.dead:  # its start blocks (once per worker): in a thread
         z = await loop.run_in_executor(None, Zygote.get, info, loop, connection_args)
-    assign = P.AssignIsolated({"env": env, "cwd": cwd, **info}).to_msg()
+    assign = P.AssignIsolated({"env": env, "cwd": cwd, **info}, then).to_msg()
     for retries in (1, 0):
         spare = await z.take()
         comm = None
         try:
             comm = await asyncio.wrap_future(spare.comm)
             await comm.write(assign)
-            if then is not None:
-                await comm.write(then)
             ack = await asyncio.wait_for(comm.read(), START_TIMEOUT_S)
         except (CommClosedError, OSError, asyncio.TimeoutError):
             if comm is not None:
@@ -475,6 +474,7 @@ def zygote_main(spares: int = 1, listen: dict | None = None) -> None:
     import yrdask.runtime.context  # noqa: F401
     import yrdask.serialization  # noqa: F401 - with the next: ~6 ms a child, measured
     import yrdask.stream  # noqa: F401
+    import yrdask.worker.dask_panels  # noqa: F401 - a child whose worker records (~0.5 ms)
     import yrdask.worker.hosting  # noqa: F401
     import yrdask.worker.isolated.child  # noqa: F401
     import yrdask.worker.output  # noqa: F401
