@@ -620,15 +620,22 @@ async def child_main(announce: Any, listen: dict) -> None:
     await asyncio.Event().wait()  # forever: killed by the agent, or with the zygote
 
 
+#: the environment the zygote started with, which a request's ``env`` and ``unset`` change
+START_ENV: dict = {}
+
+
 def apply_request(req: dict) -> None:
-    """What a request makes of a spare, before any user code runs: its environment (and the
-    thread limits of the libraries loaded already) and its directory."""
+    """What a request makes of a spare, before any user code runs: its environment (the
+    zygote's first one, :data:`START_ENV`, changed as the request says; the thread limits of
+    the libraries loaded already follow it) and its directory."""
     import tempfile
 
     from yrdask.worker.threads import follow_env
 
     before = dict(os.environ)
-    env = req["env"]
+    env = {**START_ENV, **req["env"]}
+    for key in req.get("unset") or ():
+        env.pop(key, None)
     for key in [key for key in before if key not in env]:
         del os.environ[key]
     for key, value in env.items():  # mostly the zygote's own (the worker's): set what differs

@@ -114,7 +114,7 @@ async def start_child(isolation: dict, info: dict, connection_args: dict,
     z = Zygote._current
     if z is None or z.dead:  # its start blocks (once per worker): in a thread
         z = await loop.run_in_executor(None, Zygote.get, info, loop, connection_args)
-    assign = P.AssignIsolated({"env": env, "cwd": cwd, **info}, then).to_msg()
+    assign = P.AssignIsolated({**z.env_change(env), "cwd": cwd, **info}, then).to_msg()
     for retries in (1, 0):
         spare = await z.take()
         comm = None
@@ -227,14 +227,14 @@ class Zygote:
         listen = {"host": info.get("host") or "127.0.0.1", "tls": info.get("tls") or {}}
         self.loop = loop
         self.connection_args = connection_args
+        # with the thread limits of work on one CPU or less (most of it: those requests
+        # then change no limit, and skip threadpoolctl's walk, ~0.3 ms a creation), and
+        # the libraries it loads start with one thread (safe to fork)
+        self.env = _child_env(isolation_env(None, 1))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "yrdask.worker.isolated", "--zygote",
              "--spares", str(spare_processes()), "--listen", json.dumps(listen)],
-            # with the thread limits of work on one CPU or less (most of it: those requests
-            # then change no limit, and skip threadpoolctl's walk, ~0.3 ms a creation), and
-            # the libraries it loads start with one thread (safe to fork)
-            env=_child_env(isolation_env(None, 1)),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.lock = threading.Lock()
         self.ready: list[_Spare] = []  # spares that listen, oldest first
         self.waiters: list[concurrent.futures.Future] = []  # starts waiting for a spare
@@ -242,6 +242,14 @@ class Zygote:
         self.children: dict[int, ForkedProcess] = {}
         self.dead = False
         threading.Thread(target=self._read, daemon=True, name="yr-zygote-reader").start()
+
+    def env_change(self, env: dict) -> dict:
+        """``env`` as a request carries it: what differs from the environment this zygote
+        started with (``env``: set, ``unset``: removed), mostly nothing; the child makes
+        its environment exactly ``env`` (:func:`~.child.apply_request`)."""
+        start = self.env
+        return {"env": {k: v for k, v in env.items() if start.get(k) != v},
+                "unset": [k for k in start if k not in env]}
 
     async def take(self) -> _Spare:
         """The oldest spare (the zygote then forks the next); with none, the next child
@@ -467,6 +475,10 @@ def zygote_main(spares: int = 1, listen: dict | None = None) -> None:
     """Import what a child needs once, keep ``spares`` children forked and listening that
     no start took yet, fork more when asked (see :class:`Zygote`), and report every exit."""
     import select
+
+    from yrdask.worker.isolated import child
+
+    child.START_ENV.update(os.environ)  # what the agent started it with: requests differ
 
     import distributed.comm.tcp  # noqa: F401 - what every child uses, imported once here
     import distributed.core  # noqa: F401
