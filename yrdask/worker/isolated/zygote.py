@@ -5,8 +5,8 @@ own loop (:func:`zygote_main`, run by ``python -m yrdask.worker.isolated``).  A 
 listens (its loop and Dask ``Server`` up) and says so; the agent connects to it at once, and
 it waits as a *spare*: the zygote keeps ``yrdask.instances.spare-processes`` of them ahead.
 A start takes the oldest spare and hands it its request on that connection
-(:class:`~yrdask.protocol.AssignIsolated`: its environment, directory and worker), with its
-first work pipelined behind it, and it becomes that isolated process (:mod:`.child`); the
+(:class:`~yrdask.protocol.AssignIsolated`: its environment, directory and worker) with its
+first work in the same message, and it becomes that isolated process (:mod:`.child`); the
 zygote forks the next spare.  No orphans: the zygote exits when its stdin closes and kills
 its children (spares included) first; a child dies with the zygote (``PR_SET_PDEATHSIG``).
 """
