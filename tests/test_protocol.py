@@ -76,6 +76,8 @@ SAMPLES: list[P.Message] = [
     P.StartInstance({"instance_id": "i-1", "incarnation": 2, "checkpoint": b"ck"}),
     P.StopInstance("i-1", "killed"),
     P.CrashInstance("i-1", "killed with ray.kill(no_restart=False)", 2),
+    P.AssignIsolated({"env": {"A": "1"}, "cwd": "/tmp", "worker": "tcp://w:1"},
+                     {"op": P.START_ISOLATED, "spec": {"instance_id": "i-1"}}),
     P.StartIsolated({"instance_id": "i-1", "isolation": {"env": {"A": "1"}, "cwd": "/tmp"}}),
     P.StopIsolated("terminated"),
     P.DrainInstance("i-1", 5.0),
@@ -169,7 +171,8 @@ def test_channel_groups_are_derived_from_the_table():
     assert P.OWNER_RPC == (P.FETCH_OBJECT, P.TASK_OUTPUT, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,
                            P.ADD_BORROWER, P.CANCEL_OWNED)
     assert set(P.CHANNEL_TO_WORKER) == {P.RUN_TASK, P.CANCEL_TASK, P.CALL_METHOD}
-    assert set(P.ISOLATED_RPC) == {P.OPEN_CHANNEL, P.START_ISOLATED, P.STOP_ISOLATED,
+    assert set(P.ISOLATED_RPC) == {P.OPEN_CHANNEL, P.ASSIGN_ISOLATED, P.START_ISOLATED,
+                                    P.STOP_ISOLATED,
                                     P.RUN_ISOLATED, P.CHECKPOINT_ISOLATED, P.DRAIN_INSTANCE,
                                     P.INSTANCE_MOVED}
     assert set(P.ISOLATED_TO_AGENT) == {P.CALL_RECORDS, P.RESULTS_KEPT}

@@ -1082,6 +1082,27 @@ class StopInstance(Message):
     reason: str
 
 
+ASSIGN_ISOLATED = "yr_assign_isolated"
+
+
+@_message
+class AssignIsolated(Message):
+    """worker agent -> a spare of its zygote (rpc, the first message on the comm the agent
+    opened to it when it began to listen): become the process of ``request`` (``env`` and
+    ``unset``: its environment as it differs from the one the zygote started with; ``cwd``;
+    the worker's ``info``: ``zygote.child_info``), applied before any user code runs, then
+    do ``then`` (the wire dict of its first work, :class:`StartIsolated` or
+    :class:`RunIsolated`; one message and one dispatch for both).  Replies: the process's
+    pid once the request is applied (the agent then knows that this process took it), then
+    ``then``'s reply; without ``then``, the pid only."""
+
+    op: ClassVar[str] = ASSIGN_ISOLATED
+    channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_RPC,)
+    reply_type: ClassVar[Any] = int
+    request: dict
+    then: dict | None = None
+
+
 START_ISOLATED = "yr_start_isolated"
 
 

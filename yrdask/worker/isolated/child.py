@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import inspect
 import logging
 import os
 import threading
@@ -38,15 +39,20 @@ def split_returns(result: Any, nret: int) -> list:
 
 
 REPLY_WRITE_WAIT_S = 5.0  # a thread waits this long at most for its reply to be written
+#: ``.written``: the event of the last reply this thread handed to the loop (see _ChildPeer)
+_last_reply = threading.local()
 
 
 class _ChildPeer:
     """A caller's call channel, seen from the child: replies from instance threads.
     ``caller`` is who opened it (``OpenChannel.caller``), to whom refs in results are lent.
 
-    A thread's reply is written before the thread goes on to its next call: a method that
-    ends the process (``os._exit``) must not take the answers of the calls before it with
-    it, or the caller would count those calls as unanswered and deliver them again."""
+    A thread's reply is written before the thread starts its next call
+    (:func:`replies_written`, as the call's arguments are unpacked): a method that ends the
+    process (``os._exit``) must not take the answers of the calls before it with it, or the
+    caller would count those calls as unanswered and deliver them again.  The thread does
+    not wait for the write right after its reply: by the time the next call comes, the
+    write is long done (a sequential caller waits for the answer), so it costs no wake-up."""
 
     __slots__ = ("loop", "stream", "caller", "loop_thread")
 
@@ -60,9 +66,8 @@ class _ChildPeer:
         if threading.get_ident() == self.loop_thread:
             self._send(msg)
             return
-        written = threading.Event()
+        written = _last_reply.written = threading.Event()
         self.loop.call_soon_threadsafe(self._send, msg, written)
-        written.wait(REPLY_WRITE_WAIT_S)
 
     def _send(self, msg: dict, written: threading.Event | None = None) -> None:
         from distributed.comm.core import CommClosedError
@@ -73,6 +78,15 @@ class _ChildPeer:
             pass  # the caller went: its calls are its own to deliver again
         if written is not None:  # after the stream's own write, which send() scheduled
             self.loop.call_soon(written.set)
+
+
+def replies_written() -> None:
+    """Wait until the last reply this thread handed to the loop is written (see
+    :class:`_ChildPeer`)."""
+    written = getattr(_last_reply, "written", None)
+    if written is not None:
+        _last_reply.written = None
+        written.wait(REPLY_WRITE_WAIT_S)
 
 
 def _stored(object_id: str) -> Any:
@@ -114,6 +128,46 @@ class IsolatedHost:
         self.recorder: Any = None
         self.functions: dict[str, Any] = {}
         self._built: asyncio.Future | None = None
+        self.server: Any = None  # its Dask Server (child_main)
+        self.assigned = False  # a request was handed to it: no longer a spare
+
+    async def assign_isolated(self, comm: Any, request: dict, then: dict | None = None) -> Any:
+        """:class:`P.AssignIsolated`: this spare becomes the process of ``request`` (see
+        :meth:`assign`); its pid goes back at once, then ``then`` runs here and its reply is
+        this message's (``None`` without ``then``: the pid was the reply)."""
+        pid = self.assign(request)
+        if then is None:
+            return pid
+        await comm.write(pid)
+        result = P.dispatch(self.server.handlers, then)
+        return await result if inspect.iscoroutine(result) else result
+
+    def assign(self, request: dict) -> int:
+        """Become the process of ``request``: its environment and directory are applied
+        before any user code runs, and its worker's ``info`` is filled in; its pid."""
+        if self.assigned:
+            raise YRRuntimeError(f"isolated process {os.getpid()} was handed a second request")
+        self.assigned = True
+        apply_request(request)
+        info = self.runtime.learn(request)
+        self.worker = info.get("worker") or ""
+        if info.get("panels"):  # its worker records its work for Dask's panels: so does this
+            from tornado.ioloop import PeriodicCallback
+
+            from yrdask.worker.dask_panels import FLUSH_MS, ChildRecorder
+
+            self.recorder = ChildRecorder(
+                self.send_records,
+                lambda: (0, 0) if self.instance is None else (self.instance.calls_pending,
+                                                              self.instance.calls_done))
+            PeriodicCallback(self.recorder.flush, FLUSH_MS).start()
+        from yrdask.worker import output
+
+        node = self.runtime.agent.node_id = info.get("node") or ""
+        out = _OutputAgent(self, self.server, node)
+        output.install(out)
+        self.runtime.output_target = out.runtime.output_target
+        return os.getpid()
 
     def send_records(self, msg: dict) -> bool:
         """A :class:`P.CallRecords` to the agent; False while there is no channel."""
@@ -184,7 +238,10 @@ class IsolatedHost:
 
     def unpack_call(self, msg: dict) -> tuple[tuple, list]:
         """``((args, kwargs), borrowed)`` of a method call: ``borrowed`` the ids of the refs
-        nested in its arguments, which this process may keep (reported in ``TaskDone``)."""
+        nested in its arguments, which this process may keep (reported in ``TaskDone``).
+        Unpacked in the thread that runs the call, before it runs: the replies this thread
+        gave before are written first (:class:`_ChildPeer`)."""
+        replies_written()
         return self.unpack(msg["args"], msg["deps"])
 
     def unpack(self, args: bytes, deps: list) -> tuple[tuple, list]:
@@ -375,6 +432,13 @@ class LazyRuntime:
         self.output_target: Any = None  # set by worker.output; handed to the real runtime
         self.start_s: float | None = None  # how long the start took (docs/isolation.md)
 
+    def learn(self, request: dict) -> dict:
+        """Its worker's ``info`` (:func:`~.zygote.child_info`), from the request handed to
+        this spare."""
+        self._info.update((key, request.get(key)) for key in
+                          ("node", "scheduler", "host", "worker", "tls", "panels"))
+        return self._info
+
     @property
     def node_ip(self) -> str:
         """Its worker's host: the node's IP (``get_node_ip_address``), before any runtime."""
@@ -532,45 +596,52 @@ def endpoint(info: dict) -> tuple[str, dict]:
 
 
 
-async def child_main(assigned: Any, announce: Any, listen: dict) -> None:
-    """Listen where ``listen`` says (its worker's host and TLS: see :func:`endpoint`), then
-    wait for ``assigned()`` (the zygote hands this spare a request: its environment and
-    directory are applied, and its worker's ``info`` comes back), announce, and serve the
-    agent until it lets go (the channel closes) or the process is killed."""
+async def child_main(announce: Any, listen: dict) -> None:
+    """Listen where ``listen`` says (its worker's host and TLS: see :func:`endpoint`),
+    ``announce`` the address, and serve: as a spare until the agent hands this process its
+    request (:meth:`IsolatedHost.assign_isolated`), then its instance or tasks, until the
+    agent lets go (the supervision channel closes) or the process is killed."""
     from distributed.core import Server
 
     from yrdask.runtime.context import install
     from yrdask.serialization import register_with_dask
-    from yrdask.worker import output
 
     register_with_dask()
-    info: dict = {}
-    runtime = LazyRuntime(asyncio.get_running_loop(), info)
+    runtime = LazyRuntime(asyncio.get_running_loop(), {})
     install(runtime)
     host = IsolatedHost(runtime)  # its worker is known once a request is handed to it
     runtime.agent.host = host
     # no scratch directory: nothing here writes one, and a killed child would leave it behind
     # for the next one to purge (a lock and a directory per process: ~10 ms of a creation)
-    server = Server(P.handlers(P.ISOLATED_RPC, host), needs_workdir=False)
+    server = host.server = Server(P.handlers(P.ISOLATED_RPC, host), needs_workdir=False)
     address, listen_args = endpoint(listen)
     await server.listen(address, **listen_args)
-    req = await assigned()
-    info.update((key, req.get(key))
-                for key in ("node", "scheduler", "host", "worker", "tls", "panels"))
-    host.worker = info.get("worker") or ""
-    if info.get("panels"):  # its worker records its work for Dask's panels: so does this
-        from tornado.ioloop import PeriodicCallback
-
-        from yrdask.worker.dask_panels import FLUSH_MS, ChildRecorder
-
-        host.recorder = ChildRecorder(
-            host.send_records,
-            lambda: (0, 0) if host.instance is None else (host.instance.calls_pending,
-                                                            host.instance.calls_done))
-        PeriodicCallback(host.recorder.flush, FLUSH_MS).start()
-    node = runtime.agent.node_id = info.get("node") or ""
-    out = _OutputAgent(host, server, node)
-    output.install(out)
-    runtime.output_target = out.runtime.output_target
     announce(server.address)
     await asyncio.Event().wait()  # forever: killed by the agent, or with the zygote
+
+
+#: the environment the zygote started with, which a request's ``env`` and ``unset`` change
+START_ENV: dict = {}
+
+
+def apply_request(req: dict) -> None:
+    """What a request makes of a spare, before any user code runs: its environment (the
+    zygote's first one, :data:`START_ENV`, changed as the request says; the thread limits of
+    the libraries loaded already follow it) and its directory."""
+    import tempfile
+
+    from yrdask.worker.threads import follow_env
+
+    before = dict(os.environ)
+    env = {**START_ENV, **req["env"]}
+    for key in req.get("unset") or ():
+        env.pop(key, None)
+    for key in [key for key in before if key not in env]:
+        del os.environ[key]
+    for key, value in env.items():  # mostly the zygote's own (the worker's): set what differs
+        if before.get(key) != value:
+            os.environ[key] = value
+    follow_env(before)  # numpy, loaded by the zygote, takes the new thread limits
+    tempfile.tempdir = None  # the zygote's choice; this process's TMPDIR decides
+    if req.get("cwd"):
+        os.chdir(req["cwd"])

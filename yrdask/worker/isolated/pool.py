@@ -14,7 +14,8 @@ import threading
 import time
 from typing import Any
 
-from yrdask.worker.isolated.zygote import child_info, describe_exit_of, kill_child, spawn
+from yrdask.worker.isolated.zygote import (child_info, describe_exit_of, kill_child,
+                                            start_child)
 
 logger = logging.getLogger("yrdask.worker")
 
@@ -27,14 +28,12 @@ class ProcessDied(Exception):
 
 
 class _PooledProcess:
-    __slots__ = ("proc", "address", "connection_args", "comm", "idle_since", "calls", "owner")
+    __slots__ = ("proc", "address", "comm", "idle_since", "calls", "owner")
 
-    def __init__(self, proc: subprocess.Popen, address: str,
-                 connection_args: dict | None = None) -> None:
+    def __init__(self, proc: subprocess.Popen, address: str, comm: Any) -> None:
         self.proc = proc
         self.address = address
-        self.connection_args = connection_args or {}  # it listens as its worker's peers do
-        self.comm: Any = None
+        self.comm = comm  # the agent's, connected when it began to listen
         self.idle_since = 0.0
         self.calls = 0  # tasks it ran, for ``max_calls``
         # a nested call started a runtime there: it may own objects that others hold
@@ -42,12 +41,9 @@ class _PooledProcess:
         self.owner = False
 
     async def request(self, msg: dict) -> dict:
-        from distributed.comm import connect
         from distributed.comm.core import CommClosedError
 
         try:
-            if self.comm is None:
-                self.comm = await connect(self.address, **self.connection_args)
             await self.comm.write(msg)
             return await self.comm.read()
         except (CommClosedError, OSError):
@@ -83,11 +79,14 @@ class ProcessPool:
             free = self.idle.get(key)
             child = free.pop() if free else None
         if child is None:
-            proc, address = spawn(isolation, child_info(self.agent))
-            child = _PooledProcess(proc, address, self.agent.runtime.connection_args)
+            started = asyncio.run_coroutine_threadsafe(start_child(
+                isolation, child_info(self.agent), self.agent.runtime.connection_args),
+                self.agent.loop)
+            child = _PooledProcess(*started.result())
             with self.lock:
                 if self.closed:
-                    kill_child(proc)
+                    self.agent.loop.call_soon_threadsafe(child.comm.abort)
+                    kill_child(child.proc)
                     raise ProcessDied("its worker is closing")
                 self.every.add(child)
         loop = self.agent.loop
@@ -121,8 +120,7 @@ class ProcessPool:
     def _drop(self, child: _PooledProcess) -> None:
         with self.lock:
             self.every.discard(child)
-        if child.comm is not None:
-            self.agent.loop.call_soon_threadsafe(child.comm.abort)
+        self.agent.loop.call_soon_threadsafe(child.comm.abort)
         kill_child(child.proc)
         threading.Thread(target=child.proc.wait, daemon=True).start()  # reap the zombie
 
@@ -153,8 +151,7 @@ class ProcessPool:
             self.closed = True
             every, self.every, self.idle = list(self.every), set(), {}
         for child in every:
-            if child.comm is not None:
-                child.comm.abort()
+            child.comm.abort()
             kill_child(child.proc)
             try:
                 child.proc.wait(5)

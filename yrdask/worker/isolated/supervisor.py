@@ -18,7 +18,7 @@ from yrdask.errors import InstanceMovedError, RemoteError
 from yrdask.serialization import Frames, dumps
 from yrdask.worker.isolated import START_TIMEOUT_S
 from yrdask.worker.isolated.zygote import (child_info, describe_exit_of, kill_child,
-                                            spawn_async)
+                                            start_child)
 
 logger = logging.getLogger("yrdask.worker")
 
@@ -52,37 +52,38 @@ class IsolatedInstance:
         return self.proc.pid if self.proc is not None else None
 
     async def _start(self) -> None:
-        """Start a process, build the instance in it, open the supervision channel, then
-        tell the scheduler where it serves (``INSTANCE_STATE`` ALIVE with its address)."""
-        from distributed.comm import connect
-
+        """Take a process (a spare the agent is connected to already) and build the instance
+        in it (``StartIsolated``, sent behind its request); that comm then becomes the
+        supervision channel, and the scheduler hears where the process serves
+        (``INSTANCE_STATE`` ALIVE with its address)."""
         self.generation += 1
         gen = self.generation
         loop = self.agent.loop
+        comm = None
         try:
             spec = dict(self.spec)
             if spec.get("deps"):
                 spec["deps"] = await loop.run_in_executor(None, self.agent.deps_by_value,
                                                           spec["deps"])
-            proc, address = await spawn_async(spec["isolation"], child_info(self.agent))
+            proc, address, comm = await start_child(
+                spec["isolation"], child_info(self.agent), self.agent.runtime.connection_args,
+                then=P.StartIsolated(spec).to_msg())
             if self.stopped is not None:
+                comm.abort()
                 kill_child(proc)
                 return
             self.proc, self.address, self.dead = proc, address, False
             threading.Thread(target=self._watch, args=(proc, gen), daemon=True,
                              name=f"yr-isolated-watch-{self.instance_id}").start()
-            args = self.agent.runtime.connection_args
-            comm = await connect(address, **args)
-            await comm.write(P.StartIsolated(spec).to_msg())
             reply = await asyncio.wait_for(comm.read(), START_TIMEOUT_S)
             if isinstance(reply, dict):  # the child's Server reports its own failure
                 raise RuntimeError(f"the isolated process could not build the instance: "
                                    f"{reply.get('text') or reply!r}")
             self.init_error = reply
-            await comm.close()
-            comm = await connect(address, **args)
             await comm.write(P.OpenChannel(self.agent.worker.address).to_msg())
         except BaseException as e:  # noqa: BLE001 - every call reports it
+            if comm is not None:
+                comm.abort()
             if self.stopped is not None or gen != self.generation:
                 return
             if self.proc is not None:

@@ -1,15 +1,18 @@
 """The zygote: one warm interpreter per worker that ``fork()``s the isolated processes.
 
-Agent side (:class:`Zygote`, :class:`ForkedProcess`, :func:`spawn`) and the zygote's own loop
-(:func:`zygote_main`, run by ``python -m yrdask.worker.isolated``).  A forked child first
-listens (its loop and Dask ``Server`` up), then waits for its assignment on a pipe of its
-own: the zygote keeps ``yrdask.instances.spare-processes`` such *spares* ahead, so a request
-only hands one its environment, directory and worker, and it becomes that isolated process
-(:mod:`.child`).  No orphans: the zygote exits when its stdin closes and kills its children
-(spares included) first; a child dies with the zygote (``PR_SET_PDEATHSIG``).
+Agent side (:class:`Zygote`, :class:`ForkedProcess`, :func:`start_child`) and the zygote's
+own loop (:func:`zygote_main`, run by ``python -m yrdask.worker.isolated``).  A forked child
+listens (its loop and Dask ``Server`` up) and says so; the agent connects to it at once, and
+it waits as a *spare*: the zygote keeps ``yrdask.instances.spare-processes`` of them ahead.
+A start takes the oldest spare and hands it its request on that connection
+(:class:`~yrdask.protocol.AssignIsolated`: its environment, directory and worker) with its
+first work in the same message, and it becomes that isolated process (:mod:`.child`); the
+zygote forks the next spare.  No orphans: the zygote exits when its stdin closes and kills
+its children (spares included) first; a child dies with the zygote (``PR_SET_PDEATHSIG``).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -18,9 +21,10 @@ import sys
 import threading
 from typing import Any
 
+from yrdask import protocol as P
 from yrdask.errors import YRValueError, describe_exit
 from yrdask.worker.isolated import START_TIMEOUT_S
-from yrdask.worker.threads import follow_env
+from yrdask.worker.threads import isolation_env
 
 
 def describe_exit_of(pid: int, returncode: int) -> str:
@@ -90,42 +94,51 @@ def _request(isolation: dict) -> tuple[dict, str | None]:
     return _child_env(isolation.get("env")), cwd
 
 
-def spawn(isolation: dict, info: dict | None = None) -> tuple[Any, str]:
-    """Start a child with the instance's env and cwd; returns it and its listening address.
+async def start_child(isolation: dict, info: dict, connection_args: dict,
+                      then: dict | None = None) -> tuple["ForkedProcess", str, Any]:
+    """A process for ``isolation``: the oldest spare of this worker's zygote (listening, and
+    connected to by this agent already), handed its request and ``then`` (an instance's
+    ``StartIsolated``) in one message (:class:`P.AssignIsolated`).  Returns the process,
+    its address and the comm, whose next read is ``then``'s reply (once the process has
+    said that it took the request).
 
-    Handed a spare of this worker's zygote (a warm interpreter with Dask and yrdask
-    imported, which forks its children ahead), so a start costs neither an interpreter
-    start nor, mostly, a fork.  Blocking (run it in a thread; :func:`spawn_async` on a
-    loop).  A missing working directory raises ``YRValueError``.
-    """
-    env, cwd = _request(isolation)
-    return Zygote.get(info).fork(env, cwd, info or {})
-
-
-async def spawn_async(isolation: dict, info: dict | None = None) -> tuple[Any, str]:
-    """:func:`spawn` on an event loop: no thread waits for the child (the zygote's reader
-    wakes the loop), unless the zygote itself must start (once per worker, in a thread)."""
+    A spare that dies before it takes the request (killed while it waited) is passed over
+    once; if the next one dies too, the start fails at once, not after the start timeout.
+    A missing working directory raises ``YRValueError``; no process: ``RuntimeError``."""
     import asyncio
+
+    from distributed.comm.core import CommClosedError
 
     loop = asyncio.get_running_loop()
     env, cwd = _request(isolation)
     z = Zygote._current
-    if z is None or z.dead:
-        z = await loop.run_in_executor(None, Zygote.get, info)
-    done = loop.create_future()
-
-    def answered() -> None:
+    if z is None or z.dead:  # its start blocks (once per worker): in a thread
+        z = await loop.run_in_executor(None, Zygote.get, info, loop, connection_args)
+    assign = P.AssignIsolated({**z.env_change(env), "cwd": cwd, **info}, then).to_msg()
+    for retries in (1, 0):
+        spare = await z.take()
+        comm = None
         try:
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
-        except RuntimeError:  # the loop closed: the worker is gone, nobody waits
-            pass
-
-    slot = z.request(env, cwd, info or {}, answered)
-    try:
-        await asyncio.wait_for(asyncio.shield(done), START_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        pass  # told by Zygote.answer
-    return Zygote.answer(slot)
+            comm = await asyncio.wrap_future(spare.comm)
+            await comm.write(assign)
+            ack = await asyncio.wait_for(comm.read(), START_TIMEOUT_S)
+        except (CommClosedError, OSError, asyncio.TimeoutError):
+            if comm is not None:
+                comm.abort()
+            kill_child(spare.proc)
+            if retries:
+                continue
+            code = await loop.run_in_executor(None, spare.proc.wait, START_TIMEOUT_S)
+            raise RuntimeError(f"the isolated process did not start: "
+                               f"{describe_exit_of(spare.proc.pid, code)} before it took "
+                               "its request") from None
+        if isinstance(ack, dict):  # the child's Server reports its own failure
+            comm.abort()
+            kill_child(spare.proc)
+            raise RuntimeError(f"the isolated process did not start: "
+                               f"{ack.get('text') or ack!r}")
+        return spare.proc, spare.address, comm
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 class ForkedProcess:
@@ -156,28 +169,47 @@ class ForkedProcess:
         self._ended.set()
 
 
-class Zygote:
-    """One warm interpreter per worker that forks the isolated processes on request.
+class _Spare:
+    """A child that listens and waits for its request: its process, address and the
+    agent's comm to it (a future: connected as soon as the child said it listens), or
+    the ``error`` that kept it from listening (told to the start that takes it)."""
 
-    Requests and answers are JSON lines on its stdin and stdout: ``{"id", "env", "cwd"}`` in;
-    ``{"id", "pid", "address"}`` from the child it was handed to once that one has applied
-    it, and ``{"exit": pid, "code": n, "id": request}`` when the zygote reaps one (``n < 0``:
-    killed by signal ``-n``; a spare, never handed a request, is not told).  The zygote
-    exits when its stdin closes (the agent closed it, or the worker died) and takes its
-    children with it; a child also dies with the zygote (``PR_SET_PDEATHSIG``).
+    __slots__ = ("proc", "address", "error", "comm")
+
+    def __init__(self, proc: ForkedProcess, address: str, error: str | None) -> None:
+        self.proc = proc
+        self.address = address
+        self.error = error
+        self.comm: concurrent.futures.Future | None = None
+
+
+class Zygote:
+    """One warm interpreter per worker that forks the isolated processes ahead of need.
+
+    Lines of JSON on its stdout: ``{"forked": pid}`` (it forked a child),
+    ``{"spare": pid, "address": a}`` (the child listens; ``"error"`` instead: it could not)
+    and ``{"exit": pid, "code": n}`` (it reaped a child; ``n < 0``: killed by signal
+    ``-n``).  On its stdin: ``{"took": pid}`` (the agent took that spare: the zygote forks
+    the next) and ``{"fork": n}`` (a burst found no spare: fork ``n`` more).  The agent
+    connects to each spare once it listens, on the worker's loop, so a start neither waits
+    for a fork nor a connect.  The zygote exits when its stdin closes (the agent closed it,
+    or the worker died) and takes its children with it; a child also dies with the zygote
+    (``PR_SET_PDEATHSIG``).
     """
 
     _current: "Zygote | None" = None
     _lock = threading.Lock()
 
     @classmethod
-    def get(cls, info: dict | None = None) -> "Zygote":
+    def get(cls, info: dict | None = None, loop: Any = None,
+            connection_args: dict | None = None) -> "Zygote":
         """This worker's zygote, started on first use; its children listen as ``info``
-        (:func:`child_info`) says: on the worker's host, with its TLS certificates."""
+        (:func:`child_info`) says: on the worker's host, with its TLS certificates; the
+        agent connects to them on ``loop`` with ``connection_args``."""
         with cls._lock:
             z = cls._current
             if z is None or z.dead:
-                z = cls._current = Zygote(info or {})
+                z = cls._current = Zygote(info or {}, loop, connection_args or {})
             return z
 
     @classmethod
@@ -187,66 +219,88 @@ class Zygote:
         if z is not None:
             z.close()
 
-    def __init__(self, info: dict) -> None:
+    def __init__(self, info: dict, loop: Any, connection_args: dict) -> None:
         from yrdask.config import spare_processes
 
         # where the children listen is the worker's, the same for every child: the spares
         # listen before they are handed a request
         listen = {"host": info.get("host") or "127.0.0.1", "tls": info.get("tls") or {}}
+        self.loop = loop
+        self.connection_args = connection_args
+        # with the thread limits of work on one CPU or less (most of it: those requests
+        # then change no limit, and skip threadpoolctl's walk, ~0.3 ms a creation), and
+        # the libraries it loads start with one thread (safe to fork)
+        self.env = _child_env(isolation_env(None, 1))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "yrdask.worker.isolated", "--zygote",
              "--spares", str(spare_processes()), "--listen", json.dumps(listen)],
-            env=_child_env(None),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.lock = threading.Lock()
-        self.ids = iter(range(1, 1 << 62))
-        self.waiting: dict[int, list] = {}  # request id -> its slot (see request())
+        self.ready: list[_Spare] = []  # spares that listen, oldest first
+        self.waiters: list[concurrent.futures.Future] = []  # starts waiting for a spare
+        self.forking: set[int] = set()  # children forked, not listening yet
         self.children: dict[int, ForkedProcess] = {}
         self.dead = False
         threading.Thread(target=self._read, daemon=True, name="yr-zygote-reader").start()
 
-    def fork(self, env: dict, cwd: str | None, info: dict) -> tuple[ForkedProcess, str]:
-        """Hand a child this request and wait for its answer (blocking)."""
-        slot = self.request(env, cwd, info)
-        slot[0].wait(START_TIMEOUT_S)
-        return self.answer(slot)
+    def env_change(self, env: dict) -> dict:
+        """``env`` as a request carries it: what differs from the environment this zygote
+        started with (``env``: set, ``unset``: removed), mostly nothing; the child makes
+        its environment exactly ``env`` (:func:`~.child.apply_request`)."""
+        start = self.env
+        return {"env": {k: v for k, v in env.items() if start.get(k) != v},
+                "unset": [k for k in start if k not in env]}
 
-    def request(self, env: dict, cwd: str | None, info: dict,
-                answered: Any = None) -> list:
-        """Send a request; its slot is answered (``answered()`` called, from the reader
-        thread) when the child has taken it, or failed."""
+    async def take(self) -> _Spare:
+        """The oldest spare (the zygote then forks the next); with none, the next child
+        that listens, after asking the zygote to fork one if none is on its way."""
+        import asyncio
+
+        waiter = None
         with self.lock:
             if self.dead:
                 raise RuntimeError("the worker's zygote process has exited")
-            # [answered event, answer, answered(), the request, retries left]
-            slot: list = [threading.Event(), None, answered, {"env": env, "cwd": cwd, **info},
-                          1]
-            self._send(slot)
-        return slot
+            if self.ready:
+                spare = self.ready.pop(0)
+            else:
+                waiter = concurrent.futures.Future()
+                self.waiters.append(waiter)
+                if len(self.waiters) > len(self.forking):
+                    self._send({"fork": 1})
+        if waiter is not None:
+            try:
+                spare = await asyncio.wait_for(asyncio.wrap_future(waiter), START_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise RuntimeError(
+                    f"the isolated process did not start in {START_TIMEOUT_S:g} s") from None
+            if spare is None:
+                raise RuntimeError("the worker's zygote process exited while it forked")
+        if spare.error is not None:
+            raise RuntimeError(f"the isolated process did not start: {spare.error}")
+        with self.lock:
+            self._send({"took": spare.proc.pid})
+        return spare
 
-    def _send(self, slot: list) -> None:
-        """Write ``slot``'s request under a new id (with ``self.lock`` held)."""
-        rid = next(self.ids)
-        self.waiting[rid] = slot
+    def _send(self, msg: dict) -> None:
+        """One line to the zygote (with ``self.lock`` held)."""
         try:
-            self.proc.stdin.write((json.dumps({"id": rid, **slot[3]}) + "\n").encode())
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError, OSError):
-            self.waiting.pop(rid, None)
             self.dead = True
             raise RuntimeError("the worker's zygote process has exited") from None
 
-    @staticmethod
-    def answer(slot: list) -> tuple[ForkedProcess, str]:
-        """The child and its address, once ``slot`` is answered; else why not."""
-        if not slot[0].is_set():
-            raise RuntimeError(f"the isolated process did not start in {START_TIMEOUT_S:g} s")
-        answer = slot[1]
-        if answer is None:
-            raise RuntimeError("the worker's zygote process exited while it forked")
-        if "error" in answer:
-            raise RuntimeError(f"the isolated process did not start: {answer['error']}")
-        return answer["proc"], answer["address"]
+    def _connect(self, spare: _Spare) -> None:
+        """Connect to a spare that listens, on the agent's loop (reader thread)."""
+        from distributed.comm import connect
+
+        coro = connect(spare.address, **self.connection_args)
+        try:
+            spare.comm = _on_loop(coro, self.loop)
+        except (RuntimeError, TypeError) as e:  # the loop closed: the worker is gone
+            coro.close()
+            spare.comm = concurrent.futures.Future()
+            spare.comm.set_exception(OSError(f"no loop to connect to the spare on: {e}"))
 
     def _read(self) -> None:
         for raw in self.proc.stdout:
@@ -255,41 +309,71 @@ class Zygote:
             except ValueError:
                 continue
             with self.lock:
-                slot = self.waiting.pop(msg.get("id"), None)
-                if "exit" in msg:  # after its answer, if it gave one (the same pipe)
-                    child = self.children.pop(msg["exit"], None)
+                if "forked" in msg:
+                    if msg["forked"] not in self.children:  # (not said to listen already)
+                        self.forking.add(msg["forked"])
+                elif "exit" in msg:
+                    pid = msg["exit"]
+                    self.forking.discard(pid)
+                    child = self.children.pop(pid, None)
                     if child is not None:
                         child._exited(msg["code"])
-                    if slot is None:
-                        continue
-                    # it died before it answered its request: a spare killed while it
-                    # waited (its pipe took the request) gets it again once, then it fails
-                    if slot[4] > 0:
-                        slot[4] -= 1
-                        try:
-                            self._send(slot)
-                            continue
-                        except RuntimeError:
-                            pass
-                    msg = {"error": f"{describe_exit_of(msg['exit'], msg['code'])} before it "
-                                    "listened"}
-                if "pid" in msg:
-                    msg["proc"] = self.children[msg["pid"]] = ForkedProcess(msg["pid"])
-            if slot is not None:
-                _answered(slot, msg)
+                    for k, spare in enumerate(self.ready):
+                        if spare.proc.pid == pid:  # it died while it waited
+                            self._let_go(self.ready.pop(k))
+                            break
+                elif "spare" in msg:
+                    pid = msg["spare"]
+                    self.forking.discard(pid)
+                    spare = _Spare(ForkedProcess(pid), msg.get("address") or "",
+                                   msg.get("error"))
+                    self.children[pid] = spare.proc
+                    if spare.error is None:
+                        self._connect(spare)
+                    if not self._hand(spare):
+                        self.ready.append(spare)
         with self.lock:  # the zygote is gone, and its children with it
             self.dead = True
-            waiting, self.waiting = self.waiting, {}
+            waiters, self.waiters = self.waiters, []
             children, self.children = self.children, {}
-        for slot in waiting.values():
-            _answered(slot, None)
+            ready, self.ready = self.ready, []
+        for spare in ready:
+            self._let_go(spare)
+        for waiter in waiters:
+            _resolve(waiter, None)
         for child in children.values():
             child._exited(-signal.SIGKILL)
+
+    def _let_go(self, spare: _Spare) -> None:
+        """Close the agent's comm to a spare nobody will take (it died, or the zygote)."""
+        def abort(done: concurrent.futures.Future) -> None:
+            if not done.cancelled() and done.exception() is None:
+                comm = done.result()
+                if _running_loop() is self.loop:
+                    comm.abort()  # (the worker closes: its loop may not run again)
+                    return
+                try:
+                    self.loop.call_soon_threadsafe(comm.abort)
+                except RuntimeError:  # the loop closed: the worker is gone
+                    comm.abort()
+
+        if spare.comm is not None:
+            spare.comm.add_done_callback(abort)
+
+    def _hand(self, spare: _Spare) -> bool:
+        """Give ``spare`` to the oldest start still waiting (with ``self.lock`` held)."""
+        while self.waiters:
+            if _resolve(self.waiters.pop(0), spare):
+                return True
+        return False
 
     def close(self) -> None:
         """Kill every child (the zygote does so when its stdin closes) and reap the zygote."""
         with self.lock:
             children = list(self.children.values())
+            ready, self.ready = self.ready, []
+        for spare in ready:
+            self._let_go(spare)
         for child in children:
             child.kill()
         try:
@@ -303,11 +387,30 @@ class Zygote:
             self.proc.wait()
 
 
-def _answered(slot: list, msg: dict | None) -> None:
-    slot[1] = msg
-    slot[0].set()
-    if slot[2] is not None:
-        slot[2]()
+def _on_loop(coro: Any, loop: Any) -> concurrent.futures.Future:
+    """``coro`` on ``loop`` (from another thread): its future."""
+    import asyncio
+
+    return asyncio.run_coroutine_threadsafe(coro, loop)
+
+
+def _running_loop() -> Any:
+    """The event loop running in this thread, or ``None``."""
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _resolve(waiter: concurrent.futures.Future, spare: _Spare | None) -> bool:
+    """Hand ``spare`` to ``waiter``; False if it gave up waiting (timed out)."""
+    try:
+        waiter.set_result(spare)
+    except concurrent.futures.InvalidStateError:
+        return False
+    return True
 
 
 def kill_child(proc: subprocess.Popen) -> None:
@@ -323,106 +426,42 @@ def kill_child(proc: subprocess.Popen) -> None:
             pass
 
 
-def _forked_child(zygote_pid: int, assignments: int, others: list[int], listen: dict) -> None:
-    """In a child just forked by the zygote: listen, then become the isolated process of the
-    request that arrives on ``assignments`` (a pipe from the zygote; its end, and a spare
-    goes quietly); ``others`` are the zygote's ends of the other spares' pipes."""
+
+def _forked_child(zygote_pid: int, listen: dict) -> None:
+    """In a child just forked by the zygote: listen, say so, and wait as a spare until the
+    agent hands it a request (:mod:`.child`)."""
     import asyncio
     import ctypes
 
     code = 0
-    req: dict | None = None
+    told = False
+
+    def announce(address: str) -> None:
+        nonlocal told
+        told = True
+        _write_line({"spare": os.getpid(), "address": address})
+
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the zygote
         if os.getppid() != zygote_pid:  # it died before the prctl
             os._exit(1)
-        for fd in others:
-            os.close(fd)
         global _PROTO_FD
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)  # the zygote's requests are not this process's input
         _PROTO_FD = os.dup(1)
         os.dup2(2, 1)  # the user's prints go where the worker's stderr goes, not into the pipe
 
-        async def assigned() -> dict:
-            nonlocal req
-            req = await _read_request(assignments)
-            _apply(req)
-            return req
-
-        def announce(address: str) -> None:
-            _write_line({"id": req["id"], "pid": os.getpid(), "address": address})
-
         from yrdask.worker.isolated.child import child_main
 
-        asyncio.run(child_main(assigned, announce, listen))
+        asyncio.run(child_main(announce, listen))
     except BaseException as e:  # noqa: BLE001 - told to the agent, then this process ends
         code = 1
-        try:
-            if req is None:  # it failed as a spare: the request handed to it next is told
-                req = _read_request_now(assignments)
-            _write_line({"id": req["id"], "error": f"{type(e).__name__}: {e}"})
-        except BaseException:  # noqa: BLE001 - the zygote reports the exit to the request
-            pass
+        if not told:  # it could not listen: the start that takes it is told why
+            try:
+                _write_line({"spare": os.getpid(), "error": f"{type(e).__name__}: {e}"})
+            except BaseException:  # noqa: BLE001 - the zygote reports the exit
+                pass
     os._exit(code)
-
-
-def _apply(req: dict) -> None:
-    """What a request makes of a spare, before any user code runs: its environment (and the
-    thread limits of the libraries loaded already) and its directory."""
-    import tempfile
-
-    before = dict(os.environ)
-    env = req["env"]
-    for key in [key for key in before if key not in env]:
-        del os.environ[key]
-    for key, value in env.items():  # mostly the zygote's own (the worker's): set what differs
-        if before.get(key) != value:
-            os.environ[key] = value
-    follow_env(before)  # numpy, loaded by the zygote, takes the new thread limits
-    tempfile.tempdir = None  # the zygote's choice; this process's TMPDIR decides
-    if req.get("cwd"):
-        os.chdir(req["cwd"])
-
-
-async def _read_request(fd: int) -> dict:
-    """The request the zygote hands this spare (one JSON line on ``fd``); the pipe's end (the
-    zygote let this spare go, or died) ends the process."""
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-    os.set_blocking(fd, False)
-    got = loop.create_future()
-    buf = bytearray()
-
-    def readable() -> None:
-        try:
-            data = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return
-        buf.extend(data)
-        if not data or b"\n" in buf:
-            loop.remove_reader(fd)
-            got.set_result(bytes(buf))
-
-    loop.add_reader(fd, readable)
-    line = await got
-    if b"\n" not in line:
-        os._exit(0)
-    os.close(fd)
-    return json.loads(line)
-
-
-def _read_request_now(fd: int) -> dict:
-    """:func:`_read_request`, blocking (a spare that failed before its loop could)."""
-    os.set_blocking(fd, True)
-    buf = b""
-    while b"\n" not in buf:
-        data = os.read(fd, 1 << 16)
-        if not data:
-            os._exit(1)
-        buf += data
-    return json.loads(buf)
 
 
 _PROTO_FD = 1  # where the zygote protocol's lines go (a forked child moves it off stdout)
@@ -433,9 +472,13 @@ def _write_line(msg: dict) -> None:
 
 
 def zygote_main(spares: int = 1, listen: dict | None = None) -> None:
-    """Import what a child needs once, keep ``spares`` children forked and listening, and
-    hand each request line to one (a fresh fork when none is left; see :class:`Zygote`)."""
+    """Import what a child needs once, keep ``spares`` children forked and listening that
+    no start took yet, fork more when asked (see :class:`Zygote`), and report every exit."""
     import select
+
+    from yrdask.worker.isolated import child
+
+    child.START_ENV.update(os.environ)  # what the agent started it with: requests differ
 
     import distributed.comm.tcp  # noqa: F401 - what every child uses, imported once here
     import distributed.core  # noqa: F401
@@ -443,6 +486,7 @@ def zygote_main(spares: int = 1, listen: dict | None = None) -> None:
     import yrdask.runtime.context  # noqa: F401
     import yrdask.serialization  # noqa: F401 - with the next: ~6 ms a child, measured
     import yrdask.stream  # noqa: F401
+    import yrdask.worker.dask_panels  # noqa: F401 - a child whose worker records (~0.5 ms)
     import yrdask.worker.hosting  # noqa: F401
     import yrdask.worker.isolated.child  # noqa: F401
     import yrdask.worker.output  # noqa: F401
@@ -458,41 +502,26 @@ def zygote_main(spares: int = 1, listen: dict | None = None) -> None:
     gc.collect()
     gc.freeze()  # the children's collections then leave the shared pages alone (less copying)
     me = os.getpid()
-    children: dict[int, int | None] = {}  # pid -> the request it serves (None: a spare)
-    waiting: list[tuple[int, int]] = []  # the spares: (pid, the zygote's end of its pipe)
+    children: set[int] = set()
+    waiting: list[int] = []  # the spares no start took yet, oldest first
 
-    def fork() -> tuple[int, int]:
-        r, w = os.pipe()
+    def fork() -> None:
         pid = os.fork()
         if pid == 0:
             try:
-                os.close(w)
-                _forked_child(me, r, [fd for _pid, fd in waiting], listen or {})
+                _forked_child(me, listen or {})
             finally:
                 os._exit(1)  # never back into the zygote's loop
-        os.close(r)
-        children[pid] = None
-        return pid, w
-
-    def hand(req: dict) -> None:
-        line = (json.dumps(req) + "\n").encode()
-        while True:
-            pid, w = waiting.pop(0) if waiting else fork()
-            try:
-                os.write(w, line)  # (one longer than the pipe's buffer waits for the reader)
-            except OSError:  # a spare that died: the next one
-                continue
-            finally:
-                os.close(w)
-            children[pid] = req["id"]
-            return
+        children.add(pid)
+        waiting.append(pid)
+        _write_line({"forked": pid})
 
     fd = sys.stdin.fileno()
     buf = b""
     open_ = True
     while open_:
         while len(waiting) < spares:
-            waiting.append(fork())
+            fork()
         ready, _, _ = select.select([fd], [], [], 0.02)
         while children:  # reap, and tell the agent how each child ended
             try:
@@ -501,14 +530,10 @@ def zygote_main(spares: int = 1, listen: dict | None = None) -> None:
                 break
             if pid == 0:
                 break
-            rid = children.pop(pid, None)
-            if rid is None:  # a spare: nobody waits for it
-                for k, (spare, w) in enumerate(waiting):
-                    if spare == pid:
-                        os.close(waiting.pop(k)[1])
-                        break
-                continue
-            _write_line({"exit": pid, "code": os.waitstatus_to_exitcode(status), "id": rid})
+            children.discard(pid)
+            if pid in waiting:
+                waiting.remove(pid)
+            _write_line({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
         if not ready:
             continue
         data = os.read(fd, 1 << 16)
@@ -517,7 +542,11 @@ def zygote_main(spares: int = 1, listen: dict | None = None) -> None:
         buf += data
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
-            hand(json.loads(line))
+            msg = json.loads(line)
+            if "took" in msg and msg["took"] in waiting:
+                waiting.remove(msg["took"])
+            for _ in range(msg.get("fork") or 0):
+                fork()
     for pid in children:
         try:
             os.kill(pid, signal.SIGKILL)
