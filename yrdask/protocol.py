@@ -1363,6 +1363,10 @@ class CallMethod(Message):
     args: bytes
     deps: list
     nret: int
+    #: tries its caller has charged it before this delivery (runs cut short by its host's
+    #: death, reruns after an exception, :class:`CallRetried`): Ray's ``max_task_retries``
+    #: is one budget for both, so a rerun after an exception counts the crashes too
+    tries: int = 0
 
 
 STREAMING = -1
@@ -1389,6 +1393,22 @@ class GeneratorItem(Message):
     index: int
     result: list
     refs: list | None = None
+
+
+CALL_RETRIED = "yr_call_retried"
+
+
+@_message
+class CallRetried(Message):
+    """worker (or a process instance's process) -> caller.  Method call ``task_id`` failed
+    with an exception its method reruns after (Ray's ``retry_exceptions``), and runs again
+    now: its caller charges it one try of its bound, the bound its crashes count against
+    too (Ray's one ``max_task_retries``).  Sent before the rerun starts, so a rerun that
+    ends the process is charged with it."""
+
+    op: ClassVar[str] = CALL_RETRIED
+    channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_CALLER,)
+    task_id: str
 
 
 # --- channel groupings, derived from the table --------------------------------------------

@@ -185,6 +185,8 @@ class Runtime(ObjectAccess, PeerLiveness):
                 self.submitter.on_task_done(done)
         elif msg["op"] == P.GENERATOR_ITEM:
             on_generator_item(self, msg)
+        elif msg["op"] == P.CALL_RETRIED:
+            self.router.retried(msg["task_id"])
 
     def scheduler_lost(self, error: BaseException) -> None:
         """(loop) This driver's job stream closed while the driver was open: its scheduler
