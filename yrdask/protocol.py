@@ -506,13 +506,16 @@ class KillInstance(Message):
     """any -> scheduler rpc.  Reply ``None`` once the instance (and its non-detached
     descendants) are stopped.  ``restart`` (Ray's ``ray.kill(actor, no_restart=False)``):
     its process is killed as if it crashed instead (:class:`CrashInstance`), so it restarts
-    while it has restarts left; the reply comes once that kill is sent."""
+    while it has restarts left; the reply comes once that kill is sent.  ``force`` (Ray's
+    ``ray.kill(actor)``): it ends without its shutdown hook and, in a process of its own,
+    without its atexit handlers (:class:`StopInstance`); its descendants end as usual."""
 
     op: ClassVar[str] = KILL_INSTANCE
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
     instance_id: str
     reason: str = "terminated"
     restart: bool = False
+    force: bool = False
 
 
 STATE_RECORDS = "yr_state_records"
@@ -1068,12 +1071,14 @@ class CrashInstance(Message):
 @_message
 class StopInstance(Message):
     """scheduler -> worker rpc.  Pending calls fail with ``reason``; the reply (``None``)
-    comes once the instance is gone."""
+    comes once the instance is gone.  ``force``: no ``__yr_shutdown__`` (nor, in a process
+    of its own, atexit handlers): its process is killed at once (Ray's ``ray.kill``)."""
 
     op: ClassVar[str] = STOP_INSTANCE
     channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
     instance_id: str
     reason: str
+    force: bool = False
 
 
 START_ISOLATED = "yr_start_isolated"

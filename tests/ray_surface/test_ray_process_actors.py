@@ -422,3 +422,19 @@ def test_init_runs_in_the_actors_job_context(ray_env, light):
     assert ray.get(f.seen.remote(), timeout=T) == (1, ns)
     for a in (f, named):
         ray.kill(a)
+
+
+@pytest.mark.parametrize("light", [False, True], ids=["process", "light"])
+def test_ray_kill_ends_the_actor_without_its_cleanup(ray_env, tmp_path, light):
+    """ray.kill is Ray's force kill: the running call is cut short (ActorDiedError), and
+    neither __ray_shutdown__ nor the atexit handlers run, though the grace period would
+    allow them; __ray_terminate__ (above) runs both."""
+    path = str(tmp_path / "k")
+    a = Closer.options(yrdask_light=light).remote(path)
+    ray.get(a.nap.remote(0), timeout=T)
+    running = a.nap.remote(10)
+    ray.kill(a)
+    with pytest.raises(ray.exceptions.ActorDiedError, match="ray.kill"):
+        ray.get(running, timeout=T)
+    # ray.kill returns once the actor stopped: a graceful stop would have run them by now
+    assert not os.path.exists(f"{path}.shutdown") and not os.path.exists(f"{path}.atexit")

@@ -424,7 +424,8 @@ class _InstanceEdge:
         w.send(SCHED, worker, "stream", ("START", iid, inc, spec.get("concurrency") or (
             1000 if spec.get("is_async") else 1)))
 
-    def stop_instance(self, worker: str, instance_id: str, reason: str) -> None:
+    def stop_instance(self, worker: str, instance_id: str, reason: str,
+                      force: bool = False) -> None:
         w = self.world
         w.stops.setdefault(worker, set()).add(instance_id)
         w.send(SCHED, worker, w.new_id("rpc-stop-"), ("STOP", instance_id, reason))

@@ -226,10 +226,15 @@ class ActorHandle:
         return ActorID(self._proxy.instance_id)
 
     def _kill(self) -> None:
+        """``ray.kill(actor)``: it ends at once, as Ray's force kill: its running call is cut
+        short, and neither ``__ray_shutdown__`` nor its atexit handlers run."""
+        from yrdask import protocol as P
+
         self._killed = True
         proxy = self._proxy
         if not proxy._rt.closed:
-            _kill(proxy._rt, proxy.instance_id, True)
+            proxy._rt.scheduler_call(P.KILL_INSTANCE, instance_id=proxy.instance_id,
+                                     reason="it was killed by `ray.kill`", force=True)
 
     def _crash(self) -> None:
         """``ray.kill(actor, no_restart=False)``: its process is killed as if it crashed, so

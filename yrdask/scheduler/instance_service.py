@@ -67,9 +67,10 @@ class InstanceEdge(Protocol):
         """``CRASH_INSTANCE`` on ``worker``'s stream (dropped if it has none: its loss is
         the crash)."""
 
-    def stop_instance(self, worker: str, instance_id: str, reason: str) -> None:
-        """``STOP_INSTANCE`` rpc to ``worker``; once it returned or failed, the edge calls
-        :meth:`InstanceService.stopped`."""
+    def stop_instance(self, worker: str, instance_id: str, reason: str,
+                      force: bool = False) -> None:
+        """``STOP_INSTANCE`` rpc to ``worker`` (``force``: without its shutdown hook); once
+        it returned or failed, the edge calls :meth:`InstanceService.stopped`."""
 
     def worker_gone(self, worker: str, timeout: float, then: Callable[[], None]) -> None:
         """Call ``then`` once the cluster removed ``worker`` or ``timeout`` s passed."""
@@ -205,10 +206,11 @@ class InstanceService:
         if not done:
             self.edge.call_at(self.edge.now() + LOST_WORKER_WAIT_S, bound)
 
-    def kill(self, instance_id: str, reason: str, done: Callable[[], None]) -> None:
+    def kill(self, instance_id: str, reason: str, done: Callable[[], None],
+             force: bool = False) -> None:
         """``KILL_INSTANCE``: end it and its non-detached descendants; ``done()`` once the
-        stops sent for them returned."""
-        stops = self.feed(L.Kill(self._sid("kill"), instance_id, reason))
+        stops sent for them returned (``force``: it goes without its shutdown hook)."""
+        stops = self.feed(L.Kill(self._sid("kill"), instance_id, reason, force))
         if not stops:
             done()
             return
@@ -325,7 +327,10 @@ class InstanceService:
             elif kind is L.StopInstance:
                 if edge.is_worker(ins.worker):
                     stops.append(ins.instance_id)
-                    edge.stop_instance(ins.worker, ins.instance_id, ins.reason)
+                    if ins.force:
+                        edge.stop_instance(ins.worker, ins.instance_id, ins.reason, True)
+                    else:
+                        edge.stop_instance(ins.worker, ins.instance_id, ins.reason)
                 else:
                     stopped.append(ins.instance_id)
             elif kind is L.ReleaseResources:
