@@ -324,7 +324,7 @@ def test_ray_terminate_runs_the_calls_before_it_then_ends_the_actor_gracefully(
     before = a.nap.remote(0.3)
     a.__ray_terminate__.remote()
     assert ray.get(before, timeout=T) == 0.3
-    with pytest.raises(ray.exceptions.ActorDiedError, match=r"__ray_terminate__\(\)"):
+    with pytest.raises(ray.exceptions.ActorDiedError, match=r"exited by __ray_terminate__\(\)"):
         ray.get(a.nap.remote(0), timeout=T)
     wait_until(lambda: os.path.exists(f"{path}.shutdown"), T, "__ray_shutdown__ to run")
     if not light:
