@@ -68,6 +68,7 @@ class InstanceRouter:
         self.arrived = decisions.arrived
         self.create_answered = decisions.create_answered
         self.locate_answered = decisions.locate_answered
+        self.retried = decisions.retried  # a call's CALL_RETRIED (runtime/answers.py)
         self.calls: dict[str, Call] = {}
         self.specs: dict[str, tuple[dict, list]] = {}  # creations not answered yet
 
