@@ -268,7 +268,7 @@ class Drainer:
                 lease_service.worker_draining(w, False)
                 for iid in ended:  # their processes ended for nothing: restart them there
                     self.ext.instances.service.instance_state(
-                        iid, P.RESTARTING, w,
+                        iid, P.RESTARTING, worker=w,
                         reason=f"its process ended for the retirement of worker {w}, "
                                "which was kept after all")
         return retired
