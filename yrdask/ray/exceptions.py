@@ -14,7 +14,7 @@
         ├── WorkerCrashedError      the task's worker process died more often than retries allow
         ├── ObjectLostError
         │   ├── OwnerDiedError
-        │   └── ObjectReconstructionFailedError  its task was cancelled, so it is not rebuilt
+        │   └── ObjectReconstructionFailedError  its task was cancelled: not rebuilt
         ├── RuntimeEnvSetupError
         ├── TaskUnschedulableError  (also yrdask's ScheduleError) no node can ever run the task
         ├── ActorUnschedulableError (also yrdask's ScheduleError) ... nor create the actor
