@@ -96,8 +96,9 @@ SAMPLES: list[P.Message] = [
     P.CancelTask("t-1"),
     P.TaskDone("t-1", results=(("value", b"\x80r"), ("location", "tcp://w:1")), took=0.25,
                refs=("tcp://w:1", ("t-0",), (("t-1", (("t-5", "tcp://w:3"),)),))),
-    P.CallMethod("c-1", "i-1", "incr", b"\x80args", (), 1),
+    P.CallMethod("c-1", "i-1", "incr", b"\x80args", (), 1, 2),
     P.GeneratorItem("t-1", 3, ("value", b"\x80item")),
+    P.CallRetried("c-1"),
 ]
 RUN = next(m for m in SAMPLES if isinstance(m, P.RunTask))
 
@@ -176,7 +177,7 @@ def test_channel_groups_are_derived_from_the_table():
                                     P.RUN_ISOLATED, P.CHECKPOINT_ISOLATED, P.DRAIN_INSTANCE,
                                     P.INSTANCE_MOVED}
     assert set(P.ISOLATED_TO_AGENT) == {P.CALL_RECORDS, P.RESULTS_KEPT}
-    assert P.CHANNEL_TO_CALLER == (P.TASK_DONE, P.GENERATOR_ITEM)
+    assert P.CHANNEL_TO_CALLER == (P.TASK_DONE, P.GENERATOR_ITEM, P.CALL_RETRIED)
     for group in (P.SCHEDULER_RPC, P.SCHEDULER_STREAM, P.WORKER_RPC, P.WORKER_STREAM):
         assert all(op in P.MESSAGES for op in group)
 

@@ -514,13 +514,16 @@ class KillInstance(Message):
     """any -> scheduler rpc.  Reply ``None`` once the instance (and its non-detached
     descendants) are stopped.  ``restart`` (Ray's ``ray.kill(actor, no_restart=False)``):
     its process is killed as if it crashed instead (:class:`CrashInstance`), so it restarts
-    while it has restarts left; the reply comes once that kill is sent."""
+    while it has restarts left; the reply comes once that kill is sent.  ``force`` (Ray's
+    ``ray.kill(actor)``): it ends without its shutdown hook and, in a process of its own,
+    without its atexit handlers (:class:`StopInstance`); its descendants end as usual."""
 
     op: ClassVar[str] = KILL_INSTANCE
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
     instance_id: str
     reason: str = "terminated"
     restart: bool = False
+    force: bool = False
 
 
 STATE_RECORDS = "yr_state_records"
@@ -1076,12 +1079,14 @@ class CrashInstance(Message):
 @_message
 class StopInstance(Message):
     """scheduler -> worker rpc.  Pending calls fail with ``reason``; the reply (``None``)
-    comes once the instance is gone."""
+    comes once the instance is gone.  ``force``: no ``__yr_shutdown__`` (nor, in a process
+    of its own, atexit handlers): its process is killed at once (Ray's ``ray.kill``)."""
 
     op: ClassVar[str] = STOP_INSTANCE
     channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC,)
     instance_id: str
     reason: str
+    force: bool = False
 
 
 ASSIGN_ISOLATED = "yr_assign_isolated"
@@ -1414,6 +1419,10 @@ class CallMethod(Message):
     deps: list
     nret: int
     events: bool = True
+    #: tries its caller has charged it before this delivery (runs cut short by its host's
+    #: death, reruns after an exception, :class:`CallRetried`): Ray's ``max_task_retries``
+    #: is one budget for both, so a rerun after an exception counts the crashes too
+    tries: int = 0
 
 
 STREAMING = -1
@@ -1440,6 +1449,22 @@ class GeneratorItem(Message):
     index: int
     result: list
     refs: list | None = None
+
+
+CALL_RETRIED = "yr_call_retried"
+
+
+@_message
+class CallRetried(Message):
+    """worker (or a process instance's process) -> caller.  Method call ``task_id`` failed
+    with an exception its method reruns after (Ray's ``retry_exceptions``), and runs again
+    now: its caller charges it one try of its bound, the bound its crashes count against
+    too (Ray's one ``max_task_retries``).  Sent before the rerun starts, so a rerun that
+    ends the process is charged with it."""
+
+    op: ClassVar[str] = CALL_RETRIED
+    channels: ClassVar[tuple[str, ...]] = (ON_CHANNEL_TO_CALLER,)
+    task_id: str
 
 
 # --- channel groupings, derived from the table --------------------------------------------

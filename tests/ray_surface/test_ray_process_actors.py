@@ -239,3 +239,202 @@ def test_an_actor_that_exits_runs_its_atexit_handlers_one_that_crashes_does_not(
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(crashing.crash.remote(), timeout=T)
     assert not (tmp_path / "crashed").exists()
+
+
+class Flaky(Exception):
+    pass
+
+
+@ray.remote(num_cpus=0.1)
+class Tally:
+    """Counts the runs of a method elsewhere (it lives on across the other actor's deaths)."""
+
+    def __init__(self):
+        self.n = 0
+
+    def next(self):
+        self.n += 1
+        return self.n - 1
+
+    def count(self):
+        return self.n
+
+
+@ray.remote(num_cpus=0.1, max_restarts=1)
+class Mixed:
+    @ray.method(retry_exceptions=[Flaky])
+    def act(self, tally, actions):
+        """Run ``actions[i]`` on its i-th run: raise (rerun), exit (a crash) or return."""
+        i = ray.get(tally.next.remote())
+        action = actions[i] if i < len(actions) else "return"
+        if action == "raise":
+            raise Flaky()
+        if action == "exit":
+            os._exit(1)
+        return i
+
+
+@pytest.mark.parametrize("actions, error", [
+    pytest.param(["exit", "raise", "raise"], Flaky, id="exit,raise,raise"),  # crash charged
+    pytest.param(["raise", "exit", "raise"], Flaky, id="raise,exit,raise"),
+    pytest.param(["raise", "raise", "exit"], ray.exceptions.ActorUnavailableError,
+                 id="raise,raise,exit"),  # restarted, past its budget
+])
+def test_reruns_after_exceptions_and_crashes_share_max_task_retries(ray_env, actions, error):
+    """Ray's max_task_retries is one budget for the reruns after a retry_exceptions
+    exception and the deliveries after a crash: with 2, the call runs three times in all,
+    whatever the mix, and fails with what ended its last run."""
+    tally = Tally.options(yrdask_light=True).remote()
+    a = Mixed.remote()
+    with pytest.raises(error):
+        ray.get(a.act.options(max_task_retries=2).remote(tally, actions), timeout=T)
+    assert ray.get(tally.count.remote(), timeout=T) == 3
+    with_budget = a.act.options(max_task_retries=4).remote(tally, [])  # serves later calls
+    assert ray.get(with_budget, timeout=T) == 3
+    for x in (a, tally):
+        ray.kill(x)
+
+
+@ray.remote(num_cpus=0.1, max_restarts=2)
+class Closer:
+    def __init__(self, path):
+        self.path = path
+        atexit.register(lambda: open(f"{path}.atexit", "w").close())
+
+    def __ray_shutdown__(self):
+        with open(f"{self.path}.shutdown", "w") as f:
+            f.write(str(os.getpid()))
+
+    def nap(self, s):
+        import time
+
+        time.sleep(s)
+        return s
+
+
+@pytest.mark.parametrize("light", [False, True], ids=["process", "light"])
+def test_ray_terminate_runs_the_calls_before_it_then_ends_the_actor_gracefully(
+        ray_env, tmp_path, light):
+    """actor.__ray_terminate__.remote() is queued as a call: the calls sent before it
+    answer, then the actor ends by intent (no restart, though max_restarts=2 is left),
+    running __ray_shutdown__ and, in its own process, its atexit handlers; later calls
+    raise ActorDiedError."""
+    path = str(tmp_path / "c")
+    a = Closer.options(yrdask_light=light).remote(path)
+    before = a.nap.remote(0.3)
+    a.__ray_terminate__.remote()
+    assert ray.get(before, timeout=T) == 0.3
+    with pytest.raises(ray.exceptions.ActorDiedError, match=r"exited by __ray_terminate__\(\)"):
+        ray.get(a.nap.remote(0), timeout=T)
+    wait_until(lambda: os.path.exists(f"{path}.shutdown"), T, "__ray_shutdown__ to run")
+    if not light:
+        wait_until(lambda: os.path.exists(f"{path}.atexit"), T, "the atexit handler")
+
+
+def test_ray_shutdown_runs_when_the_last_handle_goes(ray_env, tmp_path):
+    path = str(tmp_path / "d")
+    a = Closer.remote(path)
+    ray.get(a.nap.remote(0), timeout=T)
+    del a
+    wait_until(lambda: os.path.exists(f"{path}.shutdown"), T, "__ray_shutdown__ to run")
+
+
+@ray.remote(num_cpus=0.1, max_restarts=1)
+class Starter:
+    def __init__(self, path, how):
+        atexit.register(lambda: open(f"{path}.atexit", "w").close())
+        with open(f"{path}.inits", "a") as f:
+            f.write("x")
+        if how == "exit_actor":
+            ray.actor.exit_actor()
+        elif how == "sys.exit(0)":
+            sys.exit(0)
+        elif how == "sys.exit(1)":
+            sys.exit(1)
+
+    def ping(self):
+        return "pong"
+
+
+@pytest.mark.parametrize("how", ["exit_actor", "sys.exit(0)", "sys.exit(1)"])
+def test_an_exit_in_init_follows_the_exit_rules_of_a_method(ray_env, tmp_path, how):
+    """exit_actor() and sys.exit(0) in __init__ end the actor by intent: no restart (one
+    __init__ run), its atexit handlers run, and calls raise ActorDiedError naming the exit,
+    as on Ray.  sys.exit(1) there is a crash of its process: it restarts (max_restarts=1)
+    and fails again, so __init__ ran twice."""
+    path = str(tmp_path / "s")
+    a = Starter.remote(path, how)
+    said = {"exit_actor": r"exit_actor\(\)", "sys.exit(0)": r"sys\.exit\(\)",
+            "sys.exit(1)": "exited with code 1 and it had used all its 1 restarts"}[how]
+    with pytest.raises(ray.exceptions.ActorDiedError, match=said):
+        ray.get(a.ping.remote(), timeout=T)
+    with open(f"{path}.inits") as f:
+        assert f.read() == ("xx" if how == "sys.exit(1)" else "x")
+    if how != "sys.exit(1)":
+        wait_until(lambda: os.path.exists(f"{path}.atexit"), T, "the atexit handler")
+
+
+@ray.remote(num_cpus=0.1)
+class Background:
+    def __init__(self, path):
+        atexit.register(lambda: open(path, "w").close())
+
+    async def leave_soon(self):
+        asyncio.get_running_loop().create_task(self._leave())
+        return "started"
+
+    async def _leave(self):
+        await asyncio.sleep(0.1)
+        ray.actor.exit_actor()
+
+    async def ping(self):
+        return "pong"
+
+
+def test_exit_actor_in_a_background_asyncio_task_ends_the_actor(ray_env, tmp_path):
+    """An asyncio task a method started belongs to the actor: exit_actor() there ends it
+    by intent, as on Ray (its atexit handlers run, later calls raise ActorDiedError)."""
+    path = tmp_path / "bg"
+    a = Background.remote(str(path))
+    assert ray.get(a.leave_soon.remote(), timeout=T) == "started"
+    wait_until(path.exists, T, "the atexit handler")
+    with pytest.raises(ray.exceptions.ActorDiedError, match=r"exit_actor\(\)"):
+        ray.get(a.ping.remote(), timeout=T)
+
+
+@ray.remote(num_cpus=0.1)
+class Finder:
+    def __init__(self, name):
+        self.found = ray.get_actor(name)  # in the job's namespace, as its methods are
+        self.ns = ray.get_runtime_context().namespace
+
+    def seen(self):
+        return ray.get(self.found.incr.remote()), self.ns
+
+
+@pytest.mark.parametrize("light", [False, True], ids=["process", "light"])
+def test_init_runs_in_the_actors_job_context(ray_env, light):
+    """__init__ sees its job's namespace (get_actor finds a named actor of the job there),
+    as Ray's does, not only the methods."""
+    named = Unit.options(name="findme").remote()
+    f = Finder.options(yrdask_light=light).remote("findme")
+    ns = ray.get_runtime_context().namespace
+    assert ray.get(f.seen.remote(), timeout=T) == (1, ns)
+    for a in (f, named):
+        ray.kill(a)
+
+
+@pytest.mark.parametrize("light", [False, True], ids=["process", "light"])
+def test_ray_kill_ends_the_actor_without_its_cleanup(ray_env, tmp_path, light):
+    """ray.kill is Ray's force kill: the running call is cut short (ActorDiedError), and
+    neither __ray_shutdown__ nor the atexit handlers run, though the grace period would
+    allow them; __ray_terminate__ (above) runs both."""
+    path = str(tmp_path / "k")
+    a = Closer.options(yrdask_light=light).remote(path)
+    ray.get(a.nap.remote(0), timeout=T)
+    running = a.nap.remote(10)
+    ray.kill(a)
+    with pytest.raises(ray.exceptions.ActorDiedError, match="ray.kill"):
+        ray.get(running, timeout=T)
+    # ray.kill returns once the actor stopped: a graceful stop would have run them by now
+    assert not os.path.exists(f"{path}.shutdown") and not os.path.exists(f"{path}.atexit")

@@ -98,3 +98,14 @@ def test_queue_actor_options_are_checked_as_actor_options(ray_env):
     q.put(1)
     assert q.get(timeout=30) == 1
     q.shutdown()
+
+
+def test_an_intended_exit_reads_as_a_sentence_after_because():
+    """yr's reason of an intended exit ("exited by …") follows Ray's "The actor is dead
+    because" as "it exited by …"; other reasons are kept as they are."""
+    from yrdask.ray.exceptions import actor_died
+
+    left = actor_died("instance i-1 is not available: exited by __ray_terminate__()")
+    assert str(left).startswith("The actor is dead because it exited by __ray_terminate__().")
+    lost = actor_died("instance i-1 is not available: its worker tcp://w:1 was lost")
+    assert str(lost).startswith("The actor is dead because its worker tcp://w:1 was lost.")

@@ -455,7 +455,8 @@ class _InstanceEdge:
         w.placed[iid] = (worker, w.placed.get(iid, ("", 0))[1] + 1)
         w.send(SCHED, worker, "stream", P.StartInstance(spec).to_msg())
 
-    def stop_instance(self, worker: str, instance_id: str, reason: str) -> None:
+    def stop_instance(self, worker: str, instance_id: str, reason: str,
+                      force: bool = False) -> None:
         w = self.world
         w.stops.setdefault(worker, set()).add(instance_id)
         w.send(SCHED, worker, w.new_id("rpc-stop-"), P.StopInstance(instance_id, reason).to_msg())

@@ -236,6 +236,29 @@ def test_a_call_past_its_bound_fails_with_the_instances_end_if_it_did_not_restar
                for f in failed)
 
 
+def test_reruns_after_an_exception_and_crashes_share_the_calls_bound(h):
+    # Ray's max_task_retries is one budget: c1 (bound 2) was rerun once after an exception,
+    # then its process died; it goes again with both tries charged (its method then has no
+    # rerun left), and a second death fails it.  c2, rerun twice before a death, fails then.
+    h.created("i")
+    h(C.CallSubmitted, "c1", "i", True, None, 2)
+    assert h(C.CallRetried, "c1") == []
+    h(C.ChannelLost, W1)
+    out = h(C.Located, "i", W2, "", "i")
+    assert of(out, C.SendCall) == [C.SendCall(f"s{h.n}", "c1", "i", W2, 2)]
+    h(C.ChannelLost, W2)
+    failed = of(h(C.Located, "i", W1, "", "i"), C.CallFailed)
+    assert [f.call_id for f in failed] == ["c1"]
+    assert "2 times" in str(failed[0].error) and "1 reruns" in str(failed[0].error)
+    h(C.CallSubmitted, "c2", "i", True, None, 2)
+    h(C.CallRetried, "c2")
+    h(C.CallRetried, "c2")
+    h(C.ChannelLost, W1)
+    failed = of(h(C.Located, "i", W2, "", "i"), C.CallFailed)
+    assert [f.call_id for f in failed] == ["c2"] and "1 times" in str(failed[0].error)
+    assert h(C.CallRetried, "c2") == []  # answered: ignored
+
+
 def test_a_call_without_a_bound_is_delivered_after_every_death(h):
     h.created("i")
     h(C.CallSubmitted, "c1", "i", True, None, -1)

@@ -38,7 +38,8 @@ class Edge:
     def cancel_acquire(self, req): self.cancelled.append(req)
     def release(self, ids): self.released.extend(ids)
     def start_instance(self, worker, spec): self.started.append((worker, spec))
-    def stop_instance(self, worker, iid, reason): self.stops.append((worker, iid, reason))
+    def stop_instance(self, worker, iid, reason, force=False):
+        self.stops.append((worker, iid, reason))
     def worker_gone(self, worker, timeout, then, server_id=""):
         self.gone.append((worker, timeout, then, server_id))
     def broadcast(self, msg): self.broadcasts.append(msg)

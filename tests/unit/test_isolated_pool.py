@@ -24,6 +24,16 @@ class FakeProc:
         return -9
 
 
+class FakeComm:
+    """The agent's connection to a pooled process (connected once it listens)."""
+
+    def __init__(self) -> None:
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
 class FakeLoop:
     def __init__(self) -> None:
         self.later: list = []
@@ -39,7 +49,7 @@ def test_an_idle_process_that_owns_a_runtime_is_kept_the_others_are_reaped():
     loop = FakeLoop()
     pool = ProcessPool(SimpleNamespace(loop=loop), idle_s=10)
     long_ago = time.monotonic() - 60
-    plain, owner, fresh = (_PooledProcess(FakeProc(pid), f"tcp://127.0.0.1:{pid}")
+    plain, owner, fresh = (_PooledProcess(FakeProc(pid), f"tcp://127.0.0.1:{pid}", FakeComm())
                            for pid in (1, 2, 3))
     owner.owner = True
     plain.idle_since = owner.idle_since = long_ago
@@ -48,6 +58,7 @@ def test_an_idle_process_that_owns_a_runtime_is_kept_the_others_are_reaped():
     pool.idle = {"k": [plain, owner, fresh]}
     pool._reap()
     assert plain.proc.killed and not owner.proc.killed and not fresh.proc.killed
+    assert plain.comm.aborted and not owner.comm.aborted  # its connection goes with it
     assert pool.idle == {"k": [owner, fresh]} and pool.every == {owner, fresh}
     assert pool._reaping and loop.later  # it looks again while any is left
     fresh.idle_since = long_ago

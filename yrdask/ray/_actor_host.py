@@ -15,6 +15,7 @@ is the actor's own loop).  ``__ray_call__`` runs a method with per-call options
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import threading
@@ -23,8 +24,9 @@ import weakref
 from typing import Any, Callable
 
 from yrdask.api.instances import _CONCURRENCY, _REDELIVERIES, _UNORDERED
-from yrdask.runtime.context import current_lease, current_owner, task_context
-from yrdask.ray._context import current_method
+from yrdask.runtime.context import (current_lease, current_owner, running_method_call,
+                                    task_context)
+from yrdask.ray._context import current_method, set_task_ctx
 from yrdask.ray._util import rerun_items, should_retry
 from yrdask.ray.exceptions import _CreationFailed
 
@@ -64,9 +66,22 @@ def _wrap_method(fn: Callable, group: str | None, limit: int, retry: Any,
                  max_retries: int, names: tuple[str, str]) -> Callable:
     """The method as the host class runs it: under its group's limit, rerun after the
     exceptions ``retry`` names, with ``names`` (``Class.method``, its full name) as the
-    running task's names for ``get_runtime_context()``."""
+    running task's names for ``get_runtime_context()``.
+
+    ``max_task_retries`` is one budget with the call's crashes (Ray's rule): a delivery
+    after its host process died starts with the tries its caller charged, and each rerun
+    is charged to the caller before it starts (``CallRetried``), so a rerun that ends the
+    process counts as well."""
     def again(e: BaseException, attempt: int) -> bool:
-        return should_retry(e, retry) and (max_retries == -1 or attempt < max_retries)
+        if not should_retry(e, retry):
+            return False
+        call = running_method_call()
+        used = attempt + (call.tries if call is not None else 0)
+        if max_retries != -1 and used >= max_retries:
+            return False
+        if call is not None:
+            call.retried()
+        return True
 
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
@@ -177,8 +192,9 @@ class _GroupThreads:
 
     async def run(self, fn: Callable, obj: Any, args: tuple, kwargs: dict) -> Any:
         ctx = task_context(current_lease(), current_owner())  # nested calls: this actor's
-        return await asyncio.wrap_future(self.pool.submit(_in_context, ctx, fn, obj, args,
-                                                          kwargs))
+        # in the call's context: its method sees the call it runs (running_method_call)
+        return await asyncio.wrap_future(self.pool.submit(
+            contextvars.copy_context().run, _in_context, ctx, fn, obj, args, kwargs))
 
     def close(self) -> None:
         self.pool.shutdown(wait=False)
@@ -256,6 +272,22 @@ def _names(cls: type, name: str) -> tuple[str, str]:
 def _ray_ready(self: Any) -> bool:
     """Ray's ``actor.__ray_ready__.remote()``: answers True once the actor is constructed."""
     return True
+
+
+def _ray_terminate(self: Any) -> None:
+    """Ray's ``actor.__ray_terminate__.remote()``: a call like any other, so the calls sent
+    before it run first; then the actor exits by intent, as with ``exit_actor()`` (no
+    restart; ``__ray_shutdown__`` and the atexit handlers run)."""
+    from yrdask.api.instances import exit_with
+
+    exit_with("exited by __ray_terminate__()")
+
+
+def _ray_shutdown(self: Any, grace: int) -> Any:
+    """yr's shutdown hook for a class that defines Ray's ``__ray_shutdown__()``: it runs
+    when the actor ends gracefully (``__ray_terminate__``, ``exit_actor()``, its handles
+    released), bounded by the grace period."""
+    return self.__ray_shutdown__()
 
 
 def _call_with_options(self: Any, name: str, options: dict, *args: Any, **kwargs: Any) -> Any:
@@ -380,25 +412,36 @@ def host_class(cls: type, ctx: dict, groups: dict, max_concurrency: int | None,
     ns["__ray_max_task_retries__"] = max_task_retries
     ns["__ray_call__"] = _call_with_options
     ns["__ray_ready__"] = _ray_ready
+    ns["__ray_terminate__"] = _ray_terminate
+    if hasattr(cls, "__ray_shutdown__") and not hasattr(cls, "__yr_shutdown__"):
+        ns["__yr_shutdown__"] = _ray_shutdown
     # the worker starts their calls off the actor's own loop, which its default group's
     # calls may block (Ray: each group has its own executor)
     ns["__yr_off_loop__"] = tuple(off_loop)
     user_init = cls.__init__
 
+    # __init__ runs in the actor's context (its job's namespace for get_actor, its job
+    # id), as its methods do: the instance has no object to read it from yet
     @functools.wraps(user_init)
     def __init__(self, *args, **kwargs):
+        prev = set_task_ctx(ctx)
         try:
             user_init(self, *args, **kwargs)
         except Exception:  # every call reports it as ActorDiedError (Ray's rule)
             raise _CreationFailed(traceback.format_exc()) from None
+        finally:
+            set_task_ctx(prev)
 
     if inspect.iscoroutinefunction(user_init):  # awaited on the actor's loop, as Ray does
         @functools.wraps(user_init)
         async def __init__(self, *args, **kwargs):  # noqa: F811 - the async form of the above
+            prev = set_task_ctx(ctx)
             try:
                 await user_init(self, *args, **kwargs)
             except Exception:
                 raise _CreationFailed(traceback.format_exc()) from None
+            finally:
+                set_task_ctx(prev)
 
     ns["__init__"] = __init__
     code_paths = tuple(ctx.get("code_search_path", ()))

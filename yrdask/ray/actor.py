@@ -25,6 +25,10 @@ from yrdask.ray.exceptions import ActorExitRequest, UnsupportedOptionError, acto
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "ActorProxy", "method", "exit_actor"]
 
+#: Ray's methods of every actor: ``__ray_ready__`` (True once constructed) and
+#: ``__ray_terminate__`` (a queued graceful exit), defined by the host class.
+_RAY_CALLS = ("__ray_ready__", "__ray_terminate__")
+
 #: Per-call method options that go to the actor with the call (``__ray_call__``).
 _PER_CALL = ("max_task_retries", "retry_exceptions", "concurrency_group", "name",
              "_gen_returns")
@@ -211,7 +215,7 @@ class ActorHandle:
 
     def __getattr__(self, name: str) -> "ActorMethod":
         proxy = self.__dict__.get("_proxy")
-        if name == "__ray_ready__" and proxy is not None:  # Ray's: True once constructed
+        if name in _RAY_CALLS and proxy is not None:  # Ray's methods of every actor
             return ActorMethod(self, name, 1, None, {})
         if proxy is None or name.startswith("__"):
             raise AttributeError(name)
@@ -243,10 +247,15 @@ class ActorHandle:
         return ActorID(self._proxy.instance_id)
 
     def _kill(self) -> None:
+        """``ray.kill(actor)``: it ends at once, as Ray's force kill: its running call is cut
+        short, and neither ``__ray_shutdown__`` nor its atexit handlers run."""
+        from yrdask import protocol as P
+
         self._killed = True
         proxy = self._proxy
         if not proxy._rt.closed:
-            _kill(proxy._rt, proxy.instance_id, True)
+            proxy._rt.scheduler_call(P.KILL_INSTANCE, instance_id=proxy.instance_id,
+                                     reason="it was killed by `ray.kill`", force=True)
 
     def _crash(self) -> None:
         """``ray.kill(actor, no_restart=False)``: its process is killed as if it crashed, so

@@ -263,12 +263,19 @@ _CRASHED = re.compile(r"call \S+ on instance (?P<id>\S+) (?:may have been|was) r
 _INSTANCE = re.compile(r"\binstance i-")
 
 
+def _because(why: str) -> str:
+    """yr's reason worded to follow "because": an intended exit's reason ("exited by
+    sys.exit()") says who exited."""
+    why = why.rstrip(".")
+    return f"it {why}" if why.startswith("exited by ") else why
+
+
 def actor_died(message: str, actor_id: str | None = None,
                class_name: str | None = None) -> "ActorDiedError":
     """``ActorDiedError`` worded as Ray's ("The actor is dead because ...", or for a call
     its actor's death cut short "The actor died unexpectedly before finishing this task."),
     then the actor's class and id, from yr's message about the instance."""
-    first = f"The actor is dead because {message.rstrip('.')}."
+    first = f"The actor is dead because {_because(message)}."
     detail = None
     for pattern in (_ENDED, _UNAVAILABLE, _CRASHED):
         found = pattern.search(message)
@@ -278,7 +285,7 @@ def actor_died(message: str, actor_id: str | None = None,
             if pattern is _CRASHED:
                 first, detail = RayActorError.BASE_ERROR_MSG, message
             else:
-                first = f"The actor is dead because {found.group('why').rstrip('.')}."
+                first = f"The actor is dead because {_because(found.group('why'))}."
             break
     lines = [in_ray_words(first)]
     if class_name:

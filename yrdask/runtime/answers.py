@@ -3,7 +3,7 @@
 :class:`CallerAnswers` is one part of :class:`~yrdask.runtime.runtime.Runtime` (which mixes
 it in, as it does :class:`~yrdask.runtime.peers.PeerLiveness`): a ``TASK_DONE`` goes to the
 instance router (a method call) or the submitter (a task), a ``GENERATOR_ITEM`` to its
-stream.  The simulation's runtime (``tests/sim/world.py``) mixes in the same class, so the
+stream, a ``CALL_RETRIED`` (a call runs again after an exception) to the router.  The simulation's runtime (``tests/sim/world.py``) mixes in the same class, so the
 seeded worlds route answers by this very code.
 """
 
@@ -45,3 +45,5 @@ class CallerAnswers:
                 self.submitter.on_task_done(done)
         elif msg["op"] == P.GENERATOR_ITEM:
             on_generator_item(self, msg)
+        elif msg["op"] == P.CALL_RETRIED:
+            self.router.retried(msg["task_id"])

@@ -186,6 +186,14 @@ class ChannelLost(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class CallRetried(Event):
+    """Call ``call_id`` failed with an exception its method reruns after, and runs again
+    (``CALL_RETRIED``): one try of its bound, which its crashes count against too."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class CallMoved(Event):
     """Call ``call_id`` was answered unrun by the worker its instance left (scale-down moved
     the instance with its state, ``InstanceMovedError``)."""
@@ -249,11 +257,13 @@ class SendLocate(Instruction):
 
 @dataclass(frozen=True, slots=True)
 class SendCall(Instruction):
-    """Send ``CALL_METHOD`` of ``call_id`` to ``worker`` for ``instance_id`` (the real id)."""
+    """Send ``CALL_METHOD`` of ``call_id`` to ``worker`` for ``instance_id`` (the real id);
+    ``tries``: what its bound was charged before (crashes and reruns), for its method."""
 
     call_id: str
     instance_id: str
     worker: str
+    tries: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +304,7 @@ LOCATING = "locating"  # the LOCATE_INSTANCE answer
 
 
 class _Call:
-    __slots__ = ("call_id", "instance_id", "seq", "ready", "error", "crashes",
+    __slots__ = ("call_id", "instance_id", "seq", "ready", "error", "crashes", "retried",
                  "max_redeliveries", "unordered", "concurrency")
 
     def __init__(self, call_id: str, instance_id: str, seq: int, ready: bool,
@@ -308,6 +318,7 @@ class _Call:
         self.ready = ready
         self.error = error  # a failed ref argument
         self.crashes = 0  # times it may have been running when its instance's process died
+        self.retried = 0  # times its method ran it again after an exception (CallRetried)
         self.max_redeliveries = max_redeliveries
 
 
@@ -322,8 +333,9 @@ def _concurrency_of(calls: list) -> int:
 
 
 def _charge(call: _Call) -> int:
+    """One more crash; returns the tries charged to its bound (crashes and reruns)."""
     call.crashes += 1
-    return call.crashes
+    return call.crashes + call.retried
 
 
 class _Route:
@@ -363,6 +375,7 @@ class CallOrder:
         self._handlers = {
             CallSubmitted: self._submitted, CallDepsReady: self._deps_ready,
             CallDone: self._done, ChannelLost: self._channel_lost, CallMoved: self._moved,
+            CallRetried: self._retried,
             CreateRequested: self._create_requested, CreateDepsReady: self._create_deps_ready,
             Created: self._created, CreateFailed: self._create_failed, Located: self._located,
             HandleAdded: self._handle_added, HandleDropped: self._handle_dropped,
@@ -511,6 +524,15 @@ class CallOrder:
         else:
             self._decref(iid, ev.stimulus_id, out)
 
+    def _retried(self, ev: CallRetried, out: list) -> None:
+        call = self.calls.get(ev.call_id)
+        if call is None:
+            self.story.log(ev.stimulus_id, ("retried-ignored", ev.call_id), (ev.call_id,))
+            return
+        call.retried += 1
+        self.story.log(ev.stimulus_id, ("retried", ev.call_id, call.retried),
+                       (ev.call_id, call.instance_id))
+
     def _channel_lost(self, ev: ChannelLost, out: list) -> None:
         for route in list(self.routes.values()):
             if route.worker != ev.worker:
@@ -524,15 +546,19 @@ class CallOrder:
                 # The ones behind had not started.
                 resend, failed = charge_crash(resend, _concurrency_of(resend), _charge,
                                               self._bound_of)
-                for call, n in failed:
+                for call, _n in failed:
                     bound = self._bound_of(call)
                     why = (f"yrdask.scheduling.max-call-redeliveries={bound}"
                            if call.max_redeliveries is None else f"its own bound: {bound}")
+                    if call.retried:
+                        why += (f", which its {call.retried} reruns after an exception "
+                                "count against too")
                     # settled once located: the crash error if the instance lives on (it
                     # restarted), else the instance's end (Ray's ActorDiedError)
                     route.crashed.append((call, CallCrashedError(
                         f"call {call.call_id} on instance {call.instance_id} may have been "
-                        f"running when the instance's process died, {n} times (last on "
+                        f"running when the instance's process died, {call.crashes} times "
+                        f"(last on "
                         f"{ev.worker}); it is not delivered again ({why}): "
                         "it may be what kills the process", ev.worker)))
             if resend:
@@ -704,7 +730,7 @@ class CallOrder:
             cid = call.call_id
             route.inflight[cid] = call
             self._entries.append((sid, "send", cid, target, worker))  # flat (Story)
-            out.append(SendCall(sid, cid, target, worker))
+            out.append(SendCall(sid, cid, target, worker, call.crashes + call.retried))
         if passed:
             queue.extendleft(reversed(passed))  # they keep their places, in submission order
 

@@ -96,6 +96,10 @@ class CallRouter:
         else:
             self._do(out)
 
+    def retried(self, call_id: str) -> None:
+        """The call's ``CALL_RETRIED``: its method runs it again after an exception."""
+        self._do(self.order.handle(C.CallRetried(f"retried-{call_id}", call_id)))
+
     def channel_lost(self, worker: str) -> None:
         """Calls not answered go back to their routes, which locate their instance again."""
         self._do(self.order.handle(C.ChannelLost(f"lost-{worker}", worker)))

@@ -79,6 +79,19 @@ child_note: Any = None
 #: cancel of the task it runs ends the wait.  None in processes that run no tasks.
 wait_hook: Any = None
 
+#: Set by the worker layer (``worker/hosting.py``): ``probe()`` gives the method call this
+#: thread (or asyncio task) runs as an object with ``tries`` (what its caller charged its
+#: bound before this delivery) and ``retried()`` (tell the caller it runs again after an
+#: exception), or None outside a method call.  None in processes that host no instances.
+method_call_probe: Any = None
+
+
+def running_method_call() -> Any:
+    """The method call the current thread (or asyncio task) runs (see
+    :data:`method_call_probe`), or None."""
+    probe = method_call_probe
+    return probe() if probe is not None else None
+
 
 def current_task_cancelled() -> bool:
     """Whether the task the current thread runs has been cancelled (False outside tasks)."""

@@ -68,6 +68,7 @@ class InstanceRouter:
         self.arrived = decisions.arrived
         self.create_answered = decisions.create_answered
         self.locate_answered = decisions.locate_answered
+        self.retried = decisions.retried  # a call's CALL_RETRIED (runtime/answers.py)
         self.calls: dict[str, Call] = {}
         self.specs: dict[str, tuple[dict, list]] = {}  # creations not answered yet
 
@@ -180,7 +181,7 @@ class InstanceRouter:
         chan = self.rt.channels.get(ins.worker) or self.rt.channel(ins.worker)
         chan.send(P.CallMethod.wire(
             call.call_id, ins.instance_id, call.method, call.args, call.deps, call.nret,
-            call.events))
+            call.events, ins.tries))
         call.sent_to = ins.worker
         if call.cancelled:  # cancelled before it left: the worker answers it unrun
             chan.send(P.CancelTask(call.call_id))

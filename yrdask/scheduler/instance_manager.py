@@ -115,11 +115,12 @@ class InstanceManager:
                 if all_namespaces or ns == namespace]
 
     async def kill_instance(self, instance_id: str, reason: str = "terminated",
-                            restart: bool = False) -> None:
+                            restart: bool = False, force: bool = False) -> None:
         """End the instance and its non-detached descendants; reply once they are stopped.
-        ``restart``: kill its process as if it crashed instead (reply at once)."""
+        ``restart``: kill its process as if it crashed instead (reply at once); ``force``:
+        without its shutdown hook (:class:`P.KillInstance`)."""
         await _answered(self.service.kill_instance, instance_id=instance_id, reason=reason,
-                        restart=restart)
+                        restart=restart, force=force)
 
     async def _wait(self, iid: str, stage: str, timeout: float | None = None) -> tuple:
         """``(worker, "")`` once ``iid`` reached ``stage``, or ``(None, reason)`` if it ended."""
@@ -195,12 +196,14 @@ class _DaskEdge:
         if stream is not None:
             stream.send(P.CrashInstance(instance_id, reason, incarnation).to_msg())
 
-    def stop_instance(self, worker: str, instance_id: str, reason: str) -> None:
-        asyncio.get_running_loop().create_task(self._stop(worker, instance_id, reason))
+    def stop_instance(self, worker: str, instance_id: str, reason: str,
+                      force: bool = False) -> None:
+        asyncio.get_running_loop().create_task(self._stop(worker, instance_id, reason, force))
 
-    async def _stop(self, worker: str, instance_id: str, reason: str) -> None:
+    async def _stop(self, worker: str, instance_id: str, reason: str, force: bool) -> None:
         try:
-            await P.request(self.ext.scheduler.rpc(worker), P.StopInstance(instance_id, reason))
+            await P.request(self.ext.scheduler.rpc(worker),
+                            P.StopInstance(instance_id, reason, force))
         except Exception as e:  # the worker died meanwhile
             logger.debug("stopping %s on %s: %r", instance_id, worker, e)
         self.ext.instances.service.stopped(instance_id)

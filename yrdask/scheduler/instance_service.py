@@ -75,9 +75,10 @@ class InstanceServiceEdge(Protocol):
         """``CRASH_INSTANCE`` on ``worker``'s stream (dropped if it has none: its loss is
         the crash)."""
 
-    def stop_instance(self, worker: str, instance_id: str, reason: str) -> None:
-        """``STOP_INSTANCE`` rpc to ``worker``; once it returned or failed, the edge calls
-        :meth:`InstanceService.stopped`."""
+    def stop_instance(self, worker: str, instance_id: str, reason: str,
+                      force: bool = False) -> None:
+        """``STOP_INSTANCE`` rpc to ``worker`` (``force``: without its shutdown hook); once
+        it returned or failed, the edge calls :meth:`InstanceService.stopped`."""
 
     def worker_gone(self, worker: str, timeout: float, then: Callable[[], None],
                     server_id: str = "") -> None:
@@ -232,19 +233,21 @@ class InstanceService:
         self.locate(instance_id, lost, answer, lost_server_id)
 
     def kill_instance(self, answer: Callable[[None], None], instance_id: str,
-                      reason: str = "terminated", restart: bool = False) -> None:
+                      reason: str = "terminated", restart: bool = False,
+                      force: bool = False) -> None:
         """:class:`~yrdask.protocol.KillInstance`: :meth:`kill`, answered once the stops
         returned; ``restart``: :meth:`crash` instead, answered at once."""
         if restart:
             self.crash(instance_id, reason)
             answer(None)
             return
-        self.kill(instance_id, reason, lambda: answer(None))
+        self.kill(instance_id, reason, lambda: answer(None), force)
 
-    def kill(self, instance_id: str, reason: str, done: Callable[[], None]) -> None:
+    def kill(self, instance_id: str, reason: str, done: Callable[[], None],
+             force: bool = False) -> None:
         """``KILL_INSTANCE``: end it and its non-detached descendants; ``done()`` once the
-        stops sent for them returned."""
-        stops = self.feed(L.Kill(self._sid("kill"), instance_id, reason))
+        stops sent for them returned (``force``: it goes without its shutdown hook)."""
+        stops = self.feed(L.Kill(self._sid("kill"), instance_id, reason, force))
         if not stops:
             done()
             return
@@ -369,7 +372,10 @@ class InstanceService:
             elif kind is L.StopInstance:
                 if edge.is_worker(ins.worker):
                     stops.append(ins.instance_id)
-                    edge.stop_instance(ins.worker, ins.instance_id, ins.reason)
+                    if ins.force:
+                        edge.stop_instance(ins.worker, ins.instance_id, ins.reason, True)
+                    else:
+                        edge.stop_instance(ins.worker, ins.instance_id, ins.reason)
                 else:
                     stopped.append(ins.instance_id)
             elif kind is L.ReleaseResources:

@@ -123,10 +123,12 @@ class ProcessDied(Event):
 
 @dataclass(frozen=True, slots=True)
 class Kill(Event):
-    """``KILL_INSTANCE`` (an alias id is resolved)."""
+    """``KILL_INSTANCE`` (an alias id is resolved); ``force``: it stops without its shutdown
+    hook (Ray's ``ray.kill``), its descendants as usual."""
 
     instance_id: str
     reason: str = "terminated"
+    force: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,11 +259,13 @@ class StartInstance(Instruction):
 
 @dataclass(frozen=True, slots=True)
 class StopInstance(Instruction):
-    """``STOP_INSTANCE`` rpc to ``worker``; answer ``Stopped`` when it returns or fails."""
+    """``STOP_INSTANCE`` rpc to ``worker``; answer ``Stopped`` when it returns or fails.
+    ``force``: without its shutdown hook."""
 
     worker: str
     instance_id: str
     reason: str
+    force: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -660,7 +664,7 @@ class Lifecycle:
         if rec is None or rec.state == P.DEAD:
             self._log(ev.stimulus_id, "kill-ignored", ev.instance_id)
             return
-        self._end(rec, ev.reason, ev.stimulus_id, out)
+        self._end(rec, ev.reason, ev.stimulus_id, out, force=ev.force)
 
     def _crash(self, ev: Crash, out: list) -> None:
         rec = self.instances.get(self.resolve(ev.instance_id))
@@ -833,9 +837,10 @@ class Lifecycle:
                                     avoid))
 
     def _end(self, rec: InstanceRecord, reason: str, sid: str, out: list,
-             answer: str | None = None) -> None:
+             answer: str | None = None, force: bool = False) -> None:
         """End ``rec`` and its non-detached descendants (deepest first); waiters for it get
-        ``answer`` (default: ``reason``, saying if it never started)."""
+        ``answer`` (default: ``reason``, saying if it never started).  ``force``: its stop
+        skips its shutdown hook (not its descendants')."""
         iid = rec.instance_id
         kids = self.children.get(iid, ())
         for child in list(kids):
@@ -870,7 +875,7 @@ class Lifecycle:
         out.append(AnswerWaiters(sid, iid, PLACED, None, why))
         out.append(AnswerWaiters(sid, iid, ALIVE_STAGE, None, why))
         if rec.worker is not None and rec.worker != self._losing:
-            out.append(StopInstance(sid, rec.worker, iid, reason))
+            out.append(StopInstance(sid, rec.worker, iid, reason, force))
         else:
             self._forget(rec, sid)
 

@@ -381,12 +381,19 @@ class WorkerAgent(TaskRunner):
             self.instance_side.crash(instance_id, reason)
             self.report_state(instance_id, P.RESTARTING, None, reason, incarnation)
 
-    async def stop_instance(self, instance_id: str, reason: str) -> None:
+    async def stop_instance(self, instance_id: str, reason: str, force: bool = False) -> None:
+        """:class:`P.StopInstance`; ``force``: at once, without its shutdown hook (a process
+        instance's process is killed, its atexit handlers do not run)."""
         inst = self.instances.get(instance_id)
+        if force and type(inst) is IsolatedInstance:
+            inst.stopped = reason  # the stop below kills it, no StopIsolated first
+            self.instance_side.stop(instance_id, reason)
+            inst.kill_now()
+            return
         obj = getattr(inst, "obj", None)  # pending calls fail first, then the hook runs
         self.instance_side.stop(instance_id, reason)
         hook = getattr(inst, "run_shutdown_hook", None)
-        if hook is not None:  # __yr_shutdown__(grace), bounded by the grace period
+        if hook is not None and not force:  # __yr_shutdown__(grace), bounded by the grace
             await hook(obj)
 
     # -- scale-down (scheduler/drain.py, docs/deploy.md#scaling-down) ---------------------

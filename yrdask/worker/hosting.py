@@ -65,6 +65,37 @@ def _note_call_child(task_id: str) -> None:
 _execution.call_child_note = _note_call_child
 
 
+class _RunningCall:
+    """A method call as its method sees it (``runtime.context.running_method_call``): the
+    tries its caller charged it before this delivery, and the notice that it runs again
+    after an exception (Ray's ``retry_exceptions``, one budget with its crashes)."""
+
+    __slots__ = ("inst", "call_id", "tries")
+
+    def __init__(self, inst: HostedCalls, call_id: str) -> None:
+        self.inst, self.call_id = inst, call_id
+        self.tries = inst.tries.get(call_id, 0)
+
+    def retried(self) -> None:
+        """Tell the caller (:class:`P.CallRetried`), before the rerun starts."""
+        peer = self.inst.pending.get(self.call_id)
+        if peer is not None:
+            peer.reply(P.CallRetried.wire(self.call_id))
+
+
+def _running_call() -> _RunningCall | None:
+    call_id = _async_call.get() or getattr(_running, "call", None)
+    rt = _rtctx.installed_runtime()
+    agent = getattr(rt, "agent", None) if call_id is not None else None
+    inst = agent.instances.get(_rtctx.current_owner()) if agent is not None else None
+    if inst is None or call_id not in inst.pending:
+        return None
+    return _RunningCall(inst, call_id)
+
+
+_rtctx.method_call_probe = _running_call
+
+
 class HostedInstance(HostedCalls):
     """See module docstring.  The decisions (``call``, ``cancel_call``, ``stop``, which call
     runs and how it is answered) are :class:`HostedCalls`'s; this class is its edge."""
@@ -120,7 +151,10 @@ class HostedInstance(HostedCalls):
             else:
                 self.loop = loop
             loop.call_soon(ready.set)
-            loop.run_forever()
+            # what runs on this loop is the instance's, the asyncio tasks its methods start
+            # in the background too (their nested calls, exit_actor())
+            with self._context():
+                loop.run_forever()
             loop.close()
 
         threading.Thread(target=run, daemon=True, name=f"yr-instance-{self.instance_id}"
@@ -275,6 +309,8 @@ class HostedInstance(HostedCalls):
                         return
                     self.obj = cls(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - every call will report it
+            if type(e) is SystemExit:  # the exit rules of a method apply to __init__ too
+                self.system_exit(e)
             self.init_error = dumps(RemoteError.from_exception(e, user_traceback()))
         self._constructed(rec, name, key_id, start, off_loop)
 
@@ -283,6 +319,8 @@ class HostedInstance(HostedCalls):
             with self._context():
                 await init
         except BaseException as e:  # noqa: BLE001 - every call will report it
+            if type(e) is SystemExit:  # off the instance's loop: the stop needs it
+                await asyncio.get_running_loop().run_in_executor(None, self.system_exit, e)
             self.init_error = dumps(RemoteError.from_exception(e, user_traceback()))
         then()
 

@@ -222,6 +222,7 @@ class HostedCalls:
         self.init_error: Any = None  # what __init__ raised (every call answers it)
         self.pending: dict[str, Any] = {}  # call id -> peer, for calls not answered yet
         self.cancelled: set[str] = set()  # calls cancelled before their answer
+        self.tries: dict[str, int] = {}  # call id -> tries its caller charged before (> 0)
         self.off_loop: frozenset = frozenset()  # methods started on the side executor
         self.calls_done = 0
 
@@ -236,6 +237,8 @@ class HostedCalls:
         if self.stopped is not None:
             return self._answer_died(peer, call_id)
         self.pending[call_id] = peer
+        if "tries" in msg:  # delivered again: its caller charged it before (rare)
+            self.tries[call_id] = msg["tries"]
         item = (peer, msg)
         with self._lock:
             q = self.queue
@@ -285,6 +288,8 @@ class HostedCalls:
         peer = self.pending.pop(call_id, None)
         if self.cancelled:
             self.cancelled.discard(call_id)
+        if self.tries:
+            self.tries.pop(call_id, None)
         if call_children:
             call_children.pop(call_id, None)
         if peer is not None:

@@ -201,7 +201,9 @@ class IsolatedInstance:
     async def _shutdown(self, reason: str) -> None:
         proc = self.proc
         try:
-            if proc is not None and self.supervision is not None:
+            # also while its __init__ runs (no supervision channel yet): an exit by intent
+            # there (exit_actor(), sys.exit(0)) ends it, and its atexit handlers run
+            if proc is not None and self.address is not None and not self.dead:
                 grace = int(self.spec.get("grace_s", 30))
                 await asyncio.wait_for(self._rpc(P.StopIsolated(reason)), grace + 5)
         except Exception:  # noqa: BLE001 - the process goes anyway
