@@ -227,6 +227,21 @@ class WorkerProc:
         return _process_tree(self.pid)
 
 
+def kill_node(worker: WorkerProc) -> None:
+    """``SIGKILL`` every process of a worker that is a node of its own (its nanny and worker
+    process) and wait until its store is gone: the node's reaper removes it once no process
+    of it lives, so the values it kept are really lost."""
+    from yrdask.runtime.store import store_dir
+
+    procs = [psutil.Process(p) for p in worker.pids()]
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    psutil.wait_procs(procs, timeout=10)
+    worker.proc.wait(10)
+    where = store_dir(f"node-{worker.name}")
+    wait_until(lambda: not os.path.exists(where), 30, f"the killed node's store {where} removed")
+
+
 @dataclasses.dataclass
 class CliCluster:
     """A scheduler and workers started with ``--preload yrdask`` as subprocesses."""
@@ -252,9 +267,10 @@ class CliCluster:
         return set().union(*(w.pids() for w in self.workers))
 
     def _launch_worker(self, resources: str = "", nthreads: int = 1, name: str | None = None,
-                       node: str | None = None):
-        """Start a ``dask worker``; it plays the host ``node`` (default: a node of its own,
-        ``node-<name>``, as Ray's cluster_utils adds nodes; docs/nodes.md)."""
+                       node: str | None = None, env: dict[str, str] | None = None):
+        """Start a ``dask worker`` (``env`` added to its environment); it plays the host
+        ``node`` (default: a node of its own, ``node-<name>``, as Ray's cluster_utils adds
+        nodes; docs/nodes.md)."""
         self._counter += 1
         name = name or f"w{self._counter}"
         log = self.workdir / f"worker-{name}.log"
@@ -267,7 +283,7 @@ class CliCluster:
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir,
-                env={**os.environ, "YRDASK_NODE_ID": node or f"node-{name}"},
+                env={**os.environ, "YRDASK_NODE_ID": node or f"node-{name}", **(env or {})},
             )
         worker = WorkerProc(name=name, resources=resources, proc=proc, log=log)
         self.workers.append(worker)
@@ -341,7 +357,7 @@ class CliCluster:
             cluster._launch_scheduler()
             for spec in workers:
                 cluster._launch_worker(spec.get("resources", ""), spec.get("nthreads", 1), spec.get("name"),
-                                       spec.get("node"))
+                                       spec.get("node"), spec.get("env"))
             cluster._wait_for_workers(len(workers))
         except BaseException:
             cluster.stop()

@@ -628,6 +628,7 @@ def test_docs_list_every_call_of_the_matrix():
     ({"yrdask.scheduling.pipeline-refill": "four"}, "pipeline-refill='four': expected a whole"),
     ({"yrdask.scheduling.pipeline-refill": 9}, "pipeline-refill=9 is more than"),
     ({"yrdask.instances.light": "sometimes"}, "instances.light='sometimes': expected true"),
+    ({"yrdask.worker.labels": {"zone": 1}}, "labels={'zone': 1}: expected a mapping of label"),
 ])
 def test_yr_init_refuses_a_bad_yrdask_key_before_it_starts_anything(not_initialized, bad, says,
                                                                     monkeypatch):

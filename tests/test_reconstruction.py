@@ -14,15 +14,13 @@ fails for a method call's result (Ray does not rebuild actor task outputs either
 from __future__ import annotations
 
 import os
-import signal
 import uuid
 
 import numpy as np
-import psutil
 import pytest
 
 import yrdask as yr
-from conftest import wait_until
+from conftest import kill_node
 from yrdask.affinity import Affinity, AffinityKind, AffinityType, LabelOperator, OperatorType
 from yrdask.runtime.store import store_dir
 
@@ -55,18 +53,6 @@ def nodes(cluster):
 def _finalized(cluster):
     yield
     cluster.finalize()
-
-
-def kill_node(worker) -> None:
-    """``SIGKILL`` every process of the keeper's node (its nanny and worker process) and wait
-    until its store is gone: the node's reaper removes it once no process of it lives."""
-    procs = [psutil.Process(p) for p in worker.pids()]
-    for p in procs:
-        p.send_signal(signal.SIGKILL)
-    psutil.wait_procs(procs, timeout=10)
-    worker.proc.wait(10)
-    where = store_dir(f"node-{worker.name}")
-    wait_until(lambda: not os.path.exists(where), 30, f"the killed node's store {where} removed")
 
 
 def make_large(runs: str, seed: int) -> np.ndarray:

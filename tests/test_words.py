@@ -128,23 +128,23 @@ def test_a_get_timeout_and_a_dead_actor_in_each_apis_words(cluster):
 
 
 def test_a_bad_ray_init_argument_names_ray_init():
-    """``ray.init(num_cpus=0)`` is refused in ray.init's words (yr's is Config.num_cpus);
+    """``ray.init(num_cpus=-1)`` is refused in ray.init's words (yr's is Config.num_cpus);
     in a fresh process, where no runtime is installed yet."""
     code = ("import yrdask.ray as ray\n"
-            "try:\n    ray.init(num_cpus=0)\n"
+            "try:\n    ray.init(num_cpus=-1)\n"
             "except ValueError as e:\n    print(type(e).__name__, e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, env=dict(os.environ, YR_SERVER_ADDRESS="", RAY_ADDRESS=""))
-    assert out.stdout.strip() == "ValueError ray.init(num_cpus=...) must be >= 1, got 0", \
+    assert out.stdout.strip() == "ValueError ray.init(num_cpus=...) must be >= 0, got -1", \
         out.stdout + out.stderr[-2000:]
-    with pytest.raises(yr.YRValueError, match=r"^Config\.num_cpus must be >= 1, got 0"):
-        yr.Config(num_cpus=0)
+    with pytest.raises(yr.YRValueError, match=r"^Config\.num_cpus must be >= 0, got -1"):
+        yr.Config(num_cpus=-1)
 
 
 #: a yr phrase of each row's situation, as yrdask writes it.
 SAMPLES = {
     "remedy of a request that cannot be placed": f"did not fit in time. {FIX_HINT}",
-    "an argument of the session's start": "Config.num_cpus must be >= 1, got 0",
+    "an argument of the session's start": "Config.num_cpus must be >= 0, got -1",
     "options that ask for less": "ask for less (InvokeOptions(cpu=..., memory=...))",
     "amounts of a request or an offer": "request {CPU: 1500, Memory: 512, x: 1}",
     "what no worker offers": "no worker offers CPU=64000 (largest offer: 2000), "

@@ -106,3 +106,14 @@ def spare_processes() -> int:
             f"{MAX_SPARE_PROCESSES} (each spare is a process that holds memory while it waits; "
             "the default is 1)")
     return value
+
+
+def node_labels() -> dict[str, str]:
+    """``yrdask.worker.labels``: the labels this worker process gives its node (Ray's node
+    labels, docs/nodes.md), checked to be ``{str: str}``."""
+    labels = dask.config.get("yrdask.worker.labels", None) or {}
+    if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise YRValueError(f"yrdask.worker.labels={labels!r}: expected a mapping of label "
+                           "names to string values, such as {\"zone\": \"us-west4\"}")
+    return dict(labels)

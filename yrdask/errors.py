@@ -20,7 +20,8 @@
         │   ├── KVFullError          a KV write would exceed yrdask.kv.max-bytes
         │   ├── DependencyError      a ref nested in a task's arguments failed (code 4306)
         │   └── ObjectLostError      an object's value is gone (its keeper died, not rebuilt)
-        │       └── OwnerDiedError   the process owning a borrowed object died
+        │       ├── OwnerDiedError   the process owning a borrowed object died
+        │       └── ObjectReconstructionFailedError  its task may not run again (cancelled)
         ├── YRValueError             (also ValueError) bad argument value
         └── YRTypeError              (also TypeError) bad argument type
 """
@@ -51,6 +52,7 @@ __all__ = [
     "DependencyError",
     "ObjectLostError",
     "OwnerDiedError",
+    "ObjectReconstructionFailedError",
     "RemoteError",
 ]
 
@@ -188,6 +190,11 @@ class ObjectLostError(YRRuntimeError):
 class OwnerDiedError(ObjectLostError):
     """The process that owns an object (the one that created it) died, so a borrower cannot
     read it any more: ownership is Ray's, and Ray raises this error too (docs/objects.md)."""
+
+
+class ObjectReconstructionFailedError(ObjectLostError):
+    """An object's value is gone and its task, which could have computed it again, was
+    cancelled: a cancelled task never runs again, so the value stays lost (Ray's name)."""
 
 
 class ScheduleError(YRRuntimeError):

@@ -478,7 +478,7 @@ class Config:
     ds_public_key_path: str = spec_field(unsupported(STR, _NO_DS, _TLS), "")
     runtime_public_key_path: str = spec_field(unsupported(STR, _NO_DS, _TLS), "")
     runtime_private_key_path: str = spec_field(unsupported(STR, _NO_DS, _TLS), "")
-    num_cpus: int | None = spec_field(int_spec(1, none_ok=True), None)
+    num_cpus: int | None = spec_field(int_spec(0, none_ok=True), None)
     # yrdask extensions (Ray's ray.init(num_gpus=, resources=)): what the embedded cluster's
     # node offers besides its CPUs; GPUs declared here need no hardware (docs/nodes.md).
     num_gpus: int | None = spec_field(int_spec(0, none_ok=True), None)

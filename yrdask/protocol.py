@@ -319,7 +319,8 @@ class RegisterWorker(Message):
     Makes the worker eligible for yr work.  ``node`` the node (host) whose pool it joins
     (``""``: its address is a node of its own), ``gpus`` the device ids it can run work on
     (GPUs as ``"0"``, Ascend NPUs as ``"NPU:0"``),
-    ``shared`` node-wide amounts that do not add up over the node's processes (docs/nodes.md)."""
+    ``shared`` node-wide amounts that do not add up over the node's processes, ``labels``
+    the node's labels ``{key: value}`` (Ray's node labels; docs/nodes.md)."""
 
     op: ClassVar[str] = REGISTER_WORKER
     channels: ClassVar[tuple[str, ...]] = (ON_SCHEDULER_RPC,)
@@ -329,6 +330,7 @@ class RegisterWorker(Message):
     node: str = ""
     gpus: tuple = ()
     shared: Any = None
+    labels: Any = None
 
 
 #: A lease that holds GPUs or NPUs names its device ids after this mark: ``"L7#GPU=0,1"``,

@@ -68,8 +68,34 @@ def test_node_affinity_soft_and_hard():
     assert to_invoke_options({"scheduling_strategy": "SPREAD"}, TASK, "ns").spread
 
 
+def test_label_selector_becomes_one_hard_rule_on_node_labels():
+    """Each entry is a condition on the node's labels, all AND-ed in one hard affinity (and
+    into a hard node affinity's); ``ray.io/node-id`` is the node id."""
+    from yrdask.affinity import OperatorType as Op
+
+    (rule,) = to_invoke_options({"label_selector": {
+        "zone": "a", "market": "!spot", "gpu": "in(A100, H100)", "ray.io/node-id": "!in(n1)"}},
+        TASK, "ns").invoke.schedule_affinities
+    assert rule.affinity_type == AffinityType.REQUIRED
+    assert [(o.operator_type, o.key, o.values) for o in rule.label_operators] == [
+        (Op.LABEL_IN, "zone", ["a"]), (Op.LABEL_NOT_IN, "market", ["spot"]),
+        (Op.LABEL_IN, "gpu", ["A100", "H100"]), (Op.LABEL_NOT_IN, "NODE_ID", ["n1"])]
+    (both,) = to_invoke_options({"label_selector": {"zone": "a"}, "scheduling_strategy":
+                                 NodeAffinitySchedulingStrategy("n2", soft=False)},
+                                ACTOR, "ns").invoke.schedule_affinities
+    assert [o.key for o in both.label_operators] == ["NODE_ID", "zone"]
+
+
+@pytest.mark.parametrize("selector, error", [(["zone"], TypeError), ({"zone": ""}, ValueError),
+                                             ({"zone": 1}, ValueError),
+                                             ({"zone": "in()"}, ValueError)])
+def test_a_bad_label_selector_is_refused_at_the_option(selector, error):
+    with pytest.raises(error, match="label_selector"):
+        to_invoke_options({"label_selector": selector}, TASK, "ns")
+
+
 @pytest.mark.parametrize("key, value", [("accelerator_type", "A100"),
-                                        ("label_selector", {"a": "b"}), ("object_store_memory", 10),
+                                        ("object_store_memory", 10),
                                         ("placement_group_bundle_index", 0)])
 def test_unsupported_ray_options_are_named(key, value):
     def f():

@@ -406,7 +406,7 @@ def test_config_bad_types(name, value):
 
 
 CONFIG_BAD_VALUES = [
-    ("num_cpus", 0), ("connection_nums", 0), ("recycle_time", 0), ("recycle_time", 301),
+    ("num_cpus", -1), ("connection_nums", 0), ("recycle_time", 0), ("recycle_time", 301),
     ("recycle_time", -1), ("invoke_timeout", 0), ("rpc_timeout", -1),
 ]
 
@@ -420,7 +420,7 @@ def test_config_bad_values(name, value):
 
 @pytest.mark.parametrize(
     "name,value",
-    [("num_cpus", 1), ("num_cpus", None),
+    [("num_cpus", 0), ("num_cpus", 1), ("num_cpus", None),
      ("log_level", logging.INFO), ("log_level", "ERROR"),
      ("logger", logging.getLogger("x")), ("log_to_driver", True), ("dedup_logs", False)],
 )

@@ -67,6 +67,7 @@ def nodes_info() -> list[dict]:
         node = _node(address, w["capacity"], w["held"])
         node["host"] = w.get("host") or address
         node["processes"] = list(w.get("processes") or ())
+        node["labels"] = dict(w.get("labels") or {})
         out.append(node)
     return out
 

@@ -37,12 +37,14 @@ def init(conf: Config | None = None) -> ClientInfo:
         conf = check_config(conf)
         freeze = heap.freeze_enabled()  # checked before anything starts
         # the submitter reads these once the cluster is starting, the instance creations
-        # later: a bad one is refused here
-        from yrdask.config import light_instances, pipeline_settings, spare_processes
+        # later, the embedded cluster's workers (node labels) as they register: a bad one is
+        # refused here
+        from yrdask.config import light_instances, node_labels, pipeline_settings, spare_processes
 
         pipeline_settings()
         light_instances()
         spare_processes()
+        node_labels()
         if conf.env_file:
             _load_env_file(conf.env_file)
         _apply_log_level(conf.log_level)

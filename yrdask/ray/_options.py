@@ -49,7 +49,7 @@ _OPTIONS: dict[str, tuple[frozenset, Any]] = {
     "placement_group": (frozenset({TASK, ACTOR}), "default"),
     "placement_group_bundle_index": (frozenset({TASK, ACTOR}), -1),
     "placement_group_capture_child_tasks": (frozenset({TASK, ACTOR}), None),
-    "label_selector": (frozenset({TASK, ACTOR}), None),
+    "label_selector": (frozenset({TASK, ACTOR}), _UNSET),
     "_metadata": (frozenset({TASK, ACTOR}), None),
     # False: the work leaves no record (list_tasks, timeline, Dask's panels)
     "enable_task_events": (frozenset({TASK, ACTOR, METHOD}), _UNSET),
@@ -148,6 +148,7 @@ def to_invoke_options(options: dict, kind: str, namespace: str,
     out.events = check_task_events(options.get("enable_task_events", True))
     _runtime_env(options.get("runtime_env"), inv, job_env)
     _strategy(options.get("scheduling_strategy"), inv, out)
+    _label_selector(options.get("label_selector"), inv)
     if out.group is not None:
         _check_bundle_fit(options, is_actor, out.group, what)
     if is_actor:
@@ -328,6 +329,48 @@ def _strategy(strategy: Any, inv: InvokeOptions, out: RayOptions) -> None:
         return
     raise ValueError(f"Invalid scheduling_strategy {strategy!r}: use 'DEFAULT', 'SPREAD', "
                      "NodeAffinitySchedulingStrategy or PlacementGroupSchedulingStrategy")
+
+
+#: The label every node has: its id (Ray's ``ray._raylet.RAY_NODE_ID_KEY``).
+NODE_ID_LABEL = "ray.io/node-id"
+
+
+def _selector_op(key: str, value: Any) -> LabelOperator:
+    """One entry of Ray's ``label_selector``: ``"v"`` (equals), ``"!v"`` (differs or absent),
+    ``"in(a,b)"``, ``"!in(a,b)"``."""
+    if not isinstance(key, str) or not key or not isinstance(value, str) or not value:
+        raise ValueError(f"label_selector must map label names to non-empty strings, got "
+                         f"{key!r}: {value!r}")
+    negated = value.startswith("!")
+    body = value[1:] if negated else value
+    if body.startswith("in(") and body.endswith(")"):
+        values = [v.strip() for v in body[3:-1].split(",") if v.strip()]
+    else:
+        values = [body]
+    if not values or not all(values):
+        raise ValueError(f"label_selector[{key!r}]={value!r}: expected 'v', '!v', 'in(a,b)' "
+                         "or '!in(a,b)'")
+    op = OperatorType.LABEL_NOT_IN if negated else OperatorType.LABEL_IN
+    return LabelOperator(op, "NODE_ID" if key == NODE_ID_LABEL else key, values)
+
+
+def _label_selector(selector: Any, inv: InvokeOptions) -> None:
+    """Ray's ``label_selector``: the node's labels (``yrdask.worker.labels``, docs/nodes.md)
+    must match every entry: one hard affinity whose conditions are AND-ed, added to each
+    hard affinity already there (a node-affinity strategy), as affinities of one kind OR."""
+    if selector is None or selector == {}:
+        return
+    if not isinstance(selector, dict):
+        raise TypeError(f"label_selector must be a dict of label name -> value, got "
+                        f"{type(selector).__name__}")
+    ops = [_selector_op(k, v) for k, v in selector.items()]
+    hard = [a for a in inv.schedule_affinities if a.affinity_kind == AffinityKind.RESOURCE
+            and a.affinity_type == AffinityType.REQUIRED]
+    for affinity in hard:
+        affinity.label_operators = [*affinity.label_operators, *ops]
+    if not hard:
+        inv.schedule_affinities = [*inv.schedule_affinities, Affinity(
+            AffinityKind.RESOURCE, AffinityType.REQUIRED, ops)]
 
 
 def node_affinity(node_id: str, soft: bool = True) -> list:

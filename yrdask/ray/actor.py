@@ -193,7 +193,8 @@ class ActorClass:
             node = next_spread_node()
             if node is not None:
                 opts = ropts.invoke.copy()
-                opts.schedule_affinities = node_affinity(node, soft=True)
+                opts.schedule_affinities = [*opts.schedule_affinities,
+                                            *node_affinity(node, soft=True)]
                 creator = creator.options(opts)
         return ActorHandle(creator.invoke(*args, **kwargs))
 

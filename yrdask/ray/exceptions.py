@@ -13,7 +13,8 @@
         ├── TaskCancelledError      the task was cancelled with ``ray.cancel``
         ├── WorkerCrashedError      the task's worker process died more often than retries allow
         ├── ObjectLostError
-        │   └── OwnerDiedError
+        │   ├── OwnerDiedError
+        │   └── ObjectReconstructionFailedError  its task was cancelled: not rebuilt
         ├── RuntimeEnvSetupError
         ├── TaskUnschedulableError  (also yrdask's ScheduleError) no node can ever run the task
         ├── ActorUnschedulableError (also yrdask's ScheduleError) ... nor create the actor
@@ -31,7 +32,8 @@ from yrdask.words import in_ray_words
 
 __all__ = ["RayError", "RayTaskError", "RayActorError", "ActorDiedError",
            "ActorUnavailableError", "GetTimeoutError", "TaskCancelledError",
-           "WorkerCrashedError", "ObjectLostError", "OwnerDiedError", "RuntimeEnvSetupError",
+           "WorkerCrashedError", "ObjectLostError", "OwnerDiedError",
+           "ObjectReconstructionFailedError", "RuntimeEnvSetupError",
            "RaySystemError", "TaskUnschedulableError", "ActorUnschedulableError",
            "ObjectRefStreamEndOfStreamError", "AsyncioActorExit", "UnsupportedOptionError",
            "from_yr_error"]
@@ -137,6 +139,10 @@ class OwnerDiedError(ObjectLostError):
     """The process owning an object died."""
 
 
+class ObjectReconstructionFailedError(ObjectLostError):
+    """An object's value is lost and its task was cancelled, so it is not computed again."""
+
+
 class RuntimeEnvSetupError(RayError):
     """The ``runtime_env`` of a task or actor could not be set up."""
 
@@ -221,6 +227,8 @@ def from_yr_error(err: BaseException, what: str = "") -> BaseException:
         return WorkerCrashedError(in_ray_words(str(err)))
     if isinstance(err, _yr.OwnerDiedError):
         return OwnerDiedError(in_ray_words(str(err)))
+    if isinstance(err, _yr.ObjectReconstructionFailedError):
+        return ObjectReconstructionFailedError(in_ray_words(str(err)))
     if isinstance(err, _yr.ObjectLostError):
         return ObjectLostError(in_ray_words(str(err)))
     if isinstance(err, _yr.CallCrashedError):  # the call is given up; the actor restarts

@@ -255,6 +255,6 @@ class RemoteFunction:
         spread = cache.get(node)
         if spread is None:
             opts = ropts.invoke.copy()
-            opts.schedule_affinities = node_affinity(node, soft=True)
+            opts.schedule_affinities = [*opts.schedule_affinities, *node_affinity(node, soft=True)]
             spread = cache[node] = proxy.options(opts)
         return spread

@@ -41,6 +41,14 @@ class RuntimeContext:
 
         return get_address_host(rt.address)
 
+    def get_node_labels(self) -> dict[str, str]:
+        """This node's labels (``yrdask.worker.labels``, docs/nodes.md) and its id under
+        ``ray.io/node-id``, as Ray gives them."""
+        from yrdask.config import node_labels
+        from yrdask.ray._options import NODE_ID_LABEL
+
+        return {**node_labels(), NODE_ID_LABEL: self.get_node_id()}
+
     def get_accelerator_ids(self) -> dict[str, list[str]]:
         """``{"GPU": ["0"], "NPU": []}``: the accelerator ids this task or actor holds
         (strings, as Ray gives them); empty lists elsewhere."""

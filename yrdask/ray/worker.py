@@ -235,6 +235,7 @@ def nodes() -> list[dict]:
     memory in bytes, GPU in devices)."""
     ensure_init()
     from yrdask.api.nodes import nodes_info
+    from yrdask.ray._options import NODE_ID_LABEL
 
     out = []
     for node in nodes_info():
@@ -242,7 +243,7 @@ def nodes() -> list[dict]:
         out.append({"NodeID": node["id"], "Alive": True, "alive": True,
                     "NodeManagerAddress": host, "NodeManagerHostname": host,
                     "NodeName": host, "Resources": _ray_units(node["capacity"]),
-                    "Labels": {}})
+                    "Labels": {**node["labels"], NODE_ID_LABEL: node["id"]}})
     return out
 
 

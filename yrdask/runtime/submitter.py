@@ -36,7 +36,8 @@ import dask
 # the pipelining keys' checked reader (importing yrdask.config registers the yrdask.* defaults)
 from yrdask.config import pipeline_settings
 from yrdask import protocol as P
-from yrdask.errors import (CancelledError, DependencyError, ObjectLostError, TaskCrashedError,
+from yrdask.errors import (CancelledError, DependencyError, ObjectLostError,
+                           ObjectReconstructionFailedError, TaskCrashedError,
                            crashed_by_itself, dependency_error)
 from yrdask.runtime import submit_queue as M
 from yrdask.runtime.objects import Entry, dep_of, failed_dep, pending_owned, when_ready
@@ -285,10 +286,16 @@ class Submitter:
     def cancel(self, object_id: str, force: bool = False, recursive: bool = False) -> None:
         """``yr.cancel``: a task still waiting for its arguments is failed here.  ``force``:
         the worker running it ends its process (the task is settled here, so its loss with
-        that worker is not counted as a crash of it)."""
+        that worker is not counted as a crash of it).  A finished task whose result a worker
+        keeps is marked: it never runs again to rebuild that result (Ray's rule)."""
         task_id = object_id.split(".", 1)[0]
         task = self.tasks.get(task_id)
-        if task is None or task.cancelled:
+        if task is None:
+            done = self.lineage.get(object_id)
+            if done is not None:
+                done.cancelled = True
+            return
+        if task.cancelled:
             return
         task.cancelled = True
         if task.queued:
@@ -463,6 +470,12 @@ class Submitter:
                 continue
             del self.lineage[oid]
             handled.append(oid)
+            if task.cancelled:
+                entry.lose(ObjectReconstructionFailedError(
+                    f"object {oid} was lost with worker {worker}, which kept its value, and "
+                    f"its task {task.name} ({task.task_id}) was cancelled, so it does not "
+                    "run again to rebuild it"))
+                continue
             bound = self.machine.max_crash_retries if task.max_crashes is None else task.max_crashes
             if bound != -1 and task.rebuilt >= bound and task.task_id not in again:
                 why = ("yrdask.scheduling.max-task-crashes" if task.max_crashes is None

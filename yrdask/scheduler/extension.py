@@ -165,25 +165,26 @@ class YrSchedulerExtension:
     # -- workers ---------------------------------------------------------------------------
 
     def register_worker(self, address: str, capacity: Shape, protocol_version: int,
-                        node: str = "", gpus: Any = (), shared: Any = None) -> None:
+                        node: str = "", gpus: Any = (), shared: Any = None,
+                        labels: Any = None) -> None:
         if protocol_version != P.PROTOCOL_VERSION:
             raise RuntimeError(
                 f"yrdask protocol mismatch: worker {address} speaks {protocol_version}, "
                 f"scheduler speaks {P.PROTOCOL_VERSION}; install the same yrdask everywhere"
             )
-        offer = (capacity, node, tuple(gpus or ()), dict(shared or {}))
+        offer = (capacity, node, tuple(gpus or ()), dict(shared or {}), dict(labels or {}))
         if address in self.scheduler.workers:
             self._add_worker(address, *offer)
         else:
             self.pending_workers[address] = offer
 
     def _add_worker(self, address: str, capacity: Shape, node: str = "", gpus: tuple = (),
-                    shared: Shape | None = None) -> None:
+                    shared: Shape | None = None, labels: dict | None = None) -> None:
         gpus, shared = tuple(gpus or ()), shared or {}
         logger.info("yr worker %s offers %s to node %s%s", address, format_shape(capacity),
                     node or address, f" (devices {','.join(gpus)})" if gpus else "")
         self.lease_service.worker_joined(address, shape_of(capacity), node, gpus,
-                                         shape_of(shared))
+                                         shape_of(shared), labels)
         self.worker_added.set()
         if address in self.removed:  # a new process at a dead one's address
             del self.removed[address]

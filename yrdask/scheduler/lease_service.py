@@ -149,10 +149,11 @@ class LeaseService:
         self.feed(LQ.HoldingsReleased(f"{what}-{next(self._stimuli)}", tuple(holding_ids)))
 
     def worker_joined(self, address: str, capacity: Shape, node: str = "", gpus: tuple = (),
-                      shared: Any = None) -> None:
+                      shared: Any = None, labels: Any = None) -> None:
         """A worker process offers ``capacity`` to its ``node`` (see ``LQ.WorkerJoined``)."""
         self.feed(LQ.WorkerJoined(f"worker-joined-{next(self._stimuli)}", address, capacity,
-                                  node, tuple(gpus or ()), shared))
+                                  node, tuple(gpus or ()), shared,
+                                  tuple(sorted((labels or {}).items()))))
 
     def worker_draining(self, address: str, draining: bool) -> None:
         """``address`` is drained to retire (nothing new goes there), or kept after all

@@ -66,13 +66,15 @@ TOLERANCE = 1e-6  # float slack of the ledger checks
 class WorkerJoined(Event):
     """A yr worker process offers ``capacity`` ({resource: amount}) to its ``node`` (its
     own address if empty): ``gpus`` the device ids it can run work on, ``shared`` node-wide
-    amounts that do not add up over the node's processes (``docs/nodes.md``)."""
+    amounts that do not add up over the node's processes, ``labels`` the node's labels as
+    ``((key, value), ...)`` (``docs/nodes.md``)."""
 
     worker: str
     capacity: Shape
     node: str = ""
     gpus: tuple = ()
     shared: Any = None
+    labels: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,7 +479,7 @@ class LeaseQueue:
         sid, worker = ev.stimulus_id, ev.worker
         known = worker in self.ledger.processes  # registered again: it keeps what it holds
         self.ledger.add_worker(worker, shape_of(ev.capacity), ev.node or None, ev.gpus,
-                               shape_of(ev.shared or {}))
+                               shape_of(ev.shared or {}), dict(ev.labels))
         node = self.ledger.node_of(worker)
         self._story.log(sid, ("worker-capacity" if known else "worker-joined", worker,
                               format_shape(ev.capacity), node), (worker, node))

@@ -91,7 +91,8 @@ class ProcessOffer:
     ``gpus`` are the device ids (GPUs and NPUs) it can run work on (a node's are the union:
     processes that see the same devices share them); ``shared`` are node-wide amounts that
     do not add up (``accelerator_type:<model>``, resources declared for the whole node): the
-    node offers the largest any of its processes reports.
+    node offers the largest any of its processes reports; ``labels`` the node's labels its
+    process declares (Ray's node labels: the node has those of all its processes).
     """
 
     address: str
@@ -99,6 +100,7 @@ class ProcessOffer:
     capacity: Shape
     gpus: tuple[str, ...] = ()
     shared: Shape = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
     load: float = 0.0  # queued yr work the process last reported (heartbeat)
     holdings: set[str] = field(default_factory=set)
     cpu_held: float = 0.0  # CPU of the work running in it (lent CPU not counted)
@@ -123,6 +125,7 @@ class NodeResources:
     processes: dict[str, ProcessOffer] = field(default_factory=dict)
     gpu_used: dict[str, float] = field(default_factory=dict)  # device id -> amount held
     host: str = ""
+    labels: dict[str, str] = field(default_factory=dict)  # its processes' labels together
 
     @property
     def node_id(self) -> str:
@@ -251,7 +254,8 @@ class Ledger:
     # -- workers ---------------------------------------------------------------------------
 
     def add_worker(self, address: str, capacity: Shape, node: str | None = None,
-                   gpus: Collection[str] = (), shared: Shape | None = None) -> None:
+                   gpus: Collection[str] = (), shared: Shape | None = None,
+                   labels: dict[str, str] | None = None) -> None:
         """A worker process joins (or offers again): its node's pool grows by its offer."""
         known = self.processes.get(address)
         node = node or (known.node if known is not None else address)
@@ -263,7 +267,7 @@ class Ledger:
             ns = self.workers[node] = NodeResources(node, {}, host=_host(address))
         offer = ProcessOffer(address, node,
                              {r: float(a) for r, a in capacity.items() if r not in DEVICE_KINDS},
-                             tuple(str(g) for g in gpus), dict(shared or {}))
+                             tuple(str(g) for g in gpus), dict(shared or {}), dict(labels or {}))
         for kind, prefix in DEVICE_KINDS.items():  # a count without ids: ids 0..n-1
             if kind in capacity and not any(device_kind(g) == kind for g in offer.gpus):
                 offer.gpus += tuple(f"{prefix}{i}" for i in range(int(capacity[kind] + EPS)))
@@ -277,7 +281,9 @@ class Ledger:
         """A node's capacity from its processes' offers (after one joined or left)."""
         cap: Shape = {}
         ids: dict[str, None] = {}
+        labels: dict[str, str] = {}
         for p in ns.processes.values():
+            labels.update(p.labels)
             for r, a in p.capacity.items():
                 cap[r] = cap.get(r, 0.0) + a
             for r, a in p.shared.items():
@@ -287,7 +293,7 @@ class Ledger:
             n = sum(device_kind(g) == kind for g in ids)
             if n:
                 cap[kind] = float(n)
-        ns.capacity = cap
+        ns.capacity, ns.labels = cap, labels
         ns.gpu_used = {g: ns.gpu_used.get(g, 0.0) for g in ids}
 
     def _drop_process(self, address: str) -> list[Holding]:
@@ -444,6 +450,7 @@ class Ledger:
         """A node's labels by affinity kind (see :mod:`yrdask.affinity`)."""
         own = {"NODE_ID": {ws.address}, "NODE_IP": {ws.host or _host(ws.address)}}
         own.update({r: {f"{a:g}"} for r, a in ws.capacity.items()})
+        own.update({k: {v} for k, v in ws.labels.items()})
         inst = parse_labels(label for h in ws.holdings if h in self.holdings
                             for label in self.holdings[h].labels)
         return {AffinityKind.RESOURCE: own, AffinityKind.INSTANCE: inst}
@@ -603,7 +610,7 @@ class Ledger:
         return {
             a: {"capacity": dict(ws.capacity), "held": dict(ws.held),
                 "processes": sorted(ws.processes), "host": ws.host,
-                "gpus": dict(ws.gpu_used)}
+                "gpus": dict(ws.gpu_used), "labels": dict(ws.labels)}
             for a, ws in self.workers.items()
         }
 

@@ -27,7 +27,7 @@ from distributed.comm.core import CommClosedError
 from distributed.worker_state_machine import SecedeEvent
 from tornado.ioloop import PeriodicCallback
 
-from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
+from yrdask import config as _config  # registers the yrdask.* defaults
 from yrdask import protocol as P
 from yrdask.runtime.runtime import install_worker_runtime, uninstall_worker_runtime
 # A driver imports these when its runtime is built; a worker with its agent, so that the
@@ -137,7 +137,7 @@ class WorkerAgent(TaskRunner):
     def offer(self) -> P.RegisterWorker:
         """What this process adds to its node (docs/nodes.md): its capacity, the node it
         belongs to, the GPU and NPU ids it can run work on, and node-wide resources (their
-        ``accelerator_type:<model>``, resources declared for the whole node)."""
+        ``accelerator_type:<model>``, resources declared for the whole node) and its labels."""
         declared = self.worker.state.total_resources
         gpus, model = gpu_offer(declared)
         npus, npu_model = npu_offer(declared)
@@ -147,7 +147,7 @@ class WorkerAgent(TaskRunner):
             if ids and kind:
                 shared.setdefault(f"accelerator_type:{kind}", 1.0)
         return P.RegisterWorker(self.worker.address, self.capacity(), P.PROTOCOL_VERSION,
-                                self.node_id, (*gpus, *npus), shared)
+                                self.node_id, (*gpus, *npus), shared, _config.node_labels())
 
     def _share_with_dask(self) -> None:
         """Dask's tasks take their thread from :attr:`share` too (docs/scheduling.md, "One

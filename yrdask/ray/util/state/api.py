@@ -14,6 +14,7 @@ import os
 from typing import Any, Optional
 
 from yrdask import protocol as P
+from yrdask.ray._options import NODE_ID_LABEL
 from yrdask.ray.util.state.common import (DEFAULT_LIMIT, DEFAULT_RPC_TIMEOUT, MAX_LIMIT,
                                           ActorState, NodeState, ObjectState,
                                           PlacementGroupState, StateSchema, TaskState,
@@ -216,7 +217,8 @@ def node_rows(address: Optional[str], timeout: float) -> list[dict]:
     return [{"node_id": n["node_id"], "node_ip": n.get("host") or n["node_id"],
              "is_head_node": bool(n.get("head")), "state": "ALIVE", "state_message": None,
              "node_name": n.get("host") or n["node_id"],
-             "resources_total": _ray_units(n["capacity"]), "labels": {},
+             "resources_total": _ray_units(n["capacity"]),
+             "labels": {**(n.get("labels") or {}), NODE_ID_LABEL: n["node_id"]},
              "start_time_ms": None, "end_time_ms": None} for n in reply["rows"]]
 
 
