@@ -77,7 +77,7 @@ from yrdask import protocol as P
 from yrdask.errors import (CallCrashedError, CancelledError, InstanceDiedError,
                            InstanceMovedError, ScheduleError)
 from yrdask.runtime import call_order as C
-from yrdask.runtime.call_router import CallRouter
+from yrdask.runtime.call_router import CallRouter, cancel_effect, cancelled_answer
 from yrdask.scheduler import durable as D
 from yrdask.scheduler import leases as LQ
 from yrdask.scheduler import lifecycle as L
@@ -652,6 +652,8 @@ class CallWorld:
                 self.fail(f"result: call {cid} settled as a success, yet its instance "
                           f"answered {answers or 'nothing'}")
             child = rec.get("result")
+            if rec["refs"] is not None:  # its refs failed at its cancel: the value is
+                return  # dropped (a call may begin before the cancel that follows it)
             if child is not None:  # unpickle the handle in the result
                 child_iid, token = child
                 self.do(pname, "arrived", child_iid, token)
@@ -776,6 +778,8 @@ class CallWorld:
                            "settled": 0, "answered": False, "sent": 0, "bad_arg": bad,
                            "kind": kind, "result": None, "unordered": unordered,
                            "method": method, "cancelled": False, "sent_to": None,
+                           # what its refs settled with at once (a cancel before it left)
+                           "refs": None,
                            # in a process instance, the method crashes its process
                            # (``os._exit``) each time it runs
                            "poison": self.proc_rng.random() < 0.08}
@@ -847,8 +851,11 @@ class CallWorld:
                 rec = self.calls[cid]
                 rec["cancelled"] = True
                 self.say(dname, "cancel", cid, rec["sent_to"])
-                if rec["sent_to"] is not None:
-                    self.send(dname, rec["sent_to"], "call", P.CancelTask(cid).to_msg())
+                what = cancel_effect(cid, rec["sent_to"])  # InstanceRouter.cancel's rule
+                if type(what) is P.CancelTask:
+                    self.send(dname, rec["sent_to"], "call", what.to_msg())
+                else:  # its refs fail now; the router's settlement comes with its answer
+                    rec["refs"] = what
         elif action == "drop" and held:
             self.drop_handle(dname, rng.choice(held))
         elif action == "kill" and held:
@@ -958,11 +965,11 @@ class CallWorld:
         rec = self.calls[cid]
         # what the executing side answered (the settlement must match one of them)
         rec.setdefault("answers", []).append(ANSWERS.get(type(error), "ok"))
-        if rec["cancelled"]:  # whatever the answer: settled as cancelled (on_done)
-            self.do(dname, "done", cid, CancelledError(f"Task: {cid} was cancelled."))
+        if rec["cancelled"]:  # InstanceRouter.on_done's rule for a cancelled call's answer
+            error = cancelled_answer(cid, error)
         elif type(error) is CancelledError:
             self.fail(f"call {cid} answered {error!r} though it was not cancelled")
-        elif error is not None:
+        if error is not None:
             self.do(dname, "done", cid, error)
         else:
             rec["result"] = msg["results"][0][1]

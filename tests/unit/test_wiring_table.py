@@ -191,3 +191,16 @@ def test_a_departure_runs_through_the_same_decisions_everywhere() -> None:
                         f"{module.__name__} feeds a departure past Departures: {line.strip()}"
     assert "P.WorkerLost(" in _source(departures)
 
+
+
+def test_a_cancelled_method_call_runs_the_same_rules_everywhere() -> None:
+    """Ray's cancel of a method call and its answer: ``InstanceRouter`` and the instance
+    world both take what to do from ``call_router``'s ``cancel_effect`` and
+    ``cancelled_answer``."""
+    from yrdask.runtime import instance_router
+    from tests.sim import calls
+
+    for module in (instance_router, calls):
+        src = _source(module)
+        assert "cancel_effect(" in src and "cancelled_answer(" in src, module.__name__
+    assert "Task: {cid} was cancelled" not in _source(calls)  # no settlement of its own
