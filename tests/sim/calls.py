@@ -1265,21 +1265,14 @@ class CallWorld:
             "result": OSError(f"{worker} is gone")})
 
     def rpc_request_lease(self, src: str, chan: str, timeout_ms: int, **fields: Any) -> None:
-        """``extension.request_lease``: the lease service makes the request (or refuses
-        it); the answer goes back on the rpc's connection."""
-        def reply(result: list) -> None:
-            self.send(SCHED, src, chan, {"op": REPLY, "to": P.REQUEST_LEASE,
-                                         "result": result})
-
-        req = self.leases.lease_request(**fields)
-        if isinstance(req, str):
-            return reply([None, req])
-
+        """``extension.request_lease``: the lease service decides (``request_lease``: refused
+        at once, or opened); the answer goes back on the rpc's connection."""
         def answer(result: list) -> None:
             if result[0] is not None:
                 self.granted(result[0])
-            reply(result)
-        self.leases.open(req, timeout_ms, answer)
+            self.send(SCHED, src, chan, {"op": REPLY, "to": P.REQUEST_LEASE,
+                                         "result": result})
+        self.leases.request_lease(answer, timeout_ms=timeout_ms, **fields)
 
     def later_heard(self, who: str, fn: Any) -> None:
         """The adapter knows ``who`` is gone; the machines hear it now or after a seeded

@@ -204,3 +204,17 @@ def test_a_cancelled_method_call_runs_the_same_rules_everywhere() -> None:
         src = _source(module)
         assert "cancel_effect(" in src and "cancelled_answer(" in src, module.__name__
     assert "Task: {cid} was cancelled" not in _source(calls)  # no settlement of its own
+
+
+def test_the_lease_rpc_is_decided_by_the_lease_service_everywhere() -> None:
+    """``REQUEST_LEASE``: the extension's rpc and both worlds hand it to
+    ``LeaseService.request_lease`` (refused at once or opened); none of them builds the
+    request itself."""
+    from yrdask.scheduler import extension
+    from tests.sim import calls, world
+
+    for module in (extension, world, calls):
+        src = _source(module)
+        assert "lease_service.request_lease(" in src or ".request_lease(answer" in src, \
+            module.__name__
+        assert ".lease_request(" not in src, module.__name__
