@@ -87,6 +87,7 @@ from yrdask.scheduler.instance_service import InstanceService
 from yrdask.scheduler.departures import Departures
 from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest
+from yrdask.worker.agent import WorkerAgent
 from yrdask.worker.instance_side import HostedCalls, InstanceSide
 
 from tests.sim import machines as M
@@ -161,17 +162,42 @@ class Proc:
         # stream's (P.WORKER_STREAM) and the call channel's (P.CHANNEL_TO_WORKER)
         self.stream: dict[str, Any] = {}
         self.channel: dict[str, Any] = {}
+        self.agent: dict[str, Any] = {}  # the agent's own: STOP_INSTANCE, CANCEL_TASK
 
     def hosting(self, side: InstanceSide) -> None:
         """Host instances (a worker, or a process instance's own process): ``side``."""
         self.side = side
         self.stream = P.handlers((P.START_INSTANCE,), side)
         self.channel = P.handlers((P.CALL_METHOD,), side)
+        self.agent = P.handlers((P.STOP_INSTANCE, P.CANCEL_TASK), _AgentHandlers(side))
 
     @property
     def hosted(self) -> dict[str, "SimHosted"]:
         """The instances this worker hosts now (its instance side's)."""
         return self.side.instances if self.side is not None else {}
+
+
+class _AgentHandlers:
+    """The worker agent's own handlers of the instance ops that reach a worker past its
+    instance side's tables, production's methods over the world's instance side:
+    ``STOP_INSTANCE`` (``WorkerAgent.stop_instance``: the instance side's stop, then the
+    hosted object's shutdown hook, which none of the world's instances has) and
+    ``CANCEL_TASK`` (``TaskRunner.cancel_task``: an id that is no task goes to the instance
+    side; the world's workers run no tasks)."""
+
+    stop_instance = WorkerAgent.stop_instance
+    cancel_task = WorkerAgent.cancel_task
+
+    def __init__(self, side: InstanceSide) -> None:
+        self.instance_side = side
+        self.instances = side.instances
+        self.task_side = _NoTasks()
+
+
+class _NoTasks:
+    """The task side of a worker of the instance world: it runs no tasks."""
+
+    tasks: dict = {}
 
 
 class SimHosted(HostedCalls):
@@ -947,6 +973,15 @@ class CallWorld:
         else:
             self.fail(f"driver got {msg}")
 
+    def run_now(self, step: Any, what: str) -> None:
+        """Run the coroutine of an async handler that awaits nothing here to its end."""
+        try:
+            step.send(None)
+        except StopIteration:
+            return
+        step.close()
+        self.fail(f"{what} waited for something the world does not simulate")
+
     def rpc_answered(self, p: Proc, msg: dict) -> None:
         """An rpc's reply (``InstanceRouter._create_rpc`` / ``_locate_rpc``, the lease rpc)."""
         to, result = msg["to"], msg["result"]
@@ -986,17 +1021,16 @@ class CallWorld:
                 return w.channel[op](src, msg)
             if op in w.stream:  # its worker stream table (P.WORKER_STREAM)
                 return P.dispatch(w.stream, msg)
-            if op == P.STOP_INSTANCE:  # agent.stop_instance: the instance side's stop
+            if op == P.STOP_INSTANCE:  # the agent's rpc (WorkerAgent.stop_instance)
                 self.say(wname, "stop", msg["instance_id"], msg["reason"])
-                w.side.stop(msg["instance_id"], msg["reason"])
+                self.run_now(P.dispatch(w.agent, msg), f"{wname}'s stop of {msg}")
                 return self.send(wname, SCHED, chan, {"op": REPLY, "to": op, "request": msg,
                                                       "result": None})
-            if op == P.CANCEL_TASK:  # agent.cancel_task of an id that is no task: a call
+            if op == P.CANCEL_TASK:  # the agent's (TaskRunner.cancel_task): a call here
                 cid = msg["task_id"]
                 if cid not in w.ran:  # it has not begun here: it must never begin
                     w.unrun_cancels.add(cid)
-                w.side.cancel(cid)
-                return None
+                return w.agent[op](src, msg)
             if op == REPLY:
                 return self.rpc_answered(w, msg)
             if op in (P.TASK_DONE, P.WORKER_LOST, P.WORKER_EXIT):  # (workers call nothing)

@@ -218,3 +218,17 @@ def test_the_lease_rpc_is_decided_by_the_lease_service_everywhere() -> None:
         assert "lease_service.request_lease(" in src or ".request_lease(answer" in src, \
             module.__name__
         assert ".lease_request(" not in src, module.__name__
+
+
+def test_the_instance_worlds_workers_run_the_agents_own_stop_and_cancel() -> None:
+    """``STOP_INSTANCE`` and ``CANCEL_TASK`` at a worker of the instance world are the worker
+    agent's own handlers (``WorkerAgent.stop_instance``, ``TaskRunner.cancel_task``) over
+    the world's instance side, dispatched from a table built by ``P.handlers``."""
+    from yrdask.worker.agent import WorkerAgent
+    from yrdask.worker.instance_side import InstanceSide
+    from tests.sim.calls import Proc
+
+    w = Proc("w0", "worker")
+    w.hosting(InstanceSide(None))
+    assert w.agent[P.STOP_INSTANCE].__func__ is WorkerAgent.stop_instance
+    assert w.agent[P.CANCEL_TASK].__func__ is WorkerAgent.cancel_task
