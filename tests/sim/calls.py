@@ -77,7 +77,8 @@ from yrdask import protocol as P
 from yrdask.errors import (CallCrashedError, CancelledError, InstanceDiedError,
                            InstanceMovedError, ScheduleError)
 from yrdask.runtime import call_order as C
-from yrdask.runtime.call_router import CallRouter, cancel_effect, cancelled_answer
+from yrdask.runtime import call_router as CR
+from yrdask.runtime.call_router import CallRouter
 from yrdask.scheduler import durable as D
 from yrdask.scheduler import leases as LQ
 from yrdask.scheduler import lifecycle as L
@@ -689,6 +690,9 @@ class CallWorld:
         if isinstance(err, CancelledError):  # InstanceRouter.on_done after Ray's cancel
             if not rec["cancelled"]:
                 self.fail(f"call {cid} answered as cancelled though nobody cancelled it")
+            if rec["refs"] is None and not {"cancelled", "died"} & set(answers):
+                self.fail(f"cancel: call {cid} settled as cancelled, yet it was sent before "
+                          f"its cancel and its instance answered {answers or 'nothing'}")
         elif isinstance(err, InitBoom):  # (only an instance whose __init__ raised sends it)
             if "init-error" not in answers:
                 self.fail(f"result: call {cid} failed with {err!r}, yet its instance "
@@ -877,7 +881,7 @@ class CallWorld:
                 rec = self.calls[cid]
                 rec["cancelled"] = True
                 self.say(dname, "cancel", cid, rec["sent_to"])
-                what = cancel_effect(cid, rec["sent_to"])  # InstanceRouter.cancel's rule
+                what = CR.cancel_effect(cid, rec["sent_to"])  # InstanceRouter.cancel's rule
                 if type(what) is P.CancelTask:
                     self.send(dname, rec["sent_to"], "call", what.to_msg())
                 else:  # its refs fail now; the router's settlement comes with its answer
@@ -1001,7 +1005,7 @@ class CallWorld:
         # what the executing side answered (the settlement must match one of them)
         rec.setdefault("answers", []).append(ANSWERS.get(type(error), "ok"))
         if rec["cancelled"]:  # InstanceRouter.on_done's rule for a cancelled call's answer
-            error = cancelled_answer(cid, error)
+            error = CR.cancelled_answer(cid, error)
         elif type(error) is CancelledError:
             self.fail(f"call {cid} answered {error!r} though it was not cancelled")
         if error is not None:
