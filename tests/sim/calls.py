@@ -77,6 +77,7 @@ from yrdask import protocol as P
 from yrdask.errors import (CallCrashedError, CancelledError, InstanceDiedError,
                            InstanceMovedError, ScheduleError)
 from yrdask.runtime import call_order as C
+from yrdask.runtime import call_router as CR
 from yrdask.runtime.call_router import CallRouter
 from yrdask.scheduler import durable as D
 from yrdask.scheduler import leases as LQ
@@ -87,6 +88,7 @@ from yrdask.scheduler.instance_service import InstanceService
 from yrdask.scheduler.departures import Departures
 from yrdask.scheduler.lease_service import LeaseService
 from yrdask.scheduler.requests import LeaseRequest
+from yrdask.worker.agent import WorkerAgent
 from yrdask.worker.instance_side import HostedCalls, InstanceSide
 
 from tests.sim import machines as M
@@ -161,17 +163,42 @@ class Proc:
         # stream's (P.WORKER_STREAM) and the call channel's (P.CHANNEL_TO_WORKER)
         self.stream: dict[str, Any] = {}
         self.channel: dict[str, Any] = {}
+        self.agent: dict[str, Any] = {}  # the agent's own: STOP_INSTANCE, CANCEL_TASK
 
     def hosting(self, side: InstanceSide) -> None:
         """Host instances (a worker, or a process instance's own process): ``side``."""
         self.side = side
         self.stream = P.handlers((P.START_INSTANCE,), side)
         self.channel = P.handlers((P.CALL_METHOD,), side)
+        self.agent = P.handlers((P.STOP_INSTANCE, P.CANCEL_TASK), _AgentHandlers(side))
 
     @property
     def hosted(self) -> dict[str, "SimHosted"]:
         """The instances this worker hosts now (its instance side's)."""
         return self.side.instances if self.side is not None else {}
+
+
+class _AgentHandlers:
+    """The worker agent's own handlers of the instance ops that reach a worker past its
+    instance side's tables, production's methods over the world's instance side:
+    ``STOP_INSTANCE`` (``WorkerAgent.stop_instance``: the instance side's stop, then the
+    hosted object's shutdown hook, which none of the world's instances has) and
+    ``CANCEL_TASK`` (``TaskRunner.cancel_task``: an id that is no task goes to the instance
+    side; the world's workers run no tasks)."""
+
+    stop_instance = WorkerAgent.stop_instance
+    cancel_task = WorkerAgent.cancel_task
+
+    def __init__(self, side: InstanceSide) -> None:
+        self.instance_side = side
+        self.instances = side.instances
+        self.task_side = _NoTasks()
+
+
+class _NoTasks:
+    """The task side of a worker of the instance world: it runs no tasks."""
+
+    tasks: dict = {}
 
 
 class SimHosted(HostedCalls):
@@ -653,6 +680,8 @@ class CallWorld:
                 self.fail(f"result: call {cid} settled as a success, yet its instance "
                           f"answered {answers or 'nothing'}")
             child = rec.get("result")
+            if rec["refs"] is not None:  # its refs failed at its cancel: the value is
+                return  # dropped (a call may begin before the cancel that follows it)
             if child is not None:  # unpickle the handle in the result
                 child_iid, token = child
                 self.do(pname, "arrived", child_iid, token)
@@ -662,6 +691,9 @@ class CallWorld:
         if isinstance(err, CancelledError):  # InstanceRouter.on_done after Ray's cancel
             if not rec["cancelled"]:
                 self.fail(f"call {cid} answered as cancelled though nobody cancelled it")
+            if rec["refs"] is None and not {"cancelled", "died"} & set(answers):
+                self.fail(f"cancel: call {cid} settled as cancelled, yet it was sent before "
+                          f"its cancel and its instance answered {answers or 'nothing'}")
         elif isinstance(err, InitBoom):  # (only an instance whose __init__ raised sends it)
             if "init-error" not in answers:
                 self.fail(f"result: call {cid} failed with {err!r}, yet its instance "
@@ -777,6 +809,8 @@ class CallWorld:
                            "settled": 0, "answered": False, "sent": 0, "bad_arg": bad,
                            "kind": kind, "result": None, "unordered": unordered,
                            "method": method, "cancelled": False, "sent_to": None,
+                           # what its refs settled with at once (a cancel before it left)
+                           "refs": None,
                            # in a process instance, the method crashes its process
                            # (``os._exit``) each time it runs
                            "poison": self.proc_rng.random() < 0.08}
@@ -848,8 +882,11 @@ class CallWorld:
                 rec = self.calls[cid]
                 rec["cancelled"] = True
                 self.say(dname, "cancel", cid, rec["sent_to"])
-                if rec["sent_to"] is not None:
-                    self.send(dname, rec["sent_to"], "call", P.CancelTask(cid).to_msg())
+                what = CR.cancel_effect(cid, rec["sent_to"])  # InstanceRouter.cancel's rule
+                if type(what) is P.CancelTask:
+                    self.send(dname, rec["sent_to"], "call", what.to_msg())
+                else:  # its refs fail now; the router's settlement comes with its answer
+                    rec["refs"] = what
         elif action == "drop" and held:
             self.drop_handle(dname, rng.choice(held))
         elif action == "kill" and held:
@@ -941,6 +978,15 @@ class CallWorld:
         else:
             self.fail(f"driver got {msg}")
 
+    def run_now(self, step: Any, what: str) -> None:
+        """Run the coroutine of an async handler that awaits nothing here to its end."""
+        try:
+            step.send(None)
+        except StopIteration:
+            return
+        step.close()
+        self.fail(f"{what} waited for something the world does not simulate")
+
     def rpc_answered(self, p: Proc, msg: dict) -> None:
         """An rpc's reply (``InstanceRouter._create_rpc`` / ``_locate_rpc``, the lease rpc)."""
         to, result = msg["to"], msg["result"]
@@ -959,11 +1005,11 @@ class CallWorld:
         rec = self.calls[cid]
         # what the executing side answered (the settlement must match one of them)
         rec.setdefault("answers", []).append(ANSWERS.get(type(error), "ok"))
-        if rec["cancelled"]:  # whatever the answer: settled as cancelled (on_done)
-            self.do(dname, "done", cid, CancelledError(f"Task: {cid} was cancelled."))
+        if rec["cancelled"]:  # InstanceRouter.on_done's rule for a cancelled call's answer
+            error = CR.cancelled_answer(cid, error)
         elif type(error) is CancelledError:
             self.fail(f"call {cid} answered {error!r} though it was not cancelled")
-        elif error is not None:
+        if error is not None:
             self.do(dname, "done", cid, error)
         else:
             rec["result"] = msg["results"][0][1]
@@ -980,17 +1026,16 @@ class CallWorld:
                 return w.channel[op](src, msg)
             if op in w.stream:  # its worker stream table (P.WORKER_STREAM)
                 return P.dispatch(w.stream, msg)
-            if op == P.STOP_INSTANCE:  # agent.stop_instance: the instance side's stop
+            if op == P.STOP_INSTANCE:  # the agent's rpc (WorkerAgent.stop_instance)
                 self.say(wname, "stop", msg["instance_id"], msg["reason"])
-                w.side.stop(msg["instance_id"], msg["reason"])
+                self.run_now(P.dispatch(w.agent, msg), f"{wname}'s stop of {msg}")
                 return self.send(wname, SCHED, chan, {"op": REPLY, "to": op, "request": msg,
                                                       "result": None})
-            if op == P.CANCEL_TASK:  # agent.cancel_task of an id that is no task: a call
+            if op == P.CANCEL_TASK:  # the agent's (TaskRunner.cancel_task): a call here
                 cid = msg["task_id"]
                 if cid not in w.ran:  # it has not begun here: it must never begin
                     w.unrun_cancels.add(cid)
-                w.side.cancel(cid)
-                return None
+                return w.agent[op](src, msg)
             if op == REPLY:
                 return self.rpc_answered(w, msg)
             if op in (P.TASK_DONE, P.WORKER_LOST, P.WORKER_EXIT):  # (workers call nothing)
@@ -1259,21 +1304,14 @@ class CallWorld:
             "result": OSError(f"{worker} is gone")})
 
     def rpc_request_lease(self, src: str, chan: str, timeout_ms: int, **fields: Any) -> None:
-        """``extension.request_lease``: the lease service makes the request (or refuses
-        it); the answer goes back on the rpc's connection."""
-        def reply(result: list) -> None:
-            self.send(SCHED, src, chan, {"op": REPLY, "to": P.REQUEST_LEASE,
-                                         "result": result})
-
-        req = self.leases.lease_request(**fields)
-        if isinstance(req, str):
-            return reply([None, req])
-
+        """``extension.request_lease``: the lease service decides (``request_lease``: refused
+        at once, or opened); the answer goes back on the rpc's connection."""
         def answer(result: list) -> None:
             if result[0] is not None:
                 self.granted(result[0])
-            reply(result)
-        self.leases.open(req, timeout_ms, answer)
+            self.send(SCHED, src, chan, {"op": REPLY, "to": P.REQUEST_LEASE,
+                                         "result": result})
+        self.leases.request_lease(answer, timeout_ms=timeout_ms, **fields)
 
     def later_heard(self, who: str, fn: Any) -> None:
         """The adapter knows ``who`` is gone; the machines hear it now or after a seeded

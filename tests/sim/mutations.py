@@ -473,6 +473,14 @@ def _cancel_not_kept(patch: Patch) -> None:
     patch(HostedCalls, "cancel_call", lambda self, call_id: call_id in self.pending)
 
 
+def _cancelled_whatever_answered(patch: Patch) -> None:
+    from yrdask.errors import CancelledError
+    from yrdask.runtime import call_router
+
+    patch(call_router, "cancelled_answer",  # the instance world's rule before it ran this
+          lambda call_id, error: CancelledError(f"Task: {call_id} was cancelled."))
+
+
 def _init_error_ignored(patch: Patch) -> None:
     from yrdask.worker.instance_side import HostedCalls
 
@@ -852,6 +860,10 @@ MUTATIONS: list[Mutation] = [
     Mutation("hosting-cancel-not-kept", "calls",
              "Ray's cancel of an actor call that has not begun lets it run (the cancel is "
              "acknowledged, not kept)", _cancel_not_kept, 300),
+    Mutation("router-cancelled-whatever-answered", "calls",
+             "call_router.cancelled_answer settles a cancelled call as cancelled whatever its "
+             "instance answered (a value of a call that ran on is lost)",
+             _cancelled_whatever_answered, 300),
     Mutation("hosting-init-error-ignored", "calls",
              "calls of an instance whose __init__ raised run instead of answering its error",
              _init_error_ignored, 300),

@@ -56,6 +56,8 @@ def test_mutations_reach_the_production_adapters():
     assert {"instance-side-drops-early-calls", "instance-side-starts-after-stop",
             "hosting-cancel-not-kept", "hosting-stop-keeps-calls",
             "hosting-init-error-ignored"} <= names
+    # the caller's rule for a cancelled method call's answer (call_router.py)
+    assert "router-cancelled-whatever-answered" in names
     # process instances: a death while restarting, the budget, the crash-charging rule
     assert {"restarting-death-ignored", "restart-budget-reset", "crash-charged-to-none",
             "crash-charged-to-oldest"} <= names

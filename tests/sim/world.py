@@ -41,6 +41,7 @@ from tests.sim.programs import Program, UserBoom
 from yrdask import protocol as P
 from yrdask.runtime.answers import CallerAnswers
 from yrdask.runtime.peers import PeerLiveness
+from yrdask.scheduler.requests import freeze
 
 from yrdask.errors import CancelledError, ScheduleError, TaskCrashedError, YRRuntimeError
 
@@ -879,22 +880,15 @@ class World:
         self.sched.departures.worker_removed(w)
 
     def rpc_request_lease(self, src: str, timeout_ms: int, **fields: Any) -> None:
-        """``extension.request_lease``: the request its fields make (``lease_request``),
-        opened on the lease service; its answer goes back on the rpc's own connection."""
+        """``extension.request_lease``: the lease service decides (``request_lease``: refused
+        at once, or opened); its answer goes back on the rpc's own connection."""
         own_id = fields.get("request_id", "")
         service = self.sched.service
-
-        def reply(result: list) -> None:
-            self.send(SCHED, src, f"rpc:{src}/{own_id}", {
-                "op": REPLY, "to": P.REQUEST_LEASE, "request_id": own_id, "result": result})
-
-        req = service.lease_request(**fields)
-        if isinstance(req, str):
-            reply([None, req])
-            return
+        affinity = freeze(fields.get("affinity"))
+        opened: list[bool] = []  # (an answer before request_lease returned: no race)
 
         def answer(result: list) -> None:
-            if result[0] is None and result[1] == service.requester_gone(src):
+            if result[0] is None and opened and result[1] == service.requester_gone(src):
                 self.races["granted to a requester already gone"] += 1
             elif result[0] is not None and result[1] not in self.sched.workers:
                 self.races["granted on a worker already removed"] += 1
@@ -907,11 +901,13 @@ class World:
                         f"{at:.3f} s", self, (own_id, result[0]))
                 try:
                     M.check_grant(self.sched.queue, result[0])
-                    M.check_bundle_grant(self.sched, result[0], req.affinity)
+                    M.check_bundle_grant(self.sched, result[0], affinity)
                 except AssertionError as e:
                     raise SimFailure(str(e), self, (result[0],)) from e
-            reply(result)
-        service.open(req, timeout_ms, answer)
+            self.send(SCHED, src, f"rpc:{src}/{own_id}", {
+                "op": REPLY, "to": P.REQUEST_LEASE, "request_id": own_id, "result": result})
+        service.request_lease(answer, timeout_ms=timeout_ms, **fields)
+        opened.append(True)
 
     def rpc_create_resource_group(self, src: str, owner: str, name: str, bundles: Any,
                                   strategy: str = "PACK", **more: Any) -> None:

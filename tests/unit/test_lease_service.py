@@ -102,3 +102,24 @@ def test_a_withdraw_after_the_grant_changes_nothing(svc):
     assert answers[0][1] == W1 and svc._own == {}
     svc.withdraw_lease_requests("d1", ["r1"])
     assert answers[0][0] in svc.leases.ledger.holdings and len(answers) == 1
+
+
+def test_the_lease_rpcs_decision_refuses_a_gone_requester_at_once_and_asks_nothing(svc):
+    answers: list = []
+    assert svc.request_lease(answers.append, "ghost", CPU1, 5000) == ""
+    assert answers == [[None, "the requester ghost is gone"]] and not svc.leases.pending
+    rid = svc.request_lease(answers.append, "d1", CPU1, 5000, request_id="q1")
+    assert rid == "R1" and answers[1][1] == W1  # it fits: granted before it returns
+
+
+def test_an_abandoned_rpc_withdraws_its_request_or_releases_its_grant(svc):
+    lid = ask(svc, "d1")[1][0][0]
+    answers: list = []
+    rid = svc.request_lease(answers.append, "d2", CPU1, -1)
+    svc.abandon(rid, None)  # its caller went away while it waited
+    assert rid not in svc.leases.pending and answers == []
+    rid = svc.request_lease(answers.append, "d2", CPU1, -1)
+    svc.release([lid])  # granted, but the caller was cancelled before it read the answer
+    assert answers and answers[0][0] is not None
+    svc.abandon(rid, answers[0])
+    assert not svc.leases.ledger.holdings

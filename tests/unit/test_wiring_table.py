@@ -191,3 +191,44 @@ def test_a_departure_runs_through_the_same_decisions_everywhere() -> None:
                         f"{module.__name__} feeds a departure past Departures: {line.strip()}"
     assert "P.WorkerLost(" in _source(departures)
 
+
+
+def test_a_cancelled_method_call_runs_the_same_rules_everywhere() -> None:
+    """Ray's cancel of a method call and its answer: ``InstanceRouter`` and the instance
+    world both take what to do from ``call_router``'s ``cancel_effect`` and
+    ``cancelled_answer``."""
+    from yrdask.runtime import instance_router
+    from tests.sim import calls
+
+    for module in (instance_router, calls):
+        src = _source(module)
+        assert "cancel_effect(" in src and "cancelled_answer(" in src, module.__name__
+    assert "Task: {cid} was cancelled" not in _source(calls)  # no settlement of its own
+
+
+def test_the_lease_rpc_is_decided_by_the_lease_service_everywhere() -> None:
+    """``REQUEST_LEASE``: the extension's rpc and both worlds hand it to
+    ``LeaseService.request_lease`` (refused at once or opened); none of them builds the
+    request itself."""
+    from yrdask.scheduler import extension
+    from tests.sim import calls, world
+
+    for module in (extension, world, calls):
+        src = _source(module)
+        assert "lease_service.request_lease(" in src or ".request_lease(answer" in src, \
+            module.__name__
+        assert ".lease_request(" not in src, module.__name__
+
+
+def test_the_instance_worlds_workers_run_the_agents_own_stop_and_cancel() -> None:
+    """``STOP_INSTANCE`` and ``CANCEL_TASK`` at a worker of the instance world are the worker
+    agent's own handlers (``WorkerAgent.stop_instance``, ``TaskRunner.cancel_task``) over
+    the world's instance side, dispatched from a table built by ``P.handlers``."""
+    from yrdask.worker.agent import WorkerAgent
+    from yrdask.worker.instance_side import InstanceSide
+    from tests.sim.calls import Proc
+
+    w = Proc("w0", "worker")
+    w.hosting(InstanceSide(None))
+    assert w.agent[P.STOP_INSTANCE].__func__ is WorkerAgent.stop_instance
+    assert w.agent[P.CANCEL_TASK].__func__ is WorkerAgent.cancel_task

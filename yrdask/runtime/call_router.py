@@ -16,8 +16,30 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from yrdask import protocol as P
-from yrdask.errors import InstanceMovedError
+from yrdask.errors import CancelledError, InstanceDiedError, InstanceMovedError, RemoteError
 from yrdask.runtime import call_order as C
+
+
+def cancel_effect(call_id: str, sent_to: str | None,
+                  recursive: bool = False) -> P.CancelTask | CancelledError:
+    """Ray's cancel of a method call not cancelled yet: not sent yet, the error its refs
+    fail with at once (it is answered unrun when it goes: the cancel follows it on its
+    channel); sent, the ``CANCEL_TASK`` for the worker ``sent_to`` (a call not started
+    never runs; its answer settles it: :func:`cancelled_answer`)."""
+    if sent_to is None:
+        return CancelledError(f"Task: {call_id} was cancelled.")
+    return P.CancelTask(call_id, recursive=recursive)
+
+
+def cancelled_answer(call_id: str, error: Any) -> Any:
+    """What a cancelled call's answer (``error``: the loaded error, None on success)
+    settles it with: the answer itself (as Ray, ``ray.get`` returns once the worker is
+    done: a value, the method's error, ``CancelledError``), except that its instance's end
+    under it settles it as cancelled."""
+    cause = error.to_exception() if isinstance(error, RemoteError) else error
+    if isinstance(cause, InstanceDiedError):
+        return CancelledError(f"Task: {call_id} was cancelled.")
+    return error
 
 
 class CallRouterEdge(Protocol):

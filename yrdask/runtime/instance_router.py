@@ -19,9 +19,9 @@ import dask
 
 from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
 from yrdask import protocol as P
-from yrdask.errors import CallCrashedError, CancelledError, InstanceDiedError
+from yrdask.errors import CallCrashedError
 from yrdask.runtime import call_order as C
-from yrdask.runtime.call_router import CallRouter
+from yrdask.runtime.call_router import CallRouter, cancel_effect, cancelled_answer
 from yrdask.runtime.objects import dep_of, failed_dep, failing_entries, pending_owned, when_ready
 
 
@@ -122,12 +122,12 @@ class InstanceRouter:
             return False
         if not call.cancelled:
             call.cancelled = True
-            if call.sent_to is None:
-                error = CancelledError(f"Task: {cid} was cancelled.")
-                for entry in call.entries:
-                    entry.set_error(error)
+            what = cancel_effect(cid, call.sent_to, recursive)
+            if type(what) is P.CancelTask:
+                self.rt.channel(call.sent_to).send(what)
             else:
-                self.rt.channel(call.sent_to).send(P.CancelTask(cid, recursive=recursive))
+                for entry in call.entries:
+                    entry.set_error(what)
         return True
 
     def on_result(self, cid: str, results: list | None) -> bool:
@@ -157,9 +157,8 @@ class InstanceRouter:
             from yrdask.serialization import loads
 
             error = loads(error)
-            if call.cancelled and isinstance(getattr(error, "to_exception", None) and
-                                             error.to_exception(), InstanceDiedError):
-                error = CancelledError(f"Task: {cid} was cancelled.")  # then its actor ended
+        if call.cancelled:  # (a success too: on_result leaves a cancelled call's to this)
+            error = cancelled_answer(cid, error)
         self.decisions.done(cid, error)
         return True
 

@@ -393,12 +393,9 @@ class YrSchedulerExtension:
         ``[None, reason]`` when it cannot be met in time (or is withdrawn: ``request_id`` is
         the owner's own id of it).
         """
-        req = self.lease_service.lease_request(owner, shape, local, queue, avoid, affinity,
-                                               request_id)
-        if isinstance(req, str):  # its job stream (or its worker) is gone already
-            return [None, req]
-        reply = await self.acquire(req, timeout_ms)
-        if reply and reply[0] is not None:
+        reply = await self._answer_of("lease", lambda answer: self.lease_service.request_lease(
+            answer, owner, shape, timeout_ms, local, queue, avoid, affinity, request_id))
+        if reply[0] is not None:
             return [reply[0], reply[1], self.server_id_of(reply[1])]
         return reply
 
@@ -406,9 +403,16 @@ class YrSchedulerExtension:
         """Hold ``req``'s resources on a worker: ``[holding_id, worker]`` or ``[None, why]``.
 
         Sets ``req.request_id`` (for :meth:`cancel_request`).  ``timeout_ms < 0`` waits
-        forever.  If the caller is cancelled, the request is withdrawn (a grant that came
-        meanwhile is released).
+        forever.
         """
+        return await self._answer_of(req.kind, lambda answer: self.lease_service.open(
+            req, timeout_ms, answer))
+
+    async def _answer_of(self, kind: str, ask: Callable[[Callable[[list], None]], str]) -> list:
+        """Wait for the answer of the request ``ask(answer)`` opened on the lease service
+        (it returns the request id; "" when nothing was asked).  If the caller is cancelled,
+        the service abandons the request (withdrawn; a grant that came meanwhile is
+        released)."""
         t0 = time.perf_counter()
         future = asyncio.get_running_loop().create_future()
 
@@ -418,16 +422,16 @@ class YrSchedulerExtension:
 
         rid = ""
         try:
-            rid = self.lease_service.open(req, timeout_ms, answer)
+            rid = ask(answer)
             return await future
         except asyncio.CancelledError:
-            if future.done() and not future.cancelled() and future.result()[0] is not None:
-                self.release([future.result()[0]])  # granted to a caller that went away
+            got = future.result() if future.done() and not future.cancelled() else None
+            self.lease_service.abandon(rid, got)
             raise
         finally:
             if rid:
-                self.lease_service.close(rid)
-            self.figures.placed(req.kind, time.perf_counter() - t0)
+                self.lease_service.close(rid)  # (answered or abandoned: nothing to do)
+                self.figures.placed(kind, time.perf_counter() - t0)
 
     def release(self, holding_ids: list[str]) -> None:
         """Give holdings back (ended instances, returned leases) and grant what now fits."""

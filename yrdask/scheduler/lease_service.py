@@ -110,6 +110,31 @@ class LeaseService:
             raise
         return rid
 
+    def request_lease(self, answer: Answer, owner: str, shape: Shape, timeout_ms: int,
+                      local: str | None = None, queue: str = "",
+                      avoid: Sequence[str] | None = None,
+                      affinity: Sequence[Any] | None = None, request_id: str = "") -> str:
+        """:class:`~yrdask.protocol.RequestLease`'s decision, whoever waits for it (the
+        extension's rpc, the simulation): ``answer`` is called once, with ``[holding_id,
+        worker]`` or ``[None, reason]``: at once for an owner gone already
+        (:meth:`requester_gone`), else when the lease queue grants it or refuses it (its
+        ``timeout_ms`` passed, the owner withdrew it), maybe before this returns.  Returns
+        the request id for :meth:`abandon` and :meth:`close` ("" if nothing was asked)."""
+        req = self.lease_request(owner, shape, local, queue, avoid, affinity, request_id)
+        if isinstance(req, str):
+            answer([None, req])
+            return ""
+        return self.open(req, timeout_ms, answer)
+
+    def abandon(self, request_id: str, answered: list | None) -> None:
+        """The caller stopped waiting for ``request_id`` (its rpc was cancelled): a request
+        still waiting is withdrawn (:meth:`close`), and the grant it got already
+        (``answered``) is released: nobody would use or return it."""
+        if request_id:
+            self.close(request_id)
+        if answered and answered[0] is not None:
+            self.release([answered[0]])
+
     def close(self, request_id: str) -> None:
         """The caller stopped waiting for ``request_id``: a later grant is released, and a
         request still waiting is withdrawn."""
