@@ -71,6 +71,9 @@ def test_lists_filters_and_summaries_of_known_work(ray_env):
     kept = StateProbeCounter.options(name="state-probe-kept").remote()
     gone = StateProbeCounter.remote()
     assert ray.get([kept.bump.remote(), kept.bump.remote(), gone.bump.remote()]) == [1, 2, 1]
+    # ray.kill is a force kill: an actor's process sends its call records every 250 ms, so
+    # the kill waits for them (the records of its last 250 ms die with it, docs/monitoring.md)
+    _tasks("StateProbeCounter.bump", 3)
     ray.kill(gone)
     kept_id, gone_id = kept._actor_id.hex(), gone._actor_id.hex()
     workers = set(dask_worker_pids().values())
@@ -90,7 +93,11 @@ def test_lists_filters_and_summaries_of_known_work(ray_env):
                                                    ("name", "=", "state_probe_fails")])] \
         == [failed.task_id]
     bumps = _tasks("StateProbeCounter.bump", 3)
-    assert sorted(t.actor_id for t in bumps) == sorted([kept_id, kept_id, gone_id])
+    if len({t.worker_id for t in bumps}) == 1:  # both actors on one worker: a call's record
+        # names its class, not which of them (docs/monitoring.md), so no actor id is given
+        assert [t.actor_id for t in bumps] == [None, None, None]
+    else:
+        assert sorted(t.actor_id for t in bumps) == sorted([kept_id, kept_id, gone_id])
     assert {t.type for t in bumps} == {"ACTOR_TASK"}
     inits = _tasks("StateProbeCounter.__init__", 2)
     assert {(t.type, t.actor_id) for t in inits} == {("ACTOR_CREATION_TASK", kept_id),
