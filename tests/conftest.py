@@ -356,8 +356,8 @@ class CliCluster:
         try:
             cluster._launch_scheduler()
             for spec in workers:
-                cluster._launch_worker(spec.get("resources", ""), spec.get("nthreads", 1), spec.get("name"),
-                                       spec.get("node"), spec.get("env"))
+                cluster._launch_worker(spec.get("resources", ""), spec.get("nthreads", 1),
+                                       spec.get("name"), spec.get("node"), spec.get("env"))
             cluster._wait_for_workers(len(workers))
         except BaseException:
             cluster.stop()

@@ -98,7 +98,7 @@ class _FixedPort(CliCluster):
     port = 0
 
     def _launch_worker(self, resources: str = "", nthreads: int = 1, name: str | None = None,
-                       node: str | None = None) -> WorkerProc:
+                       node: str | None = None, env: dict[str, str] | None = None) -> WorkerProc:
         log = self.workdir / "worker.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
@@ -106,7 +106,8 @@ class _FixedPort(CliCluster):
                  "--preload", "yrdask", "--nthreads", str(nthreads), "--nanny",
                  "--worker-port", str(self.port), "--host", "127.0.0.1", "--no-dashboard"],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                cwd=self.workdir, env={**os.environ, "YRDASK_NODE_ID": "node-fixed"})
+                cwd=self.workdir,
+                env={**os.environ, **(env or {}), "YRDASK_NODE_ID": "node-fixed"})
         worker = WorkerProc("fixed", resources, proc, log)
         self.workers.append(worker)
         return worker
