@@ -20,6 +20,11 @@ from yrdask.errors import CancelledError, InstanceDiedError, InstanceMovedError,
 from yrdask.runtime import call_order as C
 
 
+def _cancelled(call_id: str) -> CancelledError:
+    """The error a cancelled method call settles with (Ray's words)."""
+    return CancelledError(f"Task: {call_id} was cancelled.")
+
+
 def cancel_effect(call_id: str, sent_to: str | None,
                   recursive: bool = False) -> P.CancelTask | CancelledError:
     """Ray's cancel of a method call not cancelled yet: not sent yet, the error its refs
@@ -27,7 +32,7 @@ def cancel_effect(call_id: str, sent_to: str | None,
     channel); sent, the ``CANCEL_TASK`` for the worker ``sent_to`` (a call not started
     never runs; its answer settles it: :func:`cancelled_answer`)."""
     if sent_to is None:
-        return CancelledError(f"Task: {call_id} was cancelled.")
+        return _cancelled(call_id)
     return P.CancelTask(call_id, recursive=recursive)
 
 
@@ -38,7 +43,7 @@ def cancelled_answer(call_id: str, error: Any) -> Any:
     under it settles it as cancelled."""
     cause = error.to_exception() if isinstance(error, RemoteError) else error
     if isinstance(cause, InstanceDiedError):
-        return CancelledError(f"Task: {call_id} was cancelled.")
+        return _cancelled(call_id)
     return error
 
 
