@@ -9,10 +9,13 @@ are rendezvous (files, refs), never sleeps.
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import os
 import sys
 import threading
 import time
+import weakref
 
 import cloudpickle
 import pytest
@@ -79,6 +82,16 @@ def test_actor_methods_have_a_task_id_of_their_own(ray_env):
     assert ray.get_runtime_context().get_task_id() is None
 
 
+def test_ray_actor_id_is_the_actor_id(ray_env):
+    # Ray's handle keeps its id as _ray_actor_id (what _actor_id returns); Ray's tests pass
+    # its hex to the state API
+    from yrdask.ray.util.state import get_actor
+    a = Ids.remote()
+    ray.get(a.sync_ids.remote())
+    assert a._ray_actor_id.hex() == a._actor_id.hex()
+    assert get_actor(id=a._ray_actor_id.hex()).state == "ALIVE"
+
+
 @ray.remote
 class Named:
     def ping(self):
@@ -114,6 +127,28 @@ def test_on_completed_calls_back_with_the_value_or_the_error(ray_env):
     assert isinstance(seen["err"], KeyError)
     with pytest.raises(TypeError):
         ray.put(1)._on_completed("not callable")
+
+
+def test_a_failing_on_completed_callback_is_not_kept_by_its_log_record(ray_env):
+    # the error is logged; a handler that keeps records (pytest's capture, a memory
+    # handler) must not keep the callback, its frames or the value alive through them
+    records = []
+    keeper = logging.Handler()
+    keeper.emit = records.append
+    logging.getLogger("yrdask").addHandler(keeper)
+    try:
+        def callback(value):
+            raise RuntimeError("callback failed")
+
+        kept = weakref.ref(callback)
+        ray.put(3)._on_completed(callback)
+        del callback
+        wait_until(lambda: any("callback failed" in r.getMessage() for r in records), 60,
+                   "the callback's error to be logged")
+        wait_until(lambda: gc.collect() is not None and kept() is None, 30,
+                   "the failed callback to be released")
+    finally:
+        logging.getLogger("yrdask").removeHandler(keeper)
 
 
 # -- cancelling actor tasks ---------------------------------------------------------------------

@@ -246,6 +246,9 @@ class ActorHandle:
     def _actor_id(self) -> ActorID:
         return ActorID(self._proxy.instance_id)
 
+    #: Ray's attribute behind ``_actor_id`` (Ray's tests and tools read ``_ray_actor_id.hex()``)
+    _ray_actor_id = _actor_id
+
     def _kill(self) -> None:
         """``ray.kill(actor)``: it ends at once, as Ray's force kill: its running call is cut
         short, and neither ``__ray_shutdown__`` nor its atexit handlers run."""

@@ -20,6 +20,7 @@ import hashlib
 import itertools
 import logging
 import threading
+import traceback
 import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -401,7 +402,10 @@ def _safe_call(callback: Callable, ref: ObjectRef) -> None:
     try:
         callback(ref)
     except Exception:
-        logger.exception("on_complete callback %r failed", callback)
+        # logged as text: a record holding the callback or the traceback (its frames) would
+        # keep the callback, and all it holds, alive as long as a handler keeps records
+        logger.error("on_complete callback %s failed\n%s", repr(callback),
+                     traceback.format_exc().rstrip())
 
 
 def _is_ref(value: Any) -> bool:
