@@ -12,6 +12,7 @@ import time
 import pytest
 
 import yrdask as yr
+from yrdask.errors import YRInvokeError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -236,11 +237,14 @@ def test_object_ref_await(yr_cluster):
 
 
 def test_object_ref_await_raises_task_error(yr_cluster):
+    import yrdask.ray  # noqa: F401 - imported but not initialised: yr code keeps yr's errors
+
     async def main():
         return await may_throw.invoke(2)
 
-    with pytest.raises(RuntimeError, match="even 2"):
+    with pytest.raises(RuntimeError, match="even 2") as info:
         asyncio.run(main())
+    assert isinstance(info.value, YRInvokeError)
 
 
 def test_object_ref_get_future(yr_cluster):

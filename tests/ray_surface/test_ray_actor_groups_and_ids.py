@@ -129,6 +129,32 @@ def test_on_completed_calls_back_with_the_value_or_the_error(ray_env):
         ray.put(1)._on_completed("not callable")
 
 
+@ray.remote
+class Awaiter:
+    async def await_failing(self):
+        try:
+            await value_or_raise.remote(True)
+        except ray.exceptions.RayTaskError as e:
+            return isinstance(e, KeyError)
+
+
+def test_awaiting_a_failed_ref_raises_rays_error(ray_env):
+    # Ray code awaiting a ref (a driver after ray.init, an async actor) gets Ray's error
+    # types, as from ray.get: RayTaskError, also an instance of the task's exception
+    async def driver():
+        errors = []
+        for awaitable in (value_or_raise.remote(True), value_or_raise.remote(True).as_future()):
+            with pytest.raises(ray.exceptions.RayTaskError) as info:
+                await awaitable
+            errors.append(info.value)
+        return errors
+
+    assert all(isinstance(e, KeyError) for e in asyncio.run(driver()))
+    assert isinstance(value_or_raise.remote(True).future().exception(60),
+                      ray.exceptions.RayTaskError)
+    assert ray.get(Awaiter.remote().await_failing.remote()) is True
+
+
 def test_a_failing_on_completed_callback_is_not_kept_by_its_log_record(ray_env):
     # the error is logged; a handler that keeps records (pytest's capture, a memory
     # handler) must not keep the callback, its frames or the value alive through them

@@ -98,6 +98,15 @@ def current_ctx() -> dict:
             "session_name": ""}
 
 
+def speaks_ray() -> bool:
+    """Whether the code running now is Ray code: a Ray task, a Ray actor's method, or a
+    driver after ``ray.init`` (yr tasks and instances in the same process are not)."""
+    if STATE.session is not None or getattr(_local, "ctx", None) is not None:
+        return True  # a driver hosts no instances: its session decides
+    inst = hosted_instance()
+    return inst is not None and getattr(type(inst.obj), "__ray_ctx__", None) is not None
+
+
 class _Titles:
     """The process title while Ray tasks run here: ``ray::<task name>`` of the latest one
     started, as on Ray (``psutil.Process().cmdline()[0]``); the process's own title once

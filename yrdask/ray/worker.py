@@ -19,7 +19,7 @@ from yrdask.api.generators import ObjectRefGenerator
 from yrdask.runtime import context as _rtctx
 from yrdask.runtime.dask_objects import as_given, is_dask, refs_for, to_ref
 from yrdask.runtime.objects import ObjectRef, check_live
-from yrdask.ray._context import current_ctx
+from yrdask.ray._context import current_ctx, speaks_ray
 from yrdask.ray._session import (RayContext, ensure_init, failed_ref, init, is_initialized,
                                  shutdown, store)
 from yrdask.errors import YRTimeoutError
@@ -84,6 +84,15 @@ def get(object_refs: Any, *, timeout: float | None = None) -> Any:
         raise mapped from None
     values = [_plain(v) for v in values]
     return values[0] if single else values
+
+
+def _error_words() -> Any:
+    """The runtime's error mapper for the code running now: Ray's errors for Ray code (what
+    ``await ref`` and a ref's futures raise there), None for yr code."""
+    return from_yr_error if speaks_ray() else None
+
+
+_rtctx.error_words = _error_words
 
 
 def put(value: Any, *, _owner: Any = None) -> ObjectRef:

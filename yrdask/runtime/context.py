@@ -7,7 +7,7 @@ facade) can ask "whose work is this?" without importing the runtime's machinery.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from yrdask.errors import YRRuntimeError
 
@@ -66,6 +66,20 @@ def install(rt: Any) -> None:
 #: Set by the worker layer (``worker/execution.py``): whether the task this thread runs has
 #: been cancelled.  None in processes that run no tasks.
 cancel_probe: Any = None
+
+
+#: Set by the Ray facade (``yrdask.ray``): ``error_words()`` is, for the code running now,
+#: the function that turns a yrdask error into the one its API raises (Ray's for Ray code:
+#: a Ray task or actor, or a driver after ``ray.init``), or None (yr's own).  Read where a
+#: ref's error reaches user code without ``get``: ``await ref``, its futures, Ray's
+#: ``_on_completed``.  None where ``yrdask.ray`` was never imported.
+error_words: Any = None
+
+
+def error_mapper() -> Callable[[BaseException], BaseException] | None:
+    """The error mapper of the code running now (see :data:`error_words`), or None."""
+    words = error_words
+    return None if words is None else words()
 
 
 #: Set by the worker layer (``worker/execution.py``): ``note(task_id)`` records a task that

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from yrdask import protocol as P
 from yrdask.errors import RemoteError, YRRuntimeError, YRTypeError, YRValueError
-from yrdask.runtime.context import current_runtime
+from yrdask.runtime.context import current_runtime, error_mapper
 from yrdask.serialization import dumps, dumps_value, loads, wire
 
 PENDING = "pending"
@@ -374,20 +374,23 @@ class ObjectRef:
         if not callable(callback):
             raise YRTypeError(f"_on_completed: callback must be callable, got {callback!r}")
         rt = self._runtime
+        mapper = error_mapper()  # Ray code calls this: Ray's error types
 
         def fire(_ref: ObjectRef) -> None:
             try:
                 value = rt.get([self], -1)[0]
             except BaseException as e:  # noqa: BLE001 - Ray hands the error as the value
-                value = e
+                value = e if mapper is None else mapper(e)
             callback(value)
 
         self.on_complete(fire)
 
     def get_future(self) -> concurrent.futures.Future:
-        """A new ``concurrent.futures.Future`` resolved with the value (or the error)."""
+        """A new ``concurrent.futures.Future`` resolved with the value (or the error, in the
+        words of the API of the code that asked: Ray's error types for Ray code)."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         rt = self._runtime
+        mapper = error_mapper()
 
         def resolve(_ref: ObjectRef) -> None:
             if not fut.set_running_or_notify_cancel():
@@ -395,7 +398,7 @@ class ObjectRef:
             try:
                 fut.set_result(rt.get([self], -1)[0])
             except BaseException as e:  # noqa: BLE001 - handed to the future
-                fut.set_exception(e)
+                fut.set_exception(e if mapper is None else mapper(e))
 
         self.on_complete(resolve)
         return fut
