@@ -131,4 +131,6 @@ def test_a_methods_invocation_decorator_wraps_its_calls_where_they_are_made(ray_
     assert ray.get(ref) == 7  # (3 + 3) + 1: the decorator split the argument in two
     # the handle carries it: a task that calls through a handle it was passed is wrapped too
     assert ray.get(call_decorated.remote(a)) == (11, {"note": "task"})
+    ref, _ = a.add_one.options(name="with-options").remote(1)  # and with per-call options
+    assert ray.get(ref) == 3
     assert ray.get(a.plain.remote(4)) == 4  # other methods are called as they are
