@@ -89,3 +89,48 @@ def test_ray_method_without_options_changes_nothing(ray_env):
 def test_ray_method_with_a_positional_option_is_a_type_error():
     with pytest.raises(TypeError, match="keyword arguments only"):
         ray.method(2)
+
+
+def _caller_side(invocation):
+    """Ray's ``__ray_invocation_decorator__``: runs where ``.remote()`` is called; it sends
+    the argument twice and hands the keyword arguments back beside the ref."""
+    def call(args, kwargs):
+        return invocation([args[0], args[0]], {}), kwargs
+
+    return call
+
+
+def _actor_side(fn):
+    def run(self, b, c):
+        return fn(self, b + c)
+
+    run.__ray_invocation_decorator__ = _caller_side
+    return run
+
+
+@ray.remote
+class Decorated:
+    @_actor_side
+    def add_one(self, x):
+        return x + 1
+
+    def plain(self, x):
+        return x
+
+
+@ray.remote
+def call_decorated(actor):
+    ref, extra = actor.add_one.remote(5, note="task")
+    return ray.get(ref), extra
+
+
+def test_a_methods_invocation_decorator_wraps_its_calls_where_they_are_made(ray_env):
+    a = Decorated.remote()
+    ref, extra = a.add_one.remote(3, kwarg=3)
+    assert isinstance(ref, ray.ObjectRef) and extra == {"kwarg": 3}
+    assert ray.get(ref) == 7  # (3 + 3) + 1: the decorator split the argument in two
+    # the handle carries it: a task that calls through a handle it was passed is wrapped too
+    assert ray.get(call_decorated.remote(a)) == (11, {"note": "task"})
+    ref, _ = a.add_one.options(name="with-options").remote(1)  # and with per-call options
+    assert ray.get(ref) == 3
+    assert ray.get(a.plain.remote(4)) == 4  # other methods are called as they are

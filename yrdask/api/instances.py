@@ -31,6 +31,11 @@ _UNORDERED = "__yr_unordered_calls__"
 #: A class or method attribute: False, its calls (a class's: its creation too) leave no
 #: record (the Ray surface's ``enable_task_events=False``; a method's own value wins).
 _EVENTS = "__yr_task_events__"
+#: A method attribute: a caller-side wrapper of the method's calls (Ray's
+#: ``__ray_invocation_decorator__``); handles carry it, the Ray surface's ``.remote()`` applies
+#: it (``yrdask.ray.actor.ActorMethod``).
+_INVOCATION = "__ray_invocation_decorator__"
+_NONE: dict = {}  # no caller-side wrappers (shared, never written)
 DEFAULT_GRACE_S = 30  # __yr_shutdown__'s default grace period, as in yr
 REAL_ID_WAIT_S = 30  # InstanceProxy.real_id waits this long for a placement, as in yr
 
@@ -65,6 +70,7 @@ class _ClassInfo:
         default_redeliveries = getattr(cls, _REDELIVERIES, None)
         default_events = getattr(cls, _EVENTS, True)
         self.untraced: list[str] = []  # methods whose calls leave no record (_EVENTS)
+        self.invocation: dict[str, Callable] = {}  # their caller-side wrappers (_INVOCATION)
         self.is_async = False
         for name, member in inspect.getmembers(cls):
             raw = inspect.getattr_static(cls, name, None)
@@ -97,6 +103,8 @@ class _ClassInfo:
                 self.redeliveries[name] = bound
             if not getattr(func, _EVENTS, default_events):
                 self.untraced.append(name)
+            if callable(getattr(func, _INVOCATION, None)):
+                self.invocation[name] = getattr(func, _INVOCATION)
         try:
             init_sig = inspect.signature(cls.__init__)
             self.init_sig: inspect.Signature | None = init_sig.replace(
@@ -106,6 +114,8 @@ class _ClassInfo:
         self._info = {"name": self.name, "methods": self.methods,
                       "redeliveries": self.redeliveries, "untraced": self.untraced,
                       "unordered": bool(getattr(cls, _UNORDERED, False))}
+        if self.invocation:
+            self._info["invocation"] = self.invocation
         self.meta = dumps(self._info)
         self._metas: dict[int, bytes] = {1: self.meta}
 
@@ -268,6 +278,7 @@ class InstanceProxy:
         self._unordered: bool = info.get("unordered", False)
         self._concurrency: int = info.get("concurrency", 1)
         self._untraced = frozenset(info.get("untraced", ()))
+        self._invocation: dict = info.get("invocation", _NONE)
         self._rt = runtime
         self._terminated = False
         runtime.on_loop(runtime.router.incref, instance_id)

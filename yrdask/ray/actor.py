@@ -223,6 +223,8 @@ class ActorHandle:
         if info is None:
             raise AttributeError(f"'ActorHandle' object has no attribute '{name}' "
                                  f"(actor class {proxy._cls_name})")
+        if name in proxy._invocation:
+            return _WrappedMethod(self, name, info[0], info[1], {})
         return ActorMethod(self, name, info[0], info[1], {})
 
     def __reduce__(self):
@@ -331,7 +333,7 @@ class ActorMethod:
         merged = {**default, **checked}
         if "num_returns" in checked and "_gen_returns" not in checked:
             merged.pop("_gen_returns", None)  # streams again
-        return ActorMethod(self._handle, self._name, self._nret, self._sig, merged)
+        return type(self)(self._handle, self._name, self._nret, self._sig, merged)
 
     def bind(self, *args: Any, **kwargs: Any) -> Any:
         """A :class:`~yrdask.ray.dag.ClassMethodNode`: this call of this actor in a DAG,
@@ -404,3 +406,14 @@ class ActorMethod:
 
             return ObjectRefGenerator(refs[0])
         return refs[0] if nret == 1 else refs
+
+
+class _WrappedMethod(ActorMethod):
+    """A method with Ray's ``__ray_invocation_decorator__``: its calls go through it, as on
+    Ray. ``.remote(*args, **kwargs)`` returns ``decorator(invocation)(args, kwargs)``, where
+    ``invocation(args, kwargs)`` sends the call and returns its refs, so the decorator may
+    change the arguments and return more than the refs."""
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        wrap = self._handle._proxy._invocation[self._name]
+        return wrap(lambda a, kw: ActorMethod.remote(self, *a, **kw))(args, kwargs)
