@@ -117,13 +117,14 @@ class Counter:
 
 
 class CallProbe(Counter):
-    """A counter that counts the Python calls of its own process, per thread that runs its
-    calls and the process's event loop thread (``benchmarks/process_calls.py``)."""
+    """A counter that counts the Python calls its process runs on the thread that runs its
+    calls and on the process's event loop thread (``benchmarks/process_calls.py``)."""
 
     def profile(self, on: bool) -> dict | None:
         """Start counting (``on``) in this thread and on the loop thread, or stop and
-        return the counts: calls per module group, and the most called functions."""
+        return the counts, ``{(file, function): calls}``."""
         import sys
+        import threading
 
         from yrdask.runtime.context import installed_runtime
 
@@ -131,7 +132,7 @@ class CallProbe(Counter):
         loop = rt.__dict__.get("_loop") or rt.loop  # a process's runtime may not be started
         if not on:
             sys.setprofile(None)
-            done = __import__("threading").Event()
+            done = threading.Event()
             loop.call_soon_threadsafe(lambda: (sys.setprofile(None), done.set()))
             done.wait(10)
             return self.counts
