@@ -64,6 +64,34 @@ class Logged:
     die_always.__yr_max_redeliveries__ = 0  # its own bound (Ray's max_task_retries=0)
 
 
+@yr.instance
+class Wide:
+    """Calls that may overlap, and how many ran at once at most."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.running = self.most = 0
+
+    def echo(self, i: int) -> int:
+        import time
+
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(0.002)
+        with self.lock:
+            self.running -= 1
+        return i
+
+    def count(self, n: int):
+        yield from range(n)
+
+    def widest(self) -> int:
+        return self.most
+
+
 @yr.invoke
 def count_relayed(start: bool) -> int:
     """In the worker: count the calls its agent receives from now on (``start``), or say
@@ -186,28 +214,3 @@ def test_concurrent_calls_of_a_process_instance_are_each_answered_once(cluster):
     assert yr.get(h.widest.invoke(), T) > 1  # the calls did overlap
     h.terminate()
 
-
-@yr.instance
-class Wide:
-    def __init__(self) -> None:
-        import threading
-
-        self.lock = threading.Lock()
-        self.running = self.most = 0
-
-    def echo(self, i: int) -> int:
-        import time
-
-        with self.lock:
-            self.running += 1
-            self.most = max(self.most, self.running)
-        time.sleep(0.002)
-        with self.lock:
-            self.running -= 1
-        return i
-
-    def count(self, n: int):
-        yield from range(n)
-
-    def widest(self) -> int:
-        return self.most
