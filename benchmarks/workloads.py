@@ -116,6 +116,40 @@ class Counter:
         return self.n
 
 
+class CallProbe(Counter):
+    """A counter that counts the Python calls its process runs on the thread that runs its
+    calls and on the process's event loop thread (``benchmarks/process_calls.py``)."""
+
+    def profile(self, on: bool) -> dict | None:
+        """Start counting (``on``) in this thread and on the loop thread, or stop and
+        return the counts, ``{(file, function): calls}``."""
+        import sys
+        import threading
+
+        from yrdask.runtime.context import installed_runtime
+
+        rt = installed_runtime()
+        loop = rt.__dict__.get("_loop") or rt.loop  # a process's runtime may not be started
+        if not on:
+            sys.setprofile(None)
+            done = threading.Event()
+            loop.call_soon_threadsafe(lambda: (sys.setprofile(None), done.set()))
+            done.wait(10)
+            return self.counts
+        counts: dict = {}
+        self.counts = counts
+
+        def count(frame, event, _arg):
+            if event == "call":
+                code = frame.f_code
+                key = (code.co_filename, code.co_name)
+                counts[key] = counts.get(key, 0) + 1
+
+        loop.call_soon_threadsafe(sys.setprofile, count)
+        sys.setprofile(count)
+        return None
+
+
 class TrainingWorker:
     """The seed's (examples/training_tree.py) worker, without its sleep."""
 

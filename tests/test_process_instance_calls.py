@@ -64,6 +64,34 @@ class Logged:
     die_always.__yr_max_redeliveries__ = 0  # its own bound (Ray's max_task_retries=0)
 
 
+@yr.instance
+class Wide:
+    """Calls that may overlap, and how many ran at once at most."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.running = self.most = 0
+
+    def echo(self, i: int) -> int:
+        import time
+
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(0.002)
+        with self.lock:
+            self.running -= 1
+        return i
+
+    def count(self, n: int):
+        yield from range(n)
+
+    def widest(self) -> int:
+        return self.most
+
+
 @yr.invoke
 def count_relayed(start: bool) -> int:
     """In the worker: count the calls its agent receives from now on (``start``), or say
@@ -151,3 +179,38 @@ def test_a_crash_with_calls_in_flight_redelivers_them_by_the_callers_rule(cluste
     assert log.read_text().split() == ["up", "d", "d", "a", "b", "x", "c"]
     assert h.status()["restarts"] == 2
     h.terminate()
+
+
+def test_the_answers_before_a_call_that_ends_the_process_reach_their_caller(cluster,
+                                                                            tmp_path):
+    """Calls sent back to back, the last of which ends the process: the method thread
+    hands each answer to the process's loop and starts its next call only once that answer
+    is written, so the calls before the exit are answered (once, not charged a crash and
+    run again) and only the exiting call fails."""
+    cluster(kind="embedded", num_cpus=1)
+    log = tmp_path / "log"
+    h = Logged.options(small(light=False, recover_retry_times=1)).invoke(str(log))
+    assert yr.get(h.note.invoke("up"), T) == "up"
+    tags = [f"n{i}" for i in range(8)]
+    refs = [h.note.invoke(tag) for tag in tags]
+    poison = h.die_always.invoke("x")
+    assert yr.get(refs, T) == tags
+    with pytest.raises(yr.CallCrashedError, match="exited with code 9"):
+        yr.get(poison, T)
+    assert log.read_text().split() == ["up", *tags, "x"]
+    h.terminate()
+
+
+def test_concurrent_calls_of_a_process_instance_are_each_answered_once(cluster):
+    """Four calls at a time: answers that several method threads hand over together go out
+    together, each on its caller's channel, to its own call; a generator's items and its
+    end arrive in order among them."""
+    cluster(kind="embedded", num_cpus=1)
+    h = Wide.options(small(light=False, concurrency=4)).invoke()
+    refs = [h.echo.invoke(i) for i in range(64)]
+    items = h.count.invoke(5)
+    assert yr.get(refs, T) == list(range(64))
+    assert [yr.get(r, T) for r in items] == list(range(5))
+    assert yr.get(h.widest.invoke(), T) > 1  # the calls did overlap
+    h.terminate()
+

@@ -42,6 +42,16 @@ class StreamSender:
             self.writing = True
             self.loop.call_soon(self._kick)  # what else is sent this loop pass joins in
 
+    def send_now(self, *msgs: Any) -> None:
+        """:meth:`send`, written on this stack when idle: for a caller that batched
+        ``msgs`` already (one wake-up of the loop for what other threads handed over)."""
+        if self.closed:
+            raise CommClosedError(f"stream to {self.comm.peer_address} is closed")
+        self.buffer.extend(msgs)
+        if not self.writing:
+            self.writing = True
+            self._kick()
+
     def _kick(self) -> None:
         self._start(self._flush())
 

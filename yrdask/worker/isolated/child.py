@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import inspect
 import logging
 import os
 import threading
 import time
+from _thread import allocate_lock
 from typing import Any
 
 import dask
+from distributed.comm.core import CommClosedError
 
 from yrdask import protocol as P
 from yrdask.errors import RemoteError, ReturnError, YRRuntimeError, user_traceback
-from yrdask.serialization import Frames, dumps, dumps_value, loads, unpack_args
+from yrdask.serialization import (PLAIN_TYPES, Frames, dumps, dumps_value, loads,
+                                  unpack_args)
 from yrdask.worker.isolated import START_TIMEOUT_S
 
 logger = logging.getLogger("yrdask.worker")
@@ -39,54 +43,111 @@ def split_returns(result: Any, nret: int) -> list:
 
 
 REPLY_WRITE_WAIT_S = 5.0  # a thread waits this long at most for its reply to be written
-#: ``.written``: the event of the last reply this thread handed to the loop (see _ChildPeer)
+#: ``.written``: a lock, held until the last reply this thread handed to the loop is written
+#: (see :class:`_Outbox`)
 _last_reply = threading.local()
 
 
-class _ChildPeer:
-    """A caller's call channel, seen from the child: replies from instance threads.
-    ``caller`` is who opened it (``OpenChannel.caller``), to whom refs in results are lent.
+class _Outbox:
+    """The replies of the instance's threads, on their way to the loop: one wake-up of the
+    loop per batch, and each batch written on the pass that takes it (one write per
+    caller's stream), not on the next one.
 
     A thread's reply is written before the thread starts its next call
     (:func:`replies_written`, as the call's arguments are unpacked): a method that ends the
     process (``os._exit``) must not take the answers of the calls before it with it, or the
     caller would count those calls as unanswered and deliver them again.  The thread does
     not wait for the write right after its reply: by the time the next call comes, the
-    write is long done (a sequential caller waits for the answer), so it costs no wake-up."""
+    write is long done (a sequential caller waits for the answer), so it costs no wake-up.
+    What it would wait on is a plain lock per reply, released once the reply is written."""
 
-    __slots__ = ("loop", "stream", "caller", "loop_thread")
+    __slots__ = ("loop", "loop_thread", "items", "armed")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, stream: Any, caller: str) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        self.loop_thread = threading.get_ident()
+        self.items: collections.deque = collections.deque()  # (peer, msg, written)
+        self.armed = False  # a drain is scheduled on the loop
+
+    def put(self, peer: "_ChildPeer", msg: dict) -> None:
+        """Hand ``msg`` to the loop (any thread but the loop's)."""
+        written = _last_reply.written = allocate_lock()
+        written.acquire()
+        self.items.append((peer, msg, written))
+        if not self.armed:  # after the append: a drain that starts now takes it
+            self.armed = True
+            self.loop.call_soon_threadsafe(self.drain)
+
+    def drain(self) -> None:
+        """Write what the threads handed over (loop thread), in order, then tell them."""
+        self.armed = False  # before taking them: a later put schedules a drain of its own
+        items = self.items
+        if not items:
+            return
+        peer, msg, written = items.popleft()
+        if not items:  # the usual case: one reply
+            try:
+                peer.write(msg)
+            finally:
+                written.release()
+            return
+        batches = {peer: [msg]}
+        locks = [written]
+        try:
+            while items:
+                peer, msg, written = items.popleft()
+                locks.append(written)
+                batch = batches.get(peer)
+                if batch is None:
+                    batches[peer] = [msg]
+                else:
+                    batch.append(msg)
+            for peer, batch in batches.items():
+                peer.write(*batch)
+        finally:
+            for written in locks:
+                written.release()
+
+
+class _ChildPeer:
+    """A caller's call channel, seen from the child: replies from instance threads go
+    through the process's :class:`_Outbox`.  ``caller`` is who opened it
+    (``OpenChannel.caller``), to whom refs in results are lent."""
+
+    __slots__ = ("outbox", "stream", "caller")
+
+    def __init__(self, outbox: _Outbox, stream: Any, caller: str) -> None:
+        self.outbox = outbox
         self.stream = stream
         self.caller = caller
-        self.loop_thread = threading.get_ident()
 
     def reply(self, msg: dict) -> None:
-        if threading.get_ident() == self.loop_thread:
-            self._send(msg)
+        outbox = self.outbox
+        if threading.get_ident() != outbox.loop_thread:
+            outbox.put(self, msg)
             return
-        written = _last_reply.written = threading.Event()
-        self.loop.call_soon_threadsafe(self._send, msg, written)
-
-    def _send(self, msg: dict, written: threading.Event | None = None) -> None:
-        from distributed.comm.core import CommClosedError
-
+        if outbox.items:  # what the threads handed over first goes first
+            outbox.drain()
         try:
-            self.stream.send(msg)
+            self.stream.send(msg)  # with what else this loop pass sends
         except CommClosedError:
             pass  # the caller went: its calls are its own to deliver again
-        if written is not None:  # after the stream's own write, which send() scheduled
-            self.loop.call_soon(written.set)
+
+    def write(self, *msgs: dict) -> None:
+        """Write ``msgs`` on this caller's stream now (loop thread)."""
+        try:
+            self.stream.send_now(*msgs)
+        except CommClosedError:
+            pass  # the caller went: its calls are its own to deliver again
 
 
 def replies_written() -> None:
     """Wait until the last reply this thread handed to the loop is written (see
-    :class:`_ChildPeer`)."""
+    :class:`_Outbox`)."""
     written = getattr(_last_reply, "written", None)
     if written is not None:
         _last_reply.written = None
-        written.wait(REPLY_WRITE_WAIT_S)
+        written.acquire(True, REPLY_WRITE_WAIT_S)
 
 
 def _stored(object_id: str) -> Any:
@@ -129,6 +190,7 @@ class IsolatedHost:
         self.functions: dict[str, Any] = {}
         self._built: asyncio.Future | None = None
         self.server: Any = None  # its Dask Server (child_main)
+        self.outbox = _Outbox(self.loop)  # its threads' replies to its callers
         self.assigned = False  # a request was handed to it: no longer a spare
 
     async def assign_isolated(self, comm: Any, request: dict, then: dict | None = None) -> Any:
@@ -207,7 +269,10 @@ class IsolatedHost:
             if type(v) is ReturnError:  # this return failed, the earlier ones did not
                 out.append([P.ERROR, dumps(RemoteError.from_exception(v.error, v.traceback_str))])
                 continue
-            payload, _refs, counted = pack_counting(dumps_value, v)
+            if type(v) in PLAIN_TYPES:  # the hot path: no ref in it, nothing to count
+                payload, counted = dumps(v), None
+            else:
+                payload, _refs, counted = pack_counting(dumps_value, v)
             if counted:  # refs exist here only once this process's runtime has started
                 objects = self.runtime.started_runtime().objects
                 lent = objects.lend_result(counted, caller or None, oid)
@@ -247,7 +312,7 @@ class IsolatedHost:
     def unpack(self, args: bytes, deps: list) -> tuple[tuple, list]:
         from yrdask.runtime.objects import REF_MARK, unpickling
 
-        values = [self.load_value(p) for p in self.payloads(deps)]
+        values = [self.load_value(p) for p in self.payloads(deps)] if deps else []
         if REF_MARK not in args:  # the hot path: no ref in the arguments
             return unpack_args(args, values), []
         unpacked, found = unpickling(unpack_args, args, values)
@@ -394,7 +459,7 @@ class IsolatedHost:
         supervision = caller == self.worker
         if supervision:
             self.supervision = stream
-        peer = _ChildPeer(self.loop, stream, caller)
+        peer = _ChildPeer(self.outbox, stream, caller)
         side = self.side
         try:
             while True:
