@@ -236,7 +236,8 @@ def test_a_running_task_is_listed_by_id_until_it_ends(ray_env, tmp_path):
 
 def test_a_method_calls_task_id_is_its_listed_id(ray_env):
     """Inside a method call (sync or ``async def``, in a process actor and in a light one),
-    ``get_task_id()`` is the id ``list_tasks`` lists the call under, as on Ray."""
+    ``get_task_id()`` is the id ``list_tasks`` lists the call under, and its ref's
+    ``task_id``, as on Ray."""
     ray = ray_env
 
     @ray.remote
@@ -249,7 +250,8 @@ def test_a_method_calls_task_id_is_its_listed_id(ray_env):
 
     actors = [StateProbeIds.remote(), StateProbeIds.options(yrdask_light=True).remote()]
     for method in ("sync_id", "async_id"):
-        ids = ray.get([getattr(a, method).remote() for a in actors for _ in range(2)])
-        assert len(set(ids)) == 4, (method, ids)
+        refs = [getattr(a, method).remote() for a in actors for _ in range(2)]
+        ids = ray.get(refs)
+        assert ids == [ref.task_id for ref in refs] and len(set(ids)) == 4, (method, ids)
         listed = {t.task_id for t in _tasks(f"StateProbeIds.{method}", 4)}
         assert listed == set(ids), (method, ids, listed)
