@@ -79,6 +79,24 @@ def test_actor_methods_have_a_task_id_of_their_own(ray_env):
     assert ray.get_runtime_context().get_task_id() is None
 
 
+@ray.remote(concurrency_groups={"io": 2})
+class Mixed:
+    def sync_call(self):
+        return "sync"
+
+    async def async_call(self):
+        return "async"
+
+
+def test_an_async_actor_with_groups_runs_sync_and_async_default_methods(ray_env):
+    # Ray: an async actor's default group takes sync methods too, in any order with its
+    # async ones (both kinds once had one bound, the kind first called)
+    for first, then in (("sync_call", "async_call"), ("async_call", "sync_call")):
+        a = Mixed.remote()
+        assert ray.get([getattr(a, first).remote(), getattr(a, then).remote()], timeout=60) \
+            == [first.split("_")[0], then.split("_")[0]]
+
+
 @ray.remote
 class Named:
     def ping(self):
