@@ -111,7 +111,9 @@ def test_a_lost_result_with_no_reruns_left_raises_object_lost(nodes, tmp_path):
         make = ray.remote(max_retries=0)(make_large).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(f"node-{keeper.name}", soft=True))
         ref = make.remote(str(tmp_path), 5)
-        ready, _ = ray.wait([ref], timeout=T)
+        # fetch_local=False: the default pulls a copy to the driver's node, as on Ray, and
+        # that copy would outlive the keeper
+        ready, _ = ray.wait([ref], timeout=T, fetch_local=False)
         assert ready
         assert set(runs_in(tmp_path)) <= keeper.pids(), "the first run was not on the keeper"
         kill_node(keeper)

@@ -92,6 +92,24 @@ def test_ray_actor_id_is_the_actor_id(ray_env):
     assert get_actor(id=a._ray_actor_id.hex()).state == "ALIVE"
 
 
+@ray.remote(concurrency_groups={"io": 2})
+class Mixed:
+    def sync_call(self):
+        return "sync"
+
+    async def async_call(self):
+        return "async"
+
+
+def test_an_async_actor_with_groups_runs_sync_and_async_default_methods(ray_env):
+    # Ray: an async actor's default group takes sync methods too, in any order with its
+    # async ones (both kinds once had one bound, the kind first called)
+    for first, then in (("sync_call", "async_call"), ("async_call", "sync_call")):
+        a = Mixed.remote()
+        assert ray.get([getattr(a, first).remote(), getattr(a, then).remote()], timeout=60) \
+            == [first.split("_")[0], then.split("_")[0]]
+
+
 @ray.remote
 class Named:
     def ping(self):

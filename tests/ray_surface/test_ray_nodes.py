@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 
 import numpy as np
 import pytest
 
 import yrdask.ray as ray
-from conftest import kill_node
+from conftest import kill_node, wait_until
+from yrdask.runtime.store import node_store
 from yrdask.ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 pytestmark = pytest.mark.timeout(120)
@@ -95,6 +97,34 @@ def make_large(runs: str) -> np.ndarray:
     """A 2 MB result (its node's store keeps it); each run leaves a file in ``runs``."""
     open(os.path.join(runs, f"{os.getpid()}-{uuid.uuid4().hex}"), "w").close()
     return np.ones(2 << 20, dtype=np.uint8)
+
+
+@ray.remote
+def large_when(path: str) -> np.ndarray:
+    """A 2 MB result, once ``path`` exists."""
+    deadline = time.monotonic() + T
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return np.ones(2 << 20, dtype=np.uint8)
+
+
+def test_wait_with_fetch_local_pulls_values_to_the_drivers_node(on_nodes, tmp_path):
+    """``ray.wait(fetch_local=True)`` pulls a value another node keeps into this node's
+    store and counts it ready once it is here; ``fetch_local=False`` leaves it there; a
+    value that gets ready after the wait returned is pulled too, as on Ray.  The tasks
+    are placed with ``ray._raylet.RAY_NODE_ID_KEY``, as Ray's programs name a node."""
+    go, later = tmp_path / "go", tmp_path / "later"
+    go.touch()
+    on_a = large_when.options(label_selector={ray._raylet.RAY_NODE_ID_KEY: "node-lab-a"})
+    first, second = on_a.remote(str(go)), on_a.remote(str(later))
+    here = node_store()
+    assert ray.wait([first], timeout=T, fetch_local=False)[0] == [first]
+    assert not here.contains(first.hex())
+    assert ray.wait([first, second], timeout=T, fetch_local=True) == ([first], [second])
+    assert here.contains(first.hex())
+    later.touch()
+    wait_until(lambda: here.contains(second.hex()), T, "the later value pulled here")
+    assert ray.get(second, timeout=T).sum() == 2 << 20
 
 
 def test_a_cancelled_task_s_lost_result_is_not_computed_again(on_nodes, tmp_path):

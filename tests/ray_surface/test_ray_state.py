@@ -232,3 +232,31 @@ def test_a_running_task_is_listed_by_id_until_it_ends(ray_env, tmp_path):
     assert (ended.task_id, ended.state) == (ref.task_id, "FINISHED")
     wait_until(lambda: [t.state for t in list_tasks(filters=mine)] == ["FINISHED"], 20,
                "the task listed FINISHED only, once it ended")
+
+
+def test_a_method_calls_task_id_is_its_listed_id(ray_env):
+    """Inside a method call (sync, ``async def``, in a concurrency group; in a process actor
+    and in a light one),
+    ``get_task_id()`` is the id ``list_tasks`` lists the call under, and its ref's
+    ``task_id``, as on Ray."""
+    ray = ray_env
+
+    @ray.remote(concurrency_groups={"io": 2})
+    class StateProbeIds:
+        def sync_id(self):
+            return ray.get_runtime_context().get_task_id()
+
+        async def async_id(self):
+            return ray.get_runtime_context().get_task_id()
+
+        @ray.method(concurrency_group="io")
+        async def group_id(self):  # run on the group's own event loop thread
+            return ray.get_runtime_context().get_task_id()
+
+    actors = [StateProbeIds.remote(), StateProbeIds.options(yrdask_light=True).remote()]
+    for method in ("sync_id", "async_id", "group_id"):
+        refs = [getattr(a, method).remote() for a in actors for _ in range(2)]
+        ids = ray.get(refs)
+        assert ids == [ref.task_id for ref in refs] and len(set(ids)) == 4, (method, ids)
+        listed = {t.task_id for t in _tasks(f"StateProbeIds.{method}", 4)}
+        assert listed == set(ids), (method, ids, listed)

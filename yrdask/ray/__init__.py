@@ -15,7 +15,7 @@ from typing import Any
 
 from yrdask.api.generators import ObjectRefGenerator
 from yrdask.runtime.objects import ObjectRef
-from yrdask.ray import actor, exceptions, job_config, util
+from yrdask.ray import _raylet, actor, exceptions, job_config, util
 from yrdask.ray.actor import ActorClass, ActorHandle, method
 from yrdask.ray.generators import DynamicObjectRefGenerator
 from yrdask.ray.remote_function import RemoteFunction

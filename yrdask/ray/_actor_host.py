@@ -39,8 +39,11 @@ _SEMS_LOCK = threading.Lock()  # guards the creation of concurrency-group semaph
 
 
 def _semaphore(obj: Any, group: str, limit: int, is_async: bool) -> Any:
+    """The bound of ``group``'s calls on ``obj``: one for its ``async def`` methods (an
+    asyncio semaphore) and one for its sync ones (a thread semaphore), which an async
+    actor's default group may hold both of."""
     table = type(obj).__dict__["__ray_sems__"]
-    key = (id(obj), group)
+    key = (id(obj), group, is_async)
     sem = table.get(key)
     if sem is None:
         with _SEMS_LOCK:

@@ -6,7 +6,7 @@ import uuid
 import warnings
 from typing import Any
 
-from yrdask.runtime.context import current_runtime, current_task_cancelled
+from yrdask.runtime.context import current_runtime, current_task_cancelled, running_call_id
 from yrdask.ray._context import current_ctx, current_method, hosted_instance
 
 __all__ = ["RuntimeContext", "get_runtime_context"]
@@ -132,12 +132,12 @@ class RuntimeContext:
         return current_ctx().get("session_name", "")
 
     def get_task_id(self) -> str | None:
-        """An id unique to this execution of the task or actor method call (None in a
-        driver)."""
+        """An id unique to this execution of the task, or the actor method call's id (the
+        ``task_id`` ``ray.util.state.list_tasks`` lists it under, as Ray); None in a driver."""
         call = current_method.get()
-        if call is not None:  # an actor method: its id is made when first asked for
-            if call[2] is None:
-                call[2] = uuid.uuid4().hex
+        if call is not None:  # an actor method: its call's id (made up where this thread
+            if call[2] is None:  # does not know it)
+                call[2] = running_call_id() or uuid.uuid4().hex
             return call[2]
         return current_ctx().get("task_id")
 

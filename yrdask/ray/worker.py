@@ -115,6 +115,8 @@ def wait(object_refs: list, *, num_returns: int = 1, timeout: float | None = Non
     Both lists keep the input order; failed refs count as ready.  An ``ObjectRefGenerator``
     in the list is ready when ``next()`` on it would not wait: its next item is ready, or
     the generator is over (``next()`` raises ``StopIteration``), as on Ray.
+    ``fetch_local=True`` pulls each value another node keeps into this node's store as it
+    gets ready, and counts it ready once it is here; ``False`` counts it where it is.
     """
     ensure_init()
     if isinstance(object_refs, (ObjectRef, ObjectRefGenerator)):
@@ -142,7 +144,8 @@ def wait(object_refs: list, *, num_returns: int = 1, timeout: float | None = Non
                          "to ray.wait.")
     check_live(object_refs if given is None else  # generators were checked by _waitables
                [r for r in object_refs if isinstance(r, ObjectRef)], "ray.wait")
-    ready, not_ready = _rtctx.current_runtime().wait(object_refs, num_returns, timeout)
+    ready, not_ready = _rtctx.current_runtime().wait(object_refs, num_returns, timeout,
+                                                     fetch_local)
     if given:  # the Dask objects come back as given
         return as_given(ready, given), as_given(not_ready, given)
     return ready, not_ready

@@ -100,6 +100,18 @@ wait_hook: Any = None
 method_call_probe: Any = None
 
 
+#: Set by the worker layer (``worker/hosting.py``): ``probe()`` gives the id of the method
+#: call this thread (or asyncio task) runs (its callers' and the task records' id), or None.
+#: None in processes that host no instances.
+call_id_probe: Any = None
+
+
+def running_call_id() -> str | None:
+    """The id of the method call the current thread (or asyncio task) runs, or None."""
+    probe = call_id_probe
+    return probe() if probe is not None else None
+
+
 def running_method_call() -> Any:
     """The method call the current thread (or asyncio task) runs (see
     :data:`method_call_probe`), or None."""

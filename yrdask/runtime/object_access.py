@@ -10,6 +10,7 @@ answers ``FETCH_OBJECT`` (:meth:`ObjectAccess.handle_fetch`) and the reference c
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -409,15 +410,18 @@ class ObjectAccess:
         kind, payload = entry.snapshot(float("inf"))
         return [kind, wire(payload)]
 
-    def wait(self, refs: list[ObjectRef | Stream], wait_num: int, timeout: float | None
-             ) -> tuple[list, list]:
+    def wait(self, refs: list[ObjectRef | Stream], wait_num: int, timeout: float | None,
+             fetch_local: bool = False) -> tuple[list, list]:
         """``(ready, not_ready)`` once ``wait_num`` of ``refs`` are ready or ``timeout`` s
         passed, both in input order.  A generator's stream among them (``ray.wait``) is ready
-        when its next item is, or its end."""
+        when its next item is, or its end.  ``fetch_local`` (Ray's): a value another node
+        keeps is pulled into this node's store as soon as it is ready, and counts as ready
+        once it is here; pulls go on after the wait returns."""
         deadline = None if timeout is None else time.monotonic() + timeout
         done = threading.Event()
         count = [0]
         lock = threading.Lock()
+        pulled: set[str] = set()  # fetch_local: pulls that ended (stored, or failed: get says)
 
         def one() -> None:
             with lock:
@@ -428,7 +432,8 @@ class ObjectAccess:
         for ref in refs:
             if isinstance(ref, ObjectRef):
                 self._ensure_fetch(ref)
-                self.on_loop(ref._entry.add_callback, one)
+                self.on_loop(ref._entry.add_callback, functools.partial(
+                    self._pull_then, ref, pulled, one) if fetch_local else one)
             else:
                 self.on_loop(ref.on_next_ready, one)
         lease_id = current_lease()
@@ -443,6 +448,34 @@ class ObjectAccess:
                 self._lend(lease_id, False)
         ready, not_ready = [], []
         for ref in refs:
-            is_ready = ref._entry.ready if isinstance(ref, ObjectRef) else ref.next_ready()
+            is_ready = (ref._entry.ready and not (fetch_local and ref._id not in pulled
+                                                  and self._elsewhere(ref))
+                        if isinstance(ref, ObjectRef) else ref.next_ready())
             (ready if is_ready and len(ready) < wait_num else not_ready).append(ref)
         return ready, not_ready
+
+    def _elsewhere(self, ref: ObjectRef) -> bool:
+        """Whether ``ref``'s ready value is kept by another node only (not in this process,
+        not in this node's store)."""
+        entry = ref._entry
+        return (entry.state == P.LOCATION and not entry.has_value
+                and not node_store().contains(ref._id))
+
+    def _pull_then(self, ref: ObjectRef, pulled: set, then: Callable[[], None]) -> None:
+        """On the loop, once ``ref`` is ready: pull its value into this node's store if
+        another node keeps it (off the loop), note it in ``pulled``, then call ``then``.
+        A failed pull is left to ``get``, which reports it."""
+        if not self._elsewhere(ref):
+            return then()
+        entry = ref._entry
+
+        def pull() -> None:
+            try:
+                self.fetch_payload(ref._id, entry.location)
+            except Exception:  # noqa: BLE001 - get fetches again and raises
+                logger.debug("fetch_local of %s failed", ref._id, exc_info=True)
+            finally:
+                pulled.add(ref._id)
+                then()
+
+        self.loop.run_in_executor(None, pull)

@@ -55,6 +55,14 @@ _running = threading.local()  # .call: the id of the call this thread runs (sync
 _async_call: contextvars.ContextVar = contextvars.ContextVar("yr_async_call", default=None)
 
 
+def _running_call_id() -> str | None:
+    """The id of the method call this thread (or asyncio task) runs, or None."""
+    return _async_call.get() or getattr(_running, "call", None)
+
+
+_rtctx.call_id_probe = _running_call_id
+
+
 def _note_call_child(task_id: str) -> None:
     """The method call this thread (or asyncio task) runs submitted task ``task_id``."""
     call_id = _async_call.get() or getattr(_running, "call", None)
@@ -84,7 +92,7 @@ class _RunningCall:
 
 
 def _running_call() -> _RunningCall | None:
-    call_id = _async_call.get() or getattr(_running, "call", None)
+    call_id = _running_call_id()
     rt = _rtctx.installed_runtime()
     agent = getattr(rt, "agent", None) if call_id is not None else None
     inst = agent.instances.get(_rtctx.current_owner()) if agent is not None else None
