@@ -342,8 +342,8 @@ def test_an_actor_task_cancelled_before_it_was_sent_never_runs(ray_env, tmp_path
     # Ray: an actor task cancelled before it is sent never runs.  Its calls wait in their
     # caller while the actor is created (its creation waits for an argument: three actors,
     # one after another), then behind a call whose argument fails (it fails in its caller,
-    # unsent, and the ones behind it go on: three times).  None of the cancelled calls
-    # reaches an actor; the calls left alone run.  (Six rounds: each a window for a call
+    # unsent, and the ones behind it go on: five times).  None of the cancelled calls
+    # reaches an actor; the calls left alone run.  (Eight rounds: each a window for a call
     # that did reach its actor to begin before a cancel sent behind it.)
     names = []
     for k in range(3):
