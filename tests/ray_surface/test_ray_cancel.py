@@ -2,7 +2,8 @@
 submitted too, and theirs; ``recursive=False`` leaves them running.  A cancelled actor task
 settles as on Ray: a running ``async def`` method that catches ``asyncio.CancelledError``
 gives what it returns or raises; one that lets it through, and a sync method, give
-``TaskCancelledError``.
+``TaskCancelledError``.  An actor task cancelled before it was sent (its actor not created
+yet) never runs, on a light actor and on one in a process of its own.
 
 The tasks leave files as they start, finish normally or end (``finally``), so the test
 waits on files, never on sleeps.
@@ -290,3 +291,78 @@ def test_a_cancel_ends_a_task_blocked_on_a_value_in_its_own_process(ray_env, tmp
         time.sleep(0.05)
     _touch(folder, "release")
     assert ray.get(other, timeout=60) == ("released" if how == "get" else 1)
+
+
+@ray.remote(num_cpus=0)
+def opens_when(folder, name, fails=False):
+    """An argument that is ready once the test writes ``name`` in ``folder`` (``fails``:
+    then it fails)."""
+    wait_until(lambda: os.path.exists(os.path.join(folder, name)), 60, f"the test's {name}",
+               interval=0.01)
+    if fails:
+        raise ValueError(f"{name} failed")
+    return name
+
+
+@ray.remote(num_cpus=0)
+class Recorder:
+    """Records each call it runs as a file.  Its process switches threads every
+    microsecond meanwhile, so a call that reached it idle would begin before a cancel
+    that followed it were read (the window of a cancel sent behind its call)."""
+
+    def __init__(self, folder, after=None):
+        self.folder = folder
+        self.interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+
+    def record(self, name, after=None):
+        _touch(self.folder, name)  # the method's side effect
+        return name
+
+    def restore(self):
+        sys.setswitchinterval(self.interval)  # (a light actor's process is a worker's)
+
+
+def _cancel_ten_then_open(actor, folder, name):
+    """Ten calls of ``actor`` that wait in their caller, cancelled: each fails at once.
+    Then one left alone, sent after them once the test writes ``name``; what it gives."""
+    cancelled = [actor.record.remote(f"ran-{name}-{i}") for i in range(10)]
+    for ref in cancelled:
+        ray.cancel(ref)
+    for ref in cancelled:  # at once: none of them has left
+        with pytest.raises(ray.exceptions.TaskCancelledError):
+            ray.get(ref, timeout=30)
+    kept = actor.record.remote(f"kept-{name}")
+    _touch(folder, name)
+    return ray.get(kept, timeout=60)
+
+
+@pytest.mark.parametrize("light", [True, False], ids=["light", "process"])
+def test_an_actor_task_cancelled_before_it_was_sent_never_runs(ray_env, tmp_path, light):
+    # Ray: an actor task cancelled before it is sent never runs.  Its calls wait in their
+    # caller while the actor is created (its creation waits for an argument: three actors,
+    # one after another), then behind a call whose argument fails (it fails in its caller,
+    # unsent, and the ones behind it go on: five times).  None of the cancelled calls
+    # reaches an actor; the calls left alone run.  (Eight rounds: each a window for a call
+    # that did reach its actor to begin before a cancel sent behind it.)
+    names = []
+    for k in range(3):
+        folder = str(tmp_path / str(k))
+        os.mkdir(folder)
+        actor = Recorder.options(yrdask_light=light).remote(
+            folder, opens_when.remote(folder, "open-0"))
+        try:
+            assert _cancel_ten_then_open(actor, folder, "open-0") == "kept-open-0"
+            for j in range(1, 2 if k < 2 else 4):
+                held = actor.record.remote("held",
+                                           opens_when.remote(folder, f"open-{j}", True))
+                assert _cancel_ten_then_open(actor, folder, f"open-{j}") == f"kept-open-{j}"
+                with pytest.raises(ValueError, match=f"open-{j} failed"):
+                    ray.get(held, timeout=30)
+        finally:
+            ray.get(actor.restore.remote(), timeout=60)
+            ray.kill(actor)
+        names += sorted(os.listdir(folder))
+    rounds = (2, 2, 4)
+    assert names == [name for n in rounds for name in sorted(  # no cancelled call ran
+        [f"kept-open-{j}" for j in range(n)] + [f"open-{j}" for j in range(n)])]

@@ -349,12 +349,13 @@ class _RouterEdge:
         if rec["answered"]:
             w.fail(f"call {ins.call_id} sent again after its answer arrived")
         rec["sent"] += 1
-        rec["sent_to"] = ins.worker
         w.say(pname, "send", ins.call_id, ins.instance_id, ins.worker)
         w.send(pname, ins.worker, "call", P.CallMethod.wire(
             ins.call_id, ins.instance_id, rec["method"], b"", [], 1))
-        if rec["cancelled"]:  # cancelled before it left (InstanceRouter.send_call)
-            w.send(pname, ins.worker, "call", P.CancelTask(ins.call_id).to_msg())
+
+    def send_cancel(self, worker: str, msg: P.CancelTask) -> None:
+        self.world.say(self.pname, "send cancel", msg.task_id, worker)
+        self.world.send(self.pname, worker, "call", msg.to_msg())
 
     def call_succeeded(self, call_id: str) -> None:
         self.world.settled(self.pname, call_id, None)
@@ -531,6 +532,7 @@ class CallWorld:
         self.proc_rng = random.Random(seed * 7 + 11)
         self.unheard: set[str] = set()  # gone for the adapter, not yet for the machines
         self.races: dict[str, int] = dict.fromkeys(RACES, 0)
+        self.unanswered: str | None = None  # the process doing a do_unanswered
         self.now = 0.0
         self.step = 0
         self._seq = 0
@@ -665,6 +667,15 @@ class CallWorld:
         if p.alive:
             getattr(p.router, method)(*args)
 
+    def do_unanswered(self, pname: str, method: str, *args: Any) -> None:
+        """:meth:`do` of a happening that may settle calls its hosts never answered (a
+        cancel, a lost channel)."""
+        self.unanswered = pname
+        try:
+            self.do(pname, method, *args)
+        finally:
+            self.unanswered = None
+
     def settled(self, pname: str, cid: str, err: Any) -> None:
         rec = self.calls[cid]
         rec["settled"] += 1
@@ -680,8 +691,6 @@ class CallWorld:
                 self.fail(f"result: call {cid} settled as a success, yet its instance "
                           f"answered {answers or 'nothing'}")
             child = rec.get("result")
-            if rec["refs"] is not None:  # its refs failed at its cancel: the value is
-                return  # dropped (a call may begin before the cancel that follows it)
             if child is not None:  # unpickle the handle in the result
                 child_iid, token = child
                 self.do(pname, "arrived", child_iid, token)
@@ -691,8 +700,10 @@ class CallWorld:
         if isinstance(err, CancelledError):  # InstanceRouter.on_done after Ray's cancel
             if not rec["cancelled"]:
                 self.fail(f"call {cid} answered as cancelled though nobody cancelled it")
-            if rec["refs"] is None and not {"cancelled", "died"} & set(answers):
-                self.fail(f"cancel: call {cid} settled as cancelled, yet it was sent before "
+            # unrun: answered so, or not in flight at its cancel (it never leaves), or back
+            # from a lost or moved host (it does not go again)
+            if not ({"cancelled", "died", "moved"} & set(answers) or self.unanswered == pname):
+                self.fail(f"cancel: call {cid} settled as cancelled, yet it was in flight at "
                           f"its cancel and its instance answered {answers or 'nothing'}")
         elif isinstance(err, InitBoom):  # (only an instance whose __init__ raised sends it)
             if "init-error" not in answers:
@@ -808,9 +819,7 @@ class CallWorld:
         self.calls[cid] = {"iid": iid, "caller": pname, "seq": self._seq_of(pname),
                            "settled": 0, "answered": False, "sent": 0, "bad_arg": bad,
                            "kind": kind, "result": None, "unordered": unordered,
-                           "method": method, "cancelled": False, "sent_to": None,
-                           # what its refs settled with at once (a cancel before it left)
-                           "refs": None,
+                           "method": method, "cancelled": False,
                            # in a process instance, the method crashes its process
                            # (``os._exit``) each time it runs
                            "poison": self.proc_rng.random() < 0.08}
@@ -881,12 +890,10 @@ class CallWorld:
                 cid = rng.choice(mine)
                 rec = self.calls[cid]
                 rec["cancelled"] = True
-                self.say(dname, "cancel", cid, rec["sent_to"])
-                what = CR.cancel_effect(cid, rec["sent_to"])  # InstanceRouter.cancel's rule
-                if type(what) is P.CancelTask:
-                    self.send(dname, rec["sent_to"], "call", what.to_msg())
-                else:  # its refs fail now; the router's settlement comes with its answer
-                    rec["refs"] = what
+                # a call cancelled before it left this caller must never begin anywhere
+                rec["cancelled_unsent"] = rec["sent"] == 0
+                self.say(dname, "cancel", cid)
+                self.do_unanswered(dname, "cancel", cid)  # InstanceRouter.cancel
         elif action == "drop" and held:
             self.drop_handle(dname, rng.choice(held))
         elif action == "kill" and held:
@@ -952,7 +959,7 @@ class CallWorld:
             if op == REPLY:
                 return self.rpc_answered(d, msg)
             if op == P.WORKER_LOST:  # the scheduler says the worker is gone
-                self.do(dname, "channel_lost", msg["worker"])
+                self.do_unanswered(dname, "channel_lost", msg["worker"])
             elif op == P.REVOKE_LEASES:
                 for hid in msg["lease_ids"]:
                     if hid in d.leases:
@@ -963,7 +970,7 @@ class CallWorld:
             return
         op = msg[0]
         if op == "LOST":  # its call channel to a worker or process broke
-            self.do(dname, "channel_lost", msg[1])
+            self.do_unanswered(dname, "channel_lost", msg[1])
         elif op == "DEPS":
             self.do(dname, "deps_ready", msg[1], msg[2])
         elif op == "CDEPS":
@@ -1009,7 +1016,9 @@ class CallWorld:
             error = CR.cancelled_answer(cid, error)
         elif type(error) is CancelledError:
             self.fail(f"call {cid} answered {error!r} though it was not cancelled")
-        if error is not None:
+        if type(error) is InstanceMovedError:  # it and the calls sent after it come back
+            self.do_unanswered(dname, "done", cid, error)
+        elif error is not None:
             self.do(dname, "done", cid, error)
         else:
             rec["result"] = msg["results"][0][1]
@@ -1098,6 +1107,9 @@ class CallWorld:
         if cid in w.unrun_cancels:
             self.fail(f"hosting: call {cid} on {iid} began after its cancel had arrived")
         rec = self.calls[cid]
+        if rec.get("cancelled_unsent"):  # Ray: an actor call cancelled before it is sent
+            self.fail(f"cancel: call {cid} on {iid} began on {w.name} though its caller "
+                      f"cancelled it before it was sent")
         if rec.get("crashes", 0) > MAX_REDELIVERIES and not rec.get("crash_unknown"):
             self.fail(f"crash: call {cid} on {iid} began again though it was running when its "
                       f"process died {rec['crashes']} times (max_redeliveries "

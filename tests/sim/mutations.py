@@ -481,6 +481,19 @@ def _cancelled_whatever_answered(patch: Patch) -> None:
           lambda call_id, error: CancelledError(f"Task: {call_id} was cancelled."))
 
 
+def _cancel_unsent_still_goes(patch: Patch) -> None:
+    from yrdask.runtime import call_order as C
+
+    real = C.CallOrder._cancelled
+
+    def cancelled(self, ev, out):  # a call cancelled before it left is left to go
+        call = self.calls.get(ev.call_id)
+        route = self.routes.get(call.instance_id) if call is not None else None
+        if route is not None and ev.call_id in route.inflight:
+            real(self, ev, out)
+    patch(C.CallOrder, "_cancelled", cancelled)
+
+
 def _init_error_ignored(patch: Patch) -> None:
     from yrdask.worker.instance_side import HostedCalls
 
@@ -864,6 +877,9 @@ MUTATIONS: list[Mutation] = [
              "call_router.cancelled_answer settles a cancelled call as cancelled whatever its "
              "instance answered (a value of a call that ran on is lost)",
              _cancelled_whatever_answered, 300),
+    Mutation("order-cancel-unsent-still-goes", "calls",
+             "CallOrder leaves a call cancelled before it was sent to go when its route is "
+             "ready (its method runs, FINDINGS.md J)", _cancel_unsent_still_goes, 300, (CO_V,)),
     Mutation("hosting-init-error-ignored", "calls",
              "calls of an instance whose __init__ raised run instead of answering its error",
              _init_error_ignored, 300),

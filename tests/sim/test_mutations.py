@@ -56,8 +56,9 @@ def test_mutations_reach_the_production_adapters():
     assert {"instance-side-drops-early-calls", "instance-side-starts-after-stop",
             "hosting-cancel-not-kept", "hosting-stop-keeps-calls",
             "hosting-init-error-ignored"} <= names
-    # the caller's rule for a cancelled method call's answer (call_router.py)
-    assert "router-cancelled-whatever-answered" in names
+    # the caller's rules for a cancelled method call: its answer (call_router.py), and a
+    # call cancelled before it left never goes (call_order.py)
+    assert {"router-cancelled-whatever-answered", "order-cancel-unsent-still-goes"} <= names
     # process instances: a death while restarting, the budget, the crash-charging rule
     assert {"restarting-death-ignored", "restart-budget-reset", "crash-charged-to-none",
             "crash-charged-to-oldest"} <= names

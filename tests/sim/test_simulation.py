@@ -216,6 +216,8 @@ FIXED_FINDING_SEEDS = {
     "acquire after its cancel:": 5283,  # D
     "created after its job ended:": 4409,  # E
     "restart died before it came up:": 6,  # H
+    "cancelled before it left, in a process instance:": 603,  # J
+    "cancelled before it left, on a worker:": 910,  # J
 }
 
 

@@ -195,14 +195,18 @@ def test_a_departure_runs_through_the_same_decisions_everywhere() -> None:
 
 def test_a_cancelled_method_call_runs_the_same_rules_everywhere() -> None:
     """Ray's cancel of a method call and its answer: ``InstanceRouter`` and the instance
-    world both take what to do from ``call_router``'s ``cancel_effect`` and
-    ``cancelled_answer``."""
+    world both hand the cancel to ``CallRouter.cancel`` and take a cancelled call's answer
+    from ``call_router.cancelled_answer``; neither sends a ``CANCEL_TASK`` of its own
+    after a call (their edges' ``send_cancel`` sends the router's)."""
     from yrdask.runtime import instance_router
     from tests.sim import calls
 
+    assert "self.decisions.cancel(" in _source(instance_router)
+    assert 'do_unanswered(dname, "cancel", cid)' in _source(calls)
     for module in (instance_router, calls):
         src = _source(module)
-        assert "cancel_effect(" in src and "cancelled_answer(" in src, module.__name__
+        assert "cancelled_answer(" in src, module.__name__
+        assert "P.CancelTask(" not in src, module.__name__
     assert "Task: {cid} was cancelled" not in _source(calls)  # no settlement of its own
 
 

@@ -31,6 +31,12 @@ Rules:
   the route locates the instance again.  None of them ran, so none runs twice.
 * A dead route (creation failed, an argument of the creation failed, the instance ended)
   fails its queued and later calls with the cause.
+* Ray's cancel of a call (:class:`CallCancelled`): one that has not left (queued: never
+  sent, or back from a lost or moved host) is never sent (again) and fails at once with
+  the cancel's error, unrun, and the calls behind it go on; one in flight stays there and
+  its host is told (:class:`SendCancel`); its answer settles it, and if its host is lost
+  or answers that the instance moved, it fails with the cancel's error instead of going
+  again.  As Ray: an actor call cancelled before it is sent never runs.
 * Handle counts: each live handle and each call not yet settled counts one for its
   instance; the scheduler hears of this process only when its count goes 0 -> 1 or 1 -> 0
   (the creator is named as the first holder in the spec, so its own 0 -> 1 is not sent).
@@ -194,6 +200,15 @@ class CallRetried(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class CallCancelled(Event):
+    """Ray's cancel of call ``call_id``; ``error``: what it fails with if it has not left
+    (or comes back unrun)."""
+
+    call_id: str
+    error: Any
+
+
+@dataclass(frozen=True, slots=True)
 class CallMoved(Event):
     """Call ``call_id`` was answered unrun by the worker its instance left (scale-down moved
     the instance with its state, ``InstanceMovedError``)."""
@@ -264,6 +279,14 @@ class SendCall(Instruction):
     instance_id: str
     worker: str
     tries: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SendCancel(Instruction):
+    """Send ``CANCEL_TASK`` of ``call_id`` to ``worker``, where it is in flight."""
+
+    call_id: str
+    worker: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +387,8 @@ class CallOrder:
         self.routes: dict[str, _Route] = {}
         self.calls: dict[str, _Call] = {}  # queued or in flight
         self.counts: dict[str, int] = {}  # handles + unsettled calls, per instance (> 0)
+        # calls cancelled in flight -> the error they fail with if they come back unrun
+        self.cancels: dict[str, Any] = {}
         self.registered: set[str] = set()  # instances the scheduler counts this process for
         self._deltas: dict[str, int] = {}
         self._transit: list[tuple[str, str]] = []
@@ -375,7 +400,7 @@ class CallOrder:
         self._handlers = {
             CallSubmitted: self._submitted, CallDepsReady: self._deps_ready,
             CallDone: self._done, ChannelLost: self._channel_lost, CallMoved: self._moved,
-            CallRetried: self._retried,
+            CallRetried: self._retried, CallCancelled: self._cancelled,
             CreateRequested: self._create_requested, CreateDepsReady: self._create_deps_ready,
             Created: self._created, CreateFailed: self._create_failed, Located: self._located,
             HandleAdded: self._handle_added, HandleDropped: self._handle_dropped,
@@ -454,6 +479,8 @@ class CallOrder:
             return False
         del route.inflight[call_id]
         del self.calls[call_id]
+        if self.cancels:  # (a cancelled call that ran on to its value)
+            self.cancels.pop(call_id, None)
         self._entries.append((call_id if sid is None else sid, "succeeded", call_id, iid))
         self.counts[iid] = n - 1
         return True
@@ -511,6 +538,8 @@ class CallOrder:
             self.story.log(ev.stimulus_id, ("done-ignored", cid), (cid,))
             return
         del self.calls[cid]
+        if self.cancels:
+            self.cancels.pop(cid, None)
         iid = call.instance_id
         if ev.error is None:
             self._entries.append((ev.stimulus_id, "succeeded", cid, iid))  # flat (Story)
@@ -533,6 +562,45 @@ class CallOrder:
         self.story.log(ev.stimulus_id, ("retried", ev.call_id, call.retried),
                        (ev.call_id, call.instance_id))
 
+    def _cancelled(self, ev: CallCancelled, out: list) -> None:
+        cid = ev.call_id
+        call = self.calls.get(cid)
+        route = self.routes.get(call.instance_id) if call is not None else None
+        if route is None or cid in self.cancels:
+            self.story.log(ev.stimulus_id, ("cancel-ignored", cid), (cid,))
+            return
+        if cid in route.inflight:  # its host is told; its answer settles it
+            self.cancels[cid] = ev.error
+            self.story.log(ev.stimulus_id, ("cancel-sent", cid, route.worker),
+                           (cid, call.instance_id))
+            out.append(SendCancel(ev.stimulus_id, cid, route.worker))
+            return
+        # not in flight (queued, or past its crash bound waiting for the route's locate):
+        # it never leaves again; it fails unrun now, and the calls behind it may go
+        if call in route.queue:
+            route.queue.remove(call)
+        else:
+            route.crashed = [(c, e) for c, e in route.crashed if c is not call]
+        self.story.log(ev.stimulus_id, ("cancelled-unsent", cid), (cid, call.instance_id))
+        self._fail(call, ev.error, ev.stimulus_id, out)
+        self._pump(route, ev.stimulus_id, out)
+        self._drop_if_idle(route)
+
+    def _unrun_cancels(self, calls: list, sid: str, out: list) -> list:
+        """``calls`` come back unrun (or from a lost host): the cancelled ones fail with
+        their cancel's error (they are never sent again); returns the others."""
+        cancels = self.cancels
+        if not cancels:
+            return calls
+        keep = []
+        for call in calls:
+            error = cancels.get(call.call_id)
+            if error is None:
+                keep.append(call)
+            else:
+                self._fail(call, error, sid, out)
+        return keep
+
     def _channel_lost(self, ev: ChannelLost, out: list) -> None:
         for route in list(self.routes.values()):
             if route.worker != ev.worker:
@@ -546,7 +614,11 @@ class CallOrder:
                 # The ones behind had not started.
                 resend, failed = charge_crash(resend, _concurrency_of(resend), _charge,
                                               self._bound_of)
+                resend = self._unrun_cancels(resend, ev.stimulus_id, out)
                 for call, _n in failed:
+                    if call.call_id in self.cancels:
+                        self._fail(call, self.cancels[call.call_id], ev.stimulus_id, out)
+                        continue
                     bound = self._bound_of(call)
                     why = (f"yrdask.scheduling.max-call-redeliveries={bound}"
                            if call.max_redeliveries is None else f"its own bound: {bound}")
@@ -586,6 +658,7 @@ class CallOrder:
         # locates the instance again; their own "moved" answers are then ignored.
         resend = list(route.inflight.values())
         route.inflight.clear()
+        resend = self._unrun_cancels(resend, ev.stimulus_id, out)
         route.queue = deque(sorted((*resend, *route.queue), key=_seq))
         old, route.worker, route.lost = route.worker, None, None
         self.story.log(ev.stimulus_id, ("moved", route.instance_id, old,
@@ -739,6 +812,8 @@ class CallOrder:
 
     def _fail(self, call: _Call, error: Any, sid: str, out: list) -> None:
         del self.calls[call.call_id]
+        if self.cancels:
+            self.cancels.pop(call.call_id, None)
         self.story.log(sid, ("failed", call.call_id, repr(error)),
                        (call.call_id, call.instance_id))
         out.append(CallFailed(sid, call.call_id, error))
@@ -832,6 +907,11 @@ class CallOrder:
                 assert route.worker is None, f"route {iid} waits with a worker"
             pending[iid] = len(sent) + len(queued) + len(crashed)
         assert seen == set(self.calls), "calls known but on no route"
+        for cid in self.cancels:  # a cancelled call that has not left never leaves
+            call = self.calls.get(cid)
+            assert call is not None, f"cancel of {cid} kept after it was settled"
+            assert cid in self.routes[call.instance_id].inflight, \
+                f"cancelled call {cid} waits to be sent"
         for iid, n in self.counts.items():
             assert n > 0, f"count of {iid} is {n}"
             assert iid in self.registered, f"{iid} held here but not reported"

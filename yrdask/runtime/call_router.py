@@ -25,17 +25,6 @@ def _cancelled(call_id: str) -> CancelledError:
     return CancelledError(f"Task: {call_id} was cancelled.")
 
 
-def cancel_effect(call_id: str, sent_to: str | None,
-                  recursive: bool = False) -> P.CancelTask | CancelledError:
-    """Ray's cancel of a method call not cancelled yet: not sent yet, the error its refs
-    fail with at once (it is answered unrun when it goes: the cancel follows it on its
-    channel); sent, the ``CANCEL_TASK`` for the worker ``sent_to`` (a call not started
-    never runs; its answer settles it: :func:`cancelled_answer`)."""
-    if sent_to is None:
-        return _cancelled(call_id)
-    return P.CancelTask(call_id, recursive=recursive)
-
-
 def cancelled_answer(call_id: str, error: Any) -> Any:
     """What a cancelled call's answer (``error``: the loaded error, None on success)
     settles it with: the answer itself (as Ray, ``ray.get`` returns once the worker is
@@ -52,6 +41,9 @@ class CallRouterEdge(Protocol):
 
     def send_call(self, ins: C.SendCall) -> None:
         """``CALL_METHOD`` of ``ins.call_id`` to ``ins.worker`` on its call channel."""
+
+    def send_cancel(self, worker: str, msg: P.CancelTask) -> None:
+        """``msg`` to ``worker`` on its call channel (behind the call it cancels)."""
 
     def call_succeeded(self, call_id: str) -> None:
         """Settle the call with the results of its ``TASK_DONE``."""
@@ -122,6 +114,20 @@ class CallRouter:
             self.edge.call_succeeded(call_id)
         else:
             self._do(out)
+
+    def cancel(self, call_id: str, recursive: bool = False) -> None:
+        """Ray's cancel of a method call not cancelled yet.  Not sent yet: it never is; it
+        fails with :func:`_cancelled` at once, unrun (as Ray: an actor call cancelled before
+        it is sent never runs).  Sent: its worker gets ``CANCEL_TASK`` (a call not started
+        never runs) and its answer settles it (:func:`cancelled_answer`); back unrun from a
+        lost or moved host, it fails as cancelled instead of going again."""
+        out = self.order.handle(C.CallCancelled(f"cancel-{call_id}", call_id,
+                                                _cancelled(call_id)))
+        for ins in out:
+            if type(ins) is C.SendCancel:
+                self.edge.send_cancel(ins.worker, P.CancelTask(call_id, recursive=recursive))
+            else:
+                self._do([ins])
 
     def retried(self, call_id: str) -> None:
         """The call's ``CALL_RETRIED``: its method runs it again after an exception."""

@@ -21,7 +21,7 @@ from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defa
 from yrdask import protocol as P
 from yrdask.errors import CallCrashedError
 from yrdask.runtime import call_order as C
-from yrdask.runtime.call_router import CallRouter, cancel_effect, cancelled_answer
+from yrdask.runtime.call_router import CallRouter, cancelled_answer
 from yrdask.runtime.objects import dep_of, failed_dep, failing_entries, pending_owned, when_ready
 
 
@@ -42,8 +42,7 @@ class Call:
     unordered: bool = False  # may pass earlier calls still waiting for their arguments
     concurrency: int = 1  # its instance's (0: unknown): bounds a lost worker's crash charge
     held: Sequence | None = None  # its ref arguments, alive until it is answered (borrowing)
-    sent_to: str | None = None  # the worker it was last sent to
-    cancelled: bool = False  # Ray's cancel of an actor task: settled here, told to the worker
+    cancelled: bool = False  # Ray's cancel of an actor task (CallRouter.cancel)
     events: bool = True  # False: the call leaves no record (P.CallMethod)
 
 
@@ -110,10 +109,10 @@ class InstanceRouter:
 
     def cancel(self, cid: str, recursive: bool = False) -> bool:
         """Ray's ``cancel`` of an actor task; False if ``cid`` is no call waiting for its
-        answer.  Not sent yet: its refs fail with ``CancelledError`` at once (it is answered
-        unrun when it goes).  Sent: the worker is told (a call not started never runs, a
-        running ``async def`` one is cancelled, a sync one runs on), and its answer settles
-        it (as Ray: ``ray.get`` returns once the worker is done): a sync call's is
+        answer.  Not sent yet: it never is, and its refs fail with ``CancelledError`` at
+        once (``CallRouter.cancel``).  Sent: the worker is told (a call not started never
+        runs, a running ``async def`` one is cancelled, a sync one runs on), and its answer
+        settles it (as Ray: ``ray.get`` returns once the worker is done): a sync call's is
         ``CancelledError``; an ``async def`` one's is what the method did with the
         ``asyncio.CancelledError`` (re-raised: ``CancelledError``; caught: its value or
         error)."""
@@ -122,12 +121,7 @@ class InstanceRouter:
             return False
         if not call.cancelled:
             call.cancelled = True
-            what = cancel_effect(cid, call.sent_to, recursive)
-            if type(what) is P.CancelTask:
-                self.rt.channel(call.sent_to).send(what)
-            else:
-                for entry in call.entries:
-                    entry.set_error(what)
+            self.decisions.cancel(cid, recursive)
         return True
 
     def on_result(self, cid: str, results: list | None) -> bool:
@@ -181,9 +175,9 @@ class InstanceRouter:
         chan.send(P.CallMethod.wire(
             call.call_id, ins.instance_id, call.method, call.args, call.deps, call.nret,
             call.events, ins.tries))
-        call.sent_to = ins.worker
-        if call.cancelled:  # cancelled before it left: the worker answers it unrun
-            chan.send(P.CancelTask(call.call_id))
+
+    def send_cancel(self, worker: str, msg: P.CancelTask) -> None:
+        self.rt.channel(worker).send(msg)
 
     def call_succeeded(self, call_id: str) -> None:
         calls = self.calls
