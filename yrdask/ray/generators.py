@@ -6,20 +6,25 @@ ObjectRefs; ``num_returns="dynamic"`` an ObjectRef whose value is a
 
 from __future__ import annotations
 
+import collections
 import logging
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 logger = logging.getLogger("yrdask.ray")
 
 
 class DynamicObjectRefGenerator:
-    """The value of a ``num_returns="dynamic"`` task: iterate it for the ObjectRefs."""
+    """The value of a ``num_returns="dynamic"`` task: iterate it for the ObjectRefs.  As on
+    Ray, iterating hands each ref out once and lets go of it: a value the loop is done with
+    is freed while the loop goes on, and a second loop finds only the refs not taken yet."""
 
-    def __init__(self, refs: list) -> None:
-        self._refs = list(refs)
+    def __init__(self, refs: Iterable) -> None:
+        self._refs = collections.deque(refs)
 
     def __iter__(self) -> Iterator:
-        return iter(self._refs)
+        refs = self._refs
+        while refs:
+            yield refs.popleft()
 
     def __len__(self) -> int:
         return len(self._refs)
