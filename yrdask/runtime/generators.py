@@ -243,9 +243,12 @@ class Stream:
                 self.refs[index] = self.rt.objects.new_ref(oid, entry)
                 if refs:
                     self.rt.objects.contains(oid, refs)
+                if location is not None:  # its lineage: this call (tasks)
+                    self.rt.submitter.item_kept(self.call_id, oid)
                 self._wake()
                 return
-        free_duplicate(self.rt, oid, location)
+        if not self.rt.submitter.rebuilt_item(self.call_id, oid, result):
+            free_duplicate(self.rt, oid, location)
         if early:
             self.rt.objects.release_unreceived(oid)
 
@@ -422,8 +425,11 @@ def on_generator_item(rt: Any, msg: dict) -> None:
         stream.on_item(msg["index"], msg["result"], msg.get("refs"))
         return
     kind, payload = msg["result"]
+    oid = f"{msg['task_id']}.{msg['index']}"
+    if rt.submitter.rebuilt_item(msg["task_id"], oid, msg["result"]):
+        return  # its stream is over, and the item was lost with its worker: a rerun's copy
     if kind == P.LOCATION:  # its stream is over: nobody will read it
-        free_duplicate(rt, f"{msg['task_id']}.{msg['index']}", payload)
+        free_duplicate(rt, oid, payload)
 
 
 # --- the producer side (worker) ---------------------------------------------------------------
