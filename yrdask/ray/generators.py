@@ -30,6 +30,24 @@ class DynamicObjectRefGenerator:
         return len(self._refs)
 
 
+class DynamicReturns:
+    """A generator task called with ``num_returns="dynamic"``: the call streams its items
+    like any generator call (the caller owns them, and runs the task again to rebuild those
+    lost with their worker), and ``invoke`` returns a ref whose value, once the generator
+    ended, is a :class:`DynamicObjectRefGenerator` of them (Ray's)."""
+
+    def __init__(self, proxy: Any) -> None:
+        self._proxy = proxy
+
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        from yrdask.runtime.generators import ref_of_items
+
+        return ref_of_items(self._proxy.invoke(*args, **kwargs), DynamicObjectRefGenerator)
+
+    def options(self, invoke_options: Any) -> "DynamicReturns":
+        return DynamicReturns(self._proxy.options(invoke_options))
+
+
 def generator_returns(gen: Any, n: int,
                       reraise: Callable[[Exception], bool] | None = None) -> Any:
     """The task's ``n`` returns from the values generator ``gen`` yields (Ray's rule for a

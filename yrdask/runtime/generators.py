@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from yrdask import protocol as P
-from yrdask.errors import YRRuntimeError, YRTimeoutError
+from yrdask.errors import YRError, YRInvokeError, YRRuntimeError, YRTimeoutError
 from yrdask.runtime.context import current_lease
 from yrdask.runtime.objects import Entry, ObjectRef
 from yrdask.statemachine import Event, Instruction, Story
@@ -400,6 +400,33 @@ class Stream:
     def story(self) -> str:
         with self.lock:
             return self.state.story()
+
+
+def ref_of_items(gen: Any, wrap: Callable[[list], Any]) -> ObjectRef:
+    """A ref this process owns to ``wrap(refs)``: once the generator call ``gen`` reads
+    (an ``ObjectRefGenerator``) is over, ``refs`` are all its item refs, then the ref that
+    raises its error if the generator raised (Ray's ``num_returns="dynamic"``).  A failure
+    of the call itself (a crash, a failed argument, a cancel) fails the ref instead.  The
+    items stay the stream's: owned here, rebuilt by running the call again if their worker
+    is lost."""
+    stream = gen._stream
+    rt = stream.rt
+    ref = rt.objects.new_ref(rt.new_id())
+    entry, object_id = ref._entry, ref._id
+
+    def over() -> None:  # (loop) after the stream's own end: nothing is left to wait for
+        error = stream.error
+        if isinstance(error, YRError) and not isinstance(error, YRInvokeError):
+            entry.set_error(error)
+            return
+        refs = []
+        while (item := stream.next()) is not None:
+            refs.append(item)
+        rt.settle_value(object_id, entry, wrap(refs))
+        gen.task_id  # noqa: B018 - held until now (its drop abandons the stream's items)
+
+    rt.on_loop(stream.end_ref._entry.add_callback, over)
+    return ref
 
 
 def _resolve(fut: asyncio.Future) -> None:
