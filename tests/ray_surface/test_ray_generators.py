@@ -363,3 +363,20 @@ def test_a_dynamic_generator_lets_go_of_each_ref_it_hands_out(ray_env):
     del ref
     assert not set(ids) & held()
     assert list(inner) == [] and len(inner) == 0  # handed out once, as on Ray
+
+
+@ray.remote(num_returns="dynamic")
+def gated_dynamic(gate):
+    yield "first"
+    ray.get(gate.wait.remote())
+    yield "second"
+
+
+def test_cancelling_a_dynamic_generators_ref_cancels_its_task(ray_env):
+    gate = Gate.remote()
+    ref = gated_dynamic.remote(gate)
+    assert ref.task_id == ref.hex().split(".")[0]  # the ref names its task
+    ray.cancel(ref)
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(ref, timeout=60)
+    ray.get(gate.release.remote(), timeout=60)

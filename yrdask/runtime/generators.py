@@ -408,10 +408,11 @@ def ref_of_items(gen: Any, wrap: Callable[[list], Any]) -> ObjectRef:
     raises its error if the generator raised (Ray's ``num_returns="dynamic"``).  A failure
     of the call itself (a crash, a failed argument, a cancel) fails the ref instead.  The
     items stay the stream's: owned here, rebuilt by running the call again if their worker
-    is lost."""
+    is lost.  The ref's id is the call's (``<call id>.dynamic``), so cancelling it cancels
+    the call, as cancelling a task's result does."""
     stream = gen._stream
     rt = stream.rt
-    ref = rt.objects.new_ref(rt.new_id())
+    ref = rt.objects.new_ref(f"{stream.call_id}.dynamic")
     entry, object_id = ref._entry, ref._id
 
     def over() -> None:  # (loop) after the stream's own end: nothing is left to wait for
