@@ -8,7 +8,8 @@ whose only process is then killed with ``SIGKILL``: its store goes with it (the 
 until the store directory is removed), so the value is really gone.  Reading it then runs the
 task again on the surviving node (Ray's lineage reconstruction), fails with
 ``ObjectLostError`` when the task has no reruns left (Ray's ``max_retries=0``), and always
-fails for a method call's result (Ray does not rebuild actor task outputs either).
+fails for a method call's result (Ray does not rebuild actor task outputs either).  A
+generator task's lost items are rebuilt the same way, by running the generator again.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ MB2 = 2 << 20  # well above the 512 KiB inline limit: the keeper's node store ho
 #: a survivor node and one keeper node per test (tagged ``keeper<n>``, which its work
 #: prefers), all started at once: a worker added later costs a test seconds
 WORKERS = [{"name": "recon-a"}] + [{"name": f"recon-k{n}", "resources": f"keeper{n}=1"}
-                                   for n in (1, 2, 3)]
+                                   for n in (1, 2, 3, 4, 5)]
 
 
 def on_keeper(n: int) -> yr.InvokeOptions:
@@ -147,3 +148,67 @@ def test_a_lost_method_result_raises_object_lost(nodes):
     message = str(err.value)
     assert ref.id in message and "lost with worker" in message, message
     assert "method call results" in message, message
+
+
+def fewer_when_run_again(runs: str):
+    """Three 2 MB items on its first run, two on later ones (each run leaves a file)."""
+    first = not os.listdir(runs)
+    open(os.path.join(runs, f"{os.getpid()}-{uuid.uuid4().hex}"), "w").close()
+    for i in range(3 if first else 2):
+        yield np.full(MB2, i + 1, dtype=np.uint8)
+
+
+def test_lost_generator_items_are_computed_again(nodes, tmp_path):
+    """A generator task's items kept on a node that dies: reading one runs the generator
+    again and settles each lost item with the rerun's item of the same index; an item the
+    rerun did not yield again raises a ``ValueError`` that says so."""
+    yr.init(yr.Config(server_address=nodes.address))
+    keeper = nodes.worker_with("keeper4")
+    gen = yr.invoke(fewer_when_run_again).options(on_keeper(4)).invoke(str(tmp_path))
+    refs = list(gen)  # the stream is over: every item came, none read
+    assert len(refs) == 3
+    first = set(runs_in(tmp_path))
+    assert first <= keeper.pids(), "the first run was not on the keeper"
+    kill_node(keeper)
+
+    for i in (0, 1):
+        got = yr.get(refs[i], T)
+        assert got.nbytes == MB2 and int(got[0]) == i + 1 and int(got[-1]) == i + 1
+    with pytest.raises(ValueError, match="yielded fewer items than the first time") as err:
+        yr.get(refs[2], T)
+    assert refs[2].id in str(err.value)
+    runs = runs_in(tmp_path)
+    assert len(runs) == 2, f"the generator ran {len(runs)} times, expected 2 (once to rebuild)"
+    assert set(runs) - first <= nodes.worker_pids(), "the rerun was not on a surviving node"
+
+
+def three_large(runs: str):
+    """Three 2 MB items, ``i + 1`` each; each run leaves a file."""
+    open(os.path.join(runs, f"{os.getpid()}-{uuid.uuid4().hex}"), "w").close()
+    for i in range(3):
+        yield np.full(MB2, i + 1, dtype=np.uint8)
+
+
+def test_lost_items_of_a_dynamic_generator_are_computed_again(nodes, tmp_path):
+    """Ray's ``num_returns="dynamic"``: the caller owns the items (not the worker that ran
+    the generator), so the items survive that worker's node, and reading them after it died
+    runs the task again."""
+    from yrdask import ray
+    from yrdask.ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray.init(address=nodes.address)
+    try:
+        keeper = nodes.worker_with("keeper5")
+        make = ray.remote(num_returns="dynamic")(three_large).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(f"node-{keeper.name}", soft=True))
+        refs = list(ray.get(make.remote(str(tmp_path)), timeout=T))
+        assert len(refs) == 3
+        assert set(runs_in(tmp_path)) <= keeper.pids(), "the first run was not on the keeper"
+        kill_node(keeper)
+
+        for i, ref in enumerate(refs):
+            got = ray.get(ref, timeout=T)
+            assert got.nbytes == MB2 and int(got[0]) == i + 1
+        assert len(runs_in(tmp_path)) == 2, "the generator did not run once more to rebuild"
+    finally:
+        ray.shutdown()

@@ -336,3 +336,47 @@ def test_wait_takes_generators_ready_when_their_next_item_is(ray_env):
     with pytest.raises(ValueError, match="unique"):
         ray.wait([gen, gen])
     ray.kill(gate)
+
+
+@ray.remote(num_returns="dynamic")
+def three_large():
+    for i in range(3):
+        yield bytes([i]) * (1 << 20)  # kept on the worker: one table entry each here
+
+
+def test_a_dynamic_generator_lets_go_of_each_ref_it_hands_out(ray_env):
+    from yrdask.ray.util.state import list_objects
+
+    def held() -> set:
+        import gc
+
+        gc.collect()
+        return {o.object_id for o in list_objects()}
+
+    inner = ray.get(three_large.remote(), timeout=60)
+    ids = [r.hex() for r in list(inner._refs)]
+    assert set(ids) <= held()
+    for i, ref in enumerate(inner):  # each ref taken goes once the loop moves on
+        assert ray.get(ref, timeout=60)[:1] == bytes([i])
+        assert not set(ids[:i]) & held()
+        assert set(ids[i:]) <= held()
+    del ref
+    assert not set(ids) & held()
+    assert list(inner) == [] and len(inner) == 0  # handed out once, as on Ray
+
+
+@ray.remote(num_returns="dynamic")
+def gated_dynamic(gate):
+    yield "first"
+    ray.get(gate.wait.remote())
+    yield "second"
+
+
+def test_cancelling_a_dynamic_generators_ref_cancels_its_task(ray_env):
+    gate = Gate.remote()
+    ref = gated_dynamic.remote(gate)
+    assert ref.task_id == ref.hex().split(".")[0]  # the ref names its task
+    ray.cancel(ref)
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(ref, timeout=60)
+    ray.get(gate.release.remote(), timeout=60)

@@ -306,8 +306,8 @@ def test_dynamic_generator_that_raised_gives_its_refs_and_an_error_ref(ray_env):
     text = str(info.value)
     assert "Traceback" in text and "two_then_fail" in text and "KeyError: 'third'" in text
     del info
-    # once the driver lets go, the worker that made them frees all three (the error's live
-    # traceback held the generator's frame, and so the refs, in that worker for good)
+    # once the driver, which owns them, lets go, no process keeps any of the three (the
+    # error's live traceback held the generator's frame, and so the refs, for good)
     ids = {r.hex() for r in refs}
     del refs
     gc.collect()

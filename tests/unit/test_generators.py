@@ -201,8 +201,19 @@ def test_drain_async():
 # -- the owner adapter without a cluster: a fake runtime whose loop is the calling thread ----
 
 
+class _Submitter:
+    """The submitter's lineage calls: no call here runs again to rebuild lost items."""
+
+    def item_kept(self, call_id, oid):
+        pass
+
+    def rebuilt_item(self, call_id, oid, result):
+        return False
+
+
 class _Runtime:
-    """Just what :class:`Stream` touches: streams, on_loop, objects, free_remote, cancel."""
+    """Just what :class:`Stream` touches: streams, on_loop, objects, free_remote, cancel,
+    the submitter's lineage."""
 
     def __init__(self) -> None:
         from yrdask.runtime.object_table import ObjectTable
@@ -214,6 +225,7 @@ class _Runtime:
         self.address = "tcp://owner:1"
         self.freed: list = []
         self.cancelled: list = []
+        self.submitter = _Submitter()
 
     def on_loop(self, fn, *args):
         fn(*args)

@@ -330,3 +330,74 @@ def test_the_pipelining_keys_reach_the_submit_queue():
                      ({"yrdask.scheduling.pipeline-refill": 9}, "pipeline-refill=9 is more")):
         with dask.config.set(bad), pytest.raises(YRValueError, match=key):
             Submitter.for_runtime(object())
+
+
+class ItemEdge(Edge):
+    """An :class:`Edge` with an object table of real entries (generator items)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entries: dict = {}
+
+    def entry_of(self, oid):
+        return self.entries.get(oid)
+
+    def keeps_copy(self, oid) -> bool:
+        return False  # the lost worker was on another node
+
+
+def _generator_call(edge: ItemEdge, s: Submitter, worker: str) -> tuple:
+    """A generator call (``nret`` STREAMING) pushed to ``worker``, which sent two items
+    it keeps; returns the call's end entry and its items' entries."""
+    from yrdask.runtime.objects import Entry as RealEntry
+
+    end = RealEntry()
+    t = task("g", end)
+    t.nret, t.ref_ids = P.STREAMING, ["g"]
+    s.submit(t)
+    (_what, rid, _near), = requests(edge)
+    s.lease_answer(rid, "L1", worker)
+    items = []
+    for i in range(2):
+        entry = edge.entries[f"g.{i}"] = RealEntry()
+        entry.set_result(P.LOCATION, worker)
+        s.item_kept("g", f"g.{i}")
+        items.append(entry)
+    return end, items
+
+
+def test_items_lost_while_their_call_runs_are_settled_by_the_next_run():
+    """A generator call still running when its worker is lost: its kept items go back to
+    pending (they are neither failed nor rerun a second time), and the run that follows
+    the loss settles each with its item of the same index."""
+    edge = ItemEdge()
+    s = submitter(edge)
+    end, items = _generator_call(edge, s, "tcp://w:1")
+    assert sorted(s.reconstruct("tcp://w:1")) == ["g.0", "g.1"]
+    assert all(not e.ready for e in items) and set(s.rebuilding["g"]) == {"g.0", "g.1"}
+    s.on_channel_lost("tcp://w:1")  # the call itself runs again, as after any lost worker
+    assert not s.rebuilt_item("g", "g.5", [P.LOCATION, "tcp://w:2"])  # never lost: a duplicate
+    for i in range(2):
+        assert s.rebuilt_item("g", f"g.{i}", [P.LOCATION, "tcp://w:2"])
+        assert items[i].location == "tcp://w:2" and s.lineage[f"g.{i}"].task_id == "g"
+    assert not s.rebuilding
+
+
+def test_a_rerun_that_yields_fewer_items_fails_the_missing_ones():
+    """A finished generator call whose items were lost runs again; an item the rerun did
+    not yield again raises ``ValueError`` naming it once the rerun ended."""
+    edge = ItemEdge()
+    s = submitter(edge)
+    end, items = _generator_call(edge, s, "tcp://w:1")
+    s.on_task_done(P.TaskDone("g", results=[(P.VALUE, b"2")], took=0.1))
+    assert "g" not in s.tasks
+    edge.sent.clear()
+    assert sorted(s.reconstruct("tcp://w:1")) == ["g.0", "g.1"]
+    assert "g" in s.tasks and ("push", "g", "L1", "tcp://w:1") in edge.sent  # run again
+    assert s.rebuilt_item("g", "g.0", [P.LOCATION, "tcp://w:2"])
+    s.on_task_done(P.TaskDone("g", results=[(P.VALUE, b"1")], took=0.1))
+    assert items[0].location == "tcp://w:2"
+    assert items[1].state == P.ERROR and not s.rebuilding
+    error = items[1].exception()
+    assert isinstance(error, ValueError) and "g.1" in str(error)
+    assert "yielded fewer items than the first time" in str(error)

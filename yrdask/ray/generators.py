@@ -6,23 +6,46 @@ ObjectRefs; ``num_returns="dynamic"`` an ObjectRef whose value is a
 
 from __future__ import annotations
 
+import collections
 import logging
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 logger = logging.getLogger("yrdask.ray")
 
 
 class DynamicObjectRefGenerator:
-    """The value of a ``num_returns="dynamic"`` task: iterate it for the ObjectRefs."""
+    """The value of a ``num_returns="dynamic"`` task: iterate it for the ObjectRefs.  As on
+    Ray, iterating hands each ref out once and lets go of it: a value the loop is done with
+    is freed while the loop goes on, and a second loop finds only the refs not taken yet."""
 
-    def __init__(self, refs: list) -> None:
-        self._refs = list(refs)
+    def __init__(self, refs: Iterable) -> None:
+        self._refs = collections.deque(refs)
 
     def __iter__(self) -> Iterator:
-        return iter(self._refs)
+        refs = self._refs
+        while refs:
+            yield refs.popleft()
 
     def __len__(self) -> int:
         return len(self._refs)
+
+
+class DynamicReturns:
+    """A generator task called with ``num_returns="dynamic"``: the call streams its items
+    like any generator call (the caller owns them, and runs the task again to rebuild those
+    lost with their worker), and ``invoke`` returns a ref whose value, once the generator
+    ended, is a :class:`DynamicObjectRefGenerator` of them (Ray's)."""
+
+    def __init__(self, proxy: Any) -> None:
+        self._proxy = proxy
+
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        from yrdask.runtime.generators import ref_of_items
+
+        return ref_of_items(self._proxy.invoke(*args, **kwargs), DynamicObjectRefGenerator)
+
+    def options(self, invoke_options: Any) -> "DynamicReturns":
+        return DynamicReturns(self._proxy.options(invoke_options))
 
 
 def generator_returns(gen: Any, n: int,

@@ -188,7 +188,7 @@ class RemoteFunction:
         ctx["task_name"] = name or getattr(fn, "__name__", "task")  # Ray's get_task_name()
         ctx["function_name"] = (f"{getattr(fn, '__module__', None)}."  # Ray's: no qualname
                                 f"{getattr(fn, '__name__', ctx['task_name'])}")
-        nret, mode = self._returns(ropts.num_returns)
+        nret, mode = self._returns(ropts.num_returns, bool(ropts.max_calls))
         body = TaskBody(self._function, ctx, ropts.retry_exceptions, ropts.max_retries, mode,
                         nret if mode == "collect" else 1)
         proxy = FunctionProxy(body, ropts.invoke, nret)
@@ -202,17 +202,24 @@ class RemoteFunction:
                     "by yrdask.ray (max_calls runs it in processes of its own, which do not "
                     "stream); drop max_calls or use num_returns='dynamic'")
             proxy._max_calls = ropts.max_calls  # its isolated processes end after as many
+        if ropts.num_returns == "dynamic" and mode == "streaming":
+            from yrdask.ray.generators import DynamicReturns
+
+            proxy = DynamicReturns(proxy)  # its items streamed, their refs one value
         self._proxy = (key, proxy, ropts)
         return proxy, ropts
 
-    def _returns(self, num_returns: Any) -> tuple[int, str]:
-        """yr's number of returns and the body's mode for Ray's ``num_returns``."""
+    def _returns(self, num_returns: Any, isolated: bool = False) -> tuple[int, str]:
+        """yr's number of returns and the body's mode for Ray's ``num_returns``.
+        ``"dynamic"`` streams (:class:`DynamicReturns` makes its one ref), except in the
+        isolated processes of ``max_calls``, which do not stream: there the body stores
+        each value and returns their refs."""
         from yrdask.protocol import STREAMING
 
         is_gen = inspect.isgeneratorfunction(self._function)
         if self._options.get("num_returns") is None and is_gen:
             num_returns = "streaming"  # Ray's default for generator functions
-        if num_returns == "streaming":
+        if num_returns == "streaming" or (num_returns == "dynamic" and not isolated):
             return STREAMING, "streaming"
         if num_returns == "dynamic":
             return 1, "dynamic"

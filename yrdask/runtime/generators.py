@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from yrdask import protocol as P
-from yrdask.errors import YRRuntimeError, YRTimeoutError
+from yrdask.errors import YRError, YRInvokeError, YRRuntimeError, YRTimeoutError
 from yrdask.runtime.context import current_lease
 from yrdask.runtime.objects import Entry, ObjectRef
 from yrdask.statemachine import Event, Instruction, Story
@@ -243,9 +243,12 @@ class Stream:
                 self.refs[index] = self.rt.objects.new_ref(oid, entry)
                 if refs:
                     self.rt.objects.contains(oid, refs)
+                if location is not None:  # its lineage: this call (tasks)
+                    self.rt.submitter.item_kept(self.call_id, oid)
                 self._wake()
                 return
-        free_duplicate(self.rt, oid, location)
+        if not self.rt.submitter.rebuilt_item(self.call_id, oid, result):
+            free_duplicate(self.rt, oid, location)
         if early:
             self.rt.objects.release_unreceived(oid)
 
@@ -399,6 +402,34 @@ class Stream:
             return self.state.story()
 
 
+def ref_of_items(gen: Any, wrap: Callable[[list], Any]) -> ObjectRef:
+    """A ref this process owns to ``wrap(refs)``: once the generator call ``gen`` reads
+    (an ``ObjectRefGenerator``) is over, ``refs`` are all its item refs, then the ref that
+    raises its error if the generator raised (Ray's ``num_returns="dynamic"``).  A failure
+    of the call itself (a crash, a failed argument, a cancel) fails the ref instead.  The
+    items stay the stream's: owned here, rebuilt by running the call again if their worker
+    is lost.  The ref's id is the call's (``<call id>.dynamic``), so cancelling it cancels
+    the call, as cancelling a task's result does."""
+    stream = gen._stream
+    rt = stream.rt
+    ref = rt.objects.new_ref(f"{stream.call_id}.dynamic")
+    entry, object_id = ref._entry, ref._id
+
+    def over() -> None:  # (loop) after the stream's own end: nothing is left to wait for
+        error = stream.error
+        if isinstance(error, YRError) and not isinstance(error, YRInvokeError):
+            entry.set_error(error)
+            return
+        refs = []
+        while (item := stream.next()) is not None:
+            refs.append(item)
+        rt.settle_value(object_id, entry, wrap(refs))
+        gen.task_id  # noqa: B018 - held until now (its drop abandons the stream's items)
+
+    rt.on_loop(stream.end_ref._entry.add_callback, over)
+    return ref
+
+
 def _resolve(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -422,8 +453,11 @@ def on_generator_item(rt: Any, msg: dict) -> None:
         stream.on_item(msg["index"], msg["result"], msg.get("refs"))
         return
     kind, payload = msg["result"]
+    oid = f"{msg['task_id']}.{msg['index']}"
+    if rt.submitter.rebuilt_item(msg["task_id"], oid, msg["result"]):
+        return  # its stream is over, and the item was lost with its worker: a rerun's copy
     if kind == P.LOCATION:  # its stream is over: nobody will read it
-        free_duplicate(rt, f"{msg['task_id']}.{msg['index']}", payload)
+        free_duplicate(rt, oid, payload)
 
 
 # --- the producer side (worker) ---------------------------------------------------------------

@@ -182,16 +182,21 @@ class ObjectAccess:
             raise unpicklable(obj, f"{what}: the value", e) from e
         object_id = self.new_id()
         entry = Entry()
-        if type(payload) is Frames:  # large: its one copy goes to the node's shared memory
-            entry.payload = node_store().put(object_id, payload)
-            entry.stored = True
-        else:  # small: the pickle is the snapshot; a get unpickles it (once)
-            entry.payload = payload
+        _keep_payload(object_id, entry, payload)
         entry.settle(P.VALUE)
         ref = self.objects.new_ref(object_id, entry)
         if counted:  # refs nested in the value live as long as it does
             self.objects.contains(object_id, list(counted.items()))
         return ref
+
+    def settle_value(self, object_id: str, entry: Entry, obj: Any) -> None:
+        """(loop) Settle ``entry``, a pending one of ours, with ``obj`` as ``put_value``
+        stores a value (a value computed here after its ref was handed out)."""
+        payload, _refs, counted = pack_counting(dumps_value, obj)
+        _keep_payload(object_id, entry, payload)
+        entry.settle(P.VALUE)
+        if counted:  # refs nested in the value live as long as it does
+            self.objects.contains(object_id, list(counted.items()))
 
     def get(self, refs: Sequence[ObjectRef], timeout: float, allow_partial: bool = False) -> list:
         deadline = None if timeout == -1 else time.monotonic() + timeout
@@ -479,3 +484,13 @@ class ObjectAccess:
                 then()
 
         self.loop.run_in_executor(None, pull)
+
+
+def _keep_payload(object_id: str, entry: Entry, payload: Any) -> None:
+    """A value's pickle kept for its entry: a large one's one copy goes to the node's shared
+    memory, a small one is the snapshot (a get unpickles it, once)."""
+    if type(payload) is Frames:
+        entry.payload = node_store().put(object_id, payload)
+        entry.stored = True
+    else:
+        entry.payload = payload

@@ -301,7 +301,7 @@ class ObjectTable:
     def location_lost(self, worker: str, rebuilt: list) -> None:
         """(loop) ``worker`` is gone with the values it kept.  Ours that no task recomputes
         (``rebuilt``: those that one does) fail with ``ObjectLostError`` (a method call's
-        result: Ray does not rebuild those either); borrowed ones ask their owner again."""
+        result or generator item: Ray does not rebuild those either); borrowed ones ask their owner again."""
         rebuilt = set(rebuilt)
         for oid, entry in list(self.entries.items()):
             if entry.state != P.LOCATION or entry.location != worker or entry.has_value:
@@ -312,8 +312,8 @@ class ObjectTable:
                 if oid not in rebuilt:
                     entry.lose(ObjectLostError(
                         f"object {oid} was lost with worker {worker}, which kept its value: "
-                        "only task results are computed again (not method call results or "
-                        "generator items)"))
+                        "only the results and generator items of tasks are computed again "
+                        "(not method call results)"))
             elif entry.owner != worker:
                 entry.lose(None)  # its owner knows where it is now
 

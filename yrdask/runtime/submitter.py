@@ -37,7 +37,7 @@ import dask
 from yrdask.config import pipeline_settings
 from yrdask import protocol as P
 from yrdask.errors import (CancelledError, DependencyError, ObjectLostError,
-                           ObjectReconstructionFailedError, TaskCrashedError,
+                           ObjectReconstructionFailedError, RemoteError, TaskCrashedError,
                            crashed_by_itself, dependency_error)
 from yrdask.runtime import submit_queue as M
 from yrdask.runtime.objects import Entry, dep_of, failed_dep, pending_owned, when_ready
@@ -164,6 +164,9 @@ class Submitter:
         # lineage: result id -> its Task, for results a worker keeps (LOCATION), while the
         # result lives: a result lost with its worker is computed again (reconstruct)
         self.lineage: dict[str, Task] = {}
+        # generator call id -> {item id: entry} of its items lost with their worker, pending
+        # until a run of the call sends them again (rebuilt_item) or it ends without them
+        self.rebuilding: dict[str, dict[str, Entry]] = {}
         # a cancelled task settles at once, but its worker may still run it and keep its ref
         # arguments: they stay held until its TASK_DONE reports what it kept (or the worker
         # is lost).  pushed: task id -> the worker running it now (tasks with ref arguments)
@@ -412,6 +415,8 @@ class Submitter:
                     continue
                 if self.edge.kept_result(oid, entry, payload):
                     self.lineage[oid] = task
+            if self.rebuilding:
+                self._rebuild_ended(task, None)
         elif kind is M.TaskFailed:
             task = self.tasks.pop(ins.task_id, None)
             if task is None:  # a machine bug: say so, settle nothing twice
@@ -426,10 +431,13 @@ class Submitter:
             error = ins.error
             if isinstance(error, (bytes, bytearray, memoryview)):
                 error = loads(error)
+            entries = task.entries
+            if self.rebuilding:  # generator items it was rebuilding fail with it
+                entries = [*entries, *self._rebuild_ended(task, error)]
             if type(error) is TaskCrashedError:  # say how the process ended, when known
-                self.edge.crashed(error, task.entries)
+                self.edge.crashed(error, entries)
                 return
-            for entry in task.entries:
+            for entry in entries:
                 entry.set_error(error)
         elif kind is M.RequestLease:
             near = ins.near
@@ -470,6 +478,12 @@ class Submitter:
                 continue
             del self.lineage[oid]
             handled.append(oid)
+            if task.nret < 0 and task.task_id in self.tasks:
+                # a generator item of a call still running: the run that follows its
+                # worker's loss (or the one under way) sends it again
+                entry.lose(None)
+                self.rebuilding.setdefault(task.task_id, {})[oid] = entry
+                continue
             if task.cancelled:
                 entry.lose(ObjectReconstructionFailedError(
                     f"object {oid} was lost with worker {worker}, which kept its value, and "
@@ -488,6 +502,8 @@ class Submitter:
                 continue
             entry.lose(None)  # pending again: readers wait for the rerun
             again[task.task_id] = task
+            if task.nret < 0:  # a generator item: the rerun sends it again by index
+                self.rebuilding.setdefault(task.task_id, {})[oid] = entry
         for task in again.values():
             task.rebuilt += 1
             self.tasks[task.task_id] = task
@@ -496,6 +512,48 @@ class Submitter:
                                       task.timeout_ms, slots, affinity, task.retries, None,
                                       task.name, task.max_crashes))
         return handled
+
+    def item_kept(self, call_id: str, oid: str) -> None:
+        """A generator call's item ``oid`` is kept by its worker: while it lives, the call
+        is its lineage (run again if that worker is lost, as for a task's result).  Only
+        task calls pending here have one (a method's items are not computed again)."""
+        task = self.tasks.get(call_id)
+        if task is not None:
+            self.lineage[oid] = task
+
+    def rebuilt_item(self, call_id: str, oid: str, result: list) -> bool:
+        """An item a run of ``call_id`` sent again: if it was lost with its worker, it is
+        settled with ``result`` and True returned; else False (a duplicate)."""
+        items = self.rebuilding.get(call_id)
+        entry = items.pop(oid, None) if items else None
+        if entry is None:
+            return False
+        if not items:
+            del self.rebuilding[call_id]
+        kind, payload = result
+        entry.set_result(kind, payload)
+        if kind == P.LOCATION:
+            self.item_kept(call_id, oid)
+        return True
+
+    def _rebuild_ended(self, task: Task, error: Any) -> list[Entry]:
+        """A run of a generator call ended: its items still being rebuilt were not sent
+        again.  After a success they fail here with a ``ValueError`` (the generator yielded
+        fewer items than the first time; Ray's rule for a re-executed generator); after a
+        failure the caller fails them with the call's error (returned)."""
+        items = self.rebuilding.pop(task.task_id, None)
+        if not items:
+            return []
+        if error is not None:
+            return list(items.values())
+        cause = ValueError(
+            f"the generator {task.name} ({task.task_id}) was run again to rebuild items lost "
+            f"with their worker, and yielded fewer items than the first time: items "
+            f"{', '.join(sorted(items, key=_item_index))} were not yielded again (a generator "
+            "must yield the same items when run again)")
+        for entry in items.values():
+            entry.set_error(RemoteError.from_exception(cause, str(cause)))
+        return []
 
     def _wake_at(self, at: float) -> None:
         """One timer, for the earliest time the machine asked for."""
@@ -511,6 +569,11 @@ class Submitter:
     def _tick(self) -> None:
         self._timer = None
         self._handle(M.Tick("tick", self.edge.now()))
+
+
+def _item_index(oid: str) -> int:
+    """The index of a generator item's id ``<call id>.<index>``."""
+    return int(oid.rpartition(".")[2])
 
 
 def when_entries_ready(entries: list[Entry], then: Any) -> None:
