@@ -365,16 +365,9 @@ def test_a_dynamic_generator_lets_go_of_each_ref_it_hands_out(ray_env):
     assert list(inner) == [] and len(inner) == 0  # handed out once, as on Ray
 
 
-@ray.remote(num_returns="dynamic")
-def gated_dynamic(gate):
-    yield "first"
-    ray.get(gate.wait.remote())
-    yield "second"
-
-
 def test_cancelling_a_dynamic_generators_ref_cancels_its_task(ray_env):
     gate = Gate.remote()
-    ref = gated_dynamic.remote(gate)
+    ref = one_then_gated.options(num_returns="dynamic").remote(gate)
     assert ref.task_id == ref.hex().split(".")[0]  # the ref names its task
     ray.cancel(ref)
     with pytest.raises(ray.exceptions.TaskCancelledError):
