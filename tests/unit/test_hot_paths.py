@@ -491,3 +491,29 @@ def test_other_call_answers_go_the_general_way():
     assert len(tasks) == 1 and tasks[0].task_id == "t1"
     assert rt.router.calls == {} and rt.router.order.calls == {}
     rt.router.order.validate()
+
+
+@pytest.mark.parametrize("late", [None, 2])
+def test_a_gather_waits_only_for_refs_still_pending_when_reached(monkeypatch, late):
+    """``get``'s wait from the back (``ObjectAccess._wait_all``) hands a task's cancel hook
+    the refs still pending when it reaches them, not every ref of the burst: results that
+    came meanwhile cost no shield per ref."""
+    from yrdask.runtime.object_access import ObjectAccess
+    from yrdask.runtime.objects import PENDING, Entry
+
+    entries = [Entry() for _ in range(6)]
+    waited = []
+
+    def hook(wait, timeout):  # the results arrive while the thread waits (but ``late``)
+        waited.append(wait.__self__)
+        for i, entry in enumerate(entries):
+            if entry.state is PENDING and i != late or wait.__self__ is entry:
+                entry.settle(P.VALUE)
+        return wait(timeout)
+
+    monkeypatch.setattr(context, "wait_hook", hook)
+    access = SimpleNamespace(_ensure_fetch=lambda ref: None)
+    ObjectAccess._wait_all(access, [SimpleNamespace(_entry=e) for e in entries], None)
+    expected = [entries[-1]] if late is None else [entries[-1], entries[late]]
+    assert waited == expected
+    assert all(e.state == P.VALUE for e in entries)

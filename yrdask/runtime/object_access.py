@@ -21,7 +21,8 @@ from yrdask.errors import (OwnerDiedError, RemoteError, YRRuntimeError, YRTimeou
                            YRTypeError, YRValueError)
 from yrdask.runtime import context as _rtctx
 from yrdask.runtime.context import current_lease
-from yrdask.runtime.objects import REFS_LOCK, Entry, ObjectRef, pack_counting, unpickling
+from yrdask.runtime.objects import (PENDING, REFS_LOCK, Entry, ObjectRef, pack_counting,
+                                    unpickling)
 from yrdask.runtime.store import node_store
 from yrdask.serialization import Frames, dumps, dumps_value, loads, unpicklable, wire
 
@@ -206,7 +207,7 @@ class ObjectAccess:
         try:
             for at, ref in enumerate(refs):
                 entry = ref._entry
-                if entry.ready:
+                if entry.state is not PENDING:  # ready (the property, inline: once per ref)
                     continue
                 if threading.get_ident() == self.loop_thread:
                     raise YRRuntimeError(
@@ -242,8 +243,11 @@ class ObjectAccess:
         for ref in pending:
             self._ensure_fetch(ref)
         for ref in reversed(pending):
+            entry = ref._entry
+            if entry.state is not PENDING:  # came while it waited for a later one: no wait
+                continue  # (nor the cancel hook's shield, per ref of a burst)
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not block(ref._entry.wait, remaining):
+            if not block(entry.wait, remaining):
                 return  # timed out: the caller's loop says which ref
 
     def _lend(self, lease_id: str | None, blocked: bool) -> bool:
