@@ -89,6 +89,12 @@ class CancelledError(YRRuntimeError):
     """The task was cancelled by ``yr.cancel``; ``yr.get`` raises this."""
 
 
+def call_cancelled(call_id: str) -> CancelledError:
+    """The error a cancelled method call settles with, at its caller or answered by its host
+    (Ray's words, which ``TaskCancelledError`` keeps)."""
+    return CancelledError(f"Task: {call_id} was cancelled.")
+
+
 class SchedulerLostError(YRRuntimeError):
     """The scheduler this driver was connected to went away (stopped, crashed or restarted):
     its pending and later calls fail with this; the message names the scheduler's address and

@@ -474,11 +474,11 @@ def _cancel_not_kept(patch: Patch) -> None:
 
 
 def _cancelled_whatever_answered(patch: Patch) -> None:
-    from yrdask.errors import CancelledError
+    from yrdask.errors import call_cancelled
     from yrdask.runtime import call_router
 
-    patch(call_router, "cancelled_answer",  # the instance world's rule before it ran this
-          lambda call_id, error: CancelledError(f"Task: {call_id} was cancelled."))
+    patch(call_router, "cancelled_answer",  # every cancelled call settles as cancelled
+          lambda call_id, error: call_cancelled(call_id))
 
 
 def _cancel_unsent_still_goes(patch: Patch) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from .harness import MachineHarness
+from .test_call_order import of, sent
 
 from yrdask import protocol as P
 from yrdask.errors import CancelledError, InstanceDiedError, RemoteError
@@ -17,14 +18,6 @@ pytestmark = pytest.mark.timeout(30)
 
 W1, W2 = "tcp://w1:1", "tcp://w2:1"
 GONE = CancelledError("cancelled")
-
-
-def of(out: list, kind: type) -> list:
-    return [i for i in out if type(i) is kind]
-
-
-def sent(out: list) -> list[str]:
-    return [i.call_id for i in of(out, C.SendCall)]
 
 
 @pytest.fixture

@@ -16,13 +16,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from yrdask import protocol as P
-from yrdask.errors import CancelledError, InstanceDiedError, InstanceMovedError, RemoteError
+from yrdask.errors import InstanceDiedError, InstanceMovedError, RemoteError, call_cancelled
 from yrdask.runtime import call_order as C
-
-
-def _cancelled(call_id: str) -> CancelledError:
-    """The error a cancelled method call settles with (Ray's words)."""
-    return CancelledError(f"Task: {call_id} was cancelled.")
 
 
 def cancelled_answer(call_id: str, error: Any) -> Any:
@@ -32,7 +27,7 @@ def cancelled_answer(call_id: str, error: Any) -> Any:
     under it settles it as cancelled."""
     cause = error.to_exception() if isinstance(error, RemoteError) else error
     if isinstance(cause, InstanceDiedError):
-        return _cancelled(call_id)
+        return call_cancelled(call_id)
     return error
 
 
@@ -122,7 +117,7 @@ class CallRouter:
         never runs) and its answer settles it (:func:`cancelled_answer`); back unrun from a
         lost or moved host, it fails as cancelled instead of going again."""
         out = self.order.handle(C.CallCancelled(f"cancel-{call_id}", call_id,
-                                                _cancelled(call_id)))
+                                                call_cancelled(call_id)))
         for ins in out:
             if type(ins) is C.SendCancel:
                 self.edge.send_cancel(ins.worker, P.CancelTask(call_id, recursive=recursive))

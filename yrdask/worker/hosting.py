@@ -39,8 +39,8 @@ from yrdask.runtime.generators import drain, drain_async
 from yrdask.worker import execution as _execution
 from yrdask.worker.instance_side import HostedCalls, call_children
 from yrdask.worker.threads import LIMITS as THREAD_LIMITS, instance_cpus
-from yrdask.errors import (CancelledError, InstanceDiedError, InstanceMovedError, RemoteError,
-                           user_traceback)
+from yrdask.errors import (InstanceDiedError, InstanceMovedError, RemoteError,
+                           call_cancelled, user_traceback)
 from yrdask.serialization import dumps, loads, unpack_args
 
 logger = logging.getLogger("yrdask.worker")
@@ -474,7 +474,7 @@ class HostedInstance(HostedCalls):
         self._answer(P.TaskDone(call_id, error=self.init_error))
 
     def _answer_cancelled(self, call_id: str) -> None:
-        self._answer_error(call_id, CancelledError(f"Task: {call_id} was cancelled."))
+        self._answer_error(call_id, call_cancelled(call_id))
 
     def running_call_cancelled(self) -> bool:
         """Whether the sync method call the current thread runs has been cancelled."""
