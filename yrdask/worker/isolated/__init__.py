@@ -12,7 +12,7 @@ How (``docs/isolation.md``):
 
 * Each worker keeps one :class:`Zygote` (``python -m yrdask.worker.isolated``, started on
   first use): a warm interpreter with Dask and yrdask imported that ``fork()``s every child
-  and sets its environment and directory.  A child runs a small Dask ``Server`` on its
+  and sets its environment and directory.  A child serves on a Dask comm endpoint on its
   worker's host (Dask's comms, no networking of its own) and hosts the instance with the
   same :class:`~yrdask.worker.hosting.HostedInstance` code (:class:`~yrdask.protocol.StartIsolated`),
   or runs tasks (:class:`~yrdask.protocol.RunIsolated`, :class:`ProcessPool`).

@@ -1,4 +1,4 @@
-"""The isolated process itself (forked by the :mod:`.zygote`): a small Dask ``Server``
+"""The isolated process itself (forked by the :mod:`.zygote`): a Dask comm endpoint
 (:func:`child_main`) whose handlers (:class:`IsolatedHost`) build one instance with the same
 ``HostedInstance`` code as a worker, or run stateless tasks; its first nested call (or ref)
 starts a runtime of its own (:class:`LazyRuntime`), which lends its holding's CPU while it
@@ -189,7 +189,7 @@ class IsolatedHost:
         self.recorder: Any = None
         self.functions: dict[str, Any] = {}
         self._built: asyncio.Future | None = None
-        self.server: Any = None  # its Dask Server (child_main)
+        self.server: Any = None  # its endpoint (child_main; endpoint.Endpoint)
         self.outbox = _Outbox(self.loop)  # its threads' replies to its callers
         self.assigned = False  # a request was handed to it: no longer a spare
 
@@ -666,19 +666,17 @@ async def child_main(announce: Any, listen: dict) -> None:
     ``announce`` the address, and serve: as a spare until the agent hands this process its
     request (:meth:`IsolatedHost.assign_isolated`), then its instance or tasks, until the
     agent lets go (the supervision channel closes) or the process is killed."""
-    from distributed.core import Server
-
     from yrdask.runtime.context import install
     from yrdask.serialization import register_with_dask
+    from yrdask.worker.isolated.endpoint import Endpoint
 
     register_with_dask()
     runtime = LazyRuntime(asyncio.get_running_loop(), {})
     install(runtime)
     host = IsolatedHost(runtime)  # its worker is known once a request is handed to it
     runtime.agent.host = host
-    # no scratch directory: nothing here writes one, and a killed child would leave it behind
-    # for the next one to purge (a lock and a directory per process: ~10 ms of a creation)
-    server = host.server = Server(P.handlers(P.ISOLATED_RPC, host), needs_workdir=False)
+    # Dask's comms without a Server: no system monitor, no periodic wake-ups (endpoint.py)
+    server = host.server = Endpoint(P.handlers(P.ISOLATED_RPC, host))
     address, listen_args = endpoint(listen)
     await server.listen(address, **listen_args)
     announce(server.address)

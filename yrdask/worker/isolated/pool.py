@@ -99,7 +99,7 @@ class ProcessPool:
             fut.cancel()
             self._drop(child)
             raise
-        # ``[done, owner]``; a dict: the child's Server reports a failure of its own
+        # ``[done, owner]``; a dict: the child's endpoint reports a failure of its own
         reply, owner = (answer, False) if isinstance(answer, dict) else answer
         child.owner = child.owner or bool(owner)
         child.calls += 1

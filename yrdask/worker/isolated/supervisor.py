@@ -76,7 +76,7 @@ class IsolatedInstance:
             threading.Thread(target=self._watch, args=(proc, gen), daemon=True,
                              name=f"yr-isolated-watch-{self.instance_id}").start()
             reply = await asyncio.wait_for(comm.read(), START_TIMEOUT_S)
-            if isinstance(reply, dict):  # the child's Server reports its own failure
+            if isinstance(reply, dict):  # the child's endpoint reports its own failure
                 raise RuntimeError(f"the isolated process could not build the instance: "
                                    f"{reply.get('text') or reply!r}")
             self.init_error = reply

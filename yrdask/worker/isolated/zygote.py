@@ -2,7 +2,7 @@
 
 Agent side (:class:`Zygote`, :class:`ForkedProcess`, :func:`start_child`) and the zygote's
 own loop (:func:`zygote_main`, run by ``python -m yrdask.worker.isolated``).  A forked child
-listens (its loop and Dask ``Server`` up) and says so; the agent connects to it at once, and
+listens (its loop and comm endpoint up) and says so; the agent connects to it at once, and
 it waits as a *spare*: the zygote keeps ``yrdask.instances.spare-processes`` of them ahead.
 A start takes the oldest spare and hands it its request on that connection
 (:class:`~yrdask.protocol.AssignIsolated`: its environment, directory and worker) with its
@@ -132,7 +132,7 @@ async def start_child(isolation: dict, info: dict, connection_args: dict,
             raise RuntimeError(f"the isolated process did not start: "
                                f"{describe_exit_of(spare.proc.pid, code)} before it took "
                                "its request") from None
-        if isinstance(ack, dict):  # the child's Server reports its own failure
+        if isinstance(ack, dict):  # the child's endpoint reports its own failure
             comm.abort()
             kill_child(spare.proc)
             raise RuntimeError(f"the isolated process did not start: "
@@ -489,6 +489,7 @@ def zygote_main(spares: int = 1, listen: dict | None = None) -> None:
     import yrdask.worker.dask_panels  # noqa: F401 - a child whose worker records (~0.5 ms)
     import yrdask.worker.hosting  # noqa: F401
     import yrdask.worker.isolated.child  # noqa: F401
+    import yrdask.worker.isolated.endpoint  # noqa: F401
     import yrdask.worker.output  # noqa: F401
     from yrdask.runtime import runtime, transport  # noqa: F401 - a nested call's runtime
 
