@@ -128,31 +128,51 @@ class Recorder:
 
 class ChildRecorder:
     """A process instance's own recorder: its calls for its worker's :class:`Recorder`,
-    sent on the supervision channel every :data:`FLUSH_MS` when something changed (no
-    Profile: Dask's profiler samples the worker's threads, not this process's)."""
+    sent on the supervision channel :data:`FLUSH_MS` after something changed (no Profile:
+    Dask's profiler samples the worker's threads, not this process's).
 
-    def __init__(self, send: Any, load: Any) -> None:
+    A flush is armed by a change (a call began or ended), not ticked: an idle process
+    instance then never wakes up for its panels (a 250 ms tick cost each idle process about
+    1 ms of CPU a second).  ``arm()`` schedules one :meth:`flush` (any thread)."""
+
+    def __init__(self, send: Any, load: Any, arm: Any) -> None:
         self.send = send  # CallRecords -> the agent (False while there is no channel)
         self.load = load  # () -> (the instance's calls not answered yet, answered so far)
+        self.arm = arm
+        self.armed = False  # a flush is scheduled
         self.running: dict[int, str] = {}
         self.records: list[tuple] = []
         self._sent: tuple = ({}, 0, 0)
 
+    def changed(self) -> None:
+        """Something the panels show changed: a flush within :data:`FLUSH_MS` (any thread)."""
+        # after the change: a flush that runs now clears ``armed`` before it looks
+        if not self.armed:
+            self.armed = True
+            self.arm()
+
     def begin(self, name: str, call_id: str) -> float:
         self.running[_get_ident()] = name
+        if not self.armed:
+            self.changed()
         return _time()
 
     def drop(self) -> None:
         self.running.pop(threading.get_ident(), None)
+        self.changed()
 
     def end(self, name: str, call_id: str, start: float, ok: bool) -> None:
         stop = _time()
         ident = _get_ident()
         self.running.pop(ident, None)
         self.records.append((name, call_id, start, stop, ident, ok))
+        if not self.armed:
+            self.changed()
 
     def flush(self) -> None:
-        """Periodic (the process's loop): ship what ended and the running counts."""
+        """Ship what ended and the running counts (the process's loop), if they changed;
+        while there is no channel to the agent yet, try again later."""
+        self.armed = False  # before looking: a change from now on arms the next flush
         running = dict(Counter(self.running.values()))
         pending, done = self.load()
         n = len(self.records)
@@ -162,6 +182,8 @@ class ChildRecorder:
         if self.send(P.CallRecords(records, running, pending, done).to_msg()):
             del self.records[:n]
             self._sent = (running, pending, done)
+        else:
+            self.changed()
 
 
 def store_bytes(ids: Any, objects: str, spill: str) -> tuple[int, int]:

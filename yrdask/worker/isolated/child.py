@@ -214,15 +214,15 @@ class IsolatedHost:
         info = self.runtime.learn(request)
         self.worker = info.get("worker") or ""
         if info.get("panels"):  # its worker records its work for Dask's panels: so does this
-            from tornado.ioloop import PeriodicCallback
-
             from yrdask.worker.dask_panels import FLUSH_MS, ChildRecorder
 
+            loop = self.loop
             self.recorder = ChildRecorder(
                 self.send_records,
                 lambda: (0, 0) if self.instance is None else (self.instance.calls_pending,
-                                                              self.instance.calls_done))
-            PeriodicCallback(self.recorder.flush, FLUSH_MS).start()
+                                                              self.instance.calls_done),
+                lambda: loop.call_soon_threadsafe(loop.call_later, FLUSH_MS / 1000,
+                                                  self.recorder.flush))
         from yrdask.worker import output
 
         node = self.runtime.agent.node_id = info.get("node") or ""
@@ -468,6 +468,9 @@ class IsolatedHost:
                     op = msg.get("op")
                     if op == P.CALL_METHOD:
                         side.call_method(peer, msg)
+                        rec = self.recorder  # a call waits: the panels' count of them
+                        if rec is not None and not rec.armed:
+                            rec.changed()
                     elif op == P.CANCEL_TASK:
                         self.cancel(msg)
         except (CommClosedError, OSError):

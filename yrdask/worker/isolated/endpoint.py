@@ -21,8 +21,13 @@ logger = logging.getLogger("yrdask.worker")
 
 def _takes_comm(handler: Callable[..., Any]) -> bool:
     """Is ``handler``'s first parameter the comm (Dask's rule for its handlers)?"""
-    params = list(inspect.signature(handler).parameters)
-    return bool(params) and params[0] == "comm"
+    func = getattr(handler, "__func__", handler)
+    code = getattr(func, "__code__", None)
+    if code is None:  # not a plain function or method
+        params = list(inspect.signature(handler).parameters)
+        return bool(params) and params[0] == "comm"
+    names = code.co_varnames[1 if func is not handler else 0:code.co_argcount]
+    return bool(names) and names[0] == "comm"
 
 
 class Endpoint:
@@ -36,27 +41,21 @@ class Endpoint:
         self.handlers = dict(handlers)
         self._with_comm = {op: _takes_comm(h) for op, h in self.handlers.items()}
         self.listener: Any = None
-        self._rpc: Any = None
+        self.rpc: Any = None  # Dask's connection pool, once it listens
 
     async def listen(self, address: str, **listen_args: Any) -> None:
         from distributed.comm import listen
+        from distributed.core import ConnectionPool
 
+        # this process's own requests (its prints to their driver), as a Server's ``rpc``
+        self.rpc = ConnectionPool()
+        await self.rpc.start()
         self.listener = listen(address, self._serve, allow_offload=True, **listen_args)
         await self.listener.start()
 
     @property
     def address(self) -> str:
         return self.listener.contact_address
-
-    @property
-    def rpc(self) -> Any:
-        """Dask's connection pool for this process's own requests (its prints to their
-        driver), made on first use: most processes never send one."""
-        if self._rpc is None:
-            from distributed.core import ConnectionPool
-
-            self._rpc = ConnectionPool()
-        return self._rpc
 
     async def _serve(self, comm: Any) -> None:
         """One connection: its requests, one at a time, until it closes."""
@@ -105,10 +104,3 @@ class Endpoint:
         finally:
             if not comm.closed():
                 comm.abort()
-
-    async def close(self) -> None:
-        """Stop listening, and close the pool of its own requests."""
-        if self.listener is not None:
-            self.listener.stop()
-        if self._rpc is not None:
-            await self._rpc.close()
