@@ -78,7 +78,7 @@ class IsolatedInstance:
             reply = await asyncio.wait_for(comm.read(), START_TIMEOUT_S)
             if isinstance(reply, dict):  # the child's endpoint reports its own failure
                 raise RuntimeError(f"the isolated process could not build the instance: "
-                                   f"{reply.get('text') or reply!r}")
+                                   f"{reply.get('exception_text') or reply!r}")
             self.init_error = reply
             await comm.write(P.OpenChannel(self.agent.worker.address).to_msg())
         except BaseException as e:  # noqa: BLE001 - every call reports it

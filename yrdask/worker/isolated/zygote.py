@@ -136,7 +136,7 @@ async def start_child(isolation: dict, info: dict, connection_args: dict,
             comm.abort()
             kill_child(spare.proc)
             raise RuntimeError(f"the isolated process did not start: "
-                               f"{ack.get('text') or ack!r}")
+                               f"{ack.get('exception_text') or ack!r}")
         return spare.proc, spare.address, comm
     raise AssertionError("unreachable")  # pragma: no cover
 
