@@ -12,6 +12,7 @@ instance's callers and its agent never uses.
 """
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from typing import Any, Callable, Mapping
@@ -42,6 +43,7 @@ class Endpoint:
         self._with_comm = {op: _takes_comm(h) for op, h in self.handlers.items()}
         self.listener: Any = None
         self.rpc: Any = None  # Dask's connection pool, once it listens
+        self._serving: set = set()  # a task per open connection
 
     async def listen(self, address: str, **listen_args: Any) -> None:
         from distributed.comm import listen
@@ -50,12 +52,19 @@ class Endpoint:
         # this process's own requests (its prints to their driver), as a Server's ``rpc``
         self.rpc = ConnectionPool()
         await self.rpc.start()
-        self.listener = listen(address, self._serve, allow_offload=True, **listen_args)
+        self.listener = listen(address, self._accept, allow_offload=True, **listen_args)
         await self.listener.start()
 
     @property
     def address(self) -> str:
         return self.listener.contact_address
+
+    async def _accept(self, comm: Any) -> None:
+        """A new connection (after Dask's handshake): served by a task of its own, so its
+        messages wake that task alone, not the listener's too."""
+        task = asyncio.ensure_future(self._serve(comm))
+        self._serving.add(task)  # (the loop keeps only a weak reference to a task)
+        task.add_done_callback(self._serving.discard)
 
     async def _serve(self, comm: Any) -> None:
         """One connection: its requests, one at a time, until it closes."""

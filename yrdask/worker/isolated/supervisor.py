@@ -8,17 +8,17 @@ locates the instance again and delivers its calls again by its own ``CallOrder``
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import subprocess
-import threading
 from typing import Any
 
 from yrdask import protocol as P
 from yrdask.errors import InstanceMovedError, RemoteError
 from yrdask.serialization import Frames, dumps
 from yrdask.worker.isolated import START_TIMEOUT_S
-from yrdask.worker.isolated.zygote import (child_info, describe_exit_of, kill_child,
-                                            start_child)
+from yrdask.worker.isolated.zygote import (ForkedProcess, child_info, describe_exit_of,
+                                            kill_child, start_child)
 
 logger = logging.getLogger("yrdask.worker")
 
@@ -33,7 +33,7 @@ class IsolatedInstance:
         self.instance_id: str = spec["instance_id"]
         self.cls_name: str = spec["cls_name"]
         self.incarnation = int(spec.get("incarnation") or 0)  # the restart it runs
-        self.proc: subprocess.Popen | None = None
+        self.proc: ForkedProcess | None = None
         self.address: str | None = None  # where its current process serves
         self.init_error: bytes | None = None
         self.stopped: str | None = None
@@ -73,8 +73,7 @@ class IsolatedInstance:
                 kill_child(proc)
                 return
             self.proc, self.address, self.dead = proc, address, False
-            threading.Thread(target=self._watch, args=(proc, gen), daemon=True,
-                             name=f"yr-isolated-watch-{self.instance_id}").start()
+            proc.when_exited(functools.partial(self._exit_seen, proc, gen))
             reply = await asyncio.wait_for(comm.read(), START_TIMEOUT_S)
             if isinstance(reply, dict):  # the child's endpoint reports its own failure
                 raise RuntimeError(f"the isolated process could not build the instance: "
@@ -151,14 +150,14 @@ class IsolatedInstance:
         """Its calls are never here (their callers cancel them at its process)."""
         return False
 
-    def _watch(self, proc: subprocess.Popen, gen: int) -> None:
-        code = proc.wait()
+    def _exit_seen(self, proc: ForkedProcess, gen: int, code: int) -> None:
+        """Its process exited (told in the zygote reader's thread): to the loop."""
         try:
             self.agent.loop.call_soon_threadsafe(self._died, proc, code, gen)
         except RuntimeError:  # the loop is closed: the worker is gone
             pass
 
-    def _died(self, proc: subprocess.Popen, code: int, gen: int) -> None:
+    def _died(self, proc: ForkedProcess, code: int, gen: int) -> None:
         """The process died (loop thread): the scheduler decides whether it restarts (one
         budget per instance: a ``START_INSTANCE`` back here, :meth:`restart`, or a stop).
         Its callers lost their channels and locate it again."""

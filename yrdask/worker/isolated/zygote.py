@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from yrdask import protocol as P
 from yrdask.errors import YRValueError, describe_exit
@@ -143,7 +143,8 @@ async def start_child(isolation: dict, info: dict, connection_args: dict,
 
 class ForkedProcess:
     """A child forked by the zygote, seen from the agent: ``pid``, ``kill()``, ``wait()``
-    like ``subprocess.Popen`` (the zygote, its parent, reports its exit status)."""
+    like ``subprocess.Popen`` (the zygote, its parent, reports its exit status), and
+    :meth:`when_exited` (no thread has to wait on it)."""
 
     stdin = None
 
@@ -151,6 +152,8 @@ class ForkedProcess:
         self.pid = pid
         self.returncode: int | None = None
         self._ended = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[int], None]] = []
 
     def kill(self) -> None:
         if self.returncode is None:
@@ -164,9 +167,22 @@ class ForkedProcess:
             raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
         return self.returncode  # type: ignore[return-value]
 
+    def when_exited(self, fn: Callable[[int], None]) -> None:
+        """Call ``fn(exit code)`` once the process has exited: in the thread that reads the
+        zygote's reports, or now if it has exited already."""
+        with self._lock:
+            if self.returncode is None:
+                self._callbacks.append(fn)
+                return
+        fn(self.returncode)
+
     def _exited(self, code: int) -> None:
-        self.returncode = code
+        with self._lock:
+            self.returncode = code
+            callbacks, self._callbacks = self._callbacks, []
         self._ended.set()
+        for fn in callbacks:
+            fn(code)
 
 
 class _Spare:
