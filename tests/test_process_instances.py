@@ -116,6 +116,24 @@ def test_an_idle_process_instance_does_not_wake_up(cluster):
     h.terminate()
 
 
+def test_process_instances_cost_their_worker_no_thread_each(cluster):
+    """The worker agent learns each process's exit from its zygote's reports: supervising
+    more process instances starts no thread per instance in the worker's process."""
+    import psutil
+
+    cluster(kind="embedded", num_cpus=1)
+    first = Member.options(small()).invoke(0)
+    pid = yr.get(first.seen.invoke(), T)[2]
+    worker = psutil.Process(pid).parent().parent()  # the child's zygote's parent
+    before = worker.num_threads()
+    more = [Member.options(small()).invoke(i) for i in range(1, 9)]
+    seen = yr.get([h.seen.invoke() for h in more], T)
+    assert {psutil.Process(p).parent().parent().pid for _e, _m, p in seen} == {worker.pid}
+    assert worker.num_threads() - before < 4  # 8 more instances; no thread each
+    for h in [first, *more]:
+        h.terminate()
+
+
 def test_a_crash_restarts_that_process_instance_alone(cluster):
     """os._exit in one instance (a process, by default): it restarts per
     recover_retry_times (a fresh __init__); its process neighbour and the light instance on
