@@ -309,6 +309,40 @@ def test_kill_instance_runs_the_isolated_shutdown_hook_then_kills(cluster, tmp_p
     sibling.terminate()
 
 
+def inbound_peers() -> list:
+    """Who is connected to this process's endpoint now (its agent and its callers)."""
+    conns = psutil.Process().net_connections(kind="tcp")
+    ports = {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
+    return sorted(f"{c.raddr.ip}:{c.raddr.port}" for c in conns
+                  if c.status == psutil.CONN_ESTABLISHED and c.laddr.port in ports)
+
+
+@yr.instance
+class Connections:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def inbound(self) -> list:
+        return inbound_peers()
+
+    def __yr_shutdown__(self, grace: int) -> None:
+        with open(self.path, "w") as f:
+            f.write("\n".join(inbound_peers()))
+
+
+def test_the_stop_travels_on_the_supervision_channel(cluster, tmp_path):
+    """A terminate reaches the process on the channel its agent holds: while its shutdown
+    hook runs, nobody new is connected to it (the agent opens no connection per stop)."""
+    cluster(kind="embedded", num_cpus=1)
+    path = tmp_path / "peers"
+    h = Connections.options(small()).invoke(str(path))
+    before = yr.get(h.inbound.invoke(), timeout=60)
+    assert len(before) >= 2  # its agent's supervision channel and this driver's calls
+    yr.kill_instance(h.instance_id)  # synchronous: the hook has run
+    during = path.read_text().split("\n")
+    assert set(during) <= set(before), f"new peers while it stopped: {set(during) - set(before)}"
+
+
 @yr.instance
 class DiesInFirstRestart:
     """Its first restart dies in ``__init__`` (a count in a file): the start after it works."""
