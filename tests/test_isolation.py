@@ -7,8 +7,11 @@ every other) and the cli one.  Pids come from the code running in the processes.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
+import threading
+import time
 
 import psutil
 import pytest
@@ -307,6 +310,80 @@ def test_kill_instance_runs_the_isolated_shutdown_hook_then_kills(cluster, tmp_p
     wait_until(lambda: gone(pid), 30, "the stopped instance's process to end")
     assert yr.get(sibling.incr.invoke(), timeout=60) == 1 and not gone(other["pid"])
     sibling.terminate()
+
+
+def inbound_peers() -> list:
+    """Who is connected to this process's endpoint now (its agent and its callers)."""
+    conns = psutil.Process().net_connections(kind="tcp")
+    ports = {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
+    return sorted(f"{c.raddr.ip}:{c.raddr.port}" for c in conns
+                  if c.status == psutil.CONN_ESTABLISHED and c.laddr.port in ports)
+
+
+@yr.instance
+class Connections:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def inbound(self) -> list:
+        return inbound_peers()
+
+    def __yr_shutdown__(self, grace: int) -> None:
+        with open(self.path, "w") as f:
+            f.write("\n".join(inbound_peers()))
+
+
+def test_the_stop_travels_on_the_supervision_channel(cluster, tmp_path):
+    """A terminate reaches the process on the channel its agent holds: while its shutdown
+    hook runs, nobody new is connected to it (the agent opens no connection per stop)."""
+    cluster(kind="embedded", num_cpus=1)
+    path = tmp_path / "peers"
+    h = Connections.options(small()).invoke(str(path))
+    before = yr.get(h.inbound.invoke(), timeout=60)
+    assert len(before) >= 2  # its agent's supervision channel and this driver's calls
+    yr.kill_instance(h.instance_id)  # synchronous: the hook has run
+    during = path.read_text().split("\n")
+    assert set(during) <= set(before), f"new peers while it stopped: {set(during) - set(before)}"
+
+
+def await_file(path: str) -> None:
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@yr.instance
+class StoppedInInit:
+    """Its atexit handler still runs when its ``__init__`` returns, and ends well after."""
+
+    def __init__(self, path: str) -> None:
+        def at_exit() -> None:
+            open(f"{path}.atexit", "w").close()
+            await_file(f"{path}.returned")
+            time.sleep(0.5)  # long after its agent heard that __init__ returned
+            open(f"{path}.atexit-done", "w").close()
+
+        atexit.register(at_exit)
+        open(f"{path}.started", "w").close()
+        await_file(f"{path}.release")
+        open(f"{path}.returned", "w").close()
+
+
+def test_a_stop_while_init_runs_lets_the_atexit_handlers_finish(cluster, tmp_path):
+    """A terminate while ``__init__`` runs reaches the process at once, and its atexit
+    handlers finish even when ``__init__`` returns meanwhile: the process does not exit
+    before the stop is answered."""
+    cluster(kind="embedded", num_cpus=1)
+    path = str(tmp_path / "s")
+    h = StoppedInInit.options(small()).invoke(path)
+    wait_until(lambda: os.path.exists(f"{path}.started"), 60, "__init__ to start")
+    kill = threading.Thread(target=yr.kill_instance, args=(h.instance_id,))
+    kill.start()
+    wait_until(lambda: os.path.exists(f"{path}.atexit"), 30, "the stop to run atexit")
+    open(f"{path}.release", "w").close()
+    kill.join(60)
+    assert not kill.is_alive()
+    assert os.path.exists(f"{path}.atexit-done"), "the process exited during its atexit"
 
 
 @yr.instance

@@ -86,6 +86,8 @@ SAMPLES: list[P.Message] = [
     P.CheckpointIsolated(),
     P.KeptObjects(),
     P.ResultsKept(("c-1", "c-2.0")),
+    P.AgentRequest(3, {"op": P.DRAIN_INSTANCE, "instance_id": "i-1", "timeout_s": 5.0}),
+    P.AgentReply(3, b"\x80ck"),
     P.CallRecords((("Tally.add", "c-1", 1.0, 1.5, 140, True),), {"Tally.add": 1}, 2, 7),
     P.AdoptObjects("tcp://w:2", ("o-1",)),
     P.ObjectsMoved("tcp://w:2", "tcp://w:3", ("o-1",)),
@@ -174,9 +176,10 @@ def test_channel_groups_are_derived_from_the_table():
     assert set(P.CHANNEL_TO_WORKER) == {P.RUN_TASK, P.CANCEL_TASK, P.CALL_METHOD}
     assert set(P.ISOLATED_RPC) == {P.OPEN_CHANNEL, P.ASSIGN_ISOLATED, P.START_ISOLATED,
                                     P.STOP_ISOLATED,
-                                    P.RUN_ISOLATED, P.CHECKPOINT_ISOLATED, P.DRAIN_INSTANCE,
-                                    P.INSTANCE_MOVED}
-    assert set(P.ISOLATED_TO_AGENT) == {P.CALL_RECORDS, P.RESULTS_KEPT}
+                                    P.RUN_ISOLATED, P.CHECKPOINT_ISOLATED}
+    assert set(P.ISOLATED_TO_AGENT) == {P.CALL_RECORDS, P.RESULTS_KEPT, P.AGENT_REPLY}
+    assert set(P.SUPERVISION) == {P.AGENT_REQUEST, P.STOP_ISOLATED, P.DRAIN_INSTANCE,
+                                  P.INSTANCE_MOVED}
     assert P.CHANNEL_TO_CALLER == (P.TASK_DONE, P.GENERATOR_ITEM, P.CALL_RETRIED)
     for group in (P.SCHEDULER_RPC, P.SCHEDULER_STREAM, P.WORKER_RPC, P.WORKER_STREAM):
         assert all(op in P.MESSAGES for op in group)

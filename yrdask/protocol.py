@@ -26,6 +26,10 @@ Channels
                       results come back on the same comm, no scheduler involved.
 ``owner rpc``         request/response to the process that owns an object (a worker, or the
                       driver's small owner server).
+``supervision``       the comm a worker agent builds its isolated process's instance on, once
+                      built (:class:`OpenChannel` with the worker's address): a call channel
+                      that also carries the agent's requests (:class:`AgentRequest`, answered
+                      by :class:`AgentReply`) and the process's reports to its agent.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ ON_CHANNEL_TO_WORKER = "call channel -> worker (or a process instance)"
 ON_CHANNEL_TO_CALLER = "call channel -> caller"
 ON_ISOLATED_RPC = "worker agent (or caller) -> isolated process rpc"
 ON_ISOLATED_TO_AGENT = "isolated process -> its worker agent (supervision channel)"
+ON_SUPERVISION = "worker agent -> its isolated process (supervision channel)"
 
 
 # --- reply types --------------------------------------------------------------------------
@@ -1131,12 +1136,13 @@ STOP_ISOLATED = "yr_stop_isolated"
 
 @_message
 class StopIsolated(Message):
-    """worker agent -> its isolated instance's process (rpc): the instance ends with
-    ``reason``; its ``__yr_shutdown__(grace)`` runs (bounded by ``grace_s``) before the reply
-    (``None``).  The agent then kills the process."""
+    """worker agent -> its isolated instance's process, in an :class:`AgentRequest` (rpc
+    only while the instance's ``__init__`` runs: no supervision channel yet): the instance
+    ends with ``reason``; its ``__yr_shutdown__(grace)`` runs (bounded by ``grace_s``), then
+    its atexit handlers, before the reply (``None``).  The agent then kills the process."""
 
     op: ClassVar[str] = STOP_ISOLATED
-    channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_RPC,)
+    channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_RPC, ON_SUPERVISION)
     reason: str
 
 
@@ -1149,10 +1155,11 @@ class DrainInstance(Message):
     calls (kept unrun), let the running ones finish, then pickle its current state.  Reply:
     the checkpoint (``bytes``), or ``None`` if it cannot be taken within ``timeout_s`` (the
     instance is not hosted here, its ``__init__`` failed, a call still runs, or its state
-    does not pickle); the calls are held until :class:`InstanceMoved` either way."""
+    does not pickle); the calls are held until :class:`InstanceMoved` either way.  The
+    worker passes it on to a process instance's process in an :class:`AgentRequest`."""
 
     op: ClassVar[str] = DRAIN_INSTANCE
-    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_ISOLATED_RPC)
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_SUPERVISION)
     reply_type: ClassVar[Any] = bytes | None
     instance_id: str
     timeout_s: float = 30.0
@@ -1167,10 +1174,11 @@ class InstanceMoved(Message):
     now runs there; it ends here, and its held calls and any that still come are answered
     with ``InstanceMovedError`` (unrun: the caller sends them again to ``to``).  ``to``
     empty: the move was given up; the held calls go to the instance here, in order.  Reply:
-    ``None``."""
+    ``None``.  The worker passes it on to a process instance's process in an
+    :class:`AgentRequest`."""
 
     op: ClassVar[str] = INSTANCE_MOVED
-    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_ISOLATED_RPC)
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_RPC, ON_SUPERVISION)
     instance_id: str
     to: str = ""
 
@@ -1219,6 +1227,40 @@ class ResultsKept(Message):
     op: ClassVar[str] = RESULTS_KEPT
     channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_TO_AGENT,)
     object_ids: list
+
+
+AGENT_REQUEST = "yr_agent_request"
+
+
+@_message
+class AgentRequest(Message):
+    """worker agent -> its isolated instance's process, on the supervision channel: one
+    request, ``request`` the wire dict of a :class:`StopIsolated`, :class:`DrainInstance` or
+    :class:`InstanceMoved` (dispatched from :data:`SUPERVISION`), answered on the same
+    channel by the :class:`AgentReply` of ``request_id`` (the agent's own count), so the
+    agent opens no connection per request.  If the channel closes first, the request fails
+    (the process ends with it)."""
+
+    op: ClassVar[str] = AGENT_REQUEST
+    channels: ClassVar[tuple[str, ...]] = (ON_SUPERVISION,)
+    request_id: int
+    request: dict
+
+
+AGENT_REPLY = "yr_agent_reply"
+
+
+@_message
+class AgentReply(Message):
+    """isolated process -> its worker agent, on the supervision channel: the answer to
+    :class:`AgentRequest` ``request_id``: ``result`` (of the request's ``reply_type``), or
+    ``error``, the pickled RemoteError of a request that raised."""
+
+    op: ClassVar[str] = AGENT_REPLY
+    channels: ClassVar[tuple[str, ...]] = (ON_ISOLATED_TO_AGENT,)
+    request_id: int
+    result: Any = None
+    error: bytes | None = None
 
 
 CALL_RECORDS = "yr_call_records"
@@ -1485,6 +1527,7 @@ CHANNEL_TO_WORKER = ops_on(ON_CHANNEL_TO_WORKER)  # the agent's call channel rea
 CHANNEL_TO_CALLER = ops_on(ON_CHANNEL_TO_CALLER)  # the caller's call channel reader
 ISOLATED_RPC = ops_on(ON_ISOLATED_RPC)  # an isolated process's Server
 ISOLATED_TO_AGENT = ops_on(ON_ISOLATED_TO_AGENT)  # the agent's supervision channel reader
+SUPERVISION = ops_on(ON_SUPERVISION)  # the process's supervision channel reader (AgentRequest)
 
 
 # --- building handler tables, dispatching and sending -------------------------------------

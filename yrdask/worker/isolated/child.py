@@ -184,6 +184,7 @@ class IsolatedHost:
         # (``START``, calls, cancels, a scale-down's hold and release)
         self.side = InstanceSide(SideEdge(self._host))
         self.supervision: Any = None  # the agent's channel (a StreamSender)
+        self.supervised = P.handlers(P.SUPERVISION, self)  # what the agent asks on it
         # its calls for Dask's panels, through the agent (dask_panels.ChildRecorder; None:
         # yrdask.dashboard.dask-panels is off); HostedInstance reads it as a worker's
         self.recorder: Any = None
@@ -218,7 +219,7 @@ class IsolatedHost:
 
             loop = self.loop
             self.recorder = ChildRecorder(
-                self.send_records,
+                self.to_agent,
                 lambda: (0, 0) if self.instance is None else (self.instance.calls_pending,
                                                               self.instance.calls_done),
                 lambda: loop.call_soon_threadsafe(loop.call_later, FLUSH_MS / 1000,
@@ -231,10 +232,9 @@ class IsolatedHost:
         self.runtime.output_target = out.runtime.output_target
         return os.getpid()
 
-    def send_records(self, msg: dict) -> bool:
-        """A :class:`P.CallRecords` to the agent; False while there is no channel."""
-        from distributed.comm.core import CommClosedError
-
+    def to_agent(self, msg: dict) -> bool:
+        """A message to the agent on the supervision channel (:data:`P.ISOLATED_TO_AGENT`);
+        False while there is no channel (or the agent let go: this process ends)."""
         if self.supervision is None:
             return False
         try:
@@ -294,12 +294,7 @@ class IsolatedHost:
         return out, nested
 
     def _kept(self, object_id: str) -> None:
-        from distributed.comm.core import CommClosedError
-
-        try:
-            self.supervision.send(P.ResultsKept([object_id]).to_msg())
-        except (CommClosedError, AttributeError):  # the agent let go: this process ends
-            pass
+        self.to_agent(P.ResultsKept([object_id]).to_msg())
 
     def unpack_call(self, msg: dict) -> tuple[tuple, list]:
         """``((args, kwargs), borrowed)`` of a method call: ``borrowed`` the ids of the refs
@@ -377,8 +372,25 @@ class IsolatedHost:
         if inst is not None:
             inst.stop(f"it moved to {to}")
 
+    def agent_request(self, request_id: int, request: dict) -> None:
+        """:class:`P.AgentRequest` on the supervision channel: ``request`` runs (a stop, a
+        drain or a move, :data:`P.SUPERVISION`) and is answered there."""
+        self.loop.create_task(self._answer_agent(request_id, request))
+
+    async def _answer_agent(self, request_id: int, request: dict) -> None:
+        try:
+            result = P.dispatch(self.supervised, request)
+            if inspect.iscoroutine(result):
+                result = await result
+            answer = P.AgentReply.wire(request_id, result=result)
+        except Exception as e:  # noqa: BLE001 - the agent's waiter raises it
+            answer = P.AgentReply.wire(
+                request_id, error=dumps(RemoteError.from_exception(e, user_traceback())))
+        self.to_agent(answer)
+
     async def stop_isolated(self, reason: str) -> None:
-        """``STOP_ISOLATED``: the instance ends; ``__yr_shutdown__`` runs before the reply."""
+        """``STOP_ISOLATED``: the instance ends; ``__yr_shutdown__`` and then the atexit
+        handlers run before the reply."""
         inst = self.instance
         if inst is None:
             return
@@ -390,8 +402,11 @@ class IsolatedHost:
         if hook is not None:
             await hook(obj)
         # then the instance's atexit handlers, as the process of a Ray actor that exits runs
-        # them (a crash or a kill of the process skips them, as there)
-        await self.loop.run_in_executor(None, atexit._run_exitfuncs)
+        # them (a crash or a kill of the process skips them, as there); in a thread, since a
+        # handler may block or use the yr API, which needs this loop; none (_host cleared the
+        # zygote's): no thread to start
+        if atexit._ncallbacks():
+            await self.loop.run_in_executor(None, atexit._run_exitfuncs)
 
     async def checkpoint_isolated(self) -> bytes:
         """``CHECKPOINT_ISOLATED``: the hosted instance's current state, pickled."""
@@ -446,8 +461,9 @@ class IsolatedHost:
 
     async def open_channel(self, comm: Any, caller: str, expect: str = "") -> None:
         """A call channel from a caller (``CALL_METHOD``, ``CANCEL_TASK``), or the agent's
-        supervision channel (``caller`` is the worker): this process ends when that one
-        closes (the agent let go of it, or died)."""
+        supervision channel (``caller`` is the worker), which also carries the agent's
+        requests (:data:`P.SUPERVISION`): this process ends when that one closes (the agent
+        let go of it, or died; a stop's reply is written before the agent closes it)."""
         from distributed.comm.core import CommClosedError
 
         from yrdask.stream import StreamSender
@@ -473,6 +489,8 @@ class IsolatedHost:
                             rec.changed()
                     elif op == P.CANCEL_TASK:
                         self.cancel(msg)
+                    elif supervision:
+                        P.dispatch(self.supervised, msg)
         except (CommClosedError, OSError):
             pass
         finally:

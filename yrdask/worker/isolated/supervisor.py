@@ -15,7 +15,7 @@ from typing import Any
 
 from yrdask import protocol as P
 from yrdask.errors import InstanceMovedError, RemoteError
-from yrdask.serialization import Frames, dumps
+from yrdask.serialization import Frames, dumps, loads
 from yrdask.worker.isolated import START_TIMEOUT_S
 from yrdask.worker.isolated.zygote import (ForkedProcess, child_info, describe_exit_of,
                                             kill_child, start_child)
@@ -41,6 +41,10 @@ class IsolatedInstance:
         self.supervision: Any = None  # the comm its process lives by
         self._stopping: asyncio.Task | None = None
         self._kept = P.handlers(P.ISOLATED_TO_AGENT, self)
+        # its requests on the supervision channel waiting for their answers (P.AgentRequest):
+        # request id -> (the channel, the waiter)
+        self._asked: dict[int, tuple[Any, asyncio.Future]] = {}
+        self._last_request = 0
         self.generation = 0
         # the agent's load figures, as its process's CallRecords tell them
         self.calls_done = 0
@@ -96,16 +100,22 @@ class IsolatedInstance:
             self.address = None
             self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
             return
-        if self.stopped is not None or gen != self.generation:
+        if gen != self.generation or (self.stopped is not None and not self._stop_under_way()):
             comm.abort()
             return
         self.supervision = comm
         loop.create_task(self._read(comm))
+        if self.stopped is not None:
+            # stopped while __init__ ran: that stop (on a connection of its own) closes the
+            # channel once answered, not now, or the process would exit (open_channel) before
+            # its shutdown hook and atexit handlers ran
+            return
         self.agent.report_state(self.instance_id, "ALIVE", self.init_error,
                                 address=address)
 
     async def _read(self, comm: Any) -> None:
-        """What the process tells its agent (:data:`P.ISOLATED_TO_AGENT`)."""
+        """What the process tells its agent (:data:`P.ISOLATED_TO_AGENT`); once the channel
+        closes, the requests waiting on it fail."""
         from distributed.comm.core import CommClosedError
 
         try:
@@ -115,6 +125,23 @@ class IsolatedInstance:
                     P.dispatch(self._kept, msg)
         except (CommClosedError, OSError):
             pass  # the watcher reports the exit
+        finally:
+            for channel, waiter in list(self._asked.values()):
+                if channel is comm and not waiter.done():
+                    waiter.set_exception(CommClosedError(
+                        f"the supervision channel of instance {self.instance_id} closed"))
+
+    def agent_reply(self, request_id: int, result: Any = None,
+                    error: bytes | None = None) -> None:
+        """:class:`P.AgentReply`: the answer to one of :meth:`_ask`'s requests (one whose
+        waiter gave up meanwhile is dropped)."""
+        asked = self._asked.get(request_id)
+        if asked is None or asked[1].done():
+            return
+        if error is None:
+            asked[1].set_result(result)
+        else:
+            asked[1].set_exception(loads(error).to_exception())
 
     def call_records(self, records: list, running: dict, pending: int = 0,
                      done: int = 0) -> None:
@@ -197,14 +224,21 @@ class IsolatedInstance:
         self.stopped = reason
         self._stopping = self.agent.loop.create_task(self._shutdown(reason))
 
+    def _stop_under_way(self) -> bool:
+        return self._stopping is not None and not self._stopping.done()
+
     async def _shutdown(self, reason: str) -> None:
         proc = self.proc
         try:
-            # also while its __init__ runs (no supervision channel yet): an exit by intent
-            # there (exit_actor(), sys.exit(0)) ends it, and its atexit handlers run
+            # also while its __init__ runs: an exit by intent there (exit_actor(),
+            # sys.exit(0)) ends it, and its atexit handlers run.  Its supervision channel
+            # does not exist yet then, and the stop cannot wait for it (that exit waits for
+            # this stop), so it goes on a connection of its own (the process's StopIsolated
+            # handler); else on the channel.
             if proc is not None and self.address is not None and not self.dead:
                 grace = int(self.spec.get("grace_s", 30))
-                await asyncio.wait_for(self._rpc(P.StopIsolated(reason)), grace + 5)
+                ask = self._ask if self.supervision is not None else self._rpc
+                await asyncio.wait_for(ask(P.StopIsolated(reason)), grace + 5)
         except Exception:  # noqa: BLE001 - the process goes anyway
             logger.info("instance %s: no graceful stop of its isolated process",
                         self.instance_id, exc_info=True)
@@ -215,8 +249,28 @@ class IsolatedInstance:
             if proc is not None:
                 kill_child(proc)
 
+    async def _ask(self, msg: P.Message) -> Any:
+        """One request to the process on its supervision channel (:class:`P.AgentRequest`),
+        settled by its :class:`P.AgentReply`: its reply, or it raises what the request
+        raised there, or ``CommClosedError`` if the channel closes first."""
+        from distributed.comm.core import CommClosedError
+
+        comm = self.supervision
+        if comm is None:
+            raise CommClosedError(f"instance {self.instance_id} has no supervision channel")
+        self._last_request += 1
+        request_id = self._last_request
+        waiter = self.agent.loop.create_future()
+        self._asked[request_id] = (comm, waiter)
+        try:
+            await comm.write(P.AgentRequest(request_id, msg.to_msg()).to_msg())
+            return await waiter
+        finally:
+            del self._asked[request_id]
+
     async def _rpc(self, msg: P.Message) -> Any:
-        """One request to the process on a comm of its own."""
+        """One request to the process on a comm of its own (a stop while its ``__init__``
+        runs: there is no supervision channel yet)."""
         from distributed.comm import connect
 
         comm = await connect(self.address, **self.agent.runtime.connection_args)
@@ -233,7 +287,7 @@ class IsolatedInstance:
             return None
         try:
             return await asyncio.wait_for(
-                self._rpc(P.DrainInstance(self.instance_id, timeout_s)), timeout_s + 5)
+                self._ask(P.DrainInstance(self.instance_id, timeout_s)), timeout_s + 5)
         except Exception:  # noqa: BLE001 - it died meanwhile: it is not moved
             logger.info("instance %s: no drain of its process", self.instance_id,
                         exc_info=True)
@@ -245,7 +299,7 @@ class IsolatedInstance:
         if self.supervision is None:
             return
         try:
-            await self._rpc(P.InstanceMoved(self.instance_id, to))
+            await self._ask(P.InstanceMoved(self.instance_id, to))
         except Exception:  # noqa: BLE001 - it died meanwhile: its callers locate it again
             logger.info("instance %s: its process did not hear of the move",
                         self.instance_id, exc_info=True)
