@@ -76,6 +76,8 @@ def test_requests_are_answered_as_a_dask_server_answers_them():
         answer = await comm.read()
         assert answer["status"] == "uncaught-error"
         assert "'nope'" in answer["exception_text"] and "add" in answer["exception_text"]
+        await comm.write(["not", "a", "request"])
+        assert "None" in (await comm.read())["exception_text"]
         await comm.write({"op": "note", "what": "a", "reply": False})  # no answer
         await comm.write({"op": "add", "x": 9})
         assert await comm.read() == 10  # the next answer is this request's

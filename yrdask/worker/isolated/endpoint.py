@@ -77,12 +77,13 @@ class Endpoint:
                     msg = await comm.read()
                 except OSError:  # (CommClosedError is one)
                     break
-                if not isinstance(msg, dict):  # a stray message on a request connection
-                    msg = {"op": None, "bad": msg}
-                op = msg.pop("op", None)
-                reply = msg.pop("reply", True)
-                close = msg.pop("close", False)
-                msg.pop("serializers", None)
+                if isinstance(msg, dict):
+                    op = msg.pop("op", None)
+                    reply = msg.pop("reply", True)
+                    close = msg.pop("close", False)
+                    msg.pop("serializers", None)
+                else:  # a stray message on a request connection: no handler's
+                    op, reply, close, msg = None, True, False, {}
                 if op == "close":
                     if reply:
                         await comm.write("OK")
