@@ -254,3 +254,16 @@ def test_yr_exit_ends_a_process_instance_without_a_restart(cluster):
     assert not st["restarts"], st
     assert yr.get(neighbour.incr.invoke(), T) == 6
     neighbour.terminate()
+
+
+def test_the_cycle_counter_puts_a_process_instance_s_cpu_in_its_own_process():
+    """``benchmarks.process_cycle`` (docs/isolation.md, "Cost") counts a process instance's
+    life in the zygote's reaped children and its worker; a light instance's has none there."""
+    from benchmarks import process_cycle
+
+    proc = process_cycle.main(8)
+    cpu = proc["cpu_ms_per_cycle"]
+    assert cpu["instances"] > 0 and cpu["zygote"] > 0 and cpu["worker"] > 0, proc
+    assert proc["cpu_ms_total"] >= sum(cpu.values()) - 0.05
+    light = process_cycle.main(8, light=True)["cpu_ms_per_cycle"]
+    assert light["instances"] == 0 and light["zygote"] == 0, light

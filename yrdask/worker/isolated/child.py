@@ -696,7 +696,7 @@ async def child_main(announce: Any, listen: dict) -> None:
     install(runtime)
     host = IsolatedHost(runtime)  # its worker is known once a request is handed to it
     runtime.agent.host = host
-    # Dask's comms without a Server: no system monitor, no periodic wake-ups (endpoint.py)
+    # Dask's comms without a Server: no system monitor, no counters (endpoint.py)
     server = host.server = Endpoint(P.handlers(P.ISOLATED_RPC, host))
     address, listen_args = endpoint(listen)
     await server.listen(address, **listen_args)
