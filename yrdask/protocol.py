@@ -1525,7 +1525,7 @@ WORKER_STREAM = ops_on(ON_WORKER_STREAM)  # Worker.stream_handlers
 OWNER_RPC = ops_on(ON_OWNER_RPC)  # the driver's owner server
 CHANNEL_TO_WORKER = ops_on(ON_CHANNEL_TO_WORKER)  # the agent's call channel reader
 CHANNEL_TO_CALLER = ops_on(ON_CHANNEL_TO_CALLER)  # the caller's call channel reader
-ISOLATED_RPC = ops_on(ON_ISOLATED_RPC)  # an isolated process's Server
+ISOLATED_RPC = ops_on(ON_ISOLATED_RPC)  # an isolated process's endpoint
 ISOLATED_TO_AGENT = ops_on(ON_ISOLATED_TO_AGENT)  # the agent's supervision channel reader
 SUPERVISION = ops_on(ON_SUPERVISION)  # the process's supervision channel reader (AgentRequest)
 
