@@ -76,6 +76,7 @@ SAMPLES: list[P.Message] = [
     P.StartInstance({"instance_id": "i-1", "incarnation": 2, "checkpoint": b"ck"}),
     P.StopInstance("i-1", "killed"),
     P.CrashInstance("i-1", "killed with ray.kill(no_restart=False)", 2),
+    P.WarmZygote(),
     P.AssignIsolated({"env": {"A": "1"}, "cwd": "/tmp", "worker": "tcp://w:1"},
                      {"op": P.START_ISOLATED, "spec": {"instance_id": "i-1"}}),
     P.StartIsolated({"instance_id": "i-1", "isolation": {"env": {"A": "1"}, "cwd": "/tmp"}}),
@@ -170,7 +171,8 @@ def test_channel_groups_are_derived_from_the_table():
                                  P.INSTANCE_MOVED, P.KEPT_OBJECTS, P.ADOPT_OBJECTS,
                                  P.END_PROCESSES}
     assert set(P.WORKER_STREAM) == {P.REVOKE_LEASES, P.START_INSTANCE, P.CRASH_INSTANCE,
-                                    P.WORKER_LOST, P.WORKER_EXIT, P.WORKER_JOINED, P.OBJECTS_MOVED}
+                                    P.WARM_ZYGOTE, P.WORKER_LOST, P.WORKER_EXIT,
+                                    P.WORKER_JOINED, P.OBJECTS_MOVED}
     assert P.OWNER_RPC == (P.FETCH_OBJECT, P.TASK_OUTPUT, P.WAIT_REFS_REMOVED, P.REFS_REMOVED,
                            P.ADD_BORROWER, P.CANCEL_OWNED)
     assert set(P.CHANNEL_TO_WORKER) == {P.RUN_TASK, P.CANCEL_TASK, P.CALL_METHOD}

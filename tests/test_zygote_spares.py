@@ -3,7 +3,9 @@
 creation is handed one (its environment applied then), and a spare is no instance: the
 scheduler never hears of it, and it ends with its worker.
 
-The embedded cluster has one worker process here, so there is one zygote.
+The embedded cluster has one worker process here, so there is one zygote; the tests of warm
+zygotes (the scheduler has every worker start its zygote once the cluster places its first
+process instance) run on two.
 """
 
 from __future__ import annotations
@@ -149,3 +151,108 @@ def test_a_dead_spare_is_passed_over(cluster):
     assert yr.get(h.where.invoke(), T)["pid"] == me["pid"]  # the neighbour is untouched
     for x in (h, g):
         x.terminate()
+
+
+# -- warm zygotes (docs/isolation.md, "Process start") -------------------------------------
+
+
+@yr.invoke
+def task_pid() -> int:
+    return os.getpid()
+
+
+def whole_worker(**kw) -> yr.InvokeOptions:
+    """A whole worker's CPU (the 2-CPU embedded cluster has two workers of 1000 millicores):
+    a second such instance goes to the other worker."""
+    return yr.InvokeOptions(cpu=1000, memory=10, **kw)
+
+
+def worker_pids(address: str) -> dict[str, int]:
+    """Each worker's address -> its process's pid."""
+    from distributed import Client
+
+    with Client(address, timeout=30) as client:
+        return client.run(os.getpid)
+
+
+def zygote_of(worker_pid: int) -> int | None:
+    """The pid of ``worker_pid``'s zygote, or None if it has none."""
+    for c in psutil.Process(worker_pid).children():
+        try:
+            if "--zygote" in c.cmdline() and alive(c.pid):
+                return c.pid
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def warming_on(address: str) -> bool:
+    """Whether the scheduler has turned zygote warming on (it saw a process instance)."""
+    from distributed import Client
+
+    def on(dask_scheduler):
+        return dask_scheduler.extensions["yr"].zygotes.on
+
+    with Client(address, timeout=30) as client:
+        return client.run_on_scheduler(on)
+
+
+def fresh_two_workers(cluster) -> tuple[str, dict[str, int]]:
+    """A new 2-worker embedded cluster (no zygote started yet), and its workers' pids."""
+    cluster.finalize()
+    address = cluster(kind="embedded", num_cpus=2).address
+    pids = worker_pids(address)
+    assert len(pids) == 2 and not any(zygote_of(p) for p in pids.values()), pids
+    return address, pids
+
+
+def test_the_first_process_instance_warms_every_workers_zygote(cluster):
+    address, pids = fresh_two_workers(cluster)
+    first = Where.options(whole_worker(light=False)).invoke()
+    one = yr.get(first.where.invoke(), T)
+    here = psutil.Process(one["ppid"]).ppid()  # the first instance's worker
+    (other,) = set(pids.values()) - {here}
+    # The other worker started its zygote with no process instance of its own.
+    warm = wait_until(lambda: zygote_of(other), T, "the other worker's zygote to start")
+    assert warming_on(address)
+    # The next process instance there is forked by that zygote, started before it.
+    second = Where.options(whole_worker(light=False)).invoke()
+    two = yr.get(second.where.invoke(), T)
+    assert two["ppid"] == warm and psutil.Process(two["ppid"]).ppid() == other
+    for h in (first, second):
+        h.terminate()
+
+
+def test_tasks_and_light_instances_start_no_zygote(cluster):
+    address, pids = fresh_two_workers(cluster)
+    light = [Where.options(whole_worker(light=True)).invoke() for _ in range(2)]
+    hosts = {w["pid"] for w in yr.get([h.where.invoke() for h in light], T)}
+    assert hosts == set(pids.values())  # one light instance in each worker's own process
+    for h in light:
+        h.terminate()
+    assert set(yr.get([task_pid.invoke() for _ in range(8)], T)) <= hosts
+    assert not warming_on(address)  # the scheduler told no worker
+    assert not any(zygote_of(p) for p in pids.values())
+
+
+def test_warm_zygotes_false_warms_none(cluster):
+    import dask
+
+    with dask.config.set({"yrdask.instances.warm-zygotes": False}):  # the scheduler's
+        address, pids = fresh_two_workers(cluster)
+    h = Where.options(whole_worker(light=False)).invoke()
+    me = yr.get(h.where.invoke(), T)
+    here = psutil.Process(me["ppid"]).ppid()
+    assert not warming_on(address)
+    assert [p for p in pids.values() if zygote_of(p)] == [here]
+    h.terminate()
+    cluster.finalize()  # later tests get the default
+
+
+def test_a_bad_warm_zygotes_is_refused_at_init():
+    import dask
+
+    with dask.config.set({"yrdask.instances.warm-zygotes": "sometimes"}):
+        with pytest.raises(yr.YRValueError,
+                           match=r"warm-zygotes='sometimes': expected true or false"):
+            yr.init(yr.Config(num_cpus=1))

@@ -81,12 +81,23 @@ def light_instances() -> bool:
     """``yrdask.instances.light``: whether an instance that names no ``light`` option is a
     light one (shares a worker process) or a process instance; ``YRValueError`` naming the
     key for a value that is not a bool."""
-    value = dask.config.get("yrdask.instances.light", False)
+    return _bool("yrdask.instances.light", False, "true (instances share worker processes) "
+                 "or false (each instance is a process of its own)")
+
+
+def warm_zygotes() -> bool:
+    """``yrdask.instances.warm-zygotes``: whether the scheduler has every worker start its
+    zygote once the cluster places its first process instance (docs/isolation.md, "Process
+    start"); ``YRValueError`` naming the key for a value that is not a bool."""
+    return _bool("yrdask.instances.warm-zygotes", True, "true or false (the default is true)")
+
+
+def _bool(key: str, default: bool, expected: str) -> bool:
+    value = dask.config.get(key, default)
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         value = value.strip().lower() == "true"  # a quoted YAML value, a string set
     if type(value) is not bool:
-        raise YRValueError(f"yrdask.instances.light={value!r}: expected true (instances share "
-                           "worker processes) or false (each instance is a process of its own)")
+        raise YRValueError(f"{key}={value!r}: expected {expected}")
     return value
 
 

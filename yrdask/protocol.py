@@ -940,6 +940,7 @@ TASK_OUTPUT = "yr_task_output"
 START_INSTANCE = "yr_start_instance"
 STOP_INSTANCE = "yr_stop_instance"
 CRASH_INSTANCE = "yr_crash_instance"
+WARM_ZYGOTE = "yr_warm_zygote"
 
 
 @_message
@@ -1079,6 +1080,19 @@ class CrashInstance(Message):
     instance_id: str
     reason: str
     incarnation: int
+
+
+@_message
+class WarmZygote(Message):
+    """scheduler -> worker (worker stream), once per worker process, from the first placement
+    of a process instance in the cluster on (and to each worker that registers after): start
+    this worker's zygote now, in the background, so that its first process instance is handed
+    a spare instead of waiting for the zygote's start (``yrdask.instances.warm-zygotes``,
+    docs/isolation.md "Process start").  Idempotent; a failed start leaves the start on first
+    use as it is."""
+
+    op: ClassVar[str] = WARM_ZYGOTE
+    channels: ClassVar[tuple[str, ...]] = (ON_WORKER_STREAM,)
 
 
 @_message

@@ -39,11 +39,13 @@ def init(conf: Config | None = None) -> ClientInfo:
         # the submitter reads these once the cluster is starting, the instance creations
         # later, the embedded cluster's workers (node labels) as they register: a bad one is
         # refused here
-        from yrdask.config import light_instances, node_labels, pipeline_settings, spare_processes
+        from yrdask.config import (light_instances, node_labels, pipeline_settings,
+                                   spare_processes, warm_zygotes)
 
         pipeline_settings()
         light_instances()
         spare_processes()
+        warm_zygotes()  # the embedded cluster's scheduler's
         node_labels()
         if conf.env_file:
             _load_env_file(conf.env_file)

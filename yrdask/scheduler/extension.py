@@ -23,7 +23,7 @@ from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps as pickle_dumps
 
-from yrdask import config as _config  # noqa: F401 - registers the yrdask.* defaults
+from yrdask import config as _config  # registers the yrdask.* defaults
 from yrdask import protocol as P
 from yrdask.errors import describe_exit
 from yrdask.stream import StreamSender
@@ -40,6 +40,7 @@ from yrdask.scheduler.panels import DaskPanels
 from yrdask.scheduler.scale_up import ScaleUp
 from yrdask.scheduler import state_view
 from yrdask.scheduler.waits import WaitWatch
+from yrdask.scheduler.zygotes import ZygoteWarming
 
 logger = logging.getLogger("yrdask.scheduler")
 
@@ -105,6 +106,10 @@ class YrSchedulerExtension:
         self.waits = WaitWatch(self)  # explains waiting requests, warns about long waits
         self.panels = DaskPanels(scheduler)  # yr work in Dask's Task Stream and Progress
         scheduler.extensions[EXTENSION_NAME] = self
+        # the workers start their zygotes from the first process instance on (zygotes.py)
+        self.zygotes = ZygoteWarming(
+            lambda worker: self._send_to_owner(worker, P.WarmZygote.wire()),
+            _config.warm_zygotes())
         self.instances = InstanceManager(self)
         self.kv = KVServer()  # the cluster's KV store (P.KV_RPC)
         self.rgroups = ResourceGroupService(self)  # resource groups (scheduler/groups.py)
@@ -186,6 +191,7 @@ class YrSchedulerExtension:
         self.lease_service.worker_joined(address, shape_of(capacity), node, gpus,
                                          shape_of(shared), labels)
         self.worker_added.set()
+        self.zygotes.registered(address)
         if address in self.removed:  # a new process at a dead one's address
             del self.removed[address]
             logger.info("yr worker %s joined again at the address of a lost worker", address)
@@ -213,6 +219,7 @@ class YrSchedulerExtension:
 
     def on_remove_worker(self, address: str) -> None:
         self.pending_workers.pop(address, None)
+        self.zygotes.removed(address)
         server_id = self.server_ids.pop(address, "")
         # What it held is lost, its submitter's leases and requests go, its instances
         # restart or end, its code's groups go, everyone is told (the decisions: Departures)

@@ -189,6 +189,7 @@ class _DaskEdge:
         stream = self.ext.scheduler.stream_comms.get(worker)
         if stream is not None:
             stream.send(P.StartInstance(spec).to_msg())
+        self.ext.zygotes.placed(spec)  # the first process instance: every worker warms up
 
     def crash_instance(self, worker: str, instance_id: str, reason: str,
                        incarnation: int) -> None:

@@ -42,7 +42,7 @@ from yrdask.worker.dask_panels import FLUSH_MS, Recorder, store_bytes
 from yrdask.worker.hosting import RESULT_INLINE_LIMIT, HostedInstance, SideEdge, drain_hosted
 from yrdask.worker.isolated.pool import ProcessPool
 from yrdask.worker.isolated.supervisor import IsolatedInstance
-from yrdask.worker.isolated.zygote import Zygote
+from yrdask.worker.isolated.zygote import Zygote, child_info
 from yrdask.worker.devices import device_isolation, gpu_offer, node_id, npu_offer
 from yrdask.worker.execution import Execution, current_execution
 from yrdask.worker.threads import instance_cpus, with_cpus
@@ -57,6 +57,12 @@ from yrdask.serialization import Frames, wire
 logger = logging.getLogger("yrdask.worker")
 
 MAX_THREADS = 4096
+
+
+def _warmed(fut: asyncio.Future) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        logger.warning("starting this worker's zygote ahead of need failed (its first process "
+                       "instance starts it): %r", fut.exception())
 
 
 class WorkerAgent(TaskRunner):
@@ -98,6 +104,7 @@ class WorkerAgent(TaskRunner):
             self.instance_side.instances
         self.ended: dict[str, str] = self.instance_side.ended  # recently stopped -> reason
         self.pool = ProcessPool(self)  # processes for tasks with env_vars (docs/isolation.md)
+        self._warming: asyncio.Future | None = None  # WarmZygote's start of the zygote
         worker.handlers.update(P.handlers(P.WORKER_RPC, self))
         # START_INSTANCE and CALL_METHOD are the instance side's own handlers
         worker.stream_handlers.update(P.handlers(P.WORKER_STREAM, self, self.instance_side))
@@ -256,6 +263,8 @@ class WorkerAgent(TaskRunner):
             if type(inst) is IsolatedInstance:
                 inst.kill_now()
         self.pool.close()
+        if self._warming is not None:  # (Popen: ms) no zygote started after the close below
+            await asyncio.wait([self._warming])
         Zygote.close_current()
         await self.runtime.close()
         uninstall_worker_runtime(self.runtime)
@@ -352,6 +361,16 @@ class WorkerAgent(TaskRunner):
 
     def revoke_leases(self, lease_ids: list[str], keep: bool = False) -> None:
         self.runtime.submitter.revoke_leases(lease_ids, keep)
+
+    def warm_zygote(self) -> None:
+        """:class:`P.WarmZygote`: start this worker's zygote now, in a thread (its start
+        blocks), as its first process instance would (docs/isolation.md, "Process start").
+        Once; a failure is logged, and the first use tries again."""
+        if self._warming is not None:
+            return
+        self._warming = self.loop.run_in_executor(
+            None, Zygote.get, child_info(self), self.loop, self.runtime.connection_args)
+        self._warming.add_done_callback(_warmed)
 
     # -- instances -------------------------------------------------------------------------
 
