@@ -227,9 +227,14 @@ class Sleeper:
 
 @ray.remote
 class SyncWaiter:
-    def sync_wait(self, path, started=None):
+    def sync_wait(self, path, started=None, seen=None):
         if started:
             open(started, "w").close()
+        if seen:  # until the cancel has reached this call (it goes on running)
+            deadline = time.monotonic() + 60
+            while not ray.get_runtime_context().is_canceled() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            open(seen, "w").close()
         wait_for_file(path)
         return ray.get_runtime_context().is_canceled()
 
@@ -269,11 +274,15 @@ def test_cancel_of_a_sync_actor_task_sets_is_canceled(ray_env, tmp_path):
     s = SyncWaiter.options(max_concurrency=2).remote()
     release = str(tmp_path / "release")
     started = str(tmp_path / "started")
-    running = s.sync_wait.remote(release, started)
+    seen = str(tmp_path / "seen")
+    running = s.sync_wait.remote(release, started, seen)
     other = s.sync_wait.remote(release)
     queued_ok = s.sync_wait.options(name="later").remote(release)
     wait_until(lambda: os.path.exists(started), 60, "the call to start")  # it runs: cancel it
     ray.cancel(running)
+    # the cancel reaches the call, which sees is_canceled() and goes on; released only then
+    # (a cancel that comes after the call returned is no cancel, as on Ray)
+    wait_until(lambda: os.path.exists(seen), 60, "the call to see its cancel")
     open(release, "w").close()
     with pytest.raises(ray.exceptions.TaskCancelledError):
         ray.get(running, timeout=60)
