@@ -153,6 +153,32 @@ def test_a_dead_spare_is_passed_over(cluster):
         x.terminate()
 
 
+def _switches(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
+def test_an_idle_zygote_sleeps_and_still_reaps(cluster):
+    """The zygote wakes for the agent's lines and its children's exits (SIGCHLD), not on a
+    timer: idle, it does not run at all; a child that dies is still reaped and reported."""
+    import time
+
+    cluster(kind="embedded", num_cpus=1)
+    h = Where.options(process(recover_retry_times=1)).invoke()
+    me = yr.get(h.where.invoke(), T)
+    zygote = me["ppid"]
+    wait_until(lambda: spares(zygote, {me["pid"]}), T, "a spare")
+    time.sleep(0.3)  # the spare's start and the agent's connect to it are over
+    before = _switches(zygote)
+    time.sleep(1.5)  # an idle window: a 20 ms poll would wake it 75 times
+    assert _switches(zygote) - before <= 1
+    os.kill(me["pid"], signal.SIGKILL)  # reaped and reported: the instance restarts
+    wait_until(lambda: yr.get(h.where.invoke(), T)["pid"] != me["pid"], T, "the restart")
+    assert not alive(me["pid"])  # no zombie left behind
+    h.terminate()
+
+
 # -- warm zygotes (docs/isolation.md, "Process start") -------------------------------------
 
 
