@@ -131,9 +131,9 @@ class ChildRecorder:
     sent on the supervision channel :data:`FLUSH_MS` after something changed (no Profile:
     Dask's profiler samples the worker's threads, not this process's).
 
-    A flush is armed by a change (a call began or ended), not ticked: an idle process
-    instance then never wakes up for its panels (a 250 ms tick cost each idle process about
-    1 ms of CPU a second).  ``arm()`` schedules one :meth:`flush` (any thread)."""
+    A flush is armed by a change (a call arrived, began or ended), not ticked: an idle
+    process instance never wakes up for its panels.  ``arm()`` schedules one :meth:`flush`
+    (any thread)."""
 
     def __init__(self, send: Any, load: Any, arm: Any) -> None:
         self.send = send  # CallRecords -> the agent (False while there is no channel)

@@ -3,8 +3,8 @@ each connection's requests to a handler table, as Dask's ``Server`` does, and no
 
 Why not a ``Server``: each process instance (and each spare waiting to become one) would
 build one, and a ``Server`` is made for a long-lived node: a system monitor (psutil's
-counters), counters and digests, a connection pool, periodic callbacks.  Building them was
-about 3.5 ms of CPU of each process's start and about 1.5 MB of its private memory
+counters), counters and digests, a connection pool, periodic callbacks.  Building them
+costs about 3.5 ms of CPU of a process's start and about 1.5 MB of its private memory
 (docs/isolation.md, "Cost").  The connections, handshakes and (de)serialization are still
 Dask's (``distributed.comm``); what is left out is only what a process that serves its
 instance's callers and its agent never uses.

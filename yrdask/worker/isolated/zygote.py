@@ -539,8 +539,8 @@ def zygote_main(spares: int = 1, listen: dict | None = None) -> None:
         waiting.append(pid)
         _write_line({"forked": pid})
 
-    # a child's exit wakes the loop (SIGCHLD, through a pipe), as the agent's lines do: an
-    # idle zygote sleeps (a 20 ms poll cost each worker ~3 ms of CPU a second)
+    # a child's exit wakes the loop (SIGCHLD, through a pipe), as the agent's lines do: no
+    # timer, so an idle zygote sleeps (every worker keeps one once it is warm)
     global _CHLD_PIPE
     _CHLD_PIPE = os.pipe()
     for end in _CHLD_PIPE:
