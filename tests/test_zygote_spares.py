@@ -253,13 +253,15 @@ def test_warm_zygotes_false_warms_none(cluster):
 
     with dask.config.set({"yrdask.instances.warm-zygotes": False}):  # the scheduler's
         address, pids = fresh_two_workers(cluster)
-    h = Where.options(whole_worker(light=False)).invoke()
-    me = yr.get(h.where.invoke(), T)
-    here = psutil.Process(me["ppid"]).ppid()
-    assert not warming_on(address)
-    assert [p for p in pids if zygote_of(p)] == [here]
-    h.terminate()
-    cluster.finalize()  # later tests get the default
+    try:
+        h = Where.options(whole_worker(light=False)).invoke()
+        me = yr.get(h.where.invoke(), T)
+        here = psutil.Process(me["ppid"]).ppid()
+        assert not warming_on(address)
+        assert [p for p in pids if zygote_of(p)] == [here]
+        h.terminate()
+    finally:
+        cluster.finalize()  # later tests get the default, even when this one fails
 
 
 def test_a_bad_warm_zygotes_is_refused_at_init():
