@@ -105,6 +105,17 @@ def dask_worker_pids() -> dict[int, str]:
     return {ws.pid: address for address, ws in list(dict.items(workers))}
 
 
+def wake_ups(pid: int) -> int:
+    """Context switches of every thread of ``pid`` so far (Linux's /proc; each wake-up is
+    one): read before and after an idle window to count how often a process woke in it."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/status") as f:
+            total += sum(int(line.split()[1]) for line in f
+                         if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
+    return total
+
+
 def wait_for_file(path: str, timeout: float = 60) -> None:
     """Block, inside a task or method, until the test creates ``path``.
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import yrdask as yr
-from conftest import wait_until
+from conftest import wait_for_file, wait_until
 from yrdask.errors import CallCrashedError, TaskCrashedError
 
 pytestmark = pytest.mark.timeout(240)
@@ -346,12 +346,6 @@ def test_the_stop_travels_on_the_supervision_channel(cluster, tmp_path):
     assert set(during) <= set(before), f"new peers while it stopped: {set(during) - set(before)}"
 
 
-def await_file(path: str) -> None:
-    deadline = time.monotonic() + 30
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
 @yr.instance
 class StoppedInInit:
     """Its atexit handler still runs when its ``__init__`` returns, and ends well after."""
@@ -359,13 +353,13 @@ class StoppedInInit:
     def __init__(self, path: str) -> None:
         def at_exit() -> None:
             open(f"{path}.atexit", "w").close()
-            await_file(f"{path}.returned")
+            wait_for_file(f"{path}.returned", 30)
             time.sleep(0.5)  # long after its agent heard that __init__ returned
             open(f"{path}.atexit-done", "w").close()
 
         atexit.register(at_exit)
         open(f"{path}.started", "w").close()
-        await_file(f"{path}.release")
+        wait_for_file(f"{path}.release", 30)
         open(f"{path}.returned", "w").close()
 
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 import yrdask as yr
-from conftest import wait_until
+from conftest import wait_until, wake_ups
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -90,16 +90,6 @@ def test_each_process_instance_sees_its_own_environment_and_module_state(cluster
         h.terminate()
 
 
-def _wake_ups(pid: int) -> int:
-    """Context switches of every thread of ``pid`` so far (each wake-up is one)."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/status") as f:
-            total += sum(int(line.split()[1]) for line in f
-                         if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
-    return total
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
 def test_an_idle_process_instance_does_not_wake_up(cluster):
     """Once its calls are answered (and their batch for Dask's panels sent, which a call
@@ -109,9 +99,9 @@ def test_an_idle_process_instance_does_not_wake_up(cluster):
     h = Member.options(small()).invoke(1)
     pid = yr.get(h.seen.invoke(), T)[2]
     time.sleep(0.6)  # the batch a call arms goes within 250 ms (dask_panels.FLUSH_MS)
-    before = _wake_ups(pid)
+    before = wake_ups(pid)
     time.sleep(1.5)  # an idle window: a 250 ms tick would wake it six times
-    assert _wake_ups(pid) - before <= 1
+    assert wake_ups(pid) - before <= 1
     assert yr.get(h.incr.invoke(), T) == 2  # and a call still wakes it
     h.terminate()
 

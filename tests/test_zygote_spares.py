@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import yrdask as yr
-from conftest import wait_until
+from conftest import dask_worker_pids, wait_until, wake_ups
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -153,11 +153,6 @@ def test_a_dead_spare_is_passed_over(cluster):
         x.terminate()
 
 
-def _switches(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
 def test_an_idle_zygote_sleeps_and_still_reaps(cluster):
     """The zygote wakes for the agent's lines and its children's exits (SIGCHLD), not on a
@@ -170,9 +165,9 @@ def test_an_idle_zygote_sleeps_and_still_reaps(cluster):
     zygote = me["ppid"]
     wait_until(lambda: spares(zygote, {me["pid"]}), T, "a spare")
     time.sleep(0.3)  # the spare's start and the agent's connect to it are over
-    before = _switches(zygote)
+    before = wake_ups(zygote)
     time.sleep(1.5)  # an idle window: a 20 ms poll would wake it 75 times
-    assert _switches(zygote) - before <= 1
+    assert wake_ups(zygote) - before <= 1
     os.kill(me["pid"], signal.SIGKILL)  # reaped and reported: the instance restarts
     wait_until(lambda: yr.get(h.where.invoke(), T)["pid"] != me["pid"], T, "the restart")
     assert not alive(me["pid"])  # no zombie left behind
@@ -191,14 +186,6 @@ def whole_worker(**kw) -> yr.InvokeOptions:
     """A whole worker's CPU (the 2-CPU embedded cluster has two workers of 1000 millicores):
     a second such instance goes to the other worker."""
     return yr.InvokeOptions(cpu=1000, memory=10, **kw)
-
-
-def worker_pids(address: str) -> dict[str, int]:
-    """Each worker's address -> its process's pid."""
-    from distributed import Client
-
-    with Client(address, timeout=30) as client:
-        return client.run(os.getpid)
 
 
 def zygote_of(worker_pid: int) -> int | None:
@@ -223,12 +210,12 @@ def warming_on(address: str) -> bool:
         return client.run_on_scheduler(on)
 
 
-def fresh_two_workers(cluster) -> tuple[str, dict[str, int]]:
+def fresh_two_workers(cluster) -> tuple[str, set[int]]:
     """A new 2-worker embedded cluster (no zygote started yet), and its workers' pids."""
     cluster.finalize()
     address = cluster(kind="embedded", num_cpus=2).address
-    pids = worker_pids(address)
-    assert len(pids) == 2 and not any(zygote_of(p) for p in pids.values()), pids
+    pids = set(dask_worker_pids())
+    assert len(pids) == 2 and not any(zygote_of(p) for p in pids), pids
     return address, pids
 
 
@@ -237,7 +224,7 @@ def test_the_first_process_instance_warms_every_workers_zygote(cluster):
     first = Where.options(whole_worker(light=False)).invoke()
     one = yr.get(first.where.invoke(), T)
     here = psutil.Process(one["ppid"]).ppid()  # the first instance's worker
-    (other,) = set(pids.values()) - {here}
+    (other,) = pids - {here}
     # The other worker started its zygote with no process instance of its own.
     warm = wait_until(lambda: zygote_of(other), T, "the other worker's zygote to start")
     assert warming_on(address)
@@ -253,12 +240,12 @@ def test_tasks_and_light_instances_start_no_zygote(cluster):
     address, pids = fresh_two_workers(cluster)
     light = [Where.options(whole_worker(light=True)).invoke() for _ in range(2)]
     hosts = {w["pid"] for w in yr.get([h.where.invoke() for h in light], T)}
-    assert hosts == set(pids.values())  # one light instance in each worker's own process
+    assert hosts == pids  # one light instance in each worker's own process
     for h in light:
         h.terminate()
     assert set(yr.get([task_pid.invoke() for _ in range(8)], T)) <= hosts
     assert not warming_on(address)  # the scheduler told no worker
-    assert not any(zygote_of(p) for p in pids.values())
+    assert not any(zygote_of(p) for p in pids)
 
 
 def test_warm_zygotes_false_warms_none(cluster):
@@ -266,13 +253,15 @@ def test_warm_zygotes_false_warms_none(cluster):
 
     with dask.config.set({"yrdask.instances.warm-zygotes": False}):  # the scheduler's
         address, pids = fresh_two_workers(cluster)
-    h = Where.options(whole_worker(light=False)).invoke()
-    me = yr.get(h.where.invoke(), T)
-    here = psutil.Process(me["ppid"]).ppid()
-    assert not warming_on(address)
-    assert [p for p in pids.values() if zygote_of(p)] == [here]
-    h.terminate()
-    cluster.finalize()  # later tests get the default
+    try:
+        h = Where.options(whole_worker(light=False)).invoke()
+        me = yr.get(h.where.invoke(), T)
+        here = psutil.Process(me["ppid"]).ppid()
+        assert not warming_on(address)
+        assert [p for p in pids if zygote_of(p)] == [here]
+        h.terminate()
+    finally:
+        cluster.finalize()  # later tests get the default, even when this one fails
 
 
 def test_a_bad_warm_zygotes_is_refused_at_init():

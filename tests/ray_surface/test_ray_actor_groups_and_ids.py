@@ -103,7 +103,7 @@ class Mixed:
 
 def test_an_async_actor_with_groups_runs_sync_and_async_default_methods(ray_env):
     # Ray: an async actor's default group takes sync methods too, in any order with its
-    # async ones (both kinds once had one bound, the kind first called)
+    # async ones (whichever kind is called first, the other still runs there)
     for first, then in (("sync_call", "async_call"), ("async_call", "sync_call")):
         a = Mixed.remote()
         assert ray.get([getattr(a, first).remote(), getattr(a, then).remote()], timeout=60) \

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
 
 import numpy as np
 import pytest
 
 import yrdask.ray as ray
-from conftest import kill_node, wait_until
+from conftest import kill_node, wait_for_file, wait_until
 from yrdask.runtime.store import node_store
 from yrdask.ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -102,9 +101,7 @@ def make_large(runs: str) -> np.ndarray:
 @ray.remote
 def large_when(path: str) -> np.ndarray:
     """A 2 MB result, once ``path`` exists."""
-    deadline = time.monotonic() + T
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for_file(path, T)
     return np.ones(2 << 20, dtype=np.uint8)
 
 
