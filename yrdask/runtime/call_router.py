@@ -112,10 +112,10 @@ class CallRouter:
 
     def cancel(self, call_id: str, recursive: bool = False) -> None:
         """Ray's cancel of a method call not cancelled yet.  Not sent yet: it never is; it
-        fails with :func:`~yrdask.errors.call_cancelled` at once, unrun (as Ray: an actor call cancelled before
-        it is sent never runs).  Sent: its worker gets ``CANCEL_TASK`` (a call not started
-        never runs) and its answer settles it (:func:`cancelled_answer`); back unrun from a
-        lost or moved host, it fails as cancelled instead of going again."""
+        fails with :func:`~yrdask.errors.call_cancelled` at once, unrun (as Ray: an actor
+        call cancelled before it is sent never runs).  Sent: its worker gets ``CANCEL_TASK``
+        (a call not started never runs) and its answer settles it (:func:`cancelled_answer`);
+        back unrun from a lost or moved host, it fails as cancelled instead of going again."""
         self._do(self.order.handle(C.CallCancelled(f"cancel-{call_id}", call_id,
                                                    call_cancelled(call_id), recursive)))
 
