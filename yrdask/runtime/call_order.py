@@ -202,10 +202,11 @@ class CallRetried(Event):
 @dataclass(frozen=True, slots=True)
 class CallCancelled(Event):
     """Ray's cancel of call ``call_id``; ``error``: what it fails with if it has not left
-    (or comes back unrun)."""
+    (or comes back unrun); ``recursive``: its host cancels the tasks it submitted too."""
 
     call_id: str
     error: Any
+    recursive: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +288,7 @@ class SendCancel(Instruction):
 
     call_id: str
     worker: str
+    recursive: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -573,7 +575,7 @@ class CallOrder:
             self.cancels[cid] = ev.error
             self.story.log(ev.stimulus_id, ("cancel-sent", cid, route.worker),
                            (cid, call.instance_id))
-            out.append(SendCancel(ev.stimulus_id, cid, route.worker))
+            out.append(SendCancel(ev.stimulus_id, cid, route.worker, ev.recursive))
             return
         # not in flight (queued, or past its crash bound waiting for the route's locate):
         # it never leaves again; it fails unrun now, and the calls behind it may go

@@ -112,17 +112,12 @@ class CallRouter:
 
     def cancel(self, call_id: str, recursive: bool = False) -> None:
         """Ray's cancel of a method call not cancelled yet.  Not sent yet: it never is; it
-        fails with :func:`_cancelled` at once, unrun (as Ray: an actor call cancelled before
-        it is sent never runs).  Sent: its worker gets ``CANCEL_TASK`` (a call not started
-        never runs) and its answer settles it (:func:`cancelled_answer`); back unrun from a
-        lost or moved host, it fails as cancelled instead of going again."""
-        out = self.order.handle(C.CallCancelled(f"cancel-{call_id}", call_id,
-                                                call_cancelled(call_id)))
-        for ins in out:
-            if type(ins) is C.SendCancel:
-                self.edge.send_cancel(ins.worker, P.CancelTask(call_id, recursive=recursive))
-            else:
-                self._do([ins])
+        fails with :func:`~yrdask.errors.call_cancelled` at once, unrun (as Ray: an actor
+        call cancelled before it is sent never runs).  Sent: its worker gets ``CANCEL_TASK``
+        (a call not started never runs) and its answer settles it (:func:`cancelled_answer`);
+        back unrun from a lost or moved host, it fails as cancelled instead of going again."""
+        self._do(self.order.handle(C.CallCancelled(f"cancel-{call_id}", call_id,
+                                                   call_cancelled(call_id), recursive)))
 
     def retried(self, call_id: str) -> None:
         """The call's ``CALL_RETRIED``: its method runs it again after an exception."""
@@ -192,5 +187,7 @@ class CallRouter:
                 edge.send_create(ins.instance_id)
             elif kind is C.SendLocate:
                 edge.send_locate(ins.instance_id, ins.lost)
+            elif kind is C.SendCancel:
+                edge.send_cancel(ins.worker, P.CancelTask(ins.call_id, recursive=ins.recursive))
             else:  # pragma: no cover - a new instruction nobody taught the adapter
                 raise AssertionError(f"unknown instruction {ins!r}")

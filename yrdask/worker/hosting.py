@@ -65,7 +65,7 @@ _rtctx.call_id_probe = _running_call_id
 
 def _note_call_child(task_id: str) -> None:
     """The method call this thread (or asyncio task) runs submitted task ``task_id``."""
-    call_id = _async_call.get() or getattr(_running, "call", None)
+    call_id = _running_call_id()
     if call_id is not None:
         call_children.setdefault(call_id, []).append(task_id)
 
