@@ -250,9 +250,26 @@ def dependency_error(message: str, dependency: str, cause: BaseException | None
             except TypeError:  # the user's class cannot be subclassed together with ours
                 dual = DependencyError
             _dependency_classes[cls] = dual
-    err = dual.__new__(dual)
+    err = _blank(dual, cls) if dual is not DependencyError else None
+    if err is None:
+        return DependencyError(message, dependency, cause)
     DependencyError.__init__(err, message, dependency, cause)
     return err
+
+
+def _blank(dual: type, cls: type) -> BaseException | None:
+    """An instance of ``dual`` (ours and the user's ``cls``) not yet initialised, or None.
+
+    A ``cls`` whose base has a layout of its own (OSError and its family: FileNotFoundError,
+    ConnectionResetError, Dask's CommClosedError) can only be made by that base's
+    ``__new__``, and a user's ``__new__`` may want arguments (then: None)."""
+    try:
+        return dual.__new__(dual)
+    except TypeError:
+        try:
+            return cls.__new__(dual)
+        except Exception:  # noqa: BLE001 - a user's __new__ that wants arguments
+            return None
 
 
 _dependency_classes: dict[type, type] = {}
@@ -312,11 +329,16 @@ def _dual_typed(cause: BaseException, traceback_str: str) -> BaseException:
         except TypeError:  # the user's class cannot be subclassed together with ours
             return YRInvokeError(cause, traceback_str)
         _dual_classes[cls] = dual
-    err = dual.__new__(dual)
+    err = _blank(dual, cls)
+    if err is None:
+        return YRInvokeError(cause, traceback_str)
     YRInvokeError.__init__(err, cause, traceback_str)
     try:
         err.args = cause.args
-    except Exception:
+        if isinstance(cause, OSError):  # slots, so __getattr__ never reaches the cause's
+            err.errno, err.strerror = cause.errno, cause.strerror
+            err.filename, err.filename2 = cause.filename, cause.filename2
+    except Exception:  # noqa: BLE001 - a read-only attribute: the cause still has it
         pass
     return err
 

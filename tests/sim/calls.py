@@ -306,13 +306,19 @@ class SimSupervisor:
         self.dead = False
         self._start(spec)
 
-    def died(self, cause: str) -> None:
-        """Its process died (the watcher): the scheduler decides restart or end."""
+    def died(self, cause: str, in_init: bool = False) -> None:
+        """Its process died (the watcher): the scheduler decides restart or end.  One that
+        died in ``__init__`` may also fail the agent's read of its ``__init__`` reply after
+        the exit was heard: that read reports ALIVE with its error, of the dead incarnation
+        (the scheduler must ignore it)."""
         if self.stopped is not None or self.dead:
             return
         self.dead = True
         self.world.send(self.w.name, SCHED, "stream", P.InstanceState(
             self.iid, P.RESTARTING, None, cause, self.inc, self.child.name).to_msg())
+        if in_init and self.world.proc_rng.random() < 0.5:
+            self.world.send(self.w.name, SCHED, "stream", P.InstanceState(
+                self.iid, P.ALIVE, b"CommClosedError", incarnation=self.inc).to_msg())
 
     def stop(self, reason: str) -> bool:
         """The instance ends: its process answers the calls it has, then goes."""
@@ -1057,7 +1063,7 @@ class CallWorld:
                 return
             if w.parent is not None and self.specs[msg[1]].get("init_crashes") and \
                     self.proc_rng.random() < 0.5:  # its process died in __init__
-                return self.process_died(w, msg[1], "it died in __init__")
+                return self.process_died(w, msg[1], "it died in __init__", in_init=True)
             h.ready = True
             spec = self.specs[msg[1]]
             if spec.get("init_fails"):
@@ -1067,7 +1073,7 @@ class CallWorld:
             error = b"InitBoom" if h.init_error is not None else None  # (a pickled error)
             if w.parent is not None:  # its agent reports where its own process serves
                 self.send(w.parent, SCHED, "stream", P.InstanceState(
-                    msg[1], P.ALIVE, error, address=wname).to_msg())
+                    msg[1], P.ALIVE, error, incarnation=msg[2], address=wname).to_msg())
                 return
             self.send(wname, SCHED, "stream", P.InstanceState(msg[1], P.ALIVE, error).to_msg())
         elif op == "EXIT":  # the running method ended its process (os._exit)
@@ -1211,13 +1217,14 @@ class CallWorld:
         cname, iid = self.proc_rng.choice(live)
         self.process_died(self.procs[cname], iid, "it was killed")
 
-    def process_died(self, c: Proc, iid: str, why: str) -> None:
-        """Process ``c`` of ``iid`` died: its watcher tells the supervisor."""
+    def process_died(self, c: Proc, iid: str, why: str, in_init: bool = False) -> None:
+        """Process ``c`` of ``iid`` died (``in_init``: in ``__init__``): its watcher tells
+        the supervisor."""
         sup = self.procs[c.parent].hosted.get(iid)
         self.end_process(c, crashed=True)
         cause = f"its process {c.name} died: {why}"
         if type(sup) is SimSupervisor and sup.child is c:
-            sup.died(cause)
+            sup.died(cause, in_init)
             self.lost_process(iid, cause)
 
     def kill_worker(self) -> None:

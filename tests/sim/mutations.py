@@ -697,6 +697,20 @@ def _restarting_death_ignored(patch: Patch) -> None:
     patch(L.Lifecycle, "_process_died", _process_died)
 
 
+def _stale_alive_taken(patch: Patch) -> None:
+    """``Lifecycle._started`` takes an ALIVE whatever restart of the process says it (as
+    before the agent's failed read of a dead process's ``__init__`` reply was told apart)."""
+    import dataclasses
+
+    from yrdask.scheduler import lifecycle as L
+
+    real = L.Lifecycle._started
+
+    def _started(self, ev, out):
+        real(self, dataclasses.replace(ev, incarnation=-1), out)
+    patch(L.Lifecycle, "_started", _started)
+
+
 def _restart_budget_reset(patch: Patch) -> None:
     """``Lifecycle._started`` resets the restarts used once the instance serves again."""
     from yrdask.scheduler import lifecycle as L
@@ -942,6 +956,11 @@ MUTATIONS: list[Mutation] = [
              "the lifecycle ignores a death of the current incarnation while RESTARTING (a "
              "restarted process died before it came up): the instance never restarts",
              _restarting_death_ignored, 150, (LC_V,)),
+    Mutation("stale-alive-taken", "calls",
+             "the lifecycle takes an ALIVE from a process instance's dead incarnation (its "
+             "agent's failed read of the __init__ reply, heard after the exit): the "
+             "restarting instance is marked running with that read's error",
+             _stale_alive_taken, 150, (LC_V,)),
     Mutation("restart-budget-reset", "calls",
              "the lifecycle resets an instance's restarts once it serves again: it restarts "
              "past its recover_retry_times", _restart_budget_reset, 150, (LC_V,)),

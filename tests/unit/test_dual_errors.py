@@ -62,3 +62,35 @@ def test_a_dual_error_is_both_types_and_pickles_as_the_plain_error():
         again = back.origin_error()
         assert type(again) is type(err) and str(again) == "tb boom"
         assert again.args == ("boom",)
+
+
+def test_the_oserror_family_gets_a_dual_class_with_its_attributes():
+    """OSError's subclasses (and Dask's CommClosedError, one of them) have a layout of their
+    own: the dual error is made by their ``__new__``, and keeps errno and filename."""
+    from distributed.comm.core import CommClosedError
+
+    for cause in (FileNotFoundError(2, "No such file", "a.txt"), ConnectionResetError(104, "x"),
+                  CommClosedError("in <TCP>: Stream is closed")):
+        err = YRInvokeError(cause, "tb").origin_error()
+        assert isinstance(err, type(cause)) and isinstance(err, YRInvokeError), type(err)
+        assert err.args == cause.args and str(err) == "tb"
+        assert (err.errno, err.filename) == (cause.errno, cause.filename)
+
+
+class _NeedsArgsError(OSError):
+    def __new__(cls, code, text):
+        return super().__new__(cls, code, text)
+
+
+def test_a_cause_whose_new_wants_arguments_gives_the_plain_invoke_error():
+    err = YRInvokeError(_NeedsArgsError(1, "x"), "tb").origin_error()
+    assert type(err) is YRInvokeError and err.cause.args == (1, "x") and str(err) == "tb"
+
+
+def test_a_dependency_error_of_an_oserror_is_that_oserror_too():
+    from yrdask.errors import DependencyError, dependency_error
+
+    cause = YRInvokeError(FileNotFoundError(2, "No such file", "a.txt"), "tb")
+    err = dependency_error("a nested ref failed", "obj-1", cause)
+    assert isinstance(err, DependencyError) and isinstance(err, FileNotFoundError)
+    assert err.dependency == "obj-1" and err.cause is cause and str(err) == "a nested ref failed"

@@ -795,3 +795,17 @@ def test_a_crash_on_request_of_an_instance_not_running_is_ignored(h):
     assert of(out, L.CrashInstance)[0].instance_id == "n"
     h(L.ProcessDied, "n", W1, "killed", 0)  # no restarts configured: it ends
     assert h.rec("n").state == P.DEAD
+
+
+def test_an_alive_from_a_process_restarted_since_is_ignored(h):
+    """The agent may hear of its process's exit before its read of the ``__init__`` reply
+    fails; that failed read's report (ALIVE, ``__init__`` failed) comes after the death and
+    must not mark the restarting instance as running with the read's error."""
+    h.running("a", recover=1)
+    h(L.ProcessDied, "a", W1, "its isolated process (pid 7) exited with code 5", 0)
+    rec = h.rec("a")
+    assert (rec.state, rec.restarts) == (P.RESTARTING, 1)
+    assert h(L.InstanceStarted, "a", W1, True, "", 0) == []  # restart 0's: stale
+    assert rec.state == P.RESTARTING
+    out = h(L.InstanceStarted, "a", W1, False, "tcp://proc:2", 1)  # restart 1's: it serves
+    assert rec.state == P.ALIVE and rec.endpoint == "tcp://proc:2" and out

@@ -320,7 +320,7 @@ class InstanceService:
         elif state == P.RESTARTING:
             event = L.ProcessDied(sid, instance_id, worker or "", reason, incarnation)
         else:
-            event = L.InstanceStarted(sid, instance_id, worker, failed, address)
+            event = L.InstanceStarted(sid, instance_id, worker, failed, address, incarnation)
         self.feed(event)
 
     def owner_gone(self, owner: str, holder: str | None) -> None:

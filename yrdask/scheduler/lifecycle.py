@@ -96,6 +96,7 @@ class InstanceStarted(Event):
     worker: str | None = None
     init_failed: bool = False
     endpoint: str = ""  # a process instance's own address, where its callers send calls
+    incarnation: int = -1  # a process instance's restart that reports (-1: not said)
 
 
 @dataclass(frozen=True, slots=True)
@@ -604,8 +605,9 @@ class Lifecycle:
         rec = self.instances.get(ev.instance_id)
         sid = ev.stimulus_id
         if (rec is None or rec.state == P.DEAD or rec.worker is None
-                or (ev.worker is not None and rec.worker != ev.worker)):
-            self._log(sid, "started-ignored", ev.instance_id, ev.worker)  # an earlier home's
+                or (ev.worker is not None and rec.worker != ev.worker)  # an earlier home's
+                or 0 <= ev.incarnation != rec.restarts):  # a process restarted since
+            self._log(sid, "started-ignored", ev.instance_id, ev.worker)
             return
         rec.state = P.ALIVE
         if ev.init_failed:

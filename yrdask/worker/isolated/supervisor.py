@@ -63,7 +63,7 @@ class IsolatedInstance:
         self.generation += 1
         gen = self.generation
         loop = self.agent.loop
-        comm = None
+        comm = proc = None
         try:
             spec = dict(self.spec)
             if spec.get("deps"):
@@ -89,16 +89,18 @@ class IsolatedInstance:
                 comm.abort()
             if self.stopped is not None or gen != self.generation:
                 return
-            if self.proc is not None:
+            if proc is not None:
                 # The child died in __init__ (or cannot be reached): make sure it is gone;
-                # the watcher then applies the restart rules with its exit status.
-                kill_child(self.proc)
+                # the watcher then applies the restart rules with its exit status (it may
+                # have done so already, and cleared self.proc, before this read failed).
+                kill_child(proc)
                 return
             # No process could start: the worker answers the calls with that error (the
             # scheduler sends them here, to the worker's own address).
             self.init_error = dumps(RemoteError.from_exception(e, ""))
             self.address = None
-            self.agent.report_state(self.instance_id, "ALIVE", self.init_error)
+            self.agent.report_state(self.instance_id, "ALIVE", self.init_error,
+                                    incarnation=self.incarnation)
             return
         if gen != self.generation or (self.stopped is not None and not self._stop_under_way()):
             comm.abort()
@@ -111,7 +113,7 @@ class IsolatedInstance:
             # its shutdown hook and atexit handlers ran
             return
         self.agent.report_state(self.instance_id, "ALIVE", self.init_error,
-                                address=address)
+                                incarnation=self.incarnation, address=address)
 
     async def _read(self, comm: Any) -> None:
         """What the process tells its agent (:data:`P.ISOLATED_TO_AGENT`); once the channel
