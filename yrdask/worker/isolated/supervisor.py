@@ -102,7 +102,8 @@ class IsolatedInstance:
             self.agent.report_state(self.instance_id, "ALIVE", self.init_error,
                                     incarnation=self.incarnation)
             return
-        if gen != self.generation or (self.stopped is not None and not self._stop_under_way()):
+        if (gen != self.generation or self.proc is not proc  # it died meanwhile: told
+                or (self.stopped is not None and not self._stop_under_way())):
             comm.abort()
             return
         self.supervision = comm
