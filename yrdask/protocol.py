@@ -791,9 +791,9 @@ class InstanceState(Message):
     ``__init__`` raised, ``"EXITED"`` after it stopped, ``"RESTARTING"`` when its isolated
     process died (the scheduler answers with a ``START_INSTANCE`` to the same worker while
     ``recover_retry_times`` is left, else a stop); ``error`` a pickled RemoteError or
-    ``None``; ``reason`` why it exited or died (the exit code or signal); ``incarnation``
-    the restart of a process instance whose process reports (``-1``: not said; with ALIVE
-    a stale one, from a process restarted since, is ignored).  ``address``: a
+    ``None``; ``reason`` why it exited or died (the exit code or signal); ``incarnation``:
+    for a process instance, the restart its reporting process runs (``-1``: not said; an
+    ALIVE from a process restarted since is stale, and ignored).  ``address``: a
     process instance's own endpoint (docs/isolation.md): with ALIVE where its callers send
     their calls from now on, with RESTARTING the one that died (the scheduler tells every
     driver and worker how it ended, :class:`WorkerExit`); ``""`` for a light instance."""

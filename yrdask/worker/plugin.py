@@ -93,6 +93,11 @@ class YrNannyPlugin(NannyPlugin):
         on_exit._yrdask = True  # type: ignore[attr-defined]
         nanny._on_worker_exit_sync = on_exit
         nanny.instantiate = instantiate_noting_pid
+        if nanny.process is not None:
+            # a worker process that started before this plugin came (its nanny registered
+            # before the scheduler's extension had started) took the nanny's callback then:
+            # its exit is reported too (else its yr tasks' crash was taken for an eviction)
+            nanny.process.on_exit = on_exit
 
 
 async def _report(nanny: Any, msg: Any) -> None:
