@@ -198,6 +198,7 @@ def test_a_worker_process_started_before_the_nanny_plugin_reports_its_exit(caplo
     spending its retry_times: about one run in eight of the crash test under load)."""
     import asyncio
     import logging
+    import resource
     import signal
 
     from distributed import Nanny, Scheduler
@@ -215,6 +216,7 @@ def test_a_worker_process_started_before_the_nanny_plugin_reports_its_exit(caplo
                 ext.on_add_worker(worker)  # (its hooks came after the worker registered)
                 await s.register_nanny_plugin(None, pickle_dumps(YrNannyPlugin()),
                                               name=YrNannyPlugin.name, idempotent=True)
+                resource.prlimit(nanny.pid, resource.RLIMIT_CORE, (0, 0))  # no core file
                 os.kill(nanny.pid, signal.SIGABRT)  # a crash of its own: a core-dump signal
                 deadline = asyncio.get_running_loop().time() + 30
                 while not (heard := [r.getMessage() for r in caplog.records
