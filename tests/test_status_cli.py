@@ -178,6 +178,19 @@ def free_slots(address: str, cpu: float) -> int:
                for w in workers.values())
 
 
+def cpu_held_by_leases(address: str) -> float:
+    """The CPU that task leases hold now: what the nodes hold less what instances hold (a
+    lease an earlier test's tasks left idle goes back within seconds)."""
+    info = asyncio.run(fetch_cluster_info(address, T))
+    by_process: dict[str, float] = {}
+    for i in info["instances"]:
+        if i["state"] in ("ALIVE", "RESTARTING") and i.get("worker"):
+            by_process[i["worker"]] = (by_process.get(i["worker"], 0)
+                                       + (i.get("resources") or {}).get("CPU", 0))
+    return sum(w["held"].get("CPU", 0) - sum(by_process.get(p, 0) for p in w["processes"])
+               for w in info["workers"].values())
+
+
 def test_a_full_cluster_explains_why_an_instance_waits_and_lists_ended_ones(
         yr_cluster, cluster_kind, caplog):
     """Instances of cpu=500 fill the workers; the next one waits, and h.status(), ``yrdask
@@ -190,6 +203,9 @@ def test_a_full_cluster_explains_why_an_instance_waits_and_lists_ended_ones(
     address = current_runtime().info.scheduler_address
     tag = uuid.uuid4().hex[:6]
     opts = dict(cpu=500, memory=0)
+    # room held by a task lease now would be free again while the instance below waits
+    wait_until(lambda: cpu_held_by_leases(address) <= 0, T,
+               lambda: f"task leases to go back ({cpu_held_by_leases(address)} CPU held)")
     fill = [Greeter.options(yr.InvokeOptions(name=f"fill-{tag}-{i}", **opts)).invoke()
             for i in range(free_slots(address, 500))]
     assert yr.get([h.hello.invoke() for h in fill], T) == [1] * len(fill)
@@ -204,11 +220,9 @@ def test_a_full_cluster_explains_why_an_instance_waits_and_lists_ended_ones(
         assert "needs CPU 500, free " in why and "millicores; held by " in why
         assert "Greeter instances (" in why or "Greeter instance " in why.split("held by")[1]
         assert "InvokeOptions(cpu=" in why and "Config(num_cpus=" in why
-        # until a task lease this job still holds idle (an earlier test's) goes back, the
-        # wait counts as queueing behind the job's own work, listed apart (seen under load)
-        done = wait_until(lambda: (d := run_status(address, "--limit", "0")).returncode == 0
-                          and "Waiting for resources (" in d.stdout and d, T,
-                          "yrdask status listing the instance under 'Waiting for resources'")
+        done = run_status(address, "--limit", "0")
+        assert done.returncode == 0, done.stderr
+        assert "Waiting for resources (" in done.stdout, done.stdout
         section = done.stdout.split("Waiting for resources (", 1)[1]
         assert f"Greeter instance {waiting.instance_id}" in section
         assert "needs CPU=500" in section and "free " in section and "held by" in section
