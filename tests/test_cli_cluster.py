@@ -193,9 +193,9 @@ def test_sigkilled_worker_tree_leaves_no_semaphores(tmp_path):
 
 def test_a_worker_process_started_before_the_nanny_plugin_reports_its_exit(caplog):
     """A nanny that registers before the scheduler's extension has started gets yr's nanny
-    plugin after its worker process started: that process's exit is reported too (it once
-    was not, so a yr task that crashed it was taken for an eviction and rerun without
-    spending its retry_times: about one run in eight of the crash test under load)."""
+    plugin after its worker process started: that process's exit is reported too (without
+    the report, a yr task that crashed it would be taken for an eviction and rerun without
+    spending its retry_times)."""
     import asyncio
     import logging
     import resource

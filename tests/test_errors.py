@@ -112,8 +112,8 @@ def test_p14_custom_exception_keeps_its_type_and_traceback(yr_cluster):
                   ("file", FileNotFoundError), ("reset", ConnectionResetError)]
 )
 def test_builtin_exceptions_keep_their_type(yr_cluster, kind, exc):
-    """The OSError family too: its base has a layout of its own, so the dual class cannot
-    be made by RuntimeError's ``__new__`` (a TypeError at ``yr.get`` once did)."""
+    """The OSError family too: its base has a layout of its own, so the dual error is made
+    by that base's ``__new__``, not RuntimeError's (which raises TypeError for it)."""
     with pytest.raises(exc) as info:
         yr.get(raise_builtin.invoke(kind), T)
     assert isinstance(info.value, RuntimeError) and isinstance(info.value, yr.YRInvokeError)

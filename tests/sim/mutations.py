@@ -698,8 +698,8 @@ def _restarting_death_ignored(patch: Patch) -> None:
 
 
 def _stale_alive_taken(patch: Patch) -> None:
-    """``Lifecycle._started`` takes an ALIVE whatever restart of the process says it (as
-    before the agent's failed read of a dead process's ``__init__`` reply was told apart)."""
+    """``Lifecycle._started`` takes an ALIVE whatever restart of the process says it: the
+    stale one of an agent's failed read of a dead process's ``__init__`` reply too."""
     import dataclasses
 
     from yrdask.scheduler import lifecycle as L
@@ -708,6 +708,21 @@ def _stale_alive_taken(patch: Patch) -> None:
 
     def _started(self, ev, out):
         real(self, dataclasses.replace(ev, incarnation=-1), out)
+    patch(L.Lifecycle, "_started", _started)
+
+
+def _current_alive_ignored(patch: Patch) -> None:
+    """``Lifecycle._started`` takes every ALIVE that names a restart for a stale one, the
+    current process's too: the instance never serves."""
+    from yrdask.scheduler import lifecycle as L
+
+    real = L.Lifecycle._started
+
+    def _started(self, ev, out):
+        if ev.incarnation >= 0:
+            self._log(ev.stimulus_id, "started-ignored", ev.instance_id, ev.worker)
+            return
+        real(self, ev, out)
     patch(L.Lifecycle, "_started", _started)
 
 
@@ -961,6 +976,10 @@ MUTATIONS: list[Mutation] = [
              "agent's failed read of the __init__ reply, heard after the exit): the "
              "restarting instance is marked running with that read's error",
              _stale_alive_taken, 150, (LC_V,)),
+    Mutation("current-alive-ignored", "calls",
+             "the lifecycle ignores the ALIVE of a process instance's current process as if "
+             "stale: the instance never serves and its calls never settle",
+             _current_alive_ignored, 150, (LC_V,)),
     Mutation("restart-budget-reset", "calls",
              "the lifecycle resets an instance's restarts once it serves again: it restarts "
              "past its recover_retry_times", _restart_budget_reset, 150, (LC_V,)),

@@ -96,7 +96,7 @@ class InstanceStarted(Event):
     worker: str | None = None
     init_failed: bool = False
     endpoint: str = ""  # a process instance's own address, where its callers send calls
-    incarnation: int = -1  # a process instance's restart that reports (-1: not said)
+    incarnation: int = -1  # the restart the reporting process runs (-1: not said)
 
 
 @dataclass(frozen=True, slots=True)
