@@ -63,6 +63,9 @@ def scheduler_instances(address: str) -> set[str]:
 
 
 def test_a_creation_is_handed_the_spare_and_a_spare_is_no_instance(cluster, tmp_path):
+    # a fresh cluster: the process of an instance that an earlier test terminated may still
+    # be exiting (terminate() does not wait for it), and would count as a spare here
+    cluster.finalize()
     address = cluster(kind="embedded", num_cpus=1).address
     first = Where.options(process()).invoke()
     one = yr.get(first.where.invoke(), T)
