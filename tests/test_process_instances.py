@@ -267,3 +267,23 @@ def test_the_cycle_counter_puts_a_process_instance_s_cpu_in_its_own_process():
     light = _cycle_counter("8", "--light")
     assert light["kind"] == "light"
     assert light["cpu_ms_per_cycle"]["instances"] == 0, light  # no process was forked
+    # each process instance's life writes to hundreds of pages it shares with its zygote
+    # (docs/isolation.md, "Where the copies come from"); a light one forks nothing
+    assert proc["minor_faults_per_cycle"]["instances"] > 200, proc
+    assert light["minor_faults_per_cycle"] == {"zygote": 0, "instances": 0}, light
+
+
+def test_the_fork_floor_counts_one_copy_on_write_fault_per_shared_page_written():
+    """``benchmarks.fork_floor``: a child that writes to N pages it shares with its parent
+    takes at least N minor faults, and their CPU and a fork's are what it reports."""
+    import json
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-m", "benchmarks.fork_floor", "--pages", "300",
+                          "--forks", "5"], cwd=root, capture_output=True, text=True,
+                         timeout=120, check=True)
+    floor = json.loads(out.stdout.strip().splitlines()[-1])
+    assert floor["pages"] == 300 and floor["cow_faults"] >= 300, floor
+    assert floor["cow_fault_us"] > 0 and floor["fork_exit_ms"] > 0, floor
+    assert floor["zygote_rss_mb"] > 20, floor  # Dask and yrdask imported, as in a zygote

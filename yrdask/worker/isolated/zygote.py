@@ -493,15 +493,9 @@ def _write_line(msg: dict) -> None:
     os.write(_PROTO_FD, (json.dumps(msg) + "\n").encode())  # one write: lines never interleave
 
 
-def zygote_main(spares: int = 1, listen: dict | None = None) -> None:
-    """Import what a child needs once, keep ``spares`` children forked and listening that
-    no start took yet, fork more when asked (see :class:`Zygote`), and report every exit."""
-    import select
-
-    from yrdask.worker.isolated import child
-
-    child.START_ENV.update(os.environ)  # what the agent started it with: requests differ
-
+def warm() -> None:
+    """Import and prepare, once, what every child uses (the zygote before its first fork;
+    ``benchmarks.fork_floor`` to measure a fork of the same image), then freeze it."""
     import distributed.comm.tcp  # noqa: F401 - what every child uses, imported once here
     import distributed.core  # noqa: F401
     import tornado.platform.asyncio  # noqa: F401 - a Server's first loop (~1 ms a child)
@@ -524,6 +518,17 @@ def zygote_main(spares: int = 1, listen: dict | None = None) -> None:
 
     gc.collect()
     gc.freeze()  # the children's collections then leave the shared pages alone (less copying)
+
+
+def zygote_main(spares: int = 1, listen: dict | None = None) -> None:
+    """Import what a child needs once, keep ``spares`` children forked and listening that
+    no start took yet, fork more when asked (see :class:`Zygote`), and report every exit."""
+    import select
+
+    from yrdask.worker.isolated import child
+
+    child.START_ENV.update(os.environ)  # what the agent started it with: requests differ
+    warm()
     me = os.getpid()
     children: set[int] = set()
     waiting: list[int] = []  # the spares no start took yet, oldest first
