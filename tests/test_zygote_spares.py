@@ -162,6 +162,7 @@ def test_an_idle_zygote_sleeps_and_still_reaps(cluster):
     timer: idle, it does not run at all; a child that dies is still reaped and reported."""
     import time
 
+    cluster.finalize()  # no exit of an earlier test's instance wakes it in the window
     cluster(kind="embedded", num_cpus=1)
     h = Where.options(process(recover_retry_times=1)).invoke()
     me = yr.get(h.where.invoke(), T)
