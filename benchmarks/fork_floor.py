@@ -8,9 +8,9 @@ zygote's imports (:func:`yrdask.worker.isolated.zygote.warm`).
 * ``fork_exit_ms``: the CPU of a fork and an exit, the parent's and the child's, for a child
   that exits at once (page tables copied, then torn down).
 
-With ``instance_faults_per_cycle`` from ``python -m benchmarks.process_cycle``, these give
-the least CPU a process instance's life can cost here (docs/isolation.md, "Cost").  Prints
-one JSON line.
+With the faults an instance's process takes a cycle (``minor_faults_per_cycle`` of ``python
+-m benchmarks.process_cycle``), these give the least CPU a process instance's life can cost
+here (docs/isolation.md, "Cost").  Prints one JSON line.
 """
 
 from __future__ import annotations
