@@ -191,7 +191,7 @@ def test_sigkilled_worker_tree_leaves_no_semaphores(tmp_path):
         cli.stop()
 
 
-def test_a_worker_process_started_before_the_nanny_plugin_reports_its_exit(caplog):
+def test_a_worker_process_started_before_the_nanny_plugin_reports_its_exit():
     """A nanny that registers before the scheduler's extension has started gets yr's nanny
     plugin after its worker process started: that process's exit is reported too (without
     the report, a yr task that crashed it would be taken for an eviction and rerun without
@@ -207,7 +207,29 @@ def test_a_worker_process_started_before_the_nanny_plugin_reports_its_exit(caplo
     from yrdask.deploy.preload import install_scheduler
     from yrdask.worker.plugin import YrNannyPlugin
 
+    class Heard(logging.Handler):
+        """The scheduler's log lines that name the worker, each waking the test's loop."""
+
+        def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+            super().__init__(logging.INFO)
+            self.loop, self.lines, self.event = loop, [], asyncio.Event()
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
+            self.loop.call_soon_threadsafe(self.event.set)
+
     async def main() -> None:
+        heard = Heard(asyncio.get_running_loop())
+        log = logging.getLogger("yrdask.scheduler")
+        log.addHandler(heard)
+        level, log.level = log.level, logging.INFO
+        try:
+            await until_heard(heard)
+        finally:
+            log.removeHandler(heard)
+            log.setLevel(level)
+
+    async def until_heard(heard: Heard) -> None:
         async with Scheduler(port=0, dashboard_address=":0") as s:
             ext = install_scheduler(s)
             ext.nanny_plugin = None  # (started already: this extension registers none)
@@ -218,14 +240,14 @@ def test_a_worker_process_started_before_the_nanny_plugin_reports_its_exit(caplo
                                               name=YrNannyPlugin.name, idempotent=True)
                 resource.prlimit(nanny.pid, resource.RLIMIT_CORE, (0, 0))  # no core file
                 os.kill(nanny.pid, signal.SIGABRT)  # a crash of its own: a core-dump signal
-                deadline = asyncio.get_running_loop().time() + 30
-                while not (heard := [r.getMessage() for r in caplog.records
-                                     if r.name == "yrdask.scheduler" and worker in r.getMessage()]):
-                    assert asyncio.get_running_loop().time() < deadline, \
-                        "the scheduler never heard how the worker process ended"
-                    await asyncio.sleep(0.05)
-                assert heard == [f"yrdask: worker process {worker} was killed by signal 6 "
-                                 "(SIGABRT)"], heard
+                while not (said := [line for line in heard.lines if worker in line]):
+                    heard.event.clear()
+                    try:
+                        await asyncio.wait_for(heard.event.wait(), 30)
+                    except asyncio.TimeoutError:
+                        raise AssertionError("the scheduler never said how the worker "
+                                             f"process ended: {heard.lines}") from None
+                assert said == [f"yrdask: worker process {worker} was killed by signal 6 "
+                                "(SIGABRT)"], said
 
-    with caplog.at_level(logging.INFO, logger="yrdask.scheduler"):
-        asyncio.run(main())
+    asyncio.run(main())

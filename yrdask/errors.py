@@ -254,6 +254,7 @@ def dependency_error(message: str, dependency: str, cause: BaseException | None
     if err is None:
         return DependencyError(message, dependency, cause)
     DependencyError.__init__(err, message, dependency, cause)
+    _keep_os_fields(err, user)
     return err
 
 
@@ -335,12 +336,18 @@ def _dual_typed(cause: BaseException, traceback_str: str) -> BaseException:
     YRInvokeError.__init__(err, cause, traceback_str)
     try:
         err.args = cause.args
-        if isinstance(cause, OSError):  # slots, so __getattr__ never reaches the cause's
-            err.errno, err.strerror = cause.errno, cause.strerror
-            err.filename, err.filename2 = cause.filename, cause.filename2
     except Exception:  # noqa: BLE001 - a read-only attribute: the cause still has it
         pass
+    _keep_os_fields(err, cause)
     return err
+
+
+def _keep_os_fields(err: BaseException, cause: BaseException) -> None:
+    """``errno``, ``strerror`` and the file names of an OSError ``cause`` on its dual error:
+    slots of OSError's own, which neither ``__init__`` nor ``__getattr__`` fill from it."""
+    if isinstance(cause, OSError) and isinstance(err, OSError):
+        err.errno, err.strerror = cause.errno, cause.strerror
+        err.filename, err.filename2 = cause.filename, cause.filename2
 
 
 def user_traceback() -> str:

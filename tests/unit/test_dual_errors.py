@@ -94,3 +94,4 @@ def test_a_dependency_error_of_an_oserror_is_that_oserror_too():
     err = dependency_error("a nested ref failed", "obj-1", cause)
     assert isinstance(err, DependencyError) and isinstance(err, FileNotFoundError)
     assert err.dependency == "obj-1" and err.cause is cause and str(err) == "a nested ref failed"
+    assert (err.errno, err.filename) == (2, "a.txt")  # what `except FileNotFoundError` reads

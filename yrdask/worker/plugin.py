@@ -96,7 +96,7 @@ class YrNannyPlugin(NannyPlugin):
         if nanny.process is not None:
             # a worker process that started before this plugin came (its nanny registered
             # before the scheduler's extension had started) took the nanny's callback then:
-            # its exit is reported too (else its yr tasks' crash was taken for an eviction)
+            # its exit is reported too (else a crash of its yr tasks is taken for an eviction)
             nanny.process.on_exit = on_exit
 
 
