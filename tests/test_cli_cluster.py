@@ -222,7 +222,8 @@ def test_a_worker_process_started_before_the_nanny_plugin_reports_its_exit():
         heard = Heard(asyncio.get_running_loop())
         log = logging.getLogger("yrdask.scheduler")
         log.addHandler(heard)
-        level, log.level = log.level, logging.INFO
+        level = log.level
+        log.setLevel(logging.INFO)  # (setLevel: the logger's cached answers are cleared too)
         try:
             await until_heard(heard)
         finally:
